@@ -1,0 +1,94 @@
+"""Named combinations of corrections after the papers, and :func:`resolve` / :func:`apply_corrections`.
+
+A spec is a list of ``(name, options)`` applied with the composition rule of
+:func:`sparserl.correct.base.merge_corrections` (masks AND, weights multiply, bypass wins).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from torch import Tensor
+
+from .base import Correction, available_corrections, compose, get_correction
+
+Spec = list[tuple[str, dict]]
+
+PRESETS: dict[str, Spec] = {
+    # no correction: sampler tokens treated as on-policy
+    "naive": [("none", {})],
+    # Sparse-RL (Luo et al. 2026): token mask [0.5, 1.5], veto 1e-4, min(ρ, 1.5), batch-normalised
+    "sparse_rl": [("sparse_rl", {})],
+    # FlashRL: token-level truncated IS, C = 2
+    "flashrl_tis": [("tis", {"level": "token", "cap": 2.0})],
+    # FP8-RL (2026): token-level TIS, C = 2
+    "fp8rl": [("tis", {"level": "token", "cap": 2.0})],
+    # QuRL (Li et al. 2026): TIS C = 2 with the adaptive clipping range
+    "qurl": [("acr", {"cap": 2.0})],
+    # verl presets
+    "verl_token_is": [("tis", {"level": "token", "cap": 2.0})],
+    "verl_seq_is": [("tis", {"level": "sequence", "cap": 2.0})],
+    "verl_seq_mis": [("mis", {"level": "sequence", "cap": 2.0})],
+    "verl_seq_is_rs": [
+        ("tis", {"level": "sequence", "cap": 2.0}),
+        ("rejection", {"metric": "ratio", "level": "seq_sum", "low": 0.5, "high": 2.0}),
+    ],
+    "verl_geo_rs": [("rejection", {"level": "geometric", "low": 0.999, "high": 1.001})],
+    "verl_geo_rs_token_tis": [
+        ("rejection", {"level": "geometric", "low": 0.999, "high": 1.001}),
+        ("tis", {"level": "token", "cap": 2.0}),
+    ],
+    "verl_k3_rs": [("rejection", {"metric": "k3", "level": "seq_mean", "high": 0.01})],
+    "verl_bypass": [("bypass", {})],
+}
+
+
+def available_presets() -> list[str]:
+    """Sorted preset names."""
+    return sorted(PRESETS)
+
+
+def resolve(spec: str | Sequence[str | tuple[str, Mapping] | Sequence]) -> Spec:
+    """Normalise a correction spec to ``[(name, options), ...]`` (fresh copies).
+
+    Accepts a preset name (presets take precedence over method names of the same name), a
+    registered method name, or a list whose items are method names or ``(name, options)`` pairs.
+    Unknown names raise ``ValueError`` listing the presets and methods.
+    """
+
+    def check(name: str) -> str:
+        if name not in available_corrections():
+            raise ValueError(
+                f"unknown correction {name!r}; presets: {', '.join(available_presets())}; "
+                f"methods: {', '.join(available_corrections())}"
+            )
+        return name
+
+    if isinstance(spec, str):
+        if spec in PRESETS:
+            return [(n, dict(o)) for n, o in PRESETS[spec]]
+        return [(check(spec), {})]
+    out: Spec = []
+    for item in spec:
+        if isinstance(item, str):
+            out.append((check(item), {}))
+        elif isinstance(item, Sequence) and len(item) == 2 and isinstance(item[0], str):
+            out.append((check(item[0]), dict(item[1] or {})))
+        else:
+            raise ValueError(f"bad correction spec item {item!r}: expected a name or (name, options)")
+    return out
+
+
+def apply_corrections(
+    spec: str | Sequence,
+    sampler_logprobs: Tensor,
+    old_logprobs: Tensor,
+    mask: Tensor,
+) -> Correction:
+    """Resolve ``spec`` and apply it: each part sees the input mask; results are merged
+    (masks AND, weights multiply, clip scales multiply, bypass's behaviour wins)."""
+    parts = resolve(spec)
+    if len(parts) == 1:
+        name, opts = parts[0]
+        return get_correction(name)(sampler_logprobs, old_logprobs, mask, **opts)
+    return compose(*parts)(sampler_logprobs, old_logprobs, mask)

@@ -1,0 +1,64 @@
+"""``sparse_rl``: Sparse-RL's sparsity-aware rejection sampling and importance reweighting."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import Correction, batch_normalize, build_correction, log_ratio, register_correction
+
+IS_MODES = ("truncate", "clip", "mask")
+
+
+@register_correction("sparse_rl")
+def sparse_rl(
+    sampler_logprobs: Tensor,
+    old_logprobs: Tensor,
+    mask: Tensor,
+    *,
+    token_low: float = 0.5,
+    token_high: float = 1.5,
+    veto: float = 1e-4,
+    is_cap: float = 1.5,
+    is_floor: float = 0.0,
+    is_mode: str = "truncate",
+    normalize: bool = True,
+) -> Correction:
+    """Sparse-RL (Luo et al. 2026, arXiv 2601.10079; ALGORITHMS.md §1).
+
+    With ``ρ_t = exp(clamp(log p_t − log q_t, −20, 20))`` (p dense old policy, q sparse sampler):
+
+    1. token mask: a valid token with ``ρ_t ∉ [token_low, token_high]`` (default [0.5, 1.5]) is
+       removed (numerator and its response's denominator);
+    2. sequence veto: a response with any valid token ``ρ_t < veto`` (default 1e-4: the sampler
+       gave it ≥ 10⁴× the dense probability) is removed whole;
+    3. reweighting on the kept tokens, by ``is_mode``:
+       ``"truncate"`` (default) ``w_t = min(ρ_t, is_cap)``; ``"clip"`` ``w_t = clamp(ρ_t, is_floor,
+       is_cap)``; ``"mask"`` ``w_t = ρ_t`` and tokens with ``ρ_t > is_cap`` are removed too;
+    4. ``normalize=True``: ``w_t ← w_t / mean(w over the batch's kept tokens)`` (mean 1).
+
+    With the defaults, step 1 already bounds ρ by 1.5 = ``is_cap``, so truncation never bites; the
+    normalisation still does. Every token rejected → weights 0 and mask 0 (no NaN).
+    ``is/clipped_frac`` = kept tokens whose weight was changed by the truncation/clip.
+    """
+    if is_mode not in IS_MODES:
+        raise ValueError(f"sparse_rl: is_mode must be one of {IS_MODES}, got {is_mode!r}")
+    valid = mask != 0
+    rho = log_ratio(sampler_logprobs, old_logprobs, mask).exp()
+    token_bad = valid & ((rho < token_low) | (rho > token_high))
+    seq_veto = (valid & (rho < veto)).any(-1)
+    if is_mode == "truncate":
+        w = rho.clamp(max=is_cap)
+        clipped = rho > is_cap
+    elif is_mode == "clip":
+        w = rho.clamp(min=is_floor, max=is_cap)
+        clipped = (rho > is_cap) | (rho < is_floor)
+    else:  # mask
+        w = rho
+        clipped = None
+        token_bad = token_bad | (valid & (rho > is_cap))
+    keep = valid & ~token_bad & ~seq_veto[:, None]
+    if normalize:
+        w = batch_normalize(w, keep)
+    return build_correction(sampler_logprobs, old_logprobs, mask, weights=w, keep=keep,
+                            token_rejected=token_bad, seq_rejected=seq_veto, clipped=clipped)

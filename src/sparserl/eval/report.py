@@ -1,0 +1,538 @@
+"""Reports of finished (or running) runs: PNG plots and a markdown summary, one run or several.
+
+``make_report(run_dir)`` reads ``metrics.jsonl`` (``sparserl.train.metrics``), ``config.yaml`` and any
+``eval*.json`` of a run folder and writes into it::
+
+    reward.png     reward/mean ± reward/std, accuracy (and eval accuracy points)
+    mismatch.png   sampler-vs-dense mismatch (mismatch/*), IS weights (is/*), rejection (rs/*)
+    kv_memory.png  kv/bytes_peak, kv/compression_ratio
+    time.png       seconds per station per step, stacked (time/*_s)
+    loss.png       policy/loss, grad_norm, policy/entropy, policy/kl_ref
+    report.md      the figures that matter, with links to the plots
+
+A plot whose metrics are all absent is skipped. ``make_comparison(run_dirs, out_dir)`` overlays
+several runs (the sparse-vs-dense experiment) and writes ``comparison.md``.
+
+Plots use matplotlib's object API on the Agg canvas: no pyplot state, no display needed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import yaml
+
+from sparserl.train.metrics import read_metrics
+
+__all__ = ["make_report", "make_comparison", "load_run", "RunData", "summarize"]
+
+ACCURACY_KEYS = ("reward/accuracy", "accuracy")
+EVAL_ACCURACY_KEYS = ("eval/accuracy", "accuracy", "eval/acc", "acc", "metrics/accuracy")
+GRAD_NORM_KEYS = ("grad_norm", "policy/grad_norm", "train/grad_norm")
+STATIONS = ("time/rollout_s", "time/reward_s", "time/score_s", "time/update_s")
+MISMATCH_NAMED = ("mismatch/log_ratio_abs_mean", "mismatch/k3_kl")
+IS_NAMED = ("is/weight_min", "is/weight_max")
+RS_NAMED = ("rs/token_masked_frac", "rs/seq_vetoed_frac")
+KV_BYTES = "kv/bytes_peak"
+KV_RATIO = "kv/compression_ratio"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a run
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class RunData:
+    """One run folder, read: rows deduplicated by step (the last row of a step wins), sorted."""
+
+    run_dir: Path
+    rows: list[dict]
+    config: dict | None = None
+    evals: list[tuple[str, dict]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+    def keys(self) -> set[str]:
+        return {k for r in self.rows for k in r}
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """Steps and finite values of ``key`` (steps where it is missing are left out)."""
+        xs, ys = [], []
+        for r in self.rows:
+            v = r.get(key)
+            if _is_num(v):
+                xs.append(int(r["step"]))
+                ys.append(float(v))
+        return xs, ys
+
+    def first_key(self, candidates: Iterable[str]) -> str | None:
+        """The first of ``candidates`` with at least one value."""
+        for k in candidates:
+            if self.series(k)[0]:
+                return k
+        return None
+
+    def step_times(self) -> tuple[list[int], list[float]]:
+        """Seconds per step: ``time/step_s`` if logged, else the sum of the ``time/*_s`` stations."""
+        if self.series("time/step_s")[0]:
+            return self.series("time/step_s")
+        keys = self.station_keys()
+        xs, ys = [], []
+        for r in self.rows:
+            vals = [float(r[k]) for k in keys if _is_num(r.get(k))]
+            if vals:
+                xs.append(int(r["step"]))
+                ys.append(sum(vals))
+        return xs, ys
+
+    def station_keys(self) -> list[str]:
+        """``time/*_s`` keys present, the four stations first, ``time/step_s`` excluded."""
+        present = self.keys()
+        extra = sorted(k for k in present if k.startswith("time/") and k.endswith("_s")
+                       and k not in STATIONS and k != "time/step_s")
+        return [k for k in STATIONS if k in present and self.series(k)[0]] + \
+               [k for k in extra if self.series(k)[0]]
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "/"))
+        elif isinstance(v, (int, float, str, bool)) or v is None:
+            out[key] = v
+    return out
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Read a run folder: metrics.jsonl, config.yaml (if any), eval*.json (if any)."""
+    run_dir = Path(run_dir)
+    by_step: dict[int, dict] = {}
+    for r in read_metrics(run_dir):
+        if _is_num(r.get("step")):
+            by_step[int(r["step"])] = r  # a resumed run's redone step replaces the old one
+    rows = [by_step[s] for s in sorted(by_step)]
+    config = None
+    cfg_path = run_dir / "config.yaml"
+    if cfg_path.is_file():
+        try:
+            loaded = yaml.safe_load(cfg_path.read_text())
+            config = loaded if isinstance(loaded, dict) else None
+        except yaml.YAMLError:
+            config = None
+    evals: list[tuple[str, dict]] = []
+    for p in sorted(run_dir.glob("eval*.json")):
+        try:
+            data = json.loads(p.read_text())
+        except (json.JSONDecodeError, OSError):
+            continue
+        if isinstance(data, dict):
+            evals.append((p.name, _flatten(data)))
+    evals.sort(key=lambda e: (e[1].get("step") if _is_num(e[1].get("step")) else math.inf, e[0]))
+    return RunData(run_dir=run_dir, rows=rows, config=config, evals=evals)
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers
+# ---------------------------------------------------------------------------------------------
+def _fmt(x: Any, digits: int = 4) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return str(x)
+    if not math.isfinite(x):
+        return str(x)
+    if isinstance(x, int) or float(x).is_integer() and abs(x) < 1e9:
+        return f"{int(x):,}" if abs(x) >= 10000 else str(int(x))
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}g}"
+
+
+def _fmt_bytes(x: float | None) -> str:
+    if x is None:
+        return "–"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(x) < 1024 or unit == "GiB":
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.2f} {unit}"
+        x /= 1024
+    return f"{x:.2f} GiB"
+
+
+def _mean(v: Sequence[float]) -> float | None:
+    return statistics.fmean(v) if v else None
+
+
+def summarize(run: RunData, tail: int = 5) -> dict[str, Any]:
+    """Headline figures of a run (used by both reports): reward/accuracy first, last, best,
+    tail mean; mean seconds per step and per station; KV and mismatch means; final eval accuracy."""
+    out: dict[str, Any] = {"name": run.name, "steps": len(run.rows),
+                           "first_step": run.rows[0]["step"] if run.rows else None,
+                           "last_step": run.rows[-1]["step"] if run.rows else None}
+    acc_key = run.first_key(ACCURACY_KEYS)
+    for label, key in (("reward", "reward/mean"), ("accuracy", acc_key)):
+        xs, ys = run.series(key) if key else ([], [])
+        if ys:
+            i = max(range(len(ys)), key=lambda j: ys[j])
+            out[label] = {"first": ys[0], "last": ys[-1], "best": ys[i], "best_step": xs[i],
+                          "tail_mean": _mean(ys[-tail:]), "key": key}
+    _, st = run.step_times()
+    out["time_per_step_s"] = _mean(st)
+    out["total_time_s"] = sum(st) if st else None
+    out["stations"] = {k: _mean(run.series(k)[1]) for k in run.station_keys()}
+    out["kv_bytes_peak_mean"] = _mean(run.series(KV_BYTES)[1])
+    out["kv_bytes_peak_max"] = max(run.series(KV_BYTES)[1], default=None)
+    out["kv_compression_mean"] = _mean(run.series(KV_RATIO)[1])
+    out["mismatch"] = {}
+    for k in _group_keys(run, "mismatch/", MISMATCH_NAMED) + _group_keys(run, "is/", IS_NAMED) + \
+            _group_keys(run, "rs/", RS_NAMED):
+        ys = run.series(k)[1]
+        out["mismatch"][k] = {"mean": _mean(ys), "last": ys[-1], "max": max(ys)}
+    out["eval_accuracy"] = None
+    if run.evals:
+        ev = run.evals[-1][1]
+        for k in EVAL_ACCURACY_KEYS:
+            if _is_num(ev.get(k)):
+                out["eval_accuracy"] = float(ev[k])
+                break
+    if out["eval_accuracy"] is None:
+        ys = run.series("eval/accuracy")[1]
+        out["eval_accuracy"] = ys[-1] if ys else None
+    return out
+
+
+def _group_keys(run: RunData, prefix: str, named: Sequence[str]) -> list[str]:
+    present = {k for k in run.keys() if k.startswith(prefix) and run.series(k)[0]}
+    return [k for k in named if k in present] + sorted(present - set(named))
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------
+def _figure(n_panels: int, width: float = 6.4, height: float = 3.6):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    cols = 1 if n_panels == 1 else 2
+    rows = math.ceil(n_panels / cols)
+    fig = Figure(figsize=(width * (1 if cols == 1 else 1.6), height * rows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel().tolist()
+    for ax in axes[n_panels:]:
+        ax.set_visible(False)
+    return fig, axes[:n_panels]
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def _line(ax, run: RunData, key: str, label: str | None = None, **kw) -> bool:
+    xs, ys = run.series(key)
+    if not xs:
+        return False
+    ax.plot(xs, ys, marker="o" if len(xs) <= 30 else None, markersize=3, label=label or key, **kw)
+    return True
+
+
+def _finish(ax, title: str, ylabel: str | None = None) -> None:
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+
+
+def _plot_reward(run: RunData, out: Path) -> Path | None:
+    acc_key = run.first_key(ACCURACY_KEYS)
+    if not (run.series("reward/mean")[0] or acc_key or run.series("eval/accuracy")[0]):
+        return None
+    fig, (ax,) = _figure(1)
+    xs, ys = run.series("reward/mean")
+    if xs:
+        ax.plot(xs, ys, marker="o" if len(xs) <= 30 else None, markersize=3, label="reward/mean")
+        sd = dict(zip(*run.series("reward/std")))
+        if sd:
+            lo = [y - sd.get(x, 0.0) for x, y in zip(xs, ys)]
+            hi = [y + sd.get(x, 0.0) for x, y in zip(xs, ys)]
+            ax.fill_between(xs, lo, hi, alpha=0.2, label="± reward/std")
+    if acc_key:
+        _line(ax, run, acc_key)
+    ex, ey = run.series("eval/accuracy")
+    if ex:
+        ax.plot(ex, ey, "s", color="black", label="eval/accuracy")
+    _finish(ax, f"Reward — {run.name}", "reward / accuracy")
+    return _save(fig, out / "reward.png")
+
+
+def _plot_panels(run: RunData, panels: list[tuple[str, list[str], str | None]], title: str,
+                 path: Path, scale: dict[str, float] | None = None) -> Path | None:
+    panels = [(t, [k for k in keys if run.series(k)[0]], yl) for t, keys, yl in panels]
+    panels = [p for p in panels if p[1]]
+    if not panels:
+        return None
+    fig, axes = _figure(len(panels))
+    for ax, (t, keys, yl) in zip(axes, panels):
+        for k in keys:
+            xs, ys = run.series(k)
+            f = (scale or {}).get(k, 1.0)
+            ax.plot(xs, [y * f for y in ys], marker="o" if len(xs) <= 30 else None, markersize=3, label=k)
+        _finish(ax, t, yl)
+    fig.suptitle(f"{title} — {run.name}")
+    return _save(fig, path)
+
+
+def _plot_time(run: RunData, out: Path) -> Path | None:
+    keys = run.station_keys()
+    if not keys:
+        return None
+    fig, (ax,) = _figure(1)
+    steps = [int(r["step"]) for r in run.rows]
+    bottom = [0.0] * len(steps)
+    for k in keys:
+        vals = [float(r[k]) if _is_num(r.get(k)) else 0.0 for r in run.rows]
+        ax.bar(steps, vals, bottom=bottom, label=k.removeprefix("time/").removesuffix("_s"), width=0.8)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    _finish(ax, f"Time per step — {run.name}", "seconds")
+    return _save(fig, out / "time.png")
+
+
+def _run_plots(run: RunData, out: Path) -> dict[str, Path]:
+    plots: dict[str, Path | None] = {}
+    plots["reward"] = _plot_reward(run, out)
+    plots["mismatch"] = _plot_panels(run, [
+        ("sampler vs dense", _group_keys(run, "mismatch/", MISMATCH_NAMED), None),
+        ("importance weights", _group_keys(run, "is/", IS_NAMED), None),
+        ("rejection", _group_keys(run, "rs/", RS_NAMED), "fraction"),
+    ], "Mismatch and correction", out / "mismatch.png")
+    plots["kv_memory"] = _plot_panels(run, [
+        ("KV cache peak", [KV_BYTES, "kv/bytes_dense"], "MiB"),
+        ("compression ratio", [KV_RATIO], "dense / kept"),
+    ], "KV cache", out / "kv_memory.png", scale={KV_BYTES: 1 / 2**20, "kv/bytes_dense": 1 / 2**20})
+    plots["time"] = _plot_time(run, out)
+    grad_key = run.first_key(GRAD_NORM_KEYS)
+    plots["loss"] = _plot_panels(run, [
+        ("policy loss", ["policy/loss"], None),
+        ("gradient norm", [grad_key] if grad_key else [], None),
+        ("entropy", ["policy/entropy"], "nats / token"),
+        ("KL to reference", ["policy/kl_ref"], None),
+    ], "Learner", out / "loss.png")
+    return {k: v for k, v in plots.items() if v is not None}
+
+
+# ---------------------------------------------------------------------------------------------
+# One run
+# ---------------------------------------------------------------------------------------------
+_CONFIG_SUMMARY = (
+    ("model", "model.name"), ("learner dtype", "model.dtype"),
+    ("compressor", "rollout.compressor"), ("KV budget", "rollout.kv_budget"),
+    ("trigger", "rollout.trigger"), ("step length", "rollout.step_length"), ("window", "rollout.window"),
+    ("samples per prompt", "rollout.n"), ("prompts per step", "train.prompts_per_step"),
+    ("max new tokens", "rollout.max_new_tokens"), ("temperature", "rollout.temperature"),
+    ("task", "data.train"), ("reward", "reward.fn"), ("advantages", "algorithm.adv_estimator"),
+    ("correction", "algorithm.correction"), ("KL coef", "algorithm.kl_coef"),
+    ("steps", "train.steps"), ("lr", "train.lr"),
+)
+
+
+def _dig(d: dict, dotted: str) -> Any:
+    cur: Any = d
+    for p in dotted.split("."):
+        if not isinstance(cur, dict) or p not in cur:
+            return None
+        cur = cur[p]
+    return cur
+
+
+def _eval_table(evals: list[tuple[str, dict]]) -> list[str]:
+    cols: list[str] = []
+    for _, d in evals:
+        for k, v in d.items():
+            if k not in cols and (_is_num(v) or isinstance(v, str)):
+                cols.append(k)
+    cols = cols[:10]
+    lines = ["| file | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for name, d in evals:
+        lines.append(f"| {name} | " + " | ".join(_fmt(d.get(k)) for k in cols) + " |")
+    return lines
+
+
+def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+    """Write the plots and ``report.md`` of a run folder (into ``out_dir``, default the run folder);
+    returns the path of ``report.md``. Works on a run still in progress."""
+    run = load_run(run_dir)
+    out = Path(out_dir) if out_dir is not None else run.run_dir
+    out.mkdir(parents=True, exist_ok=True)
+    plots = _run_plots(run, out)
+    s = summarize(run)
+
+    md: list[str] = [f"# Run report: {run.name}", "",
+                     f"Run folder `{run.run_dir}`; report written {time.strftime('%Y-%m-%d %H:%M:%S')}.", ""]
+    if run.config:
+        md += ["## Configuration", "", "| setting | value |", "|---|---|"]
+        if run.config.get("name"):
+            md.append(f"| config | {run.config['name']} |")
+        for label, key in _CONFIG_SUMMARY:
+            v = _dig(run.config, key)
+            if v is not None:
+                md.append(f"| {label} | {_fmt(v)} |")
+        md += ["", "<details><summary>full config</summary>", "", "```yaml",
+               yaml.safe_dump(run.config, sort_keys=False).rstrip(), "```", "", "</details>", ""]
+
+    md += ["## Training", ""]
+    if not run.rows:
+        md += ["No metrics logged yet (`metrics.jsonl` is missing or empty).", ""]
+    else:
+        md.append(f"{s['steps']} steps logged (step {s['first_step']} to {s['last_step']}).")
+        if s["total_time_s"] is not None:
+            md.append(f"Total time {_fmt(s['total_time_s'], 3)} s, {_fmt(s['time_per_step_s'], 3)} s per step.")
+        md.append("")
+        if "reward" in s or "accuracy" in s:
+            md += ["| metric | first | last | best (step) | mean of last 5 |", "|---|---|---|---|---|"]
+            for label in ("reward", "accuracy"):
+                if label in s:
+                    r = s[label]
+                    md.append(f"| {r['key']} | {_fmt(r['first'])} | {_fmt(r['last'])} | "
+                              f"{_fmt(r['best'])} ({r['best_step']}) | {_fmt(r['tail_mean'])} |")
+            md.append("")
+
+    if s["stations"]:
+        total = sum(v for v in s["stations"].values() if v) or 1.0
+        md += ["## Time per station", "", "| station | mean s / step | share |", "|---|---|---|"]
+        for k, v in s["stations"].items():
+            md.append(f"| {k.removeprefix('time/').removesuffix('_s')} | {_fmt(v, 3)} | {100 * v / total:.0f}% |")
+        md.append("")
+
+    if s["kv_bytes_peak_mean"] is not None or s["kv_compression_mean"] is not None:
+        md += ["## KV cache", ""]
+        if s["kv_bytes_peak_mean"] is not None:
+            md.append(f"- peak KV bytes: mean {_fmt_bytes(s['kv_bytes_peak_mean'])}, "
+                      f"max {_fmt_bytes(s['kv_bytes_peak_max'])} ({_fmt(s['kv_bytes_peak_max'])} B)")
+        dense = _mean(run.series("kv/bytes_dense")[1])
+        if dense and s["kv_bytes_peak_mean"] is not None:
+            md.append(f"- dense equivalent: mean {_fmt_bytes(dense)}; saved "
+                      f"{100 * (1 - s['kv_bytes_peak_mean'] / dense):.0f}%")
+        if s["kv_compression_mean"] is not None:
+            md.append(f"- compression ratio (dense / kept): mean {_fmt(s['kv_compression_mean'], 3)}x")
+        md.append("")
+
+    if s["mismatch"]:
+        md += ["## Mismatch and correction", "", "| metric | mean | last | max |", "|---|---|---|---|"]
+        for k, v in s["mismatch"].items():
+            md.append(f"| {k} | {_fmt(v['mean'])} | {_fmt(v['last'])} | {_fmt(v['max'])} |")
+        md.append("")
+
+    if run.evals:
+        md += ["## Evaluation", ""] + _eval_table(run.evals) + [""]
+
+    if plots:
+        md += ["## Plots", ""]
+        for key, p in plots.items():
+            rel = p.name if p.parent.resolve() == out.resolve() else str(p)
+            md += [f"[{p.name}]({rel})", "", f"![{key}]({rel})", ""]
+
+    path = out / "report.md"
+    path.write_text("\n".join(md).rstrip() + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Several runs
+# ---------------------------------------------------------------------------------------------
+def _labels(runs: list[RunData], labels: Sequence[str] | None) -> list[str]:
+    if labels is not None:
+        if len(labels) != len(runs):
+            raise ValueError(f"{len(labels)} labels for {len(runs)} runs")
+        return list(labels)
+    names = [r.name for r in runs]
+    if len(set(names)) < len(names):
+        names = [f"{r.run_dir.parent.name}/{r.name}" for r in runs]
+    return names
+
+
+def _overlay(runs: list[RunData], labels: list[str], get, title: str, ylabel: str, path: Path,
+             scale: float = 1.0) -> Path | None:
+    data = [(lab, *get(r)) for r, lab in zip(runs, labels)]
+    data = [(lab, xs, ys) for lab, xs, ys in data if xs]
+    if not data:
+        return None
+    fig, (ax,) = _figure(1)
+    for lab, xs, ys in data:
+        ax.plot(xs, [y * scale for y in ys], marker="o" if len(xs) <= 30 else None, markersize=3, label=lab)
+    _finish(ax, title, ylabel)
+    return _save(fig, path)
+
+
+def make_comparison(run_dirs: Sequence[str | Path], out_dir: str | Path,
+                    labels: Sequence[str] | None = None) -> Path:
+    """Overlay plots of several runs and a markdown table; returns the path of ``comparison.md``.
+
+    Writes ``compare_reward.png``, ``compare_accuracy.png``, ``compare_mismatch_k3.png``,
+    ``compare_kv_bytes.png`` and ``compare_time_per_step.png`` (each skipped when no run has the
+    metric) into ``out_dir``.
+    """
+    runs = [load_run(d) for d in run_dirs]
+    if not runs:
+        raise ValueError("make_comparison needs at least one run folder")
+    labs = _labels(runs, labels)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def acc(r: RunData):
+        k = r.first_key(ACCURACY_KEYS)
+        return r.series(k) if k else ([], [])
+
+    plots = {
+        "reward": _overlay(runs, labs, lambda r: r.series("reward/mean"), "Reward (mean)", "reward",
+                           out / "compare_reward.png"),
+        "accuracy": _overlay(runs, labs, acc, "Accuracy", "accuracy", out / "compare_accuracy.png"),
+        "mismatch k3": _overlay(runs, labs, lambda r: r.series("mismatch/k3_kl"),
+                                "Sampler-vs-dense mismatch (k3 KL)", "k3 KL", out / "compare_mismatch_k3.png"),
+        "kv bytes": _overlay(runs, labs, lambda r: r.series(KV_BYTES), "Peak KV cache", "MiB",
+                             out / "compare_kv_bytes.png", scale=1 / 2**20),
+        "time per step": _overlay(runs, labs, lambda r: r.step_times(), "Time per step", "seconds",
+                                  out / "compare_time_per_step.png"),
+    }
+    plots = {k: v for k, v in plots.items() if v is not None}
+
+    sums = [summarize(r) for r in runs]
+    md = [f"# Comparison of {len(runs)} runs", "",
+          f"Written {time.strftime('%Y-%m-%d %H:%M:%S')}. \"final\" = mean of the last 5 logged steps.", "",
+          "| run | steps | final reward | best reward | final accuracy | eval accuracy | mean k3 KL | "
+          "token masked | mean KV peak | compression | s / step |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for lab, s in zip(labs, sums):
+        rw, ac = s.get("reward", {}), s.get("accuracy", {})
+        mm = s["mismatch"]
+        md.append(
+            f"| {lab} | {s['steps']} | {_fmt(rw.get('tail_mean'))} | {_fmt(rw.get('best'))} | "
+            f"{_fmt(ac.get('tail_mean'))} | {_fmt(s['eval_accuracy'])} | "
+            f"{_fmt(mm.get('mismatch/k3_kl', {}).get('mean'))} | "
+            f"{_fmt(mm.get('rs/token_masked_frac', {}).get('mean'))} | "
+            f"{_fmt_bytes(s['kv_bytes_peak_mean'])} | "
+            f"{_fmt(s['kv_compression_mean'], 3)}{'x' if s['kv_compression_mean'] is not None else ''} | "
+            f"{_fmt(s['time_per_step_s'], 3)} |")
+    md.append("")
+    md += ["| run | folder |", "|---|---|"] + [f"| {lab} | `{r.run_dir}` |" for lab, r in zip(labs, runs)]
+    md.append("")
+    if plots:
+        md += ["## Plots", ""]
+        for key, p in plots.items():
+            md += [f"![{key}]({p.name})", ""]
+    path = out / "comparison.md"
+    path.write_text("\n".join(md).rstrip() + "\n")
+    return path

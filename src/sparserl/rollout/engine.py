@@ -1,0 +1,296 @@
+"""The rollout engine: batched sampling on a compressed KV cache.
+
+    engine = RolloutEngine(loaded_model, compressor=get_compressor("rkv", budget=256), dtype="bfloat16")
+    out = engine.generate(["What is 2 + 3?"], SamplingParams(n=8, max_new_tokens=256, seed=0))
+
+Per response it returns token ids, the sampler's log-prob of each sampled token (under the
+distribution actually sampled from), the finish reason (``stop``: EOS or a stop string;
+``length``), the tokens its cache held at the end, and KV statistics for the batch.
+
+Design for what comes next: the engine's weights are its own (``SamplerModel``) and can be pushed
+from a trainer (:meth:`update_weights`) or replaced by quantized linear layers; the compressor's
+``budget_for(length)`` lets a schedule change the budget with position; the engine holds no global
+state, so it can live in another process (a Ray actor) as is.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..models.loading import LoadedModel, parse_dtype
+from .cache import CompressedKVCache
+from .kv.base import KVCompressor
+from .model import SamplerModel
+from .sampling import SamplingParams, sample
+
+Prompt = str | list[dict]
+
+
+@dataclass
+class KVStats:
+    bytes_peak: int = 0  # what the K/V buffers held at most
+    bytes_theory: int = 0  # what the valid cached tokens needed at most
+    bytes_dense: int = 0  # what a dense cache would have needed for the same tokens
+    compressions: int = 0
+
+
+@dataclass
+class RolloutOutput:
+    """Plain lists per response (``N = len(prompts) * n``), in prompt-major order."""
+
+    prompt_index: list[int]
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    sampler_logprobs: list[list[float]]
+    finish_reason: list[str]
+    kv_tokens_kept: list[int]
+    kv: KVStats
+    tokens_generated: int = 0
+    seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    top_logprobs: list[torch.Tensor] | None = None  # per response [T, k] values
+    top_indices: list[torch.Tensor] | None = None  # per response [T, k] token ids
+    texts: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_generated / self.seconds if self.seconds > 0 else 0.0
+
+    def padded(self):
+        """(response_ids [N, T] long, mask [N, T] bool, sampler_logprobs [N, T] float32)."""
+        N = len(self.response_ids)
+        T = max((len(r) for r in self.response_ids), default=0)
+        ids = torch.zeros(N, T, dtype=torch.long)
+        mask = torch.zeros(N, T, dtype=torch.bool)
+        lp = torch.zeros(N, T, dtype=torch.float32)
+        for i, (r, l_) in enumerate(zip(self.response_ids, self.sampler_logprobs)):
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+            mask[i, : len(r)] = True
+            lp[i, : len(r)] = torch.tensor(l_, dtype=torch.float32)
+        return ids, mask, lp
+
+
+class RolloutEngine:
+    def __init__(self, loaded: LoadedModel, compressor: KVCompressor | None = None,
+                 dtype: str | torch.dtype | None = None, max_batch: int | None = None):
+        self.tokenizer = loaded.tokenizer
+        self.dtype = parse_dtype(dtype) if dtype is not None else next(loaded.model.parameters()).dtype
+        self.model = SamplerModel(loaded.model, self.dtype)
+        self.compressor = compressor
+        self.max_batch = max_batch
+        self.eos_ids = self._eos_ids(loaded.model)
+        self._newline_ids: torch.Tensor | None = None
+
+    # --- weights -------------------------------------------------------------------------------
+    def update_weights(self, source) -> None:
+        """Push new weights in: a state dict or a model (e.g. the trainer's, after a step)."""
+        state = source.state_dict() if hasattr(source, "state_dict") else source
+        self.model.load_weights(state)
+
+    # --- prompts -------------------------------------------------------------------------------
+    def encode(self, prompt: Prompt) -> list[int]:
+        tok = self.tokenizer
+        if isinstance(prompt, list):
+            if getattr(tok, "chat_template", None):
+                ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+                if isinstance(ids, dict) or hasattr(ids, "keys"):
+                    ids = ids["input_ids"]
+                return list(ids)
+            text = "\n".join(f"{m['role']}: {m['content']}" for m in prompt) + "\nassistant:"
+            return tok(text, add_special_tokens=False)["input_ids"]
+        if not isinstance(prompt, str):
+            raise ValueError(f"a prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
+        return tok(prompt, add_special_tokens=False)["input_ids"]
+
+    def _eos_ids(self, hf_model) -> set[int]:
+        ids = set()
+        for src in (getattr(hf_model, "generation_config", None), hf_model.config):
+            e = getattr(src, "eos_token_id", None) if src is not None else None
+            if e is not None:
+                ids.update(e if isinstance(e, (list, tuple)) else [e])
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    def newline_ids(self) -> torch.Tensor:
+        """Bool [V]: tokens whose text holds a newline (the ``newline`` compression trigger)."""
+        if self._newline_ids is None:
+            V = self.model.embed.shape[0]
+            flags = torch.zeros(V, dtype=torch.bool)
+            for i in range(min(V, len(self.tokenizer))):
+                if "\n" in self.tokenizer.decode([i]):
+                    flags[i] = True
+            self._newline_ids = flags
+        return self._newline_ids
+
+    # --- generation ----------------------------------------------------------------------------
+    def generate(self, prompts: list[Prompt], params: SamplingParams | None = None,
+                 prompt_ids: list[list[int]] | None = None) -> RolloutOutput:
+        params = params or SamplingParams()
+        params.validate()
+        if prompt_ids is None:
+            if not prompts:
+                raise ValueError("no prompts given")
+            prompt_ids = [self.encode(p) for p in prompts]
+        for i, ids in enumerate(prompt_ids):
+            if len(ids) == 0:
+                raise ValueError(f"prompt {i} is empty")
+            if len(ids) >= self.model.max_positions:
+                raise ValueError(
+                    f"prompt {i} has {len(ids)} tokens, longer than the model's context "
+                    f"({self.model.max_positions})"
+                )
+        expanded = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(params.n)]
+        gen = torch.Generator().manual_seed(params.seed)
+        chunk = self.max_batch or len(expanded)
+        outs = [self._generate_batch([e[1] for e in expanded[s : s + chunk]], params, gen)
+                for s in range(0, len(expanded), chunk)]
+        out = _merge(outs)
+        out.prompt_index = [e[0] for e in expanded]
+        out.prompt_ids = [list(e[1]) for e in expanded]
+        out.texts = [self.tokenizer.decode(r, skip_special_tokens=True) for r in out.response_ids]
+        return out
+
+    @torch.inference_mode()
+    def _generate_batch(self, prompts: list[list[int]], p: SamplingParams, gen: torch.Generator) -> RolloutOutput:
+        m, c = self.model, self.compressor
+        B = len(prompts)
+        P = max(len(x) for x in prompts)
+        max_new = min(p.max_new_tokens, m.max_positions - P)
+        t0 = time.perf_counter()
+        ids = torch.full((B, P), self.tokenizer.pad_token_id or 0, dtype=torch.long)
+        valid = torch.zeros(B, P, dtype=torch.bool)
+        for b, x in enumerate(prompts):
+            ids[b, P - len(x) :] = torch.tensor(x)
+            valid[b, P - len(x) :] = True
+        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        true_len = valid.sum(-1)  # next position of each sequence
+
+        want_q = c.window if (c is not None and c.needs_queries) else 0
+        want_attn = c is not None and c.needs_attention and c.compress_prompt
+        logits, keys, values, queries, acc = m.prefill(ids, valid, positions, want_q, want_attn)
+        if c is None:
+            capacity = P + max_new
+        elif c.compress_prompt:
+            capacity = min(max(P, c.budget) + c.step_length, P + max_new)
+        else:
+            capacity = P + min(max_new, c.budget + c.step_length)
+        cache = CompressedKVCache(keys, values, valid, positions, capacity, c, m.n_heads, queries, acc)
+        del keys, values, queries, acc
+        prefill_s = time.perf_counter() - t0
+
+        tokens_out = torch.zeros(B, max_new, dtype=torch.long)
+        logp_out = torch.zeros(B, max_new, dtype=torch.float32)
+        top_v = torch.zeros(B, max_new, p.logprobs_topk) if p.logprobs_topk else None
+        top_i = torch.zeros(B, max_new, p.logprobs_topk, dtype=torch.long) if p.logprobs_topk else None
+        lengths = torch.zeros(B, dtype=torch.long)
+        finish = ["length"] * B
+        kept = [0] * B
+        active = torch.arange(B)  # original row of each live row
+        eos = torch.tensor(sorted(self.eos_ids), dtype=torch.long) if (self.eos_ids and not p.ignore_eos) else None
+        newline = self.newline_ids() if (c is not None and c.trigger == "newline") else None
+        stop_tail = max((len(self.tokenizer(s, add_special_tokens=False)["input_ids"]) for s in p.stop), default=0) + 2
+        dense_tokens_peak = 0
+
+        for t in range(max_new):
+            tok, lp, full = sample(logits, p, gen)
+            tokens_out[active, t] = tok
+            logp_out[active, t] = lp
+            if top_v is not None:
+                tv, ti = torch.topk(full, p.logprobs_topk, dim=-1)
+                top_v[active, t], top_i[active, t] = tv, ti
+            lengths[active] = t + 1
+            done = torch.zeros(len(active), dtype=torch.bool)
+            if eos is not None:
+                done |= torch.isin(tok, eos)
+            if p.stop:
+                for r in range(len(active)):
+                    if done[r]:
+                        continue
+                    row = int(active[r])
+                    tail = self.tokenizer.decode(tokens_out[row, max(0, t + 1 - stop_tail) : t + 1])
+                    if any(s in tail for s in p.stop):
+                        done[r] = True
+            if t == max_new - 1:
+                dense_tokens_peak = max(dense_tokens_peak, int((true_len[active]).sum()))
+                for r in range(len(active)):
+                    kept[int(active[r])] = int(cache.kept_tokens()[r])
+                if done.any():
+                    for r in done.nonzero().flatten().tolist():
+                        finish[int(active[r])] = "stop"
+                break
+            if done.any():
+                keep_rows = (~done).nonzero().flatten()
+                kt = cache.kept_tokens()
+                for r in done.nonzero().flatten().tolist():
+                    finish[int(active[r])] = "stop"
+                    kept[int(active[r])] = int(kt[r])
+                dense_tokens_peak = max(dense_tokens_peak, int(true_len[active].sum()))
+                if keep_rows.numel() == 0:
+                    break
+                active = active[keep_rows]
+                tok = tok[keep_rows]
+                true_len = true_len[keep_rows]
+                cache.select(keep_rows)
+            # one decode step: the sampled token enters the cache
+            logits = self._decode(tok, true_len, cache)
+            true_len = true_len + 1
+            if c is not None:
+                due = cache.due(newline[tok] if newline is not None else None)
+                if due.any():
+                    dense_tokens_peak = max(dense_tokens_peak, int(true_len.sum()))
+                    cache.compress(due)
+        cache._account()
+        seconds = time.perf_counter() - t0
+        resp = [tokens_out[b, : lengths[b]].tolist() for b in range(B)]
+        return RolloutOutput(
+            prompt_index=[], prompt_ids=[],
+            response_ids=resp,
+            sampler_logprobs=[logp_out[b, : lengths[b]].tolist() for b in range(B)],
+            finish_reason=finish,
+            kv_tokens_kept=kept,
+            kv=KVStats(cache.bytes_peak, cache.bytes_theory_peak,
+                       dense_tokens_peak * m.kv_bytes_per_token(), cache.n_compressions),
+            tokens_generated=int(lengths.sum()),
+            seconds=seconds,
+            prefill_seconds=prefill_s,
+            top_logprobs=[top_v[b, : lengths[b]] for b in range(B)] if top_v is not None else None,
+            top_indices=[top_i[b, : lengths[b]] for b in range(B)] if top_i is not None else None,
+        )
+
+    def _decode(self, tok: torch.Tensor, positions: torch.Tensor, cache: CompressedKVCache) -> torch.Tensor:
+        m = self.model
+        h = torch.nn.functional.embedding(tok, m.embed)[:, None, :]  # [B, 1, hidden]
+        cos, sin = m.rope(positions[:, None])  # [B, 1, D]
+        bias = cache.begin_step(positions)
+        for layer, lw in enumerate(m.layers):
+            q, k, v = m.qkv(lw, h, cos, sin)  # [B, H, 1, D]
+            a = cache.attend(layer, q, k, v, bias)
+            h = h + m.linear(a[:, None, :], lw.o)
+            h = h + m.mlp(lw, h)
+        cache.end_step()
+        return m.logits(h[:, 0]).float()
+
+
+def _merge(outs: list[RolloutOutput]) -> RolloutOutput:
+    if len(outs) == 1:
+        return outs[0]
+    o = outs[0]
+    for x in outs[1:]:
+        o.response_ids += x.response_ids
+        o.sampler_logprobs += x.sampler_logprobs
+        o.finish_reason += x.finish_reason
+        o.kv_tokens_kept += x.kv_tokens_kept
+        o.kv.bytes_peak = max(o.kv.bytes_peak, x.kv.bytes_peak)
+        o.kv.bytes_theory = max(o.kv.bytes_theory, x.kv.bytes_theory)
+        o.kv.bytes_dense = max(o.kv.bytes_dense, x.kv.bytes_dense)
+        o.kv.compressions += x.kv.compressions
+        o.tokens_generated += x.tokens_generated
+        o.seconds += x.seconds
+        o.prefill_seconds += x.prefill_seconds
+        if o.top_logprobs is not None:
+            o.top_logprobs += x.top_logprobs
+            o.top_indices += x.top_indices
+    return o

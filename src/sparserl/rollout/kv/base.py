@@ -1,0 +1,204 @@
+"""The shared base of every KV compressor (kvpress-style: a method only writes ``score``).
+
+A compressor decides, for one layer and a group of sequences, which cached tokens of the
+*compressible region* survive. The cache (``sparserl.rollout.cache``) does the surgery once for all
+methods: it calls :meth:`KVCompressor.select`, gathers the kept keys / values / positions into the
+front of the region and frees the rest of the buffer for new tokens.
+
+``select`` = ``score`` (the method's definition) + the rules common to all methods:
+protected tokens (the observation window, attention sinks) get +inf, invalid slots (left padding)
+get -inf, the top ``budget`` are kept and restored to position order.
+
+Adding a method: a dataclass subclass in its own file with a docstring giving the formula and the
+paper, a ``score()`` and ``@register("name")``; the parametrized test matrix in
+``tests/test_kv_compressors.py`` picks it up.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+
+TRIGGERS = ("step_length", "newline")
+
+
+@dataclass
+class ScoreInputs:
+    """What a compressor may look at for one layer and ``n`` sequences of equal cache length.
+
+    keys:      [n, Hkv, L, D]  all cached keys (post-RoPE), slots 0..L-1
+    region:    slice of slots that may be compressed (``region.start`` .. L)
+    valid:     [n, L] bool, False on left-padding slots
+    queries:   [n, Hq, w, D] the last ``w`` queries (post-RoPE), oldest first, or None
+    positions: [n, Hkv, L] the true token position of each slot
+    attn_acc:  [n, Hkv, L] accumulated attention each slot received (H2O), or None
+    """
+
+    keys: torch.Tensor
+    region: slice
+    valid: torch.Tensor
+    queries: torch.Tensor | None
+    positions: torch.Tensor
+    attn_acc: torch.Tensor | None = None
+
+    @property
+    def region_keys(self) -> torch.Tensor:
+        return self.keys[:, :, self.region]
+
+
+@dataclass
+class KVCompressor:
+    """Common options of every compressor.
+
+    budget:          tokens kept per sequence, layer and KV head in the compressible region.
+    trigger:         ``step_length``: compress when the region reaches ``budget + step_length``
+                     tokens, i.e. every ``step_length`` decode steps once the cache exceeds the budget
+                     (R-KV / Sparse-RL); ``newline``: also compress after a newline token once the
+                     region exceeds the budget (R-KV's alternative).
+    step_length:     the trigger period; the buffer holds at most ``budget + step_length`` tokens.
+    compress_prompt: whether the prompt belongs to the compressible region (default: kept whole).
+    window:          number of most recent tokens always kept (and, for attention-based methods,
+                     the observation window of queries).
+    """
+
+    budget: int = 128
+    trigger: str = "step_length"
+    step_length: int = 128
+    compress_prompt: bool = False
+    window: int = 8
+
+    name = "base"
+    needs_queries = False  # keep a ring of the last `window` queries per layer
+    needs_attention = False  # accumulate the attention every slot receives (H2O)
+    per_head = True  # one index set per KV head (False: one per layer)
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        if self.budget < 1:
+            raise ValueError(f"{self.name}: kv budget must be >= 1, got {self.budget}")
+        if self.trigger not in TRIGGERS:
+            raise ValueError(f"{self.name}: unknown trigger {self.trigger!r}; expected one of {TRIGGERS}")
+        if self.step_length < 1:
+            raise ValueError(f"{self.name}: step_length must be >= 1, got {self.step_length}")
+        if self.window < 0:
+            raise ValueError(f"{self.name}: window must be >= 0, got {self.window}")
+        if self.window >= self.budget:
+            raise ValueError(
+                f"{self.name}: kv budget ({self.budget}) must be larger than the observation window "
+                f"({self.window})"
+            )
+
+    @property
+    def compresses(self) -> bool:
+        return True
+
+    def budget_for(self, seq_len: int) -> int:
+        """Budget at a given sequence length. Constant here; a sparsity schedule (Sparrow) overrides
+        it. The cache sizes its buffer from the largest budget it will need."""
+        return self.budget
+
+    # --- the method's definition -------------------------------------------------------------
+    def score(self, inp: ScoreInputs) -> torch.Tensor:
+        """Return a score per region slot, [n, Hkv, Lr] (higher = keep). Override."""
+        raise NotImplementedError
+
+    def protected(self, inp: ScoreInputs) -> torch.Tensor:
+        """Bool [n, Lr]: region slots kept whatever their score. Default: the last ``window``."""
+        n, lr = inp.valid.shape[0], inp.region.stop - inp.region.start
+        prot = torch.zeros(n, lr, dtype=torch.bool, device=inp.valid.device)
+        if self.window:
+            prot[:, -self.window :] = True
+        return prot
+
+    # --- shared rules --------------------------------------------------------------------------
+    def select(self, inp: ScoreInputs, keep: int) -> torch.Tensor:
+        """Indices (into the region) of the ``keep`` slots that survive, [n, Hkv, keep], ascending."""
+        scores = self.score(inp).float()
+        n, hkv, lr = scores.shape
+        if not self.per_head:
+            scores = scores.sum(dim=1, keepdim=True)
+        valid = inp.valid[:, inp.region]
+        prot = self.protected(inp) & valid
+        scores = scores.masked_fill(prot[:, None, :], float("inf"))
+        scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+        # ties broken towards recent tokens, so that the choice is deterministic
+        tiebreak = torch.arange(lr, device=scores.device, dtype=torch.float32) * 1e-12
+        idx = torch.topk(scores + tiebreak, keep, dim=-1).indices
+        idx, _ = torch.sort(idx, dim=-1)
+        if idx.shape[1] != hkv:
+            idx = idx.expand(n, hkv, keep)
+        return idx
+
+    def options(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# --- helpers shared by attention-based methods ---------------------------------------------------
+def window_attention(inp: ScoreInputs, reduce_group: str = "max") -> torch.Tensor:
+    """softmax(Q Kᵀ/√d) of the observation-window queries over all valid cached keys (causal inside
+    the window, which occupies the last ``w`` slots), averaged over the window queries and reduced
+    over the query heads of each GQA group. Returns [n, Hkv, L] in float32."""
+    q, k = inp.queries, inp.keys
+    if q is None:
+        raise ValueError("this compressor needs the observation-window queries")
+    n, hq, w, d = q.shape
+    hkv, L = k.shape[1], k.shape[2]
+    g = hq // hkv
+    qf = q.float().view(n, hkv, g * w, d)
+    scores = torch.matmul(qf, k.float().transpose(-1, -2)) / d**0.5  # [n, hkv, g*w, L]
+    scores = scores.view(n, hkv, g, w, L)
+    mask = inp.valid[:, None, None, None, :].clone().expand(n, 1, 1, w, L).clone()
+    # query i of the window sits at slot L - w + i and sees keys up to its own slot
+    qslot = torch.arange(L - w, L, device=k.device)[:, None]
+    mask &= (torch.arange(L, device=k.device)[None, :] <= qslot)[None, None, None]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    attn = scores.softmax(dim=-1).nan_to_num(0.0).mean(dim=3)  # [n, hkv, g, L]
+    return attn.amax(dim=2) if reduce_group == "max" else attn.mean(dim=2)
+
+
+def pool1d(x: torch.Tensor, kernel: int, kind: str = "max") -> torch.Tensor:
+    """Same-length 1-D pooling over the last dim of [n, h, L] (odd kernel; 1 = identity)."""
+    if kernel <= 1:
+        return x
+    n, h, L = x.shape
+    flat = x.reshape(n * h, 1, L)
+    pad = kernel // 2
+    if kind == "max":
+        out = F.max_pool1d(flat, kernel, stride=1, padding=pad)
+    else:
+        out = F.avg_pool1d(flat, kernel, stride=1, padding=pad, count_include_pad=False)
+    return out[..., :L].reshape(n, h, L)
+
+
+_REGISTRY: dict[str, type[KVCompressor]] = {}
+
+
+def register(name: str):
+    def deco(cls):
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def available_compressors() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_compressor(name: str | None, **options) -> KVCompressor | None:
+    """Build a compressor by name (``none`` / None → dense, returns None)."""
+    if name is None or name == "none":
+        return None
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown compressor {name!r}; available: none, {', '.join(available_compressors())}")
+    cls = _REGISTRY[name]
+    known = {f.name for f in fields(cls)}
+    bad = sorted(set(options) - known)
+    if bad:
+        raise ValueError(f"compressor {name!r}: unknown option(s) {bad}; known: {sorted(known)}")
+    return cls(**options)
+

@@ -1,0 +1,66 @@
+"""R-KV (Cai et al., 2025, "R-KV: Redundancy-aware KV Cache Compression for Reasoning Models",
+arXiv 2505.24133): decode-time compression for long reasoning traces that keeps tokens that are both
+important and not redundant.
+
+- importance_j = maxpool_k( mean_{i in window} softmax(q_i K^T / sqrt(d))_j ), window w = 8, kernel
+  7; the query heads of one GQA group are reduced by max;
+- redundancy: S = cos(K, K) with the diagonal zeroed and entries <= threshold (0.5) dropped; for each
+  key the most recent key similar to it is "retained" (its entry zeroed: the newest copy of a
+  repeated thought is not counted redundant); redundancy_j = softmax_j( mean_i S_ij );
+- score_j = λ·importance_j − (1 − λ)·redundancy_j, λ = 0.1 (paper; the code uses 0.07);
+- keep the top ``budget − w`` by score plus the last ``w`` tokens, in position order.
+
+``per_head=True`` selects per KV head (the original); ``per_head=False`` shares one index set across
+the heads of a layer with scores summed over heads (Sparse-RL's variant).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import KVCompressor, ScoreInputs, pool1d, register, window_attention
+
+
+def redundancy(keys: torch.Tensor, valid: torch.Tensor, threshold: float = 0.5) -> torch.Tensor:
+    """R-KV redundancy of each key, [n, h, L] → [n, h, L] (softmax over the valid keys)."""
+    k = keys.float()
+    k = k / (k.norm(dim=-1, keepdim=True) + 1e-8)
+    sim = torch.matmul(k, k.transpose(-1, -2))  # [n, h, L, L]
+    L = sim.shape[-1]
+    eye = torch.eye(L, dtype=torch.bool, device=sim.device)
+    pair_valid = valid[:, None, :, None] & valid[:, None, None, :]
+    similar = (sim > threshold) & ~eye & pair_valid
+    sim = sim * similar
+    # retain the most recent similar key of each row: zero S[i, last_j]
+    idx = torch.arange(L, device=sim.device).expand_as(sim)
+    last = torch.where(similar, idx, torch.full_like(idx, -1)).amax(dim=-1, keepdim=True)  # [n,h,L,1]
+    sim = sim.masked_fill((last >= 0) & (idx == last), 0.0)
+    nvalid = valid.sum(-1).clamp(min=1)[:, None, None].float()
+    red = sim.sum(dim=-2) / nvalid  # mean over the rows i (valid ones)
+    red = red.masked_fill(~valid[:, None, :], float("-inf"))
+    return red.softmax(dim=-1).nan_to_num(0.0)
+
+
+@register("rkv")
+@dataclass
+class RKV(KVCompressor):
+    window: int = 8
+    kernel: int = 7
+    lam: float = 0.1
+    threshold: float = 0.5
+    per_head: bool = True
+
+    needs_queries = True
+
+    def validate(self) -> None:
+        super().validate()
+        if self.window < 1:
+            raise ValueError("rkv: window must be >= 1 (it is the observation window)")
+        if not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"rkv: lam must be in [0, 1], got {self.lam}")
+
+    def score(self, inp: ScoreInputs) -> torch.Tensor:
+        imp = pool1d(window_attention(inp, reduce_group="max")[:, :, inp.region], self.kernel, "max")
+        red = redundancy(inp.region_keys, inp.valid[:, inp.region], self.threshold)
+        return self.lam * imp - (1.0 - self.lam) * red

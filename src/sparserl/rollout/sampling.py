@@ -1,0 +1,67 @@
+"""Token sampling with the log-probability of each sampled token under the distribution actually
+sampled from (temperature, then top-k, then top-p), as RL corrections need ``log q``."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """What to sample. ``temperature=0`` is greedy (the sampled distribution is then a point mass:
+    its log-prob is 0). ``top_k=0`` and ``top_p=1`` disable those filters."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False  # generate exactly max_new_tokens (benchmarks)
+    seed: int = 0
+    logprobs_topk: int = 0  # also return the top-k log-probs of each position
+
+    def validate(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+def sampling_logprobs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Log-probs [B, V] (float32) of the distribution sampled from; filtered tokens get -inf."""
+    logits = logits.float()
+    if p.temperature > 0 and p.temperature != 1.0:
+        logits = logits / p.temperature
+    if p.top_k and p.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, p.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # drop a token when the mass before it already reaches top_p (the first is always kept)
+        drop = (probs.cumsum(-1) - probs) >= p.top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    return torch.log_softmax(logits, dim=-1)
+
+
+def sample(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator):
+    """Returns (tokens [B], logprob of each token [B], log-probs [B, V] of the sampled distribution)."""
+    if p.temperature == 0:
+        tokens = logits.argmax(dim=-1)
+        logp = torch.zeros(tokens.shape, dtype=torch.float32)
+        full = torch.log_softmax(logits.float(), -1)
+        return tokens, logp, full
+    logprobs = sampling_logprobs(logits, p)
+    # Gumbel-max: argmax(log p + G) is a sample of p; one draw per row from the seeded generator
+    u = torch.rand(logprobs.shape, generator=generator).clamp_(min=1e-20)
+    tokens = (logprobs - torch.log(-torch.log(u))).argmax(dim=-1)
+    return tokens, logprobs.gather(-1, tokens[:, None])[:, 0], logprobs

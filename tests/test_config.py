@@ -1,0 +1,205 @@
+"""Config: presets, YAML + overrides with types, errors that name the key, validation, round trip."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from sparserl.config import (Config, ConfigError, apply_overrides, config_help, config_to_dict,
+                             list_presets, load_config, save_config, validate)
+
+PRESETS = ("default", "sparse_rl_math", "dense", "sparse_naive")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_dataclass_defaults_are_valid_and_documented():
+    cfg = Config()
+    validate(cfg)
+    assert cfg.rollout.compressor == "rkv" and cfg.rollout.n == 8
+    assert cfg.algorithm.clip_eps_high is None and cfg.algorithm.clip_eps_upper == 0.2
+    assert cfg.train.betas == (0.9, 0.98) and cfg.train.mini_batch_prompts is None
+    for sec in dataclasses.fields(cfg):
+        if sec.name == "name":
+            continue
+        for f in dataclasses.fields(getattr(cfg, sec.name)):
+            assert f.metadata.get("help"), f"{sec.name}.{f.name} has no help text"
+    assert "rollout.kv_budget (int, default 64)" in config_help()
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_load_and_validate(name):
+    assert name in list_presets()
+    cfg = validate(load_config(name))
+    assert cfg.name == name
+    assert isinstance(cfg.train.lr, float) and isinstance(cfg.train.betas, tuple)
+
+
+def test_default_preset_is_the_cpu_job():
+    cfg = load_config(None)
+    assert cfg.name == "default"
+    assert cfg.model.name == "smollm2-135m"
+    assert cfg.rollout.compressor == "rkv" and cfg.algorithm.correction == "sparse_rl"
+    assert cfg.rollout.kv_budget < cfg.rollout.max_new_tokens  # compression must bite
+    assert cfg.train.lr == pytest.approx(1e-5) and cfg.model.dtype == "float32"
+
+
+def test_paper_preset_numbers():
+    cfg = load_config("sparse_rl_math")
+    assert (cfg.train.prompts_per_step, cfg.rollout.n, cfg.train.steps) == (128, 8, 100)
+    assert cfg.rollout.max_new_tokens == 4096 and cfg.rollout.kv_budget == 512
+    assert cfg.rollout.step_length == 128
+    assert cfg.train.lr == pytest.approx(1e-6) and cfg.train.weight_decay == pytest.approx(0.1)
+    assert cfg.algorithm.kl_coef == pytest.approx(1e-4) and cfg.algorithm.kl_kind == "low_var_kl"
+
+
+def test_dense_and_naive_inherit_default():
+    default, dense, naive = load_config("default"), load_config("dense"), load_config("sparse_naive")
+    assert dense.rollout.compressor == "none" and dense.algorithm.correction == "none"
+    assert naive.rollout.compressor == default.rollout.compressor
+    assert naive.algorithm.correction == "none"
+    d, n = config_to_dict(default), config_to_dict(naive)
+    d.pop("name"), n.pop("name")
+    d["algorithm"].pop("correction"), n["algorithm"].pop("correction")
+    assert d == n  # only the correction differs
+
+
+def test_repo_configs_match_package_presets():
+    pkg = REPO / "src" / "sparserl" / "configs"
+    for name in PRESETS:
+        assert (REPO / "configs" / f"{name}.yaml").read_text() == (pkg / f"{name}.yaml").read_text()
+
+
+def test_yaml_file_and_overrides_with_types(tmp_path):
+    p = tmp_path / "mine.yaml"
+    p.write_text("base: default\n"
+                 "rollout:\n  kv_budget: 48\n  compressor_options: {kernel: 5}\n"
+                 "train:\n  lr: 2e-5\n  betas: [0.8, 0.9]\n")
+    cfg = load_config(str(p), ["rollout.n=4", "train.lr=3e-6", 'rollout.stop=["\\n\\n", "###"]',
+                               "algorithm.clip_eps_high=0.28", "rollout.compressor_options.lam=0.2",
+                               "data.limit=null", "data.train=arith:digits=2", "log.run_name=007",
+                               "rollout.compress_prompt=true"])
+    assert cfg.name == "mine"
+    assert cfg.rollout.kv_budget == 48 and isinstance(cfg.rollout.kv_budget, int)
+    assert cfg.rollout.n == 4
+    assert cfg.train.lr == 3e-6 and isinstance(cfg.train.lr, float)
+    assert cfg.train.betas == (0.8, 0.9)
+    assert cfg.rollout.stop == ["\n\n", "###"]
+    assert cfg.algorithm.clip_eps_high == pytest.approx(0.28)
+    # the mapping merges over the base's (default sets lam) and the override adds to it
+    assert cfg.rollout.compressor_options == {"lam": 0.2, "kernel": 5}
+    assert cfg.data.limit is None and cfg.data.train == "arith:digits=2"
+    assert cfg.log.run_name == "007"
+    assert cfg.rollout.compress_prompt is True
+    # YAML 1.2 floats in files: 2e-5 would be a string under plain PyYAML
+    assert load_config(str(p)).train.lr == pytest.approx(2e-5)
+    assert load_config(str(p), ["algorithm.clip_eps_high=null"]).algorithm.clip_eps_high is None
+
+
+def test_int_is_accepted_for_float_but_not_the_reverse():
+    cfg = load_config("default", ["train.lr=1", "reward.timeout_s=3"])
+    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
+    with pytest.raises(ConfigError, match=r"rollout\.kv_budget.*int"):
+        load_config("default", ["rollout.kv_budget=1.5"])
+
+
+def test_unknown_key_in_yaml_names_file_key_and_suggestion(tmp_path):
+    p = tmp_path / "typo.yaml"
+    p.write_text("rollout:\n  kv_budgett: 64\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(p))
+    msg = str(e.value)
+    assert str(p) in msg and "rollout.kv_budgett" in msg and "rollout.kv_budget" in msg
+
+
+def test_unknown_section_in_yaml(tmp_path):
+    p = tmp_path / "sec.yaml"
+    p.write_text("rolout:\n  n: 4\n")
+    with pytest.raises(ConfigError, match=r"sec\.yaml.*'rolout'.*'rollout'"):
+        load_config(str(p))
+
+
+def test_unknown_override_key_and_section():
+    with pytest.raises(ConfigError, match=r"override.*train\.lrr.*train\.lr"):
+        load_config("default", ["train.lrr=1e-5"])
+    with pytest.raises(ConfigError, match=r"override.*'trian'.*'train'"):
+        load_config("default", ["trian.lr=1e-5"])
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config("default", ["train.lr"])
+    with pytest.raises(ConfigError, match="not a mapping"):
+        load_config("default", ["train.lr.x=1"])
+
+
+def test_type_errors_name_key_and_type(tmp_path):
+    with pytest.raises(ConfigError, match=r"rollout\.n.*expects int.*str"):
+        load_config("default", ["rollout.n=eight"])
+    with pytest.raises(ConfigError, match=r"rollout\.stop.*list of str"):
+        load_config("default", ["rollout.stop=7"])
+    with pytest.raises(ConfigError, match=r"train\.betas"):
+        load_config("default", ["train.betas=[0.9]"])
+    with pytest.raises(ConfigError, match=r"log\.tensorboard.*bool"):
+        load_config("default", ["log.tensorboard=yes"])  # YAML 1.2: 'yes' is a string
+    p = tmp_path / "t.yaml"
+    p.write_text("train:\n  steps: [1, 2]\n")
+    with pytest.raises(ConfigError, match=r"t\.yaml.*train\.steps.*int.*list"):
+        load_config(str(p))
+
+
+def test_unknown_preset():
+    with pytest.raises(ConfigError, match="dense"):
+        load_config("dence")
+
+
+@pytest.mark.parametrize("overrides, pattern", [
+    (["rollout.kv_budget=8", "rollout.window=8"], r"kv_budget=8 must be larger than rollout\.window=8"),
+    (["rollout.n=1"], r"rollout\.n=1.*n >= 2"),
+    (["rollout.compressor=rkvv"], r"rollout\.compressor='rkvv'.*did you mean 'rkv'"),
+    (["rollout.top_p=0"], r"top_p"),
+    (["rollout.temperature=-1"], r"temperature"),
+    (["train.prompts_per_step=8", "train.mini_batch_prompts=3"], r"divisible"),
+    (["train.lr=0"], r"train\.lr"),
+    (["algorithm.loss_agg=sum"], r"loss_agg"),
+    (["algorithm.kl_kind=k4"], r"kl_kind"),
+    (["algorithm.adv_estimator=ppo"], r"adv_estimator"),
+])
+def test_validation_errors(overrides, pattern):
+    cfg = load_config("default", overrides)
+    with pytest.raises(ConfigError, match=pattern):
+        validate(cfg)
+
+
+def test_validation_accepts_dense_small_budget_and_lists_all_errors():
+    validate(load_config("default", ["rollout.compressor=none", "rollout.kv_budget=4"]))
+    with pytest.raises(ConfigError) as e:
+        validate(load_config("default", ["rollout.n=1", "train.lr=-1"]))
+    assert "rollout.n" in str(e.value) and "train.lr" in str(e.value)
+
+
+def test_round_trip_save_load(tmp_path):
+    cfg = load_config("sparse_rl_math", ["rollout.stop=['\\n\\n']", "rollout.compressor_options.kernel=7",
+                                         "algorithm.clip_eps_high=0.28", "train.mini_batch_prompts=32"])
+    path = save_config(cfg, tmp_path / "run" / "config.yaml")
+    back = load_config(str(path))
+    assert back == cfg
+    assert Config.from_dict(config_to_dict(cfg)) == cfg
+
+
+def test_apply_overrides_on_object_and_section_mapping():
+    cfg = Config()
+    apply_overrides(cfg, ["rollout={kv_budget: 40, n: 2}", "name=exp1"])
+    assert (cfg.rollout.kv_budget, cfg.rollout.n, cfg.name) == (40, 2, "exp1")
+
+
+def test_correction_checked_against_registry_when_present():
+    pytest.importorskip("sparserl.correct.presets")
+    with pytest.raises(ConfigError, match=r"algorithm\.correction='sparse_rll'"):
+        validate(load_config("default", ["algorithm.correction=sparse_rll"]))
+    cfg = validate(load_config("default", ["algorithm.correction=[tis, rejection]"]))
+    assert cfg.algorithm.correction == ["tis", "rejection"]
+
+
+def test_compressor_options_checked_when_compressors_present():
+    pytest.importorskip("sparserl.rollout.kv")
+    validate(load_config("sparse_rl_math"))  # lam, per_head are R-KV options
+    with pytest.raises(ConfigError, match=r"rollout\.compressor_options.*lamb"):
+        validate(load_config("default", ["rollout.compressor_options.lamb=0.2"]))

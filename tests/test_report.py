@@ -1,0 +1,156 @@
+"""Metrics logger (jsonl + TensorBoard), tolerant reading, run report and run comparison."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sparserl.eval.report import load_run, make_comparison, make_report
+from sparserl.train.metrics import MetricsLogger, format_step_line, read_metrics
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _rows(n: int = 5, scale: float = 1.0) -> list[dict]:
+    rows = []
+    for s in range(1, n + 1):
+        rows.append({
+            "step": s,
+            "reward/mean": round(0.1 * s * scale, 4), "reward/std": 0.05, "reward/accuracy": round(0.1 * s * scale, 4),
+            "mismatch/log_ratio_abs_mean": 0.01 * s, "mismatch/k3_kl": 0.001 * s,
+            "is/weight_min": 0.5, "is/weight_max": 1.5, "rs/token_masked_frac": 0.02, "rs/seq_vetoed_frac": 0.0,
+            "kv/bytes_peak": 2 * 2**20 * scale, "kv/compression_ratio": 3.0 / scale,
+            "time/rollout_s": 2.0, "time/reward_s": 0.5, "time/score_s": 1.0, "time/update_s": 1.5,
+            "policy/loss": -0.01 * s, "grad_norm": 0.3, "policy/entropy": 1.2, "policy/kl_ref": 0.0,
+            "time": 1_700_000_000.0 + s,
+        })
+    return rows
+
+
+def _write_run(run_dir: Path, rows: list[dict], truncated_tail: bool = True, config: str | None = None) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    if truncated_tail:
+        text += '{"step": 6, "reward/mean": 0.9'  # killed mid-write
+    (run_dir / "metrics.jsonl").write_text(text)
+    if config is not None:
+        (run_dir / "config.yaml").write_text(config)
+    return run_dir
+
+
+def test_read_metrics_skips_truncated_last_line(tmp_path):
+    run = _write_run(tmp_path / "r", _rows())
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert read_metrics(run / "metrics.jsonl") == rows
+    assert read_metrics(tmp_path / "missing") == []
+
+
+def test_make_report_writes_plots_and_numbers(tmp_path):
+    from sparserl.config import Config, save_config
+
+    run = _write_run(tmp_path / "run1", _rows())
+    save_config(Config(name="default"), run / "config.yaml")
+    (run / "eval_final.json").write_text(json.dumps({"step": 5, "accuracy": 0.625, "n": 64}))
+    path = make_report(run)
+    assert path == run / "report.md"
+    for png in ("reward.png", "mismatch.png", "kv_memory.png", "time.png", "loss.png"):
+        data = (run / png).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 2000, png
+    md = path.read_text()
+    assert "# Run report: run1" in md
+    assert "5 steps logged (step 1 to 5)" in md
+    assert "| reward/mean | 0.1 | 0.5 | 0.5 (5) |" in md          # first, last, best (step)
+    assert "| rollout | 2 | 40% |" in md                          # 2 s of 5 s per step
+    assert "Total time 25 s, 5 s per step" in md
+    assert "2.00 MiB" in md and "mean 3x" in md                    # KV bytes and compression
+    assert "| mismatch/k3_kl | 0.003 | 0.005 | 0.005 |" in md
+    assert "| rs/token_masked_frac | 0.02 |" in md
+    assert "| eval_final.json | 5 | 0.625 | 64 |" in md
+    assert "| compressor | rkv |" in md and "| KV budget | 64 |" in md
+    assert "![reward](reward.png)" in md and "(time.png)" in md
+
+
+def test_report_skips_plots_without_data(tmp_path):
+    rows = [{"step": s, "reward/mean": 0.2 * s} for s in range(1, 4)]
+    run = _write_run(tmp_path / "bare", rows, truncated_tail=False)
+    md = make_report(run).read_text()
+    assert (run / "reward.png").exists()
+    for png in ("mismatch.png", "kv_memory.png", "time.png", "loss.png"):
+        assert not (run / png).exists() and png not in md
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "No metrics logged yet" in make_report(empty).read_text()
+
+
+def test_report_dedupes_resumed_steps(tmp_path):
+    rows = _rows(3) + [dict(_rows(3)[2], **{"reward/mean": 0.99})]  # step 3 logged twice
+    run = _write_run(tmp_path / "res", rows, truncated_tail=False)
+    data = load_run(run)
+    assert [r["step"] for r in data.rows] == [1, 2, 3]
+    assert data.series("reward/mean")[1][-1] == 0.99
+
+
+def test_make_comparison(tmp_path):
+    dense = _write_run(tmp_path / "dense", _rows(5, scale=1.0))
+    sparse = _write_run(tmp_path / "sparse", _rows(5, scale=0.5))
+    out = tmp_path / "cmp"
+    path = make_comparison([dense, sparse], out, labels=["dense", "sparse-rl"])
+    assert path == out / "comparison.md"
+    for png in ("compare_reward.png", "compare_accuracy.png", "compare_mismatch_k3.png",
+                "compare_kv_bytes.png", "compare_time_per_step.png"):
+        assert (out / png).read_bytes().startswith(PNG_MAGIC), png
+    md = path.read_text()
+    assert "| dense | 5 | 0.3 | 0.5 |" in md        # final = mean of last 5 = 0.3; best 0.5
+    assert "| sparse-rl | 5 | 0.15 | 0.25 |" in md
+    assert "2.00 MiB" in md and "1.00 MiB" in md
+    with pytest.raises(ValueError):
+        make_comparison([dense, sparse], out, labels=["only one"])
+
+
+def test_metrics_logger_writes_jsonl_and_tensorboard(tmp_path, capsys):
+    import torch
+
+    run = tmp_path / "log"
+    with MetricsLogger(run, tensorboard=True, progress="plain", total_steps=3) as log:
+        for s in (1, 2, 3):
+            log.log(s, {"reward/mean": torch.tensor(0.25 * s), "kv/compression_ratio": 3.14,
+                        "time/rollout_s": 1.0, "time/update_s": 0.5, "bad": float("nan"), "note": "x"})
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[1]["reward/mean"] == 0.5 and rows[0]["bad"] is None and rows[0]["note"] == "x"
+    assert all(isinstance(r["time"], float) for r in rows)
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    out = capsys.readouterr().out
+    assert "step 2/3 reward 0.500 kv 3.1x 1.5s" in out
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run / "tb"))
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("reward/mean")] == pytest.approx([0.25, 0.5, 0.75])
+
+
+def test_metrics_logger_resume_truncates(tmp_path):
+    run = tmp_path / "resume"
+    _write_run(run, _rows(5))  # ends with a partial line
+    log = MetricsLogger(run, tensorboard=False, progress="none")
+    assert log.truncate_after(3) == 3
+    log.log(4, {"reward/mean": 0.7})
+    log.close()
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["reward/mean"] == 0.7
+    assert (run / "metrics.jsonl").read_text().endswith("\n")
+
+
+def test_logger_repairs_partial_line_on_open(tmp_path):
+    run = _write_run(tmp_path / "p", _rows(2))
+    with MetricsLogger(run, tensorboard=False, progress="none") as log:
+        log.log(3, {"reward/mean": 0.3})
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
+
+
+def test_format_step_line():
+    line = format_step_line(3, {"reward/mean": 0.41, "reward/accuracy": 0.41, "mismatch/k3_kl": 0.002,
+                                "kv/compression_ratio": 3.1, "time/step_s": 12.3}, 20)
+    assert line == "step 3/20 reward 0.410 acc 0.410 kl 0.002 kv 3.1x 12.3s"
