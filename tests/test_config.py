@@ -71,8 +71,9 @@ def test_repo_configs_match_package_presets():
 
 
 def test_yaml_file_and_overrides_with_types(tmp_path):
+    (tmp_path / "parent.yaml").write_text("base: default\nrollout:\n  compressor_options: {lam: 0.3, kernel: 3}\n")
     p = tmp_path / "mine.yaml"
-    p.write_text("base: default\n"
+    p.write_text("base: parent.yaml\n"
                  "rollout:\n  kv_budget: 48\n  compressor_options: {kernel: 5}\n"
                  "train:\n  lr: 2e-5\n  betas: [0.8, 0.9]\n")
     cfg = load_config(str(p), ["rollout.n=4", "train.lr=3e-6", 'rollout.stop=["\\n\\n", "###"]',
@@ -86,8 +87,10 @@ def test_yaml_file_and_overrides_with_types(tmp_path):
     assert cfg.train.betas == (0.8, 0.9)
     assert cfg.rollout.stop == ["\n\n", "###"]
     assert cfg.algorithm.clip_eps_high == pytest.approx(0.28)
-    # the mapping merges over the base's (default sets lam) and the override adds to it
+    # the mapping merges key by key over the base's, then the override sets one entry
     assert cfg.rollout.compressor_options == {"lam": 0.2, "kernel": 5}
+    assert load_config(str(p)).rollout.compressor_options == {"lam": 0.3, "kernel": 5}
+    assert load_config(str(p)).rollout.max_new_tokens == load_config("default").rollout.max_new_tokens
     assert cfg.data.limit is None and cfg.data.train == "arith:digits=2"
     assert cfg.log.run_name == "007"
     assert cfg.rollout.compress_prompt is True

@@ -33,7 +33,8 @@ def make(log_rhos, mask=None, base=-1.0):
 
 
 def close(a, b, tol=1e-5):
-    return abs(float(a) - float(b)) <= tol * max(1.0, abs(float(b)))
+    a, b = float(torch.as_tensor(a).detach()), float(torch.as_tensor(b).detach())
+    return abs(a - b) <= tol * max(1.0, abs(b))
 
 
 # --------------------------------------------------------------------------- invariant matrix
@@ -391,7 +392,15 @@ def test_resolve_forms():
     spec = resolve("flashrl_tis")
     spec[0][1]["cap"] = 99.0
     assert PRESETS["flashrl_tis"][0][1]["cap"] == 2.0
+    # options override the preset's defaults
+    assert resolve("sparse_rl", {"token_low": 0.4}) == [("sparse_rl", {"token_low": 0.4})]
+    assert resolve("verl_geo_rs_token_tis", {"cap": 3.0})[1] == ("tis", {"level": "token", "cap": 3.0})
+    assert resolve("verl_seq_is_rs", {"rejection": {"high": 4.0}})[1][1]["high"] == 4.0
+    with pytest.raises(ValueError, match="is_cap"):
+        resolve("sparse_rl", {"bogus_option": 1})
     q, p, m = CASES["random"]
+    o = apply_corrections("sparse_rl", q, p, m, options={"normalize": False})
+    assert torch.equal(o.weights, get_correction("sparse_rl")(q, p, m, normalize=False).weights)
     a = apply_corrections("sparse_rl", q, p, m)
     b = get_correction("sparse_rl")(q, p, m)
     assert torch.equal(a.weights, b.weights) and torch.equal(a.mask, b.mask)

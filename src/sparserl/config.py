@@ -693,7 +693,8 @@ def _check_compressor(cfg: Config, errors: list[str]) -> None:
         get_compressor(r.compressor, **kwargs)
     except (TypeError, ValueError) as e:
         errors.append(f"rollout.compressor={r.compressor!r} with rollout.compressor_options="
-                      f"{dict(r.compressor_options)}: {e}")
+                      f"{dict(r.compressor_options)}: {e} (options are method-specific; clear them "
+                      f"with rollout.compressor_options={{}})")
 
 
 def validate(cfg: Config) -> Config:

@@ -6,6 +6,7 @@ A spec is a list of ``(name, options)`` applied with the composition rule of
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 
 from torch import Tensor
@@ -48,12 +49,25 @@ def available_presets() -> list[str]:
     return sorted(PRESETS)
 
 
-def resolve(spec: str | Sequence[str | tuple[str, Mapping] | Sequence]) -> Spec:
+def _accepted_options(name: str) -> set[str]:
+    params = inspect.signature(get_correction(name)).parameters.values()
+    return {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+
+
+def resolve(
+    spec: str | Sequence[str | tuple[str, Mapping] | Sequence],
+    options: Mapping | None = None,
+) -> Spec:
     """Normalise a correction spec to ``[(name, options), ...]`` (fresh copies).
 
-    Accepts a preset name (presets take precedence over method names of the same name), a
+    ``spec``: a preset name (presets take precedence over method names of the same name), a
     registered method name, or a list whose items are method names or ``(name, options)`` pairs.
-    Unknown names raise ``ValueError`` listing the presets and methods.
+
+    ``options`` (e.g. ``algorithm.correction_options``) override the spec's options: a key that
+    names a part of the spec with a dict value (``{"tis": {"cap": 3.0}}``) updates that part; any
+    other key is set on every part whose function accepts it as a keyword
+    (``{"token_low": 0.4}`` → the ``sparse_rl`` part). A key that no part accepts raises
+    ``ValueError``; so do unknown names (the message lists the presets and methods).
     """
 
     def check(name: str) -> str:
@@ -66,16 +80,37 @@ def resolve(spec: str | Sequence[str | tuple[str, Mapping] | Sequence]) -> Spec:
 
     if isinstance(spec, str):
         if spec in PRESETS:
-            return [(n, dict(o)) for n, o in PRESETS[spec]]
-        return [(check(spec), {})]
-    out: Spec = []
-    for item in spec:
-        if isinstance(item, str):
-            out.append((check(item), {}))
-        elif isinstance(item, Sequence) and len(item) == 2 and isinstance(item[0], str):
-            out.append((check(item[0]), dict(item[1] or {})))
+            out = [(n, dict(o)) for n, o in PRESETS[spec]]
         else:
-            raise ValueError(f"bad correction spec item {item!r}: expected a name or (name, options)")
+            out = [(check(spec), {})]
+    else:
+        out = []
+        for item in spec:
+            if isinstance(item, str):
+                out.append((check(item), {}))
+            elif isinstance(item, Sequence) and len(item) == 2 and isinstance(item[0], str):
+                out.append((check(item[0]), dict(item[1] or {})))
+            else:
+                raise ValueError(
+                    f"bad correction spec item {item!r}: expected a name or (name, options)")
+    for key, value in dict(options or {}).items():
+        names = [n for n, _ in out]
+        if key in names and isinstance(value, Mapping):
+            for n, o in out:
+                if n == key:
+                    o.update(value)
+            continue
+        hit = False
+        for n, o in out:
+            if key in _accepted_options(n):
+                o[key] = value
+                hit = True
+        if not hit:
+            accepted = sorted(set().union(*(_accepted_options(n) for n in names)))
+            raise ValueError(
+                f"correction option {key!r} is not accepted by {', '.join(names)}; "
+                f"accepted: {', '.join(accepted) or '(none)'}"
+            )
     return out
 
 
@@ -84,10 +119,12 @@ def apply_corrections(
     sampler_logprobs: Tensor,
     old_logprobs: Tensor,
     mask: Tensor,
+    options: Mapping | None = None,
 ) -> Correction:
-    """Resolve ``spec`` and apply it: each part sees the input mask; results are merged
-    (masks AND, weights multiply, clip scales multiply, bypass's behaviour wins)."""
-    parts = resolve(spec)
+    """Resolve ``spec`` (with ``options`` overriding, see :func:`resolve`) and apply it: each part
+    sees the input mask; results are merged (masks AND, weights multiply, clip scales multiply,
+    bypass's behaviour wins)."""
+    parts = resolve(spec, options)
     if len(parts) == 1:
         name, opts = parts[0]
         return get_correction(name)(sampler_logprobs, old_logprobs, mask, **opts)

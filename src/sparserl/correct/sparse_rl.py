@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from .base import Correction, batch_normalize, build_correction, log_ratio, register_correction

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 5.0
 #: answers longer than this are compared as strings only (no sympy).
 MAX_SYMBOLIC_CHARS = 1000
+#: answers nested deeper than this (brackets) are compared as strings only.
+MAX_NESTING = 30
 #: an expression whose estimated magnitude exceeds 10**this is not verified symbolically.
 MAX_LOG10_MAGNITUDE = 100_000.0
 
@@ -399,12 +401,42 @@ def _call_with_deadline(fn: Callable[[], Any], seconds: float | None) -> Any:
     return box.get("value")
 
 
-def _equal_one(pred: str, gold: str, deadline: float | None) -> bool:
+def _nesting(s: str) -> int:
+    """Deepest bracket nesting of ``s`` (parsers are slow on deeply nested junk)."""
+    depth = best = 0
+    for c in s:
+        if c in "([{":
+            depth += 1
+            best = max(best, depth)
+        elif c in ")]}":
+            depth = max(depth - 1, 0)
+    return best
+
+
+_ARITH_CHARS = re.compile(r"^[\d.()+\-*/]+$")
+_ARITH_OP = re.compile(r"[\d)]\s*[-+*/]\s*[\d(]")
+
+
+def _is_unevaluated_arithmetic(s: str) -> bool:
+    """Whether ``s`` is a bare arithmetic expression of numbers such as ``3+4`` or ``2\\cdot 5``
+    (but not a single number or fraction)."""
+    t = _normalize_str(s)
+    for a, b in (("\\times", "*"), ("\\cdot", "*"), ("\\div", "/"), ("\u00d7", "*"),
+                 ("\u00b7", "*"), ("\u00f7", "/")):
+        t = t.replace(a, b)
+    return bool(_ARITH_CHARS.match(t) and _ARITH_OP.search(t)) and _as_number(t) is None
+
+
+def _equal_one(pred: str, gold: str, deadline: float | None, strict_numbers: bool = True) -> bool:
     """Cheap comparison, then (time permitting) symbolic; failures fall back to the cheap one."""
     cheap = _cheap_equal(pred, gold)
     if cheap is not None:
         return cheap
-    if len(pred) > MAX_SYMBOLIC_CHARS or len(gold) > MAX_SYMBOLIC_CHARS:
+    if strict_numbers and _as_number(_normalize_str(gold)) is not None \
+            and _is_unevaluated_arithmetic(pred):
+        return False  # "3+4" does not answer "7": sympy would evaluate it (a reward hack)
+    if (len(pred) > MAX_SYMBOLIC_CHARS or len(gold) > MAX_SYMBOLIC_CHARS
+            or _nesting(pred) > MAX_NESTING or _nesting(gold) > MAX_NESTING):
         return False
     left = None if deadline is None else deadline - time.monotonic()
     if left is not None and left <= 0:
@@ -436,7 +468,8 @@ def _split_top_level(s: str) -> list[str]:
     return [p for p in parts if p]
 
 
-def answers_equal(pred: str, label: Any, timeout: float | None = DEFAULT_TIMEOUT_S) -> bool:
+def answers_equal(pred: str, label: Any, timeout: float | None = DEFAULT_TIMEOUT_S, *,
+                  strict_numbers: bool = True) -> bool:
     """Whether an extracted answer string equals a label (see :func:`math_reward`)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     golds = normalize_label(label)
@@ -446,26 +479,27 @@ def answers_equal(pred: str, label: Any, timeout: float | None = DEFAULT_TIMEOUT
     if not pred:
         return False
     if len(golds) == 1:
-        return _equal_one(pred, golds[0], deadline)
+        return _equal_one(pred, golds[0], deadline, strict_numbers)
     # several answers: each must match a distinct comma-separated part of the prediction
     parts = _split_top_level(pred)
     if len(parts) == len(golds):
-        if all(_equal_one(p, g, deadline) for p, g in zip(parts, golds)):
+        if all(_equal_one(p, g, deadline, strict_numbers) for p, g in zip(parts, golds)):
             return True
         remaining = list(parts)
         for g in golds:
-            hit = next((i for i, p in enumerate(remaining) if _equal_one(p, g, deadline)), None)
+            hit = next((i for i, p in enumerate(remaining)
+                        if _equal_one(p, g, deadline, strict_numbers)), None)
             if hit is None:
                 break
             remaining.pop(hit)
         else:
             return True
     # last resort: compare as one set, e.g. "1, 2" vs ["2", "1"] parsed as {1, 2}
-    return _equal_one(pred, ", ".join(golds), deadline)
+    return _equal_one(pred, ", ".join(golds), deadline, strict_numbers)
 
 
 def math_reward(response: str, label: Any, prompt: Any = None, *,
-                timeout: float | None = DEFAULT_TIMEOUT_S) -> float:
+                timeout: float | None = DEFAULT_TIMEOUT_S, strict_numbers: bool = True) -> float:
     """Sparse-RL verifiable reward (arXiv 2601.10079, ALGORITHMS.md §1): 1.0 if the final answer
     of ``response`` equals ``label``, else 0.0.
 
@@ -475,7 +509,10 @@ def math_reward(response: str, label: Any, prompt: Any = None, *,
     the response's box, in any order). Equivalence: string-normalised or numeric equality first,
     then ``math_verify`` symbolic equivalence (``\\frac{1}{2}`` ≡ ``0.5`` ≡ ``1/2``). The call
     never takes much longer than ``timeout`` seconds (None: no limit) and never raises on odd
-    input: a verification that times out or fails counts as "not equal". ``prompt`` is unused
+    input: a verification that times out or fails counts as "not equal". With
+    ``strict_numbers`` (default), a numeric label is not matched by a bare unevaluated arithmetic
+    expression (``\\boxed{3+4}`` vs ``7`` scores 0; sympy would evaluate it, which lets a policy
+    copy the question into the box); ``3 + 4 = 7`` still scores 1. ``prompt`` is unused
     (it is there for the :class:`~sparserl.reward.registry.RewardFn` protocol).
     """
     if not isinstance(response, str):
@@ -484,6 +521,7 @@ def math_reward(response: str, label: Any, prompt: Any = None, *,
         pred = extract_answer(response)
         if pred is None:
             return 0.0
-        return 1.0 if answers_equal(pred, label, timeout=timeout) else 0.0
+        return 1.0 if answers_equal(pred, label, timeout=timeout,
+                                    strict_numbers=strict_numbers) else 0.0
     except _Deadline:
         return 0.0
