@@ -114,9 +114,21 @@ class SamplerModel:
     # --- pieces of the forward -----------------------------------------------------------------
     @staticmethod
     def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        return F.linear(x, w, b)
+        """x Wᵀ (+ b). For the few rows of a decode step the product is computed as (W xᵀ)ᵀ: BLAS
+        runs the skinny GEMM ~1.5x faster in that orientation on CPUs (measured, see
+        docs/results/)."""
+        rows = x.numel() // x.shape[-1]
+        if rows > 64 or x.dtype != torch.float32:
+            return F.linear(x, w, b)
+        x2 = x.reshape(rows, x.shape[-1])
+        y = torch.matmul(w, x2.t()).t()
+        if b is not None:
+            y = y + b
+        return y.reshape(*x.shape[:-1], w.shape[0])
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # fused kernel, same math as transformers' LlamaRMSNorm
+            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return w * xf.to(x.dtype)
@@ -138,16 +150,16 @@ class SamplerModel:
         x = self.rms_norm(h, lw.ln1)
         out = self.linear(x, lw.qkv, lw.qkv_bias)
         D, hq, hkv = self.head_dim, self.n_heads, self.n_kv
-        lead = out.shape[:-1]
-        q, k, v = out.split([hq * D, hkv * D, hkv * D], dim=-1)
-        q = q.view(*lead, hq, D).transpose(-2, -3)
-        k = k.view(*lead, hkv, D).transpose(-2, -3)
-        v = v.view(*lead, hkv, D).transpose(-2, -3)
-        if lw.q_norm is not None:
-            q = self.rms_norm(q, lw.q_norm)
-            k = self.rms_norm(k, lw.k_norm)
-        cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)
-        return self.apply_rope(q, cos, sin), self.apply_rope(k, cos, sin), v
+        out = out.view(*out.shape[:-1], hq + 2 * hkv, D)  # [..., T, H, D]
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+        if lw.q_norm is None:  # one RoPE over q and k together
+            qk = self.apply_rope(out[..., : hq + hkv, :], cos, sin)
+            q, k = qk[..., :hq, :], qk[..., hq:, :]
+        else:  # Qwen3: per-head RMSNorm on q and k before RoPE
+            q = self.apply_rope(self.rms_norm(out[..., :hq, :], lw.q_norm), cos, sin)
+            k = self.apply_rope(self.rms_norm(out[..., hq : hq + hkv, :], lw.k_norm), cos, sin)
+        v = out[..., hq + hkv :, :]
+        return q.transpose(-2, -3), k.transpose(-2, -3), v.transpose(-2, -3)
 
     def mlp(self, lw: LayerWeights, h: torch.Tensor) -> torch.Tensor:
         x = self.rms_norm(h, lw.ln2)
