@@ -75,7 +75,7 @@ PRESET_DIR = Path(__file__).resolve().parent / "configs"
 # station's registry cannot be imported (and the union with it when it can).
 COMPRESSORS = ("none", "streaming", "snapkv", "rkv", "h2o")
 TRIGGERS = ("step_length", "newline")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 ADV_ESTIMATORS = ("grpo", "dr_grpo")
 GROUP_ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo")  # need n >= 2 samples per prompt
 SCALE_REWARDS = ("group", "batch", "none")
