@@ -82,6 +82,15 @@ class RolloutEngine:
         self.max_batch = max_batch
         self.eos_ids = self._eos_ids(loaded.model)
         self._newline_ids: torch.Tensor | None = None
+        self.step_hook = None  # tests/debugging: called as hook(event, **state) around each decode step
+
+    @classmethod
+    def from_engine(cls, other: "RolloutEngine", compressor: KVCompressor | None) -> "RolloutEngine":
+        """Another engine over the same sampler weights (no copy) with a different compressor."""
+        new = cls.__new__(cls)
+        new.__dict__.update(other.__dict__)
+        new.compressor = compressor
+        return new
 
     # --- weights -------------------------------------------------------------------------------
     def update_weights(self, source) -> None:
@@ -174,7 +183,7 @@ class RolloutEngine:
         if c is None:
             capacity = P + max_new
         elif c.compress_prompt:
-            capacity = min(max(P, c.budget) + c.step_length, P + max_new)
+            capacity = min(c.budget + c.step_length, P + max_new)
         else:
             capacity = P + min(max_new, c.budget + c.step_length)
         cache = CompressedKVCache(keys, values, valid, positions, capacity, c, m.n_heads, queries, acc)
@@ -214,7 +223,7 @@ class RolloutEngine:
                     if any(s in tail for s in p.stop):
                         done[r] = True
             if t == max_new - 1:
-                dense_tokens_peak = max(dense_tokens_peak, int((true_len[active]).sum()))
+                dense_tokens_peak = max(dense_tokens_peak, int(true_len.sum()))
                 for r in range(len(active)):
                     kept[int(active[r])] = int(cache.kept_tokens()[r])
                 if done.any():
@@ -227,7 +236,7 @@ class RolloutEngine:
                 for r in done.nonzero().flatten().tolist():
                     finish[int(active[r])] = "stop"
                     kept[int(active[r])] = int(kt[r])
-                dense_tokens_peak = max(dense_tokens_peak, int(true_len[active].sum()))
+                dense_tokens_peak = max(dense_tokens_peak, int(true_len.sum()))
                 if keep_rows.numel() == 0:
                     break
                 active = active[keep_rows]
@@ -235,7 +244,11 @@ class RolloutEngine:
                 true_len = true_len[keep_rows]
                 cache.select(keep_rows)
             # one decode step: the sampled token enters the cache
+            if self.step_hook is not None:
+                self.step_hook("before_decode", t=t, cache=cache, tokens=tok, positions=true_len)
             logits = self._decode(tok, true_len, cache)
+            if self.step_hook is not None:
+                self.step_hook("after_decode", t=t, cache=cache, logits=logits)
             true_len = true_len + 1
             if c is not None:
                 due = cache.due(newline[tok] if newline is not None else None)

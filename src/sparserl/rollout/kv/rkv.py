@@ -5,8 +5,8 @@ important and not redundant.
 - importance_j = maxpool_k( mean_{i in window} softmax(q_i K^T / sqrt(d))_j ), window w = 8, kernel
   7; the query heads of one GQA group are reduced by max;
 - redundancy: S = cos(K, K) with the diagonal zeroed and entries <= threshold (0.5) dropped; for each
-  key the most recent key similar to it is "retained" (its entry zeroed: the newest copy of a
-  repeated thought is not counted redundant); redundancy_j = softmax_j( mean_i S_ij );
+  key i the most recent key similar to it, when newer than i, is "retained" (S_i,last zeroed: the
+  newest copy of a repeated thought is not counted redundant); redundancy_j = softmax_j(mean_i S_ij);
 - score_j = λ·importance_j − (1 − λ)·redundancy_j, λ = 0.1 (paper; the code uses 0.07);
 - keep the top ``budget − w`` by score plus the last ``w`` tokens, in position order.
 
@@ -32,10 +32,12 @@ def redundancy(keys: torch.Tensor, valid: torch.Tensor, threshold: float = 0.5) 
     pair_valid = valid[:, None, :, None] & valid[:, None, None, :]
     similar = (sim > threshold) & ~eye & pair_valid
     sim = sim * similar
-    # retain the most recent similar key of each row: zero S[i, last_j]
+    # retain the most recent key of each similar set: in row i, the similarity to the most recent
+    # key similar to i is not counted when that key is newer than i (so the newest copy scores 0)
     idx = torch.arange(L, device=sim.device).expand_as(sim)
     last = torch.where(similar, idx, torch.full_like(idx, -1)).amax(dim=-1, keepdim=True)  # [n,h,L,1]
-    sim = sim.masked_fill((last >= 0) & (idx == last), 0.0)
+    row = torch.arange(L, device=sim.device)[:, None]
+    sim = sim.masked_fill((last > row) & (idx == last), 0.0)
     nvalid = valid.sum(-1).clamp(min=1)[:, None, None].float()
     red = sim.sum(dim=-2) / nvalid  # mean over the rows i (valid ones)
     red = red.masked_fill(~valid[:, None, :], float("-inf"))

@@ -1,0 +1,104 @@
+"""``sparserl eval``: accuracy of a model or checkpoint on a data set, under dense and under sparse
+inference (any compressor and budget), written as JSON.
+
+With ``n`` samples per problem: ``avg@n`` = mean reward over all samples, ``pass@n`` = fraction of
+problems with at least one correct sample, ``pass@1`` = the unbiased estimate (= avg@n).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..data import load_dataset
+from ..models.loading import ModelLoadError, load_model
+from ..reward import load_reward, score_responses
+from ..rollout.engine import RolloutEngine
+from ..rollout.kv import get_compressor
+from ..rollout.sampling import SamplingParams
+
+
+def evaluate(engine: RolloutEngine, examples, params: SamplingParams, reward_fn, batch: int = 32) -> dict:
+    """Generate ``params.n`` samples per example and score them."""
+    n = params.n
+    rewards_all, errors, tokens, kv_peak, kv_dense = [], 0, 0, 0, 0
+    t0 = time.perf_counter()
+    for s in range(0, len(examples), max(1, batch // n)):
+        chunk = examples[s : s + max(1, batch // n)]
+        out = engine.generate([e.prompt for e in chunk], params)
+        labels = [chunk[i].label for i in out.prompt_index]
+        r, e = score_responses(reward_fn, out.texts, labels)
+        rewards_all += r
+        errors += e
+        tokens += out.tokens_generated
+        kv_peak = max(kv_peak, out.kv.bytes_peak)
+        kv_dense = max(kv_dense, out.kv.bytes_dense)
+    per_problem = [rewards_all[i * n : (i + 1) * n] for i in range(len(examples))]
+    return {
+        "problems": len(examples),
+        "n": n,
+        "pass@1": sum(rewards_all) / max(1, len(rewards_all)),
+        f"avg@{n}": sum(rewards_all) / max(1, len(rewards_all)),
+        f"pass@{n}": sum(any(x >= 1.0 for x in p) for p in per_problem) / max(1, len(per_problem)),
+        "reward_errors": errors,
+        "tokens": tokens,
+        "seconds": time.perf_counter() - t0,
+        "kv_bytes_peak": kv_peak,
+        "kv_bytes_dense": kv_dense,
+    }
+
+
+def evaluate_cli(args) -> int:
+    try:
+        lm = load_model(args.model, dtype=args.dtype)
+    except ModelLoadError as e:
+        raise SystemExit(f"error: {e}")
+    data = load_dataset(args.data, limit=args.limit)
+    params = SamplingParams(n=args.n, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    reward_fn = load_reward("math")
+    results = {"model": args.model, "data": args.data, "runs": []}
+    modes = ["none"] if args.compressor == "none" else ["none", args.compressor]
+    for name in modes:
+        comp = None
+        if name != "none":
+            kw = dict(budget=args.kv_budget, step_length=args.step_length, trigger=args.trigger)
+            if args.window is not None:
+                kw["window"] = args.window
+            if args.compressor_options:
+                kw.update(json.loads(args.compressor_options))
+            try:
+                comp = get_compressor(name, **kw)
+            except ValueError as e:
+                raise SystemExit(f"error: {e}")
+        res = evaluate(RolloutEngine(lm, comp, dtype=args.dtype), list(data), params, reward_fn, args.batch)
+        res.update({"compressor": name, "kv_budget": None if comp is None else args.kv_budget})
+        results["runs"].append(res)
+        print(f"{name:>9}: pass@1 {res['pass@1']:.3f}  pass@{args.n} {res[f'pass@{args.n}']:.3f}  "
+              f"({res['problems']} problems, {res['seconds']:.0f}s, KV peak {res['kv_bytes_peak'] / 2**20:.1f} MiB)")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def evaluate_trainer(tr, run_dir: Path, log=print) -> dict:
+    """Held-out accuracy at the end of a run, with the run's sampler (compressed) and dense."""
+    cfg = tr.cfg
+    data = list(load_dataset(cfg.data.eval, limit=cfg.data.eval_limit))
+    e = cfg.eval
+    params = SamplingParams(n=e.n, temperature=e.temperature, max_new_tokens=e.max_new_tokens or cfg.rollout.max_new_tokens,
+                            seed=cfg.train.seed)
+    results = {}
+    from ..train.trainer import build_compressor
+
+    tr.engine.update_weights(tr.learner)
+    sparse_comp = tr.engine.compressor if e.compressor is None else build_compressor(cfg, compressor=e.compressor)
+    for label, comp in (("dense", None), ("sparse", sparse_comp)):
+        if label == "sparse" and comp is None:
+            continue
+        engine = tr.engine if comp is tr.engine.compressor else RolloutEngine.from_engine(tr.engine, comp)
+        results[label] = evaluate(engine, data, params, tr.reward_fn)
+        log(f"eval {label}: pass@1 {results[label]['pass@1']:.3f} on {len(data)} problems of {cfg.data.eval}")
+    (Path(run_dir) / "eval.json").write_text(json.dumps(results, indent=2))
+    return results

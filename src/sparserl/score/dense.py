@@ -1,0 +1,49 @@
+"""Dense scoring: one forward of a full-precision, full-KV model over finished sequences.
+
+Gives the old-policy log-probs ``log p`` (and reference log-probs when a KL term is on) of each
+response token; with ``return_entropy`` also the per-token entropy. Sequences are laid out as
+``[left padding | prompt | response | right padding]`` so that every response starts at the same
+column and only the response positions go through the LM head (``logits_to_keep``).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..train.batch import RolloutBatch
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[target] without materialising the full log-softmax: logit − logsumexp."""
+    logits = logits.float()
+    return logits.gather(-1, targets[..., None])[..., 0] - torch.logsumexp(logits, dim=-1)
+
+
+def forward_response(model, batch: RolloutBatch, rows: slice | torch.Tensor, return_entropy: bool = False,
+                     entropy_grad: bool = False):
+    """Per-token log-probs [n, T] (and entropies) of the responses in ``rows`` under ``model``.
+    Runs with whatever grad mode the caller set (no_grad for scoring, grad for the update)."""
+    ids = batch.input_ids[rows]
+    T = batch.response_ids.shape[1]
+    out = model(input_ids=ids, attention_mask=batch.attention_mask[rows], position_ids=batch.position_ids[rows],
+                logits_to_keep=T + 1, use_cache=False)
+    logits = out.logits[:, :-1]  # position j predicts token j+1: the last T+1 logits → T predictions
+    lp = token_logprobs(logits, batch.response_ids[rows])
+    ent = None
+    if return_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            lf = logits.float()
+            ent = torch.logsumexp(lf, -1) - (lf.softmax(-1) * lf).sum(-1)
+    return lp, ent
+
+
+@torch.no_grad()
+def score_logprobs(model, batch: RolloutBatch, micro_batch_size: int = 16) -> torch.Tensor:
+    """log p of every response token under ``model`` (no grad), micro-batched. [N, T] float32."""
+    was_training = model.training
+    model.eval()
+    parts = []
+    for s in range(0, batch.size, micro_batch_size):
+        lp, _ = forward_response(model, batch, slice(s, s + micro_batch_size))
+        parts.append(lp)
+    model.train(was_training)
+    return torch.cat(parts) * batch.response_mask

@@ -1,0 +1,55 @@
+"""The record that moves between stations: one rollout batch as tensors."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class RolloutBatch:
+    """N responses laid out as ``[left pad | prompt | response | right pad]``.
+
+    input_ids/attention_mask/position_ids: [N, P + T]; response_ids/response_mask/sampler_logprobs:
+    [N, T] (the response starts at column P for every row); group_ids: [N] (the prompt each response
+    answers: a GRPO group); rewards/advantages: [N]; old/ref log-probs filled by the score station.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    sampler_logprobs: torch.Tensor
+    group_ids: torch.Tensor
+    rewards: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    @classmethod
+    def from_rollout(cls, prompt_ids: list[list[int]], response_ids: list[list[int]],
+                     sampler_logprobs: list[list[float]], group_ids: list[int], pad_id: int = 0) -> "RolloutBatch":
+        N = len(prompt_ids)
+        P = max(len(p) for p in prompt_ids)
+        T = max(1, max(len(r) for r in response_ids))
+        ids = torch.full((N, P + T), pad_id, dtype=torch.long)
+        att = torch.zeros(N, P + T, dtype=torch.long)
+        resp = torch.full((N, T), pad_id, dtype=torch.long)
+        rmask = torch.zeros(N, T, dtype=torch.float32)
+        slp = torch.zeros(N, T, dtype=torch.float32)
+        for i, (p, r, lp) in enumerate(zip(prompt_ids, response_ids, sampler_logprobs)):
+            ids[i, P - len(p) : P] = torch.tensor(p)
+            att[i, P - len(p) : P] = 1
+            if r:
+                ids[i, P : P + len(r)] = torch.tensor(r)
+                att[i, P : P + len(r)] = 1
+                resp[i, : len(r)] = torch.tensor(r)
+                rmask[i, : len(r)] = 1.0
+                slp[i, : len(r)] = torch.tensor(lp, dtype=torch.float32)
+        pos = (att.cumsum(-1) - 1).clamp(min=0)
+        return cls(ids, att, pos, resp, rmask, slp, torch.tensor(group_ids, dtype=torch.long))
