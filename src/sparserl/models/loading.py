@@ -107,11 +107,23 @@ def _gguf_to_hf(gguf: Path, dtype: torch.dtype):
 
 def embedded_hf_folder() -> Path:
     """Convert the embedded GGUF into a cached Hugging Face folder once (atomically) and return it."""
+    import fcntl
+
     target = cache_dir() / "smollm2-135m-instruct"
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
-    model, tok = _gguf_to_hf(embedded_gguf_path(), torch.float32)
+    gguf = embedded_gguf_path()
     target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / ".smollm2.lock", "w") as lock:  # one converter at a time (parallel tests)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "config.json").exists() and (target / "model.safetensors").exists():
+            return target
+        _convert(gguf, target)
+    return target
+
+
+def _convert(gguf: Path, target: Path) -> None:
+    model, tok = _gguf_to_hf(gguf, torch.float32)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-smollm2-"))
     try:
         model.save_pretrained(tmp)
@@ -122,7 +134,6 @@ def embedded_hf_folder() -> Path:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def tiny_config(vocab_size: int = 49152, seed_layers: int = 2):
