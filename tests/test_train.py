@@ -108,3 +108,19 @@ def test_eval_and_report_commands(tmp_path):
     (run / "report.md").unlink()
     assert cli.main(["report", str(run)]) == 0
     assert (run / "report.md").exists()
+
+
+def test_dense_sampler_and_dense_scoring_agree_at_any_temperature(tmp_path):
+    """With no compression the sampler is the dense policy: log q == log p (the correction's ρ is 1)."""
+    from sparserl.rollout.sampling import SamplingParams
+    from sparserl.score import score_logprobs
+    from sparserl.train.batch import RolloutBatch
+
+    cfg = cfg_for(tmp_path, "rollout.compressor=none", "rollout.temperature=0.7")
+    tr = build_trainer(cfg)
+    ro = tr.engine.generate(["1 + 2 =", "hello"], SamplingParams(n=3, max_new_tokens=12, temperature=0.7, seed=0))
+    batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index)
+    old = score_logprobs(tr.learner, batch, 4, temperature=0.7)
+    assert torch.allclose(old, batch.sampler_logprobs, atol=1e-4)
+    at_one = score_logprobs(tr.learner, batch, 4, temperature=1.0)
+    assert not torch.allclose(at_one, batch.sampler_logprobs, atol=1e-3)

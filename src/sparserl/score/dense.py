@@ -19,14 +19,18 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def forward_response(model, batch: RolloutBatch, rows: slice | torch.Tensor, return_entropy: bool = False,
-                     entropy_grad: bool = False):
-    """Per-token log-probs [n, T] (and entropies) of the responses in ``rows`` under ``model``.
-    Runs with whatever grad mode the caller set (no_grad for scoring, grad for the update)."""
+                     entropy_grad: bool = False, temperature: float = 1.0):
+    """Per-token log-probs [n, T] (and entropies) of the responses in ``rows`` under ``model``, of the
+    distribution softmax(logits / temperature) -- the sampler's temperature, as verl does, so that
+    sampler and dense log-probs describe the same distribution. Runs with whatever grad mode the
+    caller set (no_grad for scoring, grad for the update)."""
     ids = batch.input_ids[rows]
     T = batch.response_ids.shape[1]
     out = model(input_ids=ids, attention_mask=batch.attention_mask[rows], position_ids=batch.position_ids[rows],
                 logits_to_keep=T + 1, use_cache=False)
     logits = out.logits[:, :-1]  # position j predicts token j+1: the last T+1 logits → T predictions
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
     lp = token_logprobs(logits, batch.response_ids[rows])
     ent = None
     if return_entropy:
@@ -37,13 +41,13 @@ def forward_response(model, batch: RolloutBatch, rows: slice | torch.Tensor, ret
 
 
 @torch.no_grad()
-def score_logprobs(model, batch: RolloutBatch, micro_batch_size: int = 16) -> torch.Tensor:
+def score_logprobs(model, batch: RolloutBatch, micro_batch_size: int = 16, temperature: float = 1.0) -> torch.Tensor:
     """log p of every response token under ``model`` (no grad), micro-batched. [N, T] float32."""
     was_training = model.training
     model.eval()
     parts = []
     for s in range(0, batch.size, micro_batch_size):
-        lp, _ = forward_response(model, batch, slice(s, s + micro_batch_size))
+        lp, _ = forward_response(model, batch, slice(s, s + micro_batch_size), temperature=temperature)
         parts.append(lp)
     model.train(was_training)
     return torch.cat(parts) * batch.response_mask

@@ -104,9 +104,10 @@ def train_step(tr: Trainer, step: int) -> dict:
     batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index,
                                       pad_id=tr.tokenizer.pad_token_id or 0)
     batch.rewards = torch.tensor(rewards, dtype=torch.float32)
-    batch.old_logprobs = score_logprobs(tr.learner, batch, cfg.train.micro_batch_size)
+    temp = cfg.rollout.temperature
+    batch.old_logprobs = score_logprobs(tr.learner, batch, cfg.train.micro_batch_size, temp)
     if tr.ref is not None:
-        batch.ref_logprobs = score_logprobs(tr.ref, batch, cfg.train.micro_batch_size)
+        batch.ref_logprobs = score_logprobs(tr.ref, batch, cfg.train.micro_batch_size, temp)
     lap("score")
     a = cfg.algorithm
     corr = apply_corrections(a.correction, batch.sampler_logprobs, batch.old_logprobs, batch.response_mask,
@@ -137,7 +138,8 @@ def update_policy(tr: Trainer, batch: RolloutBatch, corr) -> dict:
             tr.optimizer.zero_grad(set_to_none=True)
             for mb in range(rows.start, rows.stop, t.micro_batch_size):
                 r = slice(mb, min(mb + t.micro_batch_size, rows.stop))
-                lp, ent = forward_response(tr.learner, batch, r, return_entropy=True, entropy_grad=bool(a.entropy_coef))
+                lp, ent = forward_response(tr.learner, batch, r, return_entropy=True, entropy_grad=bool(a.entropy_coef),
+                                           temperature=cfg.rollout.temperature)
                 scale = corr.clip_upper_scale[r] if corr.clip_upper_scale is not None else None
                 loss, m = policy_loss(lp, corr.behaviour_logprobs[r], adv[r], corr.mask[r], corr.weights[r],
                                       clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high, clip_upper_scale=scale, **norms)

@@ -148,14 +148,12 @@ def window_attention(inp: ScoreInputs, reduce_group: str = "max") -> torch.Tenso
     hkv, L = k.shape[1], k.shape[2]
     g = hq // hkv
     qf = q.float().reshape(n, hkv, g * w, d)
-    scores = torch.matmul(qf, k.float().transpose(-1, -2)) / d**0.5  # [n, hkv, g*w, L]
-    scores = scores.view(n, hkv, g, w, L)
-    mask = inp.valid[:, None, None, None, :].clone().expand(n, 1, 1, w, L).clone()
+    scores = torch.matmul(qf, k.float().transpose(-1, -2)).mul_(d**-0.5).view(n, hkv, g, w, L)
     # query i of the window sits at slot L - w + i and sees keys up to its own slot
-    qslot = torch.arange(L - w, L, device=k.device)[:, None]
-    mask &= (torch.arange(L, device=k.device)[None, :] <= qslot)[None, None, None]
-    scores = scores.masked_fill(~mask, float("-inf"))
-    attn = scores.softmax(dim=-1).nan_to_num(0.0).mean(dim=3)  # [n, hkv, g, L]
+    causal = torch.arange(L, device=k.device)[None, :] > torch.arange(L - w, L, device=k.device)[:, None]
+    bias = torch.zeros(n, 1, 1, w, L, device=k.device).masked_fill_(causal, float("-inf"))
+    bias.masked_fill_(~inp.valid[:, None, None, None, :], float("-inf"))
+    attn = (scores + bias).softmax(dim=-1).nan_to_num_(0.0).mean(dim=3)  # [n, hkv, g, L]
     return attn.amax(dim=2) if reduce_group == "max" else attn.mean(dim=2)
 
 

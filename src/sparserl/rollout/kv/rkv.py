@@ -28,16 +28,17 @@ def redundancy(keys: torch.Tensor, valid: torch.Tensor, threshold: float = 0.5) 
     k = k / (k.norm(dim=-1, keepdim=True) + 1e-8)
     sim = torch.matmul(k, k.transpose(-1, -2))  # [n, h, L, L]
     L = sim.shape[-1]
-    eye = torch.eye(L, dtype=torch.bool, device=sim.device)
-    pair_valid = valid[:, None, :, None] & valid[:, None, None, :]
-    similar = (sim > threshold) & ~eye & pair_valid
-    sim = sim * similar
+    sim.diagonal(dim1=-2, dim2=-1).zero_()
+    if not bool(valid.all()):
+        pair = valid[:, None, :, None] & valid[:, None, None, :]
+        sim.masked_fill_(~pair, 0.0)
+    sim.masked_fill_(sim <= threshold, 0.0)  # entries at or below the threshold are dropped
     # retain the most recent key of each similar set: in row i, the similarity to the most recent
     # key similar to i is not counted when that key is newer than i (so the newest copy scores 0)
-    idx = torch.arange(L, device=sim.device).expand_as(sim)
-    last = torch.where(similar, idx, torch.full_like(idx, -1)).amax(dim=-1, keepdim=True)  # [n,h,L,1]
+    ar = torch.arange(1, L + 1, device=sim.device, dtype=sim.dtype)
+    last = ((sim > 0) * ar).amax(dim=-1, keepdim=True).long() - 1  # [n, h, L, 1], -1 when none
     row = torch.arange(L, device=sim.device)[:, None]
-    sim = sim.masked_fill((last > row) & (idx == last), 0.0)
+    sim.scatter_(-1, torch.where(last > row, last, row), 0.0)  # (row i, i) is the zeroed diagonal
     nvalid = valid.sum(-1).clamp(min=1)[:, None, None].float()
     red = sim.sum(dim=-2) / nvalid  # mean over the rows i (valid ones)
     red = red.masked_fill(~valid[:, None, :], float("-inf"))
