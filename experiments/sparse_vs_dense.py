@@ -3,7 +3,7 @@
 
     python experiments/sparse_vs_dense.py --steps 12 --out docs/results/sparse_vs_dense
 
-Each run trains with the `default` config (R-KV, budget 24 decode tokens, responses up to 64) and
+Each run trains with the `default` config (R-KV, budget 8 decode tokens past the prompt, responses up to 64) and
 the two presets that change one thing: `dense` (no compression, no correction) and `sparse_naive`
 (compression, no correction). At the end each run is evaluated on held-out `arith` problems (a
 different seed from training) under dense and under sparse inference. Tables and plots go to OUT.

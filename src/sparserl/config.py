@@ -788,7 +788,7 @@ def validate(cfg: Config) -> Config:
     need(t.eps > 0, f"train.eps={t.eps} must be > 0")
     need(t.grad_clip is None or t.grad_clip >= 0, f"train.grad_clip={t.grad_clip} must be >= 0 or null")
     need(t.warmup_steps >= 0, f"train.warmup_steps={t.warmup_steps} must be >= 0")
-    need(t.lora_rank >= 0, f"train.lora_rank={t.lora_rank} must be >= 0")
+    need(t.lora_rank == 0, f"train.lora_rank={t.lora_rank}: LoRA training is not implemented yet; use 0 (full fine-tuning)")
     need(t.lora_alpha > 0, f"train.lora_alpha={t.lora_alpha} must be > 0")
 
     # log / checkpoint / eval

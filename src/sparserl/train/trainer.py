@@ -64,6 +64,8 @@ def build_trainer(cfg: Config) -> Trainer:
     data = load_dataset(d.train, prompt_key=d.prompt_key, label_key=d.label_key, template=d.template,
                         system_prompt=d.system_prompt, limit=d.limit,
                         skip_bad_rows=d.skip_bad_rows if d.skip_bad_rows else None)
+    if data.skipped:
+        print(f"data: {len(data)} examples from {data.source}, {data.skipped} bad rows skipped")
     lm = load_model(cfg.model.name, dtype=cfg.model.dtype, seed=cfg.model.seed)
     learner = lm.model.train()
     engine = RolloutEngine(lm, build_compressor(cfg), dtype=cfg.rollout.dtype)
