@@ -41,7 +41,7 @@ def test_default_preset_is_the_cpu_job():
     assert cfg.model.name == "smollm2-135m"
     assert cfg.rollout.compressor == "rkv" and cfg.algorithm.correction == "sparse_rl"
     assert cfg.rollout.kv_budget < cfg.rollout.max_new_tokens  # compression must bite
-    assert cfg.train.lr == pytest.approx(1e-5) and cfg.model.dtype == "float32"
+    assert cfg.train.lr == pytest.approx(3e-5) and cfg.model.dtype == "float32"
 
 
 def test_paper_preset_numbers():
