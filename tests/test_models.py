@@ -68,3 +68,12 @@ def test_other_families_match_transformers(family, tiny):
         P = len(out.prompt_ids[i])
         ref = lp[P - 1 : -1].gather(-1, ids[0, P:, None])[:, 0]
         assert (ref - torch.tensor(out.sampler_logprobs[i])).abs().max() < 1e-4
+
+
+def test_gguf_file_loads_dequantized():
+    from sparserl.models.loading import embedded_gguf_path
+
+    lm = load_model(str(embedded_gguf_path()), dtype="float32")
+    assert lm.model.config.num_hidden_layers == 30
+    w = lm.model.model.layers[0].self_attn.q_proj.weight
+    assert w.dtype == torch.float32 and w.requires_grad  # plain trainable weights, not packed blocks

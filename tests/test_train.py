@@ -124,3 +124,37 @@ def test_dense_sampler_and_dense_scoring_agree_at_any_temperature(tmp_path):
     assert torch.allclose(old, batch.sampler_logprobs, atol=1e-4)
     at_one = score_logprobs(tr.learner, batch, 4, temperature=1.0)
     assert not torch.allclose(at_one, batch.sampler_logprobs, atol=1e-3)
+
+
+def test_kill_9_mid_run_resumes_from_last_checkpoint(tmp_path):
+    """A real SIGKILL of `sparserl train` while it runs; the resumed run finishes from the last
+    complete checkpoint with one metrics line per step."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "sparserl.cli", "train", "default", *TINY, "train.steps=40",
+            f"log.out_dir={tmp_path}", "--run-dir", str(run)]
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__)}  # for the toy reward
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and latest_checkpoint(run) is None:
+            time.sleep(0.2)
+        time.sleep(0.7)  # somewhere in a later step (or in the middle of writing a checkpoint)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    last = latest_checkpoint(run)
+    assert last is not None
+    killed_at = int(last.name.split("-")[1])
+    assert killed_at < 40
+    resumed = subprocess.run([*args[:-2], "train.steps=" + str(killed_at + 2), "--run-dir", str(run), "--resume"],
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed from {last}" in resumed.stdout
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, killed_at + 3))

@@ -82,8 +82,6 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     root = Path(run_dir) / "checkpoints"
     if not root.exists():
         return None
-    for tmp in root.glob(".tmp-*"):  # debris of a run killed while saving
-        shutil.rmtree(tmp, ignore_errors=True)
     pointer = root / "latest"
     if pointer.exists():
         cand = root / pointer.read_text().strip()
@@ -91,6 +89,16 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
             return cand
     done = sorted(p for p in root.glob("step-*") if (p / "COMPLETE").exists())
     return done[-1] if done else None
+
+
+def remove_debris(run_dir: str | Path) -> int:
+    """Delete the temporary folders of a run killed while saving (call only when no process writes
+    to this run, i.e. on resume). Returns how many were removed."""
+    root = Path(run_dir) / "checkpoints"
+    debris = list(root.glob(".tmp-*")) if root.exists() else []
+    for tmp in debris:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return len(debris)
 
 
 def load_checkpoint(path: str | Path, model, optimizer=None, scheduler=None) -> dict:

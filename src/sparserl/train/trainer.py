@@ -26,7 +26,7 @@ from ..rollout.sampling import SamplingParams
 from ..score import forward_response, score_logprobs
 from .advantages import compute_advantages, frac_zero_std_groups
 from .batch import RolloutBatch
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from .checkpoint import latest_checkpoint, load_checkpoint, remove_debris, save_checkpoint, set_rng_state
 from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
 from .metrics import MetricsLogger
 
@@ -201,6 +201,8 @@ def resolve_run_dir(cfg: Config, run_dir: str | None) -> Path:
 def train(cfg: Config, resume: bool = False, run_dir: str | Path | None = None, log=print) -> Path:
     """Run (or resume) a training run; returns its folder."""
     run = resolve_run_dir(cfg, str(run_dir) if run_dir else None)
+    if resume:
+        remove_debris(run)
     ckpt = latest_checkpoint(run) if resume else None
     if resume and ckpt is None and (run / "metrics.jsonl").exists():
         log(f"no complete checkpoint in {run}: starting from step 0")
