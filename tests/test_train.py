@@ -41,7 +41,7 @@ def test_two_steps_change_weights_and_write_loadable_checkpoint(tmp_path):
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for key in ("reward/mean", "mismatch/k3_kl", "is/ess", "rs/token_masked_frac", "kv/bytes_peak",
-                "kv/compression_ratio", "time/update_s", "policy/clip_frac_high", "grad_norm"):
+                "kv/compression_ratio", "kv/kept_frac_final", "time/update_s", "policy/clip_frac_high", "grad_norm"):
         assert key in rows[-1]
     assert (run / "report.md").exists() and (run / "reward.png").exists()
 

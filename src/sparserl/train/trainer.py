@@ -187,6 +187,9 @@ def rollout_metrics(ro: RolloutOutput, batch: RolloutBatch, n_reward_errors: int
         "kv/bytes_peak": ro.kv.bytes_peak,
         "kv/bytes_dense": ro.kv.bytes_dense,
         "kv/compression_ratio": dense / max(ro.kv.bytes_theory, 1),
+        # per response: cached tokens at its end over the tokens a dense cache would hold
+        "kv/kept_frac_final": sum(k / max(1, len(p) + len(r) - 1) for k, p, r in
+                                  zip(ro.kv_tokens_kept, ro.prompt_ids, ro.response_ids)) / max(1, len(ro.response_ids)),
         "kv/compressions": ro.kv.compressions,
     }
 
