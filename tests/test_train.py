@@ -158,3 +158,12 @@ def test_kill_9_mid_run_resumes_from_last_checkpoint(tmp_path):
     assert f"resumed from {last}" in resumed.stdout
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, killed_at + 3))
+
+
+def test_several_updates_per_rollout_batch(tmp_path):
+    """mini_batch_prompts < prompts_per_step: one optimizer step per mini-batch, times ppo_epochs."""
+    cfg = cfg_for(tmp_path, "train.steps=1", "train.mini_batch_prompts=1", "train.ppo_epochs=2")
+    tr = build_trainer(cfg)
+    train_step(tr, 1)
+    steps = {int(s["step"]) for s in tr.optimizer.state_dict()["state"].values()}
+    assert steps == {4}  # 2 prompts / 1 per mini-batch x 2 epochs

@@ -114,8 +114,8 @@ def train_step(tr: Trainer, step: int) -> dict:
     a = cfg.algorithm
     corr = apply_corrections(a.correction, batch.sampler_logprobs, batch.old_logprobs, batch.response_mask,
                              a.correction_options or None)
-    batch.advantages = compute_advantages(a.adv_estimator, batch.rewards, batch.group_ids, scale_rewards=a.scale_rewards) \
-        if a.adv_estimator == "grpo" else compute_advantages(a.adv_estimator, batch.rewards, batch.group_ids)
+    adv_options = {"scale_rewards": a.scale_rewards} if a.adv_estimator == "grpo" else {}
+    batch.advantages = compute_advantages(a.adv_estimator, batch.rewards, batch.group_ids, **adv_options)
     update_metrics = update_policy(tr, batch, corr)
     tr.engine.update_weights(tr.learner)
     lap("update")
@@ -164,7 +164,8 @@ def update_policy(tr: Trainer, batch: RolloutBatch, corr) -> dict:
             tr.optimizer.step()
         # the scheduler counts RL steps, not optimizer steps
     tr.scheduler.step()
-    out = {k: (v if k == "policy/loss" else v / max(count, 1.0)) for k, v in sums.items()}
+    # micro-batch losses add up to each optimizer step's loss; report the mean over optimizer steps
+    out = {k: (v / max(1, len(grad_norms)) if k == "policy/loss" else v / max(count, 1.0)) for k, v in sums.items()}
     out.setdefault("policy/kl_ref", 0.0)
     out["grad_norm"] = sum(grad_norms) / max(1, len(grad_norms))
     out["lr"] = tr.optimizer.param_groups[0]["lr"]
