@@ -30,7 +30,8 @@ def _read_prompts(path: str) -> list:
     return prompts
 
 
-def _compressor(args):
+def compressor_from_args(args, name: str | None = None):
+    """The compressor the sampler options of a command name (``--compressor`` unless ``name``)."""
     from .rollout.kv import get_compressor
 
     opts = json.loads(args.compressor_options) if getattr(args, "compressor_options", None) else {}
@@ -38,7 +39,7 @@ def _compressor(args):
     if args.window is not None:
         kw["window"] = args.window
     try:
-        return get_compressor(args.compressor, **kw)
+        return get_compressor(name or args.compressor, **kw)
     except (ValueError, TypeError) as e:
         raise SystemExit(f"error: {e}")
 
@@ -49,7 +50,7 @@ def cmd_rollout(args) -> int:
     from .rollout.sampling import SamplingParams
 
     prompts = _read_prompts(args.prompts)
-    comp = _compressor(args)
+    comp = compressor_from_args(args)
     try:
         lm = load_model(args.model, dtype=args.dtype)
     except ModelLoadError as e:

@@ -14,7 +14,6 @@ from ..data import load_dataset
 from ..models.loading import ModelLoadError, load_model
 from ..reward import load_reward, score_responses
 from ..rollout.engine import RolloutEngine
-from ..rollout.kv import get_compressor
 from ..rollout.sampling import SamplingParams
 
 
@@ -58,18 +57,10 @@ def evaluate_cli(args) -> int:
     reward_fn = load_reward("math")
     results = {"model": args.model, "data": args.data, "runs": []}
     modes = ["none"] if args.compressor == "none" else ["none", args.compressor]
+    from ..cli import compressor_from_args
+
     for name in modes:
-        comp = None
-        if name != "none":
-            kw = dict(budget=args.kv_budget, step_length=args.step_length, trigger=args.trigger)
-            if args.window is not None:
-                kw["window"] = args.window
-            if args.compressor_options:
-                kw.update(json.loads(args.compressor_options))
-            try:
-                comp = get_compressor(name, **kw)
-            except ValueError as e:
-                raise SystemExit(f"error: {e}")
+        comp = None if name == "none" else compressor_from_args(args, name)
         res = evaluate(RolloutEngine(lm, comp, dtype=args.dtype), list(data), params, reward_fn, args.batch)
         res.update({"compressor": name, "kv_budget": None if comp is None else args.kv_budget})
         results["runs"].append(res)
