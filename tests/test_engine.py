@@ -100,8 +100,13 @@ def test_finished_sequences_leave_the_batch(tiny):
     """EOS rows are dropped from the cache: its buffers shrink."""
     eng = RolloutEngine(tiny, None)
     eng.eos_ids = set(range(0, len(tiny.tokenizer), 2))  # half the vocabulary ends a sequence
+    sizes = []
+    eng.step_hook = lambda ev, cache=None, **kw: sizes.append((cache.batch, cache.k[0].shape[0])) if ev == "before_decode" else None
     out = eng.generate(PROMPTS[:1], SamplingParams(n=8, max_new_tokens=30, seed=0))
     assert "stop" in out.finish_reason
+    live = [b for b, _ in sizes]
+    assert live == sorted(live, reverse=True) and live[-1] < 8  # rows leave the batch ...
+    assert all(rows == b for b, rows in sizes)  # ... and the K/V buffers shrink with them
     lengths = [len(r) for r in out.response_ids]
     assert out.tokens_generated == sum(lengths) < 8 * 30
 

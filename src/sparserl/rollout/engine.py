@@ -222,23 +222,18 @@ class RolloutEngine:
                     tail = self.tokenizer.decode(tokens_out[row, max(0, t + 1 - stop_tail) : t + 1])
                     if any(s in tail for s in p.stop):
                         done[r] = True
-            if t == max_new - 1:
+            last = t == max_new - 1
+            if last or done.any():  # bookkeeping for the sequences that end here
+                kt = cache.kept_tokens().tolist()
                 dense_tokens_peak = max(dense_tokens_peak, int(true_len.sum()))
-                for r in range(len(active)):
-                    kept[int(active[r])] = int(cache.kept_tokens()[r])
-                if done.any():
-                    for r in done.nonzero().flatten().tolist():
-                        finish[int(active[r])] = "stop"
-                break
-            if done.any():
-                keep_rows = (~done).nonzero().flatten()
-                kt = cache.kept_tokens()
                 for r in done.nonzero().flatten().tolist():
                     finish[int(active[r])] = "stop"
-                    kept[int(active[r])] = int(kt[r])
-                dense_tokens_peak = max(dense_tokens_peak, int(true_len.sum()))
-                if keep_rows.numel() == 0:
+                ended = torch.ones_like(done) if last else done
+                for r in ended.nonzero().flatten().tolist():
+                    kept[int(active[r])] = kt[r]
+                if last or bool(done.all()):
                     break
+                keep_rows = (~done).nonzero().flatten()
                 active = active[keep_rows]
                 tok = tok[keep_rows]
                 true_len = true_len[keep_rows]
