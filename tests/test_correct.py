@@ -168,9 +168,31 @@ def sparse_case():
     return make(log_rhos, [[1, 1, 1], [1, 1, 1], [1, 1, 0]])
 
 
-def test_sparse_rl_hand_computed():
+def test_sparse_rl_normalizes_over_valid_tokens_as_published():
+    """slime mis.py: w = min(ρ, 1.5) on every valid token, divided by its mean over the loss mask
+    *before* rejection (rejected and vetoed tokens included), then masked."""
     q, p, m = sparse_case()
     c = get_correction("sparse_rl")(q, p, m)
+    assert torch.equal(c.mask, torch.tensor([[1.0, 0, 1], [0, 0, 0], [1, 0, 0]]))
+    # valid tokens' truncated ρ: 1.2 0.4 1.0 | 1.4 1e-5 0.9 | 0.7 min(1.6, 1.5)
+    mean = (1.2 + 0.4 + 1.0 + 1.4 + 1e-5 + 0.9 + 0.7 + 1.5) / 8
+    exp_w = torch.tensor([[1.2 / mean, 0, 1.0 / mean], [0, 0, 0], [0.7 / mean, 0, 0]])
+    assert torch.allclose(c.weights, exp_w, atol=1e-5)
+    assert close(c.metrics["is/weight_mean"], (1.2 + 1.0 + 0.7) / 3 / mean)
+    # differs from normalising over the kept tokens by ~11% on this batch
+    kept = get_correction("sparse_rl")(q, p, m, normalize_over="kept")
+    assert not torch.allclose(c.weights, kept.weights, atol=1e-2)
+    # mask mode: a token above the cap weighs 0 in the mean's numerator, 1 in its denominator
+    qm, pm, mm = make([[LN(2.0), 0.0, LN(0.6)]])
+    k = get_correction("sparse_rl")(qm, pm, mm, is_mode="mask", token_high=3.0)
+    assert torch.allclose(k.weights, torch.tensor([[0.0, 1.0 / (1.6 / 3), 0.6 / (1.6 / 3)]]), atol=1e-5)
+    with pytest.raises(ValueError, match="normalize_over"):
+        get_correction("sparse_rl")(q, p, m, normalize_over="bogus")
+
+
+def test_sparse_rl_hand_computed():
+    q, p, m = sparse_case()
+    c = get_correction("sparse_rl")(q, p, m, normalize_over="kept")
     exp_mask = torch.tensor([[1.0, 0, 1], [0, 0, 0], [1, 0, 0]])
     assert torch.equal(c.mask, exp_mask)
     mean = (1.2 + 1.0 + 0.7) / 3
