@@ -1,30 +1,38 @@
 """Config: presets, YAML + overrides with types, errors that name the key, validation, round trip."""
 from __future__ import annotations
 
-import dataclasses
+import typing
 from pathlib import Path
 
 import pytest
 
-from sparserl.config import (Config, ConfigError, apply_overrides, config_help, config_to_dict,
-                             list_presets, load_config, save_config, validate)
+from sparserl.config import (SECTIONS, AlgorithmConfig, Config, ConfigError, apply_overrides,
+                             config_help, config_to_dict, list_presets, load_config, save_config,
+                             validate)
+from sparserl.correct import available_corrections, available_presets, register_correction
+from sparserl.errors import SparserlError
+from sparserl.rollout import kv
+from sparserl.train import advantages, losses
 
 PRESETS = ("default", "sparse_rl_math", "dense", "sparse_naive")
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_dataclass_defaults_are_valid_and_documented():
+def test_defaults_are_valid_and_documented():
     cfg = Config()
     validate(cfg)
     assert cfg.rollout.compressor == "rkv" and cfg.rollout.n == 8
     assert cfg.algorithm.clip_eps_high is None and cfg.algorithm.clip_eps_upper == 0.2
     assert cfg.train.betas == (0.9, 0.98) and cfg.train.mini_batch_prompts is None
-    for sec in dataclasses.fields(cfg):
-        if sec.name == "name":
-            continue
-        for f in dataclasses.fields(getattr(cfg, sec.name)):
-            assert f.metadata.get("help"), f"{sec.name}.{f.name} has no help text"
-    assert "rollout.kv_budget (int, default 64)" in config_help()
+    assert set(SECTIONS) == set(Config.model_fields) - {"name"}
+    for sec, cls in SECTIONS.items():
+        for key, f in cls.model_fields.items():
+            assert f.description, f"{sec}.{key} has no help text"
+    text = config_help()
+    assert "rollout.kv_budget (int, default 64)" in text
+    assert "train.warmup_steps" in text and "optimizer updates" in text
+    assert "checkpoint.every (int, default 10): Save every N steps (0 = only at the end)" in text
+    assert issubclass(ConfigError, SparserlError) and issubclass(ConfigError, ValueError)
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -166,15 +174,18 @@ def test_unknown_preset():
     (["algorithm.adv_estimator=ppo"], r"adv_estimator"),
 ])
 def test_validation_errors(overrides, pattern):
-    cfg = load_config("default", overrides)
+    # a value's own type/range/name fails as it is loaded, a cross-field rule in validate
     with pytest.raises(ConfigError, match=pattern):
-        validate(cfg)
+        validate(load_config("default", overrides))
 
 
 def test_validation_accepts_dense_small_budget_and_lists_all_errors():
     validate(load_config("default", ["rollout.compressor=none", "rollout.kv_budget=4"]))
     with pytest.raises(ConfigError) as e:
-        validate(load_config("default", ["rollout.n=1", "train.lr=-1"]))
+        validate(load_config("default", ["rollout.n=1", "train.mini_batch_prompts=3"]))
+    assert "rollout.n" in str(e.value) and "train.mini_batch_prompts" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config("default", ["rollout.n=0", "train.lr=-1"])
     assert "rollout.n" in str(e.value) and "train.lr" in str(e.value)
 
 
@@ -194,15 +205,125 @@ def test_apply_overrides_on_object_and_section_mapping():
 
 
 def test_correction_checked_against_registry_when_present():
-    pytest.importorskip("sparserl.correct.presets")
-    with pytest.raises(ConfigError, match=r"algorithm\.correction='sparse_rll'"):
+    with pytest.raises(ConfigError, match=r"algorithm\.correction='sparse_rll'.*did you mean 'sparse_rl'"):
         validate(load_config("default", ["algorithm.correction=sparse_rll"]))
+    with pytest.raises(ConfigError, match=r"token_lo"):
+        validate(load_config("default", ["algorithm.correction_options={token_lo: 0.4}"]))
+    validate(load_config("default", ["algorithm.correction_options={token_low: 0.4}"]))
     cfg = validate(load_config("default", ["algorithm.correction=[tis, rejection]"]))
     assert cfg.algorithm.correction == ["tis", "rejection"]
 
 
 def test_compressor_options_checked_when_compressors_present():
-    pytest.importorskip("sparserl.rollout.kv")
     validate(load_config("sparse_rl_math"))  # lam, per_head are R-KV options
     with pytest.raises(ConfigError, match=r"rollout\.compressor_options.*lamb"):
         validate(load_config("default", ["rollout.compressor_options.lamb=0.2"]))
+
+
+def test_all_errors_of_a_file_in_one_message(tmp_path):
+    p = tmp_path / "many.yaml"
+    p.write_text("rollout:\n  kv_budgett: 64\n  n: 0\n  trigger: often\n"
+                 "train:\n  lr: fast\n  betas: [0.9, 1.5]\nalgorithm:\n  clip_eps: -0.1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(p), ["data.limit=0"])
+    msg = str(e.value)
+    assert msg.startswith("7 problems")
+    for key in ("rollout.kv_budgett", "rollout.n=0", "rollout.trigger='often'", "'train.lr'",
+                "train.betas[1]=1.5", "algorithm.clip_eps=-0.1"):
+        assert f"{p}: " in msg.split(key)[0].rsplit("\n", 1)[-1], key  # each line names the file
+    assert "override: data.limit=0: must be >= 1" in msg
+    assert "did you mean 'rollout.kv_budget'" in msg and "not one of step_length, newline" in msg
+    assert "pydantic" not in msg and "Input should" not in msg  # no raw pydantic text
+
+
+def test_field_constraint_names_key_and_bound():
+    for ov, text in [("rollout.top_p=0", "rollout.top_p=0: must be > 0"),
+                     ("rollout.top_p=2", "rollout.top_p=2: must be <= 1"),
+                     ("rollout.kv_budget=0", "rollout.kv_budget=0: must be >= 1"),
+                     ("train.betas=[0.9, 1.0]", "train.betas[1]=1.0: must be < 1"),
+                     ("eval.max_new_tokens=0", "eval.max_new_tokens=0: must be >= 1")]:
+        with pytest.raises(ConfigError) as e:
+            load_config("default", [ov])
+        assert str(e.value) == f"override: {text}"
+    cfg = Config()
+    with pytest.raises(ConfigError, match=r"rollout\.kv_budget=0: must be >= 1"):
+        cfg.rollout.kv_budget = 0  # assignment is checked too
+    assert cfg.rollout.kv_budget == 64
+
+
+@pytest.mark.parametrize("key, bad, good, names", [
+    ("rollout.compressor", "snapkvv", "snapkv", kv.available_compressors),
+    ("eval.compressor", "stream", "streaming", kv.available_compressors),
+    ("algorithm.correction", "tiss", "tis", available_corrections),
+    ("algorithm.adv_estimator", "rlooo", "rloo", advantages.available_adv_ests),
+])
+def test_unknown_registry_name_lists_names_and_closest(key, bad, good, names):
+    with pytest.raises(ConfigError) as e:
+        load_config("default", [f"{key}={bad}"])
+    msg = str(e.value)
+    assert f"{key}={bad!r}" in msg and f"did you mean '{good}'" in msg
+    for n in names():
+        assert n in msg
+    if key == "algorithm.correction":
+        assert all(p in msg for p in available_presets())
+    if key.endswith("compressor"):
+        assert "none" in msg  # the dense cache is a valid name
+
+
+needs_kv_registry = pytest.mark.skipif(not hasattr(kv, "COMPRESSORS"), reason="compressors not on Registry yet")
+
+
+@needs_kv_registry
+def test_a_newly_registered_compressor_is_accepted_without_touching_config():
+    name = "test_dummy_kv"
+    assert name not in kv.available_compressors()
+    kv.register(name)(type("DummyKV", (kv.rkv.RKV,), {}))
+    try:
+        cfg = validate(load_config("default", [f"rollout.compressor={name}", f"eval.compressor={name}"]))
+        assert cfg.rollout.compressor == name
+        assert name in config_help()
+    finally:
+        kv.COMPRESSORS._entries.pop(name)  # no public unregister: tests only
+    with pytest.raises(ConfigError, match=name):
+        load_config("default", [f"rollout.compressor={name}"])
+
+
+def test_group_rule_comes_from_the_estimator_registry():
+    name = "test_mean_baseline"
+    advantages.register_adv_est(name, needs_group=False)(lambda r, g=None, n=None: r - r.mean())
+    try:
+        validate(load_config("default", [f"algorithm.adv_estimator={name}", "rollout.n=1"]))
+        with pytest.raises(ConfigError, match=r"needs rollout\.n >= 2"):
+            validate(load_config("default", ["algorithm.adv_estimator=rloo", "rollout.n=1"]))
+    finally:
+        advantages.ADV_ESTIMATORS._entries.pop(name)
+
+
+@needs_kv_registry
+def test_registries_share_one_duplicate_rule():
+    for register, taken in [(register_correction, "tis"), (advantages.register_adv_est, "grpo"),
+                            (kv.register, "rkv")]:
+        with pytest.raises(ValueError, match="already registered"):
+            register(taken)(lambda *a, **k: None)
+    same = advantages.get_adv_est("grpo")
+    assert advantages.register_adv_est("grpo")(same) is same  # the same object again: a no-op
+
+
+def test_literal_choices_are_ones_the_losses_know():
+    for field, known in [("loss_agg", losses.LOSS_AGGS), ("kl_kind", losses.KL_KINDS)]:
+        assert set(typing.get_args(AlgorithmConfig.model_fields[field].annotation)) <= set(known)
+
+
+def test_overrides_sections_and_mapping_entries():
+    cfg = load_config("default", ["rollout.compressor_options={lam: 0.1}", "rollout.compressor_options.kernel=3",
+                                  "--train.seed=3", "algorithm.correction=[tis, [rejection, {high: 1.6}]]"])
+    assert cfg.rollout.compressor_options == {"lam": 0.1, "kernel": 3} and cfg.train.seed == 3
+    assert cfg.algorithm.correction == ["tis", ["rejection", {"high": 1.6}]]
+    validate(cfg)
+    with pytest.raises(ConfigError, match=r"'rollout' is a section"):
+        load_config("default", ["rollout=5"])
+    with pytest.raises(ConfigError, match=r"'data\.eval' is not a mapping"):
+        load_config("default", ["data.eval.x=1"])
+    with pytest.raises(ConfigError, match=r"'rollout\.compressor_options' expects mapping, got int 5"):
+        load_config("default", ["rollout.compressor_options=5"])
+    assert load_config("default", ["data.eval=12"]).data.eval == "12"

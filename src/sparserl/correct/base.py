@@ -36,10 +36,13 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from ..registry import Registry
+
 __all__ = [
     "LOG_RATIO_CLAMP",
     "Correction",
     "CorrectionFn",
+    "CORRECTIONS",
     "register_correction",
     "get_correction",
     "available_corrections",
@@ -92,16 +95,15 @@ class Correction:
 
 CorrectionFn = Callable[..., Correction]
 
-_REGISTRY: dict[str, CorrectionFn] = {}
+CORRECTIONS: Registry[CorrectionFn] = Registry("correction")
 
 
 def register_correction(name: str) -> Callable[[CorrectionFn], CorrectionFn]:
-    """Decorator registering ``fn(sampler_logprobs, old_logprobs, mask, **options) -> Correction``."""
+    """Decorator registering ``fn(sampler_logprobs, old_logprobs, mask, **options) -> Correction``
+    in :data:`CORRECTIONS` (a different function under a taken name raises ``ValueError``)."""
 
     def deco(fn: CorrectionFn) -> CorrectionFn:
-        if name in _REGISTRY and _REGISTRY[name] is not fn:
-            raise ValueError(f"correction {name!r} is already registered")
-        _REGISTRY[name] = fn
+        CORRECTIONS.register(name)(fn)
         fn.correction_name = name  # type: ignore[attr-defined]
         return fn
 
@@ -110,17 +112,13 @@ def register_correction(name: str) -> Callable[[CorrectionFn], CorrectionFn]:
 
 def available_corrections() -> list[str]:
     """Sorted names of the registered corrections."""
-    return sorted(_REGISTRY)
+    return CORRECTIONS.names()
 
 
 def get_correction(name: str) -> CorrectionFn:
-    """The correction function registered as ``name``; ``ValueError`` listing the names otherwise."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown correction {name!r}; available: {', '.join(available_corrections())}"
-        ) from None
+    """The correction function registered as ``name``; ``UnknownNameError`` (a ``ValueError``)
+    listing the names and the closest one otherwise."""
+    return CORRECTIONS.get(name)
 
 
 # --------------------------------------------------------------------------- tensor helpers

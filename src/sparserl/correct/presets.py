@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from torch import Tensor
 
 from .base import Correction, available_corrections, compose, get_correction
+from ..registry import UnknownNameError, did_you_mean
 
 Spec = list[tuple[str, dict]]
 
@@ -72,8 +73,9 @@ def resolve(
 
     def check(name: str) -> str:
         if name not in available_corrections():
-            raise ValueError(
-                f"unknown correction {name!r}; presets: {', '.join(available_presets())}; "
+            raise UnknownNameError(
+                f"unknown correction {name!r}{did_you_mean(name, [*PRESETS, *available_corrections()])}; "
+                f"presets: {', '.join(available_presets())}; "
                 f"methods: {', '.join(available_corrections())}"
             )
         return name

@@ -26,7 +26,10 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from ..registry import Registry
+
 __all__ = [
+    "ADV_ESTIMATORS",
     "register_adv_est",
     "get_adv_est",
     "available_adv_ests",
@@ -40,33 +43,30 @@ __all__ = [
 ]
 
 AdvEstFn = Callable[..., Tensor]
-_ADV_EST: dict[str, AdvEstFn] = {}
+ADV_ESTIMATORS: Registry[AdvEstFn] = Registry("advantage estimator")
 
 
-def register_adv_est(name: str) -> Callable[[AdvEstFn], AdvEstFn]:
-    """Decorator registering an advantage estimator under ``name``."""
+def register_adv_est(name: str, *, needs_group: bool = True) -> Callable[[AdvEstFn], AdvEstFn]:
+    """Decorator registering an advantage estimator under ``name`` in :data:`ADV_ESTIMATORS` (a
+    different function under a taken name raises ``ValueError``). ``needs_group``: it compares the
+    responses of a prompt with each other, so the config requires ``rollout.n >= 2``."""
 
     def deco(fn: AdvEstFn) -> AdvEstFn:
-        if name in _ADV_EST and _ADV_EST[name] is not fn:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        _ADV_EST[name] = fn
+        ADV_ESTIMATORS.register(name)(fn)
+        fn.needs_group = needs_group  # type: ignore[attr-defined]
         return fn
 
     return deco
 
 
 def available_adv_ests() -> list[str]:
-    return sorted(_ADV_EST)
+    return ADV_ESTIMATORS.names()
 
 
 def get_adv_est(name: str) -> AdvEstFn:
-    """The estimator registered as ``name``; ``ValueError`` listing the names otherwise."""
-    try:
-        return _ADV_EST[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; available: {', '.join(available_adv_ests())}"
-        ) from None
+    """The estimator registered as ``name``; ``UnknownNameError`` (a ``ValueError``) listing the
+    names and the closest one otherwise."""
+    return ADV_ESTIMATORS.get(name)
 
 
 def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor | None = None,
