@@ -226,7 +226,9 @@ def test_sparse_rl_correction_feeds_loss():
     x = p.clone().requires_grad_(True)
     loss, _ = policy_loss(x, corr.behaviour_logprobs, torch.tensor([1.0, 1.0]), corr.mask,
                           weights=corr.weights)
-    assert close(loss, -1.0)  # only row 0 counts, in numerator and denominator
+    # only row 0 counts; its weights are 1 / mean over all 4 valid tokens (vetoed row included,
+    # as published): w = 1 / ((1 + 1 + 1e-5 + 1) / 4)
+    assert close(loss, -4 / (3 + 1e-5))
     loss.backward()
     assert torch.equal(x.grad[1], torch.zeros(2))
 
