@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from sparserl.reward import (answers_equal, extract_answer, extract_boxed, extract_last_number,
+from sparserl.errors import SparserlError
+from sparserl.reward import (CheckPool, MathReward, RewardSpecError, RewardTimeout, answers_equal,
+                             extract_answer, extract_boxed, extract_last_number, get_pool,
                              load_reward, math_reward, score_responses)
 from sparserl.reward import math as reward_math
+from sparserl.reward import pool as reward_pool
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 MATH500 = DATA / "math500" / "test.jsonl"
@@ -37,23 +43,36 @@ def test_math500_answer_matches_itself():
 
 
 def test_math500_answer_parses_symbolically():
-    # the cheap string path decides the test above; here the math_verify path must agree too
+    # the cheap string path decides the test above; here the math-verify check must agree too
+    # (in-process: its parses are cached for the next test)
     answers = _math500_answers()
-    ok = [reward_math._call_with_deadline(lambda a=a: reward_math._symbolic_equal(a, a), 5.0)
-          for a in answers]
-    assert sum(map(bool, ok)) >= 0.99 * len(answers), [a for a, r in zip(answers, ok) if not r]
+    ok = [reward_math.symbolic_equal(a, a) for a in answers]
+    assert sum(ok) >= 0.99 * len(answers), [a for a, r in zip(answers, ok) if not r]
+
+
+def _neighbour_pairs(answers):
+    pairs = [(a, answers[(i + 1) % len(answers)]) for i, a in enumerate(answers)]
+    return [(a, b) for a, b in pairs if a.strip() != b.strip()]
 
 
 def test_math500_answer_differs_from_next_problem():
-    answers = _math500_answers()
-    scores = []
-    for i, a in enumerate(answers):
-        b = answers[(i + 1) % len(answers)]
-        if a.strip() == b.strip():
-            continue
-        scores.append(math_reward(f"\\boxed{{{a}}}", b))
+    pairs = _neighbour_pairs(_math500_answers())
+    scores, n_err = score_responses(load_reward("math", workers=0), [f"\\boxed{{{a}}}" for a, _ in pairs],
+                                    [b for _, b in pairs])
+    assert n_err == 0
     assert len(scores) >= 490
     assert sum(scores) <= 0.01 * len(scores)
+
+
+def test_math500_pool_agrees_with_in_process():
+    pairs = _neighbour_pairs(_math500_answers())[:24]
+    pairs += [(a, a.replace(" ", "")) for a, _ in pairs]
+    responses, labels = [f"\\boxed{{{a}}}" for a, _ in pairs], [b for _, b in pairs]
+    # one batch: the math-verify checks run in parallel in the checker processes
+    pooled, n_err = score_responses(load_reward("math"), responses, labels)
+    assert n_err == 0
+    assert pooled == MathReward(workers=0).score_batch(responses, labels)
+    assert sum(pooled) >= 20
 
 
 # --------------------------------------------------------------------------------------------
@@ -148,42 +167,208 @@ def test_expensive_expression_is_not_evaluated():
     assert time.monotonic() - t0 < 10.0
 
 
-def _slow_symbolic(stop: threading.Event):
-    def slow(pred, gold):
-        stop.wait(30.0)
-        return True
-    return slow
+# --------------------------------------------------------------------------------------------
+# What math-verify decides, and what stays ours
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pred,label", [
+    ("\\boxed{30^\\circ}", "30"),                        # degrees dropped
+    ("\\boxed{50\\%}", "50"),                            # percent
+    ("\\boxed{x \\in [-2,7]}", "[-2,7]"),                 # interval, with its variable
+    ("\\boxed{\\text{(B)}}", "B"),                         # text answers
+    ("\\boxed{\\{1,2\\}}", "\\{2,1\\}"),                # sets
+    ("\\boxed{\\frac{x+1}{2}}", "\\frac{1}{2}x+\\frac12"),   # symbolic
+    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"),
+    ("\\boxed{y=2x+1}", "2x+1"),                           # an equation's right-hand side
+    ("\\boxed{0.333333}", "\\frac13"),                     # 6 decimals
+    ("\\boxed{\\frac{1}{2}, 3}", ["0.5", "3"]),              # several answers
+])
+def test_math_verify_equivalences(pred, label):
+    assert math_reward(pred, label) == 1.0
+    assert math_reward(pred, label, workers=0) == 1.0  # in-process: the same verdict
 
 
-def test_timeout_in_main_thread(monkeypatch):
-    stop = threading.Event()
-    monkeypatch.setattr(reward_math, "_symbolic_equal", _slow_symbolic(stop))
-    try:
-        t0 = time.monotonic()
-        assert math_reward("\\boxed{x+y}", "y+x", timeout=0.3) == 0.0  # falls back to strings
-        assert time.monotonic() - t0 < 3.0
-        assert math_reward("\\boxed{x + y}", "x+y", timeout=0.3) == 1.0  # string-equal: no sympy
-    finally:
-        stop.set()
+@pytest.mark.parametrize("pred,label", [
+    ("\\boxed{(1,2)}", "(2,1)"),  # tuples are ordered
+    ("\\boxed{0.3333}", "\\frac13"),
+    ("\\boxed{\\pi/2}", "90^\\circ"),
+])
+def test_math_verify_differences(pred, label):
+    assert math_reward(pred, label) == 0.0
 
 
-def test_timeout_in_worker_thread(monkeypatch):
-    stop = threading.Event()
-    monkeypatch.setattr(reward_math, "_symbolic_equal", _slow_symbolic(stop))
+def test_last_number_wins_over_an_expression():
+    # math-verify alone would read "10 - 3" as 7 and two boxes as the set {3, 4}: ours picks the span
+    assert extract_answer("So 3 + 5 = 8") == "8"
+    assert math_reward("So 3 + 5 = 8", "8") == 1.0
+    assert math_reward("The answer is 10 - 3", "7") == 0.0
+    assert math_reward("The answer is 10 - 3", "3") == 1.0
+    assert math_reward("\\boxed{3} no wait \\boxed{4}", "\\{3, 4\\}") == 0.0
+
+
+def test_plain_numbers_never_reach_the_pool(monkeypatch):
+    seen = []
+    monkeypatch.setattr(reward_math, "_run_checks", lambda pairs, *a: seen.extend(pairs) or [False] * len(pairs))
+    for pred, label, want in [("\\boxed{8}", "8", 1.0), ("\\boxed{8.0}", "8", 1.0), ("\\boxed{08}", "8", 1.0),
+                              ("\\boxed{8.5}", "8", 0.0), ("\\boxed{1,234}", 1234, 1.0), ("\\boxed{3/4}", "0.75", 1.0),
+                              ("\\boxed{\\dfrac{3}{4}}", "3/4", 1.0), ("\\boxed{3+4}", "7", 0.0),
+                              ("\\boxed{\\text{Evelyn}}", "\\text{Evelyn}", 1.0), ("\\boxed{69, 84}", ["84", "69"], 1.0)]:
+        assert math_reward(pred, label) == want, (pred, label)
+    assert seen == []
+
+
+@pytest.mark.parametrize("response", ["\\boxed{" * 20000, "1/" * 50000, "-  \\frac {  " * 20000,
+                                      "1" * 100000, "{" * 50000 + "\\boxed{5}" + "}" * 50000])
+def test_long_adversarial_text_is_cheap(response):
+    t0 = time.monotonic()
+    math_reward(response, "x+1")
+    assert time.monotonic() - t0 < 3.0
+
+
+# --------------------------------------------------------------------------------------------
+# Deadline: checker processes
+# --------------------------------------------------------------------------------------------
+
+ADVERSARIAL = "\\boxed{\\sum_{k=1}^{10^{7}} k^k}"  # passes the magnitude guard; sympy would loop for minutes
+
+
+def test_adversarial_answer_times_out_and_pool_recovers():
+    reward = load_reward("math", timeout_s=0.5)
+    assert reward.timeout_s == 0.5
+    reward("\\boxed{\\sqrt{4}}", "2")  # the workers are up
+    t0 = time.monotonic()
+    assert reward(ADVERSARIAL, "5") == 0.0
+    assert time.monotonic() - t0 < 0.5 + reward_pool.KILL_GRACE_S + 1.5
+    t0 = time.monotonic()
+    assert reward("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}") == 1.0  # the pool still works
+    assert reward("\\boxed{x+1}", "1+x") == 1.0
+    assert time.monotonic() - t0 < 5.0
+
+
+def test_timeout_in_worker_thread():
     out = {}
 
     def run():
         t0 = time.monotonic()
-        out["r"] = math_reward("\\boxed{x+y}", "y+x", timeout=0.3)
+        out["r"] = math_reward(ADVERSARIAL, "5", timeout=0.3)
         out["dt"] = time.monotonic() - t0
 
-    try:
-        th = threading.Thread(target=run)
-        th.start()
-        th.join(10.0)
-        assert out == {"r": 0.0, "dt": pytest.approx(0.3, abs=2.5)}
-    finally:
-        stop.set()
+    th = threading.Thread(target=run)
+    th.start()
+    th.join(20.0)
+    assert out["r"] == 0.0 and out["dt"] < 0.3 + reward_pool.KILL_GRACE_S + 2.5
+
+
+def test_batch_submits_all_checks_at_once(monkeypatch):
+    batches = []
+    run = CheckPool.run
+
+    def spy(self, calls, timeout):
+        batches.append((len(calls), timeout))
+        return run(self, calls, timeout)
+
+    monkeypatch.setattr(CheckPool, "run", spy)
+    responses = ["\\boxed{\\sqrt{4}}", "\\boxed{2}", "\\boxed{\\sqrt{4}}", "\\boxed{x+1}", ADVERSARIAL, "\\boxed{7}"]
+    labels = ["2", "2", "2", "1+x", "5", "8"]
+    rewards, n_err = score_responses(load_reward("math", timeout_s=0.5), responses, labels)
+    assert (rewards, n_err) == ([1.0, 1.0, 1.0, 1.0, 0.0, 0.0], 0)
+    assert batches == [(3, 0.5)]  # one batch; the two identical checks run once
+
+
+SLOW_REWARDS = """
+import signal, time
+
+def slow(response, label):
+    time.sleep(float(response))
+    return 1.0
+
+def stuck(response, label):
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # deaf to the worker's own timer
+    time.sleep(float(response))
+    return 1.0
+
+def boom(response, label):
+    raise RuntimeError("bad reward")
+
+def crash(response, label):
+    import os
+    os._exit(3)
+
+def echo(response, label, prompt=None):
+    return float(response == label) + (prompt == "bonus")
+
+NOT_CALLABLE = 3
+"""
+
+
+@pytest.fixture
+def custom_module(tmp_path, monkeypatch):
+    name = f"sparserl_test_rewards_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(SLOW_REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+def test_custom_reward_timeout_is_honoured(custom_module):
+    fn = load_reward(f"{custom_module}:slow", timeout_s=0.3)
+    t0 = time.monotonic()
+    rewards, n_err = score_responses(fn, ["0", "20", "0.01"], ["x", "x", "x"])
+    assert (rewards, n_err) == ([1.0, 0.0, 1.0], 1)  # the slow call scores 0 and is counted
+    assert time.monotonic() - t0 < 0.3 + reward_pool.KILL_GRACE_S + 2.0
+    with pytest.raises(RewardTimeout):
+        fn("20", "x")
+    assert load_reward(f"{custom_module}:slow", timeout_s=5.0)("0.01", "x") == 1.0
+
+
+def test_stuck_worker_is_killed_and_replaced(custom_module):
+    fn = load_reward(f"{custom_module}:stuck", timeout_s=0.3)
+    assert fn("0", "x") == 1.0  # warm
+    before = set(get_pool().pids())
+    t0 = time.monotonic()
+    rewards, n_err = score_responses(fn, ["30"], ["x"])
+    assert (rewards, n_err) == ([0.0], 1)
+    assert time.monotonic() - t0 < 0.3 + reward_pool.KILL_GRACE_S + 2.0
+    gone = before - set(get_pool().pids())
+    assert len(gone) == 1
+    with pytest.raises(ProcessLookupError):
+        os.kill(gone.pop(), 0)  # killed and reaped: not burning CPU
+    assert len(get_pool().pids()) == len(before)  # replaced
+    assert math_reward("\\boxed{\\sqrt{9}}", "3") == 1.0
+
+
+def test_custom_reward_in_pool_errors_crash_and_prompt(custom_module):
+    boom = load_reward(f"{custom_module}:boom", timeout_s=2.0)
+    assert score_responses(boom, ["a", "b"], ["a", "b"]) == ([0.0, 0.0], 2)
+    with pytest.raises(RuntimeError, match="bad reward"):
+        boom("a", "b")
+    crash = load_reward(f"{custom_module}:crash", timeout_s=2.0)
+    with pytest.raises(RuntimeError, match="worker died"):
+        crash("a", "b")
+    echo = load_reward(f"{custom_module}:echo", timeout_s=2.0)
+    assert score_responses(echo, ["a", "b"], ["a", "c"], prompts=["bonus", None]) == ([2.0, 0.0], 0)
+    # without a timeout (or with workers=0) the function runs in this process, as before
+    assert load_reward(f"{custom_module}:echo")("a", "a") == 1.0
+    assert load_reward(f"{custom_module}:echo", timeout_s=2.0, workers=0)("a", "a") == 1.0
+
+
+def test_pool_is_shut_down_at_exit():
+    code = ("from sparserl.reward import load_reward, get_pool\n"
+            "load_reward('math')  # starts the workers in the background\n"
+            "print(*get_pool().pids())\n")
+    env = {**os.environ, "SPARSERL_REWARD_WORKERS": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    pids = [int(p) for p in done.stdout.split()]
+    assert len(pids) == 1
+    for pid in pids:
+        status = Path(f"/proc/{pid}/status")
+        assert not status.exists() or "zombie" in status.read_text()
+
+
+def test_in_process_mode():
+    assert MathReward(workers=0)("\\boxed{\\sqrt{3}/2}", "\\frac{\\sqrt3}{2}") == 1.0
+    assert MathReward(workers=0).score_batch(["\\boxed{9^{9^{9}}}", "\\boxed{x}"], ["5", "x"]) == [0.0, 1.0]
 
 
 def test_symbolic_path_works_in_worker_thread():
@@ -237,16 +422,30 @@ def test_load_reward_math():
 
 @pytest.mark.parametrize("spec,why", [
     ("no_such_reward", "unknown reward"),
+    ("maths", "did you mean 'math'"),
     ("no_such_module_xyz:fn", "not found"),
     ("sparserl.reward.math:no_such_fn", "no attribute"),
     ("sparserl.reward.math:DEFAULT_TIMEOUT_S", "not callable"),
     ("", "expected"),
+    ("sparserl.reward.math:", "expected 'module:function'"),
+    (":math_reward", "expected 'module:function'"),
+    ("a:b:c", "expected 'module:function'"),
+    ("sparserl.reward.math:MathReward.", "expected 'module:function'"),
+    (42, "expected"),
 ])
 def test_load_reward_errors(spec, why):
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(RewardSpecError) as e:
         load_reward(spec)
-    assert why in str(e.value)
-    assert repr(spec) in str(e.value)
+    assert isinstance(e.value, SparserlError) and isinstance(e.value, ValueError)
+    msg = str(e.value)
+    assert why in msg and repr(spec) in msg and "reward.fn" in msg
+    assert "valid:" in msg and "'math'" in msg and "module:function" in msg
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1.0, "soon", float("nan")])
+def test_load_reward_bad_timeout(timeout_s):
+    with pytest.raises(RewardSpecError, match="reward.timeout_s"):
+        load_reward("math", timeout_s=timeout_s)
 
 
 def test_score_responses_two_and_three_params():

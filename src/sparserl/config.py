@@ -181,8 +181,9 @@ class RewardConfig(_Section):
     """The verifier."""
 
     fn: NonEmpty = F("math", "Reward function: a built-in name ('math': 1 if the final / boxed answer equals "
-                     "the label, else 0) or 'module:function' taking (prompt, response, label).")
-    timeout_s: float = F(5.0, "Seconds allowed to verify one response before it scores 0.", gt=0)
+                     "the label, else 0) or 'module:function' taking (response, label[, prompt]).")
+    timeout_s: float = F(5.0, "Seconds allowed to verify one response (in a checker process) before "
+                         "it scores 0.", gt=0)
 
 
 class AlgorithmConfig(_Section):

@@ -3,7 +3,12 @@
 A reward is ``fn(response: str, label: str, prompt: str | None = None) -> float``; functions
 that take only ``(response, label)`` are accepted too and are wrapped by :func:`as_reward_fn`.
 The built-in ``"math"`` reward is the Sparse-RL rule (arXiv 2601.10079, ALGORITHMS.md §1):
-1 if the last ``\\boxed{}`` equals the label, else 0.
+1 if the last ``\\boxed{}`` equals the label, else 0 (:mod:`sparserl.reward.math`).
+
+``reward.timeout_s`` is honoured for every reward loaded by name: the math reward's math-verify
+checks, and each call of a ``"module:function"`` reward, run in checker processes
+(:mod:`sparserl.reward.pool`) and a call that overruns scores 0 (a custom reward's overrun is
+counted as an error, like a custom reward that raises).
 """
 
 from __future__ import annotations
@@ -15,11 +20,24 @@ import logging
 import math
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
-from .math import math_reward
+from ..errors import SparserlError
+from ..registry import did_you_mean
+from . import pool as _pool
+from .math import DEFAULT_TIMEOUT_S, MathReward, math_reward
 
-__all__ = ["RewardFn", "BUILTIN_REWARDS", "load_reward", "as_reward_fn", "score_responses"]
+__all__ = ["RewardFn", "BUILTIN_REWARDS", "load_reward", "as_reward_fn", "score_responses",
+           "RewardSpecError", "RewardTimeout", "PooledReward"]
 
 log = logging.getLogger(__name__)
+
+
+class RewardSpecError(SparserlError, ValueError):
+    """A bad ``reward.fn`` or ``reward.timeout_s``: unknown name, module not found, missing
+    attribute, not callable, malformed spec."""
+
+
+class RewardTimeout(RuntimeError):
+    """A custom reward call ran past ``reward.timeout_s`` (it scores 0 and counts as an error)."""
 
 
 @runtime_checkable
@@ -34,6 +52,10 @@ BUILTIN_REWARDS: dict[str, Callable[..., float]] = {
     "math": math_reward,
     "math_verify": math_reward,
 }
+
+_VALID = ("valid: a built-in reward (" + ", ".join(repr(n) for n in sorted(BUILTIN_REWARDS))
+          + ") or 'package.module:function' naming an importable callable taking "
+          "(response, label) or (response, label, prompt)")
 
 
 def _takes_prompt(fn: Callable[..., Any]) -> bool:
@@ -65,69 +87,171 @@ def as_reward_fn(fn: Callable[..., Any]) -> RewardFn:
     return wrapper  # type: ignore[return-value]
 
 
-def load_reward(spec: str | Callable[..., Any]) -> RewardFn:
-    """Resolve a reward by name.
+class PooledReward:
+    """A ``"module:function"`` reward whose calls run in the checker processes, each under
+    ``timeout_s`` seconds. Each worker imports the module itself (once, outside the deadline), so
+    the function need not be picklable, but its module must be importable from ``sys.path``.
+    ``workers=0``: in-process, no time limit."""
 
-    ``"math"`` (alias ``"math_verify"``) → :func:`~sparserl.reward.math.math_reward`;
-    ``"package.module:function"`` → that function, imported; a callable is passed through.
-    Raises ``ValueError`` naming the spec and the cause (unknown name, module not found,
-    attribute missing, not callable).
+    def __init__(self, ref: str, fn: Callable[..., Any], timeout_s: float | None,
+                 workers: int | None = None):
+        self.ref = ref
+        self.fn = as_reward_fn(fn)
+        self.takes_prompt = _takes_prompt(fn)
+        self.timeout_s = timeout_s
+        self.workers = workers
+        self.__name__ = getattr(fn, "__name__", ref)
+
+    def __repr__(self) -> str:
+        return f"PooledReward({self.ref!r}, timeout_s={self.timeout_s}, workers={self.workers})"
+
+    def __call__(self, response: str, label: Any, prompt: Any = None) -> float:
+        value = self.score_batch([response], [label], [prompt])[0]
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    def score_batch(self, responses: Sequence[str], labels: Sequence[Any],
+                    prompts: Sequence[Any] | None = None) -> list[Any]:
+        """One value per response, or the exception its call raised (:class:`RewardTimeout` for an
+        overrun); never raises itself."""
+        prompts = [None] * len(responses) if prompts is None else list(prompts)
+        if self.workers == 0 or _pool.in_worker():
+            out: list[Any] = []
+            for r, lab, p in zip(responses, labels, prompts):
+                try:
+                    out.append(self.fn(r, lab, p))
+                except Exception as e:  # noqa: BLE001 - reported to score_responses
+                    out.append(e)
+            return out
+        calls = [(self.ref, (r, lab, p) if self.takes_prompt else (r, lab))
+                 for r, lab, p in zip(responses, labels, prompts)]
+        out = []
+        for status, value in _pool.get_pool(self.workers).run(calls, self.timeout_s):
+            if status == "ok":
+                out.append(value)
+            elif status == "timeout":
+                out.append(RewardTimeout(f"reward {self.ref!r} took longer than "
+                                         f"reward.timeout_s={self.timeout_s} s"))
+            else:
+                out.append(RuntimeError(value))
+        return out
+
+
+def _spec_error(spec: Any, why: str) -> RewardSpecError:
+    return RewardSpecError(f"reward.fn={spec!r}: {why}; {_VALID}")
+
+
+def _check_timeout(timeout_s: Any) -> float | None:
+    if timeout_s is None:
+        return None
+    try:
+        t = float(timeout_s)
+    except (TypeError, ValueError):
+        t = math.nan
+    if not (t > 0 and math.isfinite(t)) or isinstance(timeout_s, bool):
+        raise RewardSpecError(f"reward.timeout_s={timeout_s!r}: expected a number of seconds > 0")
+    return t
+
+
+def load_reward(spec: str | Callable[..., Any], timeout_s: float | None = None, *,
+                workers: int | None = None) -> RewardFn:
+    """Resolve ``reward.fn``.
+
+    ``"math"`` (alias ``"math_verify"``) → a :class:`~sparserl.reward.math.MathReward` with
+    ``timeout_s`` per math-verify check (default 5 s); its checker processes start now, in the
+    background. ``"package.module:function"`` → that function, imported; with ``timeout_s`` each
+    call runs in a checker process under that limit (:class:`PooledReward`), without it in this
+    process as before. A callable is passed through (no time limit). ``workers``: checker
+    processes (None: the default; 0: run in-process without a time limit).
+
+    Raises :class:`RewardSpecError` (a :class:`~sparserl.errors.SparserlError` and ``ValueError``)
+    naming ``reward.fn``, the spec, the cause (unknown name, module not found, attribute missing,
+    not callable, malformed) and what is valid; or naming ``reward.timeout_s`` when that is not a
+    positive number.
     """
+    timeout_s = _check_timeout(timeout_s)
     if callable(spec):
         return as_reward_fn(spec)
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"reward spec {spec!r}: expected a name such as 'math' or 'module:function'")
+        raise _spec_error(spec, "expected a reward name or 'module:function'")
     name = spec.strip()
     if name in BUILTIN_REWARDS:
-        return as_reward_fn(BUILTIN_REWARDS[name])
+        reward = MathReward(DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s, workers=workers)
+        reward.start()
+        return reward
     if ":" not in name:
-        raise ValueError(
-            f"reward spec {spec!r}: unknown reward name; built-in rewards are "
-            f"{sorted(BUILTIN_REWARDS)}, or give 'module:function'")
+        raise _spec_error(spec, f"unknown reward name{did_you_mean(name, BUILTIN_REWARDS)}")
     module_name, _, attr = name.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"reward spec {spec!r}: expected 'module:function'")
+    if not module_name or not attr or ":" in attr or any(not part for part in attr.split(".")):
+        raise _spec_error(spec, "expected 'module:function' (one colon, both sides non-empty)")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
-        raise ValueError(f"reward spec {spec!r}: module {module_name!r} not found ({e})") from e
+        raise _spec_error(spec, f"module {module_name!r} not found ({e})") from e
     except Exception as e:  # noqa: BLE001 - the module exists but failed on import
-        raise ValueError(f"reward spec {spec!r}: importing module {module_name!r} failed: "
-                         f"{type(e).__name__}: {e}") from e
+        raise _spec_error(spec, f"importing module {module_name!r} failed: "
+                                f"{type(e).__name__}: {e}") from e
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ValueError(f"reward spec {spec!r}: module {module_name!r} has no attribute {attr!r}")
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            raise _spec_error(spec, f"module {module_name!r} has no attribute {attr!r}"
+                                    f"{did_you_mean(part, names)}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ValueError(f"reward spec {spec!r}: {attr!r} is not callable "
-                         f"(it is a {type(obj).__name__})")
-    return as_reward_fn(obj)
+        raise _spec_error(spec, f"{attr!r} is not callable (it is a {type(obj).__name__})")
+    if timeout_s is None:
+        return as_reward_fn(obj)
+    if workers != 0:
+        _pool.get_pool(workers).start()  # the workers boot while the model loads
+    return PooledReward(name, obj, timeout_s, workers)  # type: ignore[return-value]
 
 
 def score_responses(fn: Callable[..., Any], responses: Sequence[str], labels: Sequence[Any],
                     prompts: Sequence[Any] | None = None) -> tuple[list[float], int]:
     """Score each response against its label with ``fn``.
 
-    Returns ``(rewards, n_errors)``. A call that raises, or returns something that is not a
-    finite number, scores 0.0 and is counted in ``n_errors`` (the first such failure is logged
-    as a warning), so one bad reward never stops a run. ``prompts`` (optional) is passed to
+    Returns ``(rewards, n_errors)``. A call that raises (or overruns ``reward.timeout_s``), or
+    returns something that is not a finite number, scores 0.0 and is counted in ``n_errors`` (the
+    first such failure is logged as a warning), so one bad reward never stops a run. A reward with
+    a ``score_batch`` method (the built-in math reward, a custom reward loaded with a timeout) gets
+    the whole batch at once, so its checks run in parallel. ``prompts`` (optional) is passed to
     rewards that take a third parameter. Length mismatches raise ``ValueError``.
     """
     if len(responses) != len(labels):
         raise ValueError(f"score_responses: {len(responses)} responses but {len(labels)} labels")
     if prompts is not None and len(prompts) != len(responses):
         raise ValueError(f"score_responses: {len(responses)} responses but {len(prompts)} prompts")
-    reward = as_reward_fn(fn)
-    takes_prompt = _takes_prompt(reward)
+    batch = getattr(fn, "score_batch", None)
+    values: list[Any]
+    if callable(batch):
+        try:
+            values = list(batch(list(responses), list(labels),
+                                None if prompts is None else list(prompts)))
+            if len(values) != len(responses):
+                raise ValueError(f"score_batch returned {len(values)} values for "
+                                 f"{len(responses)} responses")
+        except Exception as e:  # noqa: BLE001 - a failing batch: every response scores 0
+            values = [e] * len(responses)
+    else:
+        reward = as_reward_fn(fn)
+        takes_prompt = _takes_prompt(reward)
+        values = []
+        for i, (response, label) in enumerate(zip(responses, labels)):
+            try:
+                if takes_prompt:
+                    values.append(reward(response, label, None if prompts is None else prompts[i]))
+                else:
+                    values.append(reward(response, label))
+            except Exception as e:  # noqa: BLE001
+                values.append(e)
     rewards: list[float] = []
     n_errors = 0
-    for i, (response, label) in enumerate(zip(responses, labels)):
+    for i, value in enumerate(values):
         try:
-            if takes_prompt:
-                value = reward(response, label, None if prompts is None else prompts[i])
-            else:
-                value = reward(response, label)
+            if isinstance(value, BaseException):
+                raise value
             value = float(value)
             if not math.isfinite(value):
                 raise ValueError(f"non-finite reward {value}")
