@@ -9,6 +9,7 @@ from sparserl.rollout.kv import get_compressor
 from sparserl.rollout.sampling import SamplingParams, sampling_logprobs
 
 PROMPTS = ["hello there", [{"role": "user", "content": "What is 3 + 4? Answer with a number."}]]
+DENSE = get_compressor("none")
 
 
 def hf_logprobs(model, prompt_ids, response_ids):
@@ -20,7 +21,7 @@ def hf_logprobs(model, prompt_ids, response_ids):
 
 
 def test_dense_logprobs_match_transformers_float32(tiny):
-    eng = RolloutEngine(tiny, None)
+    eng = RolloutEngine(tiny, DENSE)
     out = eng.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=40, seed=3, ignore_eos=True))
     assert len(out.response_ids) == 4
     for i in range(4):
@@ -31,7 +32,7 @@ def test_dense_logprobs_match_transformers_float32(tiny):
 
 def test_dense_logprobs_bf16_tolerance(tiny):
     """bf16 sampler against the float32 transformers forward: the measured gap is recorded here."""
-    eng = RolloutEngine(tiny, None, dtype="bfloat16")
+    eng = RolloutEngine(tiny, DENSE, dtype="bfloat16")
     out = eng.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=24, seed=1, ignore_eos=True))
     for i in range(2):
         ref = hf_logprobs(tiny.model, out.prompt_ids[i], out.response_ids[i])
@@ -54,7 +55,7 @@ def test_sampling_distribution_filters():
 
 
 def test_logprob_is_of_sampled_distribution(tiny):
-    eng = RolloutEngine(tiny, None)
+    eng = RolloutEngine(tiny, DENSE)
     p = SamplingParams(n=1, max_new_tokens=12, temperature=0.7, top_k=20, seed=5, ignore_eos=True, logprobs_topk=5)
     out = eng.generate(PROMPTS[:1], p)
     ids = torch.tensor(out.prompt_ids[0] + out.response_ids[0])[None]
@@ -80,7 +81,7 @@ def test_seeded_determinism(tiny):
 
 
 def test_eos_and_stop_strings_finish_per_sequence(tiny):
-    eng = RolloutEngine(tiny, None)
+    eng = RolloutEngine(tiny, DENSE)
     out = eng.generate(PROMPTS[:1], SamplingParams(n=8, max_new_tokens=30, seed=0, temperature=1.5))
     assert set(out.finish_reason) <= {"stop", "length"}
     for r, f in zip(out.response_ids, out.finish_reason):
@@ -98,7 +99,7 @@ def test_eos_and_stop_strings_finish_per_sequence(tiny):
 
 def test_finished_sequences_leave_the_batch(tiny):
     """EOS rows are dropped from the cache: its buffers shrink."""
-    eng = RolloutEngine(tiny, None)
+    eng = RolloutEngine(tiny, DENSE)
     eng.eos_ids = set(range(0, len(tiny.tokenizer), 2))  # half the vocabulary ends a sequence
     sizes = []
     eng.step_hook = lambda ev, cache=None, **kw: sizes.append((cache.batch, cache.k[0].shape[0])) if ev == "before_decode" else None
@@ -112,7 +113,7 @@ def test_finished_sequences_leave_the_batch(tiny):
 
 
 def test_bad_input_errors(tiny):
-    eng = RolloutEngine(tiny, None)
+    eng = RolloutEngine(tiny, DENSE)
     with pytest.raises(ValueError, match="no prompts"):
         eng.generate([], SamplingParams())
     with pytest.raises(ValueError, match="empty"):
@@ -126,6 +127,8 @@ def test_bad_input_errors(tiny):
         get_compressor("rkv", budget=8, window=8)
     with pytest.raises(ValueError, match="temperature"):
         eng.generate(["x"], SamplingParams(temperature=-1))
+    with pytest.raises(TypeError, match="get_compressor\\('none'\\)"):  # no None standing for dense
+        RolloutEngine(tiny, None)
 
 
 def test_cli_rollout_contract(tmp_path, tiny, monkeypatch):
@@ -154,3 +157,31 @@ def test_cli_rollout_contract(tmp_path, tiny, monkeypatch):
         cli.main(["rollout", "--model", "tiny", "--prompts", str(prompts), "--compressor", "zip", "--out", str(out)])
     with pytest.raises(SystemExit, match="not found"):
         cli.main(["rollout", "--model", str(tmp_path / "nomodel"), "--prompts", str(prompts), "--out", str(out)])
+
+
+def test_engine_has_no_dense_branch():
+    """Dense is the ``none`` compressor: the engine and the cache never test for a missing one."""
+    import inspect
+    import re
+
+    from sparserl.rollout import cache, engine
+
+    for mod in (engine, cache):
+        found = re.findall(r"\b(?:c|comp|compressor) is (?:not )?None", inspect.getsource(mod))
+        assert not found, f"{mod.__name__}: {found}"
+
+
+def test_engine_allocates_on_the_model_device(tiny):
+    """Every tensor of the cache and of a step lives on the model's device (here the CPU)."""
+    eng = RolloutEngine(tiny, get_compressor("h2o", budget=12, step_length=4, window=2))
+    assert eng.device == next(tiny.model.parameters()).device == eng.model.embed.device
+    seen = []
+
+    def hook(event, cache=None, **kw):
+        if event == "before_decode":
+            tensors = [*cache.k, *cache.v, cache.pos, cache.lens, cache.start, *(cache.acc or [])]
+            seen.append({t.device for t in tensors} | {kw["tokens"].device, kw["positions"].device})
+
+    eng.step_hook = hook
+    eng.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=20, seed=0, ignore_eos=True))
+    assert seen and all(devs == {eng.device} for devs in seen)

@@ -1,7 +1,8 @@
 """The shared test matrix every KV compressor runs through (kvpress-style).
 
 A new compressor registered in ``sparserl.rollout.kv`` is picked up automatically; it must add a
-hand-built case to ``HAND_CASES`` (the test fails until it does).
+hand-built case to ``HAND_CASES`` (the test fails until it does). ``none`` (the dense cache) runs
+through the same matrix: it never compresses and its buffers hold ``prompt + max_new``.
 """
 import math
 
@@ -9,11 +10,17 @@ import pytest
 import torch
 
 from sparserl.rollout.engine import RolloutEngine
-from sparserl.rollout.kv import ScoreInputs, available_compressors, get_compressor
+from sparserl.errors import SparserlError
+from sparserl.registry import UnknownNameError
+from sparserl.rollout.kv import (COMPRESSORS, CompressorOptionError, KVCompressor, ScoreInputs,
+                                 available_compressors, build_compressor, compressor_from_fields,
+                                 get_compressor, register)
 from sparserl.rollout.kv.rkv import redundancy
 from sparserl.rollout.sampling import SamplingParams
 
 ALL = available_compressors()
+SPARSE = [n for n in ALL if get_compressor(n).compresses]
+DENSE = get_compressor("none")
 PROMPTS = ["a b c", [{"role": "user", "content": "Count from one to twenty, slowly please."}]]
 
 
@@ -24,24 +31,49 @@ def make(name, budget=16, step=8, **kw):
 
 
 def test_registry_has_the_published_methods():
-    assert {"rkv", "snapkv", "streaming", "h2o"} <= set(ALL)
+    assert {"none", "rkv", "snapkv", "streaming", "h2o"} <= set(ALL)
+    assert SPARSE == [n for n in ALL if n != "none"]
+    dense = get_compressor("none")
+    assert dense is not None and isinstance(dense, KVCompressor) and not dense.compresses
+    assert all(COMPRESSORS.get(n).name == n for n in ALL)
+
+
+def test_registry_duplicate_name_and_unknown_name():
+    cls = COMPRESSORS.get("rkv")
+    assert register("rkv")(cls) is cls  # the same class again: a no-op (re-import)
+
+    class Other(KVCompressor):
+        pass
+
+    with pytest.raises(ValueError, match="already registered"):
+        register("rkv")(Other)
+    assert COMPRESSORS.get("rkv") is cls
+    with pytest.raises(UnknownNameError, match="did you mean 'snapkv'"):
+        get_compressor("snapk")
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_budget_respected_and_memory_bounded(tiny, name):
     B, step = 16, 8
-    eng = RolloutEngine(tiny, make(name, B, step))
+    comp = make(name, B, step)
+    eng = RolloutEngine(tiny, comp)
     caps = []
     eng.step_hook = lambda ev, cache=None, **kw: caps.append((cache.k[0].shape[2], int(cache.region_len().max()), cache.region_start)) if ev == "after_decode" else None
     out = eng.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=60, seed=0, ignore_eos=True))
+    P = max(len(p) for p in out.prompt_ids)
+    per_tok = eng.model.kv_bytes_per_token()
+    if not comp.compresses:  # dense: never compresses, the buffer holds the whole sequence
+        assert out.kv.compressions == 0
+        assert {cap for cap, _, _ in caps} == {P + 60} == {comp.capacity(P, 60)}
+        assert out.kv.bytes_peak == 4 * per_tok * (P + 60)
+        assert all(k == len(p) + 59 for k, p in zip(out.kv_tokens_kept, out.prompt_ids))
+        return
     assert out.kv.compressions > 0
     for cap, region, start in caps:
-        assert cap == start + B + step  # the buffer is sized to budget + period, not to the length
+        assert cap == start + B + step == comp.capacity(P, 60)  # sized to budget + period, not to the length
         assert region <= B + step
-    P = max(len(p) for p in out.prompt_ids)
     for kept, prompt in zip(out.kv_tokens_kept, out.prompt_ids):
         assert kept <= len(prompt) + B + step
-    per_tok = eng.model.kv_bytes_per_token()
     assert out.kv.bytes_peak == 4 * per_tok * (P + B + step)
     assert out.kv.bytes_theory <= out.kv.bytes_peak <= 1.1 * out.kv.bytes_theory + 4 * per_tok * P
     assert out.kv.bytes_dense > out.kv.bytes_peak
@@ -50,7 +82,7 @@ def test_budget_respected_and_memory_bounded(tiny, name):
 @pytest.mark.parametrize("name", ALL)
 def test_budget_at_least_length_equals_dense(tiny, name):
     p = SamplingParams(n=2, max_new_tokens=30, seed=4, ignore_eos=True)
-    dense = RolloutEngine(tiny, None).generate(PROMPTS, p)
+    dense = RolloutEngine(tiny, DENSE).generate(PROMPTS, p)
     comp = make(name, budget=64, step=8)
     sparse = RolloutEngine(tiny, comp).generate(PROMPTS, p)
     assert sparse.kv.compressions == 0
@@ -61,9 +93,10 @@ def test_budget_at_least_length_equals_dense(tiny, name):
 @pytest.mark.parametrize("name", ALL)
 def test_unequal_prompt_lengths_match_single_runs(tiny, name):
     p = SamplingParams(n=1, max_new_tokens=40, temperature=0.0, ignore_eos=True, logprobs_topk=3)
-    eng = RolloutEngine(tiny, make(name, budget=12, step=6))
+    comp = make(name, budget=12, step=6)
+    eng = RolloutEngine(tiny, comp)
     both = eng.generate(PROMPTS, p)
-    assert both.kv.compressions > 0
+    assert (both.kv.compressions > 0) == comp.compresses
     for i, prompt in enumerate(PROMPTS):
         alone = eng.generate([prompt], p)
         assert alone.response_ids[0] == both.response_ids[i]
@@ -77,11 +110,13 @@ def test_next_step_equals_attention_over_kept_keys(tiny, name):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     model = tiny.model
-    eng = RolloutEngine(tiny, make(name, budget=12, step=6))
+    comp = make(name, budget=12, step=6)
+    eng = RolloutEngine(tiny, comp)
     snap = {}
 
     def hook(event, t, cache, **kw):
-        if event == "before_decode" and cache.n_compressions > 0 and "k" not in snap:
+        ready = cache.n_compressions > 0 if comp.compresses else t >= 20  # dense: any late step
+        if event == "before_decode" and ready and "k" not in snap:
             L = cache.max_len
             snap.update(t=t, tokens=kw["tokens"].clone(), positions=kw["positions"].clone(),
                         k=[x[:, :, :L].clone() for x in cache.k], v=[x[:, :, :L].clone() for x in cache.v],
@@ -93,7 +128,10 @@ def test_next_step_equals_attention_over_kept_keys(tiny, name):
     eng.generate(PROMPTS, SamplingParams(n=1, max_new_tokens=40, seed=2, ignore_eos=True))
     assert "logits" in snap
     # the true position continues from the length, not from the number of cached slots
-    assert (snap["positions"] > snap["lens"] - snap["start"]).all()
+    if comp.compresses:
+        assert (snap["positions"] > snap["lens"] - snap["start"]).all()
+    else:
+        assert (snap["positions"] == snap["lens"] - snap["start"]).all()
     B = snap["tokens"].shape[0]
     cfg = model.config
     hq, hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -182,13 +220,27 @@ def case_rkv():
     return c, _inputs(L=L, D=D, keys=keys, queries=torch.zeros(1, 2, 2, D)), 4, sel
 
 
-HAND_CASES = {"streaming": case_streaming, "h2o": case_h2o, "snapkv": case_snapkv, "rkv": case_rkv}
+def case_none():
+    # the dense cache is never due, however long the region, and never asked to choose
+    c = get_compressor("none", budget=2, step_length=1, trigger="newline")
+    lens = torch.tensor([0, 3, 10_000])
+    assert not c.due(lens, torch.ones(3, dtype=torch.bool)).any()
+    assert not c.needs_newlines and not c.needs_queries and not c.needs_attention
+    with pytest.raises(RuntimeError, match="never compresses"):
+        c.select(_inputs(), 5)
+    return c, None, None, None
+
+
+HAND_CASES = {"streaming": case_streaming, "h2o": case_h2o, "snapkv": case_snapkv, "rkv": case_rkv,
+              "none": case_none}
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_hand_built_case_keeps_the_right_tokens(name):
     assert name in HAND_CASES, f"add a hand-built case for compressor {name!r}"
     comp, inp, keep, expected = HAND_CASES[name]()
+    if not comp.compresses:
+        return
     got = comp.select(inp, keep)[0, 0].tolist()
     assert got == sorted(expected)
     assert len(got) == keep and got[-comp.window :] == list(range(10 - comp.window, 10)) if comp.window else True
@@ -209,7 +261,7 @@ def test_prompt_compression_bounds_the_prompt(tiny, name):
     long_prompt = " ".join(["word"] * 40)
     out = RolloutEngine(tiny, comp).generate([long_prompt, "short"], SamplingParams(n=1, max_new_tokens=12, seed=0, ignore_eos=True))
     assert max(out.kv_tokens_kept) <= 10 + 4
-    assert out.kv.bytes_peak == 2 * RolloutEngine(tiny, None).model.kv_bytes_per_token() * (10 + 4)
+    assert out.kv.bytes_peak == 2 * RolloutEngine(tiny, DENSE).model.kv_bytes_per_token() * (10 + 4)
 
 
 def test_newline_trigger(tiny):
@@ -220,3 +272,87 @@ def test_newline_trigger(tiny):
     P = len(out.prompt_ids[0])
     assert all(k <= P + 12 + 1 for k in out.kv_tokens_kept)  # compressed right after passing the budget
     assert out.kv.compressions >= 10
+
+
+# ---- buffer capacity: one rule, on the compressor, used by the engine ---------------------------
+@pytest.mark.parametrize("compress_prompt", [False, True])
+@pytest.mark.parametrize("name", ALL)
+def test_capacity_rule(name, compress_prompt):
+    B, step = 16, 8
+    c = make(name, B, step, compress_prompt=compress_prompt)
+    for P, max_new in [(5, 3), (5, 30), (40, 3), (40, 100)]:
+        if not c.compresses:
+            expect = P + max_new
+        elif compress_prompt:
+            expect = min(B + step, P + max_new)
+        else:
+            expect = P + min(max_new, B + step)
+        assert c.capacity(P, max_new) == expect
+        assert c.capacity(P, max_new) <= DENSE.capacity(P, max_new) == P + max_new
+
+
+@pytest.mark.parametrize("compress_prompt", [False, True])
+@pytest.mark.parametrize("name", ALL)
+def test_engine_buffers_follow_the_capacity_rule(tiny, name, compress_prompt):
+    comp = make(name, budget=10, step=4, compress_prompt=compress_prompt)
+    eng = RolloutEngine(tiny, comp)
+    caps = []
+    eng.step_hook = lambda ev, cache=None, **kw: caps.append(cache.capacity) if ev == "before_decode" else None
+    prompts = [" ".join(["word"] * 30), "short"]
+    out = eng.generate(prompts, SamplingParams(n=1, max_new_tokens=9, seed=0, ignore_eos=True))
+    P = max(len(p) for p in out.prompt_ids)
+    assert set(caps) == {comp.capacity(P, 9)}
+    per_tok = eng.model.kv_bytes_per_token()
+    assert out.kv.bytes_peak == 2 * per_tok * comp.capacity(P, 9)
+    # what the dense engine allocates for the same batch: the same rule, for `none`
+    assert out.kv.bytes_dense_alloc == 2 * per_tok * DENSE.capacity(P, 9) == 2 * per_tok * (P + 9)
+    assert out.kv.bytes_dense_alloc == RolloutEngine(tiny, DENSE).generate(
+        prompts, SamplingParams(n=1, max_new_tokens=9, seed=0, ignore_eos=True)).kv.bytes_peak
+
+
+# ---- the one builder ---------------------------------------------------------------------------
+def test_builder_maps_common_and_method_options():
+    c = build_compressor("rkv", kv_budget=24, trigger="newline", step_length=5, window=3,
+                         compress_prompt=True, options={"lam": 0.3, "kernel": 3})
+    assert (c.budget, c.trigger, c.step_length, c.window, c.compress_prompt, c.lam, c.kernel) == \
+        (24, "newline", 5, 3, True, 0.3, 3)
+    assert build_compressor("rkv", kv_budget=24, options='{"lam": 0.2}').lam == 0.2  # JSON, as a CLI gives it
+    assert build_compressor("snapkv", kv_budget=64).window == 32  # left out: the method's default
+    dense = build_compressor("none", kv_budget=4, window=8)  # common options are ignored by dense
+    assert not dense.compresses and dense.capacity(7, 5) == 12
+
+
+def test_builder_rejects_unknown_option_with_hint():
+    with pytest.raises(CompressorOptionError, match=r"compressor 'rkv': unknown option 'lamda' "
+                                                    r"\(did you mean 'lam'\?\); valid options: .*kernel.*lam") as e:
+        build_compressor("rkv", kv_budget=16, options={"lamda": 0.1})
+    assert isinstance(e.value, SparserlError) and isinstance(e.value, ValueError)
+    with pytest.raises(CompressorOptionError, match="'sinks'"):
+        build_compressor("h2o", kv_budget=16, options={"sinks": 2})
+    with pytest.raises(CompressorOptionError, match="'none'.*unknown option 'lam'"):
+        build_compressor("none", options={"lam": 0.1})
+    with pytest.raises(CompressorOptionError, match="not valid JSON"):
+        build_compressor("rkv", options="{lam: 0.1}")
+    with pytest.raises(CompressorOptionError, match="observation window"):
+        build_compressor("rkv", kv_budget=8, window=8)
+    with pytest.raises(CompressorOptionError, match="streaming.*sinks"):
+        build_compressor("streaming", kv_budget=8, options={"sinks": 9})
+    with pytest.raises(UnknownNameError, match=r"unknown compressor 'rkvv' \(did you mean 'rkv'\?\)"):
+        build_compressor("rkvv")
+
+
+def test_compressor_from_fields_reads_config_and_command_options():
+    from types import SimpleNamespace
+
+    rollout = SimpleNamespace(compressor="streaming", kv_budget=20, trigger="step_length", step_length=6,
+                              window=2, compress_prompt=False, compressor_options={"sinks": 3})
+    c = compressor_from_fields(rollout)
+    assert (c.name, c.budget, c.step_length, c.window, c.sinks) == ("streaming", 20, 6, 2, 3)
+    # a name override (eval.compressor) keeps the common fields, and method options must fit it
+    with pytest.raises(CompressorOptionError, match="'h2o'.*'sinks'"):
+        compressor_from_fields(rollout, name="h2o")
+    # parsed command options: no compress_prompt, window left out, options as a JSON string
+    args = SimpleNamespace(compressor="rkv", kv_budget=12, step_length=4, trigger="step_length", window=None,
+                           compressor_options='{"lam": 0.5}')
+    c = compressor_from_fields(args)
+    assert (c.name, c.budget, c.window, c.lam, c.compress_prompt) == ("rkv", 12, 8, 0.5, False)

@@ -51,6 +51,7 @@ def test_other_families_match_transformers(family, tiny):
 
     from sparserl.models.loading import LoadedModel
     from sparserl.rollout.engine import RolloutEngine
+    from sparserl.rollout.kv import get_compressor
     from sparserl.rollout.sampling import SamplingParams
 
     cfg = AutoConfig.for_model(family, vocab_size=len(tiny.tokenizer), hidden_size=64, intermediate_size=128,
@@ -60,7 +61,7 @@ def test_other_families_match_transformers(family, tiny):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg).eval()
     lm = LoadedModel(model, tiny.tokenizer, family, None)
-    out = RolloutEngine(lm, None).generate(["hello world"], SamplingParams(n=2, max_new_tokens=12, seed=0, ignore_eos=True))
+    out = RolloutEngine(lm, get_compressor("none")).generate(["hello world"], SamplingParams(n=2, max_new_tokens=12, seed=0, ignore_eos=True))
     for i in range(2):
         ids = torch.tensor(out.prompt_ids[i] + out.response_ids[i])[None]
         with torch.no_grad():
@@ -77,3 +78,76 @@ def test_gguf_file_loads_dequantized():
     assert lm.model.config.num_hidden_layers == 30
     w = lm.model.model.layers[0].self_attn.q_proj.weight
     assert w.dtype == torch.float32 and w.requires_grad  # plain trainable weights, not packed blocks
+
+
+def test_model_load_error_is_a_sparserl_error():
+    from sparserl.errors import SparserlError
+
+    assert issubclass(ModelLoadError, SparserlError) and issubclass(ModelLoadError, ValueError)
+
+
+def test_model_device_cpu_from_config():
+    """``model.device=cpu`` (the config key) puts the model, the sampler and the cache on the CPU."""
+    from sparserl.config import load_config
+    from sparserl.rollout.engine import RolloutEngine
+    from sparserl.rollout.kv import compressor_from_fields
+    from sparserl.rollout.sampling import SamplingParams
+
+    cfg = load_config("default", ["model.name=tiny", "model.device=cpu"])
+    lm = load_model(cfg.model.name, dtype="float32", seed=0, device=cfg.model.device)
+    assert {p.device.type for p in lm.model.parameters()} == {"cpu"}
+    eng = RolloutEngine(lm, compressor_from_fields(cfg.rollout), dtype="float32")
+    assert eng.device == torch.device("cpu")
+    out = eng.generate(["hi"], SamplingParams(n=2, max_new_tokens=8, seed=0))
+    assert len(out.response_ids) == 2
+
+
+def test_model_device_auto_and_missing_devices():
+    from sparserl.models.loading import resolve_device
+
+    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ModelLoadError, match="model.device='tpu9'"):
+        resolve_device("tpu9")
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelLoadError, match=r"model.device='cuda'.*CUDA is not available"):
+            load_model("tiny", device="cuda")
+    else:
+        with pytest.raises(ModelLoadError, match="model.device='cuda:99'"):
+            resolve_device("cuda:99")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["none", "rkv", "h2o"])
+def test_model_device_cuda(name):
+    """On ``model.device=cuda`` every tensor of the cache and each step lives on the GPU; the
+    sampler's log-probs match transformers' forward on the same device."""
+    from sparserl.rollout.engine import RolloutEngine
+    from sparserl.rollout.kv import build_compressor
+    from sparserl.rollout.sampling import SamplingParams
+
+    lm = load_model("tiny", dtype="float32", seed=0, device="cuda")
+    assert {p.device.type for p in lm.model.parameters()} == {"cuda"}
+    eng = RolloutEngine(lm, build_compressor(name, kv_budget=12, step_length=4, window=2))
+    devices = set()
+
+    def hook(event, cache=None, **kw):
+        if event == "before_decode":
+            devices.update(t.device.type for t in [*cache.k, *cache.v, cache.pos, cache.lens, cache.start,
+                                                   *(cache.acc or []), kw["tokens"], kw["positions"]])
+
+    eng.step_hook = hook
+    p = SamplingParams(n=2, max_new_tokens=24, seed=0, ignore_eos=True, top_p=0.9, temperature=0.8)
+    out = eng.generate(["hello world", "a b c d e f"], p)
+    assert devices == {"cuda"}
+    assert out.response_ids == eng.generate(["hello world", "a b c d e f"], p).response_ids  # seeded
+    if name == "none":
+        from sparserl.rollout.sampling import sampling_logprobs
+
+        for i in range(len(out.response_ids)):
+            ids = torch.tensor(out.prompt_ids[i] + out.response_ids[i], device="cuda")[None]
+            with torch.no_grad():
+                logits = lm.model(ids).logits[0].float()
+            P = len(out.prompt_ids[i])
+            ref = sampling_logprobs(logits[P - 1 : -1], p).gather(-1, ids[0, P:, None])[:, 0].cpu()
+            assert (ref - torch.tensor(out.sampler_logprobs[i])).abs().max() < 1e-3

@@ -30,27 +30,18 @@ def _read_prompts(path: str) -> list:
     return prompts
 
 
-def compressor_from_args(args, name: str | None = None):
-    """The compressor the sampler options of a command name (``--compressor`` unless ``name``)."""
-    from .rollout.kv import get_compressor
-
-    opts = json.loads(args.compressor_options) if getattr(args, "compressor_options", None) else {}
-    kw = dict(budget=args.kv_budget, step_length=args.step_length, trigger=args.trigger, **opts)
-    if args.window is not None:
-        kw["window"] = args.window
-    try:
-        return get_compressor(name or args.compressor, **kw)
-    except (ValueError, TypeError) as e:
-        raise SystemExit(f"error: {e}")
-
-
 def cmd_rollout(args) -> int:
+    from .errors import SparserlError
     from .models.loading import ModelLoadError, load_model
     from .rollout.engine import RolloutEngine
+    from .rollout.kv import compressor_from_fields
     from .rollout.sampling import SamplingParams
 
     prompts = _read_prompts(args.prompts)
-    comp = compressor_from_args(args)
+    try:
+        comp = compressor_from_fields(args)  # --compressor, --kv-budget, ..., --compressor-options
+    except SparserlError as e:
+        raise SystemExit(f"error: {e}")
     try:
         lm = load_model(args.model, dtype=args.dtype)
     except ModelLoadError as e:
@@ -84,13 +75,13 @@ def cmd_demo(args) -> int:
     """A short rollout on the embedded model: prints what it generated, its speed and KV memory."""
     from .models.loading import load_model
     from .rollout.engine import RolloutEngine
-    from .rollout.kv import get_compressor
+    from .rollout.kv import build_compressor
     from .rollout.sampling import SamplingParams
 
     lm = load_model(args.model, dtype="auto")
     prompt = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}]
     for name in ("none", "rkv"):
-        comp = get_compressor(name, budget=32, step_length=16) if name != "none" else None
+        comp = build_compressor(name, kv_budget=32, step_length=16)
         out = RolloutEngine(lm, comp, dtype="auto").generate([prompt], SamplingParams(n=4, max_new_tokens=96, temperature=0.7))
         print(f"--- {name}: {out.tokens_per_s:.0f} tok/s, KV peak {out.kv.bytes_peak / 2**20:.2f} MiB "
               f"(dense {out.kv.bytes_dense / 2**20:.2f} MiB)")

@@ -20,7 +20,7 @@ import torch
 
 from ..models.loading import load_model, parse_dtype
 from ..rollout.engine import RolloutEngine
-from ..rollout.kv import get_compressor
+from ..rollout.kv import CompressorOptionError, KVCompressor, build_compressor
 from ..rollout.sampling import SamplingParams
 
 BENCH_PROMPT = [{"role": "user", "content": "Write a long, detailed story about a dragon who learns mathematics."}]
@@ -115,6 +115,20 @@ def _hf_generate(lm, prompt_ids: list[int], batch: int, L: int, seed: int) -> di
     return {"seconds": seconds, "tokens": batch * gen, "kv_bytes_peak": kv, "rss_peak_bytes": rss.peak}
 
 
+def bench_compressor(name: str, kv_budget: int, step_length: int) -> KVCompressor:
+    """The compressor a benchmark row runs: the method's defaults at this budget, with the
+    observation window cut to a quarter of the budget when the default does not fit (e.g.
+    SnapKV's 32-query window at a small budget). ``none`` is the dense cache."""
+    small_window = dict(kv_budget=kv_budget, step_length=step_length, window=max(1, kv_budget // 4))
+    try:
+        comp = build_compressor(name, kv_budget=kv_budget, step_length=step_length)
+    except CompressorOptionError:
+        return build_compressor(name, **small_window)
+    if comp.compresses and comp.window >= kv_budget // 2 and name != "h2o":
+        return build_compressor(name, **small_window)
+    return comp
+
+
 def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int = 256, kv_budget: int = 256,
               compressors: list[str] | None = None, dtype: str = "auto", step_length: int = 128,
               seed: int = 0, hf_baseline: bool = True, log=print) -> dict:
@@ -125,7 +139,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
     results = []
     L = max_new_tokens
     params = SamplingParams(n=batch, max_new_tokens=L, ignore_eos=True, seed=seed)
-    dense_engine = RolloutEngine(lm, None, dtype=dt)
+    dense_engine = RolloutEngine(lm, build_compressor("none"), dtype=dt)
     prompt_ids = dense_engine.encode(BENCH_PROMPT)
     P = len(prompt_ids)
     per_tok = dense_engine.model.kv_bytes_per_token()
@@ -151,20 +165,13 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
         h = _hf_generate(lm, prompt_ids, batch, L, seed)
         record("hf_generate", "none", h["tokens"] / h["seconds"], h["kv_bytes_peak"],
                batch * per_tok * (P + L - 1), h["rss_peak_bytes"], dense_kv_avg)
-    for name in ["none", *compressors]:
-        comp = None
-        if name != "none":
-            try:
-                comp = get_compressor(name, budget=kv_budget, step_length=step_length)
-            except ValueError:
-                comp = get_compressor(name, budget=kv_budget, step_length=step_length, window=max(1, kv_budget // 4))
-            if comp.window >= kv_budget // 2 and name != "h2o":  # e.g. SnapKV's 32-query window at a small budget
-                comp = get_compressor(name, budget=kv_budget, step_length=step_length, window=max(1, kv_budget // 4))
-        engine = dense_engine if comp is None else RolloutEngine(lm, comp, dtype=dt)
+    for name in ["none", *(c for c in compressors if c != "none")]:
+        comp = bench_compressor(name, kv_budget, step_length)
+        engine = RolloutEngine(lm, comp, dtype=dt) if comp.compresses else dense_engine
         with RssSampler() as rss:
             out = engine.generate([BENCH_PROMPT], params)
         tps = out.tokens_generated / out.seconds
-        if comp is None:
+        if not comp.compresses:
             kv_avg = dense_kv_avg
         else:  # kept tokens grow from P to P+budget(+period) and then cycle between budget and budget+period
             cycle = min(L, kv_budget + step_length / 2)

@@ -5,7 +5,8 @@ a column mapping, a generated arithmetic task for tiny models, and a resumable s
 """
 
 from .arith import ARITH_DIFFICULTY, make_arith
-from .loaders import (DATASETS, DEFAULT_TEMPLATE, Example, LoadedData, PromptSampler,
+from .example import Example
+from .loaders import (DATASETS, DEFAULT_TEMPLATE, LoadedData, PromptSampler,
                       apply_template, clean_label, load_dataset, read_rows, resolve_data_dir)
 
 __all__ = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
-from .loaders import Example
+from .example import Example
 
 __all__ = ["make_arith", "ARITH_DIFFICULTY", "BOXED_SUFFIX"]
 

@@ -24,9 +24,12 @@ import os
 import random
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+from .arith import make_arith
+from .example import Example
 
 __all__ = ["Example", "LoadedData", "load_dataset", "PromptSampler", "DATASETS",
            "DEFAULT_TEMPLATE", "resolve_data_dir", "read_rows", "clean_label", "apply_template"]
@@ -39,20 +42,6 @@ DEFAULT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final an
 DATA_DIR_ENV = "SPARSERL_DATA_DIR"
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 _SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
-
-
-@dataclass
-class Example:
-    """One prompt and its reference answer.
-
-    ``prompt``: a text problem or a list of chat messages (dicts with ``role`` and ``content``);
-    ``label``: the reference answer as a string; ``meta``: where it came from (``source`` file,
-    ``line`` or ``row``, ``dataset``) and small per-problem fields (id, level, subject...).
-    """
-
-    prompt: str | list[dict[str, str]]
-    label: str
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -380,8 +369,6 @@ def _parse_arith_spec(spec: str) -> dict[str, Any]:
 
 
 def _load_arith(spec: str, *, limit, template, system_prompt) -> LoadedData:
-    from .arith import make_arith
-
     kwargs = _parse_arith_spec(spec)
     n = kwargs.pop("n", None)
     if n is None:

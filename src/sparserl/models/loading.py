@@ -11,7 +11,8 @@ Names understood by :func:`load_model`:
 - ``tiny``: a seeded random model of the same family (Llama) with SmolLM2's tokenizer when it is
   installed (else a small byte-level tokenizer) -- for tests.
 
-Nothing is ever downloaded from a hub.
+Nothing is ever downloaded from a hub. ``device`` (the config's ``model.device``) places the model:
+``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
 """
 from __future__ import annotations
 
@@ -24,14 +25,16 @@ from pathlib import Path
 
 import torch
 
+from ..errors import SparserlError
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MODEL = "smollm2-135m"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class ModelLoadError(ValueError):
-    """A model name or path that cannot be loaded, with the reason."""
+class ModelLoadError(SparserlError, ValueError):
+    """A model name or path that cannot be loaded (or a device that cannot hold it), with the reason."""
 
 
 @dataclass
@@ -68,6 +71,38 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if dtype not in DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; expected auto or one of {sorted(DTYPES)}")
     return DTYPES[dtype]
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """The torch device for ``model.device``: ``auto`` is CUDA when available, else the CPU. A device
+    this machine lacks raises :class:`ModelLoadError` naming ``model.device``."""
+    if isinstance(device, torch.device):
+        return device
+    spec = str(device).strip().lower()
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(spec)
+    except RuntimeError:
+        raise ModelLoadError(f"model.device={device!r} is not a device; expected auto, cpu, cuda, "
+                             "cuda:N or mps") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"model.device={device!r}: CUDA is not available on this machine "
+                                 "(torch.cuda.is_available() is False); use model.device=cpu or auto")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"model.device={device!r}: this machine has {torch.cuda.device_count()} "
+                                 f"CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+        return dev
+    if dev.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ModelLoadError(f"model.device={device!r}: MPS is not available on this machine; "
+                                 "use model.device=cpu or auto")
+        return dev
+    raise ModelLoadError(f"model.device={device!r} is not supported; expected auto, cpu, cuda, cuda:N or mps")
 
 
 def cache_dir() -> Path:
@@ -186,7 +221,8 @@ def _byte_tokenizer():
     return tok
 
 
-def load_tiny(seed: int = 0, dtype: str | torch.dtype = "float32", num_layers: int = 2) -> LoadedModel:
+def load_tiny(seed: int = 0, dtype: str | torch.dtype = "float32", num_layers: int = 2,
+              device: str | torch.device = "cpu") -> LoadedModel:
     from transformers import LlamaForCausalLM
 
     tok = tiny_tokenizer()
@@ -197,7 +233,7 @@ def load_tiny(seed: int = 0, dtype: str | torch.dtype = "float32", num_layers: i
     with g:
         torch.manual_seed(seed)
         model = LlamaForCausalLM(cfg)
-    model = model.to(parse_dtype(dtype)).eval()
+    model = model.to(device=resolve_device(device), dtype=parse_dtype(dtype)).eval()
     return LoadedModel(model=model, tokenizer=tok, name="tiny", path=None)
 
 
@@ -218,13 +254,16 @@ def _check_hf_folder(path: Path) -> None:
         )
 
 
-def load_model(name: str = DEFAULT_MODEL, dtype: str | torch.dtype = "bfloat16", seed: int = 0) -> LoadedModel:
-    """Load a causal LM and its tokenizer by name or path (see module docstring)."""
+def load_model(name: str = DEFAULT_MODEL, dtype: str | torch.dtype = "bfloat16", seed: int = 0,
+               device: str | torch.device = "cpu") -> LoadedModel:
+    """Load a causal LM and its tokenizer by name or path (see module docstring) onto ``device``
+    (``auto`` | ``cpu`` | ``cuda`` | ``cuda:N`` | ``mps``; checked before anything loads)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = parse_dtype(dtype)
+    dev = resolve_device(device)
     if name == "tiny":
-        return load_tiny(seed=seed, dtype=torch_dtype)
+        return load_tiny(seed=seed, dtype=torch_dtype, device=dev)
     if name in (DEFAULT_MODEL, "default", "smollm2"):
         path = embedded_hf_folder()
         display = DEFAULT_MODEL
@@ -234,7 +273,7 @@ def load_model(name: str = DEFAULT_MODEL, dtype: str | torch.dtype = "bfloat16",
             if not p.exists():
                 raise ModelLoadError(f"{p}: GGUF file not found")
             model, tok = _gguf_to_hf(p, torch_dtype)
-            return LoadedModel(model.eval(), _fix_tokenizer(tok), name, None)
+            return LoadedModel(model.to(dev).eval(), _fix_tokenizer(tok), name, None)
         if not p.exists():
             raise ModelLoadError(
                 f"model {name!r} not found: give '{DEFAULT_MODEL}', 'tiny', a local Hugging Face "
@@ -247,7 +286,7 @@ def load_model(name: str = DEFAULT_MODEL, dtype: str | torch.dtype = "bfloat16",
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
     except Exception as e:  # noqa: BLE001
         raise ModelLoadError(f"{path}: cannot load model: {e}") from e
-    return LoadedModel(model.eval(), _fix_tokenizer(tok), display, str(path))
+    return LoadedModel(model.to(dev).eval(), _fix_tokenizer(tok), display, str(path))
 
 
 def _fix_tokenizer(tok):

@@ -1,5 +1,9 @@
 """A KV cache whose memory is really bounded: preallocated buffers sized to ``budget + period``.
 
+Dense or sparse, one code path: the compressor (``none`` for dense) sizes the buffers
+(:meth:`KVCompressor.capacity`, decided by the engine) and says when a sequence is due. Every
+buffer lives on the device of the prefill keys (the model's device).
+
 Layout per layer: K and V buffers [B, Hkv, capacity, D]; sequences are left-padded after prefill
 (slots ``< start[b]`` are padding). Each decode step writes one slot per sequence at ``lens[b]``
 (no growing ``torch.cat``: the buffers never move). When a sequence's compressible region reaches
@@ -30,7 +34,7 @@ class CompressedKVCache:
         valid: torch.Tensor,
         positions: torch.Tensor,
         capacity: int,
-        compressor: KVCompressor | None,
+        compressor: KVCompressor,
         n_heads: int,
         queries: list[torch.Tensor] | None = None,
         attn_acc: list[torch.Tensor] | None = None,
@@ -42,9 +46,9 @@ class CompressedKVCache:
         self.n_kv, self.head_dim, self.n_heads = hkv, D, n_heads
         self.dtype, self.device = keys[0].dtype, keys[0].device
         self.compressor = compressor
-        self.region_start = 0 if (compressor is None or compressor.compress_prompt) else P
-        self.window = compressor.window if (compressor is not None and compressor.needs_queries) else 0
-        self.track_attention = compressor is not None and compressor.needs_attention
+        self.region_start = 0 if compressor.compress_prompt else P
+        self.window = compressor.window if compressor.needs_queries else 0
+        self.track_attention = compressor.needs_attention
         self.capacity = capacity
         self.n_compressions = 0
         self.bytes_peak = 0
@@ -52,15 +56,16 @@ class CompressedKVCache:
 
         start = (~valid).sum(dim=1)  # left padding → first valid slot
         self.start = start.clone()
-        self.lens = torch.full((B,), P, dtype=torch.long)
+        dev = self.device
+        self.lens = torch.full((B,), P, dtype=torch.long, device=dev)
         self._uniform_len: int | None = P  # all lens equal (the common case: plain slicing)
 
         pos = positions[:, None, :].expand(B, hkv, P).to(torch.int32)
-        self.k = [torch.zeros(B, hkv, capacity, D, dtype=self.dtype) for _ in range(self.n_layers)]
-        self.v = [torch.zeros(B, hkv, capacity, D, dtype=self.dtype) for _ in range(self.n_layers)]
-        self.pos = torch.zeros(self.n_layers, B, hkv, capacity, dtype=torch.int32)
+        self.k = [torch.zeros(B, hkv, capacity, D, dtype=self.dtype, device=dev) for _ in range(self.n_layers)]
+        self.v = [torch.zeros(B, hkv, capacity, D, dtype=self.dtype, device=dev) for _ in range(self.n_layers)]
+        self.pos = torch.zeros(self.n_layers, B, hkv, capacity, dtype=torch.int32, device=dev)
         self.acc = (
-            [torch.zeros(B, hkv, capacity, dtype=torch.float32) for _ in range(self.n_layers)]
+            [torch.zeros(B, hkv, capacity, dtype=torch.float32, device=dev) for _ in range(self.n_layers)]
             if self.track_attention else None
         )
         if P > capacity:
@@ -79,7 +84,7 @@ class CompressedKVCache:
         self.q_count = 0
         self.q_head = 0  # next write slot of the ring
         if self.window:
-            self.q_ring = torch.zeros(self.n_layers, B, n_heads, self.window, D, dtype=self.dtype)
+            self.q_ring = torch.zeros(self.n_layers, B, n_heads, self.window, D, dtype=self.dtype, device=dev)
             if queries is not None:
                 w = min(self.window, queries[0].shape[2])
                 for layer in range(self.n_layers):
@@ -124,17 +129,17 @@ class CompressedKVCache:
             slot = self._uniform_len
             self.pos[:, :, :, slot] = new_positions.to(torch.int32)[None, :, None]
         else:
-            bidx = torch.arange(B)
+            bidx = torch.arange(B, device=self.device)
             self.pos[:, bidx, :, self.lens] = new_positions.to(torch.int32)[:, None, None].expand(B, self.n_layers, self.n_kv)
         self._slot = self.lens.clone()
         self.lens += 1
         if self._uniform_len is not None:
             self._uniform_len += 1
         L = self.max_len
-        ar = torch.arange(L)
+        ar = torch.arange(L, device=self.device)
         valid = (ar[None, :] >= self.start[:, None]) & (ar[None, :] < self.lens[:, None])
         self._valid_step = valid
-        bias = torch.zeros(B, L, dtype=torch.float32).masked_fill_(~valid, float("-inf"))
+        bias = torch.zeros(B, L, dtype=torch.float32, device=self.device).masked_fill_(~valid, float("-inf"))
         return bias[:, None, None, :]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -150,7 +155,7 @@ class CompressedKVCache:
             K[:, :, slot : slot + 1] = k
             V[:, :, slot : slot + 1] = v
         else:
-            bidx = torch.arange(B)
+            bidx = torch.arange(B, device=self.device)
             K[bidx, :, self._slot] = k[:, :, 0]
             V[bidx, :, self._slot] = v[:, :, 0]
         L = bias.shape[-1]
@@ -172,15 +177,8 @@ class CompressedKVCache:
 
     # --- compression ---------------------------------------------------------------------------
     def due(self, newline: torch.Tensor | None = None) -> torch.Tensor:
-        """Bool [B]: sequences whose cache must be compressed now."""
-        c = self.compressor
-        if c is None:
-            return torch.zeros(self.batch, dtype=torch.bool)
-        rl = self.region_len()
-        due = rl >= c.budget + c.step_length
-        if c.trigger == "newline" and newline is not None:
-            due |= newline & (rl > c.budget)
-        return due
+        """Bool [B]: sequences whose cache must be compressed now (the compressor's rule)."""
+        return self.compressor.due(self.region_len(), newline)
 
     def _ordered_queries(self, layer: int, rows: torch.Tensor) -> torch.Tensor | None:
         if self.q_ring is None:
@@ -208,7 +206,7 @@ class CompressedKVCache:
         c = self.compressor
         rs = self.region_start
         keep = c.budget_for(L)
-        ar = torch.arange(L)
+        ar = torch.arange(L, device=self.device)
         valid = ar[None, :] >= self.start[rows][:, None]
         n_valid_region = valid[:, rs:].sum(-1)
         for layer in range(self.n_layers):

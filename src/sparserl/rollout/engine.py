@@ -3,6 +3,11 @@
     engine = RolloutEngine(loaded_model, compressor=get_compressor("rkv", budget=256), dtype="bfloat16")
     out = engine.generate(["What is 2 + 3?"], SamplingParams(n=8, max_new_tokens=256, seed=0))
 
+Dense sampling is the ``none`` compressor (``get_compressor("none")``): one code path for dense and
+sparse, and no ``None`` standing for "dense". The engine runs on the model's device
+(``model.device``): the prompts, the cache and the outputs of a step live there; results come back
+as plain lists.
+
 Per response it returns token ids, the sampler's log-prob of each sampled token (under the
 distribution actually sampled from), the finish reason (``stop``: EOS or a stop string;
 ``length``), the tokens its cache held at the end, and KV statistics for the batch.
@@ -22,10 +27,12 @@ import torch
 from ..models.loading import LoadedModel, parse_dtype
 from .cache import CompressedKVCache
 from .kv.base import KVCompressor
+from .kv.none import Dense
 from .model import SamplerModel
 from .sampling import SamplingParams, sample
 
 Prompt = str | list[dict]
+DENSE = Dense()  # the dense engine's buffer rule, for KVStats.bytes_dense_alloc
 
 
 @dataclass
@@ -34,6 +41,7 @@ class KVStats:
     bytes_theory: int = 0  # what the valid cached tokens needed at most
     bytes_dense: int = 0  # what a dense cache would have needed for the same tokens
     compressions: int = 0
+    bytes_dense_alloc: int = 0  # what the dense engine's K/V buffers hold for the same batch
 
 
 @dataclass
@@ -73,23 +81,25 @@ class RolloutOutput:
 
 
 class RolloutEngine:
-    def __init__(self, loaded: LoadedModel, compressor: KVCompressor | None = None,
+    def __init__(self, loaded: LoadedModel, compressor: KVCompressor,
                  dtype: str | torch.dtype | None = None, max_batch: int | None = None):
+        """``compressor``: a :class:`KVCompressor`; ``get_compressor("none")`` for a dense cache."""
         self.tokenizer = loaded.tokenizer
         self.dtype = parse_dtype(dtype) if dtype is not None else next(loaded.model.parameters()).dtype
         self.model = SamplerModel(loaded.model, self.dtype)
-        self.compressor = compressor
+        self.device = self.model.device
+        self.compressor = _checked(compressor)
         self.max_batch = max_batch
         self.eos_ids = self._eos_ids(loaded.model)
         self._newline_ids: torch.Tensor | None = None
         self.step_hook = None  # tests/debugging: called as hook(event, **state) around each decode step
 
     @classmethod
-    def from_engine(cls, other: "RolloutEngine", compressor: KVCompressor | None) -> "RolloutEngine":
+    def from_engine(cls, other: "RolloutEngine", compressor: KVCompressor) -> "RolloutEngine":
         """Another engine over the same sampler weights (no copy) with a different compressor."""
         new = cls.__new__(cls)
         new.__dict__.update(other.__dict__)
-        new.compressor = compressor
+        new.compressor = _checked(compressor)
         return new
 
     # --- weights -------------------------------------------------------------------------------
@@ -131,7 +141,7 @@ class RolloutEngine:
             for i in range(min(V, len(self.tokenizer))):
                 if "\n" in self.tokenizer.decode([i]):
                     flags[i] = True
-            self._newline_ids = flags
+            self._newline_ids = flags.to(self.device)
         return self._newline_ids
 
     # --- generation ----------------------------------------------------------------------------
@@ -152,7 +162,7 @@ class RolloutEngine:
                     f"({self.model.max_positions})"
                 )
         expanded = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(params.n)]
-        gen = torch.Generator().manual_seed(params.seed)
+        gen = torch.Generator().manual_seed(params.seed)  # on the CPU: see sampling.py
         chunk = self.max_batch or len(expanded)
         outs = [self._generate_batch([e[1] for e in expanded[s : s + chunk]], params, gen)
                 for s in range(0, len(expanded), chunk)]
@@ -164,7 +174,7 @@ class RolloutEngine:
 
     @torch.inference_mode()
     def _generate_batch(self, prompts: list[list[int]], p: SamplingParams, gen: torch.Generator) -> RolloutOutput:
-        m, c = self.model, self.compressor
+        m, c, dev = self.model, self.compressor, self.device
         B = len(prompts)
         P = max(len(x) for x in prompts)
         max_new = min(p.max_new_tokens, m.max_positions - P)
@@ -174,32 +184,28 @@ class RolloutEngine:
         for b, x in enumerate(prompts):
             ids[b, P - len(x) :] = torch.tensor(x)
             valid[b, P - len(x) :] = True
+        ids, valid = ids.to(dev), valid.to(dev)  # built on the CPU, one copy each
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
         true_len = valid.sum(-1)  # next position of each sequence
 
-        want_q = c.window if (c is not None and c.needs_queries) else 0
-        want_attn = c is not None and c.needs_attention and c.compress_prompt
+        want_q = c.window if c.needs_queries else 0
+        want_attn = c.needs_attention and c.compress_prompt
         logits, keys, values, queries, acc = m.prefill(ids, valid, positions, want_q, want_attn)
-        if c is None:
-            capacity = P + max_new
-        elif c.compress_prompt:
-            capacity = min(c.budget + c.step_length, P + max_new)
-        else:
-            capacity = P + min(max_new, c.budget + c.step_length)
-        cache = CompressedKVCache(keys, values, valid, positions, capacity, c, m.n_heads, queries, acc)
+        cache = CompressedKVCache(keys, values, valid, positions, c.capacity(P, max_new), c, m.n_heads, queries, acc)
         del keys, values, queries, acc
         prefill_s = time.perf_counter() - t0
 
-        tokens_out = torch.zeros(B, max_new, dtype=torch.long)
-        logp_out = torch.zeros(B, max_new, dtype=torch.float32)
-        top_v = torch.zeros(B, max_new, p.logprobs_topk) if p.logprobs_topk else None
-        top_i = torch.zeros(B, max_new, p.logprobs_topk, dtype=torch.long) if p.logprobs_topk else None
-        lengths = torch.zeros(B, dtype=torch.long)
+        tokens_out = torch.zeros(B, max_new, dtype=torch.long, device=dev)
+        logp_out = torch.zeros(B, max_new, dtype=torch.float32, device=dev)
+        top_v = torch.zeros(B, max_new, p.logprobs_topk, device=dev) if p.logprobs_topk else None
+        top_i = torch.zeros(B, max_new, p.logprobs_topk, dtype=torch.long, device=dev) if p.logprobs_topk else None
+        lengths = torch.zeros(B, dtype=torch.long, device=dev)
         finish = ["length"] * B
         kept = [0] * B
-        active = torch.arange(B)  # original row of each live row
-        eos = torch.tensor(sorted(self.eos_ids), dtype=torch.long) if (self.eos_ids and not p.ignore_eos) else None
-        newline = self.newline_ids() if (c is not None and c.trigger == "newline") else None
+        active = torch.arange(B, device=dev)  # original row of each live row
+        eos = (torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=dev)
+               if (self.eos_ids and not p.ignore_eos) else None)
+        newline = self.newline_ids() if c.needs_newlines else None
         stop_tail = max((len(self.tokenizer(s, add_special_tokens=False)["input_ids"]) for s in p.stop), default=0) + 2
         dense_tokens_peak = 0
 
@@ -211,7 +217,7 @@ class RolloutEngine:
                 tv, ti = torch.topk(full, p.logprobs_topk, dim=-1)
                 top_v[active, t], top_i[active, t] = tv, ti
             lengths[active] = t + 1
-            done = torch.zeros(len(active), dtype=torch.bool)
+            done = torch.zeros(len(active), dtype=torch.bool, device=dev)
             if eos is not None:
                 done |= torch.isin(tok, eos)
             if p.stop:
@@ -219,7 +225,7 @@ class RolloutEngine:
                     if done[r]:
                         continue
                     row = int(active[r])
-                    tail = self.tokenizer.decode(tokens_out[row, max(0, t + 1 - stop_tail) : t + 1])
+                    tail = self.tokenizer.decode(tokens_out[row, max(0, t + 1 - stop_tail) : t + 1].tolist())
                     if any(s in tail for s in p.stop):
                         done[r] = True
             last = t == max_new - 1
@@ -245,27 +251,30 @@ class RolloutEngine:
             if self.step_hook is not None:
                 self.step_hook("after_decode", t=t, cache=cache, logits=logits)
             true_len = true_len + 1
-            if c is not None:
-                due = cache.due(newline[tok] if newline is not None else None)
-                if due.any():
-                    dense_tokens_peak = max(dense_tokens_peak, int(true_len.sum()))
-                    cache.compress(due)
+            due = cache.due(newline[tok] if newline is not None else None)
+            if due.any():
+                dense_tokens_peak = max(dense_tokens_peak, int(true_len.sum()))
+                cache.compress(due)
         cache._account()
         seconds = time.perf_counter() - t0
-        resp = [tokens_out[b, : lengths[b]].tolist() for b in range(B)]
+        lens = lengths.tolist()
+        tokens_out, logp_out = tokens_out.cpu(), logp_out.cpu()
+        top_v = top_v.cpu() if top_v is not None else None
+        top_i = top_i.cpu() if top_i is not None else None
         return RolloutOutput(
             prompt_index=[], prompt_ids=[],
-            response_ids=resp,
-            sampler_logprobs=[logp_out[b, : lengths[b]].tolist() for b in range(B)],
+            response_ids=[tokens_out[b, : lens[b]].tolist() for b in range(B)],
+            sampler_logprobs=[logp_out[b, : lens[b]].tolist() for b in range(B)],
             finish_reason=finish,
             kv_tokens_kept=kept,
             kv=KVStats(cache.bytes_peak, cache.bytes_theory_peak,
-                       dense_tokens_peak * m.kv_bytes_per_token(), cache.n_compressions),
-            tokens_generated=int(lengths.sum()),
+                       dense_tokens_peak * m.kv_bytes_per_token(), cache.n_compressions,
+                       B * DENSE.capacity(P, max_new) * m.kv_bytes_per_token()),
+            tokens_generated=sum(lens),
             seconds=seconds,
             prefill_seconds=prefill_s,
-            top_logprobs=[top_v[b, : lengths[b]] for b in range(B)] if top_v is not None else None,
-            top_indices=[top_i[b, : lengths[b]] for b in range(B)] if top_i is not None else None,
+            top_logprobs=[top_v[b, : lens[b]] for b in range(B)] if top_v is not None else None,
+            top_indices=[top_i[b, : lens[b]] for b in range(B)] if top_i is not None else None,
         )
 
     def _decode(self, tok: torch.Tensor, positions: torch.Tensor, cache: CompressedKVCache) -> torch.Tensor:
@@ -282,6 +291,13 @@ class RolloutEngine:
         return m.logits(h[:, 0]).float()
 
 
+def _checked(compressor: KVCompressor) -> KVCompressor:
+    if not isinstance(compressor, KVCompressor):
+        raise TypeError(f"compressor must be a KVCompressor (get_compressor('none') for a dense cache), "
+                        f"got {type(compressor).__name__}")
+    return compressor
+
+
 def _merge(outs: list[RolloutOutput]) -> RolloutOutput:
     if len(outs) == 1:
         return outs[0]
@@ -295,6 +311,7 @@ def _merge(outs: list[RolloutOutput]) -> RolloutOutput:
         o.kv.bytes_theory = max(o.kv.bytes_theory, x.kv.bytes_theory)
         o.kv.bytes_dense = max(o.kv.bytes_dense, x.kv.bytes_dense)
         o.kv.compressions += x.kv.compressions
+        o.kv.bytes_dense_alloc = max(o.kv.bytes_dense_alloc, x.kv.bytes_dense_alloc)
         o.tokens_generated += x.tokens_generated
         o.seconds += x.seconds
         o.prefill_seconds += x.prefill_seconds

@@ -7,6 +7,9 @@ forward that is just the math. The same numbers as transformers' forward (tested
 float32, RoPE from the model's own ``inv_freq`` (so scaled RoPE variants carry over), optional q/k/v
 bias (Qwen2) and per-head q/k norms (Qwen3).
 
+The sampler's weights live on the device of the model it was built from (:attr:`SamplerModel.device`);
+pushed weights are moved there, and every tensor of a forward is made there.
+
 Weights live in ``SamplerWeights`` so that they can be replaced from a trainer
 (:meth:`SamplerModel.load_weights`) and, later, swapped for quantized linear layers: every matmul of
 a weight goes through :meth:`SamplerModel.linear`.
@@ -47,26 +50,29 @@ class SamplerModel:
         self.eps = cfg.rms_norm_eps
         self.hidden = cfg.hidden_size
         self.max_positions = getattr(cfg, "max_position_embeddings", 1 << 30)
-        self.dtype = dtype or next(hf_model.parameters()).dtype
+        first = next(hf_model.parameters())
+        self.dtype = dtype or first.dtype
+        self.device = first.device
         rot = hf_model.model.rotary_emb
-        self.inv_freq = rot.inv_freq.detach().float().clone()
+        self.inv_freq = rot.inv_freq.detach().float().to(self.device).clone()
         self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
         self.load_weights(hf_model.state_dict())
 
     # --- weights -------------------------------------------------------------------------------
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """(Re)build the sampler's weights from a Hugging Face state dict (trainer → sampler push)."""
-        dt = self.dtype
+        """(Re)build the sampler's weights from a Hugging Face state dict (trainer → sampler push),
+        on the sampler's device and in its dtype."""
+        dt, dev = self.dtype, self.device
 
         def get(name, required=True):
             t = state.get(name)
             if t is None and required:
                 raise KeyError(f"sampler weights: missing {name}")
-            return None if t is None else t.detach().to(dt)
+            return None if t is None else t.detach().to(device=dev, dtype=dt)
 
         self.embed = get("model.embed_tokens.weight").contiguous()
         lm = state.get("lm_head.weight")
-        self.lm_head = self.embed if lm is None or getattr(self.config, "tie_word_embeddings", False) else lm.detach().to(dt).contiguous()
+        self.lm_head = self.embed if lm is None or getattr(self.config, "tie_word_embeddings", False) else lm.detach().to(device=dev, dtype=dt).contiguous()
         self.norm = get("model.norm.weight")
         self.layers = []
         for i in range(self.n_layers):
@@ -184,9 +190,10 @@ class SamplerModel:
         B, P = input_ids.shape
         h = F.embedding(input_ids, self.embed)
         cos, sin = self.rope(positions)
-        causal = torch.ones(P, P, dtype=torch.bool).tril()
+        dev = input_ids.device
+        causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
         mask = causal[None] & valid[:, None, :]
-        mask |= torch.eye(P, dtype=torch.bool)[None]  # padding rows attend to themselves (no NaN)
+        mask |= torch.eye(P, dtype=torch.bool, device=dev)[None]  # padding rows attend to themselves (no NaN)
         mask = mask[:, None]
         keys, values, queries, acc = [], [], [], []
         g = self.n_heads // self.n_kv

@@ -1,5 +1,9 @@
 """Token sampling with the log-probability of each sampled token under the distribution actually
-sampled from (temperature, then top-k, then top-p), as RL corrections need ``log q``."""
+sampled from (temperature, then top-k, then top-p), as RL corrections need ``log q``.
+
+Randomness: one uniform per row per step, drawn on the CPU from the seeded ``torch.Generator`` and
+moved to the logits' device. The same seed thus gives the same uniforms on every device (a CPU run
+and a GPU run differ only by the arithmetic of the logits), and the copy is a few bytes a step."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -57,14 +61,14 @@ def sample(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator):
     """Returns (tokens [B], logprob of each token [B], log-probs [B, V] of the sampled distribution)."""
     if p.temperature == 0:
         tokens = logits.argmax(dim=-1)
-        logp = torch.zeros(tokens.shape, dtype=torch.float32)
+        logp = torch.zeros(tokens.shape, dtype=torch.float32, device=logits.device)
         full = torch.log_softmax(logits.float(), -1)
         return tokens, logp, full
     logprobs = sampling_logprobs(logits, p)
     # inverse-CDF sampling with one uniform draw per row from the seeded generator
     # (torch.multinomial draws an exponential per vocabulary entry: ~10x slower here)
     cdf = logprobs.exp().cumsum_(dim=-1)
-    u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=cdf.dtype) * cdf[:, -1:]
+    u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=cdf.dtype).to(cdf.device) * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, u, right=True)[:, 0].clamp_(max=cdf.shape[-1] - 1)
     # a token of probability 0 has a flat CDF step and can never be hit by `right=True`
     return tokens, logprobs.gather(-1, tokens[:, None])[:, 0], logprobs

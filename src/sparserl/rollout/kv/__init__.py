@@ -1,5 +1,13 @@
-"""KV-cache compressors, one file each (ALGORITHMS.md §2). ``get_compressor(name, **options)``."""
-from .base import KVCompressor, ScoreInputs, available_compressors, get_compressor, register
-from . import h2o, rkv, snapkv, streaming  # noqa: F401  (registration)
+"""KV-cache compressors, one file each (ALGORITHMS.md §2), ``none`` (dense) among them.
 
-__all__ = ["KVCompressor", "ScoreInputs", "available_compressors", "get_compressor", "register"]
+``build_compressor(name, kv_budget=..., options=...)`` / ``compressor_from_fields(cfg.rollout)``
+build one from options; ``get_compressor(name, **fields)`` from its own field names."""
+from .base import (COMPRESSORS, CompressorOptionError, KVCompressor, ScoreInputs, available_compressors,
+                   get_compressor, option_names, register)
+from . import h2o, none, rkv, snapkv, streaming  # noqa: F401  (registration)
+from .build import build_compressor, compressor_from_fields
+from .none import Dense
+
+__all__ = ["COMPRESSORS", "CompressorOptionError", "Dense", "KVCompressor", "ScoreInputs",
+           "available_compressors", "build_compressor", "compressor_from_fields", "get_compressor",
+           "option_names", "register"]

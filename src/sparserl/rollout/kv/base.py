@@ -9,6 +9,11 @@ front of the region and frees the rest of the buffer for new tokens.
 protected tokens (the observation window, attention sinks) get +inf, invalid slots (left padding)
 get -inf, the top ``budget`` are kept and restored to position order.
 
+Besides choosing tokens, a compressor decides the two things the cache asks it: when a sequence is
+:meth:`~KVCompressor.due` for compression and how many slots the buffers need
+(:meth:`~KVCompressor.capacity`). The dense cache is a compressor too (``none``,
+:class:`sparserl.rollout.kv.none.Dense`): never due, capacity ``prompt + max_new``.
+
 Adding a method: a dataclass subclass in its own file with a docstring giving the formula and the
 paper, a ``score()`` and ``@register("name")``; the parametrized test matrix in
 ``tests/test_kv_compressors.py`` picks it up.
@@ -20,7 +25,15 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
+from ...errors import SparserlError
+from ...registry import Registry, did_you_mean
+
 TRIGGERS = ("step_length", "newline")
+
+
+class CompressorOptionError(SparserlError, ValueError):
+    """A compressor option that is unknown or out of range; the message names the compressor, the
+    option and what would be valid."""
 
 
 @dataclass
@@ -78,15 +91,15 @@ class KVCompressor:
 
     def validate(self) -> None:
         if self.budget < 1:
-            raise ValueError(f"{self.name}: kv budget must be >= 1, got {self.budget}")
+            raise CompressorOptionError(f"{self.name}: kv budget must be >= 1, got {self.budget}")
         if self.trigger not in TRIGGERS:
-            raise ValueError(f"{self.name}: unknown trigger {self.trigger!r}; expected one of {TRIGGERS}")
+            raise CompressorOptionError(f"{self.name}: unknown trigger {self.trigger!r}; expected one of {TRIGGERS}")
         if self.step_length < 1:
-            raise ValueError(f"{self.name}: step_length must be >= 1, got {self.step_length}")
+            raise CompressorOptionError(f"{self.name}: step_length must be >= 1, got {self.step_length}")
         if self.window < 0:
-            raise ValueError(f"{self.name}: window must be >= 0, got {self.window}")
+            raise CompressorOptionError(f"{self.name}: window must be >= 0, got {self.window}")
         if self.window >= self.budget:
-            raise ValueError(
+            raise CompressorOptionError(
                 f"{self.name}: kv budget ({self.budget}) must be larger than the observation window "
                 f"({self.window})"
             )
@@ -94,6 +107,31 @@ class KVCompressor:
     @property
     def compresses(self) -> bool:
         return True
+
+    @property
+    def needs_newlines(self) -> bool:
+        """Whether the engine must flag newline tokens (the ``newline`` trigger)."""
+        return self.compresses and self.trigger == "newline"
+
+    # --- what the cache asks -------------------------------------------------------------------
+    def capacity(self, prompt_len: int, max_new: int) -> int:
+        """Slots per sequence, layer and KV head that the cache's buffers hold (the one rule).
+
+        The compressible region never exceeds ``budget + step_length`` tokens. With the prompt kept
+        whole the buffer is ``prompt + min(max_new, budget + step_length)``; with a compressible
+        prompt it is ``min(budget + step_length, prompt + max_new)``. Never more than dense."""
+        period = self.budget + self.step_length
+        if self.compress_prompt:
+            return min(period, prompt_len + max_new)
+        return prompt_len + min(max_new, period)
+
+    def due(self, region_len: torch.Tensor, newline: torch.Tensor | None = None) -> torch.Tensor:
+        """Bool [B]: sequences to compress now, given the length of their compressible region and
+        (``newline`` trigger) whether the token just written holds a newline."""
+        due = region_len >= self.budget + self.step_length
+        if self.trigger == "newline" and newline is not None:
+            due |= newline & (region_len > self.budget)
+        return due
 
     def budget_for(self, seq_len: int) -> int:
         """Budget at a given sequence length. Constant here; a sparsity schedule (Sparrow) overrides
@@ -171,32 +209,43 @@ def pool1d(x: torch.Tensor, kernel: int, kind: str = "max") -> torch.Tensor:
     return out[..., :L].reshape(n, h, L)
 
 
-_REGISTRY: dict[str, type[KVCompressor]] = {}
+COMPRESSORS: Registry[type[KVCompressor]] = Registry("compressor")
 
 
 def register(name: str):
+    """Class decorator: register a compressor under ``name`` (also its ``name`` attribute)."""
+
     def deco(cls):
         cls.name = name
-        _REGISTRY[name] = cls
-        return cls
+        return COMPRESSORS.register(name)(cls)
 
     return deco
 
 
 def available_compressors() -> list[str]:
-    return sorted(_REGISTRY)
+    """Every compressor name, ``none`` (dense) included: the one list the config and CLI use."""
+    return COMPRESSORS.names()
 
 
-def get_compressor(name: str | None, **options) -> KVCompressor | None:
-    """Build a compressor by name (``none`` / None → dense, returns None)."""
-    if name is None or name == "none":
-        return None
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown compressor {name!r}; available: none, {', '.join(available_compressors())}")
-    cls = _REGISTRY[name]
-    known = {f.name for f in fields(cls)}
-    bad = sorted(set(options) - known)
+def option_names(name: str) -> list[str]:
+    """The options compressor ``name`` accepts (its dataclass fields)."""
+    return sorted(f.name for f in fields(COMPRESSORS.get(name)))
+
+
+def get_compressor(name: str, **options) -> KVCompressor:
+    """Build a compressor by name with its own option names (``budget``, ``window``, ``lam``...).
+    ``none`` gives the dense null compressor. Unknown names raise
+    :class:`~sparserl.registry.UnknownNameError`, unknown or bad options
+    :class:`CompressorOptionError` (both ``ValueError`` s)."""
+    cls = COMPRESSORS.get(name)
+    known = option_names(name)
+    bad = sorted(set(options) - set(known))
     if bad:
-        raise ValueError(f"compressor {name!r}: unknown option(s) {bad}; known: {sorted(known)}")
-    return cls(**options)
+        named = ", ".join(f"{o!r}{did_you_mean(o, known)}" for o in bad)
+        raise CompressorOptionError(f"compressor {name!r}: unknown option{'s' if len(bad) > 1 else ''} "
+                                    f"{named}; valid options: {', '.join(known)}")
+    try:
+        return cls(**options)
+    except TypeError as e:  # a value of the wrong type (e.g. a string budget)
+        raise CompressorOptionError(f"compressor {name!r}: bad option value ({e}); options given: {options}") from None
 

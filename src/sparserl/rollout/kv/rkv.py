@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import KVCompressor, ScoreInputs, pool1d, register, window_attention
+from .base import CompressorOptionError, KVCompressor, ScoreInputs, pool1d, register, window_attention
 
 
 def redundancy(keys: torch.Tensor, valid: torch.Tensor, threshold: float = 0.5) -> torch.Tensor:
@@ -59,9 +59,9 @@ class RKV(KVCompressor):
     def validate(self) -> None:
         super().validate()
         if self.window < 1:
-            raise ValueError("rkv: window must be >= 1 (it is the observation window)")
+            raise CompressorOptionError("rkv: window must be >= 1 (it is the observation window)")
         if not 0.0 <= self.lam <= 1.0:
-            raise ValueError(f"rkv: lam must be in [0, 1], got {self.lam}")
+            raise CompressorOptionError(f"rkv: lam must be in [0, 1], got {self.lam}")
 
     def score(self, inp: ScoreInputs) -> torch.Tensor:
         imp = pool1d(window_attention(inp, reduce_group="max")[:, :, inp.region], self.kernel, "max")

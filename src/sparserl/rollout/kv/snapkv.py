@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import KVCompressor, ScoreInputs, pool1d, register, window_attention
+from .base import CompressorOptionError, KVCompressor, ScoreInputs, pool1d, register, window_attention
 
 
 @register("snapkv")
@@ -31,9 +31,9 @@ class SnapKV(KVCompressor):
     def validate(self) -> None:
         super().validate()
         if self.window < 1:
-            raise ValueError("snapkv: window must be >= 1 (it is the observation window)")
+            raise CompressorOptionError("snapkv: window must be >= 1 (it is the observation window)")
         if self.pooling not in ("avg", "max"):
-            raise ValueError(f"snapkv: pooling must be 'avg' or 'max', got {self.pooling!r}")
+            raise CompressorOptionError(f"snapkv: pooling must be 'avg' or 'max', got {self.pooling!r}")
 
     def score(self, inp: ScoreInputs) -> torch.Tensor:
         attn = window_attention(inp, reduce_group="mean")[:, :, inp.region]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import KVCompressor, ScoreInputs, register
+from .base import CompressorOptionError, KVCompressor, ScoreInputs, register
 
 
 @register("streaming")
@@ -23,7 +23,7 @@ class StreamingLLM(KVCompressor):
     def validate(self) -> None:
         super().validate()
         if self.sinks < 0 or self.sinks >= self.budget:
-            raise ValueError(f"streaming: sinks ({self.sinks}) must be in [0, budget={self.budget})")
+            raise CompressorOptionError(f"streaming: sinks ({self.sinks}) must be in [0, budget={self.budget})")
 
     def score(self, inp: ScoreInputs) -> torch.Tensor:
         return inp.positions[:, :, inp.region].float()

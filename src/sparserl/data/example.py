@@ -1,0 +1,21 @@
+"""The record every data source produces: one prompt and its reference answer."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Example"]
+
+
+@dataclass
+class Example:
+    """One prompt and its reference answer.
+
+    ``prompt``: a text problem or a list of chat messages (dicts with ``role`` and ``content``);
+    ``label``: the reference answer as a string; ``meta``: where it came from (``source`` file,
+    ``line`` or ``row``, ``dataset``) and small per-problem fields (id, level, subject...).
+    """
+
+    prompt: str | list[dict[str, str]]
+    label: str
+    meta: dict[str, Any] = field(default_factory=dict)
