@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 
 from ..data import load_dataset
-from ..models.loading import ModelLoadError, load_model
+from ..errors import SparserlError
+from ..models.loading import load_model
 from ..reward import load_reward, score_responses
 from ..rollout.engine import RolloutEngine
+from ..rollout.kv import build_compressor, compressor_from_fields
 from ..rollout.sampling import SamplingParams
 
 
@@ -48,21 +50,21 @@ def evaluate(engine: RolloutEngine, examples, params: SamplingParams, reward_fn,
 
 
 def evaluate_cli(args) -> int:
-    try:
+    try:  # dense first, then the asked compressor (built from the command's sampler options)
+        comps = [build_compressor("none")]
+        if args.compressor != "none":
+            comps.append(compressor_from_fields(args))
         lm = load_model(args.model, dtype=args.dtype)
-    except ModelLoadError as e:
+    except SparserlError as e:
         raise SystemExit(f"error: {e}")
     data = load_dataset(args.data, limit=args.limit)
     params = SamplingParams(n=args.n, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
     reward_fn = load_reward("math")
     results = {"model": args.model, "data": args.data, "runs": []}
-    modes = ["none"] if args.compressor == "none" else ["none", args.compressor]
-    from ..cli import compressor_from_args
-
-    for name in modes:
-        comp = None if name == "none" else compressor_from_args(args, name)
+    for comp in comps:
+        name = comp.name
         res = evaluate(RolloutEngine(lm, comp, dtype=args.dtype), list(data), params, reward_fn, args.batch)
-        res.update({"compressor": name, "kv_budget": None if comp is None else args.kv_budget})
+        res.update({"compressor": name, "kv_budget": args.kv_budget if comp.compresses else None})
         results["runs"].append(res)
         print(f"{name:>9}: pass@1 {res['pass@1']:.3f}  pass@{args.n} {res[f'pass@{args.n}']:.3f}  "
               f"({res['problems']} problems, {res['seconds']:.0f}s, KV peak {res['kv_bytes_peak'] / 2**20:.1f} MiB)")
@@ -81,12 +83,10 @@ def evaluate_trainer(tr, run_dir: Path, log=print) -> dict:
     params = SamplingParams(n=e.n, temperature=e.temperature, max_new_tokens=e.max_new_tokens or cfg.rollout.max_new_tokens,
                             seed=cfg.train.seed)
     results = {}
-    from ..train.trainer import build_compressor
-
     tr.engine.update_weights(tr.learner)
-    sparse_comp = tr.engine.compressor if e.compressor is None else build_compressor(cfg, compressor=e.compressor)
-    for label, comp in (("dense", None), ("sparse", sparse_comp)):
-        if label == "sparse" and comp is None:
+    sparse_comp = tr.engine.compressor if e.compressor is None else compressor_from_fields(cfg.rollout, name=e.compressor)
+    for label, comp in (("dense", build_compressor("none")), ("sparse", sparse_comp)):
+        if label == "sparse" and not comp.compresses:
             continue
         engine = tr.engine if comp is tr.engine.compressor else RolloutEngine.from_engine(tr.engine, comp)
         results[label] = evaluate(engine, data, params, tr.reward_fn)

@@ -21,7 +21,7 @@ from ..data import PromptSampler, load_dataset
 from ..models.loading import load_model
 from ..reward import load_reward, score_responses
 from ..rollout.engine import RolloutEngine, RolloutOutput
-from ..rollout.kv import get_compressor
+from ..rollout.kv import compressor_from_fields
 from ..rollout.sampling import SamplingParams
 from ..score import forward_response, score_logprobs
 from .advantages import compute_advantages, frac_zero_std_groups
@@ -46,18 +46,6 @@ class Trainer:
     ref: torch.nn.Module | None = None
 
 
-def build_compressor(cfg: Config, **override):
-    r = cfg.rollout
-    name = override.pop("compressor", r.compressor)
-    if name in (None, "none"):
-        return None
-    opts = dict(budget=r.kv_budget, trigger=r.trigger, step_length=r.step_length,
-                compress_prompt=r.compress_prompt, window=r.window)
-    opts.update(r.compressor_options)
-    opts.update(override)
-    return get_compressor(name, **opts)
-
-
 def build_trainer(cfg: Config) -> Trainer:
     torch.manual_seed(cfg.train.seed)
     d = cfg.data
@@ -66,9 +54,9 @@ def build_trainer(cfg: Config) -> Trainer:
                         skip_bad_rows=d.skip_bad_rows if d.skip_bad_rows else None)
     if data.skipped:
         print(f"data: {len(data)} examples from {data.source}, {data.skipped} bad rows skipped")
-    lm = load_model(cfg.model.name, dtype=cfg.model.dtype, seed=cfg.model.seed)
+    lm = load_model(cfg.model.name, dtype=cfg.model.dtype, seed=cfg.model.seed, device=cfg.model.device)
     learner = lm.model.train()
-    engine = RolloutEngine(lm, build_compressor(cfg), dtype=cfg.rollout.dtype)
+    engine = RolloutEngine(lm, compressor_from_fields(cfg.rollout), dtype=cfg.rollout.dtype)
     t = cfg.train
     opt = torch.optim.AdamW(learner.parameters(), lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay)
     warm = max(1, t.warmup_steps)
