@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from sparserl.eval.evaluate import write_eval_record
 from sparserl.eval.report import load_run, make_comparison, make_report
-from sparserl.train.metrics import MetricsLogger, format_step_line, read_metrics
+from sparserl.runlog import read_metrics
+from sparserl.train.metrics import MetricsLogger, format_step_line
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -20,7 +22,8 @@ def _rows(n: int = 5, scale: float = 1.0) -> list[dict]:
             "reward/mean": round(0.1 * s * scale, 4), "reward/std": 0.05, "reward/accuracy": round(0.1 * s * scale, 4),
             "mismatch/log_ratio_abs_mean": 0.01 * s, "mismatch/k3_kl": 0.001 * s,
             "is/weight_min": 0.5, "is/weight_max": 1.5, "rs/token_masked_frac": 0.02, "rs/seq_vetoed_frac": 0.0,
-            "kv/bytes_peak": 2 * 2**20 * scale, "kv/compression_ratio": 3.0 / scale,
+            "kv/sampler_alloc_bytes": 2 * 2**20 * scale, "kv/dense_alloc_bytes": 8 * 2**20,
+            "kv/kept_frac_final": 0.25 * scale, "kv/kept_tokens_final": 20 * scale, "kv/dense_tokens_final": 80,
             "time/rollout_s": 2.0, "time/reward_s": 0.5, "time/score_s": 1.0, "time/update_s": 1.5,
             "policy/loss": -0.01 * s, "grad_norm": 0.3, "policy/entropy": 1.2, "policy/kl_ref": 0.0,
             "time": 1_700_000_000.0 + s,
@@ -52,7 +55,9 @@ def test_make_report_writes_plots_and_numbers(tmp_path):
 
     run = _write_run(tmp_path / "run1", _rows())
     save_config(Config(name="default"), run / "config.yaml")
-    (run / "eval_final.json").write_text(json.dumps({"step": 5, "accuracy": 0.625, "n": 64}))
+    # the file the trainer writes: evaluate()'s results per inference mode
+    ev = {"problems": 64, "n": 1, "pass@1": 0.625, "avg@1": 0.625}
+    write_eval_record(run, 5, "arith", {"dense": ev, "sparse": dict(ev, **{"pass@1": 0.5})})
     path = make_report(run)
     assert path == run / "report.md"
     for png in ("reward.png", "mismatch.png", "kv_memory.png", "time.png", "loss.png"):
@@ -64,10 +69,14 @@ def test_make_report_writes_plots_and_numbers(tmp_path):
     assert "| reward/mean | 0.1 | 0.5 | 0.5 (5) |" in md          # first, last, best (step)
     assert "| rollout | 2 | 40% |" in md                          # 2 s of 5 s per step
     assert "Total time 25 s, 5 s per step" in md
-    assert "2.00 MiB" in md and "mean 3x" in md                    # KV bytes and compression
+    # like with like: allocation vs allocation, kept tokens vs dense tokens
+    assert "2.00 MiB vs 8.00 MiB (4x less" in md
+    assert "kept vs dense: mean 20 vs 80; kept fraction mean 0.25 (4x fewer), worst step 0.25" in md
+    assert "saved" not in md and "dense equivalent" not in md
     assert "| mismatch/k3_kl | 0.003 | 0.005 | 0.005 |" in md
     assert "| rs/token_masked_frac | 0.02 |" in md
-    assert "| eval_final.json | 5 | 0.625 | 64 |" in md
+    assert "| step | problems | dense/pass@1 | dense/avg@1 | sparse/pass@1 | sparse/avg@1 |" in md
+    assert "| 5 | 64 | 0.625 | 0.625 | 0.5 | 0.625 |" in md
     assert "| compressor | rkv |" in md and "| KV budget | 64 |" in md
     assert "![reward](reward.png)" in md and "(time.png)" in md
 
@@ -104,7 +113,7 @@ def test_make_comparison(tmp_path):
     md = path.read_text()
     assert "| dense | 5 | 0.3 | 0.5 |" in md        # final = mean of last 5 = 0.3; best 0.5
     assert "| sparse-rl | 5 | 0.15 | 0.25 |" in md
-    assert "2.00 MiB" in md and "1.00 MiB" in md
+    assert "2.00 MiB (4x less)" in md and "1.00 MiB (8x less)" in md
     with pytest.raises(ValueError):
         make_comparison([dense, sparse], out, labels=["only one"])
 
@@ -115,7 +124,7 @@ def test_metrics_logger_writes_jsonl_and_tensorboard(tmp_path, capsys):
     run = tmp_path / "log"
     with MetricsLogger(run, tensorboard=True, progress="plain", total_steps=3) as log:
         for s in (1, 2, 3):
-            log.log(s, {"reward/mean": torch.tensor(0.25 * s), "kv/compression_ratio": 3.14,
+            log.log(s, {"reward/mean": torch.tensor(0.25 * s), "kv/kept_frac_final": 0.314,
                         "time/rollout_s": 1.0, "time/update_s": 0.5, "bad": float("nan"), "note": "x"})
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -123,7 +132,7 @@ def test_metrics_logger_writes_jsonl_and_tensorboard(tmp_path, capsys):
     assert all(isinstance(r["time"], float) for r in rows)
     assert list((run / "tb").glob("events.out.tfevents.*"))
     out = capsys.readouterr().out
-    assert "step 2/3 reward 0.500 kv 3.1x 1.5s" in out
+    assert "step 2/3 reward 0.500 kv kept 31% 1.5s" in out
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     acc = EventAccumulator(str(run / "tb"))
@@ -152,5 +161,6 @@ def test_logger_repairs_partial_line_on_open(tmp_path):
 
 def test_format_step_line():
     line = format_step_line(3, {"reward/mean": 0.41, "reward/accuracy": 0.41, "mismatch/k3_kl": 0.002,
-                                "kv/compression_ratio": 3.1, "time/step_s": 12.3}, 20)
-    assert line == "step 3/20 reward 0.410 acc 0.410 kl 0.002 kv 3.1x 12.3s"
+                                "rs/masked_frac": 0.05, "kv/kept_frac_final": 0.34,
+                                "kv/alloc_reduction": 4.5, "time/step_s": 12.3}, 20)
+    assert line == "step 3/20 reward 0.410 acc 0.410 k3 0.002 masked 5.0% kv kept 34% kv alloc 1/4.5 12.3s"

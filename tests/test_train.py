@@ -40,9 +40,18 @@ def test_two_steps_change_weights_and_write_loadable_checkpoint(tmp_path):
     assert changed, "training did not change any weight"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    for key in ("reward/mean", "mismatch/k3_kl", "is/ess", "rs/token_masked_frac", "kv/bytes_peak",
-                "kv/compression_ratio", "kv/kept_frac_final", "time/update_s", "policy/clip_frac_high", "grad_norm"):
+    for key in ("reward/mean", "mismatch/k3_kl", "is/ess", "rs/token_masked_frac", "kv/sampler_alloc_bytes",
+                "kv/dense_alloc_bytes", "kv/alloc_reduction", "kv/kept_frac_final", "kv/kept_tokens_final",
+                "kv/dense_tokens_final", "time/update_s", "policy/clip_frac_high", "grad_norm"):
         assert key in rows[-1]
+    # like with like: the sampler's buffers (prompt + budget + period) against the dense engine's
+    # (prompt + max_new_tokens) for the same batch, and kept tokens against dense tokens
+    last = rows[-1]
+    assert last["kv/sampler_alloc_bytes"] < last["kv/dense_alloc_bytes"]
+    assert last["kv/alloc_reduction"] == pytest.approx(last["kv/dense_alloc_bytes"] / last["kv/sampler_alloc_bytes"])
+    assert last["kv/kept_tokens_final"] <= last["kv/dense_tokens_final"]
+    report = (run / "report.md").read_text()
+    assert "saved -" not in report and "bytes allocated, sampler vs dense engine" in report
     assert (run / "report.md").exists() and (run / "reward.png").exists()
 
 
@@ -167,3 +176,51 @@ def test_several_updates_per_rollout_batch(tmp_path):
     train_step(tr, 1)
     steps = {int(s["step"]) for s in tr.optimizer.state_dict()["state"].values()}
     assert steps == {4}  # 2 prompts / 1 per mini-batch x 2 epochs
+
+
+def test_checkpoint_every_0_saves_only_at_the_end(tmp_path):
+    run = train(cfg_for(tmp_path, "train.steps=2", "checkpoint.every=0"), run_dir=tmp_path / "c0",
+                log=lambda *_: None)
+    assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-000002"]
+
+
+def test_warmup_counts_optimizer_updates(tmp_path):
+    # 2 prompts per step, 1 per mini-batch: 2 optimizer updates per RL step
+    cfg = cfg_for(tmp_path, "train.steps=1", "train.mini_batch_prompts=1", "train.warmup_steps=4",
+                  "train.lr=1e-3")
+    run = train(cfg, run_dir=tmp_path / "w", log=lambda *_: None)
+    row = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["optimizer_steps"] == 2
+    assert row["lr"] == pytest.approx(1e-3 * 3 / 4)  # after 2 updates: min(1, (2 + 1) / 4)
+
+
+def test_reward_timeout_is_wired(tmp_path):
+    tr = build_trainer(cfg_for(tmp_path, "reward.timeout_s=0.75"))
+    assert tr.reward_fn.timeout_s == 0.75
+
+
+def test_periodic_eval_reaches_metrics_and_report(tmp_path):
+    """eval.every=1: held-out pass@1 under dense and sparse inference at each step, in metrics.jsonl,
+    in eval-step<N>.json and in the report's evaluation table (which read no real key before)."""
+    from sparserl.eval.report import load_run, summarize
+
+    cfg = cfg_for(tmp_path, "train.steps=2", "data.eval=arith:seed=7", "data.eval_limit=2", "eval.every=1",
+                  "eval.max_new_tokens=8", "reward.fn=math")
+    run = train(cfg, run_dir=tmp_path / "ev", log=lambda *_: None)
+    assert sorted(p.name for p in run.glob("eval*.json")) == ["eval-step00001.json", "eval-step00002.json"]
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        assert 0.0 <= row["eval/dense/pass@1"] <= 1.0 and 0.0 <= row["eval/sparse/pass@1"] <= 1.0
+    s = summarize(load_run(run))
+    assert s["eval_pass1"]["dense"] == rows[-1]["eval/dense/pass@1"]
+    assert s["eval_pass1"]["sparse"] == rows[-1]["eval/sparse/pass@1"]
+    md = (run / "report.md").read_text()
+    table = md.split("## Evaluation", 1)[1].split("##", 1)[0]
+    assert "| 2 | 2 |" in table and "–" not in table
+
+
+def test_eval_every_0_evaluates_once_at_the_end(tmp_path):
+    cfg = cfg_for(tmp_path, "train.steps=2", "data.eval=arith:seed=7", "data.eval_limit=1", "eval.every=0",
+                  "eval.max_new_tokens=4", "reward.fn=math")
+    run = train(cfg, run_dir=tmp_path / "e0", log=lambda *_: None)
+    assert [p.name for p in run.glob("eval*.json")] == ["eval-step00002.json"]

@@ -17,6 +17,7 @@ from ..reward import load_reward, score_responses
 from ..rollout.engine import RolloutEngine
 from ..rollout.kv import build_compressor, compressor_from_fields
 from ..rollout.sampling import SamplingParams
+from ..runlog import EVAL_FILE
 
 
 def evaluate(engine: RolloutEngine, examples, params: SamplingParams, reward_fn, batch: int = 32) -> dict:
@@ -75,21 +76,10 @@ def evaluate_cli(args) -> int:
     return 0
 
 
-def evaluate_trainer(tr, run_dir: Path, log=print) -> dict:
-    """Held-out accuracy at the end of a run, with the run's sampler (compressed) and dense."""
-    cfg = tr.cfg
-    data = list(load_dataset(cfg.data.eval, limit=cfg.data.eval_limit))
-    e = cfg.eval
-    params = SamplingParams(n=e.n, temperature=e.temperature, max_new_tokens=e.max_new_tokens or cfg.rollout.max_new_tokens,
-                            seed=cfg.train.seed)
-    results = {}
-    tr.engine.update_weights(tr.learner)
-    sparse_comp = tr.engine.compressor if e.compressor is None else compressor_from_fields(cfg.rollout, name=e.compressor)
-    for label, comp in (("dense", build_compressor("none")), ("sparse", sparse_comp)):
-        if label == "sparse" and not comp.compresses:
-            continue
-        engine = tr.engine if comp is tr.engine.compressor else RolloutEngine.from_engine(tr.engine, comp)
-        results[label] = evaluate(engine, data, params, tr.reward_fn)
-        log(f"eval {label}: pass@1 {results[label]['pass@1']:.3f} on {len(data)} problems of {cfg.data.eval}")
-    (Path(run_dir) / "eval.json").write_text(json.dumps(results, indent=2))
-    return results
+def write_eval_record(run_dir: str | Path, step: int, data: str, results: dict[str, dict]) -> Path:
+    """Write one held-out evaluation of a run (``{"step", "data", "dense": {...}, "sparse": {...}}``,
+    each mode holding :func:`evaluate`'s figures) to ``<run>/eval-step<N>.json``, the file the
+    report reads."""
+    path = Path(run_dir) / EVAL_FILE.format(step=step)
+    path.write_text(json.dumps({"step": step, "data": data, **results}, indent=2))
+    return path

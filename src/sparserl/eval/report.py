@@ -3,9 +3,9 @@
 ``make_report(run_dir)`` reads ``metrics.jsonl`` (``sparserl.train.metrics``), ``config.yaml`` and any
 ``eval*.json`` of a run folder and writes into it::
 
-    reward.png     reward/mean ± reward/std, accuracy (and eval accuracy points)
+    reward.png     reward/mean ± reward/std, accuracy (and held-out pass@1 points, dense and sparse)
     mismatch.png   sampler-vs-dense mismatch (mismatch/*), IS weights (is/*), rejection (rs/*)
-    kv_memory.png  kv/bytes_peak, kv/compression_ratio
+    kv_memory.png  KV bytes allocated, sampler vs dense engine; tokens kept vs dense at each end
     time.png       seconds per station per step, stacked (time/*_s)
     loss.png       policy/loss, grad_norm, policy/entropy, policy/kl_ref
     report.md      the figures that matter, with links to the plots
@@ -27,19 +27,15 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
-from sparserl.train.metrics import read_metrics
+from .. import runlog as names
+from ..runlog import STATIONS, read_metrics
 
 __all__ = ["make_report", "make_comparison", "load_run", "RunData", "summarize"]
 
-ACCURACY_KEYS = ("reward/accuracy", "accuracy")
-EVAL_ACCURACY_KEYS = ("eval/accuracy", "accuracy", "eval/acc", "acc", "metrics/accuracy")
-GRAD_NORM_KEYS = ("grad_norm", "policy/grad_norm", "train/grad_norm")
-STATIONS = ("time/rollout_s", "time/reward_s", "time/score_s", "time/update_s")
-MISMATCH_NAMED = ("mismatch/log_ratio_abs_mean", "mismatch/k3_kl")
-IS_NAMED = ("is/weight_min", "is/weight_max")
-RS_NAMED = ("rs/token_masked_frac", "rs/seq_vetoed_frac")
-KV_BYTES = "kv/bytes_peak"
-KV_RATIO = "kv/compression_ratio"
+MISMATCH_NAMED = (names.MISMATCH_LOG_RATIO, names.MISMATCH_K3)
+IS_NAMED = (names.IS_WEIGHT_MIN, names.IS_WEIGHT_MAX)
+RS_NAMED = (names.TOKEN_MASKED_FRAC, names.SEQ_VETOED_FRAC)
+MiB = 1 / 2**20
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,9 +176,8 @@ def summarize(run: RunData, tail: int = 5) -> dict[str, Any]:
     out: dict[str, Any] = {"name": run.name, "steps": len(run.rows),
                            "first_step": run.rows[0]["step"] if run.rows else None,
                            "last_step": run.rows[-1]["step"] if run.rows else None}
-    acc_key = run.first_key(ACCURACY_KEYS)
-    for label, key in (("reward", "reward/mean"), ("accuracy", acc_key)):
-        xs, ys = run.series(key) if key else ([], [])
+    for label, key in (("reward", names.REWARD_MEAN), ("accuracy", names.ACCURACY)):
+        xs, ys = run.series(key)
         if ys:
             i = max(range(len(ys)), key=lambda j: ys[j])
             out[label] = {"first": ys[0], "last": ys[-1], "best": ys[i], "best_step": xs[i],
@@ -191,24 +186,18 @@ def summarize(run: RunData, tail: int = 5) -> dict[str, Any]:
     out["time_per_step_s"] = _mean(st)
     out["total_time_s"] = sum(st) if st else None
     out["stations"] = {k: _mean(run.series(k)[1]) for k in run.station_keys()}
-    out["kv_bytes_peak_mean"] = _mean(run.series(KV_BYTES)[1])
-    out["kv_bytes_peak_max"] = max(run.series(KV_BYTES)[1], default=None)
-    out["kv_compression_mean"] = _mean(run.series(KV_RATIO)[1])
+    for key in (names.KV_SAMPLER_ALLOC, names.KV_DENSE_ALLOC, names.KV_KEPT_FRAC, names.KV_KEPT_TOKENS,
+                names.KV_DENSE_TOKENS):
+        ys = run.series(key)[1]
+        out[key] = {"mean": _mean(ys), "min": min(ys, default=None), "max": max(ys, default=None)}
     out["mismatch"] = {}
     for k in _group_keys(run, "mismatch/", MISMATCH_NAMED) + _group_keys(run, "is/", IS_NAMED) + \
             _group_keys(run, "rs/", RS_NAMED):
         ys = run.series(k)[1]
         out["mismatch"][k] = {"mean": _mean(ys), "last": ys[-1], "max": max(ys)}
-    out["eval_accuracy"] = None
-    if run.evals:
-        ev = run.evals[-1][1]
-        for k in EVAL_ACCURACY_KEYS:
-            if _is_num(ev.get(k)):
-                out["eval_accuracy"] = float(ev[k])
-                break
-    if out["eval_accuracy"] is None:
-        ys = run.series("eval/accuracy")[1]
-        out["eval_accuracy"] = ys[-1] if ys else None
+    # held-out pass@1 of the last evaluation, dense and sparse inference
+    last_eval = run.evals[-1][1] if run.evals else {}
+    out["eval_pass1"] = {mode: last_eval.get(f"{mode}/pass@1") for mode in names.EVAL_MODES}
     return out
 
 
@@ -258,23 +247,23 @@ def _finish(ax, title: str, ylabel: str | None = None) -> None:
 
 
 def _plot_reward(run: RunData, out: Path) -> Path | None:
-    acc_key = run.first_key(ACCURACY_KEYS)
-    if not (run.series("reward/mean")[0] or acc_key or run.series("eval/accuracy")[0]):
+    evals = [names.eval_metric(mode) for mode in names.EVAL_MODES]
+    if not any(run.series(k)[0] for k in (names.REWARD_MEAN, names.ACCURACY, *evals)):
         return None
     fig, (ax,) = _figure(1)
-    xs, ys = run.series("reward/mean")
+    xs, ys = run.series(names.REWARD_MEAN)
     if xs:
-        ax.plot(xs, ys, marker="o" if len(xs) <= 30 else None, markersize=3, label="reward/mean")
-        sd = dict(zip(*run.series("reward/std")))
+        ax.plot(xs, ys, marker="o" if len(xs) <= 30 else None, markersize=3, label=names.REWARD_MEAN)
+        sd = dict(zip(*run.series(names.REWARD_STD)))
         if sd:
             lo = [y - sd.get(x, 0.0) for x, y in zip(xs, ys)]
             hi = [y + sd.get(x, 0.0) for x, y in zip(xs, ys)]
             ax.fill_between(xs, lo, hi, alpha=0.2, label="± reward/std")
-    if acc_key:
-        _line(ax, run, acc_key)
-    ex, ey = run.series("eval/accuracy")
-    if ex:
-        ax.plot(ex, ey, "s", color="black", label="eval/accuracy")
+    _line(ax, run, names.ACCURACY)
+    for key, marker in zip(evals, ("s", "^")):
+        ex, ey = run.series(key)
+        if ex:
+            ax.plot(ex, ey, marker, color="black", label=f"held-out {key}")
     _finish(ax, f"Reward — {run.name}", "reward / accuracy")
     return _save(fig, out / "reward.png")
 
@@ -320,16 +309,15 @@ def _run_plots(run: RunData, out: Path) -> dict[str, Path]:
         ("rejection", _group_keys(run, "rs/", RS_NAMED), "fraction"),
     ], "Mismatch and correction", out / "mismatch.png")
     plots["kv_memory"] = _plot_panels(run, [
-        ("KV cache peak", [KV_BYTES, "kv/bytes_dense"], "MiB"),
-        ("compression ratio", [KV_RATIO], "dense / kept"),
-    ], "KV cache", out / "kv_memory.png", scale={KV_BYTES: 1 / 2**20, "kv/bytes_dense": 1 / 2**20})
+        ("KV bytes allocated: sampler vs dense engine", [names.KV_SAMPLER_ALLOC, names.KV_DENSE_ALLOC], "MiB"),
+        ("tokens held at each response's end", [names.KV_KEPT_TOKENS, names.KV_DENSE_TOKENS], "tokens"),
+    ], "KV cache", out / "kv_memory.png", scale={names.KV_SAMPLER_ALLOC: MiB, names.KV_DENSE_ALLOC: MiB})
     plots["time"] = _plot_time(run, out)
-    grad_key = run.first_key(GRAD_NORM_KEYS)
     plots["loss"] = _plot_panels(run, [
-        ("policy loss", ["policy/loss"], None),
-        ("gradient norm", [grad_key] if grad_key else [], None),
-        ("entropy", ["policy/entropy"], "nats / token"),
-        ("KL to reference", ["policy/kl_ref"], None),
+        ("policy loss", [names.POLICY_LOSS], None),
+        ("gradient norm", [names.GRAD_NORM], None),
+        ("entropy", [names.ENTROPY], "nats / token"),
+        ("KL to reference", [names.KL_REF], None),
     ], "Learner", out / "loss.png")
     return {k: v for k, v in plots.items() if v is not None}
 
@@ -358,16 +346,38 @@ def _dig(d: dict, dotted: str) -> Any:
     return cur
 
 
+def _kv_lines(s: dict) -> list[str]:
+    """The KV section: allocation against allocation, kept tokens against dense tokens."""
+    alloc, dense = s[names.KV_SAMPLER_ALLOC], s[names.KV_DENSE_ALLOC]
+    kept_frac, kept, dense_tok = s[names.KV_KEPT_FRAC], s[names.KV_KEPT_TOKENS], s[names.KV_DENSE_TOKENS]
+    if alloc["mean"] is None and kept_frac["mean"] is None:
+        return []
+    md = ["## KV cache", ""]
+    if alloc["mean"] is not None and dense["mean"]:
+        md.append(f"- bytes allocated, sampler vs dense engine for the same batch: mean "
+                  f"{_fmt_bytes(alloc['mean'])} vs {_fmt_bytes(dense['mean'])} "
+                  f"({_fmt(dense['mean'] / alloc['mean'], 3)}x less; peak {_fmt_bytes(alloc['max'])})")
+    if kept_frac["mean"] is not None:
+        md.append(f"- tokens held at the end of each response, kept vs dense: mean {_fmt(kept['mean'], 3)} vs "
+                  f"{_fmt(dense_tok['mean'], 3)}; kept fraction mean {kept_frac['mean']:.2f} "
+                  f"({_fmt(1 / kept_frac['mean'], 3)}x fewer), worst step {kept_frac['max']:.2f}")
+    return md + [""]
+
+
 def _eval_table(evals: list[tuple[str, dict]]) -> list[str]:
-    cols: list[str] = []
+    """One row per evaluation: held-out pass@1 (and avg@n, pass@n) under dense and sparse inference."""
+    stats: list[str] = []
     for _, d in evals:
-        for k, v in d.items():
-            if k not in cols and (_is_num(v) or isinstance(v, str)):
-                cols.append(k)
-    cols = cols[:10]
-    lines = ["| file | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
-    for name, d in evals:
-        lines.append(f"| {name} | " + " | ".join(_fmt(d.get(k)) for k in cols) + " |")
+        for k in d:
+            mode, _, stat = k.partition("/")
+            if mode in names.EVAL_MODES and (stat == "pass@1" or stat.startswith(("avg@", "pass@"))) \
+                    and stat not in stats:
+                stats.append(stat)
+    cols = [f"{mode}/{stat}" for mode in names.EVAL_MODES for stat in stats]
+    lines = ["| step | problems | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for _, d in evals:
+        problems = next((d[f"{m}/problems"] for m in names.EVAL_MODES if f"{m}/problems" in d), None)
+        lines.append(f"| {_fmt(d.get('step'))} | {_fmt(problems)} | " + " | ".join(_fmt(d.get(k)) for k in cols) + " |")
     return lines
 
 
@@ -417,19 +427,7 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
             md.append(f"| {k.removeprefix('time/').removesuffix('_s')} | {_fmt(v, 3)} | {100 * v / total:.0f}% |")
         md.append("")
 
-    if s["kv_bytes_peak_mean"] is not None or s["kv_compression_mean"] is not None:
-        md += ["## KV cache", ""]
-        if s["kv_bytes_peak_mean"] is not None:
-            md.append(f"- peak KV bytes: mean {_fmt_bytes(s['kv_bytes_peak_mean'])}, "
-                      f"max {_fmt_bytes(s['kv_bytes_peak_max'])} ({_fmt(s['kv_bytes_peak_max'])} B)")
-        dense = _mean(run.series("kv/bytes_dense")[1])
-        if dense and s["kv_bytes_peak_mean"] is not None:
-            md.append(f"- dense equivalent: mean {_fmt_bytes(dense)}; saved "
-                      f"{100 * (1 - s['kv_bytes_peak_mean'] / dense):.0f}%")
-        if s["kv_compression_mean"] is not None:
-            md.append(f"- compression ratio (dense / kept): mean {_fmt(s['kv_compression_mean'], 3)}x")
-        md.append("")
-
+    md += _kv_lines(s)
     if s["mismatch"]:
         md += ["## Mismatch and correction", "", "| metric | mean | last | max |", "|---|---|---|---|"]
         for k, v in s["mismatch"].items():
@@ -492,18 +490,15 @@ def make_comparison(run_dirs: Sequence[str | Path], out_dir: str | Path,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    def acc(r: RunData):
-        k = r.first_key(ACCURACY_KEYS)
-        return r.series(k) if k else ([], [])
-
     plots = {
-        "reward": _overlay(runs, labs, lambda r: r.series("reward/mean"), "Reward (mean)", "reward",
+        "reward": _overlay(runs, labs, lambda r: r.series(names.REWARD_MEAN), "Reward (mean)", "reward",
                            out / "compare_reward.png"),
-        "accuracy": _overlay(runs, labs, acc, "Accuracy", "accuracy", out / "compare_accuracy.png"),
-        "mismatch k3": _overlay(runs, labs, lambda r: r.series("mismatch/k3_kl"),
+        "accuracy": _overlay(runs, labs, lambda r: r.series(names.ACCURACY), "Accuracy", "accuracy",
+                             out / "compare_accuracy.png"),
+        "mismatch k3": _overlay(runs, labs, lambda r: r.series(names.MISMATCH_K3),
                                 "Sampler-vs-dense mismatch (k3 KL)", "k3 KL", out / "compare_mismatch_k3.png"),
-        "kv bytes": _overlay(runs, labs, lambda r: r.series(KV_BYTES), "Peak KV cache", "MiB",
-                             out / "compare_kv_bytes.png", scale=1 / 2**20),
+        "kv bytes": _overlay(runs, labs, lambda r: r.series(names.KV_SAMPLER_ALLOC), "KV bytes allocated by the sampler",
+                             "MiB", out / "compare_kv_bytes.png", scale=MiB),
         "time per step": _overlay(runs, labs, lambda r: r.step_times(), "Time per step", "seconds",
                                   out / "compare_time_per_step.png"),
     }
@@ -512,19 +507,20 @@ def make_comparison(run_dirs: Sequence[str | Path], out_dir: str | Path,
     sums = [summarize(r) for r in runs]
     md = [f"# Comparison of {len(runs)} runs", "",
           f"Written {time.strftime('%Y-%m-%d %H:%M:%S')}. \"final\" = mean of the last 5 logged steps.", "",
-          "| run | steps | final reward | best reward | final accuracy | eval accuracy | mean k3 KL | "
-          "token masked | mean KV peak | compression | s / step |",
+          "| run | steps | final reward | best reward | final accuracy | held-out pass@1 dense / sparse | "
+          "mean k3 KL | masked | KV allocated (vs dense engine) | KV kept fraction | s / step |",
           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for lab, s in zip(labs, sums):
         rw, ac = s.get("reward", {}), s.get("accuracy", {})
         mm = s["mismatch"]
+        alloc, dense = s[names.KV_SAMPLER_ALLOC]["mean"], s[names.KV_DENSE_ALLOC]["mean"]
         md.append(
             f"| {lab} | {s['steps']} | {_fmt(rw.get('tail_mean'))} | {_fmt(rw.get('best'))} | "
-            f"{_fmt(ac.get('tail_mean'))} | {_fmt(s['eval_accuracy'])} | "
-            f"{_fmt(mm.get('mismatch/k3_kl', {}).get('mean'))} | "
-            f"{_fmt(mm.get('rs/token_masked_frac', {}).get('mean'))} | "
-            f"{_fmt_bytes(s['kv_bytes_peak_mean'])} | "
-            f"{_fmt(s['kv_compression_mean'], 3)}{'x' if s['kv_compression_mean'] is not None else ''} | "
+            f"{_fmt(ac.get('tail_mean'))} | {_fmt(s['eval_pass1']['dense'])} / {_fmt(s['eval_pass1']['sparse'])} | "
+            f"{_fmt(mm.get(names.MISMATCH_K3, {}).get('mean'))} | "
+            f"{_fmt(mm.get(names.MASKED_FRAC, {}).get('mean'))} | "
+            f"{_fmt_bytes(alloc)} ({_fmt(dense / alloc if alloc and dense else None, 3)}x less) | "
+            f"{_fmt(s[names.KV_KEPT_FRAC]['mean'], 3)} | "
             f"{_fmt(s['time_per_step_s'], 3)} |")
     md.append("")
     md += ["| run | folder |", "|---|---|"] + [f"| {lab} | `{r.run_dir}` |" for lab, r in zip(labs, runs)]

@@ -1,10 +1,7 @@
 """Metrics: one JSON line per step, TensorBoard scalars, optional W&B, and a progress display.
 
-``MetricsLogger`` is the one place a step's numbers go; ``read_metrics`` reads them back (the report,
-the comparison, resume). Metric names follow ``station/what`` (TRL habit), e.g. ``reward/mean``,
-``reward/accuracy``, ``mismatch/k3_kl``, ``kv/compression_ratio``, ``time/rollout_s``; the ones
-the progress line and the report look for are listed in ``PROGRESS_FIELDS`` and in
-``sparserl.eval.report``.
+``MetricsLogger`` is the one place a step's numbers go; ``sparserl.runlog.read_metrics`` reads them
+back (the report, the comparison, resume). Metric names are defined once, in ``sparserl.runlog``.
 
 The file ``metrics.jsonl`` is append-only, one ``{"step": ..., <metrics>, "time": <unix s>}`` per
 line, flushed at once so a killed run loses at most the line being written; ``read_metrics`` skips
@@ -21,18 +18,20 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["MetricsLogger", "read_metrics", "format_step_line", "PROGRESS_FIELDS"]
+from .. import runlog as names
+from ..runlog import METRICS_FILE, read_metrics
 
-METRICS_FILE = "metrics.jsonl"
+__all__ = ["MetricsLogger", "read_metrics", "format_step_line", "PROGRESS_FIELDS"]
 
 # (label, candidate metric names (first present wins), format) for the one-line step summary.
 PROGRESS_FIELDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    ("reward", ("reward/mean",), "{:.3f}"),
-    ("acc", ("reward/accuracy", "accuracy"), "{:.3f}"),
-    ("kl", ("mismatch/k3_kl", "policy/kl_ref"), "{:.2g}"),
-    ("masked", ("rs/token_masked_frac",), "{:.1%}"),
-    ("kv", ("kv/compression_ratio",), "{:.1f}x"),
-    ("len", ("response/length_mean",), "{:.0f}"),
+    ("reward", (names.REWARD_MEAN,), "{:.3f}"),
+    ("acc", (names.ACCURACY,), "{:.3f}"),
+    ("k3", (names.MISMATCH_K3,), "{:.2g}"),
+    ("masked", (names.MASKED_FRAC,), "{:.1%}"),
+    ("kv kept", (names.KV_KEPT_FRAC,), "{:.0%}"),
+    ("kv alloc", (names.KV_ALLOC_REDUCTION,), "1/{:.1f}"),
+    ("len", (names.LENGTH_MEAN,), "{:.0f}"),
 )
 
 
@@ -250,30 +249,3 @@ class MetricsLogger:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The rows of ``run_dir/metrics.jsonl`` (or of that file given directly), in file order.
-
-    A truncated or corrupt line (a run killed mid-write) is skipped; a missing file gives [].
-    """
-    path = Path(run_dir)
-    if path.is_dir():
-        path = path / METRICS_FILE
-    if not path.exists():
-        return []
-    rows: list[dict] = []
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            if i != len(lines) - 1:
-                warnings.warn(f"{path}:{i + 1}: skipping a line that is not JSON", stacklevel=2)
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-

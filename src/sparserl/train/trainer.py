@@ -15,18 +15,22 @@ from pathlib import Path
 
 import torch
 
+from .. import runlog as names
+from ..runlog import read_metrics
 from ..config import Config, config_to_dict, save_config
 from ..correct import apply_corrections
 from ..data import PromptSampler, load_dataset
 from ..models.loading import load_model
 from ..reward import load_reward, score_responses
 from ..rollout.engine import RolloutEngine, RolloutOutput
-from ..rollout.kv import compressor_from_fields
+from ..eval.evaluate import evaluate, write_eval_record
+from ..eval.report import make_report
+from ..rollout.kv import compressor_from_fields, get_compressor
 from ..rollout.sampling import SamplingParams
 from ..score import forward_response, score_logprobs
 from .advantages import compute_advantages, frac_zero_std_groups
 from .batch import RolloutBatch
-from .checkpoint import latest_checkpoint, load_checkpoint, remove_debris, save_checkpoint, set_rng_state
+from .checkpoint import latest_checkpoint, load_latest, remove_debris, save_checkpoint, set_rng_state
 from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
 from .metrics import MetricsLogger
 
@@ -65,7 +69,7 @@ def build_trainer(cfg: Config) -> Trainer:
     if cfg.algorithm.kl_coef > 0:
         ref = copy.deepcopy(learner).eval().requires_grad_(False)
     return Trainer(cfg, learner, lm.tokenizer, engine, opt, sched,
-                   PromptSampler(list(data), t.prompts_per_step, seed=t.seed), load_reward(cfg.reward.fn), ref)
+                   PromptSampler(list(data), t.prompts_per_step, seed=t.seed), load_reward(cfg.reward.fn, timeout_s=cfg.reward.timeout_s), ref)
 
 
 def sampling_params(cfg: Config, step: int) -> SamplingParams:
@@ -74,112 +78,117 @@ def sampling_params(cfg: Config, step: int) -> SamplingParams:
                           max_new_tokens=r.max_new_tokens, stop=list(r.stop), seed=cfg.train.seed * 1_000_003 + step)
 
 
-def train_step(tr: Trainer, step: int) -> dict:
+def train_step(trainer: Trainer, step: int) -> dict:
     """One RL step. Returns its metrics."""
-    cfg, times = tr.cfg, {}
+    cfg, times = trainer.cfg, {}
     clock = time.perf_counter()
 
-    def lap(name):
+    def lap(key):
         nonlocal clock
         now = time.perf_counter()
-        times[f"time/{name}_s"] = now - clock
+        times[key] = now - clock
         clock = now
 
-    examples = tr.data.next_batch()
-    ro = tr.engine.generate([e.prompt for e in examples], sampling_params(cfg, step))
-    lap("rollout")
+    examples = trainer.data.next_batch()
+    ro = trainer.engine.generate([e.prompt for e in examples], sampling_params(cfg, step))
+    lap(names.TIME_ROLLOUT)
     labels = [examples[i].label for i in ro.prompt_index]
-    rewards, n_reward_errors = score_responses(tr.reward_fn, ro.texts, labels)
-    lap("reward")
+    rewards, n_reward_errors = score_responses(trainer.reward_fn, ro.texts, labels)
+    lap(names.TIME_REWARD)
     batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index,
-                                      pad_id=tr.tokenizer.pad_token_id or 0)
+                                      pad_id=trainer.tokenizer.pad_token_id or 0)
     batch.rewards = torch.tensor(rewards, dtype=torch.float32)
     temp = cfg.rollout.temperature
-    batch.old_logprobs = score_logprobs(tr.learner, batch, cfg.train.micro_batch_size, temp)
-    if tr.ref is not None:
-        batch.ref_logprobs = score_logprobs(tr.ref, batch, cfg.train.micro_batch_size, temp)
-    lap("score")
+    batch.old_logprobs = score_logprobs(trainer.learner, batch, cfg.train.micro_batch_size, temp)
+    if trainer.ref is not None:
+        batch.ref_logprobs = score_logprobs(trainer.ref, batch, cfg.train.micro_batch_size, temp)
+    lap(names.TIME_SCORE)
     a = cfg.algorithm
     corr = apply_corrections(a.correction, batch.sampler_logprobs, batch.old_logprobs, batch.response_mask,
                              a.correction_options or None)
     adv_options = {"scale_rewards": a.scale_rewards} if a.adv_estimator == "grpo" else {}
     batch.advantages = compute_advantages(a.adv_estimator, batch.rewards, batch.group_ids, **adv_options)
-    update_metrics = update_policy(tr, batch, corr)
-    tr.engine.update_weights(tr.learner)
-    lap("update")
+    update_metrics = update_policy(trainer, batch, corr)
+    trainer.engine.update_weights(trainer.learner)
+    lap(names.TIME_UPDATE)
     return {**rollout_metrics(ro, batch, n_reward_errors, cfg), **corr.metrics, **update_metrics, **times,
-            "throughput/rollout_tokens_per_s": ro.tokens_generated / max(times["time/rollout_s"], 1e-9)}
+            names.ROLLOUT_TOKENS_PER_S: ro.tokens_generated / max(times[names.TIME_ROLLOUT], 1e-9)}
 
 
-def update_policy(tr: Trainer, batch: RolloutBatch, corr) -> dict:
+def update_policy(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
     """PPO-clip updates: mini-batches of whole groups (several optimizer steps when the mini-batch is
     smaller than the rollout batch), micro-batches with gradient accumulation, grad-norm clipping."""
-    cfg, a, t = tr.cfg, tr.cfg.algorithm, tr.cfg.train
+    cfg, a, t = trainer.cfg, trainer.cfg.algorithm, trainer.cfg.train
     N, T = batch.response_ids.shape
     mini = (t.mini_batch_prompts or t.prompts_per_step) * cfg.rollout.n
     adv = batch.advantages
     sums: dict[str, float] = {}
     count, grad_norms = 0, []
-    tr.learner.train()
+    trainer.learner.train()
     for _epoch in range(t.ppo_epochs):
         for ms in range(0, N, mini):
             rows = slice(ms, min(ms + mini, N))
             norms = loss_normalizers(corr.mask[rows], a.loss_agg, max_len=cfg.rollout.max_new_tokens)
-            tr.optimizer.zero_grad(set_to_none=True)
+            trainer.optimizer.zero_grad(set_to_none=True)
             for mb in range(rows.start, rows.stop, t.micro_batch_size):
                 r = slice(mb, min(mb + t.micro_batch_size, rows.stop))
-                lp, ent = forward_response(tr.learner, batch, r, return_entropy=True, entropy_grad=bool(a.entropy_coef),
+                lp, ent = forward_response(trainer.learner, batch, r, return_entropy=True, entropy_grad=bool(a.entropy_coef),
                                            temperature=cfg.rollout.temperature)
                 scale = corr.clip_upper_scale[r] if corr.clip_upper_scale is not None else None
                 loss, m = policy_loss(lp, corr.behaviour_logprobs[r], adv[r], corr.mask[r], corr.weights[r],
                                       clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high, clip_upper_scale=scale, **norms)
                 mask = batch.response_mask[r]
-                m["policy/entropy"] = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
-                if tr.ref is not None:
+                m[names.ENTROPY] = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
+                if trainer.ref is not None:
                     kl_tok = kl_penalty(lp, batch.ref_logprobs[r], a.kl_kind)
                     loss = loss + a.kl_coef * agg_loss(kl_tok, corr.mask[r], **norms)
-                    m["policy/kl_ref"] = float((kl_tok.detach() * mask).sum() / mask.sum().clamp(min=1))
+                    m[names.KL_REF] = float((kl_tok.detach() * mask).sum() / mask.sum().clamp(min=1))
                 if a.entropy_coef:  # entropy bonus (maximise entropy)
                     loss = loss - a.entropy_coef * agg_loss(ent, corr.mask[r], **norms)
                 loss.backward()
-                m["policy/loss"] = float(loss.detach())
+                m[names.POLICY_LOSS] = float(loss.detach())
                 w = float(mask.sum())
                 for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + v * (1.0 if k == "policy/loss" else w)
+                    sums[k] = sums.get(k, 0.0) + v * (1.0 if k == names.POLICY_LOSS else w)
                 count += w
-            gn = torch.nn.utils.clip_grad_norm_(tr.learner.parameters(), t.grad_clip or float("inf"))
+            gn = torch.nn.utils.clip_grad_norm_(trainer.learner.parameters(), t.grad_clip or float("inf"))
             grad_norms.append(float(gn))
-            tr.optimizer.step()
-        # the scheduler counts RL steps, not optimizer steps
-    tr.scheduler.step()
+            trainer.optimizer.step()
+            trainer.scheduler.step()  # the schedule (warm-up) counts optimizer updates
     # micro-batch losses add up to each optimizer step's loss; report the mean over optimizer steps
-    out = {k: (v / max(1, len(grad_norms)) if k == "policy/loss" else v / max(count, 1.0)) for k, v in sums.items()}
-    out.setdefault("policy/kl_ref", 0.0)
-    out["grad_norm"] = sum(grad_norms) / max(1, len(grad_norms))
-    out["lr"] = tr.optimizer.param_groups[0]["lr"]
+    out = {k: (v / max(1, len(grad_norms)) if k == names.POLICY_LOSS else v / max(count, 1.0))
+           for k, v in sums.items()}
+    out.setdefault(names.KL_REF, 0.0)
+    out[names.GRAD_NORM] = sum(grad_norms) / max(1, len(grad_norms))
+    out[names.LR] = trainer.optimizer.param_groups[0]["lr"]
+    out[names.OPTIMIZER_STEPS] = len(grad_norms)
     return out
 
 
 def rollout_metrics(ro: RolloutOutput, batch: RolloutBatch, n_reward_errors: int, cfg: Config) -> dict:
+    """Reward, length and KV figures of a rollout batch (KV like with like: see ``sparserl.runlog``)."""
     r = batch.rewards
     lengths = batch.response_mask.sum(-1)
-    dense = max(ro.kv.bytes_dense, 1)
+    # per response: tokens its cache held at its end vs a dense cache then (prompt + response - 1:
+    # the last sampled token never enters the cache)
+    dense_tokens = [len(p) + len(x) - 1 for p, x in zip(ro.prompt_ids, ro.response_ids)]
+    n = max(1, len(dense_tokens))
     return {
-        "reward/mean": float(r.mean()),
-        "reward/std": float(r.std()) if r.numel() > 1 else 0.0,
-        "accuracy": float((r >= 1.0).float().mean()),
-        "reward/errors": n_reward_errors,
-        "frac_zero_std_groups": frac_zero_std_groups(r, batch.group_ids),
-        "response/length_mean": float(lengths.mean()),
-        "response/length_max": float(lengths.max()),
-        "response/clipped_frac": sum(f == "length" for f in ro.finish_reason) / len(ro.finish_reason),
-        "kv/bytes_peak": ro.kv.bytes_peak,
-        "kv/bytes_dense": ro.kv.bytes_dense,
-        "kv/compression_ratio": dense / max(ro.kv.bytes_theory, 1),
-        # per response: cached tokens at its end over the tokens a dense cache would hold
-        "kv/kept_frac_final": sum(k / max(1, len(p) + len(r) - 1) for k, p, r in
-                                  zip(ro.kv_tokens_kept, ro.prompt_ids, ro.response_ids)) / max(1, len(ro.response_ids)),
-        "kv/compressions": ro.kv.compressions,
+        names.REWARD_MEAN: float(r.mean()),
+        names.REWARD_STD: float(r.std()) if r.numel() > 1 else 0.0,
+        names.ACCURACY: float((r >= 1.0).float().mean()),
+        names.REWARD_ERRORS: n_reward_errors,
+        names.FRAC_ZERO_STD_GROUPS: frac_zero_std_groups(r, batch.group_ids),
+        names.LENGTH_MEAN: float(lengths.mean()),
+        names.LENGTH_MAX: float(lengths.max()),
+        names.CLIPPED_FRAC: sum(f == "length" for f in ro.finish_reason) / len(ro.finish_reason),
+        names.KV_SAMPLER_ALLOC: ro.kv.bytes_peak,
+        names.KV_DENSE_ALLOC: ro.kv.bytes_dense_alloc,
+        names.KV_ALLOC_REDUCTION: ro.kv.bytes_dense_alloc / max(ro.kv.bytes_peak, 1),
+        names.KV_KEPT_FRAC: sum(k / max(1, d) for k, d in zip(ro.kv_tokens_kept, dense_tokens)) / n,
+        names.KV_KEPT_TOKENS: sum(ro.kv_tokens_kept) / n,
+        names.KV_DENSE_TOKENS: sum(dense_tokens) / n,
+        names.KV_COMPRESSIONS: ro.kv.compressions,
     }
 
 
@@ -195,41 +204,96 @@ def train(cfg: Config, resume: bool = False, run_dir: str | Path | None = None, 
     run = resolve_run_dir(cfg, str(run_dir) if run_dir else None)
     if resume:
         remove_debris(run)
-    ckpt = latest_checkpoint(run) if resume else None
-    if resume and ckpt is None and (run / "metrics.jsonl").exists():
-        log(f"no complete checkpoint in {run}: starting from step 0")
     run.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run / "config.yaml")
-    tr = build_trainer(cfg)
+    trainer = build_trainer(cfg)
     start = 0
-    if ckpt is not None:
-        state = load_checkpoint(ckpt, tr.learner, tr.optimizer, tr.scheduler)
-        tr.data.load_state_dict(state["data"])
+    found = load_latest(run, trainer.learner, trainer.optimizer, trainer.scheduler, log=log) if resume else None
+    if resume and found is None and (run / names.METRICS_FILE).exists():
+        log(f"no complete checkpoint in {run}: starting from step 0")
+    if found is not None:
+        ckpt, state = found
+        trainer.data.load_state_dict(state["data"])
         set_rng_state(state["rng"])
-        tr.engine.update_weights(tr.learner)
+        trainer.engine.update_weights(trainer.learner)
         start = int(state["step"])
         log(f"resumed from {ckpt} (step {start})")
     logger = MetricsLogger(run, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project,
                            config_dict=config_to_dict(cfg), progress=cfg.log.progress, total_steps=cfg.train.steps)
-    if start:
-        logger.truncate_after(start)
+    if resume:
+        logger.truncate_after(start)  # steps logged after the checkpoint are redone: each step once
     try:
         for step in range(start + 1, cfg.train.steps + 1):
-            metrics = train_step(tr, step)
+            metrics = train_step(trainer, step)
+            ev = cfg.eval.every  # 0 = only at the end
+            if cfg.data.eval and ((ev and step % ev == 0) or step == cfg.train.steps):
+                metrics.update(held_out_eval(trainer, step, run, log=logger.message))
             logger.log(step, metrics)
-            if step % max(1, cfg.checkpoint.every) == 0 or step == cfg.train.steps:
-                save_checkpoint(run, step, tr.learner, tr.tokenizer, tr.optimizer, tr.scheduler,
-                                {"data": tr.data.state_dict()}, keep_last=cfg.checkpoint.keep_last)
+            every = cfg.checkpoint.every  # 0 = only at the end
+            if (every and step % every == 0) or step == cfg.train.steps:
+                save_checkpoint(run, step, trainer.learner, trainer.tokenizer, trainer.optimizer, trainer.scheduler,
+                                {"data": trainer.data.state_dict()}, keep_last=cfg.checkpoint.keep_last)
     finally:
         logger.close()
-    if cfg.data.eval:
-        from ..eval.evaluate import evaluate_trainer
-
-        evaluate_trainer(tr, run, log=log)
-    from ..eval.report import make_report
-
     report = make_report(run)
     last = latest_checkpoint(run)
-    log(f"run folder: {run}\n  metrics:    {run / 'metrics.jsonl'} (TensorBoard: {run / 'tb'})\n"
-        f"  checkpoint: {last / 'model' if last else None}\n  report:     {report}")
+    log(run_summary(read_metrics(run), run, report, last))
     return run
+
+
+def held_out_eval(trainer: Trainer, step: int, run: Path, log=print) -> dict:
+    """Held-out pass@1 (avg@n, pass@n) of the current weights under dense and under the run's
+    sparse inference (or ``eval.compressor``); written to ``eval-step<N>.json``, returned as the
+    step's ``eval/<mode>/<stat>`` metrics."""
+    cfg, e = trainer.cfg, trainer.cfg.eval
+    examples = list(load_dataset(cfg.data.eval, limit=cfg.data.eval_limit))
+    params = SamplingParams(n=e.n, temperature=e.temperature, seed=cfg.train.seed,
+                            max_new_tokens=e.max_new_tokens or cfg.rollout.max_new_tokens)
+    sparse = compressor_from_fields(cfg.rollout, name=e.compressor)
+    results = {}
+    for mode, compressor in (("dense", get_compressor("none")), ("sparse", sparse)):
+        if mode == "sparse" and not compressor.compresses:
+            continue
+        engine = RolloutEngine.from_engine(trainer.engine, compressor)
+        results[mode] = evaluate(engine, examples, params, trainer.reward_fn)
+        log(f"eval step {step} {mode}: pass@1 {results[mode]['pass@1']:.3f} on {len(examples)} problems "
+            f"of {cfg.data.eval}")
+    write_eval_record(run, step, cfg.data.eval, results)
+    return {names.eval_metric(mode, stat): v for mode, res in results.items() for stat, v in res.items()
+            if stat.startswith(("pass@", "avg@"))}
+
+
+def run_summary(rows: list[dict], run: Path, report: Path, checkpoint: Path | None) -> str:
+    """What a person reads at the end of a run: reward first → last, KV saved (like with like),
+    mismatch, fraction masked, held-out accuracy, and where everything is."""
+    def series(key):
+        return [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+
+    def mean(key):
+        xs = series(key)
+        return sum(xs) / len(xs) if xs else float("nan")
+
+    reward = series(names.REWARD_MEAN)
+    lines = [f"run finished: {len(rows)} steps in {sum(sum(series(k)) for k in names.STATIONS) / 60:.1f} min"]
+    if reward:
+        k = min(3, len(reward))
+        lines.append(f"  reward      {reward[0]:.2f} (step 1) -> {reward[-1]:.2f} (last); mean of first {k} "
+                     f"{sum(reward[:k]) / k:.2f}, of last {k} {sum(reward[-k:]) / k:.2f}")
+    kept = series(names.KV_KEPT_FRAC)
+    if kept:
+        lines.append(f"  KV tokens   the sampler held {mean(names.KV_KEPT_FRAC):.0%} of a dense cache's tokens at "
+                     f"each response's end ({1 / mean(names.KV_KEPT_FRAC):.1f}x fewer; worst step {max(kept):.0%})")
+        lines.append(f"  KV bytes    allocated {mean(names.KV_SAMPLER_ALLOC) / 2**20:.1f} MiB vs "
+                     f"{mean(names.KV_DENSE_ALLOC) / 2**20:.1f} MiB for the dense engine on the same batches "
+                     f"({mean(names.KV_ALLOC_REDUCTION):.1f}x less)")
+    if series(names.MISMATCH_K3):
+        lines.append(f"  mismatch    k3 KL(sampler, dense) mean {mean(names.MISMATCH_K3):.3f}, max "
+                     f"{max(series(names.MISMATCH_K3)):.3f}; tokens masked by the correction "
+                     f"{mean(names.MASKED_FRAC):.1%}")
+    for mode in names.EVAL_MODES:
+        ev = series(names.eval_metric(mode))
+        if ev:
+            lines.append(f"  held-out    pass@1 {ev[-1]:.3f} with {mode} inference")
+    lines += [f"  run folder  {run}", f"  metrics     {run / names.METRICS_FILE} (TensorBoard: {run / 'tb'})",
+              f"  checkpoint  {checkpoint / 'model' if checkpoint else None}", f"  report      {report}"]
+    return "\n".join(lines)

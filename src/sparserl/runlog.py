@@ -1,0 +1,107 @@
+"""A run's record: the metric names every module shares, and reading ``metrics.jsonl`` back.
+
+One home for the names (TRL habit: ``station/what``, each saying exactly what it measures). The
+trainer writes them, ``train/metrics.py`` logs and prints them, ``eval/report.py`` and the comparison
+read them; none spells a name itself. The correction station's own names (``mismatch/*``, ``is/*``,
+``rs/*``) are listed in ``sparserl.correct.base``; the ones other modules read are named here too.
+
+KV memory is stated like with like (never an allocation against a token count):
+
+- ``kv/sampler_alloc_bytes``: the most the sampler's K/V buffers held during the step's rollout;
+- ``kv/dense_alloc_bytes``: what the dense engine allocates for the same batch (every sequence's
+  prompt + ``max_new_tokens`` slots);
+- ``kv/alloc_reduction`` = dense / sampler allocation (×);
+- ``kv/kept_frac_final``: per response, the tokens its cache held at its end over the tokens a dense
+  cache would hold then (prompt + response), averaged over the step's responses;
+  ``kv/kept_tokens_final`` and ``kv/dense_tokens_final`` are the two means.
+
+``metrics.jsonl`` holds one ``{"step": ..., <metrics>, "time": <unix s>}`` per line.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+METRICS_FILE = "metrics.jsonl"
+
+# reward station
+REWARD_MEAN = "reward/mean"
+REWARD_STD = "reward/std"
+ACCURACY = "reward/accuracy"
+REWARD_ERRORS = "reward/errors"
+FRAC_ZERO_STD_GROUPS = "reward/frac_zero_std_groups"
+
+# responses
+LENGTH_MEAN = "response/length_mean"
+LENGTH_MAX = "response/length_max"
+CLIPPED_FRAC = "response/clipped_frac"
+
+# KV cache of the sampler (see the module docstring)
+KV_SAMPLER_ALLOC = "kv/sampler_alloc_bytes"
+KV_DENSE_ALLOC = "kv/dense_alloc_bytes"
+KV_ALLOC_REDUCTION = "kv/alloc_reduction"
+KV_KEPT_FRAC = "kv/kept_frac_final"
+KV_KEPT_TOKENS = "kv/kept_tokens_final"
+KV_DENSE_TOKENS = "kv/dense_tokens_final"
+KV_COMPRESSIONS = "kv/compressions"
+
+# mismatch and correction (computed by sparserl.correct)
+MISMATCH_K3 = "mismatch/k3_kl"
+MISMATCH_LOG_RATIO = "mismatch/log_ratio_abs_mean"
+MASKED_FRAC = "rs/masked_frac"
+TOKEN_MASKED_FRAC = "rs/token_masked_frac"
+SEQ_VETOED_FRAC = "rs/seq_vetoed_frac"
+IS_WEIGHT_MIN = "is/weight_min"
+IS_WEIGHT_MAX = "is/weight_max"
+
+# learner
+POLICY_LOSS = "policy/loss"
+ENTROPY = "policy/entropy"
+KL_REF = "policy/kl_ref"
+GRAD_NORM = "grad_norm"
+LR = "lr"
+OPTIMIZER_STEPS = "optimizer_steps"
+
+# time per station, and throughput
+TIME_ROLLOUT = "time/rollout_s"
+TIME_REWARD = "time/reward_s"
+TIME_SCORE = "time/score_s"
+TIME_UPDATE = "time/update_s"
+STATIONS = (TIME_ROLLOUT, TIME_REWARD, TIME_SCORE, TIME_UPDATE)
+ROLLOUT_TOKENS_PER_S = "throughput/rollout_tokens_per_s"
+
+# held-out evaluation: logged at the step it ran, also written to eval-step<N>.json
+EVAL_FILE = "eval-step{step:05d}.json"
+EVAL_MODES = ("dense", "sparse")
+
+
+def eval_metric(mode: str, stat: str = "pass@1") -> str:
+    """``eval/dense/pass@1``: an evaluation figure under dense or sparse inference."""
+    return f"eval/{mode}/{stat}"
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The rows of ``run_dir/metrics.jsonl`` (or of that file given directly), in file order.
+
+    A truncated or corrupt last line (a run killed mid-write) is skipped; a missing file gives [].
+    """
+    path = Path(run_dir)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    if not path.exists():
+        return []
+    rows: list[dict] = []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                warnings.warn(f"{path}:{i + 1}: skipping a line that is not JSON", stacklevel=2)
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
