@@ -83,3 +83,13 @@ def test_rollout_kv_is_the_one_builder():
     for rel in ("cli.py", "train/trainer.py", "eval/evaluate.py", "bench/rollout.py"):
         text = (SRC / rel).read_text()
         assert "def build_compressor" not in text and "def compressor_from_args" not in text, rel
+
+
+@pytest.mark.parametrize("station", ["rollout", "reward", "score", "correct", "data", "models"])
+def test_stations_never_import_train_eval_or_cli(station):
+    """The stations a step strings together depend on no one above them (the batch record they
+    share is ``sparserl.batch``, outside every station)."""
+    for path in files(station):
+        names = imports_of(path)
+        bad = refers_to(names, "sparserl.train") | refers_to(names, "sparserl.eval") | refers_to(names, "sparserl.cli")
+        assert not bad, f"{module_name(path)} imports {sorted(bad)}"

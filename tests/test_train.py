@@ -123,7 +123,7 @@ def test_dense_sampler_and_dense_scoring_agree_at_any_temperature(tmp_path):
     """With no compression the sampler is the dense policy: log q == log p (the correction's ρ is 1)."""
     from sparserl.rollout.sampling import SamplingParams
     from sparserl.score import score_logprobs
-    from sparserl.train.batch import RolloutBatch
+    from sparserl.batch import RolloutBatch
 
     cfg = cfg_for(tmp_path, "rollout.compressor=none", "rollout.temperature=0.7")
     tr = build_trainer(cfg)

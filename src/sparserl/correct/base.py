@@ -36,6 +36,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .. import runlog as names
+
 from ..registry import Registry
 
 __all__ = [
@@ -180,10 +182,10 @@ def batch_normalize(weights: Tensor, keep: Tensor, per_sequence: bool = False) -
 # --------------------------------------------------------------------------- metrics
 
 MISMATCH_KEYS = (
-    "mismatch/log_ratio_abs_mean",
+    names.MISMATCH_LOG_RATIO,
     "mismatch/log_ratio_abs_max",
     "mismatch/kl",
-    "mismatch/k3_kl",
+    names.MISMATCH_K3,
     "mismatch/ppl_sampler",
     "mismatch/ppl_old",
     "mismatch/log_ppl_diff",
@@ -198,13 +200,13 @@ MISMATCH_KEYS = (
 CORRECTION_KEYS = (
     "is/weight_mean",
     "is/weight_std",
-    "is/weight_min",
-    "is/weight_max",
+    names.IS_WEIGHT_MIN,
+    names.IS_WEIGHT_MAX,
     "is/ess",
     "is/clipped_frac",
-    "rs/token_masked_frac",
-    "rs/seq_vetoed_frac",
-    "rs/masked_frac",
+    names.TOKEN_MASKED_FRAC,
+    names.SEQ_VETOED_FRAC,
+    names.MASKED_FRAC,
 )
 
 
@@ -249,10 +251,10 @@ def mismatch_metrics(sampler_logprobs: Tensor, old_logprobs: Tensor, mask: Tenso
     mean_logp = logp.sum(-1)[seq_ok] / n_b[seq_ok]
     seq_lr = sequence_log_ratio(lr, mask)[seq_ok]
     out = {
-        "mismatch/log_ratio_abs_mean": vlr.abs().mean(),
+        names.MISMATCH_LOG_RATIO: vlr.abs().mean(),
         "mismatch/log_ratio_abs_max": vlr.abs().max(),
         "mismatch/kl": (-vlr).mean(),
-        "mismatch/k3_kl": (rho - 1 - vlr).mean(),
+        names.MISMATCH_K3: (rho - 1 - vlr).mean(),
         "mismatch/ppl_sampler": (-mean_logq).clamp(max=80).exp().mean(),
         "mismatch/ppl_old": (-mean_logp).clamp(max=80).exp().mean(),
         "mismatch/log_ppl_diff": (mean_logq - mean_logp).mean(),
@@ -306,24 +308,24 @@ def weight_metrics(
         s1, s2 = w.sum(), (w * w).sum()
         out["is/weight_mean"] = float(w.mean())
         out["is/weight_std"] = float(w.std(unbiased=False))
-        out["is/weight_min"] = float(w.min())
-        out["is/weight_max"] = float(w.max())
+        out[names.IS_WEIGHT_MIN] = float(w.min())
+        out[names.IS_WEIGHT_MAX] = float(w.max())
         out["is/ess"] = float(s1 * s1 / (n * s2)) if float(s2) > 0 else 0.0
         out["is/clipped_frac"] = (
             float((clipped.bool() & keep).sum()) / n if clipped is not None else 0.0
         )
     else:
-        for k in ("is/weight_mean", "is/weight_std", "is/weight_min", "is/weight_max",
+        for k in ("is/weight_mean", "is/weight_std", names.IS_WEIGHT_MIN, names.IS_WEIGHT_MAX,
                   "is/ess", "is/clipped_frac"):
             out[k] = 0.0
     n_valid = int(valid.sum())
     tr = 0 if token_rejected is None else int((token_rejected.bool() & valid).sum())
-    out["rs/token_masked_frac"] = tr / n_valid if n_valid else 0.0
-    out["rs/masked_frac"] = int((valid & ~keep).sum()) / n_valid if n_valid else 0.0
+    out[names.TOKEN_MASKED_FRAC] = tr / n_valid if n_valid else 0.0
+    out[names.MASKED_FRAC] = int((valid & ~keep).sum()) / n_valid if n_valid else 0.0
     seq_valid = valid.any(-1)
     n_seq = int(seq_valid.sum())
     sr = 0 if seq_rejected is None else int((seq_rejected.bool() & seq_valid).sum())
-    out["rs/seq_vetoed_frac"] = sr / n_seq if n_seq else 0.0
+    out[names.SEQ_VETOED_FRAC] = sr / n_seq if n_seq else 0.0
     return {k: _finite(v) for k, v in out.items()}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..train.batch import RolloutBatch
+from ..batch import RolloutBatch
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ from ..rollout.kv import compressor_from_fields, get_compressor
 from ..rollout.sampling import SamplingParams
 from ..score import forward_response, score_logprobs
 from .advantages import compute_advantages, frac_zero_std_groups
-from .batch import RolloutBatch
+from ..batch import RolloutBatch
 from .checkpoint import latest_checkpoint, load_latest, remove_debris, save_checkpoint, set_rng_state
 from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
 from .metrics import MetricsLogger
@@ -48,6 +48,11 @@ class Trainer:
     data: PromptSampler
     reward_fn: object
     ref: torch.nn.Module | None = None
+
+    @property
+    def device(self) -> torch.device:
+        """Where the learner lives (``model.device``): the batch moves there to be scored and trained."""
+        return next(self.learner.parameters()).device
 
 
 def build_trainer(cfg: Config) -> Trainer:
@@ -96,8 +101,8 @@ def train_step(trainer: Trainer, step: int) -> dict:
     rewards, n_reward_errors = score_responses(trainer.reward_fn, ro.texts, labels)
     lap(names.TIME_REWARD)
     batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index,
-                                      pad_id=trainer.tokenizer.pad_token_id or 0)
-    batch.rewards = torch.tensor(rewards, dtype=torch.float32)
+                                      pad_id=trainer.tokenizer.pad_token_id or 0).to(trainer.device)
+    batch.rewards = torch.tensor(rewards, dtype=torch.float32, device=trainer.device)
     temp = cfg.rollout.temperature
     batch.old_logprobs = score_logprobs(trainer.learner, batch, cfg.train.micro_batch_size, temp)
     if trainer.ref is not None:

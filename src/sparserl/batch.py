@@ -1,4 +1,6 @@
-"""The record that moves between stations: one rollout batch as tensors."""
+"""The record that moves between stations (score, correct, train): one rollout batch as tensors.
+
+It lives outside every station so that each imports it without importing another station."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,6 +28,13 @@ class RolloutBatch:
     advantages: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+
+    def to(self, device: torch.device | str) -> "RolloutBatch":
+        """The same batch with every tensor on ``device`` (the learner's)."""
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value.to(device))
+        return self
 
     @property
     def size(self) -> int:
