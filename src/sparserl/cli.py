@@ -128,6 +128,12 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from .compare import compare_cli
+
+    return compare_cli(args)
+
+
 def _add_sampler_args(p, budget_default=256, step_default=128):
     p.add_argument("--compressor", default="none", help="none, rkv, snapkv, streaming, h2o")
     p.add_argument("--kv-budget", type=int, default=budget_default)
@@ -184,6 +190,22 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="plots and a markdown summary of a run")
     rp.add_argument("run_dir")
     rp.set_defaults(fn=cmd_report)
+
+    c = sub.add_parser("compare", help="arms x seeds as training runs, then one comparison (plots, table)")
+    c.add_argument("config", nargs="?", default="default", help="a YAML file or a preset name (every arm's base)")
+    c.add_argument("overrides", nargs="*", help="dotted overrides shared by every arm")
+    c.add_argument("--arms", action="append", help="comma-separated: dense, sparse_naive, sparse_rl, base, "
+                   "preset:<name>, or NAME=key=value;key=value (default dense,sparse_naive,sparse_rl)")
+    c.add_argument("--seeds", type=int, default=3, help="runs per arm, train.seed = 0 .. N-1")
+    c.add_argument("--seed-list", default=None, help="explicit seeds instead, e.g. 0,1,2")
+    c.add_argument("--steps", type=int, default=None, help="train.steps of every run")
+    c.add_argument("--eval", default=None, help="held-out set: evaluate each final model, dense and sparse")
+    c.add_argument("--eval-limit", type=int, default=None)
+    c.add_argument("--eval-n", type=int, default=1)
+    c.add_argument("--eval-temperature", type=float, default=0.0)
+    c.add_argument("--collapse-k3", type=float, default=1.0, help="k3 KL above which a seed counts as collapsed")
+    c.add_argument("--out", required=True, help="folder of the runs (runs/) and the comparison")
+    c.set_defaults(fn=cmd_compare)
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
