@@ -1,60 +1,85 @@
-"""The ``sparserl`` command: train, rollout, eval, report, bench."""
+"""The ``sparserl`` command: train, rollout, eval, report, compare, bench, demo.
+
+Every command checks its options (numbers, output paths, files) before it loads a model or generates
+anything. A problem with the user's input is a :class:`~sparserl.errors.SparserlError`: ``main`` prints
+``error: <message>`` and returns 1, without a traceback (``--debug`` or ``SPARSERL_DEBUG=1`` shows it).
+Any other exception is a bug and keeps its traceback.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 from pathlib import Path
+
+from .checks import (check_choice, check_int, check_number, check_output_dir, check_output_file,
+                     check_sampler_options)
+from .errors import OptionError, SparserlError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def _read_prompts(path: str) -> list:
-    p = Path(path)
-    if not p.exists():
-        raise SystemExit(f"error: prompts file {path} not found")
+    from .data.loaders import DataError, read_text_lines
+
     prompts = []
-    for lineno, line in enumerate(p.read_text().splitlines(), 1):
+    for lineno, line in read_text_lines(path, what="--prompts file"):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise SystemExit(f"error: {path} line {lineno}: invalid JSON: {e}")
+            raise DataError(f"{path} line {lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
         if not isinstance(row, dict) or "prompt" not in row:
-            raise SystemExit(f"error: {path} line {lineno}: missing key 'prompt'")
+            raise DataError(f"{path} line {lineno}: missing key 'prompt' (each line is a JSON object with a "
+                            "'prompt': a string or a list of chat messages)")
         prompt = row["prompt"]
         if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt))):
-            raise SystemExit(f"error: {path} line {lineno}: 'prompt' must be a string or a list of chat messages")
+            raise DataError(f"{path} line {lineno}: 'prompt' must be a string or a list of chat messages")
+        if not (prompt.strip() if isinstance(prompt, str) else prompt):
+            raise DataError(f"{path} line {lineno}: 'prompt' is empty")
         prompts.append(prompt)
     if not prompts:
-        raise SystemExit(f"error: prompts file {path} is empty")
+        raise DataError(f"--prompts file {path} is empty (expected JSON lines with a 'prompt')")
     return prompts
 
 
+def _check_generation_args(args, *, top: bool = False) -> None:
+    check_int(args.n, "--n", 1, what="samples per prompt")
+    check_int(args.max_new_tokens, "--max-new-tokens", 1)
+    check_number(args.temperature, "--temperature", ge=0, what="0 = greedy")
+    if top:
+        check_number(args.top_p, "--top-p", gt=0, le=1)
+        check_int(args.top_k, "--top-k", 0, what="0 = off")
+        for s in args.stop or []:
+            if not s:
+                raise OptionError("--stop '': a stop string must not be empty")
+    check_choice(args.dtype, "--dtype", DTYPES)
+
+
 def cmd_rollout(args) -> int:
-    from .errors import SparserlError
-    from .models.loading import ModelLoadError, load_model
+    from .data.loaders import DataError
+    from .models.loading import check_model, load_model
     from .rollout.engine import RolloutEngine
-    from .rollout.kv import compressor_from_fields
     from .rollout.sampling import SamplingParams
 
+    _check_generation_args(args, top=True)
+    comp = check_sampler_options(args)
+    out_path = check_output_file(args.out, "--out")
     prompts = _read_prompts(args.prompts)
-    try:
-        comp = compressor_from_fields(args)  # --compressor, --kv-budget, ..., --compressor-options
-    except SparserlError as e:
-        raise SystemExit(f"error: {e}")
-    try:
-        lm = load_model(args.model, dtype=args.dtype)
-    except ModelLoadError as e:
-        raise SystemExit(f"error: {e}")
+    check_model(args.model)
+    lm = load_model(args.model, dtype=args.dtype)
     engine = RolloutEngine(lm, comp, dtype=args.dtype)
     params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_new_tokens=args.max_new_tokens, stop=args.stop or [], seed=args.seed)
     try:
         out = engine.generate(prompts, params)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as f:
+    except ValueError as e:  # a prompt the model cannot take (empty, longer than its context)
+        raise DataError(f"--prompts {args.prompts}: {e}") from None
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_path, "w") as f:
         for i in range(len(out.response_ids)):
             f.write(json.dumps({
                 "prompt_index": out.prompt_index[i],
@@ -73,11 +98,12 @@ def cmd_rollout(args) -> int:
 
 def cmd_demo(args) -> int:
     """A short rollout on the embedded model: prints what it generated, its speed and KV memory."""
-    from .models.loading import load_model
+    from .models.loading import check_model, load_model
     from .rollout.engine import RolloutEngine
     from .rollout.kv import build_compressor
     from .rollout.sampling import SamplingParams
 
+    check_model(args.model)
     lm = load_model(args.model, dtype="auto")
     prompt = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}]
     for name in ("none", "rkv"):
@@ -90,9 +116,20 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench_rollout(args) -> int:
-    from .bench.rollout import run_bench, write_json
+    from .bench.rollout import bench_compressor, run_bench, write_json
+    from .models.loading import check_model
 
-    comps = [c for c in args.compressors.split(",") if c and c != "none"]
+    check_int(args.batch, "--batch", 1, what="sequences generated at once")
+    check_int(args.max_new_tokens, "--max-new-tokens", 1)
+    check_int(args.kv_budget, "--kv-budget", 1)
+    check_int(args.step_length, "--step-length", 1)
+    check_choice(args.dtype, "--dtype", DTYPES)
+    comps = [c.strip() for c in args.compressors.split(",") if c.strip() and c.strip() != "none"]
+    for name in comps:  # every row's compressor builds (an unknown name fails now, not after the others ran)
+        bench_compressor(name, args.kv_budget, args.step_length)
+    if args.json:
+        check_output_file(args.json, "--json")
+    check_model(args.model)
     report = run_bench(model=args.model, batch=args.batch, max_new_tokens=args.max_new_tokens,
                        kv_budget=args.kv_budget, compressors=comps, dtype=args.dtype,
                        step_length=args.step_length, seed=args.seed, hf_baseline=not args.no_hf)
@@ -102,16 +139,35 @@ def cmd_bench_rollout(args) -> int:
     return 0
 
 
-def cmd_train(args) -> int:
-    from .config import ConfigError, load_config, validate
-    from .train.trainer import train
+def _split_config_arg(args) -> None:
+    """``sparserl train key=value ...``: a first positional that is an override (not a file) joins the
+    overrides, so the config is left out (``default``, or the run's own with ``--resume``)."""
+    if args.config is not None and "=" in args.config and not Path(args.config).exists():
+        args.overrides = [args.config, *args.overrides]
+        args.config = None
 
-    try:
-        cfg = validate(load_config(args.config, args.overrides))
-    except ConfigError as e:
-        raise SystemExit(f"error: {e}")
-    run_dir = train(cfg, resume=args.resume, run_dir=args.run_dir)
-    return 0 if run_dir else 1
+
+def cmd_train(args) -> int:
+    from .config import load_config, validate
+    from .train.trainer import find_resume_folder, recorded_configs, train
+
+    _split_config_arg(args)
+    if args.allow_config_change and not args.resume:
+        raise OptionError("--allow-config-change applies only with --resume (a new run has no earlier config)")
+    run_dir = args.run_dir
+    if run_dir is not None:
+        check_output_dir(run_dir, "--run-dir")
+    if args.resume and args.config is None:
+        # resume with the run's own config (the newest it ran with); overrides apply on top
+        locator = load_config("default", args.overrides)  # log.out_dir / log.run_name to find the run
+        run = find_resume_folder(locator, run_dir)
+        recorded = recorded_configs(run)
+        cfg = validate(load_config(recorded[-1] if recorded else "default", args.overrides))
+        run_dir = run
+    else:
+        cfg = validate(load_config(args.config or "default", args.overrides))
+    run = train(cfg, resume=args.resume, run_dir=run_dir, allow_config_change=args.allow_config_change)
+    return 0 if run else 1
 
 
 def cmd_eval(args) -> int:
@@ -122,8 +178,15 @@ def cmd_eval(args) -> int:
 
 def cmd_report(args) -> int:
     from .eval.report import make_report
+    from .train.trainer import is_run_folder
 
-    path = make_report(args.run_dir)
+    run = Path(args.run_dir)
+    if not run.exists():
+        raise OptionError(f"report: run folder {run} does not exist")
+    if not is_run_folder(run):
+        raise OptionError(f"report: {run} is not a run folder (no config.yaml, metrics.jsonl or checkpoints/)")
+    check_output_dir(run, "report: run folder")
+    path = make_report(run)
     print(f"report: {path}")
     return 0
 
@@ -143,18 +206,37 @@ def _add_sampler_args(p, budget_default=256, step_default=128):
     p.add_argument("--compressor-options", default=None, help='JSON, e.g. \'{"lam": 0.1}\'')
 
 
+DEBUG_ENV = "SPARSERL_DEBUG"
+_DEBUG_HELP = f"show the traceback of an error (or set {DEBUG_ENV}=1)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="sparserl", description=__doc__)
+    from .runlog import RESUME_FREE_KEYS
+
+    ap = argparse.ArgumentParser(prog="sparserl", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
+    common = argparse.ArgumentParser(add_help=False)  # --debug after the command too
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    t = sub.add_parser("train", help="GRPO on compressed rollouts")
-    t.add_argument("config", nargs="?", default="default", help="a YAML file or a preset name")
+    def command(name: str, **kw) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kw)
+
+    t = command("train", help="GRPO on compressed rollouts")
+    t.add_argument("config", nargs="?", default=None,
+                   help="a YAML file or a preset name (default: 'default'; with --resume: the run's own config)")
     t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.kv_budget=64")
-    t.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
-    t.add_argument("--run-dir", default=None)
+    t.add_argument("--resume", action="store_true",
+                   help="continue a run from its last complete checkpoint: the one in --run-dir, else the newest "
+                   "under log.out_dir. The config must match the run's, except " + ", ".join(RESUME_FREE_KEYS))
+    t.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: go on although other keys differ from the run's config; the new config "
+                   "is kept as config-resume-<step>.yaml and the run's config.yaml stays")
+    t.add_argument("--run-dir", default=None, help="the run folder (default: log.out_dir/<time>-<config name>)")
     t.set_defaults(fn=cmd_train)
 
-    r = sub.add_parser("rollout", help="sample responses with the compressed engine")
+    r = command("rollout", help="sample responses with the compressed engine")
     r.add_argument("--model", default="smollm2-135m")
     r.add_argument("--prompts", required=True, help="JSON lines with 'prompt' (string or chat messages)")
     r.add_argument("--n", type=int, default=1)
@@ -169,11 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampler_args(r)
     r.set_defaults(fn=cmd_rollout)
 
-    d = sub.add_parser("demo", help="a short rollout demo on the embedded model")
+    d = command("demo", help="a short rollout demo on the embedded model")
     d.add_argument("--model", default="smollm2-135m")
     d.set_defaults(fn=cmd_demo)
 
-    e = sub.add_parser("eval", help="accuracy of a model or checkpoint under dense and sparse inference")
+    e = command("eval", help="accuracy of a model or checkpoint under dense and sparse inference")
     e.add_argument("--model", default="smollm2-135m", help="a name, HF folder or checkpoint folder")
     e.add_argument("--data", default="arith")
     e.add_argument("--limit", type=int, default=None)
@@ -187,11 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampler_args(e)
     e.set_defaults(fn=cmd_eval)
 
-    rp = sub.add_parser("report", help="plots and a markdown summary of a run")
+    rp = command("report", help="plots and a markdown summary of a run")
     rp.add_argument("run_dir")
     rp.set_defaults(fn=cmd_report)
 
-    c = sub.add_parser("compare", help="arms x seeds as training runs, then one comparison (plots, table)")
+    c = command("compare", help="arms x seeds as training runs, then one comparison (plots, table)")
     c.add_argument("config", nargs="?", default="default", help="a YAML file or a preset name (every arm's base)")
     c.add_argument("overrides", nargs="*", help="dotted overrides shared by every arm")
     c.add_argument("--arms", action="append", help="comma-separated: dense, sparse_naive, sparse_rl, base, "
@@ -207,9 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", required=True, help="folder of the runs (runs/) and the comparison")
     c.set_defaults(fn=cmd_compare)
 
-    b = sub.add_parser("bench", help="benchmarks")
+    b = command("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
-    br = bsub.add_parser("rollout", help="rollout speed and KV memory vs transformers' generate")
+    br = bsub.add_parser("rollout", parents=[common], help="rollout speed and KV memory vs transformers' generate")
     br.add_argument("--model", default="smollm2-135m")
     br.add_argument("--batch", type=int, default=16)
     br.add_argument("--max-new-tokens", type=int, default=256)
@@ -224,9 +306,29 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _debug(args) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_ENV, "").strip().lower() not in (
+        "", "0", "false", "no")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.fn(args)
+    """Run one command; returns its exit code. A :class:`SparserlError` (bad input) prints ``error:
+    <message>`` on stderr and returns 1 (with ``--debug`` / ``SPARSERL_DEBUG=1`` after its traceback);
+    any other exception propagates with its traceback: it is a bug."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # overrides after an option (train default --run-dir R train.steps=5) join the others
+        if isinstance(getattr(args, "overrides", None), list) and all("=" in x and not x.startswith("-") for x in extra):
+            args.overrides = [*args.overrides, *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return args.fn(args)
+    except SparserlError as e:
+        if _debug(args):
+            traceback.print_exc()
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -450,9 +450,15 @@ def _load_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if path in seen:
         raise ConfigError(f"{path}: circular 'base' chain: {' -> '.join(map(str, (*seen, path)))}")
     try:
-        data = _yaml_load(path.read_text())
+        data = _yaml_load(path.read_bytes().decode("utf-8"))
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    except UnicodeDecodeError as e:
+        line = e.object[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{path} line {line}: not UTF-8 text (byte 0x{e.object[e.start]:02x}); a config is "
+                          "a YAML file") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")

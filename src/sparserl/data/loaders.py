@@ -28,11 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from ..errors import SparserlError
 from .arith import make_arith
 from .example import Example
 
-__all__ = ["Example", "LoadedData", "load_dataset", "PromptSampler", "DATASETS",
-           "DEFAULT_TEMPLATE", "resolve_data_dir", "read_rows", "clean_label", "apply_template"]
+__all__ = ["Example", "LoadedData", "load_dataset", "PromptSampler", "DATASETS", "DataError",
+           "DataFileNotFoundError", "DEFAULT_TEMPLATE", "resolve_data_dir", "read_rows", "read_text_lines",
+           "clean_label", "apply_template"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,15 @@ class LoadedData(Sequence):
 
     def __iter__(self) -> Iterator[Example]:
         return iter(self.examples)
+
+
+class DataError(SparserlError, ValueError):
+    """A data file or data spec that cannot be read; the message names the file (and line) or the
+    spec, what is wrong, and what would be valid."""
+
+
+class DataFileNotFoundError(DataError, FileNotFoundError):
+    """A data file (or the folder of the built-in sets) that does not exist; names where it looked."""
 
 
 class _BadRow(ValueError):
@@ -142,30 +153,52 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None,
     how = ("data_dir argument" if data_dir is not None else
            f"${DATA_DIR_ENV}" if os.environ.get(DATA_DIR_ENV) else
            f"default locations (set ${DATA_DIR_ENV} or pass data_dir=)")
-    raise FileNotFoundError(f"data set file not found; looked in ({how}): {', '.join(tried)}")
+    raise DataFileNotFoundError(f"data set file not found; looked in ({how}): {', '.join(tried)}")
 
 
 # ---------------------------------------------------------------------------------------------
 # Reading rows
 # ---------------------------------------------------------------------------------------------
 
+def read_text_lines(path: str | os.PathLike, what: str = "data file") -> Iterator[tuple[int, str]]:
+    """``(line_number, line)`` of a UTF-8 text file (a leading BOM is dropped). A missing file raises
+    :class:`DataFileNotFoundError`; bytes that are not UTF-8 (a binary file) raise
+    :class:`DataError` naming the file, the line and the byte; ``what`` names the file's role."""
+    path = Path(path)
+    if not path.is_file():
+        if path.is_dir():
+            raise DataError(f"{what} {path}: is a folder, expected a file")
+        raise DataFileNotFoundError(f"{what} not found: {path}")
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise DataError(f"{what} {path}: cannot read ({e.strerror or e})") from None
+    with f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path} line {lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
+                                f"{e.start + 1}); expected a text file such as JSON lines") from None
+            yield lineno, (line.removeprefix("\ufeff") if lineno == 1 else line)
+
+
 def _iter_jsonl(path: Path, skip_bad_rows: bool, counter: list[int]) -> list[tuple[int, Any]]:
     """Parse a JSON-lines file line by line: ``[(line_number, row)]``. A malformed line raises
-    ``ValueError("<file> line N: invalid JSON: ...")`` (or is skipped and counted)."""
+    ``DataError("<file> line N: invalid JSON: ...")`` (or is skipped and counted)."""
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
+    for lineno, line in read_text_lines(path):
+        if not line.strip():
+            continue
+        try:
+            rows.append((lineno, json.loads(line)))
+        except json.JSONDecodeError as e:
+            msg = f"{path} line {lineno}: invalid JSON: {e.msg} (column {e.colno})"
+            if skip_bad_rows:
+                log.warning("skipping %s", msg)
+                counter[0] += 1
                 continue
-            try:
-                rows.append((lineno, json.loads(line)))
-            except json.JSONDecodeError as e:
-                msg = f"{path} line {lineno}: invalid JSON: {e.msg} (column {e.colno})"
-                if skip_bad_rows:
-                    log.warning("skipping %s", msg)
-                    counter[0] += 1
-                    continue
-                raise ValueError(msg) from None
+            raise DataError(msg) from None
     return rows
 
 
@@ -187,29 +220,37 @@ def read_rows(path: str | os.PathLike, skip_bad_rows: bool = False) -> tuple[lis
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"data file not found: {path}")
+        if path.is_dir():
+            raise DataError(f"data file {path}: is a folder, expected a file")
+        raise DataFileNotFoundError(f"data file not found: {path}")
     suffix = path.suffix.lower()
     counter = [0]
     if suffix == ".jsonl":
         return _iter_jsonl(path, skip_bad_rows, counter), counter[0], "line"
+    text = ""
+    if suffix in (".json", ".csv"):  # text formats: a binary file is a DataError naming file and line
+        text = "".join(line for _, line in read_text_lines(path))
+        if not text.strip():
+            return [], 0, "line"  # empty: load_dataset says so
     if suffix == ".json":
         try:
             return _read_with_hf(path, "json"), 0, "row"
         except Exception as e:  # noqa: BLE001 - find the bad line if it is JSON lines
-            with open(path, encoding="utf-8") as f:
-                head = f.read(4096).lstrip()[:1]
-            if head != "[":
+            if text.lstrip()[:1] != "[":
                 rows = _iter_jsonl(path, skip_bad_rows, counter)  # raises with the line number
                 return rows, counter[0], "line"
-            raise ValueError(f"{path}: cannot read JSON: {type(e).__name__}: {e}") from e
+            raise DataError(f"{path}: cannot read JSON: {type(e).__name__}: {e}") from e
     if suffix == ".parquet":
         try:
             return _read_with_hf(path, "parquet"), 0, "row"
         except Exception as e:  # noqa: BLE001
-            raise ValueError(f"{path}: cannot read Parquet: {type(e).__name__}: {e}") from e
+            raise DataError(f"{path}: cannot read Parquet: {type(e).__name__}: {e}") from e
     if suffix == ".csv":
-        return _read_with_hf(path, "csv"), 0, "row"
-    raise ValueError(f"{path}: unsupported file type {suffix!r} (use one of {', '.join(_SUFFIXES)})")
+        try:
+            return _read_with_hf(path, "csv"), 0, "row"
+        except Exception as e:  # noqa: BLE001
+            raise DataError(f"{path}: cannot read CSV: {type(e).__name__}: {e}") from e
+    raise DataError(f"{path}: unsupported file type {suffix!r} (use one of {', '.join(_SUFFIXES)})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,7 +308,7 @@ def clean_label(value: Any) -> str | None:
 
 def _check_template(template: str) -> None:
     if "{problem}" not in template and "{prompt}" not in template:
-        raise ValueError(f"template must contain '{{problem}}' (or '{{prompt}}'): {template!r}")
+        raise DataError(f"template must contain '{{problem}}' (or '{{prompt}}'): {template!r}")
 
 
 def apply_template(template: str, problem: str) -> str:
@@ -329,12 +370,13 @@ def _row_to_example(row: Any, *, prompt_key: str | None, label_key: str,
 def _guess_key(rows: list[tuple[int, Any]], candidates: Sequence[str], what: str, path: Path) -> str:
     first = next((r for _, r in rows if isinstance(r, dict)), None)
     if first is None:
-        raise ValueError(f"{path}: no rows")
+        raise DataError(f"{path}: no rows (the file is empty)" if not rows else
+                        f"{path}: no row is a JSON object (line {rows[0][0]} is a {type(rows[0][1]).__name__})")
     for k in candidates:
         if k in first:
             return k
-    raise ValueError(f"{path}: cannot tell which column is the {what} (tried {list(candidates)}; "
-                     f"columns are {sorted(first)}); pass {what}_key=")
+    raise DataError(f"{path}: cannot tell which column is the {what} (tried {list(candidates)}; "
+                    f"columns are {sorted(first)}); pass {what}_key=")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,7 +388,7 @@ def _parse_arith_spec(spec: str) -> dict[str, Any]:
     _, _, rest = spec.partition(":")
     for item in filter(None, (s.strip() for s in rest.split(","))):
         if "=" not in item:
-            raise ValueError(f"data spec {spec!r}: expected key=value, got {item!r}")
+            raise DataError(f"data spec {spec!r}: expected key=value, got {item!r}")
         key, value = (s.strip() for s in item.split("=", 1))
         try:
             if key in ("n", "seed", "digits", "terms", "difficulty"):
@@ -364,16 +406,21 @@ def _parse_arith_spec(spec: str) -> dict[str, Any]:
                 raise ValueError("unknown key (known: n, seed, digits, ops, terms, word_problems, "
                                  "difficulty)")
         except ValueError as e:
-            raise ValueError(f"data spec {spec!r}: {key}={value!r}: {e}") from None
+            raise DataError(f"data spec {spec!r}: {key}={value!r}: {e}") from None
     return kwargs
 
 
 def _load_arith(spec: str, *, limit, template, system_prompt) -> LoadedData:
     kwargs = _parse_arith_spec(spec)
     n = kwargs.pop("n", None)
+    if n is not None and n < 1:
+        raise DataError(f"data spec {spec!r}: n={n}: must be >= 1")
     if n is None:
         n = limit if limit is not None else 1000
-    examples = make_arith(n, **kwargs)
+    try:
+        examples = make_arith(n, **kwargs)
+    except ValueError as e:  # digits=0, terms=1, ...: make_arith names the key and the valid range
+        raise DataError(f"data spec {spec!r}: {e}") from None
     if limit is not None:
         examples = examples[:limit]
     if template is not None or system_prompt is not None:
@@ -391,11 +438,13 @@ def _find_split_file(folder: Path, split: str | None) -> Path:
         for p in files:
             if p.stem == split:
                 return p
-        raise FileNotFoundError(f"{folder}: no file for split {split!r} "
-                                f"(found {[p.name for p in files]})")
+        raise DataFileNotFoundError(f"{folder}: no file for split {split!r} "
+                                    f"(found {[p.name for p in files]})")
     if len(files) == 1:
         return files[0]
-    raise ValueError(f"{folder}: {len(files)} data files ({[p.name for p in files]}); pass split=")
+    if not files:
+        raise DataFileNotFoundError(f"{folder}: no data file ({', '.join('*' + s for s in _SUFFIXES)})")
+    raise DataError(f"{folder}: {len(files)} data files ({[p.name for p in files]}); pass split=")
 
 
 def load_dataset(spec: str, *, prompt_key: str | None = None, label_key: str | None = None,
@@ -416,15 +465,18 @@ def load_dataset(spec: str, *, prompt_key: str | None = None, label_key: str | N
     - ``limit``: keep at most this many examples (the first ones in file order).
     - ``skip_bad_rows``: leave out malformed lines, rows missing a key, and empty prompts or
       labels, counting them in ``LoadedData.skipped``; otherwise such a row raises
-      ``ValueError("<file> line N: ...")`` naming the problem (e.g. the missing key). The
+      ``DataError("<file> line N: ...")`` naming the problem (e.g. the missing key). The
       default (None) is True for built-in names (``math_level3to5`` has 2 rows with an empty
       label, lines 5055 and 5159) and False for files given by path.
     - ``data_dir``: folder of the built-in sets (see :func:`resolve_data_dir`).
 
-    Returns :class:`LoadedData` (list-like of examples, ``skipped``, ``source``).
+    Returns :class:`LoadedData` (list-like of examples, ``skipped``, ``source``). Every problem is a
+    :class:`DataError` (a ``SparserlError`` and ``ValueError``; :class:`DataFileNotFoundError` is also a
+    ``FileNotFoundError``) naming the file and line or the spec: a missing or empty file, bytes that are
+    not UTF-8 text, a malformed line, a missing column, no usable example.
     """
     if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
+        raise DataError(f"limit must be >= 0, got {limit}")
     spec = str(spec)
     if spec == "arith" or spec.startswith("arith:"):
         return _load_arith(spec, limit=limit, template=template, system_prompt=system_prompt)
@@ -436,15 +488,15 @@ def load_dataset(spec: str, *, prompt_key: str | None = None, label_key: str | N
         builtin = DATASETS[spec]
         dataset_name = spec
         if split is not None and split != builtin.split:
-            raise ValueError(f"data set {spec!r} has only the {builtin.split!r} split, not {split!r}")
+            raise DataError(f"data set {spec!r} has only the {builtin.split!r} split, not {split!r}")
         path = resolve_data_dir(data_dir, builtin.path) / builtin.path
     elif path.is_dir():
         path = _find_split_file(path, split)
     elif not path.exists():
         if path.suffix.lower() in _SUFFIXES or os.sep in spec or "/" in spec:
-            raise FileNotFoundError(f"data file not found: {spec}")
-        raise ValueError(f"unknown data set {spec!r}: not a file, and not a built-in name "
-                         f"({', '.join(DATASETS)}) or 'arith[:key=value,...]'")
+            raise DataFileNotFoundError(f"data file not found: {spec}")
+        raise DataError(f"unknown data set {spec!r}: not a file, and not a built-in name "
+                        f"({', '.join(DATASETS)}) or 'arith[:key=value,...]'")
 
     if skip_bad_rows is None:
         skip_bad_rows = builtin is not None
@@ -476,12 +528,15 @@ def load_dataset(spec: str, *, prompt_key: str | None = None, label_key: str | N
         except _BadRow as e:
             msg = f"{path} {unit} {number}: {e}"
             if not skip_bad_rows:
-                raise ValueError(f"{msg} (pass skip_bad_rows=True to leave such rows out)") from None
+                raise DataError(f"{msg} (pass skip_bad_rows=True to leave such rows out)") from None
             if skipped < 5:
                 log.warning("skipping %s", msg)
             skipped += 1
     if skipped:
         log.warning("%s: skipped %d bad row(s)", path, skipped)
+    if not examples and limit != 0:
+        raise DataError(f"{path}: no examples" + (f" ({skipped} bad rows skipped)" if skipped else
+                                                  " (the file is empty)"))
     return LoadedData(examples=examples, skipped=skipped, source=str(path))
 
 

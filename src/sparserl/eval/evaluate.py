@@ -10,12 +10,11 @@ import json
 import time
 from pathlib import Path
 
-from ..data import load_dataset
-from ..errors import SparserlError
+from ..data import DataError, load_dataset
 from ..models.loading import load_model
 from ..reward import load_reward, score_responses
 from ..rollout.engine import RolloutEngine
-from ..rollout.kv import build_compressor, compressor_from_fields
+from ..rollout.kv import build_compressor
 from ..rollout.sampling import SamplingParams
 from ..runlog import EVAL_FILE
 
@@ -51,14 +50,28 @@ def evaluate(engine: RolloutEngine, examples, params: SamplingParams, reward_fn,
 
 
 def evaluate_cli(args) -> int:
-    try:  # dense first, then the asked compressor (built from the command's sampler options)
-        comps = [build_compressor("none")]
-        if args.compressor != "none":
-            comps.append(compressor_from_fields(args))
-        lm = load_model(args.model, dtype=args.dtype)
-    except SparserlError as e:
-        raise SystemExit(f"error: {e}")
-    data = load_dataset(args.data, limit=args.limit)
+    """``sparserl eval``: every option, the output path, the compressor, the data and the model's path
+    are checked before the model loads (errors are :class:`~sparserl.errors.SparserlError` s)."""
+    from ..checks import check_choice, check_int, check_number, check_output_file, check_sampler_options
+    from ..models.loading import check_model
+
+    check_int(args.n, "--n", 1, what="samples per problem")
+    check_int(args.batch, "--batch", 1, what="sequences generated at once")
+    check_int(args.limit, "--limit", 1, allow_none=True, what="problems to evaluate; leave it out for all")
+    check_int(args.max_new_tokens, "--max-new-tokens", 1)
+    check_number(args.temperature, "--temperature", ge=0, what="0 = greedy")
+    check_choice(args.dtype, "--dtype", ("auto", "float32", "bfloat16", "float16"))
+    sparse = check_sampler_options(args)  # --compressor, --kv-budget, ..., --compressor-options
+    if args.out:
+        check_output_file(args.out, "--out")
+    # dense first, then the asked compressor (built from the command's sampler options)
+    comps = [build_compressor("none")] + ([sparse] if sparse.compresses else [])
+    try:
+        data = load_dataset(args.data, limit=args.limit)
+    except DataError as e:
+        raise type(e)(f"--data {args.data}: {e}") from None
+    check_model(args.model)
+    lm = load_model(args.model, dtype=args.dtype)
     params = SamplingParams(n=args.n, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
     reward_fn = load_reward("math")
     results = {"model": args.model, "data": args.data, "runs": []}

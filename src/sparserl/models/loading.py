@@ -241,17 +241,67 @@ def _check_hf_folder(path: Path) -> None:
     import json
 
     cfg_file = path / "config.json"
+    if path.is_file():
+        raise ModelLoadError(f"{path}: a file, not a Hugging Face model folder or a .gguf file")
     if not cfg_file.exists():
         raise ModelLoadError(f"{path}: not a Hugging Face model folder (no config.json)")
     try:
-        model_type = json.loads(cfg_file.read_text()).get("model_type")
-    except ValueError as e:
+        loaded = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except ValueError as e:  # invalid JSON, or not UTF-8 text
         raise ModelLoadError(f"{cfg_file}: invalid JSON: {e}") from e
+    except OSError as e:
+        raise ModelLoadError(f"{cfg_file}: cannot read ({e.strerror or e})") from None
+    if not isinstance(loaded, dict):
+        raise ModelLoadError(f"{cfg_file}: expected a JSON object with 'model_type', got {type(loaded).__name__}")
+    model_type = loaded.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelLoadError(
             f"{cfg_file}: model_type {model_type!r} is not supported; "
             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
+
+
+GGUF_MAGIC = b"GGUF"
+
+
+def _check_gguf(path: Path) -> None:
+    if not path.exists():
+        raise ModelLoadError(f"{path}: GGUF file not found")
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: is a folder, not a .gguf file")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot read ({e.strerror or e})") from None
+    if head != GGUF_MAGIC:
+        raise ModelLoadError(f"{path}: not a GGUF file (it starts with {head!r}, a GGUF file with {GGUF_MAGIC!r}); "
+                             "corrupt or not a model")
+
+
+def _not_found(name: str) -> ModelLoadError:
+    return ModelLoadError(f"model {name!r} not found: give '{DEFAULT_MODEL}', 'tiny', a local Hugging Face "
+                          "folder or a .gguf file (nothing is downloaded from a hub)")
+
+
+def check_model(name: str) -> None:
+    """The cheap checks of a model name, before anything heavy starts (no weights are read): a
+    ``.gguf`` path exists and starts with the GGUF magic, a folder holds a ``config.json`` of a
+    supported family, the embedded default's package is installed. Raises :class:`ModelLoadError`."""
+    if name == "tiny":
+        return
+    if name in (DEFAULT_MODEL, "default", "smollm2"):
+        target = cache_dir() / "smollm2-135m-instruct"
+        if not (target / "config.json").exists():
+            embedded_gguf_path()
+        return
+    p = Path(name).expanduser()
+    if p.suffix == ".gguf":
+        _check_gguf(p)
+        return
+    if not p.exists():
+        raise _not_found(name)
+    _check_hf_folder(p)
 
 
 def load_model(name: str = DEFAULT_MODEL, dtype: str | torch.dtype = "bfloat16", seed: int = 0,
@@ -270,15 +320,11 @@ def load_model(name: str = DEFAULT_MODEL, dtype: str | torch.dtype = "bfloat16",
     else:
         p = Path(name).expanduser()
         if p.suffix == ".gguf":
-            if not p.exists():
-                raise ModelLoadError(f"{p}: GGUF file not found")
+            _check_gguf(p)
             model, tok = _gguf_to_hf(p, torch_dtype)
             return LoadedModel(model.to(dev).eval(), _fix_tokenizer(tok), name, None)
         if not p.exists():
-            raise ModelLoadError(
-                f"model {name!r} not found: give '{DEFAULT_MODEL}', 'tiny', a local Hugging Face "
-                "folder or a .gguf file (nothing is downloaded from a hub)"
-            )
+            raise _not_found(name)
         path, display = p, name
     _check_hf_folder(Path(path))
     try:

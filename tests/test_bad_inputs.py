@@ -1,0 +1,409 @@
+"""Bad inputs over every command end in one clear ``error:`` line, never a traceback (issue 12).
+
+``MATRIX`` is one parametrized table: each case runs the CLI's ``main(argv)`` in-process inside a
+workspace of prepared bad files and asserts a non-zero exit, an ``error:`` message naming the culprit,
+and no traceback. Nearly every case fails before a model loads, so the whole table takes seconds. New
+options join the table as they are added.
+
+Below the table: ``--debug`` shows the traceback, an unexpected exception is not swallowed, strict
+resume (refused config changes, ``--allow-config-change``, the run keeps every config, the newest run,
+fallback over a corrupt checkpoint), and no unpickling anywhere in ``src/``.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparserl import cli
+from sparserl.config import load_config, save_config
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "sparserl"
+
+#: the tiny-run settings shared with test_train (fast, no math-verify workers)
+TINY = [
+    "model.name=tiny", "train.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=8",
+    "rollout.kv_budget=8", "rollout.step_length=4", "rollout.window=2", "train.micro_batch_size=4",
+    "log.tensorboard=false", "log.progress=plain", "checkpoint.every=1", "checkpoint.keep_last=0",
+    "train.lr=1e-3", "reward.fn=test_bad_inputs:zero_reward",
+]
+
+
+def zero_reward(response: str, label: str) -> float:
+    return 0.0
+
+
+def _write(path: Path, content: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
+    return path
+
+
+def make_workspace(root: Path) -> Path:
+    """Every bad (and good) input the matrix refers to, by relative path."""
+    rows = [{"problem": "1+1", "answer": "2"}, {"problem": "2+2", "answer": "4"}]
+    good = "".join(json.dumps(r) + "\n" for r in rows)
+    _write(root / "good.jsonl", good)
+    _write(root / "bin.jsonl", b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe binary")
+    _write(root / "bin.json", b"\x00\xff\xfe\x00")
+    _write(root / "empty.jsonl", "")
+    _write(root / "blank.jsonl", "\n\n  \n")
+    _write(root / "broken.jsonl", '{"problem": "1+1", "answer": "2"}\n{"problem": "2+2"\n')
+    _write(root / "nocol.jsonl", '{"text": "1+1", "y": "2"}\n')
+    _write(root / "nolabel.jsonl", '{"problem": "1+1", "answer": "2"}\n{"problem": "3+3"}\n')
+    _write(root / "notobj.jsonl", "[1, 2]\n")
+    _write(root / "data.txt", "1+1=2\n")
+    (root / "nodata").mkdir()
+    _write(root / "prompts.jsonl", '{"prompt": "hello"}\n')
+    _write(root / "prompts_nokey.jsonl", '{"text": "hello"}\n')
+    _write(root / "prompts_broken.jsonl", '{"prompt": "a"}\n{"prompt": \n')
+    _write(root / "prompts_bad.jsonl", '{"prompt": 7}\n')
+    _write(root / "x.gguf", b"this is not a model" * 10)
+    (root / "nomodel").mkdir()
+    _write(root / "gpt2/config.json", '{"model_type": "gpt2"}')
+    _write(root / "badcfg/config.json", "{not json")
+    _write(root / "afile", "a regular file\n")
+    (root / "notrun").mkdir()
+    _write(root / "bad.yaml", "train: [unclosed\n")
+    _write(root / "list.yaml", "- 1\n- 2\n")
+    _write(root / "typo.yaml", "train:\n  stpes: 3\n")
+    _write(root / "binary.yaml", b"train:\n  steps: \xff\xfe\n")
+    # a run folder: its config (lr 1e-3, seed 0) and one metrics line; no weights needed to refuse a resume
+    cfg = load_config("default", [*TINY, "train.steps=2", f"log.out_dir={root / 'runs'}"])
+    save_config(cfg, root / "runs/r1/config.yaml")
+    _write(root / "runs/r1/metrics.jsonl", '{"step": 1, "reward/mean": 0.0}\n')
+    # a run whose checkpoint is at step 5 (a manifest is all latest_checkpoint looks at)
+    save_config(cfg, root / "ahead/config.yaml")
+    _write(root / "ahead/checkpoints/step-000005/COMPLETE", "{}")
+    # a run whose only checkpoint is corrupt: no fallback, a clear error naming the file
+    save_config(cfg, root / "corrupt/config.yaml")
+    _write(root / "corrupt/metrics.jsonl", '{"step": 1, "reward/mean": 0.0}\n')
+    _write(root / "corrupt/checkpoints/step-000001/COMPLETE", "{truncated")
+    return root
+
+
+T = ["train", *TINY, "train.steps=1"]  # a train command line that would run if nothing were wrong
+R = ["rollout", "--model", "tiny", "--prompts", "prompts.jsonl", "--out", "out/r.jsonl"]
+E = ["eval", "--model", "tiny", "--data", "good.jsonl", "--out", "out/e.json"]
+B = ["bench", "rollout", "--model", "tiny", "--no-hf", "--max-new-tokens", "4", "--batch", "2"]
+RESUME = ["train", "--resume", "--run-dir", "runs/r1"]
+
+
+def case(cls: str, argv: list[str], culprit: str, id: str):  # noqa: A002
+    return pytest.param(argv, culprit, id=f"{argv[0]}-{cls}-{id}")
+
+
+MATRIX = [
+    # --- train: config -------------------------------------------------------------------------
+    case("config", ["train", "no_such_preset"], "no_such_preset", "unknown-preset"),
+    case("config", ["train", "rollout.kv_bugdet=3"], "rollout.kv_bugdet", "unknown-key"),
+    case("config", ["train", "nosection.key=1"], "nosection", "unknown-section"),
+    case("config", ["train", "train.steps=0"], "train.steps", "steps-zero"),
+    case("config", ["train", "train.lr=-1"], "train.lr", "lr-negative"),
+    case("config", ["train", "train.lr=fast"], "train.lr", "lr-not-a-number"),
+    case("config", ["train", "rollout.kv_budget=4", "rollout.window=8"], "rollout.kv_budget", "budget-below-window"),
+    case("config", ["train", "rollout.n=1"], "rollout.n", "grpo-n1"),
+    case("config", ["train", "rollout.top_p=0"], "rollout.top_p", "top-p-zero"),
+    case("config", ["train", "rollout.temperature=-1"], "rollout.temperature", "temperature-negative"),
+    case("config", ["train", "rollout.compressor=nope"], "rollout.compressor", "unknown-compressor"),
+    case("config", ["train", "rollout.compressor_options.lamda=0.1"], "lamda", "unknown-compressor-option"),
+    case("config", ["train", "algorithm.correction=nope"], "algorithm.correction", "unknown-correction"),
+    case("config", ["train", "model.device=tpu"], "model.device", "bad-device"),
+    case("config", ["train", "model.dtype=float64"], "model.dtype", "bad-dtype"),
+    case("config", ["train", "log.run_name=a/b"], "log.run_name", "run-name-path"),
+    case("config", ["train", "bad.yaml"], "bad.yaml", "invalid-yaml"),
+    case("config", ["train", "list.yaml"], "list.yaml", "yaml-not-a-mapping"),
+    case("config", ["train", "typo.yaml"], "train.stpes", "yaml-unknown-key"),
+    case("config", ["train", "binary.yaml"], "not UTF-8", "binary-yaml"),
+    # --- train: data ---------------------------------------------------------------------------
+    case("data", [*T, "data.train=missing.jsonl"], "data.train='missing.jsonl'", "missing-file"),
+    case("data", [*T, "data.train=empty.jsonl"], "empty.jsonl", "empty-file"),
+    case("data", [*T, "data.train=blank.jsonl"], "blank.jsonl", "blank-lines-only"),
+    case("data", [*T, "data.train=bin.jsonl"], "bin.jsonl line 1: not UTF-8 text", "binary-file"),
+    case("data", [*T, "data.train=bin.json"], "not UTF-8 text", "binary-json"),
+    case("data", [*T, "data.train=broken.jsonl"], "broken.jsonl line 2", "broken-json-line"),
+    case("data", [*T, "data.train=nocol.jsonl"], "which column is the prompt", "no-known-column"),
+    case("data", [*T, "data.train=good.jsonl", "data.prompt_key=q"], "missing key 'q'", "missing-column"),
+    case("data", [*T, "data.train=nolabel.jsonl"], "nolabel.jsonl line 2", "missing-label"),
+    case("data", [*T, "data.train=notobj.jsonl"], "notobj.jsonl", "row-not-object"),
+    case("data", [*T, "data.train=data.txt"], "unsupported file type", "unsupported-suffix"),
+    case("data", [*T, "data.train=nodata"], "no data file", "folder-without-data"),
+    case("data", [*T, "data.train=nope_set"], "unknown data set 'nope_set'", "unknown-set"),
+    case("data", [*T, "data.train=arith:digits=0"], "digits", "arith-digits-0"),
+    case("data", [*T, "data.train=arith:color=red"], "color", "arith-unknown-key"),
+    case("data", [*T, "data.train=arith:n=0"], "n=0", "arith-n-0"),
+    case("data", [*T, "data.template=no placeholder"], "template", "template-without-placeholder"),
+    case("data", [*T, "data.eval=missing_eval.jsonl"], "data.eval='missing_eval.jsonl'", "missing-eval-file"),
+    # --- train: model and reward ---------------------------------------------------------------
+    case("model", ["train", *TINY, "model.name=no_such_dir"], "no_such_dir", "missing-folder"),
+    case("model", ["train", *TINY, "model.name=x.gguf"], "not a GGUF file", "corrupt-gguf"),
+    case("model", ["train", *TINY, "model.name=missing.gguf"], "missing.gguf", "missing-gguf"),
+    case("model", ["train", *TINY, "model.name=nomodel"], "no config.json", "folder-without-config"),
+    case("model", ["train", *TINY, "model.name=gpt2"], "'gpt2' is not supported", "unsupported-family"),
+    case("model", ["train", *TINY, "model.name=badcfg"], "config.json: invalid JSON", "broken-config-json"),
+    case("model", ["train", *TINY, "model.name=afile"], "afile", "a-file"),
+    case("model", ["train", *TINY, "model.device=cuda:99"], "model.device='cuda:99'", "missing-device"),
+    case("reward", ["train", *TINY, "reward.fn=no_such_module:fn"], "no_such_module", "missing-module"),
+    case("reward", ["train", *TINY, "reward.fn=nope"], "unknown reward name", "unknown-name"),
+    case("reward", ["train", *TINY, "reward.fn=os:sep"], "not callable", "not-callable"),
+    case("reward", ["train", *TINY, "reward.fn=json:no_such_fn"], "no_such_fn", "missing-attribute"),
+    # --- train: checkpoints, resume, output paths, flags ---------------------------------------
+    case("checkpoint", ["train", "--resume", "--run-dir", "no_such_run"], "no_such_run", "resume-missing-folder"),
+    case("checkpoint", ["train", "--resume", "--run-dir", "notrun"], "not a run folder", "resume-not-a-run"),
+    case("checkpoint", ["train", "--resume", "log.out_dir=notrun"], "no run folder under", "resume-newest-none"),
+    case("checkpoint", [*RESUME, "train.lr=0.01"], "train.lr: 0.001 -> 0.01", "resume-changed-lr"),
+    case("checkpoint", [*RESUME, "train.seed=7"], "train.seed: 0 -> 7", "resume-changed-seed"),
+    case("checkpoint", ["train", "default", "--resume", "--run-dir", "runs/r1"], "reward.fn: 'test_bad_inputs:zero_reward' -> ",
+         "resume-other-config"),
+    case("checkpoint", ["train", "--resume", "--run-dir", "ahead", "train.steps=3"], "at step 5", "resume-fewer-steps"),
+    case("checkpoint", ["train", "--resume", "--run-dir", "corrupt"], "COMPLETE", "resume-corrupt-checkpoint"),
+    case("checkpoint", [*T, "--run-dir", "runs/r1"], "already holds a run", "fresh-into-existing-run"),
+    case("output", [*T, "--run-dir", "afile/run"], "afile", "run-dir-under-file"),
+    case("output", [*T, "--run-dir", "afile"], "afile", "run-dir-is-file"),
+    case("output", [*T, "log.out_dir=/proc/sparserl-no"], "cannot write", "out-dir-unwritable"),
+    case("output", [*T, "log.out_dir=afile/runs"], "afile", "out-dir-under-file"),
+    case("flags", ["train", "--allow-config-change"], "--allow-config-change", "allow-without-resume"),
+    case("flags", ["train", "--no-such-flag"], "--no-such-flag", "unknown-flag"),
+    # --- rollout --------------------------------------------------------------------------------
+    case("numbers", [*R, "--n", "0"], "--n", "n-zero"),
+    case("numbers", [*R, "--max-new-tokens", "0"], "--max-new-tokens", "max-new-tokens-zero"),
+    case("numbers", [*R, "--temperature", "-1"], "--temperature", "temperature-negative"),
+    case("numbers", [*R, "--top-p", "0"], "--top-p", "top-p-zero"),
+    case("numbers", [*R, "--top-p", "1.5"], "--top-p", "top-p-above-1"),
+    case("numbers", [*R, "--top-k", "-1"], "--top-k", "top-k-negative"),
+    case("numbers", [*R, "--kv-budget", "0"], "--kv-budget", "kv-budget-zero"),
+    case("numbers", [*R, "--step-length", "0"], "--step-length", "step-length-zero"),
+    case("numbers", [*R, "--window", "-1"], "--window", "window-negative"),
+    case("numbers", [*R, "--compressor", "rkv", "--kv-budget", "4", "--window", "8"], "--window 8", "budget-below-window"),
+    case("numbers", [*R, "--compressor", "rkv", "--kv-budget", "4"], "observation window (8)", "budget-below-default-window"),
+    case("numbers", [*R, "--n", "two"], "--n", "n-not-a-number"),
+    case("flags", [*R, "--compressor", "nope"], "nope", "unknown-compressor"),
+    case("flags", [*R, "--compressor-options", "{bad"], "--compressor-options", "options-bad-json"),
+    case("flags", [*R, "--compressor-options", "[1, 2]"], "--compressor-options", "options-not-object"),
+    case("flags", [*R, "--compressor", "rkv", "--compressor-options", '{"lamda": 0.1}'], "lamda", "unknown-option"),
+    case("flags", [*R, "--dtype", "float64"], "--dtype", "bad-dtype"),
+    case("flags", [*R, "--stop", ""], "--stop", "empty-stop"),
+    case("data", [*R[:3], "--prompts", "missing.jsonl", *R[5:]], "missing.jsonl", "prompts-missing"),
+    case("data", [*R[:3], "--prompts", "bin.jsonl", *R[5:]], "not UTF-8 text", "prompts-binary"),
+    case("data", [*R[:3], "--prompts", "empty.jsonl", *R[5:]], "empty.jsonl", "prompts-empty"),
+    case("data", [*R[:3], "--prompts", "prompts_broken.jsonl", *R[5:]], "prompts_broken.jsonl line 2", "prompts-broken"),
+    case("data", [*R[:3], "--prompts", "prompts_nokey.jsonl", *R[5:]], "missing key 'prompt'", "prompts-no-key"),
+    case("data", [*R[:3], "--prompts", "prompts_bad.jsonl", *R[5:]], "'prompt' must be", "prompts-bad-type"),
+    case("model", ["rollout", "--model", "no_such_dir", *R[3:]], "no_such_dir", "missing-model"),
+    case("model", ["rollout", "--model", "x.gguf", *R[3:]], "not a GGUF file", "corrupt-gguf"),
+    case("output", [*R[:-1], "afile/r.jsonl"], "afile", "out-under-file"),
+    case("output", [*R[:-1], "/proc/sparserl-no/r.jsonl"], "cannot write", "out-unwritable"),
+    case("output", [*R[:-1], "notrun"], "is a folder", "out-is-folder"),
+    case("flags", R[:-2], "--out", "out-missing"),
+    # --- eval -----------------------------------------------------------------------------------
+    case("numbers", [*E, "--n", "0"], "--n", "n-zero"),
+    case("numbers", [*E, "--batch", "0"], "--batch", "batch-zero"),
+    case("numbers", [*E, "--limit", "0"], "--limit", "limit-zero"),
+    case("numbers", [*E, "--limit", "-3"], "--limit", "limit-negative"),
+    case("numbers", [*E, "--max-new-tokens", "0"], "--max-new-tokens", "max-new-tokens-zero"),
+    case("numbers", [*E, "--temperature", "-0.5"], "--temperature", "temperature-negative"),
+    case("numbers", [*E, "--kv-budget", "0"], "--kv-budget", "kv-budget-zero"),
+    case("data", ["eval", "--model", "tiny", "--data", "missing.jsonl"], "--data missing.jsonl", "missing-file"),
+    case("data", ["eval", "--model", "tiny", "--data", "bin.jsonl"], "not UTF-8 text", "binary-file"),
+    case("data", ["eval", "--model", "tiny", "--data", "arith:digits=0"], "digits", "arith-digits-0"),
+    case("data", ["eval", "--model", "tiny", "--data", "broken.jsonl"], "broken.jsonl line 2", "broken-json"),
+    case("model", ["eval", "--model", "no_such_dir"], "no_such_dir", "missing-model"),
+    case("model", ["eval", "--model", "x.gguf"], "not a GGUF file", "corrupt-gguf"),
+    case("output", [*E[:-1], "afile/e.json"], "afile", "out-under-file"),
+    case("output", [*E[:-1], "/proc/sparserl-no/e.json"], "cannot write", "out-unwritable"),
+    case("flags", [*E, "--compressor", "nope"], "nope", "unknown-compressor"),
+    case("flags", [*E, "--compressor", "rkv", "--compressor-options", "{bad"], "--compressor-options", "options-bad-json"),
+    case("flags", [*E, "--dtype", "float64"], "--dtype", "bad-dtype"),
+    # --- bench rollout --------------------------------------------------------------------------
+    case("numbers", [*B, "--batch", "0"], "--batch", "batch-zero"),
+    case("numbers", [*B, "--max-new-tokens", "0"], "--max-new-tokens", "max-new-tokens-zero"),
+    case("numbers", [*B, "--kv-budget", "0"], "--kv-budget", "kv-budget-zero"),
+    case("numbers", [*B, "--step-length", "-1"], "--step-length", "step-length-negative"),
+    case("flags", [*B, "--compressors", "rkv,nope"], "nope", "unknown-compressor"),
+    case("flags", [*B, "--dtype", "float64"], "--dtype", "bad-dtype"),
+    case("model", [*B, "--model", "x.gguf"], "not a GGUF file", "corrupt-gguf"),
+    case("output", [*B, "--json", "afile/b.json"], "afile", "json-under-file"),
+    case("output", [*B, "--json", "/proc/sparserl-no/b.json"], "cannot write", "json-unwritable"),
+    # --- report, demo, compare ------------------------------------------------------------------
+    case("output", ["report", "no_such_run"], "no_such_run", "missing-folder"),
+    case("output", ["report", "notrun"], "not a run folder", "not-a-run"),
+    case("output", ["report", "afile"], "afile", "a-file"),
+    case("model", ["demo", "--model", "no_such_dir"], "no_such_dir", "missing-model"),
+    case("model", ["demo", "--model", "x.gguf"], "not a GGUF file", "corrupt-gguf"),
+    case("numbers", ["compare", "--seeds", "0", "--out", "cmp"], "seeds", "seeds-zero"),
+    case("output", ["compare", "--out", "afile"], "afile", "out-is-file"),
+    case("flags", ["compare", "--arms", "nope", "--out", "cmp"], "nope", "unknown-arm"),
+]
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str]:
+    """``main(argv)`` in-process: (exit code, stdout + stderr). argparse's own errors exit 2 with
+    its usage and an ``error:`` line, which counts as a clear message too."""
+    try:
+        rc = cli.main(argv)
+    except SystemExit as e:
+        rc = e.code
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPARSERL_DEBUG", raising=False)
+    monkeypatch.chdir(make_workspace(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, culprit", MATRIX)
+def test_bad_input_gives_a_clear_error(argv, culprit, workspace, capsys):
+    before = sorted(p.relative_to(workspace) for p in workspace.rglob("*"))
+    rc, text = run_cli(argv, capsys)
+    assert rc not in (0, None), text
+    assert "Traceback" not in text, text
+    assert "error:" in text, text
+    assert culprit in text, text
+    # nothing was made: no run folder, no output file (the checks ran before any work)
+    after = sorted(p.relative_to(workspace) for p in workspace.rglob("*"))
+    assert after == before
+
+
+def test_matrix_covers_every_command_and_class():
+    ids = [p.id for p in MATRIX]
+    assert len(ids) == len(set(ids)) >= 60
+    commands = {i.split("-")[0] for i in ids}
+    assert commands >= {"train", "rollout", "eval", "bench", "report", "demo", "compare"}
+    classes = {i.split("-")[1] for i in ids}
+    assert classes >= {"config", "data", "model", "reward", "checkpoint", "numbers", "output", "flags"}
+
+
+# ------------------------------------------------------------------------------------- the boundary
+
+def test_debug_shows_the_traceback(workspace, capsys, monkeypatch):
+    rc, text = run_cli(["--debug", "eval", "--n", "0"], capsys)
+    assert rc == 1 and "Traceback" in text and "OptionError" in text and "error: --n 0" in text
+    rc, text = run_cli(["eval", "--n", "0", "--debug"], capsys)
+    assert rc == 1 and "Traceback" in text
+    monkeypatch.setenv("SPARSERL_DEBUG", "1")
+    rc, text = run_cli(["report", "no_such_run"], capsys)
+    assert rc == 1 and "Traceback" in text and "error: report: run folder no_such_run" in text
+    monkeypatch.setenv("SPARSERL_DEBUG", "0")
+    rc, text = run_cli(["report", "no_such_run"], capsys)
+    assert rc == 1 and "Traceback" not in text
+
+
+def test_an_unexpected_exception_is_not_swallowed(workspace, monkeypatch):
+    import sparserl.eval.report as report
+
+    def boom(*a, **k):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(report, "make_report", boom)
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.main(["report", "runs/r1"])
+
+
+def test_every_user_error_shares_one_base():
+    from sparserl.compare.arms import CompareError
+    from sparserl.config import ConfigError
+    from sparserl.data import DataError, DataFileNotFoundError
+    from sparserl.errors import OptionError, SparserlError
+    from sparserl.models.loading import ModelLoadError
+    from sparserl.registry import UnknownNameError
+    from sparserl.reward.registry import RewardSpecError
+    from sparserl.rollout.kv import CompressorOptionError
+    from sparserl.train.checkpoint import CheckpointError, CheckpointWriteError
+    from sparserl.train.trainer import ResumeError
+
+    for cls in (CompareError, ConfigError, DataError, DataFileNotFoundError, OptionError, ModelLoadError,
+                UnknownNameError, RewardSpecError, CompressorOptionError, CheckpointError, CheckpointWriteError,
+                ResumeError):
+        assert issubclass(cls, SparserlError), cls
+    assert issubclass(DataFileNotFoundError, FileNotFoundError) and issubclass(DataError, ValueError)
+
+
+def test_no_unpickling_in_src():
+    """Checkpoints and data are read as safetensors / JSON / YAML only: no pickle module, no
+    torch.load without weights_only=True anywhere in src/."""
+    pickle_use = re.compile(r"^\s*(import\s+(c?pickle|dill|joblib)\b|from\s+(c?pickle|dill|joblib)\s+import)"
+                            r"|\b(c?pickle|dill|joblib)\.(loads?|Unpickler)\b", re.M)
+    offenders = []
+    for path in SRC.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        if pickle_use.search(text):
+            offenders.append(f"{path}: pickle")
+        for m in re.finditer(r"torch\.load\(", text):
+            call = text[m.start():text.find(")", m.start()) + 1]
+            if "weights_only=True" not in call:
+                offenders.append(f"{path}: {call}")
+        if re.search(r"yaml\.load\((?![^)]*Loader=_Loader)", text) or "yaml.unsafe_load" in text:
+            offenders.append(f"{path}: unsafe yaml")
+    assert not offenders, offenders
+
+
+# ------------------------------------------------------------------------------------ strict resume
+
+def _train(tmp_path, capsys, *extra, run="run"):
+    argv = ["train", "default", *TINY, f"log.out_dir={tmp_path / 'runs'}", "--run-dir", str(tmp_path / run), *extra]
+    return run_cli(argv, capsys)
+
+
+@pytest.fixture
+def one_step_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SPARSERL_DEBUG", raising=False)
+    rc, text = _train(tmp_path, capsys, "train.steps=1")
+    assert rc == 0, text
+    return tmp_path / "run"
+
+
+def test_resume_refuses_a_changed_config_and_keeps_every_config(tmp_path, capsys, one_step_run):
+    run = one_step_run
+    first = (run / "config.yaml").read_bytes()
+    rc, text = _train(tmp_path, capsys, "train.steps=2", "train.lr=0.01", "train.seed=3", "--resume")
+    assert rc == 1 and "Traceback" not in text
+    assert "train.lr: 0.001 -> 0.01" in text and "train.seed: 0 -> 3" in text
+    assert "--allow-config-change" in text and "train.steps" not in text.split("Keys that may")[0]
+    assert sorted(p.name for p in run.glob("config*.yaml")) == ["config.yaml"]
+
+    rc, text = _train(tmp_path, capsys, "train.steps=2", "train.lr=0.01", "--resume", "--allow-config-change")
+    assert rc == 0, text
+    assert "resumed from" in text and "config-resume-1.yaml" in text
+    assert (run / "config.yaml").read_bytes() == first  # the first config is never overwritten
+    kept = yaml.safe_load((run / "config-resume-1.yaml").read_text())
+    assert kept["train"]["lr"] == 0.01 and kept["train"]["steps"] == 2
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+
+    # more steps (a free key) need no flag; the new lr is now the run's: no flag either
+    rc, text = _train(tmp_path, capsys, "train.steps=3", "train.lr=0.01", "--resume")
+    assert rc == 0, text
+    assert (run / "config-resume-2.yaml").is_file()
+    from sparserl.train.trainer import recorded_configs
+
+    assert [p.name for p in recorded_configs(run)] == ["config.yaml", "config-resume-1.yaml", "config-resume-2.yaml"]
+
+
+def test_resume_uses_the_runs_own_config_and_the_newest_run(tmp_path, capsys, one_step_run, monkeypatch):
+    # no CONFIG argument: the run's recorded config, the overrides on top, no flag needed
+    rc, text = run_cli(["train", "--resume", "--run-dir", str(one_step_run), "train.steps=2"], capsys)
+    assert rc == 0, text
+    assert "resumed from" in text
+    # no --run-dir: the newest run under log.out_dir, said so
+    rc, text = run_cli(["train", "--resume", f"log.out_dir={tmp_path}", "train.steps=3"], capsys)
+    assert rc == 0, text
+    assert f"resuming the newest run under {tmp_path}: {one_step_run}" in text
+    steps = [json.loads(x)["step"] for x in (one_step_run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+
+
+def test_resume_falls_back_over_a_corrupt_checkpoint(tmp_path, capsys, one_step_run):
+    rc, text = _train(tmp_path, capsys, "train.steps=2", "--resume")
+    assert rc == 0, text
+    newest = one_step_run / "checkpoints" / "step-000002" / "model" / "model.safetensors"
+    newest.write_bytes(newest.read_bytes()[:100])  # truncated
+    rc, text = _train(tmp_path, capsys, "train.steps=2", "--resume")
+    assert rc == 0, text
+    assert f"{newest}: truncated or corrupt" in text and "falling back to" in text
+    assert "resumed from" in text and "step-000001" in text
