@@ -8,6 +8,7 @@ import pytest
 from sparserl.compare import CompareError, compare, expand, parse_arms
 from sparserl.compare import aggregate as agg
 from sparserl.compare.arms import resolve_seeds, split_top_level
+from sparserl.config import load_config
 from sparserl.eval.report import make_report
 from sparserl.runlog import KV_DENSE_ALLOC, KV_KEPT_FRAC, KV_SAMPLER_ALLOC, MISMATCH_K3, REWARD_MEAN, read_metrics
 from sparserl.train import trainer as trainer_mod
@@ -18,6 +19,7 @@ TINY = [
     "rollout.kv_budget=8", "rollout.step_length=4", "rollout.window=2", "rollout.compress_prompt=false",
     "train.micro_batch_size=4", "log.tensorboard=false", "log.progress=plain", "checkpoint.every=1",
     "train.lr=1e-3", "reward.fn=test_train:toy_reward",
+    "data.eval=null", "data.system_prompt=null",
 ]
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -69,7 +71,7 @@ def test_expand_names_runs_and_sets_seed_and_steps(tmp_path):
     assert specs[1].command().startswith("sparserl train default model.name=tiny")
     specs = expand("default", TINY, "sparse_naive", [5, 9], runs_dir=tmp_path)
     assert [s.name for s in specs] == ["sparse_naive-seed5", "sparse_naive-seed9"]
-    assert specs[0].cfg.train.steps == 16  # the config's own without --steps
+    assert specs[0].cfg.train.steps == load_config("default").train.steps  # the config's own without --steps
 
 
 # ------------------------------------------------------------------------------ aggregation

@@ -131,7 +131,7 @@ def test_bad_input_errors(tiny):
         RolloutEngine(tiny, None)
 
 
-def test_cli_rollout_contract(tmp_path, tiny, monkeypatch):
+def test_cli_rollout_contract(tmp_path, tiny, monkeypatch, capsys):
     from sparserl import cli
 
     prompts = tmp_path / "p.jsonl"
@@ -147,16 +147,15 @@ def test_cli_rollout_contract(tmp_path, tiny, monkeypatch):
         assert len(r["response_ids"]) == len(r["sampler_logprobs"])
     empty = tmp_path / "e.jsonl"
     empty.write_text("")
-    with pytest.raises(SystemExit, match="empty"):
-        cli.main(["rollout", "--model", "tiny", "--prompts", str(empty), "--out", str(out)])
     bad = tmp_path / "b.jsonl"
     bad.write_text('{"prompt": "a"}\n{oops\n')
-    with pytest.raises(SystemExit, match="line 2"):
-        cli.main(["rollout", "--model", "tiny", "--prompts", str(bad), "--out", str(out)])
-    with pytest.raises(SystemExit, match="unknown compressor"):
-        cli.main(["rollout", "--model", "tiny", "--prompts", str(prompts), "--compressor", "zip", "--out", str(out)])
-    with pytest.raises(SystemExit, match="not found"):
-        cli.main(["rollout", "--model", str(tmp_path / "nomodel"), "--prompts", str(prompts), "--out", str(out)])
+    cases = [(["--prompts", str(empty)], "empty"), (["--prompts", str(bad)], "line 2"),
+             (["--prompts", str(prompts), "--compressor", "zip"], "unknown compressor"),
+             (["--prompts", str(prompts), "--model", str(tmp_path / "nomodel")], "not found")]
+    for extra, message in cases:  # one "error: ..." line, exit code 1, no traceback
+        assert cli.main(["rollout", "--model", "tiny", "--out", str(out), *extra]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and message in err and "Traceback" not in err
 
 
 def test_engine_has_no_dense_branch():

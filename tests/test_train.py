@@ -14,6 +14,7 @@ TINY = [
     "rollout.kv_budget=8", "rollout.step_length=4", "rollout.window=2", "train.micro_batch_size=4",
     "log.tensorboard=false", "log.progress=plain", "checkpoint.every=1", "checkpoint.keep_last=0",
     "train.lr=1e-3", "reward.fn=test_train:toy_reward",
+    "data.eval=null", "data.system_prompt=null", "rollout.compress_prompt=false",
 ]
 
 
