@@ -30,10 +30,11 @@ import warnings
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterable, Literal, Optional, Union
 
+import torch
 import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from .correct.presets import resolve
+from .correct.presets import apply_corrections, resolve
 from .errors import SparserlError
 from .registry import did_you_mean
 from .rollout.kv import available_compressors, get_compressor
@@ -581,8 +582,12 @@ def validate(cfg: Config) -> Config:
     else:
         try:
             resolve(a.correction, dict(a.correction_options))
+            # run it once on a one-token batch (cheap, no model): bad option *values* fail now too
+            one = torch.zeros(1, 1)
+            apply_corrections(a.correction, one, one, torch.ones(1, 1), dict(a.correction_options) or None)
         except (ValueError, TypeError) as e:
-            errors.append(f"algorithm.correction={a.correction!r} (options {dict(a.correction_options)}): {e}")
+            errors.append(f"algorithm.correction={a.correction!r} (algorithm.correction_options="
+                          f"{dict(a.correction_options)}): {e}")
     if not errors and r.compressor != "none":  # build it once (cheap, no model): bad options fail now
         common = dict(budget=r.kv_budget, trigger=r.trigger, step_length=r.step_length, window=r.window,
                       compress_prompt=r.compress_prompt)
