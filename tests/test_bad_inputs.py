@@ -319,7 +319,7 @@ def test_every_user_error_shares_one_base():
     from sparserl.reward.registry import RewardSpecError
     from sparserl.rollout.kv import CompressorOptionError
     from sparserl.train.checkpoint import CheckpointError, CheckpointWriteError
-    from sparserl.train.trainer import ResumeError
+    from sparserl.train.run_folder import ResumeError
 
     for cls in (CompareError, ConfigError, DataError, DataFileNotFoundError, OptionError, ModelLoadError,
                 UnknownNameError, RewardSpecError, CompressorOptionError, CheckpointError, CheckpointWriteError,
@@ -384,7 +384,7 @@ def test_resume_refuses_a_changed_config_and_keeps_every_config(tmp_path, capsys
     rc, text = _train(tmp_path, capsys, "train.steps=3", "train.lr=0.01", "--resume")
     assert rc == 0, text
     assert (run / "config-resume-2.yaml").is_file()
-    from sparserl.train.trainer import recorded_configs
+    from sparserl.train.run_folder import recorded_configs
 
     assert [p.name for p in recorded_configs(run)] == ["config.yaml", "config-resume-1.yaml", "config-resume-2.yaml"]
 

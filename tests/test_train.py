@@ -1,6 +1,5 @@
 """End-to-end training on the tiny model: weights change, checkpoints load, resume is exact."""
 import json
-import shutil
 
 import pytest
 import torch

@@ -149,7 +149,8 @@ def _split_config_arg(args) -> None:
 
 def cmd_train(args) -> int:
     from .config import load_config, validate
-    from .train.trainer import find_resume_folder, recorded_configs, train
+    from .train.run_folder import find_resume_folder, recorded_configs
+    from .train.trainer import train
 
     _split_config_arg(args)
     if args.allow_config_change and not args.resume:
@@ -178,7 +179,7 @@ def cmd_eval(args) -> int:
 
 def cmd_report(args) -> int:
     from .eval.report import make_report
-    from .train.trainer import is_run_folder
+    from .train.run_folder import is_run_folder
 
     run = Path(args.run_dir)
     if not run.exists():

@@ -25,7 +25,7 @@ from pathlib import Path
 
 METRICS_FILE = "metrics.jsonl"
 #: the config a run started with (never overwritten); a resume with a changed config adds
-#: ``config-resume-<step>.yaml`` beside it (``sparserl.train.trainer.recorded_configs``)
+#: ``config-resume-<step>.yaml`` beside it (``sparserl.train.run_folder.recorded_configs``)
 CONFIG_FILE = "config.yaml"
 #: config keys that may change when a run is resumed, since they cannot change what it already did
 #: (``section.*``: every key of the section); any other change needs ``--allow-config-change``
