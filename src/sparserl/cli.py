@@ -91,8 +91,9 @@ def cmd_rollout(args) -> int:
                 "text": out.texts[i],
             }) + "\n")
     print(f"{len(out.response_ids)} responses -> {args.out}: {out.tokens_generated} tokens in "
-          f"{out.seconds:.1f}s ({out.tokens_per_s:.1f} tok/s); KV peak {out.kv.bytes_peak / 2**20:.1f} MiB "
-          f"(dense would need {out.kv.bytes_dense / 2**20:.1f} MiB), {out.kv.compressions} compressions")
+          f"{out.seconds:.1f}s ({out.tokens_per_s:.1f} tok/s); KV allocated {out.kv.bytes_peak / 2**20:.1f} MiB "
+          f"(the dense engine allocates {out.kv.bytes_dense_alloc / 2**20:.1f} MiB for this batch), "
+          f"{out.kv.compressions} compressions")
     return 0
 
 
@@ -109,8 +110,8 @@ def cmd_demo(args) -> int:
     for name in ("none", "rkv"):
         comp = build_compressor(name, kv_budget=32, step_length=16)
         out = RolloutEngine(lm, comp, dtype="auto").generate([prompt], SamplingParams(n=4, max_new_tokens=96, temperature=0.7))
-        print(f"--- {name}: {out.tokens_per_s:.0f} tok/s, KV peak {out.kv.bytes_peak / 2**20:.2f} MiB "
-              f"(dense {out.kv.bytes_dense / 2**20:.2f} MiB)")
+        print(f"--- {name}: {out.tokens_per_s:.0f} tok/s, KV allocated {out.kv.bytes_peak / 2**20:.2f} MiB "
+              f"(dense engine {out.kv.bytes_dense_alloc / 2**20:.2f} MiB)")
         print(out.texts[0][:300])
     return 0
 
