@@ -37,7 +37,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from .correct.presets import apply_corrections, resolve
 from .errors import SparserlError
 from .registry import did_you_mean
-from .rollout.kv import available_compressors, get_compressor
+from .rollout.kv import available_compressors, compressor_from_fields
 from .train.advantages import available_adv_ests, get_adv_est
 
 __all__ = ["ConfigError", "ModelConfig", "RolloutConfig", "DataConfig", "RewardConfig", "AlgorithmConfig",
@@ -90,8 +90,7 @@ Str = Annotated[str, BeforeValidator(lambda v: str(v) if type(v) in (int, float)
 NonEmpty = Annotated[Str, _check(bool, "must not be empty")]
 Options = Annotated[dict[str, Any], BeforeValidator(lambda v: {str(k): x for k, x in v.items()}
                                                     if isinstance(v, dict) else v)]
-Compressor = Annotated[str, AfterValidator(_Registered(  # 'none' (dense) is registered, or added here
-    "compressor", lambda: sorted({"none", *available_compressors()})))]
+Compressor = Annotated[str, AfterValidator(_Registered("compressor", available_compressors))]
 AdvEstimator = Annotated[str, AfterValidator(_Registered("advantage estimator", available_adv_ests))]
 Correction = Annotated[Union[Str, list], AfterValidator(_correction)]
 Device = Annotated[str, _check(lambda v: v in ("auto", "cpu", "mps") or re.fullmatch(r"cuda(:\d+)?", v),
@@ -588,11 +587,9 @@ def validate(cfg: Config) -> Config:
         except (ValueError, TypeError) as e:
             errors.append(f"algorithm.correction={a.correction!r} (algorithm.correction_options="
                           f"{dict(a.correction_options)}): {e}")
-    if not errors and r.compressor != "none":  # build it once (cheap, no model): bad options fail now
-        common = dict(budget=r.kv_budget, trigger=r.trigger, step_length=r.step_length, window=r.window,
-                      compress_prompt=r.compress_prompt)
+    if not errors:  # build it once with the one builder (cheap, no model): bad options fail now
         try:
-            get_compressor(r.compressor, **{**common, **r.compressor_options})
+            compressor_from_fields(r)
         except (TypeError, ValueError) as e:
             errors.append(f"rollout.compressor={r.compressor!r} with rollout.compressor_options="
                           f"{dict(r.compressor_options)}: {e} (options are method-specific; clear them with "
