@@ -10,12 +10,8 @@ from __future__ import annotations
 import torch
 
 from ..batch import RolloutBatch
-
-
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[target] without materialising the full log-softmax: logit − logsumexp."""
-    logits = logits.float()
-    return logits.gather(-1, targets[..., None])[..., 0] - torch.logsumexp(logits, dim=-1)
+from .chunked_head import token_logprobs
+from .shared_prompt import forward_response_shared
 
 
 def forward_response(model, batch: RolloutBatch, rows: slice | torch.Tensor, return_entropy: bool = False,
@@ -41,13 +37,16 @@ def forward_response(model, batch: RolloutBatch, rows: slice | torch.Tensor, ret
 
 
 @torch.no_grad()
-def score_logprobs(model, batch: RolloutBatch, micro_batch_size: int = 16, temperature: float = 1.0) -> torch.Tensor:
-    """log p of every response token under ``model`` (no grad), micro-batched. [N, T] float32."""
+def score_logprobs(model, batch: RolloutBatch, micro_batch_size: int = 16, temperature: float = 1.0,
+                   shared_prompt: bool = False) -> torch.Tensor:
+    """log p of every response token under ``model`` (no grad), micro-batched. [N, T] float32.
+    ``shared_prompt``: forward each distinct prompt once (:func:`forward_response_shared`)."""
+    forward = forward_response_shared if shared_prompt else forward_response
     was_training = model.training
     model.eval()
     parts = []
     for s in range(0, batch.size, micro_batch_size):
-        lp, _ = forward_response(model, batch, slice(s, s + micro_batch_size), temperature=temperature)
+        lp, _ = forward(model, batch, slice(s, s + micro_batch_size), temperature=temperature)
         parts.append(lp)
     model.train(was_training)
     return torch.cat(parts) * batch.response_mask

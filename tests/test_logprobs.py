@@ -1,0 +1,214 @@
+"""The learner's log-prob paths agree with the plain one: the chunked LM head (values and gradients),
+the shared-prompt forward (values and gradients, on tiny models of every sampler family), and the rule
+that lets the sampler's log-probs stand in for the old policy's."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sparserl.batch import RolloutBatch
+from sparserl.score import (forward_response, forward_response_shared, head_logprobs, old_logprobs_source,
+                            sampler_is_old_policy, score_logprobs)
+from sparserl.score.old_policy import OldLogprobsError
+
+
+# --------------------------------------------------------------------------- chunked LM head
+def plain_head(hidden, weight, targets, temperature):
+    logits = (hidden @ weight.t()).float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    lp = logits.gather(-1, targets[..., None])[..., 0] - torch.logsumexp(logits, -1)
+    ent = torch.logsumexp(logits, -1) - (logits.softmax(-1) * logits).sum(-1)
+    return lp, ent
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk", [5, 4, 1000])  # 5 does not divide the 21 positions
+@pytest.mark.parametrize("entropy_grad", [True, False])
+def test_chunked_head_equals_plain_values_and_gradients(temperature, chunk, entropy_grad):
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 7, 16, generator=g)
+    weight = torch.randn(50, 16, generator=g) * 0.5
+    targets = torch.randint(0, 50, (3, 7), generator=g)
+    up_lp, up_ent = torch.randn(3, 7, generator=g), torch.randn(3, 7, generator=g)
+
+    def run(fn):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        lp, ent = fn(h, w)
+        loss = (up_lp * lp).sum() + ((up_ent * ent).sum() if entropy_grad else 0.0)
+        loss.backward()
+        return lp.detach(), ent.detach(), h.grad, w.grad
+
+    lp, ent, gh, gw = run(lambda h, w: head_logprobs(h, w, targets, temperature, chunk, with_entropy=True,
+                                                     entropy_grad=entropy_grad))
+    lp0, ent0, gh0, gw0 = run(lambda h, w: plain_head(h, w, targets, temperature))
+    assert torch.allclose(lp, lp0, atol=1e-5) and torch.allclose(ent, ent0, atol=1e-5)
+    if not entropy_grad:  # the reference's loss used only log p
+        assert torch.allclose(gh, gh0, atol=1e-5) and torch.allclose(gw, gw0, atol=1e-5)
+    else:
+        assert torch.allclose(gh, gh0, atol=1e-5) and torch.allclose(gw, gw0, atol=1e-5)
+        assert gh.abs().max() > 1e-3  # the check is not vacuous
+
+
+def test_chunked_head_without_entropy_and_under_no_grad():
+    g = torch.Generator().manual_seed(1)
+    hidden, weight = torch.randn(10, 8, generator=g), torch.randn(30, 8, generator=g)
+    targets = torch.randint(0, 30, (10,), generator=g)
+    lp, ent = head_logprobs(hidden, weight, targets, 1.0, 3)
+    assert ent is None and torch.allclose(lp, plain_head(hidden, weight, targets, 1.0)[0], atol=1e-5)
+    with torch.no_grad():
+        lp2, _ = head_logprobs(hidden.requires_grad_(), weight, targets, 1.0, 3)
+    assert not lp2.requires_grad and torch.equal(lp, lp2)
+    with pytest.raises(ValueError, match="chunk_size"):
+        head_logprobs(hidden, weight, targets, chunk_size=0)
+
+
+# --------------------------------------------------------------------------- shared-prompt forward
+def tiny_family(family: str):
+    """A 2-layer random model of a sampler family with a 97-token vocabulary (seeded)."""
+    import transformers as tf
+
+    common = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, tie_word_embeddings=family == "llama")
+    cfg = {"llama": lambda: tf.LlamaConfig(**common),
+           "qwen2": lambda: tf.Qwen2Config(**common),
+           "qwen3": lambda: tf.Qwen3Config(head_dim=8, **common),
+           "mistral": lambda: tf.MistralConfig(**common)}[family]()
+    torch.manual_seed(0)
+    cls = {"llama": tf.LlamaForCausalLM, "qwen2": tf.Qwen2ForCausalLM, "qwen3": tf.Qwen3ForCausalLM,
+           "mistral": tf.MistralForCausalLM}[family]
+    model = cls(cfg).float()
+    if family == "qwen2":  # non-zero q/k/v biases, so that they are exercised
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                torch.nn.init.normal_(proj.bias, std=0.1)
+    return model.train()
+
+
+def grouped_batch(prompt_lengths=(5, 9, 3), n=4, max_resp=7, seed=0) -> RolloutBatch:
+    """Groups of ``n`` responses (lengths 0..max_resp) to prompts of different lengths, layout as the trainer's."""
+    g = torch.Generator().manual_seed(seed)
+    prompts, responses, groups = [], [], []
+    for gi, plen in enumerate(prompt_lengths):
+        p = torch.randint(1, 97, (plen,), generator=g).tolist()
+        for k in range(n):
+            length = [max_resp, 0, 1, 4, 6, 2][(gi + k) % 6]
+            prompts.append(p)
+            responses.append(torch.randint(1, 97, (length,), generator=g).tolist())
+            groups.append(gi)
+    return RolloutBatch.from_rollout(prompts, responses, [[0.0] * len(r) for r in responses], groups)
+
+
+def grads_of(model, batch, forward, micro, temperature, entropy=True):
+    """Per-token log-probs, entropies and parameter gradients of a fixed weighted loss, accumulated over
+    micro-batches of ``micro`` rows."""
+    model.zero_grad(set_to_none=True)
+    g = torch.Generator().manual_seed(3)
+    w_lp = torch.randn(batch.response_ids.shape, generator=g) * batch.response_mask
+    w_ent = torch.randn(batch.response_ids.shape, generator=g) * batch.response_mask
+    lps, ents = [], []
+    for s in range(0, batch.size, micro):
+        r = slice(s, s + micro)
+        lp, ent = forward(model, batch, r, return_entropy=True, entropy_grad=entropy, temperature=temperature)
+        loss = (lp * w_lp[r]).sum() + (ent * w_ent[r]).sum()
+        loss.backward()
+        lps.append(lp.detach())
+        ents.append(ent.detach())
+    grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    return torch.cat(lps) * batch.response_mask, torch.cat(ents) * batch.response_mask, grads
+
+
+def assert_same_grads(a: dict, b: dict, rel=1e-4):
+    assert a.keys() == b.keys() and a
+    for k in a:
+        scale = b[k].abs().max().clamp(min=1e-6)
+        assert (a[k] - b[k]).abs().max() <= rel * scale + 1e-7, k
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
+def test_shared_prompt_forward_equals_full_forward(family):
+    model = tiny_family(family)
+    batch = grouped_batch()
+    for temperature in (1.0, 0.7):
+        lp0, ent0, g0 = grads_of(model, batch, forward_response, 12, temperature)
+        # micro-batches of 5 rows split every group of 4 (prompts forwarded once per part)
+        for micro in (12, 5):
+            lp, ent, g = grads_of(model, batch, forward_response_shared, micro, temperature)
+            assert (lp - lp0).abs().max() <= 1e-5 and (ent - ent0).abs().max() <= 1e-5
+            assert_same_grads(g, g0)
+    # the plain (unchunked) head of the shared path too
+    fwd = lambda *a, **k: forward_response_shared(*a, chunk_size=None, **k)  # noqa: E731
+    lp, ent, g = grads_of(model, batch, fwd, 8, 0.7)
+    lp0, ent0, g0 = grads_of(model, batch, forward_response, 8, 0.7)
+    assert (lp - lp0).abs().max() <= 1e-5 and (ent - ent0).abs().max() <= 1e-5
+    assert_same_grads(g, g0)
+
+
+def test_shared_prompt_scoring_on_the_tiny_default_model(tiny):
+    """score_logprobs(shared_prompt=True) == score_logprobs on the 'tiny' model (SmolLM2's 49k vocabulary),
+    with the default layout's shape: a common system prompt, groups of 8 sharing a question."""
+    batch = grouped_batch(prompt_lengths=(12, 15), n=8, max_resp=9, seed=1)
+    model = tiny.model
+    for temperature in (1.0, 0.7):
+        ref = score_logprobs(model, batch, 16, temperature)
+        got = score_logprobs(model, batch, 16, temperature, shared_prompt=True)
+        assert (got - ref).abs().max() <= 1e-5
+
+
+def test_identical_prompts_in_different_groups_share_one_forward():
+    from sparserl.score.shared_prompt import distinct_prompts
+
+    ids = torch.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [0, 5, 6], [9, 5, 6]])
+    att = torch.tensor([[0, 1, 1], [0, 1, 1], [1, 1, 1], [0, 1, 1], [0, 1, 1]])  # row 4: another pad id
+    first, group = distinct_prompts(ids, att)
+    assert first.tolist() == [0, 2] and group.tolist() == [0, 0, 1, 0, 0]
+    att[4, 0] = 1  # now row 4 is the three-token prompt [9, 5, 6]
+    first, group = distinct_prompts(ids, att)
+    assert first.tolist() == [0, 2, 4] and group.tolist() == [0, 0, 1, 0, 2]
+
+
+# --------------------------------------------------------------------------- sampler = old policy
+DENSE_F32 = dict(compresses=False, sampler_dtype=torch.float32, learner_dtype="float32", temperature=1.0,
+                 top_p=1.0, top_k=0)
+
+
+@pytest.mark.parametrize("change, holds", [
+    ({}, True),
+    ({"temperature": 0.7}, True),
+    ({"compresses": True}, False),
+    ({"temperature": 0.0}, False),
+    ({"top_p": 0.95}, False),
+    ({"top_k": 50}, False),
+    ({"quantized": True}, False),
+    ({"sampler_dtype": torch.bfloat16}, False),
+    ({"sampler_dtype": "bfloat16", "learner_dtype": torch.bfloat16}, False),
+])
+def test_the_sampler_is_the_old_policy_rule(change, holds):
+    facts = {**DENSE_F32, **change}
+    assert sampler_is_old_policy(**facts) is holds
+    assert old_logprobs_source("auto", **facts) == ("sampler" if holds else "score")
+    assert old_logprobs_source("score", **facts) == "score"
+    if holds:
+        assert old_logprobs_source("sampler", **facts) == "sampler"
+    else:
+        with pytest.raises(OldLogprobsError, match="algorithm.old_logprobs=sampler"):
+            old_logprobs_source("sampler", **facts)
+    with pytest.raises(OldLogprobsError, match="expected one of auto, score, sampler"):
+        old_logprobs_source("sometimes", **facts)
+
+
+def test_where_the_rule_holds_sampler_logprobs_equal_the_scored_ones(tiny):
+    """The rule's premise on the real engine: a dense float32 sampler at τ = 0.8 reports the dense
+    learner's log-probs (what the rule lets the trainer reuse), shared-prompt scoring included."""
+    from sparserl.rollout.engine import RolloutEngine
+    from sparserl.rollout.kv import get_compressor
+    from sparserl.rollout.sampling import SamplingParams
+
+    engine = RolloutEngine(tiny, get_compressor("none"), dtype="float32")
+    assert sampler_is_old_policy(compresses=engine.compressor.compresses, sampler_dtype=engine.dtype,
+                                 learner_dtype=next(tiny.model.parameters()).dtype, temperature=0.8, top_p=1.0, top_k=0)
+    ro = engine.generate(["1 + 2 =", "hello there"], SamplingParams(n=3, max_new_tokens=10, temperature=0.8, seed=0))
+    batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index)
+    for shared in (False, True):
+        old = score_logprobs(tiny.model, batch, 4, temperature=0.8, shared_prompt=shared)
+        assert (old - batch.sampler_logprobs).abs().max() <= 1e-4
