@@ -117,14 +117,18 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench_rollout(args) -> int:
-    from .bench.rollout import bench_compressor, run_bench, write_json
+    from .bench.rollout import PEERS, bench_compressor, run_bench, write_json
     from .models.loading import check_model
 
     check_int(args.batch, "--batch", 1, what="sequences generated at once")
     check_int(args.max_new_tokens, "--max-new-tokens", 1)
     check_int(args.kv_budget, "--kv-budget", 1)
     check_int(args.step_length, "--step-length", 1)
+    check_int(args.repeat, "--repeat", 1, what="runs of every row; the median is reported")
     check_choice(args.dtype, "--dtype", DTYPES)
+    peers = [p.strip() for p in (args.peers or "").split(",") if p.strip()]
+    for peer in peers:
+        check_choice(peer, "--peers", PEERS)
     comps = [c.strip() for c in args.compressors.split(",") if c.strip() and c.strip() != "none"]
     for name in comps:  # every row's compressor builds (an unknown name fails now, not after the others ran)
         bench_compressor(name, args.kv_budget, args.step_length)
@@ -133,7 +137,8 @@ def cmd_bench_rollout(args) -> int:
     check_model(args.model)
     report = run_bench(model=args.model, batch=args.batch, max_new_tokens=args.max_new_tokens,
                        kv_budget=args.kv_budget, compressors=comps, dtype=args.dtype,
-                       step_length=args.step_length, seed=args.seed, hf_baseline=not args.no_hf)
+                       step_length=args.step_length, seed=args.seed, hf_baseline=not args.no_hf,
+                       repeat=args.repeat, peers=peers)
     if args.json:
         write_json(report, args.json)
         print(f"wrote {args.json}")
@@ -295,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = b.add_subparsers(dest="bench", required=True)
     br = bsub.add_parser("rollout", parents=[common], help="rollout speed and KV memory vs transformers' generate")
     br.add_argument("--model", default="smollm2-135m")
-    br.add_argument("--batch", type=int, default=16)
+    br.add_argument("--batch", type=int, default=16, help="sequences generated at once (up to 64 and more)")
     br.add_argument("--max-new-tokens", type=int, default=256)
     br.add_argument("--kv-budget", type=int, default=256)
     br.add_argument("--step-length", type=int, default=128)
@@ -303,6 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--dtype", default="auto")
     br.add_argument("--seed", type=int, default=0)
     br.add_argument("--no-hf", action="store_true", help="skip the transformers generate baseline")
+    br.add_argument("--repeat", type=int, default=1,
+                    help="runs of every row, in rounds; tokens_per_s is their median (machines drift)")
+    br.add_argument("--peers", default="", help="other engines as rows of the same JSON: openvino "
+                    "(OpenVINO GenAI, the optional extra sparserl[bench])")
     br.add_argument("--json", default=None)
     br.set_defaults(fn=cmd_bench_rollout)
     return ap

@@ -1,18 +1,22 @@
 """``sparserl bench rollout``: transformers' ``generate`` (dense, the baseline), sparserl dense and
-sparserl with each compressor, side by side in one process, all generating exactly L tokens per
-sequence. Ratios are against the ``generate`` run of the same process.
+sparserl with each compressor, and optionally peers (``--peers openvino``:
+:mod:`sparserl.bench.openvino_peer`), side by side in one process, all generating exactly L tokens
+per sequence from the same prompt. Every row runs ``repeat`` times, in rounds
+(:mod:`sparserl.bench.measure`); ratios are of medians, against the ``generate`` row and the
+sparserl dense row of the same process.
 
-Fields per result: tokens_per_s, ratio_vs_hf_generate, kv_bytes_peak (allocated for K/V),
-kv_bytes_theory (what the kept tokens need), rss_peak_bytes (process RSS sampled during the run),
-roofline_fraction (speed over the bound set by the measured memory bandwidth and the bytes one
-decode step must read: weights + the average kept KV).
+Fields per result: engine, compressor, batch, max_new_tokens, kv_budget, tokens_per_s (the median
+of ``tokens_per_s_runs``, one per run), ratio_vs_hf_generate, ratio_vs_sparserl_dense,
+kv_bytes_peak (allocated for K/V), kv_bytes_theory (what the kept tokens need), rss_peak_bytes
+(process RSS sampled during the runs), roofline_fraction, roofline_bound ("memory" | "compute") and
+roofline_tokens_per_s (:mod:`sparserl.bench.roofline`, from the machine's measured bandwidth and
+GEMM throughput, ``machine.memory_bandwidth_bytes_per_s`` and ``machine.gemm_flops_per_s``).
+A peer that cannot run here is listed under ``peers_skipped`` with the reason and how to install it.
 """
 from __future__ import annotations
 
 import json
-import os
-import platform
-import threading
+import subprocess
 import time
 from pathlib import Path
 
@@ -22,82 +26,22 @@ from ..models.loading import load_model, parse_dtype
 from ..rollout.engine import RolloutEngine
 from ..rollout.kv import CompressorOptionError, KVCompressor, build_compressor
 from ..rollout.sampling import SamplingParams
+from .machine import decode_linear_weights, gemm_flops_per_s, machine_info, memory_bandwidth
+from .measure import Row, Run, RssSampler, run_rounds
+from .openvino_peer import PeerUnavailable, openvino_rows
+from .roofline import decode_step_flops, mean_kv_tokens, roofline
 
 BENCH_PROMPT = [{"role": "user", "content": "Write a long, detailed story about a dragon who learns mathematics."}]
+PEERS = ("openvino",)
+
+__all__ = ["BENCH_PROMPT", "PEERS", "RssSampler", "bench_compressor", "run_bench", "write_json"]
 
 
-def _rss() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-class RssSampler:
-    """Peak resident memory while a block runs (sampled every 5 ms in a thread)."""
-
-    def __enter__(self):
-        self.peak = _rss()
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-        return self
-
-    def _run(self):
-        while not self._stop.wait(0.005):
-            self.peak = max(self.peak, _rss())
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, _rss())
-
-
-def memory_bandwidth(nbytes: int = 512 << 20, repeats: int = 5) -> float:
-    """Measured read bandwidth in bytes/s: the best of several full reads of a large buffer."""
-    x = torch.ones(nbytes // 4, dtype=torch.float32)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t)
-    return nbytes / best
-
-
-def machine_info(bandwidth: float) -> dict:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "memory_bandwidth_bytes_per_s": bandwidth,
-        "cuda": torch.cuda.is_available(),
-    }
-
-
-def _roofline(tokens_per_s: float, batch: int, weight_bytes: int, kv_read_avg: float, bw: float) -> float:
-    bound = batch * bw / (weight_bytes + kv_read_avg)
-    return tokens_per_s / bound
-
-
-def _hf_generate(lm, prompt_ids: list[int], batch: int, L: int, seed: int) -> dict:
+def _hf_generate_run(lm, prompt_ids: list[int], batch: int, L: int, seed: int) -> Run:
     model = lm.model
     ids = torch.tensor([prompt_ids] * batch)
     torch.manual_seed(seed)
-    with RssSampler() as rss, torch.inference_mode():
+    with torch.inference_mode():
         t = time.perf_counter()
         out = model.generate(
             ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=L, min_new_tokens=L,
@@ -106,13 +50,12 @@ def _hf_generate(lm, prompt_ids: list[int], batch: int, L: int, seed: int) -> di
         seconds = time.perf_counter() - t
     gen = out.sequences.shape[1] - ids.shape[1]
     kv = 0
-    pkv = out.past_key_values
-    for layer in getattr(pkv, "layers", []):
+    for layer in getattr(out.past_key_values, "layers", []):
         for name in ("keys", "values"):
             tensor = getattr(layer, name, None)
             if tensor is not None:
                 kv += tensor.numel() * tensor.element_size()
-    return {"seconds": seconds, "tokens": batch * gen, "kv_bytes_peak": kv, "rss_peak_bytes": rss.peak}
+    return Run(seconds, batch * gen, kv, 0)
 
 
 def bench_compressor(name: str, kv_budget: int, step_length: int) -> KVCompressor:
@@ -129,65 +72,117 @@ def bench_compressor(name: str, kv_budget: int, step_length: int) -> KVCompresso
     return comp
 
 
+def _sparserl_run(engine: RolloutEngine, params: SamplingParams) -> Run:
+    out = engine.generate([BENCH_PROMPT], params)
+    return Run(out.seconds, out.tokens_generated, out.kv.bytes_peak, out.kv.bytes_theory,
+               extra={"kv_bytes_dense": out.kv.bytes_dense, "compressions": out.kv.compressions})
+
+
+def _peer_rows(peer: str, **kw) -> list[Row]:
+    if peer == "openvino":
+        return openvino_rows(**kw)
+    raise ValueError(f"unknown peer {peer!r}; known: {', '.join(PEERS)}")
+
+
+def _commit() -> str | None:
+    """The sparserl commit measured (``+dirty`` when the work tree differs), when run from a checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--", str(here.parent)],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int = 256, kv_budget: int = 256,
               compressors: list[str] | None = None, dtype: str = "auto", step_length: int = 128,
-              seed: int = 0, hf_baseline: bool = True, log=print) -> dict:
+              seed: int = 0, hf_baseline: bool = True, repeat: int = 1, peers: list[str] | tuple = (),
+              log=print) -> dict:
     compressors = compressors if compressors is not None else ["rkv", "snapkv", "streaming", "h2o"]
     dt = parse_dtype(dtype)
+    dtype_name = str(dt).replace("torch.", "")
     lm = load_model(model, dtype=dt)
-    bw = memory_bandwidth()
-    results = []
     L = max_new_tokens
     params = SamplingParams(n=batch, max_new_tokens=L, ignore_eos=True, seed=seed)
     dense_engine = RolloutEngine(lm, build_compressor("none"), dtype=dt)
     prompt_ids = dense_engine.encode(BENCH_PROMPT)
     P = len(prompt_ids)
-    per_tok = dense_engine.model.kv_bytes_per_token()
-    wbytes = dense_engine.model.decode_read_bytes()
+    sm = dense_engine.model
+    per_tok = sm.kv_bytes_per_token()
+    weight_bytes = sm.decode_read_bytes()
+    linear_elements = sum(w.numel() for w in decode_linear_weights(sm))
     # warm-up (allocator, BLAS threads)
     dense_engine.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))
+    bw = memory_bandwidth()
+    gemm = gemm_flops_per_s(sm, batch)
 
-    def record(engine_name, comp_name, tps, kv_peak, kv_theory, rss, kv_read_avg, extra=None):
-        r = {
-            "engine": engine_name, "compressor": comp_name, "batch": batch, "max_new_tokens": L,
-            "kv_budget": None if comp_name == "none" else kv_budget, "tokens_per_s": tps,
-            "ratio_vs_hf_generate": None, "kv_bytes_peak": kv_peak, "kv_bytes_theory": kv_theory,
-            "rss_peak_bytes": rss, "roofline_fraction": _roofline(tps, batch, wbytes, kv_read_avg, bw),
-        }
-        r.update(extra or {})
-        results.append(r)
-        log(f"{engine_name:>16} {comp_name:>9}: {tps:8.1f} tok/s  kv_peak {kv_peak / 2**20:8.1f} MiB  "
-            f"kv_theory {kv_theory / 2**20:8.1f} MiB  rss {rss / 2**20:7.0f} MiB  "
-            f"roofline {r['roofline_fraction']:.2f}")
-
-    dense_kv_avg = batch * per_tok * (P + L / 2)
+    rows: list[Row] = []
     if hf_baseline:
-        h = _hf_generate(lm, prompt_ids, batch, L, seed)
-        record("hf_generate", "none", h["tokens"] / h["seconds"], h["kv_bytes_peak"],
-               batch * per_tok * (P + L - 1), h["rss_peak_bytes"], dense_kv_avg)
+        rows.append(Row({"engine": "hf_generate", "compressor": "none", "kv_budget": None},
+                        lambda: _with_theory(_hf_generate_run(lm, prompt_ids, batch, L, seed), batch * per_tok * (P + L - 1)),
+                        mean_kv_tokens(P, L)))
     for name in ["none", *(c for c in compressors if c != "none")]:
         comp = bench_compressor(name, kv_budget, step_length)
-        engine = RolloutEngine(lm, comp, dtype=dt) if comp.compresses else dense_engine
-        with RssSampler() as rss:
-            out = engine.generate([BENCH_PROMPT], params)
-        tps = out.tokens_generated / out.seconds
-        if not comp.compresses:
-            kv_avg = dense_kv_avg
-        else:  # kept tokens grow from P to P+budget(+period) and then cycle between budget and budget+period
-            cycle = min(L, kv_budget + step_length / 2)
-            kv_avg = batch * per_tok * (P + cycle)
-        record("sparserl", name, tps, out.kv.bytes_peak, out.kv.bytes_theory, rss.peak, kv_avg,
-               {"kv_bytes_dense": out.kv.bytes_dense, "compressions": out.kv.compressions})
+        engine = RolloutEngine.from_engine(dense_engine, comp) if comp.compresses else dense_engine
+        # kept tokens grow from P to P + budget + period, then cycle between P + budget and that
+        cap = P + kv_budget + step_length / 2 if comp.compresses else None
+        rows.append(Row({"engine": "sparserl", "compressor": name, "kv_budget": kv_budget if comp.compresses else None},
+                        lambda engine=engine: _sparserl_run(engine, params), mean_kv_tokens(P, L, cap)))
+    skipped = {}
+    for peer in peers:
+        try:
+            rows += _peer_rows(peer, lm=lm, model=model, dtype=dtype_name, batch=batch, max_new_tokens=L,
+                               kv_budget=kv_budget, prompt_ids=prompt_ids, kv_bytes_per_token=per_tok,
+                               threads=torch.get_num_threads(), seed=seed, log=log)
+        except PeerUnavailable as e:
+            log(str(e))
+            skipped[peer] = str(e)
+
+    def bound(row: Row):
+        kv_avg = row.kv_tokens_avg
+        flops = decode_step_flops(batch, linear_elements, sm.n_layers, sm.n_heads, sm.head_dim, kv_avg)
+        return roofline(batch, weight_bytes + batch * per_tok * kv_avg, flops, bw, gemm)
+
+    def log_run(row: Row, run: Run) -> None:
+        f = row.fields
+        log(f"{f['engine']:>12} {f['compressor']:>9} run {len(row.runs)}/{repeat}: {run.tokens / run.seconds:8.1f} tok/s  "
+            f"kv_peak {run.kv_bytes_peak / 2**20:8.1f} MiB  kv_theory {run.kv_bytes_theory / 2**20:8.1f} MiB  "
+            f"rss {run.rss_peak_bytes / 2**20:7.0f} MiB  roofline {run.tokens / run.seconds / bound(row).tokens_per_s:.2f}")
+
+    run_rounds(rows, repeat, log_run)
+    results = []
+    for row in rows:
+        b, last = bound(row), row.runs[-1]
+        results.append({
+            **row.fields, "batch": batch, "max_new_tokens": L, "tokens_per_s": row.tokens_per_s,
+            "tokens_per_s_runs": row.tokens_per_s_runs, "ratio_vs_hf_generate": None,
+            "kv_bytes_peak": max(r.kv_bytes_peak for r in row.runs),
+            "kv_bytes_theory": max(r.kv_bytes_theory for r in row.runs),
+            "rss_peak_bytes": max(r.rss_peak_bytes for r in row.runs),
+            "roofline_fraction": row.tokens_per_s / b.tokens_per_s, "roofline_bound": b.bound,
+            "roofline_tokens_per_s": b.tokens_per_s, **last.extra,
+        })
     base = next((r["tokens_per_s"] for r in results if r["engine"] == "hf_generate"), None)
     dense = next(r["tokens_per_s"] for r in results if r["engine"] == "sparserl" and r["compressor"] == "none")
     for r in results:
         r["ratio_vs_hf_generate"] = r["tokens_per_s"] / base if base else None
         r["ratio_vs_sparserl_dense"] = r["tokens_per_s"] / dense
-    info = machine_info(bw)
-    info["dtype"] = str(dt).replace("torch.", "")
-    info["model"] = model
-    info["prompt_tokens"] = P
-    return {"machine": info, "results": results}
+    info = machine_info(bw, gemm, batch)
+    info.update(dtype=dtype_name, model=model, prompt_tokens=P, repeat=repeat, sparserl_commit=_commit())
+    report = {"machine": info, "results": results}
+    if skipped:
+        report["peers_skipped"] = skipped
+    return report
+
+
+def _with_theory(run: Run, kv_bytes_theory: int) -> Run:
+    run.kv_bytes_theory = kv_bytes_theory
+    return run
 
 
 def write_json(report: dict, path: str | Path) -> None:

@@ -1,0 +1,75 @@
+"""What this machine can do, measured: memory read bandwidth and the throughput of the decode's own
+GEMMs (the two ceilings of :mod:`sparserl.bench.roofline`), and a description of the machine."""
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+import torch
+
+
+def memory_bandwidth(nbytes: int = 512 << 20, repeats: int = 5) -> float:
+    """Measured read bandwidth in bytes/s: the best of several full reads of a large buffer."""
+    x = torch.ones(nbytes // 4, dtype=torch.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return nbytes / best
+
+
+def decode_linear_weights(model) -> list[torch.Tensor]:
+    """The weights one decode step multiplies, in the order it does: per layer the fused q/k/v, o,
+    fused gate/up and down, then the LM head. ``model`` is a :class:`~sparserl.rollout.model.SamplerModel`."""
+    weights = [w for lw in model.layers for w in (lw.qkv, lw.o, lw.gate_up, lw.down)]
+    return [*weights, model.lm_head]
+
+
+def gemm_flops_per_s(model, rows: int, repeats: int = 5) -> float:
+    """FLOP/s of the decode step's GEMMs on this machine: ``rows`` activations (the batch) times
+    every weight of :func:`decode_linear_weights`, through ``model.linear`` (the call the decode
+    makes, same orientation, same weights in memory), 2 FLOPs per weight element per row; the best
+    of ``repeats`` timed passes after one warm-up pass."""
+    weights = decode_linear_weights(model)
+    gen = torch.Generator().manual_seed(0)
+    inputs = {}
+    for w in weights:
+        if w.shape[1] not in inputs:
+            inputs[w.shape[1]] = torch.randn(rows, w.shape[1], generator=gen).to(device=w.device, dtype=w.dtype)
+    flops = 2.0 * rows * sum(w.numel() for w in weights)
+    best = float("inf")
+    with torch.inference_mode():
+        for i in range(repeats + 1):
+            t = time.perf_counter()
+            for w in weights:
+                model.linear(inputs[w.shape[1]], w)
+            if weights[0].device.type == "cuda":
+                torch.cuda.synchronize()
+            if i:  # the first pass warms up
+                best = min(best, time.perf_counter() - t)
+    return flops / best
+
+
+def machine_info(bandwidth: float, gemm_flops: float, gemm_rows: int) -> dict:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "memory_bandwidth_bytes_per_s": bandwidth,
+        "gemm_flops_per_s": gemm_flops,
+        "gemm_rows": gemm_rows,
+        "cuda": torch.cuda.is_available(),
+    }

@@ -1,0 +1,217 @@
+"""OpenVINO GenAI as a peer of ``sparserl bench rollout`` (``--peers openvino``).
+
+Two rows of the same JSON, ``engine: "openvino"``, run by OpenVINO GenAI's
+``ContinuousBatchingPipeline`` (its CPU engine: paged KV cache, built-in KV eviction, and the
+log-prob of each sampled token, as an RL sampler needs):
+
+- ``compressor: "none"``: dense;
+- ``compressor: "eviction"``: its cache eviction (``CacheEvictionConfig``) at the bench's budget.
+  Its sizes must be multiples of the KV block (32 tokens on the CPU): ``max_cache_size`` is the
+  budget rounded up to a block (256 → 256); ``start_size`` and ``recent_size`` are one block each,
+  the least it allows, so the scored (evictable) area is as large as it can be, as in our R-KV whose
+  protected recent window is 8 tokens. Scores aggregate by ``SUM`` of the attention a token
+  received (H2O's rule). Its adaptive R-KV mode is not used: it crashed at the first eviction on the
+  CPU when tried (issue 7). The cache counts the prompt; only full blocks are evicted, so a sequence
+  holds at most ``max_cache_size + 31`` tokens.
+
+Like with like: the same chat-templated prompt ids as the sparserl rows (passed as ids, no
+tokenization in the timing), the same batch, sampling at temperature 1 with no top-k/top-p filter,
+exactly ``max_new_tokens`` per sequence (``min_new_tokens`` = ``max_new_tokens``, ``ignore_eos``),
+log-probs returned (``logprobs=1``), the same precision on both sides (``INFERENCE_PRECISION_HINT``
+and ``KV_CACHE_PRECISION`` set to the bench's dtype: f32 for float32, whatever the CPU's default
+would be), as many threads as torch uses, no prefix caching (every sequence prefills its prompt, as
+ours do). Tokens/s = tokens generated / wall time of one ``generate`` call over the batch (prefill
+included), as for the sparserl rows.
+
+KV bytes: ``kv_bytes_peak`` is what the pipeline allocated for its KV cache, read from its metrics
+(``PipelineMetrics.kv_cache_size_in_bytes``); ``kv_bytes_theory`` is computed: batch × bytes per
+token × the most tokens a sequence holds (prompt + new tokens, dense; at most
+``max_cache_size + 31`` with eviction).
+
+Install (an optional extra: OpenVINO 2026.4.1's runtime, GenAI and tokenizers; they need neither
+torch nor transformers and change no installed package)::
+
+    pip install 'sparserl[bench]'
+
+The model is converted to OpenVINO IR once and cached under
+``$SPARSERL_CACHE/openvino/<model>-<weight format>/`` (default ``~/.cache/sparserl/openvino/``) with
+optimum-intel's exporter, which is not part of the extra: its released versions pin an older
+transformers and torch than sparserl's. It runs in a separate virtual environment that sees
+sparserl's packages, with the exporter installed without its dependencies::
+
+    python3 -m venv --system-site-packages ~/.venvs/sparserl-ov
+    ~/.venvs/sparserl-ov/bin/pip install --no-deps optimum-intel==2.2.0 optimum==2.3.0 nncf==3.4.0
+    export SPARSERL_OPENVINO_EXPORT_PYTHON=~/.venvs/sparserl-ov/bin/python
+
+(or install those three with ``--no-deps`` in sparserl's own environment and leave the variable
+unset: the conversion then runs with ``sys.executable``). docs/results/bench_openvino.md has the
+measured side-by-side.
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..models.loading import DEFAULT_MODEL, cache_dir
+from .measure import Row, Run
+from .roofline import mean_kv_tokens
+
+KV_BLOCK = 32  # OpenVINO's CPU KV-cache block size: eviction sizes are multiples of it
+EXPORT_PYTHON_ENV = "SPARSERL_OPENVINO_EXPORT_PYTHON"
+INSTALL_HINT = (
+    "install the extra with `pip install 'sparserl[bench]'` (openvino, openvino-genai, openvino-tokenizers "
+    "2026.4.1; no torch/transformers change); the one-time model conversion also needs optimum-intel, see "
+    "`python -c 'import sparserl.bench.openvino_peer as m; help(m)'` or docs/results/bench_openvino.md"
+)
+#: the bench's dtype → OpenVINO's element type for inference and KV cache, and the IR's weight format
+PRECISION = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+WEIGHT_FORMAT = {"float32": "fp32", "bfloat16": "fp32", "float16": "fp16"}
+
+_EXPORT_SCRIPT = """
+import sys
+from optimum.exporters.openvino import main_export
+from optimum.intel import OVConfig
+src, out, weight_format = sys.argv[1:4]
+main_export(src, output=out, task="text-generation-with-past", ov_config=OVConfig(dtype=weight_format),
+            convert_tokenizer=True, library_name="transformers", local_files_only=True)
+"""
+
+
+class PeerUnavailable(Exception):
+    """The peer cannot run here (not installed, or its model cannot be converted); the message says
+    how to make it run. The bench goes on without its rows."""
+
+
+def import_openvino_genai():
+    try:
+        import openvino_genai
+    except ImportError as e:
+        raise PeerUnavailable(f"OpenVINO peer skipped: openvino-genai is not importable ({e}); {INSTALL_HINT}") from None
+    return openvino_genai
+
+
+def eviction_sizes(kv_budget: int, block: int = KV_BLOCK) -> dict:
+    """OpenVINO's cache-eviction sizes for a budget (see the module docstring for the choice)."""
+    max_size = -(-kv_budget // block) * block
+    max_size = max(max_size, 3 * block)  # start + recent + at least one evictable block
+    return {"start_size": block, "recent_size": block, "max_cache_size": max_size}
+
+
+def _model_key(model: str) -> str:
+    if model in (DEFAULT_MODEL, "default", "smollm2"):
+        return DEFAULT_MODEL
+    p = Path(model).expanduser().resolve()
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", p.stem or p.name) or "model"
+    return f"{stem}-{hashlib.sha1(str(p).encode()).hexdigest()[:8]}"
+
+
+def converted_model(lm, model: str, dtype: str, log=print) -> Path:
+    """The OpenVINO IR folder of ``lm`` (converted once and cached; ``tiny`` is converted into a
+    temporary folder every time, its weights depend on the seed)."""
+    fmt = WEIGHT_FORMAT[dtype]
+    if model == "tiny":
+        scratch = tempfile.mkdtemp(prefix="sparserl-ov-tiny-")
+        atexit.register(shutil.rmtree, scratch, True)
+        target = Path(scratch) / f"tiny-{fmt}"
+    else:
+        target = cache_dir() / "openvino" / f"{_model_key(model)}-{fmt}"
+    if (target / "openvino_model.xml").exists() and (target / "openvino_tokenizer.xml").exists():
+        return target
+    python = os.environ.get(EXPORT_PYTHON_ENV) or sys.executable
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        src = lm.path
+        if src is None:  # no Hugging Face folder behind it (tiny, a GGUF file): write one
+            src = work / "hf"
+            lm.model.save_pretrained(src)
+            lm.tokenizer.save_pretrained(src)
+        log(f"openvino: converting {model} to OpenVINO IR ({fmt}) with {python} -> {target} (once)")
+        t = time.perf_counter()
+        proc = subprocess.run([python, "-c", _EXPORT_SCRIPT, str(src), str(work / "ir"), fmt],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+            raise PeerUnavailable(
+                f"OpenVINO peer skipped: converting {model} with optimum-intel failed ({python}, exit "
+                f"{proc.returncode}); {INSTALL_HINT}. Its last lines:\n{tail}")
+        if target.exists():
+            shutil.rmtree(target)
+        (work / "ir").rename(target)
+        log(f"openvino: converted in {time.perf_counter() - t:.0f}s")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def openvino_rows(lm, model: str, dtype: str, batch: int, max_new_tokens: int, kv_budget: int,
+                  prompt_ids: list[int], kv_bytes_per_token: int, threads: int, seed: int = 0,
+                  log=print) -> list[Row]:
+    """The OpenVINO rows (dense, eviction) of a bench; raises :class:`PeerUnavailable`."""
+    ov_genai = import_openvino_genai()
+    import numpy as np
+    import openvino as ov
+
+    folder = converted_model(lm, model, dtype, log)
+    precision = PRECISION[dtype]
+    properties = {"INFERENCE_PRECISION_HINT": precision, "KV_CACHE_PRECISION": precision,
+                  "INFERENCE_NUM_THREADS": threads}
+    P, L = len(prompt_ids), max_new_tokens
+    ids = ov.Tensor(np.asarray([prompt_ids], dtype=np.int64))
+    configs = []
+    for i in range(batch):
+        cfg = ov_genai.GenerationConfig()
+        cfg.do_sample, cfg.temperature, cfg.top_p = True, 1.0, 1.0
+        cfg.max_new_tokens = cfg.min_new_tokens = L
+        cfg.ignore_eos = True
+        cfg.logprobs = 1
+        cfg.rng_seed = seed + i
+        configs.append(cfg)
+    warm_up = ov_genai.GenerationConfig()
+    warm_up.do_sample, warm_up.max_new_tokens, warm_up.min_new_tokens, warm_up.ignore_eos = True, 4, 4, True
+
+    def pipeline(eviction: dict | None):
+        sc = ov_genai.SchedulerConfig()
+        sc.enable_prefix_caching = False
+        sc.max_num_seqs = max(batch, sc.max_num_seqs)
+        if eviction is not None:
+            sc.use_cache_eviction = True
+            sc.cache_eviction_config = ov_genai.CacheEvictionConfig(
+                eviction["start_size"], eviction["recent_size"], eviction["max_cache_size"],
+                ov_genai.AggregationMode.SUM)
+        return ov_genai.ContinuousBatchingPipeline(str(folder), sc, "CPU", properties)
+
+    def row(compressor: str, eviction: dict | None) -> Row:
+        pipe = pipeline(eviction)
+        pipe.generate([ids], [warm_up])  # compilation, thread pool, first allocations
+        kept_max = P + L if eviction is None else min(P + L, eviction["max_cache_size"] + KV_BLOCK - 1)
+        cap = None if eviction is None else eviction["max_cache_size"] + KV_BLOCK / 2
+
+        def run() -> Run:
+            t = time.perf_counter()
+            results = pipe.generate([ids] * batch, configs)
+            seconds = time.perf_counter() - t
+            lengths = [len(r.m_generation_ids[0]) for r in results]
+            if any(n != L for n in lengths):
+                raise RuntimeError(f"openvino {compressor}: generated {sorted(set(lengths))} tokens, asked exactly {L}")
+            metrics = pipe.get_metrics()
+            return Run(seconds, sum(lengths), int(metrics.kv_cache_size_in_bytes),
+                       batch * kv_bytes_per_token * kept_max,
+                       extra={"kv_cache_usage_max_percent": float(metrics.max_cache_usage)})
+
+        fields = {"engine": "openvino", "compressor": compressor,
+                  "kv_budget": None if eviction is None else kv_budget,
+                  "openvino": {"version": ov_genai.__version__, "precision": precision,
+                               "threads": threads, "ir": str(folder),
+                               **({"cache_eviction": {**eviction, "aggregation_mode": "SUM"}} if eviction else {})}}
+        return Row(fields, run, mean_kv_tokens(P, L, cap))
+
+    return [row("none", None), row("eviction", eviction_sizes(kv_budget))]

@@ -1,0 +1,185 @@
+"""``sparserl bench rollout``: the roofline bound, repeated runs and their medians, batch limits, and
+the OpenVINO peer (skipped with a clear message when its extra is not installed; run on the tiny
+model when it is)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import sys
+
+import pytest
+
+from sparserl import cli
+from sparserl.bench import machine, rollout
+from sparserl.bench.measure import Row, Run, run_rounds
+from sparserl.bench.openvino_peer import EXPORT_PYTHON_ENV, KV_BLOCK, PeerUnavailable, eviction_sizes, import_openvino_genai
+from sparserl.bench.roofline import decode_step_flops, mean_kv_tokens, roofline
+from sparserl.errors import OptionError
+
+TINY_BENCH = ["bench", "rollout", "--model", "tiny", "--no-hf", "--max-new-tokens", "3", "--batch", "2",
+              "--kv-budget", "8", "--step-length", "2"]
+
+
+@pytest.fixture
+def fast_machine(monkeypatch):
+    """The machine's ceilings as constants (the real measurement reads 512 MB several times)."""
+    monkeypatch.setattr(rollout, "memory_bandwidth", lambda: 20e9)
+
+
+# --- roofline -----------------------------------------------------------------------------------
+def test_roofline_memory_bound():
+    # 1 GB read at 10 GB/s = 0.1 s; 1 GFLOP at 100 GFLOP/s = 0.01 s: the reads bind, 16 / 0.1 s
+    r = roofline(batch=16, bytes_read=1e9, flops=1e9, bandwidth=10e9, gemm_flops=100e9)
+    assert r.bound == "memory"
+    assert r.tokens_per_s == pytest.approx(160.0)
+    assert (r.memory_seconds, r.compute_seconds) == (pytest.approx(0.1), pytest.approx(0.01))
+
+
+def test_roofline_compute_bound():
+    # 0.5 GB at 25 GB/s = 0.02 s; 4 GFLOP at 50 GFLOP/s = 0.08 s: the GEMMs bind, 8 / 0.08 s
+    r = roofline(batch=8, bytes_read=0.5e9, flops=4e9, bandwidth=25e9, gemm_flops=50e9)
+    assert r.bound == "compute"
+    assert r.tokens_per_s == pytest.approx(100.0)
+
+
+def test_roofline_rejects_zero_ceilings():
+    with pytest.raises(ValueError):
+        roofline(batch=1, bytes_read=1, flops=1, bandwidth=0, gemm_flops=1)
+
+
+def test_decode_step_flops_and_mean_kv_tokens():
+    # 2 per weight element per row + 4 · layers · heads · head_dim per kept token per row
+    assert decode_step_flops(2, 1000, n_layers=3, n_heads=4, head_dim=8, kv_tokens_avg=10) == 2 * 2 * 1000 + 4 * 2 * 3 * 4 * 8 * 10
+    assert mean_kv_tokens(10, 4) == pytest.approx((10 + 11 + 12 + 13) / 4)  # dense: grows a token a step
+    assert mean_kv_tokens(10, 4, cap=11.5) == pytest.approx((10 + 11 + 11.5 + 11.5) / 4)
+
+
+def test_gemm_flops_runs_the_decode_weights_through_linear(tiny):
+    from sparserl.rollout.engine import RolloutEngine
+    from sparserl.rollout.kv import build_compressor
+
+    sm = RolloutEngine(tiny, build_compressor("none")).model
+    weights = machine.decode_linear_weights(sm)
+    assert len(weights) == 4 * sm.n_layers + 1 and weights[-1] is sm.lm_head
+    calls = []
+    real = sm.linear
+    sm.linear = lambda x, w, b=None: calls.append((tuple(x.shape), w.data_ptr())) or real(x, w, b)
+    assert machine.gemm_flops_per_s(sm, rows=3, repeats=2) > 0
+    assert len(calls) == 3 * len(weights)  # a warm-up pass and two timed ones
+    assert all(shape[0] == 3 for shape, _ in calls)
+    assert [p for _, p in calls[: len(weights)]] == [w.data_ptr() for w in weights]  # the model's own tensors
+
+
+# --- repeated runs ------------------------------------------------------------------------------
+def test_run_rounds_interleaves_rows_and_reports_the_median():
+    order = []
+
+    def runner(name, seconds):
+        it = iter(seconds)
+
+        def run():
+            order.append(name)
+            return Run(seconds=next(it), tokens=100, kv_bytes_peak=1, kv_bytes_theory=1)
+        return run
+
+    a = Row({"engine": "a"}, runner("a", [1.0, 4.0, 2.0]), 0.0)
+    b = Row({"engine": "b"}, runner("b", [0.5, 0.5, 1.0]), 0.0)
+    run_rounds([a, b], 3)
+    assert order == ["a", "b"] * 3  # rounds, so a drift of the machine falls on both rows
+    assert a.tokens_per_s_runs == [100.0, 25.0, 50.0]
+    assert a.tokens_per_s == 50.0 and b.tokens_per_s == 200.0
+    assert all(r.rss_peak_bytes > 0 for r in a.runs)
+
+
+def test_bench_repeat_reports_median_and_ratios_of_medians(tiny, fast_machine, monkeypatch, capsys):
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
+    report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=3, kv_budget=8, step_length=2,
+                               compressors=["streaming"], dtype="float32", hf_baseline=True, repeat=3)
+    m = report["machine"]
+    assert m["repeat"] == 3 and m["gemm_flops_per_s"] > 0 and m["gemm_rows"] == 2
+    assert m["memory_bandwidth_bytes_per_s"] == 20e9
+    rows = {(r["engine"], r["compressor"]): r for r in report["results"]}
+    assert set(rows) == {("hf_generate", "none"), ("sparserl", "none"), ("sparserl", "streaming")}
+    for r in rows.values():
+        assert len(r["tokens_per_s_runs"]) == 3
+        assert r["tokens_per_s"] == statistics.median(r["tokens_per_s_runs"])
+        assert r["roofline_bound"] in ("memory", "compute")
+        assert r["roofline_fraction"] == pytest.approx(r["tokens_per_s"] / r["roofline_tokens_per_s"])
+    dense, hf = rows["sparserl", "none"], rows["hf_generate", "none"]
+    stream = rows["sparserl", "streaming"]
+    assert stream["ratio_vs_sparserl_dense"] == pytest.approx(stream["tokens_per_s"] / dense["tokens_per_s"])
+    assert dense["ratio_vs_hf_generate"] == pytest.approx(dense["tokens_per_s"] / hf["tokens_per_s"])
+    assert "peers_skipped" not in report
+
+
+# --- options ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("option,value", [("--batch", "0"), ("--batch", "-3"), ("--repeat", "0"),
+                                          ("--repeat", "-1"), ("--peers", "vllm")])
+def test_bench_rejects_bad_numbers_and_peers(option, value):
+    args = cli.build_parser().parse_args([*TINY_BENCH, option, value])
+    with pytest.raises(OptionError, match=option):
+        args.fn(args)
+
+
+def test_bench_batch_64_runs(tiny, fast_machine, monkeypatch, tmp_path):
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
+    out = tmp_path / "b.json"
+    rc = cli.main([*TINY_BENCH, "--max-new-tokens", "2", "--batch", "64", "--compressors", "none",
+                   "--json", str(out)])
+    assert rc == 0
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["batch"] == 64 and row["tokens_per_s_runs"] and len(row["tokens_per_s_runs"]) == 1
+
+
+# --- the OpenVINO peer --------------------------------------------------------------------------
+def test_eviction_sizes_are_blocks():
+    assert eviction_sizes(256) == {"start_size": 32, "recent_size": 32, "max_cache_size": 256}
+    assert eviction_sizes(200)["max_cache_size"] == 224  # rounded up to a block
+    for budget in (1, 8, 64, 100, 1000):
+        sizes = eviction_sizes(budget)
+        assert all(v % KV_BLOCK == 0 for v in sizes.values())
+        assert sizes["max_cache_size"] > sizes["start_size"] + sizes["recent_size"]
+
+
+def test_openvino_peer_missing_is_skipped_with_install_hint(tiny, fast_machine, monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "openvino_genai", None)  # `import openvino_genai` raises ImportError
+    with pytest.raises(PeerUnavailable, match=r"pip install 'sparserl\[bench\]'"):
+        import_openvino_genai()
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
+    out = tmp_path / "b.json"
+    rc = cli.main([*TINY_BENCH, "--compressors", "none", "--peers", "openvino", "--json", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "OpenVINO peer skipped" in printed and "sparserl[bench]" in printed
+    report = json.loads(out.read_text())
+    assert [(r["engine"], r["compressor"]) for r in report["results"]] == [("sparserl", "none")]
+    assert "sparserl[bench]" in report["peers_skipped"]["openvino"]
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # its parent package is missing
+        return False
+
+
+def _openvino_ready() -> bool:
+    """The extra, and a way to convert the model (optimum-intel here or the exporter's Python)."""
+    return _installed("openvino_genai") and (_installed("optimum.intel") or bool(os.environ.get(EXPORT_PYTHON_ENV)))
+
+
+@pytest.mark.skipif(not _openvino_ready(), reason="the bench extra (openvino-genai) and optimum-intel are not installed")
+def test_openvino_rows_on_tiny(tiny, fast_machine, monkeypatch):
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
+    report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=4, kv_budget=64, step_length=32,
+                               compressors=[], dtype="float32", hf_baseline=False, peers=["openvino"])
+    assert "peers_skipped" not in report, report.get("peers_skipped")
+    rows = {(r["engine"], r["compressor"]): r for r in report["results"]}
+    assert set(rows) == {("sparserl", "none"), ("openvino", "none"), ("openvino", "eviction")}
+    for key in (("openvino", "none"), ("openvino", "eviction")):
+        r = rows[key]
+        assert r["tokens_per_s"] > 0 and r["kv_bytes_peak"] > 0 and r["openvino"]["precision"] == "f32"
+        assert r["batch"] == 2 and r["max_new_tokens"] == 4
+    assert rows["openvino", "eviction"]["openvino"]["cache_eviction"]["max_cache_size"] == 64
