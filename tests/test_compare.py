@@ -206,13 +206,32 @@ def test_eval_dense_and_sparse_per_run(done, tmp_path, monkeypatch):
         assert rec["step"] == 1 and rec["dense"]["problems"] == 2
         assert 0 <= rec["dense"]["pass@1"] <= 1 and 0 <= rec["sparse"]["pass@1"] <= 1
         assert rec["dense"]["compressor"] == "none" and rec["sparse"]["compressor"] == "rkv"  # dense arm too
+    start = json.loads((out / "eval" / "start-rkv-b{}.json".format(rec["sparse"]["kv_budget"])).read_text())
+    assert start["step"] == 0 and start["dense"]["problems"] == 2 and start["sparse"]["compressor"] == "rkv"
     md = (out / "comparison.md").read_text()
-    assert "Held-out evaluation" in md and "sparse − dense" in md
+    assert "Held-out evaluation" in md and "sparse − dense" in md and "*before training*" in md
     assert json.loads((out / "comparison.json").read_text())["arms"]["dense"]["eval"]["dense"]["pass@1_mean"] is not None
     lines = []
     compare("default", TINY, "dense,sparse_rl", 1, steps=1, out=out, eval_data="arith", eval_limit=2,
             log=lines.append)
-    assert sum("cached" in x for x in lines) == 2
+    assert sum("cached" in x for x in lines) == 3  # two runs and the starting model
+
+
+def test_eval_prompts_are_the_runs_own(done, tmp_path, monkeypatch):
+    """The held-out problems get the run's system prompt and template, as in training."""
+    import sparserl.data as data_module
+    from sparserl.compare.evals import evaluate_model
+    from sparserl.train.checkpoint import latest_checkpoint
+
+    src, _ = done
+    seen = []
+    real = data_module.load_dataset
+    monkeypatch.setattr(data_module, "load_dataset", lambda *a, **k: seen.append(k) or real(*a, **k))
+    cfg = load_config("default", [*TINY, "data.system_prompt=Be brief."])
+    model = latest_checkpoint(src / "runs" / "sparse_rl-seed0") / "model"
+    rec = evaluate_model(str(model), cfg, "arith", limit=1, n=1, temperature=0.0, sparse=None,
+                         path=tmp_path / "e.json", record={"run": "r"}, log=quiet)
+    assert seen[-1]["system_prompt"] == "Be brief." and rec["settings"]["system_prompt"] == "Be brief."
 
 
 # ------------------------------------------------------------------------------ bad input

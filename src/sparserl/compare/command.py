@@ -106,7 +106,7 @@ def compare(config: str | None, overrides: Sequence[str] = (), arms: str | Seque
             command: str | None = None, log: Callable[[str], object] = print) -> Path:
     """Plan (check everything), run every arm × seed, evaluate (``eval_data``), write the comparison;
     returns the path of ``comparison.md``."""
-    from .evals import eval_all
+    from .evals import eval_all, eval_start
     from .report import write_comparison
     from .runner import run_all
 
@@ -116,12 +116,14 @@ def compare(config: str | None, overrides: Sequence[str] = (), arms: str | Seque
     log(f"compare: {len(p.arms)} arms × {len(p.seeds)} seeds = {len(p.specs)} runs in {p.out / 'runs'} "
         f"({len(p.specs) - todo} already done)")
     statuses = run_all(p.specs, log=log)
-    evals = None
+    evals = starts = None
     if eval_data is not None:
-        evals = eval_all(p.specs, p.base, eval_data, limit=eval_limit, n=eval_n, temperature=eval_temperature,
-                         out_dir=p.out / "eval", log=log)
+        kw = dict(limit=eval_limit, n=eval_n, temperature=eval_temperature, out_dir=p.out / "eval", log=log)
+        starts = eval_start(p.specs, p.base, eval_data, **kw)
+        evals = eval_all(p.specs, p.base, eval_data, **kw)
     path = write_comparison(p.out, p.specs, statuses, config=p.config, overrides=p.overrides, seeds=p.seeds,
-                            collapse_k3=collapse_k3, command=command, evals=evals, eval_data=eval_data)
+                            collapse_k3=collapse_k3, command=command, evals=evals, eval_data=eval_data,
+                            starts=starts)
     log(f"comparison: {path}")
     return path
 

@@ -20,7 +20,10 @@ from typing import Callable
 from ..config import Config, RolloutConfig
 from .arms import CompareError, RunSpec
 
-__all__ = ["eval_all", "eval_run", "sparse_sampler_for"]
+__all__ = ["eval_all", "eval_run", "eval_start", "evaluate_model", "sparse_sampler_for", "START"]
+
+#: name prefix of the starting model's evaluations (``start-<compressor>-b<budget>``)
+START = "start"
 
 _SAMPLER_KEYS = ("compressor", "kv_budget", "trigger", "step_length", "window", "compress_prompt",
                  "compressor_options")
@@ -51,7 +54,6 @@ def eval_run(spec: RunSpec, data: str, *, limit: int | None, n: int, temperature
     """Evaluate one run's final model (or read the cached result); returns the record written to
     ``out_dir/<run>.json``: ``{"run", "arm", "seed", "checkpoint", "step", "settings", "dense": {...},
     "sparse": {...}}`` (each mode: :func:`evaluate`'s figures)."""
-    from ..runlog import EVAL_MODES
     from .runner import checkpoint_step
     from ..train.checkpoint import latest_checkpoint
 
@@ -59,17 +61,32 @@ def eval_run(spec: RunSpec, data: str, *, limit: int | None, n: int, temperature
     if ck is None:
         raise CompareError(f"--eval: run {spec.run_dir} has no complete checkpoint to evaluate")
     cfg = spec.cfg
+    record = {"run": spec.name, "arm": spec.arm.name, "seed": spec.seed, "checkpoint": str(ck),
+              "step": checkpoint_step(spec.run_dir)}
+    return evaluate_model(str(ck / "model"), cfg, data, limit=limit, n=n, temperature=temperature, sparse=sparse,
+                          path=out_dir / f"{spec.name}.json", record=record, log=log)
+
+
+def evaluate_model(model: str, cfg: Config, data: str, *, limit: int | None, n: int, temperature: float,
+                   sparse: dict | None, path: Path, record: dict, log: Callable[[str], object] = print) -> dict:
+    """Evaluate ``model`` (a checkpoint's model folder or a model name) dense and under ``sparse``, with
+    ``cfg``'s prompts (``data.template``, ``data.system_prompt``: what the run trained on), reward,
+    dtype and response length; ``record`` plus the results go to ``path`` (read back instead when it
+    holds the same model and settings)."""
     settings = {"data": data, "limit": limit, "n": n, "temperature": temperature,
                 "max_new_tokens": cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-                "reward": cfg.reward.fn, "seed": cfg.train.seed, "sparse_sampler": sparse}
-    path = out_dir / f"{spec.name}.json"
+                "reward": cfg.reward.fn, "seed": cfg.train.seed, "sparse_sampler": sparse,
+                "template": cfg.data.template, "system_prompt": cfg.data.system_prompt}
+    name = record.get("run", path.stem)
+    from ..runlog import EVAL_MODES
     if path.is_file():
         try:
             cached = json.loads(path.read_text())
         except (json.JSONDecodeError, OSError):
             cached = None
-        if isinstance(cached, dict) and cached.get("checkpoint") == str(ck) and cached.get("settings") == settings:
-            log(f"eval {spec.name}: cached in {path}")
+        if isinstance(cached, dict) and cached.get("checkpoint") == record.get("checkpoint") \
+                and cached.get("settings") == settings:
+            log(f"eval {name}: cached in {path}")
             return cached
 
     from ..data import load_dataset
@@ -80,13 +97,12 @@ def eval_run(spec: RunSpec, data: str, *, limit: int | None, n: int, temperature
     from ..rollout.kv import build_compressor, compressor_from_fields
     from ..rollout.sampling import SamplingParams
 
-    examples = list(load_dataset(data, limit=limit))
-    lm = load_model(str(ck / "model"), dtype=cfg.model.dtype, device=cfg.model.device)
+    examples = list(load_dataset(data, limit=limit, template=cfg.data.template, system_prompt=cfg.data.system_prompt))
+    lm = load_model(model, dtype=cfg.model.dtype, device=cfg.model.device)
     reward_fn = load_reward(cfg.reward.fn, timeout_s=cfg.reward.timeout_s)
     params = SamplingParams(n=n, temperature=temperature, max_new_tokens=settings["max_new_tokens"],
                             seed=cfg.train.seed)
-    record = {"run": spec.name, "arm": spec.arm.name, "seed": spec.seed, "checkpoint": str(ck),
-              "step": checkpoint_step(spec.run_dir), "settings": settings}
+    record = {**record, "settings": settings}
     comps = {"dense": build_compressor("none")}
     if sparse is not None:
         comps["sparse"] = compressor_from_fields(_Fields(sparse))
@@ -97,9 +113,9 @@ def eval_run(spec: RunSpec, data: str, *, limit: int | None, n: int, temperature
         res["compressor"] = comps[mode].name
         res["kv_budget"] = sparse["kv_budget"] if mode == "sparse" else None
         record[mode] = res
-        log(f"eval {spec.name} {mode} ({comps[mode].name}): pass@1 {res['pass@1']:.3f} on "
+        log(f"eval {name} {mode} ({comps[mode].name}): pass@1 {res['pass@1']:.3f} on "
             f"{res['problems']} problems of {data}")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record, indent=2))
     tmp.replace(path)
@@ -112,3 +128,20 @@ def eval_all(specs: list[RunSpec], base: Config | None, data: str, *, limit: int
     return {s.name: eval_run(s, data, limit=limit, n=n, temperature=temperature,
                              sparse=sparse_sampler_for(s, base, specs), out_dir=out_dir, log=log)
             for s in specs}
+
+
+def eval_start(specs: list[RunSpec], base: Config | None, data: str, *, limit: int | None, n: int,
+               temperature: float, out_dir: Path, log: Callable[[str], object] = print) -> dict[str, dict]:
+    """The model every run started from (``model.name``), evaluated like the runs' final models: dense and
+    under each distinct sparse sampler of the comparison (the reference for what training changed);
+    ``{"start-<compressor>-b<budget>": record}`` (``"start"`` when no arm compresses)."""
+    out: dict[str, dict] = {}
+    for s in specs:
+        sparse = sparse_sampler_for(s, base, specs)
+        name = f"{START}-{sparse['compressor']}-b{sparse['kv_budget']}" if sparse else START
+        if name in out:
+            continue
+        record = {"run": name, "arm": START, "seed": s.cfg.train.seed, "checkpoint": s.cfg.model.name, "step": 0}
+        out[name] = evaluate_model(s.cfg.model.name, s.cfg, data, limit=limit, n=n, temperature=temperature,
+                                   sparse=sparse, path=out_dir / f"{name}.json", record=record, log=log)
+    return out

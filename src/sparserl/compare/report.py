@@ -98,7 +98,8 @@ def _eval_summary(records: Mapping[str, dict], runs: list[str]) -> dict:
 
 def write_comparison(out: Path, specs: list[RunSpec], statuses: Mapping[str, str], *, config: str,
                      overrides: list[str], seeds: list[int], collapse_k3: float, command: str | None = None,
-                     evals: Mapping[str, dict] | None = None, eval_data: str | None = None) -> Path:
+                     evals: Mapping[str, dict] | None = None, eval_data: str | None = None,
+                     starts: Mapping[str, dict] | None = None) -> Path:
     """Write the plots, ``comparison.md`` and ``comparison.json`` into ``out``; returns the .md path."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -175,7 +176,8 @@ def write_comparison(out: Path, specs: list[RunSpec], statuses: Mapping[str, str
                f"n={st.get('n')}, temperature {st.get('temperature')}), under dense inference and under sparse "
                "inference (the arm's own sampler; a dense arm uses the base config's). pass@1 mean ± sample std "
                "over seeds; sparse − dense per seed, then averaged: the closer to 0, the less the model degrades "
-               "under sparse inference.", "",
+               "under sparse inference. The prompts are the runs' own (`data.template`, `data.system_prompt`)"
+               + ("; *before training* is the model every run started from." if starts else "."), "",
                "| arm | pass@1 dense | pass@1 sparse (sampler) | sparse − dense |", "|---|---|---|---|"]
         for a in arms:
             e = sums[a]["eval"]
@@ -184,6 +186,11 @@ def write_comparison(out: Path, specs: list[RunSpec], statuses: Mapping[str, str
             md.append(f"| {a} | {_pm(e['dense']['pass@1_mean'], e['dense']['pass@1_std'])} | "
                       f"{_pm(e['sparse']['pass@1_mean'], e['sparse']['pass@1_std'])} ({samp}) | "
                       f"{_pm(e['sparse_minus_dense']['mean'], e['sparse_minus_dense']['std'])} |")
+        for name, r in (starts or {}).items():
+            samp = f"{r['sparse']['compressor']}, budget {r['sparse']['kv_budget']}" if "sparse" in r else "none"
+            sp = r.get("sparse", {}).get("pass@1")
+            md.append(f"| *before training* | {_fmt(r['dense']['pass@1'], 3)} | {_fmt(sp, 3)} ({samp}) | "
+                      f"{_fmt(sp - r['dense']['pass@1'] if sp is not None else None, 3)} |")
         md += ["", f"Per-run results: `{out / 'eval'}/<run>.json`."]
     if plots:
         md += ["", "## Plots", ""]
@@ -203,7 +210,7 @@ def write_comparison(out: Path, specs: list[RunSpec], statuses: Mapping[str, str
     record = {
         "command": command, "config": config, "overrides": list(overrides), "seeds": list(seeds), "steps": steps,
         "final_k": k, "collapse": {"rule": collapse_rule(collapse_k3), "k3_threshold": collapse_k3},
-        "dense_arm": dense_arm, "eval_data": eval_data,
+        "dense_arm": dense_arm, "eval_data": eval_data, "start_eval": dict(starts or {}),
         "arms": {a: {"overrides": list(arm_of[a].overrides), "config": arm_of[a].config or config,
                      "description": arm_of[a].description, **sums[a]} for a in arms},
         "runs": {s.name: {"arm": s.arm.name, "seed": s.seed, "run_dir": str(s.run_dir),
