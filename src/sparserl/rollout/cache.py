@@ -4,7 +4,8 @@ Dense or sparse, one code path: the compressor (``none`` for dense) sizes the bu
 (:meth:`KVCompressor.capacity`, decided by the engine) and says when a sequence is due. Every
 buffer lives on the device of the prefill keys (the model's device).
 
-Layout per layer: K and V buffers [B, Hkv, capacity, D]; sequences are left-padded after prefill
+Layout: one K and one V buffer for all layers, [n_layers, B, Hkv, capacity, D] (``k[layer]`` is a
+view of one layer); sequences are left-padded after prefill
 (slots ``< start[b]`` are padding). Each decode step writes one slot per sequence at ``lens[b]``
 (no growing ``torch.cat``: the buffers never move). When a sequence's compressible region reaches
 ``budget + step_length`` tokens (or, with the ``newline`` trigger, after a newline once past the
@@ -12,6 +13,12 @@ budget) the compressor picks ``budget`` slots per KV head and the cache gathers 
 of the region; everything after is free for new tokens. The true position of every slot is kept
 (``pos``), so rotary positions continue from the true length, and tests can recompute attention
 over exactly the kept keys.
+
+A compression scores and gathers all layers of the due sequences in a few large operations (the
+layers are folded into the batch of :class:`ScoreInputs`, in chunks that bound the scoring
+temporaries, :meth:`KVCompressor.score_bytes`) instead of a loop of small ones per layer: the same
+selections, a fraction of the operator calls (what dominates a short period such as the default
+job's ``step_length: 2``).
 
 When sequences finish, :meth:`select` shrinks every buffer to the sequences still running, so
 finished sequences cost neither compute nor memory.
@@ -27,6 +34,8 @@ from .kv.base import KVCompressor, ScoreInputs
 
 
 class CompressedKVCache:
+    SCORE_CHUNK_BYTES = 128 << 20  # bound on a compression's scoring temporaries (chunks of layers)
+
     def __init__(
         self,
         keys: list[torch.Tensor],
@@ -61,24 +70,23 @@ class CompressedKVCache:
         self._uniform_len: int | None = P  # all lens equal (the common case: plain slicing)
 
         pos = positions[:, None, :].expand(B, hkv, P).to(torch.int32)
-        self.k = [torch.zeros(B, hkv, capacity, D, dtype=self.dtype, device=dev) for _ in range(self.n_layers)]
-        self.v = [torch.zeros(B, hkv, capacity, D, dtype=self.dtype, device=dev) for _ in range(self.n_layers)]
-        self.pos = torch.zeros(self.n_layers, B, hkv, capacity, dtype=torch.int32, device=dev)
-        self.acc = (
-            [torch.zeros(B, hkv, capacity, dtype=torch.float32, device=dev) for _ in range(self.n_layers)]
-            if self.track_attention else None
-        )
+        nl = self.n_layers
+        self.keys = torch.zeros(nl, B, hkv, capacity, D, dtype=self.dtype, device=dev)
+        self.values = torch.zeros(nl, B, hkv, capacity, D, dtype=self.dtype, device=dev)
+        self.pos = torch.zeros(nl, B, hkv, capacity, dtype=torch.int32, device=dev)
+        self.attn_acc = (torch.zeros(nl, B, hkv, capacity, dtype=torch.float32, device=dev)
+                         if self.track_attention else None)
         if P > capacity:
             # only reachable with a compressible prompt longer than the budget: compress the prompt
             # while it still sits in the prefill tensors, then copy the kept slots in
             self._compress_prefill(keys, values, pos, valid, queries, attn_acc)
         else:
-            for layer in range(self.n_layers):
-                self.k[layer][:, :, :P] = keys[layer]
-                self.v[layer][:, :, :P] = values[layer]
-                self.pos[layer, :, :, :P] = pos
-                if self.acc is not None and attn_acc is not None:
-                    self.acc[layer][:, :, :P] = attn_acc[layer]
+            for layer in range(nl):
+                self.keys[layer, :, :, :P] = keys[layer]
+                self.values[layer, :, :, :P] = values[layer]
+                if self.attn_acc is not None and attn_acc is not None:
+                    self.attn_acc[layer, :, :, :P] = attn_acc[layer]
+            self.pos[:, :, :, :P] = pos
         # ring of the last `window` queries per layer: [L, B, Hq, w, D]
         self.q_ring = None
         self.q_count = 0
@@ -94,6 +102,20 @@ class CompressedKVCache:
 
     # --- bookkeeping ---------------------------------------------------------------------------
     @property
+    def k(self) -> list[torch.Tensor]:
+        """Per-layer views [B, Hkv, capacity, D] of the key buffer."""
+        return list(self.keys.unbind(0))
+
+    @property
+    def v(self) -> list[torch.Tensor]:
+        return list(self.values.unbind(0))
+
+    @property
+    def acc(self) -> list[torch.Tensor] | None:
+        """Per-layer views [B, Hkv, capacity] of the accumulated attention (H2O), or None."""
+        return None if self.attn_acc is None else list(self.attn_acc.unbind(0))
+
+    @property
     def batch(self) -> int:
         return self.lens.shape[0]
 
@@ -102,11 +124,10 @@ class CompressedKVCache:
         return self._uniform_len if self._uniform_len is not None else int(self.lens.max())
 
     def bytes_allocated(self) -> int:
-        per = self.k[0].numel() * self.k[0].element_size()
-        return 2 * per * self.n_layers
+        return 2 * self.keys.numel() * self.keys.element_size()
 
     def bytes_valid(self) -> int:
-        per_token = 2 * self.n_layers * self.n_kv * self.head_dim * self.k[0].element_size()
+        per_token = 2 * self.n_layers * self.n_kv * self.head_dim * self.keys.element_size()
         return int((self.lens - self.start).sum()) * per_token
 
     def _account(self) -> None:
@@ -146,10 +167,8 @@ class CompressedKVCache:
         """Write this step's k, v [B, Hkv, 1, D] and attend q [B, Hq, 1, D] over the cache.
 
         softmax(q Kᵀ/√d + bias) V computed per GQA group without expanding K/V."""
-        B, hq, _, D = q.shape
-        hkv = self.n_kv
-        g = hq // hkv
-        K, V = self.k[layer], self.v[layer]
+        B = q.shape[0]
+        K, V = self.keys[layer], self.values[layer]
         if self._uniform_len is not None:
             slot = self._uniform_len - 1
             K[:, :, slot : slot + 1] = k
@@ -158,17 +177,20 @@ class CompressedKVCache:
             bidx = torch.arange(B, device=self.device)
             K[bidx, :, self._slot] = k[:, :, 0]
             V[bidx, :, self._slot] = v[:, :, 0]
-        L = bias.shape[-1]
-        Kl, Vl = K[:, :, :L], V[:, :, :L]
-        qg = q.reshape(B, hkv, g, D)
-        s = torch.matmul(qg, Kl.transpose(-1, -2)) * (D**-0.5)  # [B, hkv, g, L]
-        p = (s.float() + bias).softmax(dim=-1)
-        if self.acc is not None:
-            self.acc[layer][:, :, :L] += p.sum(dim=2)
+        out, p = attention(q, K, V, bias)
+        if self.attn_acc is not None:
+            self.attn_acc[layer, :, :, : bias.shape[-1]] += p.sum(dim=2)
+        self.record_query(layer, q)
+        return out
+
+    def write_slots(self) -> torch.Tensor:
+        """[B] the slot each row writes this step (after :meth:`begin_step`)."""
+        return self._slot
+
+    def record_query(self, layer: int, q: torch.Tensor) -> None:
+        """Keep this step's query [B, Hq, 1, D] in the observation-window ring (if one is kept)."""
         if self.q_ring is not None:
             self.q_ring[layer, :, :, self.q_head] = q[:, :, 0]
-        out = torch.matmul(p.to(self.dtype), Vl)  # [B, hkv, g, D]
-        return out.reshape(B, hq * D)
 
     def end_step(self) -> None:
         if self.q_ring is not None:
@@ -176,17 +198,30 @@ class CompressedKVCache:
             self.q_count = min(self.q_count + 1, self.window)
 
     # --- compression ---------------------------------------------------------------------------
-    def due(self, newline: torch.Tensor | None = None) -> torch.Tensor:
-        """Bool [B]: sequences whose cache must be compressed now (the compressor's rule)."""
-        return self.compressor.due(self.region_len(), newline)
+    def due(self, newline: torch.Tensor | None = None, remaining: int | None = None) -> torch.Tensor:
+        """Bool [B]: sequences whose cache must be compressed now (the compressor's rule, skip rule
+        included: ``remaining`` = tokens still to be written into the cache after this step)."""
+        return self.compressor.due(self.region_len(), newline, remaining)
 
-    def _ordered_queries(self, layer: int, rows: torch.Tensor) -> torch.Tensor | None:
+    def _layer_chunks(self, n: int, L: int) -> list[slice]:
+        """Slices of layers scored together: as many as keep the scoring temporaries of ``n``
+        sequences of ``L`` slots under :attr:`SCORE_CHUNK_BYTES`."""
+        per_layer = self.compressor.score_bytes(n, self.n_kv, self.n_heads, L, self.head_dim)
+        step = max(1, min(self.n_layers, self.SCORE_CHUNK_BYTES // max(1, per_layer)))
+        return [slice(a, min(a + step, self.n_layers)) for a in range(0, self.n_layers, step)]
+
+    def _ordered_queries(self, layers: slice, rows: torch.Tensor | None) -> torch.Tensor | None:
+        """The window's queries, oldest first, [layers * n, Hq, w', D] (layer-major), or None."""
         if self.q_ring is None:
             return None
         w = self.window
-        order = [(self.q_head + i) % w for i in range(w)]  # oldest first
-        q = self.q_ring[layer][rows][:, :, order]
-        return q[:, :, w - self.q_count :] if self.q_count < w else q
+        q = self.q_ring[layers] if rows is None else self.q_ring[layers, rows]
+        if self.q_head:  # the ring's oldest query is at q_head
+            order = torch.tensor([(self.q_head + i) % w for i in range(w)], device=self.device)
+            q = q.index_select(3, order)
+        if self.q_count < w:
+            q = q[:, :, :, w - self.q_count :]
+        return q.flatten(0, 1)
 
     def compress(self, due: torch.Tensor) -> None:
         """Compress every due sequence down to the budget (groups of equal length at a time)."""
@@ -194,44 +229,74 @@ class CompressedKVCache:
         if rows_all.numel() == 0:
             return
         self._account()  # the peak is right before an eviction
-        lens = self.lens[rows_all]
-        for L in lens.unique().tolist():
-            rows = rows_all[lens == L]
-            self._compress_rows(rows, int(L))
+        if rows_all.numel() == self.batch and self._uniform_len is not None:
+            self._compress_rows(None, self._uniform_len)  # the common case: every row, plain slices
+        else:
+            lens = self.lens[rows_all]
+            for L in lens.unique().tolist():
+                self._compress_rows(rows_all[lens == L], int(L))
         self.n_compressions += 1
         u = self.lens.unique()
         self._uniform_len = int(u[0]) if u.numel() == 1 else None
 
-    def _compress_rows(self, rows: torch.Tensor, L: int) -> None:
+    def _compress_rows(self, rows: torch.Tensor | None, L: int) -> None:
+        """Compress ``rows`` (None: all of them), all of length ``L``, over every layer: the layers
+        are folded into the batch of one :class:`ScoreInputs` per chunk of layers, and the kept
+        slots are moved with one row copy (``index_select`` on the flattened buffer; ~8x faster on
+        CPU than a ``gather`` with an index expanded over the head dim)."""
         c = self.compressor
         rs = self.region_start
         keep = c.budget_for(L)
-        ar = torch.arange(L, device=self.device)
-        valid = ar[None, :] >= self.start[rows][:, None]
+        B, hkv, cap = self.batch, self.n_kv, self.capacity
+        start = self.start if rows is None else self.start[rows]
+        valid = torch.arange(L, device=self.device)[None, :] >= start[:, None]
+        n = valid.shape[0]
         n_valid_region = valid[:, rs:].sum(-1)
-        for layer in range(self.n_layers):
-            K, V = self.k[layer], self.v[layer]
-            kr = K[rows, :, :L]
+        batch_rows = torch.arange(B, device=self.device) if rows is None else rows
+        for layers in self._layer_chunks(n, L):
+            nl = layers.stop - layers.start
+            if rows is None:
+                keys, pos = self.keys[layers, :, :, :L], self.pos[layers, :, :, :L]
+                acc = self.attn_acc[layers, :, :, :L] if self.attn_acc is not None else None
+            else:
+                keys, pos = self.keys[layers, rows, :, :L], self.pos[layers, rows, :, :L]
+                acc = self.attn_acc[layers, rows, :, :L] if self.attn_acc is not None else None
             inp = ScoreInputs(
-                keys=kr,
+                keys=keys.flatten(0, 1),
                 region=slice(rs, L),
-                valid=valid,
-                queries=self._ordered_queries(layer, rows),
-                positions=self.pos[layer][rows, :, :L],
-                attn_acc=self.acc[layer][rows, :, :L] if self.acc is not None else None,
+                valid=valid.repeat(nl, 1),
+                queries=self._ordered_queries(layers, rows),
+                positions=pos.flatten(0, 1),
+                attn_acc=acc.flatten(0, 1) if acc is not None else None,
             )
-            idx = c.select(inp, keep) + rs  # [n, hkv, keep] slots
-            gi = idx[..., None].expand(-1, -1, -1, self.head_dim)
-            K[rows, :, rs : rs + keep] = kr.gather(2, gi)
-            V[rows, :, rs : rs + keep] = V[rows, :, :L].gather(2, gi)
-            self.pos[layer, rows, :, rs : rs + keep] = self.pos[layer][rows, :, :L].gather(2, idx)
-            if self.acc is not None:
-                a = self.acc[layer][rows, :, :L].gather(2, idx)
-                self.acc[layer][rows, :, rs : rs + keep] = a
-                self.acc[layer][rows, :, rs + keep :] = 0
-        self.lens[rows] = rs + keep
+            idx = c.select(inp, keep) + rs  # [nl * n, Hkv, keep] kept slots
+            # flat slot numbers in the buffers viewed as [layers * B * Hkv * capacity, ...]
+            line = ((torch.arange(layers.start, layers.stop, device=self.device)[:, None] * B + batch_rows[None, :])
+                    [:, :, None] * hkv + torch.arange(hkv, device=self.device)) * cap  # [nl, n, Hkv]
+            src = (line.view(nl * n, hkv, 1) + idx).flatten()
+            dst = (line[..., None] + torch.arange(rs, rs + keep, device=self.device)).flatten()
+            for buf in (self.keys, self.values):
+                flat = buf.view(-1, self.head_dim)
+                flat.index_copy_(0, dst, flat.index_select(0, src))
+            for buf in (self.pos, self.attn_acc):
+                if buf is not None:
+                    flat = buf.view(-1)
+                    flat.index_copy_(0, dst, flat.index_select(0, src))
+            if self.attn_acc is not None:
+                if rows is None:
+                    self.attn_acc[layers, :, :, rs + keep :] = 0
+                else:
+                    self.attn_acc[layers, rows, :, rs + keep :] = 0
+        if rows is None:
+            self.lens[:] = rs + keep
+        else:
+            self.lens[rows] = rs + keep
         if rs == 0:  # the prompt was compressible: padding may have been kept at the front
-            self.start[rows] = (keep - n_valid_region).clamp(min=0)
+            new_start = (keep - n_valid_region).clamp(min=0)
+            if rows is None:
+                self.start = new_start
+            else:
+                self.start[rows] = new_start
 
     def _compress_prefill(self, keys, values, pos, valid, queries, attn_acc) -> None:
         """Compress a compressible prompt longer than the buffer while it sits in the prefill
@@ -240,19 +305,25 @@ class CompressedKVCache:
         B, P = valid.shape
         keep = c.budget_for(P)
         n_valid = valid.sum(-1)
-        for layer in range(self.n_layers):
+        D = self.head_dim
+        for layers in self._layer_chunks(B, P):
+            K, V = torch.stack(keys[layers]), torch.stack(values[layers])  # [l, B, Hkv, P, D]
+            nl = K.shape[0]
             qs = None
-            if queries is not None:
-                qs = queries[layer][:, :, -c.window :] if c.needs_queries else None
-            inp = ScoreInputs(keys=keys[layer], region=slice(0, P), valid=valid, queries=qs,
-                              positions=pos, attn_acc=attn_acc[layer] if attn_acc is not None else None)
-            idx = c.select(inp, keep)
-            gi = idx[..., None].expand(-1, -1, -1, self.head_dim)
-            self.k[layer][:, :, :keep] = keys[layer].gather(2, gi)
-            self.v[layer][:, :, :keep] = values[layer].gather(2, gi)
-            self.pos[layer, :, :, :keep] = pos.gather(2, idx)
-            if self.acc is not None and attn_acc is not None:
-                self.acc[layer][:, :, :keep] = attn_acc[layer].gather(2, idx)
+            if queries is not None and c.needs_queries:
+                qs = torch.stack([q[:, :, -c.window :] for q in queries[layers]]).flatten(0, 1)
+            acc = torch.stack(attn_acc[layers]) if attn_acc is not None else None
+            inp = ScoreInputs(keys=K.flatten(0, 1), region=slice(0, P), valid=valid.repeat(nl, 1), queries=qs,
+                              positions=pos.repeat(nl, 1, 1),
+                              attn_acc=acc.flatten(0, 1) if acc is not None else None)
+            idx = c.select(inp, keep)  # [nl * B, Hkv, keep]
+            src = (idx + torch.arange(nl * B * self.n_kv, device=self.device).view(nl * B, self.n_kv, 1) * P).flatten()
+            shape = (nl, B, self.n_kv, keep)
+            self.keys[layers, :, :, :keep] = K.view(-1, D).index_select(0, src).view(*shape, D)
+            self.values[layers, :, :, :keep] = V.view(-1, D).index_select(0, src).view(*shape, D)
+            self.pos[layers, :, :, :keep] = inp.positions.reshape(-1).index_select(0, src).view(shape)
+            if self.attn_acc is not None and acc is not None:
+                self.attn_acc[layers, :, :, :keep] = acc.reshape(-1).index_select(0, src).view(shape)
         self.lens[:] = keep
         self.start = (keep - n_valid).clamp(min=0)
         self._uniform_len = keep
@@ -262,14 +333,29 @@ class CompressedKVCache:
     def select(self, keep_rows: torch.Tensor) -> None:
         """Keep only these sequences (new, smaller buffers; the old ones are freed)."""
         self._account()
-        self.k = [t.index_select(0, keep_rows) for t in self.k]
-        self.v = [t.index_select(0, keep_rows) for t in self.v]
+        self.keys = self.keys.index_select(1, keep_rows)
+        self.values = self.values.index_select(1, keep_rows)
         self.pos = self.pos.index_select(1, keep_rows)
-        if self.acc is not None:
-            self.acc = [t.index_select(0, keep_rows) for t in self.acc]
+        if self.attn_acc is not None:
+            self.attn_acc = self.attn_acc.index_select(1, keep_rows)
         if self.q_ring is not None:
             self.q_ring = self.q_ring.index_select(1, keep_rows)
         self.lens = self.lens.index_select(0, keep_rows)
         self.start = self.start.index_select(0, keep_rows)
         u = self.lens.unique()
         self._uniform_len = int(u[0]) if u.numel() == 1 else None
+
+
+def attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, bias: torch.Tensor):
+    """softmax(q Kᵀ/√d + bias) V over the first L = ``bias.shape[-1]`` slots, per GQA group without
+    expanding K/V: q [B, Hq, 1, D], K/V [B, Hkv, capacity, D], bias [B, 1, 1, L] (float32) →
+    (out [B, Hq * D], probabilities [B, Hkv, g, L] float32)."""
+    B, hq, _, D = q.shape
+    hkv = K.shape[1]
+    L = bias.shape[-1]
+    Kl, Vl = K[:, :, :L], V[:, :, :L]
+    qg = q.reshape(B, hkv, hq // hkv, D)
+    s = torch.matmul(qg, Kl.transpose(-1, -2)) * (D**-0.5)  # [B, hkv, g, L]
+    p = (s.float() + bias).softmax(dim=-1)
+    out = torch.matmul(p.to(K.dtype), Vl)  # [B, hkv, g, D]
+    return out.reshape(B, hq * D), p

@@ -26,6 +26,7 @@ import torch
 
 from ..models.loading import LoadedModel, parse_dtype
 from .cache import CompressedKVCache
+from .compiled import decode_layers
 from .kv.base import KVCompressor
 from .kv.none import Dense
 from .model import SamplerModel
@@ -82,14 +83,19 @@ class RolloutOutput:
 
 class RolloutEngine:
     def __init__(self, loaded: LoadedModel, compressor: KVCompressor,
-                 dtype: str | torch.dtype | None = None, max_batch: int | None = None):
-        """``compressor``: a :class:`KVCompressor`; ``get_compressor("none")`` for a dense cache."""
+                 dtype: str | torch.dtype | None = None, max_batch: int | None = None, compile: bool = False,
+                 pack_weights: bool | None = None):
+        """``compressor``: a :class:`KVCompressor`; ``get_compressor("none")`` for a dense cache.
+        ``compile``: run each decode layer through ``torch.compile`` (:mod:`sparserl.rollout.compiled`;
+        the first step compiles, once per model shape and process). ``pack_weights``: decode with
+        oneDNN-packed weights (:func:`sparserl.rollout.model.pack_weight`); None = where supported."""
         self.tokenizer = loaded.tokenizer
         self.dtype = parse_dtype(dtype) if dtype is not None else next(loaded.model.parameters()).dtype
-        self.model = SamplerModel(loaded.model, self.dtype)
+        self.model = SamplerModel(loaded.model, self.dtype, pack_weights)
         self.device = self.model.device
         self.compressor = _checked(compressor)
         self.max_batch = max_batch
+        self.compile = bool(compile)
         self.eos_ids = self._eos_ids(loaded.model)
         self._newline_ids: torch.Tensor | None = None
         self.step_hook = None  # tests/debugging: called as hook(event, **state) around each decode step
@@ -251,7 +257,7 @@ class RolloutEngine:
             if self.step_hook is not None:
                 self.step_hook("after_decode", t=t, cache=cache, logits=logits)
             true_len = true_len + 1
-            due = cache.due(newline[tok] if newline is not None else None)
+            due = cache.due(newline[tok] if newline is not None else None, remaining=max_new - 2 - t)
             if due.any():
                 dense_tokens_peak = max(dense_tokens_peak, int(true_len.sum()))
                 cache.compress(due)
@@ -282,6 +288,10 @@ class RolloutEngine:
         h = torch.nn.functional.embedding(tok, m.embed)[:, None, :]  # [B, 1, hidden]
         cos, sin = m.rope(positions[:, None])  # [B, 1, D]
         bias = cache.begin_step(positions)
+        if self.compile:
+            h = decode_layers(m, h, cos, sin, cache, bias)
+            cache.end_step()
+            return m.logits(h[:, 0]).float()
         for layer, lw in enumerate(m.layers):
             q, k, v = m.qkv(lw, h, cos, sin)  # [B, H, 1, D]
             a = cache.attend(layer, q, k, v, bias)

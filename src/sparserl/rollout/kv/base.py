@@ -38,7 +38,9 @@ class CompressorOptionError(SparserlError, ValueError):
 
 @dataclass
 class ScoreInputs:
-    """What a compressor may look at for one layer and ``n`` sequences of equal cache length.
+    """What a compressor may look at for ``n`` (sequence, layer) pairs of equal cache length (the
+    cache folds the layers it scores together into this batch dim, layer-major; every method scores
+    each pair on its own).
 
     keys:      [n, Hkv, L, D]  all cached keys (post-RoPE), slots 0..L-1
     region:    slice of slots that may be compressed (``region.start`` .. L)
@@ -125,13 +127,35 @@ class KVCompressor:
             return min(period, prompt_len + max_new)
         return prompt_len + min(max_new, period)
 
-    def due(self, region_len: torch.Tensor, newline: torch.Tensor | None = None) -> torch.Tensor:
+    def due(self, region_len: torch.Tensor, newline: torch.Tensor | None = None,
+            remaining: int | None = None) -> torch.Tensor:
         """Bool [B]: sequences to compress now, given the length of their compressible region and
-        (``newline`` trigger) whether the token just written holds a newline."""
+        (``newline`` trigger) whether the token just written holds a newline.
+
+        Skip rule (``remaining`` = tokens the engine will still write into the cache after this
+        step, at most): a compression that frees slots no later token uses is skipped, i.e. when
+        nothing more is written (``remaining == 0``: after the last decode step). With the
+        ``step_length`` trigger a sequence is due exactly when its region fills the buffer
+        (``budget + step_length`` slots), so this is also every case where the rest of the
+        generation fits in the free slots; the memory promise is untouched (the region never
+        exceeds ``budget + step_length``). The ``newline`` trigger's compressions before the buffer
+        is full are the method's definition (cut at a thought boundary), not a need for room, so
+        they are kept while tokens follow."""
         due = region_len >= self.budget + self.step_length
         if self.trigger == "newline" and newline is not None:
             due |= newline & (region_len > self.budget)
+        if remaining is not None and remaining <= 0:
+            due = torch.zeros_like(due)
         return due
+
+    def score_bytes(self, n: int, n_kv: int, n_heads: int, length: int, head_dim: int) -> int:
+        """About how many bytes the scoring of ``n`` (sequence, layer) pairs of ``length`` slots
+        holds at once (the cache scores as many layers together as fit its chunk bound). Default:
+        float copies of the keys and values, and the window attention when the method uses it."""
+        per = n_kv * length * (3 * head_dim + 16)
+        if self.needs_queries:
+            per += 12 * n_heads * self.window * length
+        return n * per
 
     def budget_for(self, seq_len: int) -> int:
         """Budget at a given sequence length. Constant here; a sparsity schedule (Sparrow) overrides

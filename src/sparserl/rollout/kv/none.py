@@ -27,7 +27,8 @@ class Dense(KVCompressor):
     def capacity(self, prompt_len: int, max_new: int) -> int:
         return prompt_len + max_new
 
-    def due(self, region_len: torch.Tensor, newline: torch.Tensor | None = None) -> torch.Tensor:
+    def due(self, region_len: torch.Tensor, newline: torch.Tensor | None = None,
+            remaining: int | None = None) -> torch.Tensor:
         return torch.zeros_like(region_len, dtype=torch.bool)
 
     def score(self, inp: ScoreInputs) -> torch.Tensor:

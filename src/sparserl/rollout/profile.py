@@ -1,0 +1,169 @@
+"""Where a decode step's time goes: ``python -m sparserl.rollout.profile``.
+
+Runs one ``generate`` and splits its decode time (prefill excluded) into:
+
+- ``matmul``: every product with a weight (q/k/v, o, gate/up, down and the LM head), i.e. each call
+  of :func:`sparserl.rollout.model.linear`;
+- ``attention``: softmax(q Kᵀ) V over the cache (:func:`sparserl.rollout.cache.attention`);
+- ``compression``: :meth:`CompressedKVCache.compress` (scoring, selection, moving the kept slots);
+- ``sampling``: log-softmax, inverse-CDF draw, log-prob of the sampled token;
+- ``other``: the rest, i.e. Python, RMSNorm, RoPE, residual adds, cache writes and bookkeeping.
+
+Each part is timed by a wrapper around the function (the CPU runs operators synchronously; on CUDA
+pass ``--sync`` so that each part waits for its kernels). With ``--compile`` the layer math is one
+compiled function: only compression, sampling and the total are split. ``--torch-profiler`` also
+prints torch.profiler's top operators by self time.
+
+    python -m sparserl.rollout.profile --batch 16 --max-new-tokens 256 --compressor rkv --kv-budget 256 --step-length 128
+    python -m sparserl.rollout.profile --job default --compressor rkv     # the default training job's shape
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+
+import torch
+
+from . import cache as cache_mod
+from . import engine as engine_mod
+from . import model as model_mod
+from .cache import CompressedKVCache
+from .engine import RolloutEngine
+from .kv import build_compressor
+from .sampling import SamplingParams
+
+BENCH_PROMPT = [{"role": "user", "content": "Write a long, detailed story about a dragon who learns mathematics."}]
+SYSTEM = ("You are a careful math tutor. Read the problem, add or subtract the numbers it gives, and reply "
+          "with one short sentence that ends with the final answer as a number in \\boxed{}.")
+
+
+def _timed(fn, name: str, acc: dict, sync):
+    def wrapper(*a, **kw):
+        sync()
+        t = time.perf_counter()
+        out = fn(*a, **kw)
+        sync()
+        acc[name] += time.perf_counter() - t
+        return out
+
+    return wrapper
+
+
+class Split:
+    """Patch the timed functions for the duration of a ``with`` block."""
+
+    def __init__(self, compiled: bool, sync: bool):
+        self.acc: dict[str, float] = defaultdict(float)
+        self.compiled = compiled
+        self.sync = torch.cuda.synchronize if sync and torch.cuda.is_available() else (lambda: None)
+
+    def __enter__(self):
+        from .model import SamplerModel
+
+        # (owner, attribute, label); the first two fall back to an older layout of the code (a
+        # SamplerModel.linear staticmethod; attention inline in CompressedKVCache.attend)
+        points = [(model_mod, "linear", "matmul") if hasattr(model_mod, "linear") else (SamplerModel, "linear", "matmul"),
+                  (cache_mod, "attention", "attention") if hasattr(cache_mod, "attention")
+                  else (CompressedKVCache, "attend", "attention"),
+                  (CompressedKVCache, "compress", "compression"), (engine_mod, "sample", "sampling")]
+        self.saved = []
+        for owner, name, label in points:
+            if self.compiled and label in ("matmul", "attention"):
+                continue  # inside the compiled function: not separable
+            raw = owner.__dict__[name]
+            fn = raw.__func__ if isinstance(raw, staticmethod) else raw
+            wrapped = _timed(fn, label, self.acc, self.sync)
+            setattr(owner, name, staticmethod(wrapped) if isinstance(raw, staticmethod) else wrapped)
+            self.saved.append((owner, name, raw))
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, raw in self.saved:
+            setattr(owner, name, raw)
+
+
+def job_prompts(job: str, batch: int):
+    """(prompts, n) for a shape: ``bench`` = the benchmark's prompt ``batch`` times; ``default`` = the
+    default training job (system prompt + a one-digit sum, 4 prompts x 8 samples)."""
+    if job == "default":
+        qs = [f"What is {a} + {b}?" for a, b in [(3, 5), (7, 2), (4, 4), (9, 6)]]
+        return [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}] for q in qs], batch // len(qs)
+    return [BENCH_PROMPT], batch
+
+
+def profile(model: str = "smollm2-135m", dtype: str = "float32", batch: int = 16, max_new_tokens: int = 256,
+            compressor: str = "none", kv_budget: int = 256, step_length: int = 128, window: int | None = None,
+            compress_prompt: bool | None = None, job: str = "bench", compile: bool = False, seed: int = 0,
+            torch_profiler: bool = False, sync: bool = False) -> dict:
+    from ..models.loading import load_model
+
+    if job == "default":  # the default training job's rollout settings
+        batch, max_new_tokens, kv_budget, step_length = 32, 48, 40, 2
+        window = 8 if window is None else window
+        compress_prompt = True if compress_prompt is None else compress_prompt
+    lm = load_model(model, dtype=dtype)
+    comp = build_compressor(compressor, kv_budget=kv_budget, step_length=step_length, window=window,
+                            compress_prompt=compress_prompt)
+    eng = RolloutEngine(lm, comp, dtype=dtype, **({"compile": True} if compile else {}))
+    prompts, n = job_prompts(job, batch)
+    params = SamplingParams(n=n, max_new_tokens=max_new_tokens, seed=seed, ignore_eos=(job != "default"))
+    eng.generate(prompts, SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))  # warm-up (and compile)
+    table = None
+    with Split(compile, sync) as split:
+        if torch_profiler:
+            from torch.profiler import ProfilerActivity, profile as tprofile
+
+            with tprofile(activities=[ProfilerActivity.CPU]) as prof:
+                out = eng.generate(prompts, params)
+            table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14)
+        else:
+            out = eng.generate(prompts, params)
+    decode = out.seconds - out.prefill_seconds
+    parts = {k: v for k, v in split.acc.items()}
+    parts["other"] = decode - sum(parts.values())
+    steps = max(len(r) for r in out.response_ids)
+    return {
+        "job": job, "compressor": compressor, "compile": compile, "batch": batch, "max_new_tokens": max_new_tokens,
+        "kv_budget": None if compressor == "none" else kv_budget, "step_length": step_length,
+        "tokens": out.tokens_generated, "seconds": out.seconds, "prefill_seconds": out.prefill_seconds,
+        "tokens_per_s": out.tokens_per_s, "decode_steps": steps, "ms_per_step": 1e3 * decode / max(1, steps),
+        "compressions": out.kv.compressions, "kv_bytes_peak": out.kv.bytes_peak,
+        "split_seconds": parts, "split_fraction": {k: v / decode for k, v in parts.items()},
+        "torch_profiler": table,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--compressor", default="none")
+    ap.add_argument("--kv-budget", type=int, default=256)
+    ap.add_argument("--step-length", type=int, default=128)
+    ap.add_argument("--window", type=int, default=None)
+    ap.add_argument("--job", choices=["bench", "default"], default="bench")
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--torch-profiler", action="store_true")
+    ap.add_argument("--sync", action="store_true")
+    ap.add_argument("--json", default=None, help="append the result as one JSON line to this file")
+    a = ap.parse_args(argv)
+    r = profile(a.model, a.dtype, a.batch, a.max_new_tokens, a.compressor, a.kv_budget, a.step_length, a.window,
+                None, a.job, a.compile, torch_profiler=a.torch_profiler, sync=a.sync)
+    split = "  ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(r["split_fraction"].items(), key=lambda x: -x[1]))
+    print(f"{r['job']} {r['compressor']}{' compiled' if r['compile'] else ''} B={r['batch']} L={r['max_new_tokens']}: "
+          f"{r['tokens_per_s']:.1f} tok/s, {r['ms_per_step']:.1f} ms/step, {r['compressions']} compressions | {split}")
+    if r["torch_profiler"]:
+        print(r["torch_profiler"])
+    if a.json:
+        r = {k: v for k, v in r.items() if k != "torch_profiler"}
+        with open(a.json, "a") as f:
+            f.write(json.dumps(r) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
