@@ -356,3 +356,31 @@ def test_compressor_from_fields_reads_config_and_command_options():
                            compressor_options='{"lam": 0.5}')
     c = compressor_from_fields(args)
     assert (c.name, c.budget, c.window, c.lam, c.compress_prompt) == ("rkv", 12, 8, 0.5, False)
+
+
+# ---- the skip rule: no compression that frees slots no later token uses --------------------------
+@pytest.mark.parametrize("trigger", ["step_length", "newline"])
+def test_skip_rule_after_the_last_write(trigger):
+    c = get_compressor("rkv", budget=16, step_length=8, trigger=trigger)
+    full = torch.tensor([24, 24, 20])  # two rows fill budget + step_length, one does not
+    nl = torch.tensor([False, False, True])
+    due = c.due(full, nl)
+    assert due.tolist() == [True, True, trigger == "newline"]
+    assert torch.equal(c.due(full, nl, remaining=1), due)  # a token follows: compress as before
+    assert not c.due(full, nl, remaining=0).any()  # nothing follows: skipped
+    assert not get_compressor("none").due(full, nl, remaining=5).any()
+
+
+def test_skip_rule_in_the_engine_keeps_the_memory_promise(tiny):
+    """With the period ending exactly at the last decode step, that compression is skipped: one
+    fewer than the period count, the same tokens, and the region never exceeds budget + step."""
+    B, step = 16, 8
+    comp = make("rkv", B, step)
+    eng = RolloutEngine(tiny, comp)
+    regions = []
+    eng.step_hook = lambda ev, cache=None, **kw: regions.append(int(cache.region_len().max())) if ev == "after_decode" else None
+    # region = t + 1 after decoding token t; decodes run for t < max_new - 1; due at 24, 32, 40
+    out = eng.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=41, seed=0, ignore_eos=True))
+    assert out.kv.compressions == 2  # at 24 and 32; the one at 40 (last decode) is skipped
+    assert max(regions) <= B + step
+    assert all(k <= len(p) + B + step for k, p in zip(out.kv_tokens_kept, out.prompt_ids))
