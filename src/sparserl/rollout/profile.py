@@ -77,6 +77,18 @@ class Split:
             wrapped = _timed(fn, label, self.acc, self.sync)
             setattr(owner, name, staticmethod(wrapped) if isinstance(raw, staticmethod) else wrapped)
             self.saved.append((owner, name, raw))
+        # the prefill's matmuls are not decode time: take them back out
+        prefill = SamplerModel.__dict__["prefill"]
+
+        def no_prefill(*a, **kw):
+            before = dict(self.acc)
+            out = prefill(*a, **kw)
+            for k in list(self.acc):
+                self.acc[k] = before.get(k, 0.0)
+            return out
+
+        SamplerModel.prefill = no_prefill
+        self.saved.append((SamplerModel, "prefill", prefill))
         return self
 
     def __exit__(self, *exc):
