@@ -40,12 +40,15 @@ transformers and torch than sparserl's. It runs in a separate virtual environmen
 sparserl's packages, with the exporter installed without its dependencies::
 
     python3 -m venv --system-site-packages ~/.venvs/sparserl-ov
-    ~/.venvs/sparserl-ov/bin/pip install --no-deps optimum-intel==2.2.0 optimum==2.3.0 nncf==3.4.0
-    export SPARSERL_OPENVINO_EXPORT_PYTHON=~/.venvs/sparserl-ov/bin/python
+    ~/.venvs/sparserl-ov/bin/pip install 'sparserl[bench]'
+    ~/.venvs/sparserl-ov/bin/pip install --no-deps optimum-intel==2.2.0 optimum==2.3.0 nncf==3.4.0 \
+        tabulate 'pydot<=4.0.1' 'ninja<1.14' scikit-learn joblib threadpoolctl
+    ~/.venvs/sparserl-ov/bin/python -m sparserl.cli bench rollout --peers openvino ...
 
-(or install those three with ``--no-deps`` in sparserl's own environment and leave the variable
-unset: the conversion then runs with ``sys.executable``). docs/results/bench_openvino.md has the
-measured side-by-side.
+(``SPARSERL_OPENVINO_EXPORT_PYTHON=/path/to/python`` runs the export with another Python instead,
+
+e.g. one with optimum-intel's own pins; by default it runs with ``sys.executable``).
+docs/results/bench_openvino.md has the measured side-by-side.
 """
 from __future__ import annotations
 
@@ -75,10 +78,25 @@ INSTALL_HINT = (
 PRECISION = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 WEIGHT_FORMAT = {"float32": "fp32", "bfloat16": "fp32", "float16": "fp16"}
 
+#: run by the exporter's Python: optimum-intel's exporter, IR weights in ``weight_format``, and the
+#: tokenizer/detokenizer IR the pipeline loads. optimum-intel 2.2.0 imports, at package import,
+#: vision-language classes that transformers >= 5.6 no longer has; the text-generation export never
+#: uses them, so when that import fails the module is replaced by empty stand-ins and the import retried.
 _EXPORT_SCRIPT = """
-import sys
-from optimum.exporters.openvino import main_export
-from optimum.intel import OVConfig
+import sys, types
+try:
+    from optimum.exporters.openvino import main_export
+    from optimum.intel import OVConfig
+except (ImportError, AttributeError):
+    for name in [m for m in sys.modules if m.startswith("optimum.intel")]:
+        del sys.modules[name]
+    vlm = types.ModuleType("optimum.intel.openvino.modeling_visual_language")
+    for cls in ("OVModelForVisualCausalLM", "OVModelForMultimodalLM", "OVVisionEmbedding"):
+        setattr(vlm, cls, type(cls, (), {}))
+    vlm.MODEL_TYPE_TO_CLS_MAPPING = {}
+    sys.modules[vlm.__name__] = vlm
+    from optimum.exporters.openvino import main_export
+    from optimum.intel import OVConfig
 src, out, weight_format = sys.argv[1:4]
 main_export(src, output=out, task="text-generation-with-past", ov_config=OVConfig(dtype=weight_format),
             convert_tokenizer=True, library_name="transformers", local_files_only=True)
@@ -99,7 +117,8 @@ def import_openvino_genai():
 
 
 def eviction_sizes(kv_budget: int, block: int = KV_BLOCK) -> dict:
-    """OpenVINO's cache-eviction sizes for a budget (see the module docstring for the choice)."""
+    """OpenVINO's cache-eviction sizes for a budget (see the module docstring for the choice); at
+    least three blocks (start, recent and one evictable block)."""
     max_size = -(-kv_budget // block) * block
     max_size = max(max_size, 3 * block)  # start + recent + at least one evictable block
     return {"start_size": block, "recent_size": block, "max_cache_size": max_size}
