@@ -46,7 +46,6 @@ sparserl's packages, with the exporter installed without its dependencies::
     ~/.venvs/sparserl-ov/bin/python -m sparserl.cli bench rollout --peers openvino ...
 
 (``SPARSERL_OPENVINO_EXPORT_PYTHON=/path/to/python`` runs the export with another Python instead,
-
 e.g. one with optimum-intel's own pins; by default it runs with ``sys.executable``).
 docs/results/bench_openvino.md has the measured side-by-side.
 """
