@@ -50,11 +50,16 @@ class _HeadLogprobEntropy(torch.autograd.Function):
         for s in range(0, N, chunk_size):
             e = min(s + chunk_size, N)
             z = _chunk_logits(hidden[s:e], weight, temperature)
-            lse[s:e] = torch.logsumexp(z, dim=-1)
+            if with_entropy:  # one exp pass gives both logsumexp and Σ p z
+                top = z.amax(-1, keepdim=True)
+                ez = (z - top).exp_()
+                total = ez.sum(-1)
+                lse[s:e] = top[:, 0] + total.log()
+                mean_z[s:e] = torch.bmm(ez[:, None, :], z[:, :, None])[:, 0, 0] / total
+                del ez
+            else:
+                lse[s:e] = torch.logsumexp(z, dim=-1)
             logp[s:e] = z.gather(-1, targets[s:e, None])[:, 0] - lse[s:e]
-            if with_entropy:
-                p = (z - lse[s:e, None]).exp_()
-                mean_z[s:e] = torch.linalg.vecdot(p, z)
         entropy = lse - mean_z if with_entropy else torch.zeros_like(logp)
         ctx.save_for_backward(hidden, weight, targets, lse, mean_z)
         ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
@@ -68,35 +73,30 @@ class _HeadLogprobEntropy(torch.autograd.Function):
         hidden, weight, targets, lse, mean_z = ctx.saved_tensors
         temperature, chunk = ctx.temperature, ctx.chunk_size
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        if (g_logp is None and g_entropy is None) or not (want_h or want_w):
-            return None, None, None, None, None, None
         if not ctx.with_entropy:
             g_entropy = None
+        if (g_logp is None and g_entropy is None) or not (want_h or want_w):
+            return None, None, None, None, None, None
         N = hidden.shape[0]
+        scale = 1.0 / temperature if (temperature > 0 and temperature != 1.0) else 1.0
+        g_lp = (g_logp if g_logp is not None else torch.zeros_like(lse)) * scale  # folded: ∂/∂logits = ∂/∂z / τ
+        if g_entropy is not None:  # ∂/∂z = p (a + b z) with a = g_H Σpz − g_lp, b = −g_H; + g_lp at the target
+            a = g_entropy * scale * mean_z - g_lp
+            b = -g_entropy * scale
         grad_h = torch.empty_like(hidden) if want_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
         rows = torch.arange(min(chunk, N), device=hidden.device)
-        scale = 1.0 / temperature if (temperature > 0 and temperature != 1.0) else 1.0
         for s in range(0, N, chunk):
             e = min(s + chunk, N)
             h = hidden[s:e]
             z = _chunk_logits(h, weight, temperature)
-            p = (z - lse[s:e, None]).exp_()
-            # ∂/∂z = −p (g_lp + g_H (z − Σpz)), then + g_lp at the target (computed in place in z)
-            gz = z
             if g_entropy is not None:
-                gz.sub_(mean_z[s:e, None]).mul_(g_entropy[s:e, None])
-                if g_logp is not None:
-                    gz.add_(g_logp[s:e, None])
-            elif g_logp is not None:
-                gz.copy_(g_logp[s:e, None].expand_as(gz))
-            gz.mul_(p).neg_()
-            del p
-            if g_logp is not None:
-                r = rows[: e - s]
-                gz[r, targets[s:e]] += g_logp[s:e]
-            if scale != 1.0:
-                gz.mul_(scale)
+                p = (z - lse[s:e, None]).exp_()
+                gz = z.mul_(b[s:e, None]).add_(a[s:e, None]).mul_(p)
+                del p
+            else:  # ∂/∂z = −g_lp p, in z's buffer
+                gz = z.sub_(lse[s:e, None]).exp_().mul_(-g_lp[s:e, None])
+            gz[rows[: e - s], targets[s:e]] += g_lp[s:e]
             if want_h:
                 grad_h[s:e] = gz.to(hidden.dtype) @ weight
             if want_w:
