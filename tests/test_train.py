@@ -224,3 +224,36 @@ def test_eval_every_0_evaluates_once_at_the_end(tmp_path):
                   "eval.max_new_tokens=4", "reward.fn=math")
     run = train(cfg, run_dir=tmp_path / "e0", log=lambda *_: None)
     assert [p.name for p in run.glob("eval*.json")] == ["eval-step00002.json"]
+
+
+def test_old_logprobs_come_from_the_sampler_only_where_it_runs_the_old_policy(tmp_path, monkeypatch):
+    """algorithm.old_logprobs: auto skips the scoring forward for a dense float32 sampler (and then
+    old == sampler log-probs); score always scores; sampler on a compressing sampler is a config error."""
+    from sparserl.train import trainer as trainer_module
+
+    calls = []
+    real = trainer_module.score_logprobs
+    monkeypatch.setattr(trainer_module, "score_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for mode, scored in (("auto", 0), ("score", 1)):
+        cfg = cfg_for(tmp_path, "rollout.compressor=none", "rollout.dtype=float32", "algorithm.correction=none",
+                      f"algorithm.old_logprobs={mode}")
+        calls.clear()
+        train_step(build_trainer(cfg), 1)
+        assert len(calls) == scored, mode
+    cfg = cfg_for(tmp_path, "rollout.dtype=float32")  # rkv compresses: auto scores
+    calls.clear()
+    train_step(build_trainer(cfg), 1)
+    assert len(calls) == 1
+    with pytest.raises(ConfigError, match="old_logprobs=sampler.*compresses"):
+        cfg_for(tmp_path, "algorithm.old_logprobs=sampler")
+
+
+def test_shared_prompt_update_equals_the_full_forward_update(tmp_path):
+    """train.shared_prompt changes how the learner forwards, not what it computes: same rollouts, same
+    loss and gradient norm (micro-batches of 3 split the groups of 4)."""
+    out = {}
+    for shared in ("true", "false"):
+        cfg = cfg_for(tmp_path, f"train.shared_prompt={shared}", "train.micro_batch_size=3")
+        out[shared] = train_step(build_trainer(cfg), 1)
+    for key in ("policy/loss", "policy/pg_loss", "grad_norm", "policy/entropy", "policy/ratio_mean"):
+        assert out["true"][key] == pytest.approx(out["false"][key], rel=1e-4, abs=1e-6), key

@@ -37,7 +37,9 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from .correct.presets import apply_corrections, resolve
 from .errors import SparserlError
 from .registry import did_you_mean
+from .models.loading import parse_dtype
 from .rollout.kv import available_compressors, compressor_from_fields
+from .score.old_policy import old_logprobs_source
 from .train.advantages import available_adv_ests, get_adv_est
 
 __all__ = ["ConfigError", "ModelConfig", "RolloutConfig", "DataConfig", "RewardConfig", "AlgorithmConfig",
@@ -208,6 +210,10 @@ class AlgorithmConfig(_Section):
                                "[name, {options}] pairs.")
     correction_options: Options = F(help="Options of the correction overriding the preset's defaults (e.g. "
                                     "token_low, token_high, veto, is_cap).", factory=dict)
+    old_logprobs: Literal["auto", "score", "sampler"] = F(
+        "auto", "Where the old policy's log-probs come from: score (a dense forward of the learner) | sampler "
+        "(the sampler's own; only when it runs the old policy exactly: rollout.compressor=none, temperature > 0, "
+        "top_p=1, top_k=0, float32 sampler and learner) | auto (sampler when that holds, else score).")
 
     @property
     def clip_eps_upper(self) -> float:
@@ -225,6 +231,9 @@ class TrainConfig(_Section):
     ppo_epochs: int = F(1, "Passes over each rollout batch.", ge=1)
     micro_batch_size: int = F(8, "Sequences per forward/backward (gradient accumulation inside a mini-batch); "
                               "lower it to save memory.", ge=1)
+    shared_prompt: bool = F(True, "Forward each distinct prompt of a micro-batch once and only the responses "
+                            "after it (its K/V shared by the group's rows): the same log-probs and gradients "
+                            "with fewer tokens through the model; false = every row whole.")
     lr: float = F(1e-5, "Learning rate (AdamW).", gt=0)
     weight_decay: float = F(0.0, "AdamW weight decay.", ge=0)
     betas: Betas = F((0.9, 0.98), "AdamW betas.")
@@ -589,11 +598,18 @@ def validate(cfg: Config) -> Config:
                           f"{dict(a.correction_options)}): {e}")
     if not errors:  # build it once with the one builder (cheap, no model): bad options fail now
         try:
-            compressor_from_fields(r)
+            compressor = compressor_from_fields(r)
         except (TypeError, ValueError) as e:
             errors.append(f"rollout.compressor={r.compressor!r} with rollout.compressor_options="
                           f"{dict(r.compressor_options)}: {e} (options are method-specific; clear them with "
                           "rollout.compressor_options={})")
+        else:
+            try:
+                old_logprobs_source(a.old_logprobs, compresses=compressor.compresses, sampler_dtype=parse_dtype(r.dtype),
+                                    learner_dtype=parse_dtype(cfg.model.dtype), temperature=r.temperature,
+                                    top_p=r.top_p, top_k=r.top_k)
+            except SparserlError as e:
+                errors.append(str(e))
     if errors:
         raise ConfigError(f"invalid config '{cfg.name}':\n  - " + "\n  - ".join(errors))
     if r.temperature == 0 and r.n > 1:

@@ -27,7 +27,7 @@ from ..eval.evaluate import evaluate, write_eval_record
 from ..eval.report import make_report
 from ..rollout.kv import compressor_from_fields, get_compressor
 from ..rollout.sampling import SamplingParams
-from ..score import forward_response, score_logprobs
+from ..score import forward_response, forward_response_shared, old_logprobs_source, score_logprobs
 from .advantages import compute_advantages, frac_zero_std_groups
 from ..batch import RolloutBatch
 from .checkpoint import latest_checkpoint, load_latest, remove_debris, save_checkpoint, set_rng_state
@@ -110,10 +110,13 @@ def train_step(trainer: Trainer, step: int) -> dict:
     batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index,
                                       pad_id=trainer.tokenizer.pad_token_id or 0).to(trainer.device)
     batch.rewards = torch.tensor(rewards, dtype=torch.float32, device=trainer.device)
-    temp = cfg.rollout.temperature
-    batch.old_logprobs = score_logprobs(trainer.learner, batch, cfg.train.micro_batch_size, temp)
+    temp, shared = cfg.rollout.temperature, cfg.train.shared_prompt
+    if old_logprobs_from(trainer) == "sampler":  # the sampler ran the old policy exactly: no scoring forward
+        batch.old_logprobs = batch.sampler_logprobs * batch.response_mask
+    else:
+        batch.old_logprobs = score_logprobs(trainer.learner, batch, cfg.train.micro_batch_size, temp, shared)
     if trainer.ref is not None:
-        batch.ref_logprobs = score_logprobs(trainer.ref, batch, cfg.train.micro_batch_size, temp)
+        batch.ref_logprobs = score_logprobs(trainer.ref, batch, cfg.train.micro_batch_size, temp, shared)
     lap(names.TIME_SCORE)
     a = cfg.algorithm
     corr = apply_corrections(a.correction, batch.sampler_logprobs, batch.old_logprobs, batch.response_mask,
@@ -127,6 +130,16 @@ def train_step(trainer: Trainer, step: int) -> dict:
             names.ROLLOUT_TOKENS_PER_S: ro.tokens_generated / max(times[names.TIME_ROLLOUT], 1e-9)}
 
 
+def old_logprobs_from(trainer: Trainer) -> str:
+    """``"sampler"`` when the step's old-policy log-probs are the sampler's own (``algorithm.old_logprobs``
+    and :func:`sparserl.score.sampler_is_old_policy`: a dense float32 sampler of the full tempered
+    distribution), else ``"score"``."""
+    r, e = trainer.cfg.rollout, trainer.engine
+    return old_logprobs_source(trainer.cfg.algorithm.old_logprobs, compresses=e.compressor.compresses,
+                               sampler_dtype=e.dtype, learner_dtype=next(trainer.learner.parameters()).dtype,
+                               temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
+
+
 def update_policy(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
     """PPO-clip updates: mini-batches of whole groups (several optimizer steps when the mini-batch is
     smaller than the rollout batch), micro-batches with gradient accumulation, grad-norm clipping."""
@@ -136,6 +149,7 @@ def update_policy(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
     adv = batch.advantages
     sums: dict[str, float] = {}
     count, grad_norms = 0, []
+    forward = forward_response_shared if t.shared_prompt else forward_response
     trainer.learner.train()
     for _epoch in range(t.ppo_epochs):
         for ms in range(0, N, mini):
@@ -144,8 +158,8 @@ def update_policy(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
             trainer.optimizer.zero_grad(set_to_none=True)
             for mb in range(rows.start, rows.stop, t.micro_batch_size):
                 r = slice(mb, min(mb + t.micro_batch_size, rows.stop))
-                lp, ent = forward_response(trainer.learner, batch, r, return_entropy=True, entropy_grad=bool(a.entropy_coef),
-                                           temperature=cfg.rollout.temperature)
+                lp, ent = forward(trainer.learner, batch, r, return_entropy=True, entropy_grad=bool(a.entropy_coef),
+                                  temperature=cfg.rollout.temperature)
                 scale = corr.clip_upper_scale[r] if corr.clip_upper_scale is not None else None
                 loss, m = policy_loss(lp, corr.behaviour_logprobs[r], adv[r], corr.mask[r], corr.weights[r],
                                       clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high, clip_upper_scale=scale, **norms)
