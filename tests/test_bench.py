@@ -114,6 +114,20 @@ def test_bench_repeat_reports_median_and_ratios_of_medians(tiny, fast_machine, m
     assert "peers_skipped" not in report
 
 
+def test_bench_compile_adds_compiled_rows_beside_eager(tiny, fast_machine, monkeypatch):
+    """``--compile``: every sparserl row once eager and once compiled, in the same process; the
+    ratios stay against the eager dense row; compiled generation gives the same tokens."""
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
+    report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=3, kv_budget=8, step_length=2,
+                               compressors=["rkv"], dtype="float32", hf_baseline=False, compile=True)
+    rows = {(r["compressor"], r["compiled"]): r for r in report["results"]}
+    assert set(rows) == {("none", False), ("rkv", False), ("none", True), ("rkv", True)}
+    eager_dense = rows["none", False]["tokens_per_s"]
+    for r in rows.values():
+        assert r["ratio_vs_sparserl_dense"] == pytest.approx(r["tokens_per_s"] / eager_dense)
+    assert rows["rkv", True]["kv_bytes_peak"] == rows["rkv", False]["kv_bytes_peak"]
+
+
 # --- options ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("option,value", [("--batch", "0"), ("--batch", "-3"), ("--repeat", "0"),
                                           ("--repeat", "-1"), ("--peers", "vllm")])

@@ -138,7 +138,7 @@ def cmd_bench_rollout(args) -> int:
     report = run_bench(model=args.model, batch=args.batch, max_new_tokens=args.max_new_tokens,
                        kv_budget=args.kv_budget, compressors=comps, dtype=args.dtype,
                        step_length=args.step_length, seed=args.seed, hf_baseline=not args.no_hf,
-                       repeat=args.repeat, peers=peers)
+                       repeat=args.repeat, peers=peers, compile=args.compile)
     if args.json:
         write_json(report, args.json)
         print(f"wrote {args.json}")
@@ -312,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="runs of every row, in rounds; tokens_per_s is their median (machines drift)")
     br.add_argument("--peers", default="", help="other engines as rows of the same JSON: openvino "
                     "(OpenVINO GenAI, the optional extra sparserl[bench])")
+    br.add_argument("--compile", action="store_true", help="also every sparserl row with its decode step "
+                    "through torch.compile (rows with compiled: true; eager and compiled in the same process)")
     br.add_argument("--json", default=None)
     br.set_defaults(fn=cmd_bench_rollout)
     return ap

@@ -159,6 +159,9 @@ class RolloutConfig(_Section):
     max_new_tokens: int = F(96, "Maximum response length in tokens.", ge=1)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = F(
         "bfloat16", "Sampler dtype: auto | float32 | bfloat16 | float16.")
+    compile: bool = F(False, "torch.compile the sampler's decode step (inductor: C++ on CPU, Triton on CUDA; "
+                      "the first step compiles, ~20 s per graph on 2 cores); measure with `sparserl bench "
+                      "rollout --compile` before turning it on.")
     stop: list[NonEmpty] = F(help="Stop strings: generation of a response ends after any of them (EOS always "
                              "stops).", factory=list)
 

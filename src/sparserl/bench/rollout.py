@@ -102,7 +102,7 @@ def _commit() -> str | None:
 def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int = 256, kv_budget: int = 256,
               compressors: list[str] | None = None, dtype: str = "auto", step_length: int = 128,
               seed: int = 0, hf_baseline: bool = True, repeat: int = 1, peers: list[str] | tuple = (),
-              log=print) -> dict:
+              compile: bool = False, log=print) -> dict:
     compressors = compressors if compressors is not None else ["rkv", "snapkv", "streaming", "h2o"]
     dt = parse_dtype(dtype)
     dtype_name = str(dt).replace("torch.", "")
@@ -126,13 +126,18 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
         rows.append(Row({"engine": "hf_generate", "compressor": "none", "kv_budget": None},
                         lambda: _with_theory(_hf_generate_run(lm, prompt_ids, batch, L, seed), batch * per_tok * (P + L - 1)),
                         mean_kv_tokens(P, L)))
-    for name in ["none", *(c for c in compressors if c != "none")]:
-        comp = bench_compressor(name, kv_budget, step_length)
-        engine = RolloutEngine.from_engine(dense_engine, comp) if comp.compresses else dense_engine
-        # kept tokens grow from P to P + budget + period, then cycle between P + budget and that
-        cap = P + kv_budget + step_length / 2 if comp.compresses else None
-        rows.append(Row({"engine": "sparserl", "compressor": name, "kv_budget": kv_budget if comp.compresses else None},
-                        lambda engine=engine: _sparserl_run(engine, params), mean_kv_tokens(P, L, cap)))
+    for compiled in (False, True) if compile else (False,):
+        for name in ["none", *(c for c in compressors if c != "none")]:
+            comp = bench_compressor(name, kv_budget, step_length)
+            engine = RolloutEngine.from_engine(dense_engine, comp) if comp.compresses or compiled else dense_engine
+            if compiled:  # the same weights, the decode step through torch.compile (inductor)
+                engine.compile = "inductor"
+                engine.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))  # compiles
+            # kept tokens grow from P to P + budget + period, then cycle between P + budget and that
+            cap = P + kv_budget + step_length / 2 if comp.compresses else None
+            rows.append(Row({"engine": "sparserl", "compressor": name, "kv_budget": kv_budget if comp.compresses else None,
+                             "compiled": compiled},
+                            lambda engine=engine: _sparserl_run(engine, params), mean_kv_tokens(P, L, cap)))
     skipped = {}
     for peer in peers:
         try:
@@ -150,7 +155,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
 
     def log_run(row: Row, run: Run) -> None:
         f = row.fields
-        log(f"{f['engine']:>12} {f['compressor']:>9} run {len(row.runs)}/{repeat}: {run.tokens / run.seconds:8.1f} tok/s  "
+        log(f"{f['engine'] + ('+compile' if f.get('compiled') else ''):>16} {f['compressor']:>9} run {len(row.runs)}/{repeat}: {run.tokens / run.seconds:8.1f} tok/s  "
             f"kv_peak {run.kv_bytes_peak / 2**20:8.1f} MiB  kv_theory {run.kv_bytes_theory / 2**20:8.1f} MiB  "
             f"rss {run.rss_peak_bytes / 2**20:7.0f} MiB  roofline {run.tokens / run.seconds / bound(row).tokens_per_s:.2f}")
 
@@ -168,7 +173,8 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
             "roofline_tokens_per_s": b.tokens_per_s, **last.extra,
         })
     base = next((r["tokens_per_s"] for r in results if r["engine"] == "hf_generate"), None)
-    dense = next(r["tokens_per_s"] for r in results if r["engine"] == "sparserl" and r["compressor"] == "none")
+    dense = next(r["tokens_per_s"] for r in results
+                 if r["engine"] == "sparserl" and r["compressor"] == "none" and not r["compiled"])
     for r in results:
         r["ratio_vs_hf_generate"] = r["tokens_per_s"] / base if base else None
         r["ratio_vs_sparserl_dense"] = r["tokens_per_s"] / dense

@@ -83,11 +83,12 @@ class RolloutOutput:
 
 class RolloutEngine:
     def __init__(self, loaded: LoadedModel, compressor: KVCompressor,
-                 dtype: str | torch.dtype | None = None, max_batch: int | None = None, compile: bool = False,
+                 dtype: str | torch.dtype | None = None, max_batch: int | None = None, compile: bool | str = False,
                  pack_weights: bool | None = None):
         """``compressor``: a :class:`KVCompressor`; ``get_compressor("none")`` for a dense cache.
         ``compile``: run each decode layer through ``torch.compile`` (:mod:`sparserl.rollout.compiled`;
-        the first step compiles, once per model shape and process). ``pack_weights``: decode with
+        the first step compiles, once per model shape and process); True = inductor, a string = that
+        ``torch.compile`` backend (e.g. ``"aot_eager"``: the same capture, no code generation). ``pack_weights``: decode with
         oneDNN-packed weights (:func:`sparserl.rollout.model.pack_weight`); None = where supported."""
         self.tokenizer = loaded.tokenizer
         self.dtype = parse_dtype(dtype) if dtype is not None else next(loaded.model.parameters()).dtype
@@ -95,7 +96,7 @@ class RolloutEngine:
         self.device = self.model.device
         self.compressor = _checked(compressor)
         self.max_batch = max_batch
-        self.compile = bool(compile)
+        self.compile: str | None = ("inductor" if compile is True else compile) or None
         self.eos_ids = self._eos_ids(loaded.model)
         self._newline_ids: torch.Tensor | None = None
         self.step_hook = None  # tests/debugging: called as hook(event, **state) around each decode step
@@ -289,7 +290,7 @@ class RolloutEngine:
         cos, sin = m.rope(positions[:, None])  # [B, 1, D]
         bias = cache.begin_step(positions)
         if self.compile:
-            h = decode_layers(m, h, cos, sin, cache, bias)
+            h = decode_layers(m, h, cos, sin, cache, bias, self.compile)
             cache.end_step()
             return m.logits(h[:, 0]).float()
         for layer, lw in enumerate(m.layers):

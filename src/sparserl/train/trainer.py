@@ -72,7 +72,7 @@ def build_trainer(cfg: Config) -> Trainer:
     reward_fn = load_reward(cfg.reward.fn, timeout_s=cfg.reward.timeout_s)
     lm = load_model(cfg.model.name, dtype=cfg.model.dtype, seed=cfg.model.seed, device=cfg.model.device)
     learner = lm.model.train()
-    engine = RolloutEngine(lm, compressor_from_fields(cfg.rollout), dtype=cfg.rollout.dtype)
+    engine = RolloutEngine(lm, compressor_from_fields(cfg.rollout), dtype=cfg.rollout.dtype, compile=cfg.rollout.compile)
     t = cfg.train
     opt = torch.optim.AdamW(learner.parameters(), lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay)
     warm = max(1, t.warmup_steps)
