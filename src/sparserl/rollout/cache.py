@@ -23,14 +23,22 @@ job's ``step_length: 2``).
 When sequences finish, :meth:`select` shrinks every buffer to the sequences still running, so
 finished sequences cost neither compute nor memory.
 
-Memory accounting: ``bytes_allocated`` is what the K/V buffers hold (the figure a benchmark
-reports as ``kv_bytes_peak``); ``bytes_theory`` is what the valid cached tokens need.
+Quantized KV (``kv_quant``: ``int8`` / ``fp8``, :mod:`sparserl.rollout.kv_quant`): the K/V buffers
+hold one-byte codes and two more buffers ``k_scale`` / ``v_scale`` [n_layers, B, Hkv, capacity] hold
+one float32 scale per [token, KV head] vector. Every write quantizes (prefill, decode, the compiled
+step); attention applies the scales per token after the products (:func:`attention`); a compressor
+scores the dequantized keys; every move of a slot (eviction, batch shrink) moves its scales with its
+codes. The current token is quantized before it is attended, like every other.
+
+Memory accounting: ``bytes_allocated`` is what the K/V buffers hold, codes and scales (the figure a
+benchmark reports as ``kv_bytes_peak``); ``bytes_theory`` is what the valid cached tokens need.
 """
 from __future__ import annotations
 
 import torch
 
 from .kv.base import KVCompressor, ScoreInputs
+from .kv_quant import KVQuantizer, get_kv_quantizer
 
 
 class CompressedKVCache:
@@ -47,14 +55,17 @@ class CompressedKVCache:
         n_heads: int,
         queries: list[torch.Tensor] | None = None,
         attn_acc: list[torch.Tensor] | None = None,
+        kv_quant: str | KVQuantizer = "none",
     ):
         """Build from prefill outputs: keys/values per layer [B, Hkv, P, D], ``valid`` [B, P] bool,
-        ``positions`` [B, P]. Prompt compression (if the compressor allows it) happens here."""
+        ``positions`` [B, P]. Prompt compression (if the compressor allows it) happens here.
+        ``kv_quant``: how K/V are stored (``none | int8 | fp8``, :mod:`sparserl.rollout.kv_quant`)."""
         B, hkv, P, D = keys[0].shape
         self.n_layers = len(keys)
         self.n_kv, self.head_dim, self.n_heads = hkv, D, n_heads
         self.dtype, self.device = keys[0].dtype, keys[0].device
         self.compressor = compressor
+        self.quant = get_kv_quantizer(kv_quant)
         self.region_start = 0 if compressor.compress_prompt else P
         self.window = compressor.window if compressor.needs_queries else 0
         self.track_attention = compressor.needs_attention
@@ -71,8 +82,13 @@ class CompressedKVCache:
 
         pos = positions[:, None, :].expand(B, hkv, P).to(torch.int32)
         nl = self.n_layers
-        self.keys = torch.zeros(nl, B, hkv, capacity, D, dtype=self.dtype, device=dev)
-        self.values = torch.zeros(nl, B, hkv, capacity, D, dtype=self.dtype, device=dev)
+        store = self.quant.storage_dtype(self.dtype)
+        self.keys = torch.zeros(nl, B, hkv, capacity, D, dtype=store, device=dev)
+        self.values = torch.zeros(nl, B, hkv, capacity, D, dtype=store, device=dev)
+        self.k_scale = self.v_scale = None  # [L, B, Hkv, capacity] float32 when quantized
+        if self.quant.quantized:
+            self.k_scale = torch.zeros(nl, B, hkv, capacity, dtype=torch.float32, device=dev)
+            self.v_scale = torch.zeros(nl, B, hkv, capacity, dtype=torch.float32, device=dev)
         self.pos = torch.zeros(nl, B, hkv, capacity, dtype=torch.int32, device=dev)
         self.attn_acc = (torch.zeros(nl, B, hkv, capacity, dtype=torch.float32, device=dev)
                          if self.track_attention else None)
@@ -82,8 +98,7 @@ class CompressedKVCache:
             self._compress_prefill(keys, values, pos, valid, queries, attn_acc)
         else:
             for layer in range(nl):
-                self.keys[layer, :, :, :P] = keys[layer]
-                self.values[layer, :, :, :P] = values[layer]
+                self._write(layer, (slice(None), slice(None), slice(0, P)), keys[layer], values[layer])
                 if self.attn_acc is not None and attn_acc is not None:
                     self.attn_acc[layer, :, :, :P] = attn_acc[layer]
             self.pos[:, :, :, :P] = pos
@@ -103,7 +118,8 @@ class CompressedKVCache:
     # --- bookkeeping ---------------------------------------------------------------------------
     @property
     def k(self) -> list[torch.Tensor]:
-        """Per-layer views [B, Hkv, capacity, D] of the key buffer."""
+        """Per-layer views [B, Hkv, capacity, D] of the key buffer (the codes when quantized; see
+        :meth:`dequantized`)."""
         return list(self.keys.unbind(0))
 
     @property
@@ -123,12 +139,26 @@ class CompressedKVCache:
     def max_len(self) -> int:
         return self._uniform_len if self._uniform_len is not None else int(self.lens.max())
 
+    def dequantized(self, layer: int, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of one layer over slots ``0..length-1`` [B, Hkv, length, D] in the sampler
+        dtype, as attention sees them (dequantized codes when quantized; views otherwise)."""
+        L = self.capacity if length is None else length
+        K, V = self.keys[layer, :, :, :L], self.values[layer, :, :, :L]
+        if self.k_scale is None:
+            return K, V
+        return (self.quant.dequantize(K, self.k_scale[layer, :, :, :L], self.dtype),
+                self.quant.dequantize(V, self.v_scale[layer, :, :, :L], self.dtype))
+
+    def bytes_per_token(self) -> int:
+        """Bytes of K and V one cached token takes over all layers and KV heads (codes + scales)."""
+        return 2 * self.n_layers * self.n_kv * self.quant.bytes_per_vector(self.head_dim, self.dtype)
+
     def bytes_allocated(self) -> int:
-        return 2 * self.keys.numel() * self.keys.element_size()
+        return sum(t.numel() * t.element_size() for t in (self.keys, self.values, self.k_scale, self.v_scale)
+                   if t is not None)
 
     def bytes_valid(self) -> int:
-        per_token = 2 * self.n_layers * self.n_kv * self.head_dim * self.keys.element_size()
-        return int((self.lens - self.start).sum()) * per_token
+        return int((self.lens - self.start).sum()) * self.bytes_per_token()
 
     def _account(self) -> None:
         self.bytes_peak = max(self.bytes_peak, self.bytes_allocated())
@@ -168,20 +198,33 @@ class CompressedKVCache:
 
         softmax(q Kᵀ/√d + bias) V computed per GQA group without expanding K/V."""
         B = q.shape[0]
-        K, V = self.keys[layer], self.values[layer]
         if self._uniform_len is not None:
             slot = self._uniform_len - 1
-            K[:, :, slot : slot + 1] = k
-            V[:, :, slot : slot + 1] = v
+            self._write(layer, (slice(None), slice(None), slice(slot, slot + 1)), k, v)
         else:
             bidx = torch.arange(B, device=self.device)
-            K[bidx, :, self._slot] = k[:, :, 0]
-            V[bidx, :, self._slot] = v[:, :, 0]
-        out, p = attention(q, K, V, bias)
+            self._write(layer, (bidx, slice(None), self._slot), k[:, :, 0], v[:, :, 0])
+        if self.k_scale is None:
+            out, p = attention(q, self.keys[layer], self.values[layer], bias)
+        else:
+            out, p = attention(q, self.keys[layer], self.values[layer], bias, self.k_scale[layer], self.v_scale[layer],
+                               self.quant)
         if self.attn_acc is not None:
             self.attn_acc[layer, :, :, : bias.shape[-1]] += p.sum(dim=2)
         self.record_query(layer, q)
         return out
+
+    def _write(self, layer: int, index: tuple, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v [..., D] at ``[layer][index]`` (``index`` over batch, head, slot), quantized
+        (codes and scales) when the cache is."""
+        if self.k_scale is None:
+            self.keys[layer][index] = k
+            self.values[layer][index] = v
+            return
+        for codes, scales, x in ((self.keys, self.k_scale, k), (self.values, self.v_scale, v)):
+            c, s = self.quant.quantize(x)
+            codes[layer][index] = c
+            scales[layer][index] = s
 
     def write_slots(self) -> torch.Tensor:
         """[B] the slot each row writes this step (after :meth:`begin_step`)."""
@@ -255,12 +298,11 @@ class CompressedKVCache:
         batch_rows = torch.arange(B, device=self.device) if rows is None else rows
         for layers in self._layer_chunks(n, L):
             nl = layers.stop - layers.start
-            if rows is None:
-                keys, pos = self.keys[layers, :, :, :L], self.pos[layers, :, :, :L]
-                acc = self.attn_acc[layers, :, :, :L] if self.attn_acc is not None else None
-            else:
-                keys, pos = self.keys[layers, rows, :, :L], self.pos[layers, rows, :, :L]
-                acc = self.attn_acc[layers, rows, :, :L] if self.attn_acc is not None else None
+            at = (layers, slice(None) if rows is None else rows, slice(None), slice(0, L))
+            keys, pos = self.keys[at], self.pos[at]
+            acc = self.attn_acc[at] if self.attn_acc is not None else None
+            if self.k_scale is not None:  # scores see the keys attention sees
+                keys = self.quant.dequantize(keys, self.k_scale[at], self.dtype)
             inp = ScoreInputs(
                 keys=keys.flatten(0, 1),
                 region=slice(rs, L),
@@ -276,9 +318,9 @@ class CompressedKVCache:
             src = (line.view(nl * n, hkv, 1) + idx).flatten()
             dst = (line[..., None] + torch.arange(rs, rs + keep, device=self.device)).flatten()
             for buf in (self.keys, self.values):
-                flat = buf.view(-1, self.head_dim)
+                flat = _raw(buf).view(-1, self.head_dim)
                 flat.index_copy_(0, dst, flat.index_select(0, src))
-            for buf in (self.pos, self.attn_acc):
+            for buf in (self.pos, self.attn_acc, self.k_scale, self.v_scale):  # scales move with their codes
                 if buf is not None:
                     flat = buf.view(-1)
                     flat.index_copy_(0, dst, flat.index_select(0, src))
@@ -309,18 +351,25 @@ class CompressedKVCache:
         for layers in self._layer_chunks(B, P):
             K, V = torch.stack(keys[layers]), torch.stack(values[layers])  # [l, B, Hkv, P, D]
             nl = K.shape[0]
+            scales = None
+            if self.k_scale is not None:  # quantize first: scores see the keys attention will see
+                (K, ks), (V, vs) = self.quant.quantize(K), self.quant.quantize(V)
+                scales = ((self.k_scale, ks), (self.v_scale, vs))
             qs = None
             if queries is not None and c.needs_queries:
                 qs = torch.stack([q[:, :, -c.window :] for q in queries[layers]]).flatten(0, 1)
             acc = torch.stack(attn_acc[layers]) if attn_acc is not None else None
-            inp = ScoreInputs(keys=K.flatten(0, 1), region=slice(0, P), valid=valid.repeat(nl, 1), queries=qs,
+            score_keys = K if scales is None else self.quant.dequantize(K, ks, self.dtype)
+            inp = ScoreInputs(keys=score_keys.flatten(0, 1), region=slice(0, P), valid=valid.repeat(nl, 1), queries=qs,
                               positions=pos.repeat(nl, 1, 1),
                               attn_acc=acc.flatten(0, 1) if acc is not None else None)
             idx = c.select(inp, keep)  # [nl * B, Hkv, keep]
             src = (idx + torch.arange(nl * B * self.n_kv, device=self.device).view(nl * B, self.n_kv, 1) * P).flatten()
             shape = (nl, B, self.n_kv, keep)
-            self.keys[layers, :, :, :keep] = K.view(-1, D).index_select(0, src).view(*shape, D)
-            self.values[layers, :, :, :keep] = V.view(-1, D).index_select(0, src).view(*shape, D)
+            self.keys[layers, :, :, :keep] = _raw(K).view(-1, D).index_select(0, src).view(*shape, D).view(K.dtype)
+            self.values[layers, :, :, :keep] = _raw(V).view(-1, D).index_select(0, src).view(*shape, D).view(V.dtype)
+            for buf, s in scales or ():
+                buf[layers, :, :, :keep] = s.reshape(-1).index_select(0, src).view(shape)
             self.pos[layers, :, :, :keep] = inp.positions.reshape(-1).index_select(0, src).view(shape)
             if self.attn_acc is not None and acc is not None:
                 self.attn_acc[layers, :, :, :keep] = acc.reshape(-1).index_select(0, src).view(shape)
@@ -333,8 +382,11 @@ class CompressedKVCache:
     def select(self, keep_rows: torch.Tensor) -> None:
         """Keep only these sequences (new, smaller buffers; the old ones are freed)."""
         self._account()
-        self.keys = self.keys.index_select(1, keep_rows)
-        self.values = self.values.index_select(1, keep_rows)
+        self.keys = _raw(self.keys).index_select(1, keep_rows).view(self.keys.dtype)
+        self.values = _raw(self.values).index_select(1, keep_rows).view(self.values.dtype)
+        if self.k_scale is not None:
+            self.k_scale = self.k_scale.index_select(1, keep_rows)
+            self.v_scale = self.v_scale.index_select(1, keep_rows)
         self.pos = self.pos.index_select(1, keep_rows)
         if self.attn_acc is not None:
             self.attn_acc = self.attn_acc.index_select(1, keep_rows)
@@ -346,16 +398,34 @@ class CompressedKVCache:
         self._uniform_len = int(u[0]) if u.numel() == 1 else None
 
 
-def attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, bias: torch.Tensor):
+def _raw(buf: torch.Tensor) -> torch.Tensor:
+    """The same bytes as uint8 for float8 buffers (CPU ``index_copy_`` has no float8 kernel)."""
+    return buf.view(torch.uint8) if buf.dtype.is_floating_point and buf.element_size() == 1 else buf
+
+
+def attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, bias: torch.Tensor,
+              k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+              quant: KVQuantizer | None = None):
     """softmax(q Kᵀ/√d + bias) V over the first L = ``bias.shape[-1]`` slots, per GQA group without
     expanding K/V: q [B, Hq, 1, D], K/V [B, Hkv, capacity, D], bias [B, 1, 1, L] (float32) →
-    (out [B, Hq * D], probabilities [B, Hkv, g, L] float32)."""
+    (out [B, Hq * D], probabilities [B, Hkv, g, L] float32).
+
+    Quantized K/V (codes, with ``k_scale`` / ``v_scale`` [B, Hkv, capacity] and their ``quant``): the
+    per-token scales are applied after the products, q·(c_j s_j) = (q·c_j) s_j and Σ_j p_j s_j c_j,
+    so only the codes are widened (to q's dtype) and no scaled copy of K or V is made."""
     B, hq, _, D = q.shape
     hkv = K.shape[1]
     L = bias.shape[-1]
     Kl, Vl = K[:, :, :L], V[:, :, :L]
     qg = q.reshape(B, hkv, hq // hkv, D)
-    s = torch.matmul(qg, Kl.transpose(-1, -2)) * (D**-0.5)  # [B, hkv, g, L]
-    p = (s.float() + bias).softmax(dim=-1)
-    out = torch.matmul(p.to(K.dtype), Vl)  # [B, hkv, g, D]
+    if k_scale is None:
+        s = torch.matmul(qg, Kl.transpose(-1, -2)) * (D**-0.5)  # [B, hkv, g, L]
+        p = (s.float() + bias).softmax(dim=-1)
+        out = torch.matmul(p.to(K.dtype), Vl)  # [B, hkv, g, D]
+        return out.reshape(B, hq * D), p
+    Kw, k_unit = quant.widen(Kl, q.dtype)
+    s = torch.matmul(qg, Kw.transpose(-1, -2)).float() * (k_scale[:, :, None, :L] * (k_unit * D**-0.5))
+    p = (s + bias).softmax(dim=-1)
+    Vw, v_unit = quant.widen(Vl, q.dtype)
+    out = torch.matmul((p * (v_scale[:, :, None, :L] * v_unit)).to(q.dtype), Vw)
     return out.reshape(B, hq * D), p

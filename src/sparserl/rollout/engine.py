@@ -29,6 +29,7 @@ from .cache import CompressedKVCache
 from .compiled import decode_layers
 from .kv.base import KVCompressor
 from .kv.none import Dense
+from .kv_quant import get_kv_quantizer
 from .model import SamplerModel
 from .sampling import SamplingParams, sample
 
@@ -84,18 +85,20 @@ class RolloutOutput:
 class RolloutEngine:
     def __init__(self, loaded: LoadedModel, compressor: KVCompressor,
                  dtype: str | torch.dtype | None = None, max_batch: int | None = None, compile: bool | str = False,
-                 pack_weights: bool | None = None):
+                 pack_weights: bool | None = None, kv_quant: str = "none"):
         """``compressor``: a :class:`KVCompressor`; ``get_compressor("none")`` for a dense cache.
         ``compile``: run each decode layer through ``torch.compile`` (:mod:`sparserl.rollout.compiled`;
         the first step compiles, once per model shape and process); True = inductor, a string = that
         ``torch.compile`` backend (e.g. ``"aot_eager"``: the same capture, no code generation). ``pack_weights``: decode with
-        oneDNN-packed weights (:func:`sparserl.rollout.model.pack_weight`); None = where supported."""
+        oneDNN-packed weights (:func:`sparserl.rollout.model.pack_weight`); None = where supported.
+        ``kv_quant``: how the KV cache stores K/V, ``none | int8 | fp8`` (:mod:`sparserl.rollout.kv_quant`)."""
         self.tokenizer = loaded.tokenizer
         self.dtype = parse_dtype(dtype) if dtype is not None else next(loaded.model.parameters()).dtype
         self.model = SamplerModel(loaded.model, self.dtype, pack_weights)
         self.device = self.model.device
         self.compressor = _checked(compressor)
         self.max_batch = max_batch
+        self.kv_quant = get_kv_quantizer(kv_quant).name  # an unknown name fails here, with a hint
         self.compile: str | None = ("inductor" if compile is True else compile) or None
         self.eos_ids = self._eos_ids(loaded.model)
         self._newline_ids: torch.Tensor | None = None
@@ -198,7 +201,8 @@ class RolloutEngine:
         want_q = c.window if c.needs_queries else 0
         want_attn = c.needs_attention and c.compress_prompt
         logits, keys, values, queries, acc = m.prefill(ids, valid, positions, want_q, want_attn)
-        cache = CompressedKVCache(keys, values, valid, positions, c.capacity(P, max_new), c, m.n_heads, queries, acc)
+        cache = CompressedKVCache(keys, values, valid, positions, c.capacity(P, max_new), c, m.n_heads, queries, acc,
+                                  kv_quant=self.kv_quant)
         del keys, values, queries, acc
         prefill_s = time.perf_counter() - t0
 
