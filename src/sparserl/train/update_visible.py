@@ -80,8 +80,8 @@ def update_visible_frac(before: Mapping[str, torch.Tensor], after: Mapping[str, 
         if a.shape != b.shape:
             raise ValueError(f"update_visible_frac: {n} has shape {tuple(b.shape)} before, {tuple(a.shape)} after")
         moved = a != b
-        coded = quantize(a)[0] != quantize(b)[0]
-        c, v = moved.sum(), (moved & coded).sum()
+        c = torch.count_nonzero(moved)
+        v = torch.count_nonzero(moved.logical_and_(quantize(a)[0] != quantize(b)[0]))
         changed = c if changed is None else changed + c
         visible = v if visible is None else visible + v
     n_changed = int(changed)
