@@ -138,7 +138,9 @@ def cmd_bench_rollout(args) -> int:
     report = run_bench(model=args.model, batch=args.batch, max_new_tokens=args.max_new_tokens,
                        kv_budget=args.kv_budget, compressors=comps, dtype=args.dtype,
                        step_length=args.step_length, seed=args.seed, hf_baseline=not args.no_hf,
-                       repeat=args.repeat, peers=peers, compile=args.compile)
+                       repeat=args.repeat, peers=peers, compile=args.compile,
+                       quants=[q.strip() for q in args.quant.split(",") if q.strip()],
+                       kv_quants=[q.strip() for q in args.kv_quant.split(",") if q.strip()])
     if args.json:
         write_json(report, args.json)
         print(f"wrote {args.json}")
@@ -314,6 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "(OpenVINO GenAI, the optional extra sparserl[bench])")
     br.add_argument("--compile", action="store_true", help="also every sparserl row with its decode step "
                     "through torch.compile (rows with compiled: true; eager and compiled in the same process)")
+    br.add_argument("--quant", default="none", help="sampler weight quantizations, comma-separated: "
+                    "none, int8, int8_weight_only, fp8 (each adds sparserl rows with its mismatch vs dense)")
+    br.add_argument("--kv-quant", default="none", help="KV cache quantizations, comma-separated: none, int8, fp8")
     br.add_argument("--json", default=None)
     br.set_defaults(fn=cmd_bench_rollout)
     return ap

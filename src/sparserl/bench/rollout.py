@@ -12,9 +12,21 @@ kv_bytes_peak (allocated for K/V), kv_bytes_theory (what the kept tokens need), 
 roofline_tokens_per_s (:mod:`sparserl.bench.roofline`, from the machine's measured bandwidth and
 GEMM throughput, ``machine.memory_bandwidth_bytes_per_s`` and ``machine.gemm_flops_per_s``).
 A peer that cannot run here is listed under ``peers_skipped`` with the reason and how to install it.
+
+Quantized samplers (``quants``, ``kv_quants``: weight and KV quantization, :mod:`sparserl.rollout.quant`
+and :mod:`sparserl.rollout.kv_quant`): every combination other than ``none``/``none`` adds sparserl
+rows (one per compressor) over its own engine. Every sparserl row carries ``quant``, ``kv_quant``,
+``weight_bytes`` (the sampler's weights as held), ``quant_kernel``, ``quant_emulated`` (the
+low-precision product simulated in float32: numbers, not speed) and ``quantize_s`` (one
+re-quantization of all weights, as at a push from the learner); the quantized rows with the dense
+cache add the per-token mismatch against the dense sampler of the same process
+(:mod:`sparserl.bench.mismatch`: ``alpha_mean``, ``alpha_p5``, ``k3_kl``, ``mismatch_tokens``, over
+``mismatch_rows`` sequences of the same length).
 """
 from __future__ import annotations
 
+import inspect
+import itertools
 import json
 import subprocess
 import time
@@ -25,9 +37,11 @@ import torch
 from ..models.loading import load_model, parse_dtype
 from ..rollout.engine import RolloutEngine
 from ..rollout.kv import CompressorOptionError, KVCompressor, build_compressor
+from ..rollout.quant import build_quant
 from ..rollout.sampling import SamplingParams
 from .machine import decode_linear_weights, gemm_flops_per_s, machine_info, memory_bandwidth
 from .measure import Row, Run, RssSampler, run_rounds
+from .mismatch import sampler_mismatch
 from .openvino_peer import PeerUnavailable, openvino_rows
 from .roofline import decode_step_flops, mean_kv_tokens, roofline
 
@@ -102,8 +116,11 @@ def _commit() -> str | None:
 def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int = 256, kv_budget: int = 256,
               compressors: list[str] | None = None, dtype: str = "auto", step_length: int = 128,
               seed: int = 0, hf_baseline: bool = True, repeat: int = 1, peers: list[str] | tuple = (),
-              compile: bool = False, log=print) -> dict:
+              compile: bool = False, quants: list[str] | tuple = ("none",), kv_quants: list[str] | tuple = ("none",),
+              mismatch_rows: int = 4, log=print) -> dict:
     compressors = compressors if compressors is not None else ["rkv", "snapkv", "streaming", "h2o"]
+    for q in quants:  # an unknown name fails now, with a hint, before the model loads
+        build_quant(q)
     dt = parse_dtype(dtype)
     dtype_name = str(dt).replace("torch.", "")
     lm = load_model(model, dtype=dt)
@@ -121,6 +138,11 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
     bw = memory_bandwidth()
     gemm = gemm_flops_per_s(sm, batch)
 
+    def quant_fields(engine: RolloutEngine, kv_quant: str) -> dict:
+        m = engine.model
+        return {"quant": m.quant, "kv_quant": kv_quant, "weight_bytes": m.weight_bytes(), "quant_kernel": m.quant_kernel,
+                "quant_emulated": m.quant_emulated, "quantize_s": m.last_quantize_s}
+
     rows: list[Row] = []
     if hf_baseline:
         rows.append(Row({"engine": "hf_generate", "compressor": "none", "kv_budget": None},
@@ -136,7 +158,26 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
             # kept tokens grow from P to P + budget + period, then cycle between P + budget and that
             cap = P + kv_budget + step_length / 2 if comp.compresses else None
             rows.append(Row({"engine": "sparserl", "compressor": name, "kv_budget": kv_budget if comp.compresses else None,
-                             "compiled": compiled},
+                             "compiled": compiled, **quant_fields(engine, "none")},
+                            lambda engine=engine: _sparserl_run(engine, params), mean_kv_tokens(P, L, cap)))
+    kv_quant_ok = "kv_quant" in inspect.signature(RolloutEngine.__init__).parameters
+    quant_engines = {}
+    for q, kq in itertools.product(quants, kv_quants):
+        if (q, kq) == ("none", "none"):
+            continue
+        if kq != "none" and not kv_quant_ok:
+            log(f"--kv-quant {kq}: this engine has no kv_quant yet; rows skipped")
+            continue
+        qe = RolloutEngine(lm, build_compressor("none"), dtype=dt, quant=q, **({"kv_quant": kq} if kv_quant_ok else {}))
+        qe.model.load_weights(lm.model.state_dict())  # time one re-quantization, as at a push
+        qe.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))  # warm-up
+        quant_engines[q, kq] = qe
+        for name in ["none", *(c for c in compressors if c != "none")]:
+            comp = bench_compressor(name, kv_budget, step_length)
+            engine = RolloutEngine.from_engine(qe, comp) if comp.compresses else qe
+            cap = P + kv_budget + step_length / 2 if comp.compresses else None
+            rows.append(Row({"engine": "sparserl", "compressor": name, "kv_budget": kv_budget if comp.compresses else None,
+                             "compiled": False, **quant_fields(qe, kq)},
                             lambda engine=engine: _sparserl_run(engine, params), mean_kv_tokens(P, L, cap)))
     skipped = {}
     for peer in peers:
@@ -155,7 +196,8 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
 
     def log_run(row: Row, run: Run) -> None:
         f = row.fields
-        log(f"{f['engine'] + ('+compile' if f.get('compiled') else ''):>16} {f['compressor']:>9} run {len(row.runs)}/{repeat}: {run.tokens / run.seconds:8.1f} tok/s  "
+        quant = f"w:{f['quant']} kv:{f['kv_quant']}" if f.get("quant") else ""
+        log(f"{f['engine'] + ('+compile' if f.get('compiled') else ''):>16} {f['compressor']:>9} {quant:>24} run {len(row.runs)}/{repeat}: {run.tokens / run.seconds:8.1f} tok/s  "
             f"kv_peak {run.kv_bytes_peak / 2**20:8.1f} MiB  kv_theory {run.kv_bytes_theory / 2**20:8.1f} MiB  "
             f"rss {run.rss_peak_bytes / 2**20:7.0f} MiB  roofline {run.tokens / run.seconds / bound(row).tokens_per_s:.2f}")
 
@@ -174,10 +216,18 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
         })
     base = next((r["tokens_per_s"] for r in results if r["engine"] == "hf_generate"), None)
     dense = next(r["tokens_per_s"] for r in results
-                 if r["engine"] == "sparserl" and r["compressor"] == "none" and not r["compiled"])
+                 if r["engine"] == "sparserl" and r["compressor"] == "none" and not r["compiled"]
+                 and r["quant"] == "none" and r["kv_quant"] == "none")
     for r in results:
         r["ratio_vs_hf_generate"] = r["tokens_per_s"] / base if base else None
         r["ratio_vs_sparserl_dense"] = r["tokens_per_s"] / dense
+    for (q, kq), qe in quant_engines.items():  # after the timed runs: they are not disturbed
+        mm = sampler_mismatch(qe, sm, BENCH_PROMPT, min(mismatch_rows, batch), L, seed)
+        log(f"mismatch w:{q} kv:{kq} vs dense: alpha mean {mm['alpha_mean']:.4f} p5 {mm['alpha_p5']:.4f} "
+            f"k3 {mm['k3_kl']:.2e} over {mm['mismatch_tokens']} tokens")
+        for r in results:
+            if r["engine"] == "sparserl" and r["compressor"] == "none" and (r["quant"], r["kv_quant"]) == (q, kq):
+                r.update(mm)
     info = machine_info(bw, gemm, batch)
     info.update(dtype=dtype_name, model=model, prompt_tokens=P, repeat=repeat, sparserl_commit=_commit())
     report = {"machine": info, "results": results}

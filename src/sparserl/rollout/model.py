@@ -10,37 +10,50 @@ bias (Qwen2) and per-head q/k norms (Qwen3).
 The sampler's weights live on the device of the model it was built from (:attr:`SamplerModel.device`);
 pushed weights are moved there, and every tensor of a forward is made there.
 
-Weights live in ``SamplerWeights`` so that they can be replaced from a trainer
-(:meth:`SamplerModel.load_weights`) and, later, swapped for quantized linear layers: every matmul of
-a weight goes through :meth:`SamplerModel.linear`.
+Weights live in ``LayerWeights`` so that they can be replaced from a trainer
+(:meth:`SamplerModel.load_weights`); every matmul of a weight goes through :func:`linear`.
+
+Quantized sampler (``quant``, :mod:`sparserl.rollout.quant`): every linear weight of the decoder
+layers (fused q/k/v, o, fused gate/up, down) is replaced by its quantized form each time weights are
+loaded (every push from the learner), with no full-precision copy kept; the LM head and the
+embeddings stay in the sampler dtype (the head is ~21% of SmolLM2-135M's decode weight reads and the
+logits' precision is what the mismatch metrics see). The time the quantization took is
+:attr:`SamplerModel.last_quantize_s`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import time
+
 import torch
 import torch.nn.functional as F
+
+from .quant import QuantizedLinear, build_quant, nbytes
 
 
 @dataclass
 class LayerWeights:
     ln1: torch.Tensor
-    qkv: torch.Tensor  # [(Hq + 2 Hkv) * D, hidden]
+    qkv: torch.Tensor | QuantizedLinear  # [(Hq + 2 Hkv) * D, hidden]
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o: torch.Tensor
+    o: torch.Tensor | QuantizedLinear
     ln2: torch.Tensor
-    gate_up: torch.Tensor  # [2 * inter, hidden]
-    down: torch.Tensor
+    gate_up: torch.Tensor | QuantizedLinear  # [2 * inter, hidden]
+    down: torch.Tensor | QuantizedLinear
 
 
 class SamplerModel:
     """Decoder math for llama / qwen2 / qwen3 / mistral configs."""
 
-    def __init__(self, hf_model: torch.nn.Module, dtype: torch.dtype | None = None, pack_weights: bool | None = None):
+    def __init__(self, hf_model: torch.nn.Module, dtype: torch.dtype | None = None, pack_weights: bool | None = None,
+                 quant: str = "none"):
         """``pack_weights``: keep a oneDNN-packed copy of every linear weight for the decode step's
-        products (:func:`pack_weight`); None = when supported (CPU, float32, oneDNN built in)."""
+        products (:func:`pack_weight`); None = when supported (CPU, float32, oneDNN built in); the
+        quantized weights are not packed (their kernels pack their own). ``quant``: a name of
+        :func:`sparserl.rollout.quant.available_quants` (``none`` = the sampler dtype)."""
         cfg = hf_model.config
         if getattr(cfg, "model_type", None) not in ("llama", "qwen2", "qwen3", "mistral"):
             raise ValueError(f"sampler: unsupported model_type {getattr(cfg, 'model_type', None)!r}")
@@ -59,12 +72,18 @@ class SamplerModel:
         self.inv_freq = rot.inv_freq.detach().float().to(self.device).clone()
         self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
         self.pack_weights = packing_supported(self.device, self.dtype) if pack_weights is None else bool(pack_weights)
+        self.quantizer = build_quant(quant)
+        self.quant: str = self.quantizer.name
+        self.quant_kernel: str = self.quantizer.kernel_on(self.device)  # what runs the layers' products
+        self.quant_emulated: bool = self.quantizer.emulated_on(self.device)
+        self.last_quantize_s = 0.0  # seconds the last load_weights spent quantizing (time/quantize_s)
         self.load_weights(hf_model.state_dict())
 
     # --- weights -------------------------------------------------------------------------------
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """(Re)build the sampler's weights from a Hugging Face state dict (trainer → sampler push),
-        on the sampler's device and in its dtype."""
+        on the sampler's device and in its dtype; the layers' linear weights quantized when
+        ``quant`` is not ``none`` (timed: :attr:`last_quantize_s`)."""
         dt, dev = self.dtype, self.device
 
         def get(name, required=True):
@@ -78,6 +97,8 @@ class SamplerModel:
         self.lm_head = self.embed if lm is None or getattr(self.config, "tie_word_embeddings", False) else lm.detach().to(device=dev, dtype=dt).contiguous()
         self.norm = get("model.norm.weight")
         self.layers = []
+        qz = self.quantizer
+        quantize_s = 0.0
         for i in range(self.n_layers):
             p = f"model.layers.{i}."
             q, k, v = (get(p + f"self_attn.{n}_proj.weight") for n in "qkv")
@@ -98,17 +119,28 @@ class SamplerModel:
                     down=get(p + "mlp.down_proj.weight").contiguous(),
                 )
             )
+            if qz.quantizes:  # layer by layer: one layer's float weights alive at a time
+                lw = self.layers[-1]
+                t0 = time.perf_counter()
+                lw.qkv, lw.o, lw.gate_up, lw.down = (qz.quantize(w) for w in (lw.qkv, lw.o, lw.gate_up, lw.down))
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+                quantize_s += time.perf_counter() - t0
+        self.last_quantize_s = quantize_s
         if self.pack_weights:
             for w in [self.lm_head, *(t for lw in self.layers for t in (lw.qkv, lw.o, lw.gate_up, lw.down))]:
-                pack_weight(w)
+                if isinstance(w, torch.Tensor):
+                    pack_weight(w)
 
     def weight_bytes(self) -> int:
+        """Bytes of the weights the sampler holds (quantized values and scales for quantized
+        layers; the oneDNN-packed copies not counted)."""
         total = self.embed.numel() * self.embed.element_size()
         if self.lm_head is not self.embed:
             total += self.lm_head.numel() * self.lm_head.element_size()
         for lw in self.layers:
             for t in (lw.qkv, lw.o, lw.gate_up, lw.down):
-                total += t.numel() * t.element_size()
+                total += nbytes(t)
         return total
 
     def decode_read_bytes(self) -> int:
@@ -116,7 +148,7 @@ class SamplerModel:
         total = self.lm_head.numel() * self.lm_head.element_size()
         for lw in self.layers:
             for t in (lw.qkv, lw.o, lw.gate_up, lw.down):
-                total += t.numel() * t.element_size()
+                total += nbytes(t)
         return total
 
     def kv_bytes_per_token(self) -> int:
@@ -125,7 +157,7 @@ class SamplerModel:
 
     # --- pieces of the forward (the math lives in the module-level functions below) ---------------
     @staticmethod
-    def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, b: torch.Tensor | None = None) -> torch.Tensor:
         """Every matmul of a weight goes through here (see :func:`linear`)."""
         return linear(x, w, b)
 
@@ -160,6 +192,16 @@ class SamplerModel:
         (or None), and per layer the attention each prompt slot received summed over the prompt's
         queries and the GQA group [B, Hkv, P] (or None)).
         """
+        h, keys, values, queries, acc = self._forward(input_ids, valid, positions, want_queries, want_attention)
+        return self.logits(h[:, -1]).float(), keys, values, queries, acc
+
+    @torch.inference_mode()
+    def hidden_states(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The last layer's output at every position [B, P, hidden] (before the final norm; the
+        next-token logits are :meth:`logits` of it): teacher forcing, e.g. to score given tokens."""
+        return self._forward(input_ids, valid, positions, 0, False)[0]
+
+    def _forward(self, input_ids, valid, positions, want_queries: int, want_attention: bool):
         B, P = input_ids.shape
         h = F.embedding(input_ids, self.embed)
         cos, sin = self.rope(positions)
@@ -185,8 +227,7 @@ class SamplerModel:
             values.append(v)
             if want_queries:
                 queries.append(q[:, :, -want_queries:])
-        logits = self.logits(h[:, -1]).float()
-        return logits, keys, values, (queries or None), (acc or None)
+        return h, keys, values, (queries or None), (acc or None)
 
 
 # --- the math of a layer, as plain functions of tensors (shared by the eager forward, the prefill
@@ -209,10 +250,13 @@ def pack_weight(w: torch.Tensor, rows_hint: int = 16) -> None:
     setattr(w, PACKED, torch.ops.mkldnn._reorder_linear_weight(w, rows_hint))
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x Wᵀ (+ b). For the few rows of a decode step: the packed weight (:func:`pack_weight`) when
-    there is one, else (W xᵀ)ᵀ: BLAS runs the skinny GEMM ~1.5x faster in that orientation than
-    x Wᵀ on CPUs (measured, see docs/results/)."""
+def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x Wᵀ (+ b). A quantized weight runs its own kernel (:mod:`sparserl.rollout.quant`). For the
+    few rows of a decode step: the packed weight (:func:`pack_weight`) when there is one, else
+    (W xᵀ)ᵀ: BLAS runs the skinny GEMM ~1.5x faster in that orientation than x Wᵀ on CPUs
+    (measured, see docs/results/)."""
+    if isinstance(w, QuantizedLinear):
+        return w(x, b)
     rows = x.numel() // x.shape[-1]
     if rows > 64 or x.dtype != torch.float32:
         return F.linear(x, w, b)

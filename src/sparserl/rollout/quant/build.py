@@ -1,0 +1,20 @@
+"""The one list of weight-quantizer names (``rollout.quant``) and the one builder.
+
+    available_quants()      # ['fp8', 'int8', 'int8_weight_only', 'none']
+    build_quant("int8")     # an Int8W8A8; an unknown name raises UnknownNameError with did-you-mean
+"""
+from __future__ import annotations
+
+from . import fp8, int8, int8_weight_only, none  # noqa: F401  (registration)
+from .base import QUANTS, WeightQuantizer
+
+
+def available_quants() -> list[str]:
+    return QUANTS.names()
+
+
+def build_quant(name: str) -> WeightQuantizer:
+    """The quantizer named ``name`` (``rollout.quant``); a :class:`WeightQuantizer` passes through."""
+    if isinstance(name, WeightQuantizer):
+        return name
+    return QUANTS.get(name)()
