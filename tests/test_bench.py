@@ -16,7 +16,7 @@ from sparserl.bench import machine, rollout
 from sparserl.bench.measure import Row, Run, run_rounds
 from sparserl.bench.openvino_peer import EXPORT_PYTHON_ENV, KV_BLOCK, PeerUnavailable, eviction_sizes, import_openvino_genai
 from sparserl.bench.roofline import decode_step_flops, mean_kv_tokens, roofline
-from sparserl.errors import OptionError
+from sparserl.errors import OptionError, SparserlError
 
 TINY_BENCH = ["bench", "rollout", "--model", "tiny", "--no-hf", "--max-new-tokens", "3", "--batch", "2",
               "--kv-budget", "8", "--step-length", "2"]
@@ -198,3 +198,37 @@ def test_openvino_rows_on_tiny(tiny, fast_machine, monkeypatch):
         assert r["tokens_per_s"] > 0 and r["kv_bytes_peak"] > 0 and r["openvino"]["precision"] == "f32"
         assert r["batch"] == 2 and r["max_new_tokens"] == 4
     assert rows["openvino", "eviction"]["openvino"]["cache_eviction"]["max_cache_size"] == 128
+
+
+# --- quantized sampler rows (issue 8 item 5) ------------------------------------------------------
+def test_bench_quant_rows_fields_and_mismatch(tiny, fast_machine, monkeypatch):
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
+    report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=4, kv_budget=8, step_length=2,
+                               compressors=[], dtype="float32", hf_baseline=False, quants=["none", "int8"],
+                               kv_quants=["none"], log=lambda *a: None)
+    rows = {(r["quant"], r["kv_quant"]): r for r in report["results"]}
+    assert set(rows) == {("none", "none"), ("int8", "none")}
+    dense, q = rows["none", "none"], rows["int8", "none"]
+    assert dense["ratio_vs_sparserl_dense"] == 1.0
+    assert q["ratio_vs_sparserl_dense"] == pytest.approx(q["tokens_per_s"] / dense["tokens_per_s"])
+    assert q["weight_bytes"] < dense["weight_bytes"] and q["quantize_s"] > 0 and q["quant_emulated"] is False
+    assert 0.9 < q["alpha_mean"] <= 1.0 + 1e-6 and q["alpha_p5"] <= q["alpha_mean"] + 1e-9 and q["k3_kl"] >= 0
+    assert q["mismatch_tokens"] == 2 * 3  # 2 sequences, tokens 2..4
+    assert "alpha_mean" not in dense
+
+
+def test_mismatch_of_the_dense_sampler_with_itself(tiny):
+    from sparserl.bench.mismatch import sampler_mismatch
+    from sparserl.rollout.engine import RolloutEngine
+    from sparserl.rollout.kv import build_compressor
+
+    engine = RolloutEngine(tiny, build_compressor("none"))
+    mm = sampler_mismatch(engine, engine.model, "Once upon a time", rows=2, max_new_tokens=5)
+    assert mm["alpha_mean"] == pytest.approx(1.0, abs=1e-4) and mm["k3_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert engine.step_hook is None  # restored
+
+
+def test_bench_bad_quant_name_fails_before_loading(monkeypatch):
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(SparserlError, match="did you mean 'int8'"):
+        rollout.run_bench(model="tiny", quants=["int9"])

@@ -6,10 +6,10 @@ in float::
 
 Kernel: the int8 values converted to float inside each call and one float matmul, the scales
 applied to the output columns (``F.linear(x, Q.float()) * s``). Measured on this 2-core AVX2 CPU
-for the decode's four products of SmolLM2-135M over 30 layers: that runs ~5.7x slower than the
-oneDNN-packed float32 product at 16 rows, and ``torch._weight_int8pack_mm`` (torch's int8
-weight-only CPU kernel) ~20x slower still (docs/results/bench_quant.md). Its use is the memory: a
-quarter of the float32 weight bytes; it is not a speed path here.
+for the decode's four products of SmolLM2-135M: that runs 5.7x (16 rows) and 3.2x (64 rows) slower
+than the oneDNN-packed float32 product, and ``torch._weight_int8pack_mm`` (torch's int8 weight-only
+CPU kernel) 18x and 40x slower (docs/results/bench_quant.md). Its use is the memory: a quarter of
+the float32 weight bytes; it is not a speed path here.
 """
 from __future__ import annotations
 

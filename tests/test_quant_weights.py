@@ -1,0 +1,192 @@
+"""Quantized sampler weights (rollout.quant, issue 8 item 1): round trips, the int8 product against a
+float reference of the same quantized values, the quantized sampler on the tiny model, re-quantization
+at every push, bad names."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from sparserl.errors import SparserlError
+from sparserl.rollout.engine import RolloutEngine
+from sparserl.rollout.kv import build_compressor
+from sparserl.rollout.model import SamplerModel
+from sparserl.rollout.quant import QuantizedLinear, available_quants, build_quant
+from sparserl.rollout.quant.fp8 import E4M3, quantize_fp8_per_channel, quantize_fp8_per_token
+from sparserl.rollout.quant.int8 import (QMAX_FBGEMM, Int8Linear, dequantize_int8_per_channel, fbgemm_available,
+                                         int8_matmul_per_token, quantize_int8_per_channel, quantize_int8_per_token)
+from sparserl.rollout.sampling import SamplingParams
+
+QUANTIZED = [q for q in available_quants() if q != "none"]
+
+
+def _weight(out=48, inp=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(out, inp, generator=g) * 0.05
+    w[3] = 0.0  # an all-zero row: scale 1, no division by zero
+    w[5, 7] = 1.0  # an outlier channel
+    return w
+
+
+def test_names_and_bad_name():
+    assert available_quants() == ["fp8", "int8", "int8_weight_only", "none"]
+    with pytest.raises(SparserlError, match=r"rollout.quant 'int9' \(did you mean 'int8'\?\)"):
+        build_quant("int9")
+    with pytest.raises(SparserlError, match="did you mean 'fp8'"):
+        RolloutEngine.__init__  # noqa: B018  (the engine passes the name through to SamplerModel)
+        build_quant("fp9")
+
+
+@pytest.mark.parametrize("qmax", [127, QMAX_FBGEMM])
+def test_int8_per_channel_round_trip(qmax):
+    w = _weight()
+    q, s = quantize_int8_per_channel(w, qmax)
+    assert q.dtype == torch.int8 and s.dtype == torch.float32 and s.shape == (w.shape[0],)
+    assert int(q.abs().max()) == qmax  # the row's max lands on the grid's end
+    d = dequantize_int8_per_channel(q, s)
+    assert ((w - d).abs() <= s[:, None] / 2 * (1 + 1e-6)).all()
+    assert s[3] == 1.0 and (q[3] == 0).all()
+
+
+def test_fp8_per_channel_round_trip():
+    w = _weight()
+    q, s = quantize_fp8_per_channel(w)
+    assert q.dtype == E4M3
+    d = q.float() * s[:, None]
+    # E4M3 has 3 mantissa bits: relative error <= 2^-4 above the subnormals (2^-6 · s absolute below)
+    assert ((w - d).abs() <= torch.maximum(w.abs() / 16, s[:, None] * 2.0**-9) * (1 + 1e-6)).all()
+    p, a = quantize_fp8_per_token(torch.randn(5, 40))
+    assert p.dtype == E4M3 and a.shape == (5, 1)
+
+
+def test_int_mm_product_equals_reference_of_the_same_quantized_values():
+    w, x = _weight(), torch.randn(7, 40)
+    q, s = quantize_int8_per_channel(w)
+    p, a = quantize_int8_per_token(x)
+    ref = (p.double() @ q.double().t()) * a.double() * s.double()
+    y = int8_matmul_per_token(x, q.t(), s)
+    assert torch.allclose(y.double(), ref, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.skipif(not fbgemm_available("cpu"), reason="fbgemm (x86 CPU) only")
+def test_fbgemm_int8_linear_equals_reference_of_the_same_quantized_values():
+    """fbgemm's per-tensor uint8 activation grid on rows scaled to max |x| = 1 (per-token scales),
+    7-bit weights (no AVX2 saturation): the float64 product of exactly those integers, within float32
+    rounding; and the weight is held once, packed (no float copy, no int8 copy besides fbgemm's)."""
+    torch.manual_seed(0)
+    w, x = _weight(96, 64), torch.randn(9, 64) * torch.logspace(-2, 1, 9)[:, None]  # rows of very different size
+    lin = build_quant("int8").quantize(w)
+    assert isinstance(lin, Int8Linear) and lin.kernel == "fbgemm" and lin.q is None
+    q, s = quantize_int8_per_channel(w, QMAX_FBGEMM)
+    assert torch.equal(lin.dequantize(), dequantize_int8_per_channel(q, s))
+    m = x.abs().amax(-1, keepdim=True)
+    xn = x / m
+    scale, zp = torch._choose_qparams_per_tensor(xn, False)
+    xq = torch.quantize_per_tensor(xn, scale, zp, torch.quint8).int_repr().double()
+    ref = ((xq - zp) @ q.double().t()) * scale * s.double() * m.double()
+    y = lin(x)
+    assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-6 * float(ref.abs().max()))
+    # per token: the small rows are quantized on their own grid (relative error like the big rows')
+    err = ((y - x @ w.t()).norm(dim=-1) / (x @ w.t()).norm(dim=-1))
+    assert float(err.max()) < 0.05
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_quantized_linear_close_to_float_and_shapes(name):
+    w, b, x = _weight(), torch.randn(48), torch.randn(2, 3, 40)
+    lin = build_quant(name).quantize(w)
+    assert isinstance(lin, QuantizedLinear) and lin.shape == w.shape
+    assert lin.nbytes() == w.numel() + 4 * w.shape[0]  # 1 byte a weight + one float32 scale a row
+    y = lin(x, b)
+    ref = torch.nn.functional.linear(x, w, b)
+    assert y.shape == ref.shape and y.dtype == x.dtype
+    assert float((y - ref).norm() / ref.norm()) < 0.06
+    assert float((y - ref).norm() / ref.norm()) > 0  # it is quantized
+
+
+def test_fp8_is_labelled_emulated_without_scaled_mm():
+    q = build_quant("fp8")
+    lin = q.quantize(_weight())
+    assert lin.emulated and lin.kernel == "emulated" and q.emulated_on("cpu")
+    assert not build_quant("int8").emulated_on("cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_cuda_kernels_match_their_float_reference(name):
+    w, x = _weight().cuda(), torch.randn(5, 40, device="cuda")
+    lin = build_quant(name).quantize(w)
+    ref = x.double() @ lin.dequantize().double().t()
+    assert float((lin(x).double() - ref).norm() / ref.norm()) < 0.05
+
+
+# --- the sampler ------------------------------------------------------------------------------------
+def _prefill_logprobs(model: SamplerModel, ids: torch.Tensor) -> torch.Tensor:
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    pos = torch.arange(ids.shape[1])[None].expand_as(ids)
+    return torch.log_softmax(model.logits(model.hidden_states(ids, valid, pos)).float(), -1)
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_quantized_sampler_weights_bytes_and_logprobs(tiny, name):
+    dense = SamplerModel(tiny.model, torch.float32, quant="none")
+    qm = SamplerModel(tiny.model, torch.float32, quant=name)
+    assert qm.quant == name and qm.last_quantize_s > 0 and dense.last_quantize_s == 0
+    for lw in qm.layers:  # every layer linear quantized; no float copy kept
+        assert all(isinstance(w, QuantizedLinear) for w in (lw.qkv, lw.o, lw.gate_up, lw.down))
+    assert isinstance(qm.lm_head, torch.Tensor) and qm.lm_head.dtype == torch.float32  # head stays float
+    layer_float = sum(w.numel() * 4 for lw in dense.layers for w in (lw.qkv, lw.o, lw.gate_up, lw.down))
+    assert dense.weight_bytes() - qm.weight_bytes() > 0.7 * layer_float  # ~3/4 of the layers' bytes gone
+    ids = torch.randint(0, 200, (2, 12), generator=torch.Generator().manual_seed(0))
+    lp, lq = _prefill_logprobs(dense, ids), _prefill_logprobs(qm, ids)
+    alpha = torch.minimum(lp, lq).exp().sum(-1)
+    assert float(alpha.min()) > 0.97
+    assert float((lp - lq).abs().max()) > 0  # it is quantized
+
+
+@pytest.mark.parametrize("name", ["int8", "fp8"])
+def test_quantized_engine_generates_with_close_logprobs(tiny, name):
+    params = SamplingParams(n=2, max_new_tokens=6, ignore_eos=True, seed=0)
+    q_engine = RolloutEngine(tiny, build_compressor("none"), quant=name)
+    out = q_engine.generate(["Once upon a time"], params)
+    assert [len(r) for r in out.response_ids] == [6, 6]
+    # the dense sampler scores the quantized sampler's tokens: log-probs close
+    dense = RolloutEngine(tiny, build_compressor("none")).model
+    for prompt, resp, lq in zip(out.prompt_ids, out.response_ids, out.sampler_logprobs):
+        ids = torch.tensor([prompt + resp])
+        lp = _prefill_logprobs(dense, ids)[0, len(prompt) - 1 : -1].gather(-1, torch.tensor(resp)[:, None])[:, 0]
+        assert torch.allclose(lp, torch.tensor(lq), atol=0.1)
+
+
+def test_update_weights_requantizes(tiny):
+    engine = RolloutEngine(tiny, build_compressor("none"), quant="int8")
+    before = engine.model.layers[0].qkv.dequantize().clone()
+    state = copy.deepcopy(tiny.model.state_dict())
+    engine.update_weights(state)  # same weights: same quantized values
+    assert torch.equal(engine.model.layers[0].qkv.dequantize(), before)
+    state["model.layers.0.self_attn.q_proj.weight"] = state["model.layers.0.self_attn.q_proj.weight"] * 1.5 + 0.01
+    engine.update_weights(state)
+    after = engine.model.layers[0].qkv.dequantize()
+    assert not torch.equal(after, before)
+    assert engine.model.last_quantize_s > 0
+    q_rows = tiny.model.config.num_attention_heads * tiny.model.config.head_dim if hasattr(tiny.model.config, "head_dim") else None
+    ref = dequantize_int8_per_channel(*quantize_int8_per_channel(
+        torch.cat([state[f"model.layers.0.self_attn.{n}_proj.weight"] for n in "qkv"]), QMAX_FBGEMM
+        if fbgemm_available("cpu") else 127))
+    assert torch.equal(after, ref)  # exactly the new weights' quantization
+    assert q_rows is None or q_rows <= after.shape[0]
+
+
+def test_quant_with_compiled_decode_matches_eager(tiny):
+    """The compiled decode step runs the quantized linears too (aot_eager: the same capture)."""
+    params = SamplingParams(n=2, max_new_tokens=4, ignore_eos=True, seed=0)
+    eager = RolloutEngine(tiny, build_compressor("none"), quant="int8").generate(["hi there"], params)
+    comp = RolloutEngine(tiny, build_compressor("none"), quant="int8", compile="aot_eager").generate(["hi there"], params)
+    assert comp.response_ids == eager.response_ids
+    assert torch.allclose(torch.tensor(comp.sampler_logprobs), torch.tensor(eager.sampler_logprobs), atol=1e-5)
+
+
+def test_bad_quant_name_on_engine(tiny):
+    with pytest.raises(SparserlError, match="did you mean 'int8'"):
+        RolloutEngine(tiny, build_compressor("none"), quant="int08")
