@@ -39,6 +39,8 @@ from .errors import SparserlError
 from .registry import did_you_mean
 from .models.loading import parse_dtype
 from .rollout.kv import available_compressors, compressor_from_fields
+from .rollout.kv_quant import available_kv_quants
+from .rollout.quant import available_quants
 from .score.old_policy import old_logprobs_source
 from .train.advantages import available_adv_ests, get_adv_est
 
@@ -93,6 +95,8 @@ NonEmpty = Annotated[Str, _check(bool, "must not be empty")]
 Options = Annotated[dict[str, Any], BeforeValidator(lambda v: {str(k): x for k, x in v.items()}
                                                     if isinstance(v, dict) else v)]
 Compressor = Annotated[str, AfterValidator(_Registered("compressor", available_compressors))]
+Quant = Annotated[str, AfterValidator(_Registered("weight quantization", available_quants))]
+KVQuant = Annotated[str, AfterValidator(_Registered("KV-cache quantization", available_kv_quants))]
 AdvEstimator = Annotated[str, AfterValidator(_Registered("advantage estimator", available_adv_ests))]
 Correction = Annotated[Union[Str, list], AfterValidator(_correction)]
 Device = Annotated[str, _check(lambda v: v in ("auto", "cpu", "mps") or re.fullmatch(r"cuda(:\d+)?", v),
@@ -159,6 +163,18 @@ class RolloutConfig(_Section):
     max_new_tokens: int = F(96, "Maximum response length in tokens.", ge=1)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = F(
         "bfloat16", "Sampler dtype: auto | float32 | bfloat16 | float16.")
+    quant: Quant = F("none", "The sampler's weight quantization (the learner stays in full precision; "
+                     "re-quantized at every weight push): none | int8 (W8A8, QuRL) | int8_weight_only | fp8 "
+                     "(E4M3, FP8-RL; emulated where the device has no FP8 matmul).")
+    kv_quant: KVQuant = F("none", "How the sampler's KV cache stores K and V: none | int8 | fp8 (1 byte per "
+                          "element plus a float32 scale per token and KV head).")
+    quant_scale: float = F(1.0, "QuRL's invariant scaling s: before training, W X = (W/s)(s X) with s folded "
+                           "into the RMSNorms before q/k/v and gate/up (learner and sampler alike; full-precision "
+                           "function unchanged, checkpoints keep the original form). QuRL: 1.5.", gt=0)
+    mismatch_split: bool = F(False, "Also score the responses with the sampler's quantized weights on a dense "
+                             "full-precision cache and log the mismatch's two parts: mismatch/k3_kl_weights "
+                             "(quantization) and mismatch/k3_kl_cache (eviction, KV rounding). Needs rollout.quant; "
+                             "costs one teacher-forced forward of the sampler per step.")
     compile: bool = F(False, "torch.compile the sampler's decode step (inductor: C++ on CPU, Triton on CUDA; "
                       "the first step compiles, ~20 s per graph on 2 cores); measure with `sparserl bench "
                       "rollout --compile` before turning it on.")
@@ -610,9 +626,12 @@ def validate(cfg: Config) -> Config:
             try:
                 old_logprobs_source(a.old_logprobs, compresses=compressor.compresses, sampler_dtype=parse_dtype(r.dtype),
                                     learner_dtype=parse_dtype(cfg.model.dtype), temperature=r.temperature,
-                                    top_p=r.top_p, top_k=r.top_k)
+                                    top_p=r.top_p, top_k=r.top_k, quantized=r.quant != "none" or r.kv_quant != "none")
             except SparserlError as e:
                 errors.append(str(e))
+    if r.mismatch_split and r.quant == "none":
+        errors.append("rollout.mismatch_split=true needs rollout.quant (int8, fp8, ...): with full-precision "
+                      "weights the whole mismatch is the cache's")
     if errors:
         raise ConfigError(f"invalid config '{cfg.name}':\n  - " + "\n  - ".join(errors))
     if r.temperature == 0 and r.n > 1:

@@ -55,6 +55,9 @@ KV_COMPRESSIONS = "kv/compressions"
 # mismatch and correction (computed by sparserl.correct)
 MISMATCH_K3 = "mismatch/k3_kl"
 MISMATCH_LOG_RATIO = "mismatch/log_ratio_abs_mean"
+# rollout.mismatch_split (sparserl.rollout.teacher_forced): k3 of the quantized weights' part and of the cache's part
+MISMATCH_K3_WEIGHTS = "mismatch/k3_kl_weights"
+MISMATCH_K3_CACHE = "mismatch/k3_kl_cache"
 MASKED_FRAC = "rs/masked_frac"
 TOKEN_MASKED_FRAC = "rs/token_masked_frac"
 SEQ_VETOED_FRAC = "rs/seq_vetoed_frac"
@@ -76,6 +79,11 @@ TIME_SCORE = "time/score_s"
 TIME_UPDATE = "time/update_s"
 STATIONS = (TIME_ROLLOUT, TIME_REWARD, TIME_SCORE, TIME_UPDATE)
 ROLLOUT_TOKENS_PER_S = "throughput/rollout_tokens_per_s"
+TIME_QUANTIZE = "time/quantize_s"  # part of time/update_s: re-quantizing the sampler's weights after the push
+
+# quantized sampler (QuRL): of the weight elements the last optimizer step changed, the fraction whose
+# quantized code changed too (sparserl.train.update_visible)
+QUANT_UPDATE_VISIBLE = "quant/update_visible_frac"
 
 # held-out evaluation: logged at the step it ran, also written to eval-step<N>.json
 EVAL_FILE = "eval-step{step:05d}.json"

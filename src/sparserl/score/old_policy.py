@@ -10,7 +10,7 @@ the same number, up to float32 rounding (~1e-6 in log p), when
 1. the sampler keeps a dense KV cache (no compressor evicts anything);
 2. it samples from the full tempered distribution: ``temperature > 0`` (greedy reports log q = 0),
    ``top_p = 1`` and ``top_k = 0`` (a filter renormalises q over fewer tokens);
-3. its weights are not quantized;
+3. neither its weights nor its KV cache are quantized;
 4. sampler and learner both compute in float32. In 16-bit the sampler's fused kernels and the
    learner's forward round differently (log p differs by ~1e-2 per token): that difference is the
    training-inference mismatch the corrections of :mod:`sparserl.correct` exist for, so it is scored.
@@ -47,7 +47,7 @@ def why_sampler_is_not_old_policy(*, compresses: bool, sampler_dtype, learner_dt
     if top_k:
         return f"rollout.top_k={top_k} truncates the sampled distribution"
     if quantized:
-        return "the sampler's weights are quantized"
+        return "the sampler's weights or KV cache are quantized (rollout.quant / rollout.kv_quant)"
     s, l_ = _dtype_name(sampler_dtype), _dtype_name(learner_dtype)
     if s != "float32" or l_ != "float32":
         return (f"sampler dtype {s} (rollout.dtype) and learner dtype {l_} (model.dtype) are not both float32: "

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from ..errors import SparserlError
+from ..models.invariant_scaling import applied_scale, unscaled_state_dict
 
 __all__ = [
     "CheckpointError", "CheckpointWriteError", "FORMAT", "complete_checkpoints", "latest_checkpoint",
@@ -269,7 +270,9 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        model.save_pretrained(tmp / "model", safe_serialization=True)
+        scaled = applied_scale(model) != 1.0  # QuRL's invariant scaling: save the original form
+        model.save_pretrained(tmp / "model", safe_serialization=True,
+                              **({"state_dict": unscaled_state_dict(model)} if scaled else {}))
         tokenizer.save_pretrained(tmp / "model")
         _save_tensors(opt_tensors, tmp / "optimizer.safetensors")
         _write_json(opt_meta, tmp / "optimizer.json")

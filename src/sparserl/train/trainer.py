@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,19 +19,24 @@ import torch
 from .. import runlog as names
 from ..runlog import read_metrics
 from ..config import Config, config_to_dict
-from ..correct import apply_corrections
+from ..correct import apply_corrections, log_ratio
 from ..data import PromptSampler, load_dataset
 from ..models.loading import check_model, load_model
 from ..reward import load_reward, score_responses
 from ..rollout.engine import RolloutEngine, RolloutOutput
 from ..eval.evaluate import evaluate, write_eval_record
 from ..eval.report import make_report
+from ..models.invariant_scaling import apply_invariant_scaling, refold_after_load, unscaled_state_dict
 from ..rollout.kv import compressor_from_fields, get_compressor
+from ..rollout.quant.fp8 import quantize_fp8_per_channel
+from ..rollout.quant.int8 import QMAX, QMAX_FBGEMM, fbgemm_available, quantize_int8_per_channel
 from ..rollout.sampling import SamplingParams
+from ..rollout.teacher_forced import teacher_forced_logprobs
 from ..score import forward_response, forward_response_shared, old_logprobs_source, score_logprobs
 from .advantages import compute_advantages, frac_zero_std_groups
 from ..batch import RolloutBatch
 from .checkpoint import latest_checkpoint, load_latest, remove_debris, save_checkpoint, set_rng_state
+from .update_visible import quantized_weight_snapshot, update_visible_frac
 from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
 from .metrics import MetricsLogger
 from .run_folder import (CONFIG_FILE, ResumeError, check_resume_config, checkpoint_step, find_resume_folder,
@@ -70,9 +76,11 @@ def build_trainer(cfg: Config) -> Trainer:
         print(f"data: {len(data)} examples from {data.source}, {data.skipped} bad rows skipped")
     check_model(cfg.model.name)
     reward_fn = load_reward(cfg.reward.fn, timeout_s=cfg.reward.timeout_s)
+    r = cfg.rollout
     lm = load_model(cfg.model.name, dtype=cfg.model.dtype, seed=cfg.model.seed, device=cfg.model.device)
-    learner = lm.model.train()
-    engine = RolloutEngine(lm, compressor_from_fields(cfg.rollout), dtype=cfg.rollout.dtype, compile=cfg.rollout.compile)
+    learner = apply_invariant_scaling(lm.model, r.quant_scale).train()  # QuRL: before the sampler copies it
+    engine = RolloutEngine(lm, compressor_from_fields(r), dtype=r.dtype, compile=r.compile, quant=r.quant,
+                           kv_quant=r.kv_quant)
     t = cfg.train
     opt = torch.optim.AdamW(learner.parameters(), lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay)
     warm = max(1, t.warmup_steps)
@@ -117,6 +125,7 @@ def train_step(trainer: Trainer, step: int) -> dict:
         batch.old_logprobs = score_logprobs(trainer.learner, batch, cfg.train.micro_batch_size, temp, shared)
     if trainer.ref is not None:
         batch.ref_logprobs = score_logprobs(trainer.ref, batch, cfg.train.micro_batch_size, temp, shared)
+    split = mismatch_split(trainer, batch) if cfg.rollout.mismatch_split else {}
     lap(names.TIME_SCORE)
     a = cfg.algorithm
     corr = apply_corrections(a.correction, batch.sampler_logprobs, batch.old_logprobs, batch.response_mask,
@@ -125,9 +134,26 @@ def train_step(trainer: Trainer, step: int) -> dict:
     batch.advantages = compute_advantages(a.adv_estimator, batch.rewards, batch.group_ids, **adv_options)
     update_metrics = update_policy(trainer, batch, corr)
     trainer.engine.update_weights(trainer.learner)
+    if trainer.engine.model.quantizer.quantizes:
+        update_metrics[names.TIME_QUANTIZE] = trainer.engine.model.last_quantize_s
     lap(names.TIME_UPDATE)
-    return {**rollout_metrics(ro, batch, n_reward_errors, cfg), **corr.metrics, **update_metrics, **times,
+    return {**rollout_metrics(ro, batch, n_reward_errors, cfg), **corr.metrics, **split, **update_metrics, **times,
             names.ROLLOUT_TOKENS_PER_S: ro.tokens_generated / max(times[names.TIME_ROLLOUT], 1e-9)}
+
+
+def mismatch_split(trainer: Trainer, batch: RolloutBatch) -> dict:
+    """The mismatch's two parts (:mod:`sparserl.rollout.teacher_forced`): k3 of the dense learner
+    against the sampler's quantized weights on a dense cache, and of those against the sampler."""
+    q_weights = teacher_forced_logprobs(trainer.engine.model, batch, trainer.cfg.rollout.temperature,
+                                        trainer.cfg.train.micro_batch_size).to(batch.old_logprobs.device)
+
+    def k3(log_q, log_p):
+        valid = batch.response_mask.bool()
+        lr = log_ratio(log_q, log_p, batch.response_mask).double()[valid]
+        return float((lr.exp() - 1 - lr).mean()) if lr.numel() else 0.0
+
+    return {names.MISMATCH_K3_WEIGHTS: k3(q_weights, batch.old_logprobs),
+            names.MISMATCH_K3_CACHE: k3(batch.sampler_logprobs, q_weights)}
 
 
 def old_logprobs_from(trainer: Trainer) -> str:
@@ -137,7 +163,8 @@ def old_logprobs_from(trainer: Trainer) -> str:
     r, e = trainer.cfg.rollout, trainer.engine
     return old_logprobs_source(trainer.cfg.algorithm.old_logprobs, compresses=e.compressor.compresses,
                                sampler_dtype=e.dtype, learner_dtype=next(trainer.learner.parameters()).dtype,
-                               temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
+                               temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                               quantized=r.quant != "none" or r.kv_quant != "none")
 
 
 def update_policy(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
@@ -179,7 +206,11 @@ def update_policy(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
                 count += w
             gn = torch.nn.utils.clip_grad_norm_(trainer.learner.parameters(), t.grad_clip or float("inf"))
             grad_norms.append(float(gn))
+            codes = sampler_codes(cfg.rollout.quant, trainer.device)
+            before = quantized_weight_snapshot(trainer.learner) if codes else None
             trainer.optimizer.step()
+            if codes:  # QuRL: how much of this step the quantized sampler can see
+                out_visible = update_visible_frac(before, dict(trainer.learner.named_parameters()), codes)
             trainer.scheduler.step()  # the schedule (warm-up) counts optimizer updates
     # micro-batch losses add up to each optimizer step's loss; report the mean over optimizer steps
     out = {k: (v / max(1, len(grad_norms)) if k == names.POLICY_LOSS else v / max(count, 1.0))
@@ -188,7 +219,20 @@ def update_policy(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
     out[names.GRAD_NORM] = sum(grad_norms) / max(1, len(grad_norms))
     out[names.LR] = trainer.optimizer.param_groups[0]["lr"]
     out[names.OPTIMIZER_STEPS] = len(grad_norms)
+    if codes:
+        out[names.QUANT_UPDATE_VISIBLE] = out_visible
     return out
+
+
+def sampler_codes(quant: str, device: torch.device):
+    """``w -> (codes, scales)`` of the sampler's weight quantization ``quant`` on ``device`` (the
+    grid the sampler really uses), or None for ``none``."""
+    if quant in ("int8", "int8_weight_only"):
+        grid = QMAX_FBGEMM if quant == "int8" and fbgemm_available(device) else QMAX
+        return functools.partial(quantize_int8_per_channel, qmax=grid)
+    if quant == "fp8":  # e4m3 codes compared as their bytes
+        return lambda w: (lambda q, scales: (q.view(torch.uint8), scales))(*quantize_fp8_per_channel(w))
+    return None
 
 
 def rollout_metrics(ro: RolloutOutput, batch: RolloutBatch, n_reward_errors: int, cfg: Config) -> dict:
@@ -259,6 +303,7 @@ def train(cfg: Config, resume: bool = False, run_dir: str | Path | None = None, 
             raise ResumeError(f"{ckpt / 'trainer.json'}: the saved data position does not fit data.train="
                               f"{cfg.data.train!r} ({e})") from None
         set_rng_state(state["rng"])
+        refold_after_load(trainer.learner)  # checkpoints hold the original form (QuRL's s taken out)
         trainer.engine.update_weights(trainer.learner)
         start = int(state["step"])
         log(f"resumed from {ckpt} (step {start})")

@@ -1,0 +1,39 @@
+"""The quantized-sampler experiment of docs/results/quant_rl/: dense vs INT8 naive vs INT8 + token TIS
+vs QuRL (INT8 + truncated IS with the Adaptive Clipping Range + invariant scaling s = 1.5), the same
+seeds, on the default task (one-digit sums) with a dense KV cache, through ``sparserl compare``.
+
+The INT8 + TIS arm runs at s = 1 and the QuRL arm at s = 1.5, so their ``quant/update_visible_frac``
+curves compare the two scales over a run (the corrections differ too; the metric only reads the
+weights before and after each optimizer step).
+
+    python3 experiments/quant_rl.py --out /work/exp/quant_rl [--seeds 2 --steps 6 --prompts 2]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sparserl.cli import main
+
+ARMS = ",".join([
+    "dense",
+    "int8_naive=rollout.compressor=none;rollout.quant=int8;algorithm.correction=none",
+    "int8_tis=rollout.compressor=none;rollout.quant=int8;algorithm.correction=flashrl_tis",
+    "qurl=rollout.compressor=none;rollout.quant=int8;rollout.quant_scale=1.5;algorithm.correction=qurl",
+])
+
+
+def run(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--prompts", type=int, default=2, help="train.prompts_per_step")
+    args = ap.parse_args(argv)
+    return main(["compare", "default", f"train.prompts_per_step={args.prompts}", "data.eval=null",
+                 "checkpoint.every=0", "--arms", ARMS, "--seeds", str(args.seeds), "--steps", str(args.steps),
+                 "--out", args.out])
+
+
+if __name__ == "__main__":
+    sys.exit(run())
