@@ -228,7 +228,8 @@ def test_mismatch_of_the_dense_sampler_with_itself(tiny):
     assert engine.step_hook is None  # restored
 
 
-def test_bench_bad_quant_name_fails_before_loading(monkeypatch):
+@pytest.mark.parametrize("option", ["quants", "kv_quants"])
+def test_bench_bad_quant_name_fails_before_loading(monkeypatch, option):
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(SparserlError, match="did you mean 'int8'"):
-        rollout.run_bench(model="tiny", quants=["int9"])
+        rollout.run_bench(model="tiny", **{option: ["int9"]})

@@ -37,6 +37,7 @@ import torch
 from ..models.loading import load_model, parse_dtype
 from ..rollout.engine import RolloutEngine
 from ..rollout.kv import CompressorOptionError, KVCompressor, build_compressor
+from ..rollout.kv_quant import get_kv_quantizer
 from ..rollout.quant import build_quant
 from ..rollout.sampling import SamplingParams
 from .machine import decode_linear_weights, gemm_flops_per_s, machine_info, memory_bandwidth
@@ -121,6 +122,8 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
     compressors = compressors if compressors is not None else ["rkv", "snapkv", "streaming", "h2o"]
     for q in quants:  # an unknown name fails now, with a hint, before the model loads
         build_quant(q)
+    for kq in kv_quants:
+        get_kv_quantizer(kq)
     dt = parse_dtype(dtype)
     dtype_name = str(dt).replace("torch.", "")
     lm = load_model(model, dtype=dt)
