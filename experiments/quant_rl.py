@@ -2,7 +2,7 @@
 vs QuRL (INT8 + truncated IS with the Adaptive Clipping Range + invariant scaling s = 1.5), the same
 seeds, on the default task (one-digit sums) with a dense KV cache, through ``sparserl compare``.
 
-The INT8 + TIS arm runs at s = 1 and the QuRL arm at s = 1.5, so their ``quant/update_visible_frac``
+The INT8 arms run at s = 1 and the QuRL arm at s = 1.5, so their ``quant/update_visible_frac``
 curves compare the two scales over a run (the corrections differ too; the metric only reads the
 weights before and after each optimizer step).
 
@@ -15,11 +15,11 @@ import sys
 
 from sparserl.cli import main
 
-ARMS = ",".join([
+ARMS = ",".join([  # run in this order (QuRL before the INT8 baselines: its s = 1.5 against int8_naive's s = 1)
     "dense",
+    "qurl=rollout.compressor=none;rollout.quant=int8;rollout.quant_scale=1.5;algorithm.correction=qurl",
     "int8_naive=rollout.compressor=none;rollout.quant=int8;algorithm.correction=none",
     "int8_tis=rollout.compressor=none;rollout.quant=int8;algorithm.correction=flashrl_tis",
-    "qurl=rollout.compressor=none;rollout.quant=int8;rollout.quant_scale=1.5;algorithm.correction=qurl",
 ])
 
 
