@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import copy
-import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +27,6 @@ from ..eval.evaluate import evaluate, write_eval_record
 from ..eval.report import make_report
 from ..models.invariant_scaling import apply_invariant_scaling, refold_after_load, unscaled_state_dict
 from ..rollout.kv import compressor_from_fields, get_compressor
-from ..rollout.quant.fp8 import quantize_fp8_per_channel
-from ..rollout.quant.int8 import QMAX, QMAX_FBGEMM, fbgemm_available, quantize_int8_per_channel
 from ..rollout.sampling import SamplingParams
 from ..rollout.teacher_forced import teacher_forced_logprobs
 from ..score import forward_response, forward_response_shared, old_logprobs_source, score_logprobs
@@ -206,7 +203,8 @@ def update_policy(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
                 count += w
             gn = torch.nn.utils.clip_grad_norm_(trainer.learner.parameters(), t.grad_clip or float("inf"))
             grad_norms.append(float(gn))
-            codes = sampler_codes(cfg.rollout.quant, trainer.device)
+            quantizer = trainer.engine.model.quantizer  # QuRL's metric on the grid the sampler uses
+            codes = quantizer.codes if quantizer.quantizes else None
             before = quantized_weight_snapshot(trainer.learner) if codes else None
             trainer.optimizer.step()
             if codes:  # QuRL: how much of this step the quantized sampler can see
@@ -222,17 +220,6 @@ def update_policy(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
     if codes:
         out[names.QUANT_UPDATE_VISIBLE] = out_visible
     return out
-
-
-def sampler_codes(quant: str, device: torch.device):
-    """``w -> (codes, scales)`` of the sampler's weight quantization ``quant`` on ``device`` (the
-    grid the sampler really uses), or None for ``none``."""
-    if quant in ("int8", "int8_weight_only"):
-        grid = QMAX_FBGEMM if quant == "int8" and fbgemm_available(device) else QMAX
-        return functools.partial(quantize_int8_per_channel, qmax=grid)
-    if quant == "fp8":  # e4m3 codes compared as their bytes
-        return lambda w: (lambda q, scales: (q.view(torch.uint8), scales))(*quantize_fp8_per_channel(w))
-    return None
 
 
 def rollout_metrics(ro: RolloutOutput, batch: RolloutBatch, n_reward_errors: int, cfg: Config) -> dict:

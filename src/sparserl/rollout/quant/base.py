@@ -59,6 +59,11 @@ class WeightQuantizer:
     def quantize(self, w: torch.Tensor) -> QuantizedLinear:
         raise NotImplementedError
 
+    def codes(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(codes, scales)`` of ``w`` on the grid :meth:`quantize` uses on ``w``'s device (codes
+        comparable with ``!=``): what ``quant/update_visible_frac`` compares before and after a step."""
+        raise NotImplementedError
+
     def emulated_on(self, device: torch.device | str) -> bool:
         """Whether the product is simulated in float32 on this device (the bench prints it)."""
         return False

@@ -75,6 +75,10 @@ class Fp8W8A8(WeightQuantizer):
     def quantize(self, w: torch.Tensor) -> Fp8Linear:
         return Fp8Linear(*quantize_fp8_per_channel(w))
 
+    def codes(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q, scales = quantize_fp8_per_channel(w)
+        return q.view(torch.uint8), scales  # e4m3 codes compared as their bytes
+
     def emulated_on(self, device) -> bool:
         return not scaled_mm_available(device)
 

@@ -143,7 +143,10 @@ class Int8W8A8(WeightQuantizer):
     name = "int8"
 
     def quantize(self, w: torch.Tensor) -> Int8Linear:
-        return Int8Linear(*quantize_int8_per_channel(w, QMAX_FBGEMM if fbgemm_available(w.device) else QMAX))
+        return Int8Linear(*self.codes(w))
+
+    def codes(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return quantize_int8_per_channel(w, QMAX_FBGEMM if fbgemm_available(w.device) else QMAX)
 
     def kernel_on(self, device) -> str:
         return "fbgemm" if fbgemm_available(device) else "_int_mm"

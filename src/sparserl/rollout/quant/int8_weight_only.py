@@ -44,5 +44,8 @@ class Int8WeightOnly(WeightQuantizer):
     def quantize(self, w: torch.Tensor) -> Int8WeightOnlyLinear:
         return Int8WeightOnlyLinear(*quantize_int8_per_channel(w))
 
+    def codes(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return quantize_int8_per_channel(w)
+
     def kernel_on(self, device) -> str:
         return Int8WeightOnlyLinear.kernel
