@@ -10,6 +10,7 @@ import statistics
 import sys
 
 import pytest
+import torch
 
 from sparserl import cli
 from sparserl.bench import machine, rollout
@@ -126,6 +127,23 @@ def test_bench_compile_adds_compiled_rows_beside_eager(tiny, fast_machine, monke
     for r in rows.values():
         assert r["ratio_vs_sparserl_dense"] == pytest.approx(r["tokens_per_s"] / eager_dense)
     assert rows["rkv", True]["kv_bytes_peak"] == rows["rkv", False]["kv_bytes_peak"]
+
+
+def test_bench_compress_prompt_bounds_the_buffer_to_budget_plus_period(tiny, fast_machine, monkeypatch, tmp_path):
+    """``--compress-prompt``: the compressing rows' buffers hold budget + step length slots (the
+    prompt evicted too, like OpenVINO's eviction), fewer KV bytes than with the prompt kept whole."""
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
+    peaks = {}
+    for flag in ([], ["--compress-prompt"]):
+        out = tmp_path / f"b{len(flag)}.json"
+        assert cli.main([*TINY_BENCH, "--max-new-tokens", "12", "--compressors", "rkv", "--json", str(out), *flag]) == 0
+        rows = {r["compressor"]: r for r in json.loads(out.read_text())["results"]}
+        assert rows["rkv"]["compress_prompt"] is bool(flag) and rows["none"]["compress_prompt"] is False
+        peaks[bool(flag)] = rows["rkv"]["kv_bytes_peak"]
+    engine = rollout.RolloutEngine(tiny, rollout.build_compressor("none"), dtype=torch.float32)
+    per_slot = engine.model.kv_bytes_per_token() * 2  # batch 2
+    assert peaks[True] == (8 + 2) * per_slot  # budget + step length
+    assert peaks[False] == (len(engine.encode(rollout.BENCH_PROMPT)) + 8 + 2) * per_slot
 
 
 # --- options ------------------------------------------------------------------------------------

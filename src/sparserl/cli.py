@@ -131,7 +131,7 @@ def cmd_bench_rollout(args) -> int:
         check_choice(peer, "--peers", PEERS)
     comps = [c.strip() for c in args.compressors.split(",") if c.strip() and c.strip() != "none"]
     for name in comps:  # every row's compressor builds (an unknown name fails now, not after the others ran)
-        bench_compressor(name, args.kv_budget, args.step_length)
+        bench_compressor(name, args.kv_budget, args.step_length, args.compress_prompt or None)
     if args.json:
         check_output_file(args.json, "--json")
     check_model(args.model)
@@ -140,7 +140,8 @@ def cmd_bench_rollout(args) -> int:
                        step_length=args.step_length, seed=args.seed, hf_baseline=not args.no_hf,
                        repeat=args.repeat, peers=peers, compile=args.compile,
                        quants=[q.strip() for q in args.quant.split(",") if q.strip()],
-                       kv_quants=[q.strip() for q in args.kv_quant.split(",") if q.strip()])
+                       kv_quants=[q.strip() for q in args.kv_quant.split(",") if q.strip()],
+                       compress_prompt=args.compress_prompt or None)
     if args.json:
         write_json(report, args.json)
         print(f"wrote {args.json}")
@@ -307,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--kv-budget", type=int, default=256)
     br.add_argument("--step-length", type=int, default=128)
     br.add_argument("--compressors", default="none,rkv,snapkv,streaming,h2o")
+    br.add_argument("--compress-prompt", action="store_true", help="the prompt is compressible too: every "
+                    "compressing row's buffer is budget + step length (like OpenVINO's eviction, which "
+                    "evicts over the whole sequence)")
     br.add_argument("--dtype", default="auto")
     br.add_argument("--seed", type=int, default=0)
     br.add_argument("--no-hf", action="store_true", help="skip the transformers generate baseline")

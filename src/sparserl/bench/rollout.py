@@ -73,18 +73,30 @@ def _hf_generate_run(lm, prompt_ids: list[int], batch: int, L: int, seed: int) -
     return Run(seconds, batch * gen, kv, 0)
 
 
-def bench_compressor(name: str, kv_budget: int, step_length: int) -> KVCompressor:
+def bench_compressor(name: str, kv_budget: int, step_length: int, compress_prompt: bool | None = None) -> KVCompressor:
     """The compressor a benchmark row runs: the method's defaults at this budget, with the
     observation window cut to a quarter of the budget when the default does not fit (e.g.
-    SnapKV's 32-query window at a small budget). ``none`` is the dense cache."""
-    small_window = dict(kv_budget=kv_budget, step_length=step_length, window=max(1, kv_budget // 4))
+    SnapKV's 32-query window at a small budget). ``none`` is the dense cache. ``compress_prompt``:
+    the prompt joins the compressible region (None: the method's default), so the buffer is
+    ``budget + step_length`` slots like an engine that evicts over the whole sequence."""
+    small_window = dict(kv_budget=kv_budget, step_length=step_length, window=max(1, kv_budget // 4),
+                        compress_prompt=compress_prompt)
     try:
-        comp = build_compressor(name, kv_budget=kv_budget, step_length=step_length)
+        comp = build_compressor(name, kv_budget=kv_budget, step_length=step_length, compress_prompt=compress_prompt)
     except CompressorOptionError:
         return build_compressor(name, **small_window)
     if comp.compresses and comp.window >= kv_budget // 2 and name != "h2o":
         return build_compressor(name, **small_window)
     return comp
+
+
+def mean_kept_cap(comp: KVCompressor, prompt_tokens: int, kv_budget: int, step_length: int) -> float | None:
+    """The mean number of kept tokens per sequence once a compressing cache is full (None: dense):
+    it cycles between ``budget`` and ``budget + step_length`` compressible tokens, after the whole
+    prompt unless the prompt is compressible too."""
+    if not comp.compresses:
+        return None
+    return (0 if comp.compress_prompt else prompt_tokens) + kv_budget + step_length / 2
 
 
 def _sparserl_run(engine: RolloutEngine, params: SamplingParams) -> Run:
@@ -118,7 +130,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
               compressors: list[str] | None = None, dtype: str = "auto", step_length: int = 128,
               seed: int = 0, hf_baseline: bool = True, repeat: int = 1, peers: list[str] | tuple = (),
               compile: bool = False, quants: list[str] | tuple = ("none",), kv_quants: list[str] | tuple = ("none",),
-              mismatch_rows: int = 4, log=print) -> dict:
+              mismatch_rows: int = 4, compress_prompt: bool | None = None, log=print) -> dict:
     compressors = compressors if compressors is not None else ["rkv", "snapkv", "streaming", "h2o"]
     for q in quants:  # an unknown name fails now, with a hint, before the model loads
         build_quant(q)
@@ -153,15 +165,15 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
                         mean_kv_tokens(P, L)))
     for compiled in (False, True) if compile else (False,):
         for name in ["none", *(c for c in compressors if c != "none")]:
-            comp = bench_compressor(name, kv_budget, step_length)
+            comp = bench_compressor(name, kv_budget, step_length, compress_prompt)
             engine = RolloutEngine.from_engine(dense_engine, comp) if comp.compresses or compiled else dense_engine
             if compiled:  # the same weights, the decode step through torch.compile (inductor)
                 engine.compile = "inductor"
                 engine.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))  # compiles
             # kept tokens grow from P to P + budget + period, then cycle between P + budget and that
-            cap = P + kv_budget + step_length / 2 if comp.compresses else None
+            cap = mean_kept_cap(comp, P, kv_budget, step_length)
             rows.append(Row({"engine": "sparserl", "compressor": name, "kv_budget": kv_budget if comp.compresses else None,
-                             "compiled": compiled, **quant_fields(engine, "none")},
+                             "compress_prompt": comp.compresses and comp.compress_prompt, "compiled": compiled, **quant_fields(engine, "none")},
                             lambda engine=engine: _sparserl_run(engine, params), mean_kv_tokens(P, L, cap)))
     kv_quant_ok = "kv_quant" in inspect.signature(RolloutEngine.__init__).parameters
     quant_engines = {}
@@ -176,11 +188,11 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
         qe.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))  # warm-up
         quant_engines[q, kq] = qe
         for name in ["none", *(c for c in compressors if c != "none")]:
-            comp = bench_compressor(name, kv_budget, step_length)
+            comp = bench_compressor(name, kv_budget, step_length, compress_prompt)
             engine = RolloutEngine.from_engine(qe, comp) if comp.compresses else qe
-            cap = P + kv_budget + step_length / 2 if comp.compresses else None
+            cap = mean_kept_cap(comp, P, kv_budget, step_length)
             rows.append(Row({"engine": "sparserl", "compressor": name, "kv_budget": kv_budget if comp.compresses else None,
-                             "compiled": False, **quant_fields(qe, kq)},
+                             "compress_prompt": comp.compresses and comp.compress_prompt, "compiled": False, **quant_fields(qe, kq)},
                             lambda engine=engine: _sparserl_run(engine, params), mean_kv_tokens(P, L, cap)))
     skipped = {}
     for peer in peers:
