@@ -125,6 +125,8 @@ def cmd_bench_rollout(args) -> int:
     check_int(args.kv_budget, "--kv-budget", 1)
     check_int(args.step_length, "--step-length", 1)
     check_int(args.repeat, "--repeat", 1, what="runs of every row; the median is reported")
+    if not 0.0 <= args.quant_smooth < 1.0:
+        raise OptionError(f"--quant-smooth must be in [0, 1) (SmoothQuant's migration strength), got {args.quant_smooth}")
     check_choice(args.dtype, "--dtype", DTYPES)
     peers = [p.strip() for p in (args.peers or "").split(",") if p.strip()]
     for peer in peers:
@@ -141,7 +143,7 @@ def cmd_bench_rollout(args) -> int:
                        repeat=args.repeat, peers=peers, compile=args.compile,
                        quants=[q.strip() for q in args.quant.split(",") if q.strip()],
                        kv_quants=[q.strip() for q in args.kv_quant.split(",") if q.strip()],
-                       compress_prompt=args.compress_prompt or None)
+                       compress_prompt=args.compress_prompt or None, quant_smooth=args.quant_smooth)
     if args.json:
         write_json(report, args.json)
         print(f"wrote {args.json}")
@@ -322,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "through torch.compile (rows with compiled: true; eager and compiled in the same process)")
     br.add_argument("--quant", default="none", help="sampler weight quantizations, comma-separated: "
                     "none, int8, int8_weight_only, fp8 (each adds sparserl rows with its mismatch vs dense)")
+    br.add_argument("--quant-smooth", type=float, default=0.0, help="SmoothQuant migration strength of the int8 "
+                    "and fp8 rows (0 = off, 0.5 = the paper's): rollout.quant_smooth")
     br.add_argument("--kv-quant", default="none", help="KV cache quantizations, comma-separated: none, int8, fp8")
     br.add_argument("--json", default=None)
     br.set_defaults(fn=cmd_bench_rollout)

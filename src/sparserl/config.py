@@ -40,7 +40,7 @@ from .registry import did_you_mean
 from .models.loading import parse_dtype
 from .rollout.kv import available_compressors, compressor_from_fields
 from .rollout.kv_quant import available_kv_quants
-from .rollout.quant import available_quants
+from .rollout.quant import available_quants, build_quant
 from .score.old_policy import old_logprobs_source
 from .train.advantages import available_adv_ests, get_adv_est
 
@@ -171,6 +171,11 @@ class RolloutConfig(_Section):
     quant_scale: float = F(1.0, "QuRL's invariant scaling s: before training, W X = (W/s)(s X) with s folded "
                            "into the RMSNorms before q/k/v and gate/up (learner and sampler alike; full-precision "
                            "function unchanged, checkpoints keep the original form). QuRL: 1.5.", gt=0)
+    quant_smooth: float = F(0.0, "SmoothQuant's migration strength a (sampler only): per input channel s_j = "
+                             "max|X_j|^a / max|W_j|^(1-a), X W^T = (X/s)(W s)^T, so activation outliers move into "
+                             "the weights before W8A8; the activation maxima are calibrated on a fixed text at every "
+                             "push. 0 = off (QuRL/FP8-RL as published); 0.5 = the paper's default. Needs "
+                             "rollout.quant int8 or fp8.", ge=0, lt=1)
     mismatch_split: bool = F(False, "Also score the responses with the sampler's quantized weights on a dense "
                              "full-precision cache and log the mismatch's two parts: mismatch/k3_kl_weights "
                              "(quantization) and mismatch/k3_kl_cache (eviction, KV rounding). Needs rollout.quant; "
@@ -629,6 +634,9 @@ def validate(cfg: Config) -> Config:
                                     top_p=r.top_p, top_k=r.top_k, quantized=r.quant != "none" or r.kv_quant != "none")
             except SparserlError as e:
                 errors.append(str(e))
+    if r.quant_smooth and not build_quant(r.quant).quantizes_activations:
+        errors.append(f"rollout.quant_smooth={r.quant_smooth} needs rollout.quant int8 or fp8 (SmoothQuant moves "
+                      f"activation outliers into the weights; rollout.quant={r.quant!r} quantizes no activations)")
     if r.mismatch_split and r.quant == "none":
         errors.append("rollout.mismatch_split=true needs rollout.quant (int8, fp8, ...): with full-precision "
                       "weights the whole mismatch is the cache's")

@@ -130,7 +130,8 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
               compressors: list[str] | None = None, dtype: str = "auto", step_length: int = 128,
               seed: int = 0, hf_baseline: bool = True, repeat: int = 1, peers: list[str] | tuple = (),
               compile: bool = False, quants: list[str] | tuple = ("none",), kv_quants: list[str] | tuple = ("none",),
-              mismatch_rows: int = 4, compress_prompt: bool | None = None, log=print) -> dict:
+              mismatch_rows: int = 4, compress_prompt: bool | None = None, quant_smooth: float = 0.0,
+              log=print) -> dict:
     compressors = compressors if compressors is not None else ["rkv", "snapkv", "streaming", "h2o"]
     for q in quants:  # an unknown name fails now, with a hint, before the model loads
         build_quant(q)
@@ -155,7 +156,8 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
 
     def quant_fields(engine: RolloutEngine, kv_quant: str) -> dict:
         m = engine.model
-        return {"quant": m.quant, "kv_quant": kv_quant, "weight_bytes": m.weight_bytes(), "quant_kernel": m.quant_kernel,
+        return {"quant": m.quant, "kv_quant": kv_quant, "quant_smooth": m.quant_smooth,
+                "weight_bytes": m.weight_bytes(), "quant_kernel": m.quant_kernel,
                 "quant_emulated": m.quant_emulated, "quantize_s": m.last_quantize_s}
 
     rows: list[Row] = []
@@ -183,7 +185,9 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
         if kq != "none" and not kv_quant_ok:
             log(f"--kv-quant {kq}: this engine has no kv_quant yet; rows skipped")
             continue
-        qe = RolloutEngine(lm, build_compressor("none"), dtype=dt, quant=q, **({"kv_quant": kq} if kv_quant_ok else {}))
+        smooth = quant_smooth if build_quant(q).quantizes_activations else 0.0  # SmoothQuant: W8A8-style rows only
+        qe = RolloutEngine(lm, build_compressor("none"), dtype=dt, quant=q, quant_smooth=smooth,
+                           **({"kv_quant": kq} if kv_quant_ok else {}))
         qe.model.load_weights(lm.model.state_dict())  # time one re-quantization, as at a push
         qe.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))  # warm-up
         quant_engines[q, kq] = qe

@@ -30,6 +30,7 @@ from .compiled import decode_layers
 from .kv.base import KVCompressor
 from .kv.none import Dense
 from .kv_quant import get_kv_quantizer
+from .quant.smooth import CALIBRATION_TEXT, CALIBRATION_TOKENS
 from .model import SamplerModel
 from .sampling import SamplingParams, sample
 
@@ -85,7 +86,8 @@ class RolloutOutput:
 class RolloutEngine:
     def __init__(self, loaded: LoadedModel, compressor: KVCompressor,
                  dtype: str | torch.dtype | None = None, max_batch: int | None = None, compile: bool | str = False,
-                 pack_weights: bool | None = None, kv_quant: str = "none", quant: str = "none"):
+                 pack_weights: bool | None = None, kv_quant: str = "none", quant: str = "none",
+                 quant_smooth: float = 0.0):
         """``compressor``: a :class:`KVCompressor`; ``get_compressor("none")`` for a dense cache.
         ``compile``: run each decode layer through ``torch.compile`` (:mod:`sparserl.rollout.compiled`;
         the first step compiles, once per model shape and process); True = inductor, a string = that
@@ -94,10 +96,17 @@ class RolloutEngine:
         ``kv_quant``: how the KV cache stores K/V, ``none | int8 | fp8`` (:mod:`sparserl.rollout.kv_quant`).
         ``quant``: the sampler's weight quantization, ``none | int8 | int8_weight_only | fp8``
         (:mod:`sparserl.rollout.quant`; re-quantized at every :meth:`update_weights`, the time in
-        ``self.model.last_quantize_s``)."""
+        ``self.model.last_quantize_s``). ``quant_smooth``: SmoothQuant's migration strength for the
+        quantized activations (0 = off), calibrated at every push on :data:`CALIBRATION_TEXT`
+        (:mod:`sparserl.rollout.quant.smooth`)."""
         self.tokenizer = loaded.tokenizer
         self.dtype = parse_dtype(dtype) if dtype is not None else next(loaded.model.parameters()).dtype
-        self.model = SamplerModel(loaded.model, self.dtype, pack_weights, quant=quant)
+        calibration_ids = None
+        if quant_smooth:
+            ids = self.tokenizer(CALIBRATION_TEXT, add_special_tokens=False)["input_ids"]
+            calibration_ids = torch.tensor(ids[:CALIBRATION_TOKENS])[None]
+        self.model = SamplerModel(loaded.model, self.dtype, pack_weights, quant=quant, quant_smooth=quant_smooth,
+                                  calibration_ids=calibration_ids)
         self.device = self.model.device
         self.compressor = _checked(compressor)
         self.max_batch = max_batch

@@ -18,7 +18,9 @@ layers (fused q/k/v, o, fused gate/up, down) is replaced by its quantized form e
 loaded (every push from the learner), with no full-precision copy kept; the LM head and the
 embeddings stay in the sampler dtype (the head is ~21% of SmolLM2-135M's decode weight reads and the
 logits' precision is what the mismatch metrics see). The time the quantization took is
-:attr:`SamplerModel.last_quantize_s`.
+:attr:`SamplerModel.last_quantize_s`. With ``quant_smooth`` (SmoothQuant,
+:mod:`sparserl.rollout.quant.smooth`) each push also runs the calibration ids through the
+full-precision layers, one layer at a time, for the activations' per-channel maxima.
 """
 from __future__ import annotations
 
@@ -30,6 +32,9 @@ import torch
 import torch.nn.functional as F
 
 from .quant import QuantizedLinear, build_quant, nbytes
+from .quant.smooth import ActivationObserver, SmoothedLinear, check_strength, smoothing_factors
+
+QUANTIZED_FIELDS = ("qkv", "o", "gate_up", "down")  # the LayerWeights a quantizer replaces
 
 
 @dataclass
@@ -49,11 +54,13 @@ class SamplerModel:
     """Decoder math for llama / qwen2 / qwen3 / mistral configs."""
 
     def __init__(self, hf_model: torch.nn.Module, dtype: torch.dtype | None = None, pack_weights: bool | None = None,
-                 quant: str = "none"):
+                 quant: str = "none", quant_smooth: float = 0.0, calibration_ids: torch.Tensor | None = None):
         """``pack_weights``: keep a oneDNN-packed copy of every linear weight for the decode step's
         products (:func:`pack_weight`); None = when supported (CPU, float32, oneDNN built in); the
         quantized weights are not packed (their kernels pack their own). ``quant``: a name of
-        :func:`sparserl.rollout.quant.available_quants` (``none`` = the sampler dtype)."""
+        :func:`sparserl.rollout.quant.available_quants` (``none`` = the sampler dtype).
+        ``quant_smooth``: SmoothQuant's migration strength (0 = off; needs a quantizer of the
+        activations, ``int8`` or ``fp8``) with its ``calibration_ids`` [B, P] (no padding)."""
         cfg = hf_model.config
         if getattr(cfg, "model_type", None) not in ("llama", "qwen2", "qwen3", "mistral"):
             raise ValueError(f"sampler: unsupported model_type {getattr(cfg, 'model_type', None)!r}")
@@ -77,6 +84,16 @@ class SamplerModel:
         self.quant_kernel: str = self.quantizer.kernel_on(self.device)  # what runs the layers' products
         self.quant_emulated: bool = self.quantizer.emulated_on(self.device)
         self.last_quantize_s = 0.0  # seconds the last load_weights spent quantizing (time/quantize_s)
+        self.quant_smooth = check_strength(quant_smooth)
+        self.calibration_ids = None
+        if self.quant_smooth:
+            if not self.quantizer.quantizes_activations:
+                raise ValueError(f"sampler: quant_smooth (SmoothQuant) needs a quantization of the activations "
+                                 f"(int8 or fp8), not quant={self.quant!r}")
+            if calibration_ids is None or calibration_ids.numel() == 0:
+                raise ValueError("sampler: quant_smooth needs calibration_ids (token ids to measure activations on)")
+            self.calibration_ids = torch.as_tensor(calibration_ids, device=self.device).long().reshape(
+                -1, calibration_ids.shape[-1])
         self.load_weights(hf_model.state_dict())
 
     # --- weights -------------------------------------------------------------------------------
@@ -99,6 +116,7 @@ class SamplerModel:
         self.layers = []
         qz = self.quantizer
         quantize_s = 0.0
+        calib = self._calibration_start() if qz.quantizes and self.quant_smooth else None
         for i in range(self.n_layers):
             p = f"model.layers.{i}."
             q, k, v = (get(p + f"self_attn.{n}_proj.weight") for n in "qkv")
@@ -122,7 +140,11 @@ class SamplerModel:
             if qz.quantizes:  # layer by layer: one layer's float weights alive at a time
                 lw = self.layers[-1]
                 t0 = time.perf_counter()
-                lw.qkv, lw.o, lw.gate_up, lw.down = (qz.quantize(w) for w in (lw.qkv, lw.o, lw.gate_up, lw.down))
+                if calib is None:
+                    for f in QUANTIZED_FIELDS:
+                        setattr(lw, f, qz.quantize(getattr(lw, f)))
+                else:
+                    self._quantize_smoothed(lw, calib)
                 if dev.type == "cuda":
                     torch.cuda.synchronize(dev)
                 quantize_s += time.perf_counter() - t0
@@ -131,6 +153,28 @@ class SamplerModel:
             for w in [self.lm_head, *(t for lw in self.layers for t in (lw.qkv, lw.o, lw.gate_up, lw.down))]:
                 if isinstance(w, torch.Tensor):
                     pack_weight(w)
+
+    # --- SmoothQuant calibration (sparserl.rollout.quant.smooth) -------------------------------------
+    def _calibration_start(self) -> dict:
+        ids = self.calibration_ids
+        B, P = ids.shape
+        positions = torch.arange(P, device=self.device)[None].expand(B, P)
+        cos, sin = self.rope(positions)
+        mask = torch.ones(P, P, dtype=torch.bool, device=self.device).tril()[None, None]
+        return {"h": F.embedding(ids, self.embed), "cos": cos, "sin": sin, "mask": mask}
+
+    @torch.inference_mode()
+    def _quantize_smoothed(self, lw: LayerWeights, calib: dict) -> None:
+        """Run the calibration activations through ``lw`` in full precision (recording every linear's
+        input maxima per channel), move ``calib["h"]`` on to the next layer, then quantize each
+        linear weight as SmoothQuant's ``W diag(s)`` with ``1/s`` applied to its inputs."""
+        observers = {f: ActivationObserver(getattr(lw, f)) for f in QUANTIZED_FIELDS}
+        observed = LayerWeights(**{**vars(lw), **observers})
+        calib["h"] = self._layer(observed, calib["h"], calib["cos"], calib["sin"], calib["mask"])[0]
+        for f, obs in observers.items():
+            w = getattr(lw, f)
+            s = smoothing_factors(obs.amax, w, self.quant_smooth).to(w.device)
+            setattr(lw, f, SmoothedLinear(self.quantizer.quantize((w.float() * s[None, :]).to(w.dtype)), 1.0 / s))
 
     def weight_bytes(self) -> int:
         """Bytes of the weights the sampler holds (quantized values and scales for quantized
@@ -213,21 +257,27 @@ class SamplerModel:
         keys, values, queries, acc = [], [], [], []
         g = self.n_heads // self.n_kv
         for lw in self.layers:
-            q, k, v = self.qkv(lw, h, cos, sin)
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            h, q, k, v = self._layer(lw, h, cos, sin, mask)
             if want_attention:
                 s = torch.matmul(q.float(), k.float().repeat_interleave(g, 1).transpose(-1, -2)) / self.head_dim**0.5
                 p_ = s.masked_fill(~mask, float("-inf")).softmax(-1)
                 p_ = p_ * valid[:, None, :, None]  # padding queries give nothing
                 acc.append(p_.sum(dim=2).view(B, self.n_kv, g, P).sum(2))
-            a = a.transpose(1, 2).reshape(B, P, self.n_heads * self.head_dim)
-            h = h + self.linear(a, lw.o)
-            h = h + self.mlp(lw, h)
             keys.append(k)
             values.append(v)
             if want_queries:
                 queries.append(q[:, :, -want_queries:])
         return h, keys, values, (queries or None), (acc or None)
+
+    def _layer(self, lw: LayerWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor):
+        """One decoder layer over whole sequences h [B, P, hidden] (``mask`` [B or 1, 1, P, P]
+        bool) → (h', q, k, v)."""
+        B, P = h.shape[:2]
+        q, k, v = self.qkv(lw, h, cos, sin)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        a = a.transpose(1, 2).reshape(B, P, self.n_heads * self.head_dim)
+        h = h + self.linear(a, lw.o)
+        return h + self.mlp(lw, h), q, k, v
 
 
 # --- the math of a layer, as plain functions of tensors (shared by the eager forward, the prefill

@@ -55,6 +55,7 @@ class WeightQuantizer:
 
     name = ""
     quantizes = True  # False for ``none``: the sampler keeps its float weights
+    quantizes_activations = False  # True for W8A8-style methods (int8, fp8): SmoothQuant applies
 
     def quantize(self, w: torch.Tensor) -> QuantizedLinear:
         raise NotImplementedError

@@ -71,6 +71,7 @@ class Fp8Linear(QuantizedLinear):
 @QUANTS.register("fp8")
 class Fp8W8A8(WeightQuantizer):
     name = "fp8"
+    quantizes_activations = True
 
     def quantize(self, w: torch.Tensor) -> Fp8Linear:
         return Fp8Linear(*quantize_fp8_per_channel(w))

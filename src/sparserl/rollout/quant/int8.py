@@ -141,6 +141,7 @@ class Int8W8A8(WeightQuantizer):
     activations, integer products (module docstring)."""
 
     name = "int8"
+    quantizes_activations = True
 
     def quantize(self, w: torch.Tensor) -> Int8Linear:
         return Int8Linear(*self.codes(w))
