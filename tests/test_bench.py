@@ -207,10 +207,14 @@ def _openvino_ready() -> bool:
 def test_openvino_rows_on_tiny(tiny, fast_machine, monkeypatch):
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
     report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=4, kv_budget=128, step_length=32,
-                               compressors=[], dtype="float32", hf_baseline=False, peers=["openvino"])
+                               compressors=[], dtype="float32", hf_baseline=False, peers=["openvino"],
+                               quants=["none", "int8"])
     assert "peers_skipped" not in report, report.get("peers_skipped")
-    rows = {(r["engine"], r["compressor"]): r for r in report["results"]}
-    assert set(rows) == {("sparserl", "none"), ("openvino", "none"), ("openvino", "eviction")}
+    rows = {(r["engine"], r["compressor"], r["quant"]): r for r in report["results"]}
+    assert set(rows) == {("sparserl", "none", "none"), ("sparserl", "none", "int8"), ("openvino", "none", "none"),
+                         ("openvino", "eviction", "none"), ("openvino", "none", "int8")}
+    assert rows["openvino", "none", "int8"]["openvino"]["ir"].endswith("-int8")
+    rows = {(e, c): r for (e, c, q), r in rows.items() if q == "none"}
     for key in (("openvino", "none"), ("openvino", "eviction")):
         r = rows[key]
         assert r["tokens_per_s"] > 0 and r["kv_bytes_peak"] > 0 and r["openvino"]["precision"] == "f32"

@@ -102,6 +102,19 @@ main_export(src, output=out, task="text-generation-with-past", ov_config=OVConfi
 """
 
 
+#: run by the exporter's Python: NNCF's int8 weight compression of a converted IR (symmetric, per output
+#: channel, every MatMul and the embedding; OpenVINO's CPU plugin then quantizes the activations
+#: dynamically), the tokenizer files copied beside it.
+_INT8_SCRIPT = """
+import shutil, sys
+import nncf, openvino as ov
+src, out = sys.argv[1:3]
+shutil.copytree(src, out, dirs_exist_ok=True)
+model = nncf.compress_weights(ov.Core().read_model(src + "/openvino_model.xml"), mode=nncf.CompressWeightsMode.INT8_SYM)
+ov.save_model(model, out + "/openvino_model.xml")
+"""
+
+
 class PeerUnavailable(Exception):
     """The peer cannot run here (not installed, or its model cannot be converted); the message says
     how to make it run. The bench goes on without its rows."""
@@ -170,10 +183,33 @@ def converted_model(lm, model: str, dtype: str, log=print) -> Path:
     return target
 
 
+def int8_model(folder: Path, log=print) -> Path:
+    """``folder``'s IR with int8 weights (NNCF ``INT8_SYM``, per channel), converted once beside it."""
+    target = folder.with_name(folder.name + "-int8")
+    if (target / "openvino_model.xml").exists():
+        return target
+    python = os.environ.get(EXPORT_PYTHON_ENV) or sys.executable
+    work = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        log(f"openvino: compressing the weights of {folder.name} to int8 with NNCF -> {target} (once)")
+        proc = subprocess.run([python, "-c", _INT8_SCRIPT, str(folder), str(work / "ir")], capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+            raise PeerUnavailable(f"OpenVINO int8 row skipped: NNCF weight compression failed ({python}, exit "
+                                  f"{proc.returncode}; it needs nncf, installed with optimum-intel). Its last lines:\n{tail}")
+        if target.exists():
+            shutil.rmtree(target)
+        (work / "ir").rename(target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
 def openvino_rows(lm, model: str, dtype: str, batch: int, max_new_tokens: int, kv_budget: int,
                   prompt_ids: list[int], kv_bytes_per_token: int, threads: int, seed: int = 0,
-                  log=print) -> list[Row]:
-    """The OpenVINO rows (dense, eviction) of a bench; raises :class:`PeerUnavailable`."""
+                  quants: tuple | list = ("none",), log=print) -> list[Row]:
+    """The OpenVINO rows (dense, eviction, and with ``int8`` in ``quants`` dense on int8 weights) of
+    a bench; raises :class:`PeerUnavailable`."""
     ov_genai = import_openvino_genai()
     import numpy as np
     import openvino as ov
@@ -196,7 +232,7 @@ def openvino_rows(lm, model: str, dtype: str, batch: int, max_new_tokens: int, k
     warm_up = ov_genai.GenerationConfig()
     warm_up.do_sample, warm_up.max_new_tokens, warm_up.min_new_tokens, warm_up.ignore_eos = True, 4, 4, True
 
-    def pipeline(eviction: dict | None):
+    def pipeline(eviction: dict | None, ir: Path = folder):
         sc = ov_genai.SchedulerConfig()
         sc.enable_prefix_caching = False
         sc.max_num_seqs = max(batch, sc.max_num_seqs)
@@ -205,10 +241,10 @@ def openvino_rows(lm, model: str, dtype: str, batch: int, max_new_tokens: int, k
             sc.cache_eviction_config = ov_genai.CacheEvictionConfig(
                 eviction["start_size"], eviction["recent_size"], eviction["max_cache_size"],
                 ov_genai.AggregationMode.SUM)
-        return ov_genai.ContinuousBatchingPipeline(str(folder), sc, "CPU", properties)
+        return ov_genai.ContinuousBatchingPipeline(str(ir), sc, "CPU", properties)
 
-    def row(compressor: str, eviction: dict | None) -> Row:
-        pipe = pipeline(eviction)
+    def row(compressor: str, eviction: dict | None, ir: Path = folder, quant: str = "none") -> Row:
+        pipe = pipeline(eviction, ir)
         pipe.generate([ids], [warm_up])  # compilation, thread pool, first allocations
         kept_max = P + L if eviction is None else min(P + L, eviction["max_cache_size"] + KV_BLOCK - 1)
         cap = None if eviction is None else eviction["max_cache_size"] + KV_BLOCK / 2
@@ -226,10 +262,18 @@ def openvino_rows(lm, model: str, dtype: str, batch: int, max_new_tokens: int, k
                        extra={"kv_cache_usage_max_percent": float(metrics.max_cache_usage)})
 
         fields = {"engine": "openvino", "compressor": compressor,
-                  "kv_budget": None if eviction is None else kv_budget,
+                  "kv_budget": None if eviction is None else kv_budget, "quant": quant, "kv_quant": "none",
                   "openvino": {"version": ov_genai.__version__, "precision": precision,
-                               "threads": threads, "ir": str(folder),
+                               "threads": threads, "ir": str(ir),
+                               **({"weights": "int8_sym per channel (NNCF), activations by the CPU plugin"}
+                                  if quant == "int8" else {}),
                                **({"cache_eviction": {**eviction, "aggregation_mode": "SUM"}} if eviction else {})}}
         return Row(fields, run, mean_kv_tokens(P, L, cap))
 
-    return [row("none", None), row("eviction", eviction_sizes(kv_budget))]
+    rows = [row("none", None), row("eviction", eviction_sizes(kv_budget))]
+    if "int8" in quants:
+        try:
+            rows.append(row("none", None, int8_model(folder, log), "int8"))
+        except PeerUnavailable as e:
+            log(str(e))
+    return rows

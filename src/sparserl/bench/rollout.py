@@ -203,7 +203,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
         try:
             rows += _peer_rows(peer, lm=lm, model=model, dtype=dtype_name, batch=batch, max_new_tokens=L,
                                kv_budget=kv_budget, prompt_ids=prompt_ids, kv_bytes_per_token=per_tok,
-                               threads=torch.get_num_threads(), seed=seed, log=log)
+                               threads=torch.get_num_threads(), seed=seed, quants=quants, log=log)
         except PeerUnavailable as e:
             log(str(e))
             skipped[peer] = str(e)
