@@ -7,6 +7,7 @@ curves compare the two scales over a run (the corrections differ too; the metric
 weights before and after each optimizer step).
 
     python3 experiments/quant_rl.py --out /work/exp/quant_rl [--seeds 2 --steps 6 --prompts 2]
+    python3 experiments/quant_rl.py --arms smooth --out /work/exp/quant_rl_smooth   # INT8 with/without SmoothQuant
 """
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ ARMS = ",".join([  # run in this order (QuRL before the INT8 baselines: its s = 
     "int8_tis=rollout.compressor=none;rollout.quant=int8;algorithm.correction=flashrl_tis",
 ])
 
+SMOOTH_ARMS = ",".join([  # the sampler's mismatch in training with and without SmoothQuant (rollout.quant_smooth)
+    "int8_naive=rollout.compressor=none;rollout.quant=int8;algorithm.correction=none",
+    "int8_smooth=rollout.compressor=none;rollout.quant=int8;rollout.quant_smooth=0.5;algorithm.correction=none",
+])
+ARM_SETS = {"main": ARMS, "smooth": SMOOTH_ARMS}
+
 
 def run(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -29,9 +36,10 @@ def run(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--prompts", type=int, default=2, help="train.prompts_per_step")
+    ap.add_argument("--arms", choices=sorted(ARM_SETS), default="main")
     args = ap.parse_args(argv)
     return main(["compare", "default", f"train.prompts_per_step={args.prompts}", "data.eval=null",
-                 "checkpoint.every=0", "--arms", ARMS, "--seeds", str(args.seeds), "--steps", str(args.steps),
+                 "checkpoint.every=0", "--arms", ARM_SETS[args.arms], "--seeds", str(args.seeds), "--steps", str(args.steps),
                  "--out", args.out])
 
 
