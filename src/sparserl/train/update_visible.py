@@ -25,7 +25,10 @@ the same order and the same dependence on ``s``, so it changes the constant, not
 - SGD step: ``u = -lr · s · ∂L/∂W``: ``P = lr · s² · |∂L/∂W| / Δ_r(W)``, ``s²`` higher (QuRL's "noise
   shrinks by s, updates grow by s").
 
-Both saturate at 1 once ``|u| ≥ Δ``. The trainer measures it on the learner's (scaled) weights:
+Both saturate at 1 once ``|u| ≥ Δ``. With SmoothQuant on (``rollout.quant_smooth``) the sampler
+quantizes ``W diag(s_smooth)``, whose per-channel grid differs from ``W``'s; the metric still reads
+``W``'s grid (the smoothing factors are recalibrated at every push, so there is no fixed grid to
+compare on), an approximation of what that sampler sees. The trainer measures it on the learner's (scaled) weights:
 snapshot them with :func:`quantized_weight_snapshot` before ``optimizer.step()``, then call
 :func:`update_visible_frac` with the model's parameters after it.
 """
