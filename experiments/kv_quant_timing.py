@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from sparserl.bench.mismatch import stepwise_logprobs
 from sparserl.models.loading import load_model
 from sparserl.rollout.cache import attention
 from sparserl.rollout.engine import RolloutEngine
@@ -27,18 +28,8 @@ from sparserl.rollout.sampling import SamplingParams
 
 
 def teacher_forced(engine, prompt_ids, params, tokens=None):
-    steps = []
-
-    def hook(event, t, cache, **kw):
-        if event == "before_decode" and tokens is not None:
-            kw["tokens"].copy_(tokens[:, t])
-        elif event == "after_decode":
-            steps.append(kw["logits"].log_softmax(-1))
-
-    engine.step_hook = hook
-    out = engine.generate(None, params, prompt_ids=prompt_ids)
-    engine.step_hook = None
-    return torch.tensor(out.response_ids), torch.stack(steps, 1)
+    out, steps = stepwise_logprobs(engine, None, params, tokens, prompt_ids=prompt_ids)
+    return torch.tensor(out.response_ids), steps
 
 
 def attention_timing(B=16, hkv=3, hq=9, L=300, D=64, reps=50):

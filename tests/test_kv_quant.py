@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from sparserl.bench.mismatch import stepwise_logprobs
 from sparserl.errors import SparserlError
 from sparserl.rollout.cache import CompressedKVCache
 from sparserl.rollout.engine import RolloutEngine
@@ -209,21 +210,10 @@ def test_attention_over_dequantized_kept_keys(tiny, name, quant):
 
 # ---- log-probs against the float32 cache, teacher-forced ------------------------------------------
 def teacher_forced_logprobs(engine, prompts, params, tokens=None):
-    """(tokens [B, T], log-softmax of every step's logits [B, T, V]): with ``tokens`` given, each
-    decode step is fed those tokens instead of the sampled ones (through the engine's step hook),
-    so two engines are compared on the same sequences."""
-    steps = []
-
-    def hook(event, t, cache, **kw):
-        if event == "before_decode" and tokens is not None:
-            kw["tokens"].copy_(tokens[:, t])
-        elif event == "after_decode":
-            steps.append(kw["logits"].log_softmax(-1))
-
-    engine.step_hook = hook
-    out = engine.generate(prompts, params)
-    engine.step_hook = None
-    return torch.tensor(out.response_ids), torch.stack(steps, 1)
+    """(tokens [B, T], log-softmax of every step's logits [B, T, V]), ``tokens`` fed when given
+    (:func:`sparserl.bench.mismatch.stepwise_logprobs`)."""
+    out, steps = stepwise_logprobs(engine, prompts, params, tokens)
+    return torch.tensor(out.response_ids), steps
 
 
 @pytest.mark.parametrize("quant", QUANTS)

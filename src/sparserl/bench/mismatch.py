@@ -20,7 +20,29 @@ from ..rollout.engine import RolloutEngine
 from ..rollout.model import SamplerModel
 from ..rollout.sampling import SamplingParams
 
-__all__ = ["sampler_mismatch"]
+__all__ = ["sampler_mismatch", "stepwise_logprobs"]
+
+
+def stepwise_logprobs(engine: RolloutEngine, prompts, params: SamplingParams, tokens: torch.Tensor | None = None,
+                      prompt_ids: list[list[int]] | None = None):
+    """Generate with ``engine`` and capture, through its ``step_hook``, the full next-token
+    log-softmax of every decode step: (the engine's output, [B, T, V] float32). With ``tokens``
+    [B, T] each decode step is fed those tokens instead of the sampled ones, so two engines are
+    compared on the same sequences, each with its own cache as it runs (compression, KV rounding)."""
+    steps: list[torch.Tensor] = []
+
+    def capture(event, t=None, cache=None, logits=None, **kw):
+        if event == "before_decode" and tokens is not None:
+            kw["tokens"].copy_(tokens[:, t])
+        elif event == "after_decode":
+            steps.append(torch.log_softmax(logits.float(), dim=-1))
+
+    hook, engine.step_hook = engine.step_hook, capture
+    try:
+        out = engine.generate(prompts, params, prompt_ids=prompt_ids)
+    finally:
+        engine.step_hook = hook
+    return out, torch.stack(steps, 1)
 
 
 @torch.inference_mode()
@@ -28,21 +50,12 @@ def sampler_mismatch(engine: RolloutEngine, reference: SamplerModel, prompt, row
                      seed: int = 0, chunk: int = 32) -> dict:
     """``engine`` generates ``rows`` sequences of ``max_new_tokens`` from ``prompt`` (EOS ignored);
     returns {alpha_mean, alpha_p5, k3_kl, mismatch_tokens} against ``reference``."""
-    steps: list[torch.Tensor] = []
-
-    def capture(event, logits=None, **_):
-        if event == "after_decode":
-            steps.append(torch.log_softmax(logits.float(), dim=-1))
-
-    hook, engine.step_hook = engine.step_hook, capture
-    try:
-        out = engine.generate([prompt], SamplingParams(n=rows, max_new_tokens=max_new_tokens, ignore_eos=True, seed=seed))
-    finally:
-        engine.step_hook = hook
+    params = SamplingParams(n=rows, max_new_tokens=max_new_tokens, ignore_eos=True, seed=seed)
+    out, steps = stepwise_logprobs(engine, [prompt], params)  # steps[:, t]: the distribution of token t + 1
     dev = reference.device
     prompt_ids = torch.tensor(out.prompt_ids[0], device=dev)
     resp = torch.tensor(out.response_ids, device=dev)  # [rows, L]
-    T = len(steps)  # steps[t]: the distribution of token t + 1
+    T = steps.shape[1]
     P = len(prompt_ids)
     seq = torch.cat([prompt_ids[None].expand(rows, P), resp[:, :T]], dim=1)
     valid = torch.ones_like(seq, dtype=torch.bool)
@@ -51,7 +64,7 @@ def sampler_mismatch(engine: RolloutEngine, reference: SamplerModel, prompt, row
     for t0 in range(0, T, chunk):
         t1 = min(T, t0 + chunk)
         lp = torch.log_softmax(reference.logits(h[:, P + t0 : P + t1]).float(), dim=-1)  # [rows, c, V]
-        lq = torch.stack(steps[t0:t1], dim=1).to(dev)
+        lq = steps[:, t0:t1].to(dev)
         alphas.append(torch.minimum(lp, lq).exp().sum(-1).flatten())
         tok = resp[:, t0 + 1 : t1 + 1, None]
         log_rho = (lp.gather(-1, tok) - lq.gather(-1, tok)).flatten()
