@@ -118,6 +118,7 @@ def cmd_demo(args) -> int:
 
 def cmd_bench_rollout(args) -> int:
     from .bench.rollout import PEERS, bench_compressor, run_bench, write_json
+    from .rollout.quant.smooth import check_strength
     from .models.loading import check_model
 
     check_int(args.batch, "--batch", 1, what="sequences generated at once")
@@ -125,8 +126,10 @@ def cmd_bench_rollout(args) -> int:
     check_int(args.kv_budget, "--kv-budget", 1)
     check_int(args.step_length, "--step-length", 1)
     check_int(args.repeat, "--repeat", 1, what="runs of every row; the median is reported")
-    if not 0.0 <= args.quant_smooth < 1.0:
-        raise OptionError(f"--quant-smooth must be in [0, 1) (SmoothQuant's migration strength), got {args.quant_smooth}")
+    try:
+        check_strength(args.quant_smooth)
+    except ValueError as e:
+        raise OptionError(f"--quant-smooth: {e}") from None
     check_choice(args.dtype, "--dtype", DTYPES)
     peers = [p.strip() for p in (args.peers or "").split(",") if p.strip()]
     for peer in peers:

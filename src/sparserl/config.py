@@ -186,6 +186,11 @@ class RolloutConfig(_Section):
     stop: list[NonEmpty] = F(help="Stop strings: generation of a response ends after any of them (EOS always "
                              "stops).", factory=list)
 
+    @property
+    def quantized(self) -> bool:
+        """The sampler's weights or KV cache are quantized (it then never runs the old policy exactly)."""
+        return self.quant != "none" or self.kv_quant != "none"
+
 
 class DataConfig(_Section):
     """Prompts and labels for training and evaluation."""
@@ -631,7 +636,7 @@ def validate(cfg: Config) -> Config:
             try:
                 old_logprobs_source(a.old_logprobs, compresses=compressor.compresses, sampler_dtype=parse_dtype(r.dtype),
                                     learner_dtype=parse_dtype(cfg.model.dtype), temperature=r.temperature,
-                                    top_p=r.top_p, top_k=r.top_k, quantized=r.quant != "none" or r.kv_quant != "none")
+                                    top_p=r.top_p, top_k=r.top_k, quantized=r.quantized)
             except SparserlError as e:
                 errors.append(str(e))
     if r.quant_smooth and not build_quant(r.quant).quantizes_activations:

@@ -25,7 +25,6 @@ cache add the per-token mismatch against the dense sampler of the same process
 """
 from __future__ import annotations
 
-import inspect
 import itertools
 import json
 import subprocess
@@ -177,17 +176,12 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
             rows.append(Row({"engine": "sparserl", "compressor": name, "kv_budget": kv_budget if comp.compresses else None,
                              "compress_prompt": comp.compresses and comp.compress_prompt, "compiled": compiled, **quant_fields(engine, "none")},
                             lambda engine=engine: _sparserl_run(engine, params), mean_kv_tokens(P, L, cap)))
-    kv_quant_ok = "kv_quant" in inspect.signature(RolloutEngine.__init__).parameters
     quant_engines = {}
     for q, kq in itertools.product(quants, kv_quants):
         if (q, kq) == ("none", "none"):
             continue
-        if kq != "none" and not kv_quant_ok:
-            log(f"--kv-quant {kq}: this engine has no kv_quant yet; rows skipped")
-            continue
         smooth = quant_smooth if build_quant(q).quantizes_activations else 0.0  # SmoothQuant: W8A8-style rows only
-        qe = RolloutEngine(lm, build_compressor("none"), dtype=dt, quant=q, quant_smooth=smooth,
-                           **({"kv_quant": kq} if kv_quant_ok else {}))
+        qe = RolloutEngine(lm, build_compressor("none"), dtype=dt, quant=q, quant_smooth=smooth, kv_quant=kq)
         qe.model.load_weights(lm.model.state_dict())  # time one re-quantization, as at a push
         qe.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))  # warm-up
         quant_engines[q, kq] = qe

@@ -160,8 +160,7 @@ def old_logprobs_from(trainer: Trainer) -> str:
     r, e = trainer.cfg.rollout, trainer.engine
     return old_logprobs_source(trainer.cfg.algorithm.old_logprobs, compresses=e.compressor.compresses,
                                sampler_dtype=e.dtype, learner_dtype=next(trainer.learner.parameters()).dtype,
-                               temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                               quantized=r.quant != "none" or r.kv_quant != "none")
+                               temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, quantized=r.quantized)
 
 
 def update_policy(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
@@ -174,6 +173,8 @@ def update_policy(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
     sums: dict[str, float] = {}
     count, grad_norms = 0, []
     forward = forward_response_shared if t.shared_prompt else forward_response
+    quantizer = trainer.engine.model.quantizer  # QuRL's metric on the grid the sampler uses
+    codes = quantizer.codes if quantizer.quantizes else None
     trainer.learner.train()
     for _epoch in range(t.ppo_epochs):
         for ms in range(0, N, mini):
@@ -203,8 +204,6 @@ def update_policy(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
                 count += w
             gn = torch.nn.utils.clip_grad_norm_(trainer.learner.parameters(), t.grad_clip or float("inf"))
             grad_norms.append(float(gn))
-            quantizer = trainer.engine.model.quantizer  # QuRL's metric on the grid the sampler uses
-            codes = quantizer.codes if quantizer.quantizes else None
             before = quantized_weight_snapshot(trainer.learner) if codes else None
             trainer.optimizer.step()
             if codes:  # QuRL: how much of this step the quantized sampler can see
