@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 
 from .kv.base import KVCompressor, ScoreInputs
+from . import native
 from .kv_quant import KVQuantizer, get_kv_quantizer
 
 
@@ -412,7 +413,16 @@ def attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, bias: torch.Ten
 
     Quantized K/V (codes, with ``k_scale`` / ``v_scale`` [B, Hkv, capacity] and their ``quant``): the
     per-token scales are applied after the products, q·(c_j s_j) = (q·c_j) s_j and Σ_j p_j s_j c_j,
-    so only the codes are widened (to q's dtype) and no scaled copy of K or V is made."""
+    so only the codes are widened (to q's dtype) and no scaled copy of K or V is made.
+
+    On CPU, float32 K/V and int8 codes run the fused C kernel (:mod:`sparserl.rollout.native`: one
+    pass over K and V, 1.6-2.5x faster than the two batched matmuls below); everything else, and
+    every input it does not take, runs the torch code below (the same numbers within float
+    reassociation, tested)."""
+    if q.device.type == "cpu" and (k_scale is None or quant.storage == torch.int8):
+        fused = native.decode_attention(q, K, V, bias, k_scale, v_scale)  # None: not a shape it takes
+        if fused is not None:
+            return fused
     B, hq, _, D = q.shape
     hkv = K.shape[1]
     L = bias.shape[-1]

@@ -1,0 +1,163 @@
+"""Native CPU kernels of the sampler, compiled on first use with the machine's C compiler.
+
+Today one kernel: the fused decode attention of :mod:`sparserl.rollout.native.decode_attention`
+(``decode_attention.c``), which the cache's :func:`sparserl.rollout.cache.attention` uses on CPU for
+float32 K/V and int8 KV codes. It is plain C (AVX2 intrinsics where the compiler targets them,
+OpenMP over sequences × KV heads), loaded with :mod:`ctypes`: no torch headers, so it compiles in
+about a second. The library is built once per source, compiler and CPU into
+``$SPARSERL_NATIVE_CACHE`` (default ``~/.cache/sparserl/native``); concurrent builders (pytest
+workers) each write a temporary file and rename it into place.
+
+It links OpenMP as ``libgomp.so.1``, the soname of the runtime torch has already loaded, so the
+kernel runs on torch's thread pool (``torch.set_num_threads`` applies) instead of a second,
+competing one.
+
+When there is no compiler, the build fails, or ``SPARSERL_NATIVE=0`` is set, :func:`library`
+returns None (with one warning naming the reason, except when disabled on purpose) and every caller
+keeps its torch path. Which one ran is what :func:`attention_kernel` reports (bench rows carry it).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("decode_attention.c")
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared"]
+_LIB: list = []  # [ctypes library or None] once loaded
+_OFF: list[bool] = []  # non-empty inside ``torch_only()``
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPARSERL_NATIVE_CACHE") or Path.home() / ".cache" / "sparserl" / "native")
+
+
+def enabled() -> bool:
+    """False when ``SPARSERL_NATIVE=0`` (the torch paths then run everywhere)."""
+    return os.environ.get("SPARSERL_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _cpu_signature() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def build(compiler: str | None = None) -> Path:
+    """Compile ``decode_attention.c`` (if not already built for this source, compiler and CPU) and
+    return the shared library's path. Raises RuntimeError with the compiler's message on failure."""
+    cc = compiler or _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (cc, gcc or clang; or set CC)")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, " ".join(FLAGS), _cpu_signature()]).encode())
+    out = cache_dir() / f"decode_attention-{key.hexdigest()[:16]}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        res = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"{cc} failed on {SOURCE.name}: {res.stderr.strip()[-2000:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def library():
+    """The loaded kernel library (ctypes), or None when native kernels are off or unavailable."""
+    if _LIB:
+        return _LIB[0]
+    lib = None
+    if enabled():
+        try:
+            lib = ctypes.CDLL(str(build()))
+            f = lib.sparserl_decode_attention
+            i, i64, p, fl = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+            f.argtypes = [i, i, i, i, i, p, i64, i64, p, p, i64, i64, i64, p, p, i64, i64, i, p, i64, fl, fl, p, p]
+            f.restype = i
+        except (OSError, RuntimeError, AttributeError) as e:
+            warnings.warn(f"sparserl: native decode attention unavailable, using torch ({e})", RuntimeWarning,
+                          stacklevel=2)
+            lib = None
+    _LIB[:] = [lib]
+    return lib
+
+
+@contextlib.contextmanager
+def torch_only():
+    """Inside this block every caller runs its torch path (a benchmark's baseline in the same
+    process)."""
+    _OFF.append(True)
+    try:
+        yield
+    finally:
+        _OFF.pop()
+
+
+def reset() -> None:
+    """Forget the loaded library (tests switch ``SPARSERL_NATIVE``)."""
+    _LIB.clear()
+
+
+def attention_kernel(device: torch.device | str, dtype: torch.dtype) -> str:
+    """``native`` when decode attention on this device and dtype runs the C kernel, else ``torch``."""
+    return ("native" if torch.device(device).type == "cpu" and dtype == torch.float32 and not _OFF and library()
+            else "torch")
+
+
+def decode_attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, bias: torch.Tensor,
+                     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                     scale: float | None = None, v_unit: float = 1.0):
+    """The C kernel's softmax(q Kᵀ · scale + bias) V (shapes as :func:`sparserl.rollout.cache.attention`:
+    q [B, Hq, 1, D], K/V [B, Hkv, capacity, D] float32 or int8 codes with ``k_scale`` / ``v_scale``
+    [B, Hkv, capacity], bias [B, 1, 1, L] float32) → (out [B, Hq * D], p [B, Hkv, g, L] float32), or
+    None when this input is not one the kernel takes (the caller then runs torch)."""
+    lib = None if _OFF else library()
+    if lib is None or q.device.type != "cpu" or q.dtype != torch.float32 or torch.compiler.is_compiling():
+        return None
+    kv_int8 = K.dtype == torch.int8
+    if not (K.dtype == torch.float32 or (kv_int8 and k_scale is not None)) or K.dtype != V.dtype:
+        return None
+    B, hq, _, D = q.shape
+    hkv, L = K.shape[1], bias.shape[-1]
+    if (q.stride(-1) != 1 or K.stride() != V.stride() or K.stride(-1) != 1 or hq % hkv
+            or bias.dtype != torch.float32 or not bias.is_contiguous() or L > K.shape[2]):
+        return None
+    if kv_int8 and (k_scale.stride() != v_scale.stride() or k_scale.stride(-1) != 1
+                    or k_scale.dtype != torch.float32 or v_scale.dtype != torch.float32):
+        return None
+    g = hq // hkv
+    out = torch.empty(B, hq * D, dtype=torch.float32)
+    p = torch.empty(B, hkv, g, L, dtype=torch.float32)
+    ks_ptr = vs_ptr = None
+    s_sb = s_sh = 0
+    if kv_int8:
+        ks_ptr, vs_ptr = k_scale.data_ptr(), v_scale.data_ptr()
+        s_sb, s_sh = k_scale.stride(0), k_scale.stride(1)
+    rc = lib.sparserl_decode_attention(
+        B, hq, hkv, L, D, q.data_ptr(), q.stride(0), q.stride(1), K.data_ptr(), V.data_ptr(), K.stride(0),
+        K.stride(1), K.stride(2), ks_ptr, vs_ptr, s_sb, s_sh, int(kv_int8), bias.data_ptr(), L,
+        D**-0.5 if scale is None else scale, v_unit, out.data_ptr(), p.data_ptr())
+    return None if rc != 0 else (out, p)

@@ -1,0 +1,207 @@
+/* Fused decode attention over the sampler's KV cache (one query token per sequence, GQA).
+ *
+ * For every sequence b and KV head h, with the g = Hq / Hkv query heads that share it:
+ *
+ *     s[i, j] = (q[i] . K[j]) * scale + bias[b, j]          j < L
+ *     p[i, j] = exp(s[i, j] - max_j s[i, j]) / sum_j exp(...)
+ *     out[i]  = sum_j p[i, j] V[j]
+ *
+ * in one pass over K and one over V, parallel over (b, h) with OpenMP (the same libgomp torch
+ * uses, so torch.set_num_threads applies). K and V are read straight from the cache's buffers:
+ * float32 values, or int8 codes with one float32 scale per [token, KV head] (kv_quant int8):
+ * q . (c s) = (q . c) s and sum_j p_j s_j c_j, so no dequantized copy is made.
+ *
+ * Why not torch: the same computation as two batched matmuls runs B * Hkv tiny [g x D] x [D x L]
+ * products (g = 3 for SmolLM2), each a separate GEMM call with its own packing, plus a softmax and
+ * a bias add over [B, Hkv, g, L]: ~9 GB/s of K/V traffic where the machine streams ~30.
+ *
+ * Masked slots (bias -inf) get probability exactly 0. Scores of a row are written to `probs`
+ * ([B, Hkv, g, L], float32) and turned into the probabilities in place, which the caller keeps for
+ * H2O's accumulated attention.
+ *
+ * Returns 0, or -1 when the shape is not supported (the caller falls back to torch).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#define MAX_G 16
+
+#ifdef __AVX2__
+/* exp on 8 floats: Cephes' expf (range reduction by ln 2, degree-5 polynomial; ~1e-7 relative),
+ * the form of avx_mathfun (J. Pommier, zlib licence). Inputs below -88.4 give ~0 (masked later). */
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+    x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
+    __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+    fx = _mm256_floor_ps(fx);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 z = _mm256_mul_ps(x, x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, z, x);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    __m256i n = _mm256_cvttps_epi32(fx);
+    n = _mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+
+static inline float hsum256(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+static inline __m256 load8(const void *base, int64_t off, int kv_int8) {
+    if (kv_int8) {
+        __m128i c = _mm_loadl_epi64((const __m128i *)((const int8_t *)base + off));
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
+    }
+    return _mm256_loadu_ps((const float *)base + off);
+}
+#endif
+
+static inline float load1(const void *base, int64_t off, int kv_int8) {
+    return kv_int8 ? (float)((const int8_t *)base)[off] : ((const float *)base)[off];
+}
+
+/* One (sequence, KV head): D is a compile-time constant in the specialised callers below. */
+static inline __attribute__((always_inline)) void head_attention(
+    const int g, const int L, const int D, const float *q, const int64_t q_sh, const void *K, const void *V,
+    const int64_t kv_sl, const float *ks, const float *vs, const int kv_int8, const float *bias,
+    const float scale, const float v_unit, float *out, float *p) {
+    float m[MAX_G], inv[MAX_G];
+    /* scores */
+    for (int j = 0; j < L; j++) {
+        const float bj = bias[j];
+        if (bj == -INFINITY) {
+            for (int i = 0; i < g; i++) p[(int64_t)i * L + j] = -INFINITY;
+            continue;
+        }
+        const float sj = (ks ? ks[j] : 1.0f) * scale;
+        const int64_t row = (int64_t)j * kv_sl;
+        for (int i = 0; i < g; i++) {
+            const float *qi = q + (int64_t)i * q_sh;
+            float dot;
+#ifdef __AVX2__
+            if (D % 16 == 0) {
+                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+                for (int d = 0; d < D; d += 16) {
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + d), load8(K, row + d, kv_int8), a0);
+                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + d + 8), load8(K, row + d + 8, kv_int8), a1);
+                }
+                dot = hsum256(_mm256_add_ps(a0, a1));
+            } else
+#endif
+            {
+                dot = 0.0f;
+                for (int d = 0; d < D; d++) dot += qi[d] * load1(K, row + d, kv_int8);
+            }
+            p[(int64_t)i * L + j] = dot * sj + bj;
+        }
+    }
+    /* softmax per query head, in place */
+    for (int i = 0; i < g; i++) {
+        float *pi = p + (int64_t)i * L;
+        float mx = -INFINITY;
+        for (int j = 0; j < L; j++) mx = pi[j] > mx ? pi[j] : mx;
+        float sum = 0.0f;
+        int j = 0;
+#ifdef __AVX2__
+        const __m256 vmx = _mm256_set1_ps(mx), ninf = _mm256_set1_ps(-INFINITY);
+        __m256 vsum = _mm256_setzero_ps();
+        for (; j + 8 <= L; j += 8) {
+            __m256 s = _mm256_loadu_ps(pi + j);
+            __m256 keep = _mm256_cmp_ps(s, ninf, _CMP_GT_OQ);
+            __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(s, vmx)), keep);
+            _mm256_storeu_ps(pi + j, e);
+            vsum = _mm256_add_ps(vsum, e);
+        }
+        sum = hsum256(vsum);
+#endif
+        for (; j < L; j++) {
+            const float e = pi[j] == -INFINITY ? 0.0f : expf(pi[j] - mx);
+            pi[j] = e;
+            sum += e;
+        }
+        m[i] = mx;
+        inv[i] = 1.0f / sum;
+        for (j = 0; j < L; j++) pi[j] *= inv[i];
+    }
+    (void)m;
+    /* out[i] = sum_j p[i, j] (vs_j v_unit) V[j] */
+    for (int i = 0; i < g; i++) {
+        const float *pi = p + (int64_t)i * L;
+        float *oi = out + (int64_t)i * D;
+#ifdef __AVX2__
+        if (D == 64 || D == 128) {
+            for (int half = 0; half < D; half += 64) {
+                __m256 o[8];
+                for (int v = 0; v < 8; v++) o[v] = _mm256_setzero_ps();
+                for (int j = 0; j < L; j++) {
+                    const float pj = pi[j];
+                    if (pj == 0.0f) continue;
+                    const __m256 w = _mm256_set1_ps(vs ? pj * vs[j] * v_unit : pj);
+                    const int64_t row = (int64_t)j * kv_sl + half;
+                    for (int v = 0; v < 8; v++) o[v] = _mm256_fmadd_ps(w, load8(V, row + 8 * v, kv_int8), o[v]);
+                }
+                for (int v = 0; v < 8; v++) _mm256_storeu_ps(oi + half + 8 * v, o[v]);
+            }
+            continue;
+        }
+#endif
+        for (int d = 0; d < D; d++) oi[d] = 0.0f;
+        for (int j = 0; j < L; j++) {
+            const float pj = pi[j];
+            if (pj == 0.0f) continue;
+            const float w = vs ? pj * vs[j] * v_unit : pj;
+            const int64_t row = (int64_t)j * kv_sl;
+            for (int d = 0; d < D; d++) oi[d] += w * load1(V, row + d, kv_int8);
+        }
+    }
+}
+
+#define DISPATCH(DCONST)                                                                                  \
+    _Pragma("omp parallel for collapse(2) schedule(static)") for (int b = 0; b < B; b++) {               \
+        for (int h = 0; h < Hkv; h++) {                                                                   \
+            const int64_t kv_off = (int64_t)b * kv_sb + (int64_t)h * kv_sh;                               \
+            const int64_t s_off = (int64_t)b * s_sb + (int64_t)h * s_sh;                                  \
+            const void *Kh = kv_int8 ? (const void *)((const int8_t *)K + kv_off)                         \
+                                     : (const void *)((const float *)K + kv_off);                         \
+            const void *Vh = kv_int8 ? (const void *)((const int8_t *)V + kv_off)                         \
+                                     : (const void *)((const float *)V + kv_off);                         \
+            head_attention(g, L, DCONST, q + (int64_t)b * q_sb + (int64_t)h * g * q_sh, q_sh, Kh, Vh,     \
+                           kv_sl, ks ? ks + s_off : 0, vs ? vs + s_off : 0, kv_int8,                      \
+                           bias + (int64_t)b * bias_sb, scale, v_unit,                                    \
+                           out + ((int64_t)b * Hkv + h) * g * D, probs + ((int64_t)b * Hkv + h) * g * L); \
+        }                                                                                                 \
+    }
+
+int sparserl_decode_attention(int B, int Hq, int Hkv, int L, int D, const float *q, int64_t q_sb, int64_t q_sh,
+                              const void *K, const void *V, int64_t kv_sb, int64_t kv_sh, int64_t kv_sl,
+                              const float *ks, const float *vs, int64_t s_sb, int64_t s_sh, int kv_int8,
+                              const float *bias, int64_t bias_sb, float scale, float v_unit, float *out,
+                              float *probs) {
+    if (Hkv <= 0 || Hq % Hkv != 0 || Hq / Hkv > MAX_G || L <= 0 || D <= 0) return -1;
+    const int g = Hq / Hkv;
+    if (D == 64) {
+        DISPATCH(64)
+    } else if (D == 128) {
+        DISPATCH(128)
+    } else {
+        DISPATCH(D)
+    }
+    return 0;
+}
+
+int sparserl_native_abi(void) { return 1; }

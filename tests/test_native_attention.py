@@ -1,0 +1,126 @@
+"""The native decode-attention kernel (sparserl.rollout.native) against the torch path it replaces."""
+import warnings
+
+import pytest
+import torch
+
+from sparserl.rollout import native
+from sparserl.rollout.cache import attention
+from sparserl.rollout.engine import RolloutEngine
+from sparserl.rollout.kv import available_compressors, get_compressor
+from sparserl.rollout.kv_quant import get_kv_quantizer
+from sparserl.rollout.sampling import SamplingParams
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler: the torch path runs everywhere")
+
+SHAPES = [  # B, Hq, Hkv, D, capacity, L
+    (16, 9, 3, 64, 80, 70),   # SmolLM2's heads
+    (3, 4, 2, 128, 50, 37),   # head_dim 128 (Qwen)
+    (2, 6, 6, 64, 20, 9),     # no GQA
+    (4, 8, 2, 32, 30, 17),    # another head size (the generic loop)
+    (2, 4, 1, 24, 12, 12),    # D not a multiple of 16, L = capacity
+]
+
+
+def _inputs(B, hq, hkv, D, cap, L, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(B, 1, hq + 2 * hkv, D, generator=gen)
+    q = qkv[..., :hq, :].transpose(-2, -3)  # [B, Hq, 1, D], strided as the decode step makes it
+    K = torch.randn(2, B, hkv, cap, D, generator=gen)[1]  # a layer's view of the cache buffer
+    V = torch.randn(2, B, hkv, cap, D, generator=gen)[1]
+    bias = torch.zeros(B, L)
+    for b in range(B):  # left padding of different lengths
+        bias[b, : (b * 3) % (L // 2 + 1)] = float("-inf")
+    return q, K, V, bias[:, None, None, :]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_native_equals_torch_float32(shape):
+    q, K, V, bias = _inputs(*shape)
+    with native.torch_only():
+        ref_out, ref_p = attention(q, K, V, bias)
+    out, p = native.decode_attention(q, K, V, bias)
+    assert out.shape == ref_out.shape and p.shape == ref_p.shape
+    assert (out - ref_out).abs().max().item() < 1e-5
+    assert (p - ref_p).abs().max().item() < 1e-6
+    assert (p[bias[:, 0, 0, :].isinf()[:, None, None, :].expand_as(p)] == 0).all()  # masked: exactly 0
+    torch.testing.assert_close(p.sum(-1), torch.ones(p.shape[:-1]))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_native_equals_torch_int8_kv(shape):
+    q, K, V, bias = _inputs(*shape, seed=1)
+    quant = get_kv_quantizer("int8")
+    (kc, ks), (vc, vs) = quant.quantize(K), quant.quantize(V)
+    with native.torch_only():
+        ref_out, ref_p = attention(q, kc, vc, bias, ks, vs, quant)
+    out, p = native.decode_attention(q, kc, vc, bias, ks, vs)
+    assert (out - ref_out).abs().max().item() < 1e-5
+    assert (p - ref_p).abs().max().item() < 1e-6
+
+
+def test_cache_attention_runs_the_kernel():
+    """On CPU, float32 and int8 KV go through the kernel; fp8 codes and bfloat16 stay on torch."""
+    q, K, V, bias = _inputs(*SHAPES[0])
+    assert native.attention_kernel("cpu", torch.float32) == "native"
+    assert native.attention_kernel("cpu", torch.bfloat16) == "torch"
+    out, _ = attention(q, K, V, bias)
+    assert torch.equal(out, native.decode_attention(q, K, V, bias)[0])
+    assert native.decode_attention(q.bfloat16(), K.bfloat16(), V.bfloat16(), bias) is None
+    fp8 = get_kv_quantizer("fp8")
+    (kc, ks), (vc, vs) = fp8.quantize(K), fp8.quantize(V)
+    assert native.decode_attention(q, kc, vc, bias, ks, vs) is None
+    with native.torch_only():
+        assert native.attention_kernel("cpu", torch.float32) == "torch"
+        assert native.decode_attention(q, K, V, bias) is None
+
+
+KV_CASES = [(name, "none") for name in available_compressors()] + [("rkv", "int8"), ("h2o", "int8")]
+
+
+@pytest.mark.parametrize("name,kv_quant", KV_CASES)
+def test_engine_native_matches_torch(tiny, name, kv_quant):
+    """Whole generations: same tokens, log-probs within 1e-4, same KV figures, every compressor."""
+    comp = lambda: get_compressor(name, budget=12, step_length=6, **({"window": 4} if name == "snapkv" else {}))  # noqa: E731
+    p = SamplingParams(n=3, max_new_tokens=30, seed=3, temperature=1.0)
+    prompts = ["a b c", [{"role": "user", "content": "Count from one to twenty, slowly please."}]]
+    eng = RolloutEngine(tiny, comp(), kv_quant=kv_quant)
+    eng.eos_ids = set(range(0, len(tiny.tokenizer), 40))  # rows leave the batch along the way
+    a = eng.generate(prompts, p)
+    with native.torch_only():
+        b = eng.generate(prompts, p)
+    assert a.response_ids == b.response_ids
+    for x, y in zip(a.sampler_logprobs, b.sampler_logprobs):
+        assert (torch.tensor(x) - torch.tensor(y)).abs().max().item() <= 1e-4
+    assert (a.kv.compressions, a.kv.bytes_peak) == (b.kv.compressions, b.kv.bytes_peak)
+
+
+def test_disabled_and_failed_builds_fall_back(monkeypatch, tmp_path):
+    """SPARSERL_NATIVE=0: torch, silently. A compiler that fails: torch, with one warning naming it."""
+    monkeypatch.setenv("SPARSERL_NATIVE_CACHE", str(tmp_path))
+    try:
+        monkeypatch.setenv("SPARSERL_NATIVE", "0")
+        native.reset()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert native.library() is None
+        assert native.attention_kernel("cpu", torch.float32) == "torch"
+        monkeypatch.setenv("SPARSERL_NATIVE", "1")
+        monkeypatch.setenv("CC", "/bin/false")
+        native.reset()
+        with pytest.warns(RuntimeWarning, match="native decode attention unavailable"):
+            assert native.library() is None
+        with pytest.raises(RuntimeError, match="false"):
+            native.build("/bin/false")
+    finally:
+        monkeypatch.undo()
+        native.reset()
+    assert native.library() is not None
+
+
+def test_build_is_cached_per_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARSERL_NATIVE_CACHE", str(tmp_path))
+    first = native.build()
+    mtime = first.stat().st_mtime_ns
+    assert native.build() == first and first.stat().st_mtime_ns == mtime  # not rebuilt
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary left behind
