@@ -237,6 +237,8 @@ MATRIX = [
     case("flags", [*B, "--quant", "int9"], "int9", "unknown-quant"),
     case("flags", [*B, "--kv-quant", "int4"], "int4", "unknown-kv-quant"),
     case("numbers", [*B, "--quant", "int8", "--quant-smooth", "1.5"], "--quant-smooth", "quant-smooth-range"),
+    case("flags", [*B, "--attention", "flash"], "--attention", "unknown-attention-kernel"),
+    case("flags", [*B, "--attention", ","], "--attention", "no-attention-kernel"),
     case("model", [*B, "--model", "x.gguf"], "not a GGUF file", "corrupt-gguf"),
     case("output", [*B, "--json", "afile/b.json"], "afile", "json-under-file"),
     case("output", [*B, "--json", "/proc/sparserl-no/b.json"], "cannot write", "json-unwritable"),

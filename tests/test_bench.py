@@ -255,3 +255,24 @@ def test_bench_bad_quant_name_fails_before_loading(monkeypatch, option):
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(SparserlError, match="did you mean 'int8'"):
         rollout.run_bench(model="tiny", **{option: ["int9"]})
+
+
+# --- decode-attention kernels (issue 7: the native kernel against torch, in one process) -----------
+def test_bench_attention_kernel_rows(tiny, fast_machine, monkeypatch):
+    from sparserl.rollout import native
+
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
+    report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=4, kv_budget=8, step_length=2,
+                               compressors=["rkv"], dtype="float32", hf_baseline=False,
+                               attention=["native", "torch"], kv_quants=["none", "fp8"], log=lambda *a: None)
+    rows = {(r["compressor"], r["kv_quant"], r["attention_kernel"]): r for r in report["results"]}
+    first = native.attention_kernel("cpu", torch.float32)  # "native" wherever the kernel builds
+    assert set(rows) == {("none", "none", first), ("rkv", "none", first), ("none", "none", "torch"),
+                         ("rkv", "none", "torch"), ("none", "fp8", "torch"), ("rkv", "fp8", "torch")}
+    assert rows["none", "none", first]["ratio_vs_sparserl_dense"] == 1.0  # the first kernel's dense row
+
+
+def test_bench_unknown_attention_kernel(monkeypatch):
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(ValueError, match="known: native, torch"):
+        rollout.run_bench(model="tiny", attention=["flash"])

@@ -25,6 +25,7 @@ cache add the per-token mismatch against the dense sampler of the same process
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import subprocess
@@ -34,6 +35,7 @@ from pathlib import Path
 import torch
 
 from ..models.loading import load_model, parse_dtype
+from ..rollout import native
 from ..rollout.engine import RolloutEngine
 from ..rollout.kv import CompressorOptionError, KVCompressor, build_compressor
 from ..rollout.kv_quant import get_kv_quantizer
@@ -47,8 +49,9 @@ from .roofline import decode_step_flops, mean_kv_tokens, roofline
 
 BENCH_PROMPT = [{"role": "user", "content": "Write a long, detailed story about a dragon who learns mathematics."}]
 PEERS = ("openvino",)
+ATTENTION_KERNELS = ("native", "torch")  # --attention: the fused C kernel (where it applies), torch's matmuls
 
-__all__ = ["BENCH_PROMPT", "PEERS", "RssSampler", "bench_compressor", "run_bench", "write_json"]
+__all__ = ["ATTENTION_KERNELS", "BENCH_PROMPT", "PEERS", "RssSampler", "bench_compressor", "run_bench", "write_json"]
 
 
 def _hf_generate_run(lm, prompt_ids: list[int], batch: int, L: int, seed: int) -> Run:
@@ -98,8 +101,9 @@ def mean_kept_cap(comp: KVCompressor, prompt_tokens: int, kv_budget: int, step_l
     return (0 if comp.compress_prompt else prompt_tokens) + kv_budget + step_length / 2
 
 
-def _sparserl_run(engine: RolloutEngine, params: SamplingParams) -> Run:
-    out = engine.generate([BENCH_PROMPT], params)
+def _sparserl_run(engine: RolloutEngine, params: SamplingParams, attention: str = "native") -> Run:
+    with native.torch_only() if attention == "torch" else contextlib.nullcontext():
+        out = engine.generate([BENCH_PROMPT], params)
     return Run(out.seconds, out.tokens_generated, out.kv.bytes_peak, out.kv.bytes_theory,
                extra={"kv_bytes_dense": out.kv.bytes_dense, "compressions": out.kv.compressions})
 
@@ -130,7 +134,14 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
               seed: int = 0, hf_baseline: bool = True, repeat: int = 1, peers: list[str] | tuple = (),
               compile: bool = False, quants: list[str] | tuple = ("none",), kv_quants: list[str] | tuple = ("none",),
               mismatch_rows: int = 4, compress_prompt: bool | None = None, quant_smooth: float = 0.0,
-              log=print) -> dict:
+              attention: list[str] | tuple = ("native",), log=print) -> dict:
+    """``attention``: the decode-attention kernels to time (:data:`ATTENTION_KERNELS`); each one after
+    the first adds the dense and compressor rows again with that kernel (``torch``: the batched-matmul
+    path, in the same process). Every sparserl row carries ``attention_kernel``, the kernel that ran
+    (``native`` falls back to ``torch`` where the kernel does not apply: GPU, bfloat16, fp8 KV)."""
+    for kernel in attention:
+        if kernel not in ATTENTION_KERNELS:
+            raise ValueError(f"attention kernel {kernel!r}; known: {', '.join(ATTENTION_KERNELS)}")
     compressors = compressors if compressors is not None else ["rkv", "snapkv", "streaming", "h2o"]
     for q in quants:  # an unknown name fails now, with a hint, before the model loads
         build_quant(q)
@@ -153,18 +164,20 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
     bw = memory_bandwidth()
     gemm = gemm_flops_per_s(sm, batch)
 
-    def quant_fields(engine: RolloutEngine, kv_quant: str) -> dict:
+    def quant_fields(engine: RolloutEngine, kv_quant: str, kernel: str = attention[0]) -> dict:
         m = engine.model
+        ran = "torch" if kernel == "torch" or kv_quant == "fp8" else native.attention_kernel(m.device, m.dtype)
         return {"quant": m.quant, "kv_quant": kv_quant, "quant_smooth": m.quant_smooth,
                 "weight_bytes": m.weight_bytes(), "quant_kernel": m.quant_kernel,
-                "quant_emulated": m.quant_emulated, "quantize_s": m.last_quantize_s}
+                "quant_emulated": m.quant_emulated, "quantize_s": m.last_quantize_s, "attention_kernel": ran}
 
     rows: list[Row] = []
     if hf_baseline:
         rows.append(Row({"engine": "hf_generate", "compressor": "none", "kv_budget": None},
                         lambda: _with_theory(_hf_generate_run(lm, prompt_ids, batch, L, seed), batch * per_tok * (P + L - 1)),
                         mean_kv_tokens(P, L)))
-    for compiled in (False, True) if compile else (False,):
+    variants = [(False, kernel) for kernel in attention] + ([(True, "torch")] if compile else [])
+    for compiled, kernel in variants:  # the compiled step runs torch's attention (the kernel is not traced)
         for name in ["none", *(c for c in compressors if c != "none")]:
             comp = bench_compressor(name, kv_budget, step_length, compress_prompt)
             engine = RolloutEngine.from_engine(dense_engine, comp) if comp.compresses or compiled else dense_engine
@@ -174,8 +187,10 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
             # kept tokens grow from P to P + budget + period, then cycle between P + budget and that
             cap = mean_kept_cap(comp, P, kv_budget, step_length)
             rows.append(Row({"engine": "sparserl", "compressor": name, "kv_budget": kv_budget if comp.compresses else None,
-                             "compress_prompt": comp.compresses and comp.compress_prompt, "compiled": compiled, **quant_fields(engine, "none")},
-                            lambda engine=engine: _sparserl_run(engine, params), mean_kv_tokens(P, L, cap)))
+                             "compress_prompt": comp.compresses and comp.compress_prompt, "compiled": compiled,
+                             **quant_fields(engine, "none", kernel)},
+                            lambda engine=engine, kernel=kernel: _sparserl_run(engine, params, kernel),
+                            mean_kv_tokens(P, L, cap)))
     quant_engines = {}
     for q, kq in itertools.product(quants, kv_quants):
         if (q, kq) == ("none", "none"):
@@ -228,7 +243,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
             "roofline_tokens_per_s": b.tokens_per_s, **last.extra,
         })
     base = next((r["tokens_per_s"] for r in results if r["engine"] == "hf_generate"), None)
-    dense = next(r["tokens_per_s"] for r in results
+    dense = next(r["tokens_per_s"] for r in results  # the first kernel's dense row
                  if r["engine"] == "sparserl" and r["compressor"] == "none" and not r["compiled"]
                  and r["quant"] == "none" and r["kv_quant"] == "none")
     for r in results:

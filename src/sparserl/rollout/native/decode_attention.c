@@ -82,7 +82,32 @@ static inline __attribute__((always_inline)) void head_attention(
     const float scale, const float v_unit, float *out, float *p) {
     float m[MAX_G], inv[MAX_G];
     /* scores */
-    for (int j = 0; j < L; j++) {
+    int j0 = 0;
+#ifdef __AVX2__
+    if (D % 8 == 0) { /* 4 keys at a time: 4 dot products reduced together by three hadds */
+        for (; j0 + 4 <= L; j0 += 4) {
+            const int64_t r0 = (int64_t)j0 * kv_sl;
+            __m128 sj = _mm_set1_ps(scale);
+            if (ks) sj = _mm_mul_ps(sj, _mm_loadu_ps(ks + j0));
+            const __m128 bj = _mm_loadu_ps(bias + j0);
+            for (int i = 0; i < g; i++) {
+                const float *qi = q + (int64_t)i * q_sh;
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (int d = 0; d < D; d += 8) {
+                    const __m256 qv = _mm256_loadu_ps(qi + d);
+                    a0 = _mm256_fmadd_ps(qv, load8(K, r0 + d, kv_int8), a0);
+                    a1 = _mm256_fmadd_ps(qv, load8(K, r0 + kv_sl + d, kv_int8), a1);
+                    a2 = _mm256_fmadd_ps(qv, load8(K, r0 + 2 * kv_sl + d, kv_int8), a2);
+                    a3 = _mm256_fmadd_ps(qv, load8(K, r0 + 3 * kv_sl + d, kv_int8), a3);
+                }
+                const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+                const __m128 dots = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+                _mm_storeu_ps(p + (int64_t)i * L + j0, _mm_add_ps(_mm_mul_ps(dots, sj), bj)); /* -inf bias stays -inf */
+            }
+        }
+    }
+#endif
+    for (int j = j0; j < L; j++) {
         const float bj = bias[j];
         if (bj == -INFINITY) {
             for (int i = 0; i < g; i++) p[(int64_t)i * L + j] = -INFINITY;
