@@ -47,10 +47,13 @@ def test_native_equals_torch_float32(shape):
     torch.testing.assert_close(p.sum(-1), torch.ones(p.shape[:-1]))
 
 
+@pytest.mark.parametrize("kv_quant", ["int8", "fp8"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_native_equals_torch_int8_kv(shape):
+def test_native_equals_torch_quantized_kv(shape, kv_quant):
+    """Over the codes and their per-token scales, as the torch path reads them (fp8: E4M3 decoded
+    by the float16 bit trick, F16C, exact)."""
     q, K, V, bias = _inputs(*shape, seed=1)
-    quant = get_kv_quantizer("int8")
+    quant = get_kv_quantizer(kv_quant)
     (kc, ks), (vc, vs) = quant.quantize(K), quant.quantize(V)
     with native.torch_only():
         ref_out, ref_p = attention(q, kc, vc, bias, ks, vs, quant)
@@ -60,22 +63,20 @@ def test_native_equals_torch_int8_kv(shape):
 
 
 def test_cache_attention_runs_the_kernel():
-    """On CPU, float32 and int8 KV go through the kernel; fp8 codes and bfloat16 stay on torch."""
+    """On CPU, float32 K/V and int8 / fp8 codes go through the kernel; bfloat16 stays on torch."""
     q, K, V, bias = _inputs(*SHAPES[0])
     assert native.attention_kernel("cpu", torch.float32) == "native"
     assert native.attention_kernel("cpu", torch.bfloat16) == "torch"
     out, _ = attention(q, K, V, bias)
     assert torch.equal(out, native.decode_attention(q, K, V, bias)[0])
     assert native.decode_attention(q.bfloat16(), K.bfloat16(), V.bfloat16(), bias) is None
-    fp8 = get_kv_quantizer("fp8")
-    (kc, ks), (vc, vs) = fp8.quantize(K), fp8.quantize(V)
-    assert native.decode_attention(q, kc, vc, bias, ks, vs) is None
+    assert native.decode_attention(q, K.to(torch.float8_e4m3fn), V.to(torch.float8_e4m3fn), bias) is None  # no scales
     with native.torch_only():
         assert native.attention_kernel("cpu", torch.float32) == "torch"
         assert native.decode_attention(q, K, V, bias) is None
 
 
-KV_CASES = [(name, "none") for name in available_compressors()] + [("rkv", "int8"), ("h2o", "int8")]
+KV_CASES = [(name, "none") for name in available_compressors()] + [("rkv", "int8"), ("h2o", "int8"), ("snapkv", "fp8")]
 
 
 @pytest.mark.parametrize("name,kv_quant", KV_CASES)
@@ -124,3 +125,21 @@ def test_build_is_cached_per_source(tmp_path, monkeypatch):
     mtime = first.stat().st_mtime_ns
     assert native.build() == first and first.stat().st_mtime_ns == mtime  # not rebuilt
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary left behind
+
+
+@pytest.mark.parametrize("kv_quant", ["none", "int8", "fp8"])
+def test_portable_build_equals_torch(tmp_path, monkeypatch, kv_quant):
+    """The plain C loops (no -march: what a CPU without AVX2 runs) give the same numbers."""
+    monkeypatch.setenv("SPARSERL_NATIVE_CACHE", str(tmp_path))
+    portable = native.load(native.build(flags=[f for f in native.FLAGS if not f.startswith("-march")]))
+    for shape in SHAPES:
+        q, K, V, bias = _inputs(*shape, seed=2)
+        scales = ()
+        if kv_quant != "none":
+            quant = get_kv_quantizer(kv_quant)
+            (K, ks), (V, vs) = quant.quantize(K), quant.quantize(V)
+            scales = (ks, vs, quant)
+        with native.torch_only():
+            ref_out, ref_p = attention(q, K, V, bias, *scales)
+        out, p = native.decode_attention(q, K, V, bias, *scales[:2], lib=portable)
+        assert (out - ref_out).abs().max().item() < 1e-5 and (p - ref_p).abs().max().item() < 1e-6

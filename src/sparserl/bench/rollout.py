@@ -138,7 +138,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
     """``attention``: the decode-attention kernels to time (:data:`ATTENTION_KERNELS`); each one after
     the first adds the dense and compressor rows again with that kernel (``torch``: the batched-matmul
     path, in the same process). Every sparserl row carries ``attention_kernel``, the kernel that ran
-    (``native`` falls back to ``torch`` where the kernel does not apply: GPU, bfloat16, fp8 KV)."""
+    (``native`` falls back to ``torch`` where the kernel does not apply: GPU, bfloat16)."""
     for kernel in attention:
         if kernel not in ATTENTION_KERNELS:
             raise ValueError(f"attention kernel {kernel!r}; known: {', '.join(ATTENTION_KERNELS)}")
@@ -166,7 +166,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
 
     def quant_fields(engine: RolloutEngine, kv_quant: str, kernel: str = attention[0]) -> dict:
         m = engine.model
-        ran = "torch" if kernel == "torch" or kv_quant == "fp8" else native.attention_kernel(m.device, m.dtype)
+        ran = "torch" if kernel == "torch" else native.attention_kernel(m.device, m.dtype)
         return {"quant": m.quant, "kv_quant": kv_quant, "quant_smooth": m.quant_smooth,
                 "weight_bytes": m.weight_bytes(), "quant_kernel": m.quant_kernel,
                 "quant_emulated": m.quant_emulated, "quantize_s": m.last_quantize_s, "attention_kernel": ran}

@@ -415,11 +415,11 @@ def attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, bias: torch.Ten
     per-token scales are applied after the products, q·(c_j s_j) = (q·c_j) s_j and Σ_j p_j s_j c_j,
     so only the codes are widened (to q's dtype) and no scaled copy of K or V is made.
 
-    On CPU, float32 K/V and int8 codes run the fused C kernel (:mod:`sparserl.rollout.native`: one
+    On CPU, float32 K/V and int8 / fp8 codes run the fused C kernel (:mod:`sparserl.rollout.native`: one
     pass over K and V, 1.6-2.5x faster than the two batched matmuls below); everything else, and
     every input it does not take, runs the torch code below (the same numbers within float
     reassociation, tested)."""
-    if q.device.type == "cpu" and (k_scale is None or quant.storage == torch.int8):
+    if q.device.type == "cpu":
         fused = native.decode_attention(q, K, V, bias, k_scale, v_scale)  # None: not a shape it takes
         if fused is not None:
             return fused

@@ -1,8 +1,7 @@
 """Native CPU kernels of the sampler, compiled on first use with the machine's C compiler.
 
-Today one kernel: the fused decode attention of :mod:`sparserl.rollout.native.decode_attention`
-(``decode_attention.c``), which the cache's :func:`sparserl.rollout.cache.attention` uses on CPU for
-float32 K/V and int8 KV codes. It is plain C (AVX2 intrinsics where the compiler targets them,
+Today one kernel: the fused decode attention of ``decode_attention.c``, which the cache's
+:func:`sparserl.rollout.cache.attention` uses on CPU for float32 K/V and int8 / fp8 KV codes. It is plain C (AVX2 intrinsics where the compiler targets them,
 OpenMP over sequences × KV heads), loaded with :mod:`ctypes`: no torch headers, so it compiles in
 about a second. The library is built once per source, compiler and CPU into
 ``$SPARSERL_NATIVE_CACHE`` (default ``~/.cache/sparserl/native``); concurrent builders (pytest
@@ -60,14 +59,16 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
-def build(compiler: str | None = None) -> Path:
-    """Compile ``decode_attention.c`` (if not already built for this source, compiler and CPU) and
-    return the shared library's path. Raises RuntimeError with the compiler's message on failure."""
+def build(compiler: str | None = None, flags: list[str] | None = None) -> Path:
+    """Compile ``decode_attention.c`` (if not already built for this source, compiler, flags and CPU)
+    and return the shared library's path. Raises RuntimeError with the compiler's message on
+    failure. ``flags``: other than :data:`FLAGS` (tests build the portable C without ``-march``)."""
+    flags = FLAGS if flags is None else flags
     cc = compiler or _compiler()
     if cc is None:
         raise RuntimeError("no C compiler found (cc, gcc or clang; or set CC)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, " ".join(FLAGS), _cpu_signature()]).encode())
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, " ".join(flags), _cpu_signature()]).encode())
     out = cache_dir() / f"decode_attention-{key.hexdigest()[:16]}.so"
     if out.exists():
         return out
@@ -75,7 +76,7 @@ def build(compiler: str | None = None) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        res = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        res = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
         if res.returncode != 0:
             raise RuntimeError(f"{cc} failed on {SOURCE.name}: {res.stderr.strip()[-2000:]}")
         os.replace(tmp, out)
@@ -85,6 +86,16 @@ def build(compiler: str | None = None) -> Path:
     return out
 
 
+def load(path: str | Path):
+    """The kernel library at ``path`` (a :func:`build`), with its function's signature declared."""
+    lib = ctypes.CDLL(str(path))
+    f = lib.sparserl_decode_attention
+    i, i64, p, fl = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    f.argtypes = [i, i, i, i, i, p, i64, i64, p, p, i64, i64, i64, p, p, i64, i64, i, p, i64, fl, fl, p, p]
+    f.restype = i
+    return lib
+
+
 def library():
     """The loaded kernel library (ctypes), or None when native kernels are off or unavailable."""
     if _LIB:
@@ -92,11 +103,7 @@ def library():
     lib = None
     if enabled():
         try:
-            lib = ctypes.CDLL(str(build()))
-            f = lib.sparserl_decode_attention
-            i, i64, p, fl = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-            f.argtypes = [i, i, i, i, i, p, i64, i64, p, p, i64, i64, i64, p, p, i64, i64, i, p, i64, fl, fl, p, p]
-            f.restype = i
+            lib = load(build())
         except (OSError, RuntimeError, AttributeError) as e:
             warnings.warn(f"sparserl: native decode attention unavailable, using torch ({e})", RuntimeWarning,
                           stacklevel=2)
@@ -127,25 +134,29 @@ def attention_kernel(device: torch.device | str, dtype: torch.dtype) -> str:
             else "torch")
 
 
+KV_TYPES = {torch.float32: 0, torch.int8: 1, torch.float8_e4m3fn: 2}  # the kernel's kv_type codes
+UNIT = {torch.float32: 1.0, torch.int8: 1.0, torch.float8_e4m3fn: 256.0}  # it reads fp8 codes as code * 2^-8
+
+
 def decode_attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, bias: torch.Tensor,
-                     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                     scale: float | None = None, v_unit: float = 1.0):
-    """The C kernel's softmax(q Kᵀ · scale + bias) V (shapes as :func:`sparserl.rollout.cache.attention`:
-    q [B, Hq, 1, D], K/V [B, Hkv, capacity, D] float32 or int8 codes with ``k_scale`` / ``v_scale``
-    [B, Hkv, capacity], bias [B, 1, 1, L] float32) → (out [B, Hq * D], p [B, Hkv, g, L] float32), or
-    None when this input is not one the kernel takes (the caller then runs torch)."""
-    lib = None if _OFF else library()
+                     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, lib=None):
+    """The C kernel's softmax(q Kᵀ/√D + bias) V (shapes as :func:`sparserl.rollout.cache.attention`:
+    q [B, Hq, 1, D] float32; K/V [B, Hkv, capacity, D] float32, or int8 / float8_e4m3fn codes with
+    ``k_scale`` / ``v_scale`` [B, Hkv, capacity] float32; bias [B, 1, 1, L] float32) → (out [B, Hq * D],
+    p [B, Hkv, g, L] float32), or None when this input is not one the kernel takes (the caller then
+    runs torch). ``lib``: another build of the kernel (tests), else :func:`library`."""
+    lib = lib or (None if _OFF else library())
     if lib is None or q.device.type != "cpu" or q.dtype != torch.float32 or torch.compiler.is_compiling():
         return None
-    kv_int8 = K.dtype == torch.int8
-    if not (K.dtype == torch.float32 or (kv_int8 and k_scale is not None)) or K.dtype != V.dtype:
+    kv_type = KV_TYPES.get(K.dtype)
+    if kv_type is None or K.dtype != V.dtype or (kv_type > 0) != (k_scale is not None):
         return None
     B, hq, _, D = q.shape
     hkv, L = K.shape[1], bias.shape[-1]
     if (q.stride(-1) != 1 or K.stride() != V.stride() or K.stride(-1) != 1 or hq % hkv
             or bias.dtype != torch.float32 or not bias.is_contiguous() or L > K.shape[2]):
         return None
-    if kv_int8 and (k_scale.stride() != v_scale.stride() or k_scale.stride(-1) != 1
+    if kv_type and (k_scale.stride() != v_scale.stride() or k_scale.stride(-1) != 1
                     or k_scale.dtype != torch.float32 or v_scale.dtype != torch.float32):
         return None
     g = hq // hkv
@@ -153,11 +164,12 @@ def decode_attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, bias: to
     p = torch.empty(B, hkv, g, L, dtype=torch.float32)
     ks_ptr = vs_ptr = None
     s_sb = s_sh = 0
-    if kv_int8:
+    if kv_type:
         ks_ptr, vs_ptr = k_scale.data_ptr(), v_scale.data_ptr()
         s_sb, s_sh = k_scale.stride(0), k_scale.stride(1)
+    unit = UNIT[K.dtype]
     rc = lib.sparserl_decode_attention(
         B, hq, hkv, L, D, q.data_ptr(), q.stride(0), q.stride(1), K.data_ptr(), V.data_ptr(), K.stride(0),
-        K.stride(1), K.stride(2), ks_ptr, vs_ptr, s_sb, s_sh, int(kv_int8), bias.data_ptr(), L,
-        D**-0.5 if scale is None else scale, v_unit, out.data_ptr(), p.data_ptr())
+        K.stride(1), K.stride(2), ks_ptr, vs_ptr, s_sb, s_sh, kv_type, bias.data_ptr(), L, D**-0.5 * unit, unit,
+        out.data_ptr(), p.data_ptr())
     return None if rc != 0 else (out, p)

@@ -8,7 +8,7 @@
  *
  * in one pass over K and one over V, parallel over (b, h) with OpenMP (the same libgomp torch
  * uses, so torch.set_num_threads applies). K and V are read straight from the cache's buffers:
- * float32 values, or int8 codes with one float32 scale per [token, KV head] (kv_quant int8):
+ * float32 values, or int8 / fp8 (E4M3) codes with one float32 scale per [token, KV head] (kv_quant):
  * q . (c s) = (q . c) s and sum_j p_j s_j c_j, so no dequantized copy is made.
  *
  * Why not torch: the same computation as two batched matmuls runs B * Hkv tiny [g x D] x [D x L]
@@ -29,6 +29,9 @@
 #endif
 
 #define MAX_G 16
+#define KV_FLOAT32 0
+#define KV_INT8 1
+#define KV_FP8 2 /* float8_e4m3fn codes, read as code * 2^-8 (the caller folds 256 into the scales) */
 
 #ifdef __AVX2__
 /* exp on 8 floats: Cephes' expf (range reduction by ln 2, degree-5 polynomial; ~1e-7 relative),
@@ -62,23 +65,37 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
-static inline __m256 load8(const void *base, int64_t off, int kv_int8) {
-    if (kv_int8) {
+static inline __m256 load8(const void *base, int64_t off, int kv_type) {
+    if (kv_type == KV_INT8) {
         __m128i c = _mm_loadl_epi64((const __m128i *)((const int8_t *)base + off));
         return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
+    }
+    if (kv_type == KV_FP8) { /* E4M3 s eeee mmm, sign-extended and shifted left by 7 = the float16
+                                s 0eeee mmm0000000 once bit 14 is cleared: the code times 2^-8 */
+        __m128i h = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)((const int8_t *)base + off)));
+        h = _mm_and_si128(_mm_slli_epi16(h, 7), _mm_set1_epi16((short)~(1 << 14)));
+        return _mm256_cvtph_ps(h);
     }
     return _mm256_loadu_ps((const float *)base + off);
 }
 #endif
 
-static inline float load1(const void *base, int64_t off, int kv_int8) {
-    return kv_int8 ? (float)((const int8_t *)base)[off] : ((const float *)base)[off];
+static inline float fp8_value(uint8_t c) { /* E4M3 code times 2^-8, as load8 gives it */
+    const int e = (c >> 3) & 15, m = c & 7;
+    const float v = e ? ldexpf(1.0f + m / 8.0f, e - 15) : ldexpf((float)m, -17);
+    return (c & 128) ? -v : v;
+}
+
+static inline float load1(const void *base, int64_t off, int kv_type) {
+    if (kv_type == KV_INT8) return (float)((const int8_t *)base)[off];
+    if (kv_type == KV_FP8) return fp8_value(((const uint8_t *)base)[off]);
+    return ((const float *)base)[off];
 }
 
 /* One (sequence, KV head): D is a compile-time constant in the specialised callers below. */
 static inline __attribute__((always_inline)) void head_attention(
     const int g, const int L, const int D, const float *q, const int64_t q_sh, const void *K, const void *V,
-    const int64_t kv_sl, const float *ks, const float *vs, const int kv_int8, const float *bias,
+    const int64_t kv_sl, const float *ks, const float *vs, const int kv_type, const float *bias,
     const float scale, const float v_unit, float *out, float *p) {
     float m[MAX_G], inv[MAX_G];
     /* scores */
@@ -95,10 +112,10 @@ static inline __attribute__((always_inline)) void head_attention(
                 __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
                 for (int d = 0; d < D; d += 8) {
                     const __m256 qv = _mm256_loadu_ps(qi + d);
-                    a0 = _mm256_fmadd_ps(qv, load8(K, r0 + d, kv_int8), a0);
-                    a1 = _mm256_fmadd_ps(qv, load8(K, r0 + kv_sl + d, kv_int8), a1);
-                    a2 = _mm256_fmadd_ps(qv, load8(K, r0 + 2 * kv_sl + d, kv_int8), a2);
-                    a3 = _mm256_fmadd_ps(qv, load8(K, r0 + 3 * kv_sl + d, kv_int8), a3);
+                    a0 = _mm256_fmadd_ps(qv, load8(K, r0 + d, kv_type), a0);
+                    a1 = _mm256_fmadd_ps(qv, load8(K, r0 + kv_sl + d, kv_type), a1);
+                    a2 = _mm256_fmadd_ps(qv, load8(K, r0 + 2 * kv_sl + d, kv_type), a2);
+                    a3 = _mm256_fmadd_ps(qv, load8(K, r0 + 3 * kv_sl + d, kv_type), a3);
                 }
                 const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
                 const __m128 dots = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
@@ -122,15 +139,15 @@ static inline __attribute__((always_inline)) void head_attention(
             if (D % 16 == 0) {
                 __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
                 for (int d = 0; d < D; d += 16) {
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + d), load8(K, row + d, kv_int8), a0);
-                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + d + 8), load8(K, row + d + 8, kv_int8), a1);
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + d), load8(K, row + d, kv_type), a0);
+                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + d + 8), load8(K, row + d + 8, kv_type), a1);
                 }
                 dot = hsum256(_mm256_add_ps(a0, a1));
             } else
 #endif
             {
                 dot = 0.0f;
-                for (int d = 0; d < D; d++) dot += qi[d] * load1(K, row + d, kv_int8);
+                for (int d = 0; d < D; d++) dot += qi[d] * load1(K, row + d, kv_type);
             }
             p[(int64_t)i * L + j] = dot * sj + bj;
         }
@@ -178,7 +195,7 @@ static inline __attribute__((always_inline)) void head_attention(
                     if (pj == 0.0f) continue;
                     const __m256 w = _mm256_set1_ps(vs ? pj * vs[j] * v_unit : pj);
                     const int64_t row = (int64_t)j * kv_sl + half;
-                    for (int v = 0; v < 8; v++) o[v] = _mm256_fmadd_ps(w, load8(V, row + 8 * v, kv_int8), o[v]);
+                    for (int v = 0; v < 8; v++) o[v] = _mm256_fmadd_ps(w, load8(V, row + 8 * v, kv_type), o[v]);
                 }
                 for (int v = 0; v < 8; v++) _mm256_storeu_ps(oi + half + 8 * v, o[v]);
             }
@@ -191,7 +208,7 @@ static inline __attribute__((always_inline)) void head_attention(
             if (pj == 0.0f) continue;
             const float w = vs ? pj * vs[j] * v_unit : pj;
             const int64_t row = (int64_t)j * kv_sl;
-            for (int d = 0; d < D; d++) oi[d] += w * load1(V, row + d, kv_int8);
+            for (int d = 0; d < D; d++) oi[d] += w * load1(V, row + d, kv_type);
         }
     }
 }
@@ -201,12 +218,12 @@ static inline __attribute__((always_inline)) void head_attention(
         for (int h = 0; h < Hkv; h++) {                                                                   \
             const int64_t kv_off = (int64_t)b * kv_sb + (int64_t)h * kv_sh;                               \
             const int64_t s_off = (int64_t)b * s_sb + (int64_t)h * s_sh;                                  \
-            const void *Kh = kv_int8 ? (const void *)((const int8_t *)K + kv_off)                         \
+            const void *Kh = kv_type ? (const void *)((const int8_t *)K + kv_off)                         \
                                      : (const void *)((const float *)K + kv_off);                         \
-            const void *Vh = kv_int8 ? (const void *)((const int8_t *)V + kv_off)                         \
+            const void *Vh = kv_type ? (const void *)((const int8_t *)V + kv_off)                         \
                                      : (const void *)((const float *)V + kv_off);                         \
             head_attention(g, L, DCONST, q + (int64_t)b * q_sb + (int64_t)h * g * q_sh, q_sh, Kh, Vh,     \
-                           kv_sl, ks ? ks + s_off : 0, vs ? vs + s_off : 0, kv_int8,                      \
+                           kv_sl, ks ? ks + s_off : 0, vs ? vs + s_off : 0, kv_type,                      \
                            bias + (int64_t)b * bias_sb, scale, v_unit,                                    \
                            out + ((int64_t)b * Hkv + h) * g * D, probs + ((int64_t)b * Hkv + h) * g * L); \
         }                                                                                                 \
@@ -214,10 +231,10 @@ static inline __attribute__((always_inline)) void head_attention(
 
 int sparserl_decode_attention(int B, int Hq, int Hkv, int L, int D, const float *q, int64_t q_sb, int64_t q_sh,
                               const void *K, const void *V, int64_t kv_sb, int64_t kv_sh, int64_t kv_sl,
-                              const float *ks, const float *vs, int64_t s_sb, int64_t s_sh, int kv_int8,
+                              const float *ks, const float *vs, int64_t s_sb, int64_t s_sh, int kv_type,
                               const float *bias, int64_t bias_sb, float scale, float v_unit, float *out,
                               float *probs) {
-    if (Hkv <= 0 || Hq % Hkv != 0 || Hq / Hkv > MAX_G || L <= 0 || D <= 0) return -1;
+    if (kv_type < KV_FLOAT32 || kv_type > KV_FP8 || Hkv <= 0 || Hq % Hkv != 0 || Hq / Hkv > MAX_G || L <= 0 || D <= 0) return -1;
     const int g = Hq / Hkv;
     if (D == 64) {
         DISPATCH(64)
