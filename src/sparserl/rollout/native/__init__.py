@@ -1,9 +1,10 @@
 """Native CPU kernels of the sampler, compiled on first use with the machine's C compiler.
 
 Today one kernel: the fused decode attention of ``decode_attention.c``, which the cache's
-:func:`sparserl.rollout.cache.attention` uses on CPU for float32 K/V and int8 / fp8 KV codes. It is plain C (AVX2 intrinsics where the compiler targets them,
-OpenMP over sequences × KV heads), loaded with :mod:`ctypes`: no torch headers, so it compiles in
-about a second. The library is built once per source, compiler and CPU into
+:func:`sparserl.rollout.cache.attention` uses on CPU for float32 K/V and int8 / fp8 KV codes. It is
+plain C (AVX2 intrinsics where the compiler targets them, OpenMP over sequences × KV heads), loaded
+with :mod:`ctypes`: no torch headers, so it compiles in about a second. The library is built once
+per source, compiler, flags and CPU into
 ``$SPARSERL_NATIVE_CACHE`` (default ``~/.cache/sparserl/native``); concurrent builders (pytest
 workers) each write a temporary file and rename it into place.
 
