@@ -276,3 +276,17 @@ def test_bench_unknown_attention_kernel(monkeypatch):
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(ValueError, match="known: native, torch"):
         rollout.run_bench(model="tiny", attention=["flash"])
+
+
+def test_bench_quantized_rows_run_the_first_attention_kernel(tiny, fast_machine, monkeypatch):
+    """``--attention torch`` alone: the quantized rows are timed with torch's attention too, as labelled."""
+    ran = []
+    timed = rollout._sparserl_run
+    monkeypatch.setattr(rollout, "_sparserl_run", lambda engine, params, attention="native": (
+        ran.append((engine.model.quant, attention)), timed(engine, params, attention))[1])
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
+    report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=3, kv_budget=8, step_length=2, compressors=[],
+                               dtype="float32", hf_baseline=False, quants=["none", "int8"], attention=["torch"],
+                               log=lambda *a: None)
+    assert sorted(ran) == [("int8", "torch"), ("none", "torch")]
+    assert {r["attention_kernel"] for r in report["results"]} == {"torch"}

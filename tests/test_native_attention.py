@@ -19,6 +19,7 @@ SHAPES = [  # B, Hq, Hkv, D, capacity, L
     (2, 6, 6, 64, 20, 9),     # no GQA
     (4, 8, 2, 32, 30, 17),    # another head size (the generic loop)
     (2, 4, 1, 24, 12, 12),    # D not a multiple of 16, L = capacity
+    (1, 20, 1, 64, 16, 13),   # many query heads per KV head
 ]
 
 

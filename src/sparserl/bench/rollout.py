@@ -137,7 +137,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
               attention: list[str] | tuple = ("native",), log=print) -> dict:
     """``attention``: the decode-attention kernels to time (:data:`ATTENTION_KERNELS`); each one after
     the first adds the dense and compressor rows again with that kernel (``torch``: the batched-matmul
-    path, in the same process). Every sparserl row carries ``attention_kernel``, the kernel that ran
+    path, in the same process); the quantized rows run with the first. Every sparserl row carries ``attention_kernel``, the kernel that ran
     (``native`` falls back to ``torch`` where the kernel does not apply: GPU, bfloat16)."""
     for kernel in attention:
         if kernel not in ATTENTION_KERNELS:
@@ -206,7 +206,8 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
             cap = mean_kept_cap(comp, P, kv_budget, step_length)
             rows.append(Row({"engine": "sparserl", "compressor": name, "kv_budget": kv_budget if comp.compresses else None,
                              "compress_prompt": comp.compresses and comp.compress_prompt, "compiled": False, **quant_fields(qe, kq)},
-                            lambda engine=engine: _sparserl_run(engine, params), mean_kv_tokens(P, L, cap)))
+                            lambda engine=engine: _sparserl_run(engine, params, attention[0]),
+                            mean_kv_tokens(P, L, cap)))
     skipped = {}
     for peer in peers:
         try:

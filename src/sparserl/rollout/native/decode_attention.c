@@ -28,7 +28,6 @@
 #include <immintrin.h>
 #endif
 
-#define MAX_G 16
 #define KV_FLOAT32 0
 #define KV_INT8 1
 #define KV_FP8 2 /* float8_e4m3fn codes, read as code * 2^-8 (the caller folds 256 into the scales) */
@@ -97,7 +96,6 @@ static inline __attribute__((always_inline)) void head_attention(
     const int g, const int L, const int D, const float *q, const int64_t q_sh, const void *K, const void *V,
     const int64_t kv_sl, const float *ks, const float *vs, const int kv_type, const float *bias,
     const float scale, const float v_unit, float *out, float *p) {
-    float m[MAX_G], inv[MAX_G];
     /* scores */
     int j0 = 0;
 #ifdef __AVX2__
@@ -176,11 +174,9 @@ static inline __attribute__((always_inline)) void head_attention(
             pi[j] = e;
             sum += e;
         }
-        m[i] = mx;
-        inv[i] = 1.0f / sum;
-        for (j = 0; j < L; j++) pi[j] *= inv[i];
+        const float inv = 1.0f / sum;
+        for (j = 0; j < L; j++) pi[j] *= inv;
     }
-    (void)m;
     /* out[i] = sum_j p[i, j] (vs_j v_unit) V[j] */
     for (int i = 0; i < g; i++) {
         const float *pi = p + (int64_t)i * L;
@@ -234,7 +230,7 @@ int sparserl_decode_attention(int B, int Hq, int Hkv, int L, int D, const float 
                               const float *ks, const float *vs, int64_t s_sb, int64_t s_sh, int kv_type,
                               const float *bias, int64_t bias_sb, float scale, float v_unit, float *out,
                               float *probs) {
-    if (kv_type < KV_FLOAT32 || kv_type > KV_FP8 || Hkv <= 0 || Hq % Hkv != 0 || Hq / Hkv > MAX_G || L <= 0 || D <= 0) return -1;
+    if (kv_type < KV_FLOAT32 || kv_type > KV_FP8 || Hkv <= 0 || Hq % Hkv != 0 || L <= 0 || D <= 0) return -1;
     const int g = Hq / Hkv;
     if (D == 64) {
         DISPATCH(64)
