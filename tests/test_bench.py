@@ -257,36 +257,36 @@ def test_bench_bad_quant_name_fails_before_loading(monkeypatch, option):
         rollout.run_bench(model="tiny", **{option: ["int9"]})
 
 
-# --- decode-attention kernels (issue 7: the native kernel against torch, in one process) -----------
-def test_bench_attention_kernel_rows(tiny, fast_machine, monkeypatch):
+# --- decode-step kernels (issue 7: the native kernels against torch, in one process) ---------------
+def test_bench_kernels_rows(tiny, fast_machine, monkeypatch):
     from sparserl.rollout import native
 
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
     report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=4, kv_budget=8, step_length=2,
                                compressors=["rkv"], dtype="float32", hf_baseline=False,
-                               attention=["native", "torch"], kv_quants=["none", "fp8"], log=lambda *a: None)
-    rows = {(r["compressor"], r["kv_quant"], r["attention_kernel"]): r for r in report["results"]}
-    first = native.attention_kernel("cpu", torch.float32)  # "native" wherever the kernel builds
+                               kernels=["native", "torch"], kv_quants=["none", "fp8"], log=lambda *a: None)
+    rows = {(r["compressor"], r["kv_quant"], r["kernels"]): r for r in report["results"]}
+    first = native.kernels("cpu", torch.float32)  # "native" wherever the kernel builds
     assert set(rows) == {("none", "none", first), ("rkv", "none", first), ("none", "none", "torch"),
                          ("rkv", "none", "torch"), ("none", "fp8", first), ("rkv", "fp8", first)}
     assert rows["none", "none", first]["ratio_vs_sparserl_dense"] == 1.0  # the first kernel's dense row
 
 
-def test_bench_unknown_attention_kernel(monkeypatch):
+def test_bench_unknown_kernels(monkeypatch):
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(ValueError, match="known: native, torch"):
-        rollout.run_bench(model="tiny", attention=["flash"])
+        rollout.run_bench(model="tiny", kernels=["flash"])
 
 
-def test_bench_quantized_rows_run_the_first_attention_kernel(tiny, fast_machine, monkeypatch):
-    """``--attention torch`` alone: the quantized rows are timed with torch's attention too, as labelled."""
+def test_bench_quantized_rows_run_the_first_kernels(tiny, fast_machine, monkeypatch):
+    """``--kernels torch`` alone: the quantized rows are timed with torch's kernels too, as labelled."""
     ran = []
     timed = rollout._sparserl_run
-    monkeypatch.setattr(rollout, "_sparserl_run", lambda engine, params, attention="native": (
-        ran.append((engine.model.quant, attention)), timed(engine, params, attention))[1])
+    monkeypatch.setattr(rollout, "_sparserl_run", lambda engine, params, kernels="native": (
+        ran.append((engine.model.quant, kernels)), timed(engine, params, kernels))[1])
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
     report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=3, kv_budget=8, step_length=2, compressors=[],
-                               dtype="float32", hf_baseline=False, quants=["none", "int8"], attention=["torch"],
+                               dtype="float32", hf_baseline=False, quants=["none", "int8"], kernels=["torch"],
                                log=lambda *a: None)
     assert sorted(ran) == [("int8", "torch"), ("none", "torch")]
-    assert {r["attention_kernel"] for r in report["results"]} == {"torch"}
+    assert {r["kernels"] for r in report["results"]} == {"torch"}

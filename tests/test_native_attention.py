@@ -66,14 +66,14 @@ def test_native_equals_torch_quantized_kv(shape, kv_quant):
 def test_cache_attention_runs_the_kernel():
     """On CPU, float32 K/V and int8 / fp8 codes go through the kernel; bfloat16 stays on torch."""
     q, K, V, bias = _inputs(*SHAPES[0])
-    assert native.attention_kernel("cpu", torch.float32) == "native"
-    assert native.attention_kernel("cpu", torch.bfloat16) == "torch"
+    assert native.kernels("cpu", torch.float32) == "native"
+    assert native.kernels("cpu", torch.bfloat16) == "torch"
     out, _ = attention(q, K, V, bias)
     assert torch.equal(out, native.decode_attention(q, K, V, bias)[0])
     assert native.decode_attention(q.bfloat16(), K.bfloat16(), V.bfloat16(), bias) is None
     assert native.decode_attention(q, K.to(torch.float8_e4m3fn), V.to(torch.float8_e4m3fn), bias) is None  # no scales
     with native.torch_only():
-        assert native.attention_kernel("cpu", torch.float32) == "torch"
+        assert native.kernels("cpu", torch.float32) == "torch"
         assert native.decode_attention(q, K, V, bias) is None
 
 
@@ -106,11 +106,11 @@ def test_disabled_and_failed_builds_fall_back(monkeypatch, tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert native.library() is None
-        assert native.attention_kernel("cpu", torch.float32) == "torch"
+        assert native.kernels("cpu", torch.float32) == "torch"
         monkeypatch.setenv("SPARSERL_NATIVE", "1")
         monkeypatch.setenv("CC", "/bin/false")
         native.reset()
-        with pytest.warns(RuntimeWarning, match="native decode attention unavailable"):
+        with pytest.warns(RuntimeWarning, match="native kernels unavailable"):
             assert native.library() is None
         with pytest.raises(RuntimeError, match="false"):
             native.build("/bin/false")

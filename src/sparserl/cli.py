@@ -117,7 +117,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench_rollout(args) -> int:
-    from .bench.rollout import ATTENTION_KERNELS, PEERS, bench_compressor, run_bench, write_json
+    from .bench.rollout import KERNELS, PEERS, bench_compressor, run_bench, write_json
     from .rollout.quant.smooth import check_strength
     from .models.loading import check_model
 
@@ -134,11 +134,11 @@ def cmd_bench_rollout(args) -> int:
     peers = [p.strip() for p in (args.peers or "").split(",") if p.strip()]
     for peer in peers:
         check_choice(peer, "--peers", PEERS)
-    kernels = [k.strip() for k in args.attention.split(",") if k.strip()]
+    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     if not kernels:
-        raise OptionError(f"--attention: give at least one of {', '.join(ATTENTION_KERNELS)}")
+        raise OptionError(f"--kernels: give at least one of {', '.join(KERNELS)}")
     for kernel in kernels:
-        check_choice(kernel, "--attention", ATTENTION_KERNELS)
+        check_choice(kernel, "--kernels", KERNELS)
     comps = [c.strip() for c in args.compressors.split(",") if c.strip() and c.strip() != "none"]
     for name in comps:  # every row's compressor builds (an unknown name fails now, not after the others ran)
         bench_compressor(name, args.kv_budget, args.step_length, args.compress_prompt or None)
@@ -152,7 +152,7 @@ def cmd_bench_rollout(args) -> int:
                        quants=[q.strip() for q in args.quant.split(",") if q.strip()],
                        kv_quants=[q.strip() for q in args.kv_quant.split(",") if q.strip()],
                        compress_prompt=args.compress_prompt or None, quant_smooth=args.quant_smooth,
-                       attention=kernels)
+                       kernels=kernels)
     if args.json:
         write_json(report, args.json)
         print(f"wrote {args.json}")
@@ -336,9 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--quant-smooth", type=float, default=0.0, help="SmoothQuant migration strength of the int8 "
                     "and fp8 rows (0 = off, 0.5 = the paper's): rollout.quant_smooth")
     br.add_argument("--kv-quant", default="none", help="KV cache quantizations, comma-separated: none, int8, fp8")
-    br.add_argument("--attention", default="native", help="decode-attention kernels, comma-separated: native "
-                    "(the fused C kernel where it applies, else torch), torch (batched matmuls); each after "
-                    "the first adds the dense and compressor rows again (attention_kernel in the rows)")
+    br.add_argument("--kernels", "--attention", dest="kernels", default="native", help="decode-step kernels, "
+                    "comma-separated: native (the C kernels for attention and the float32 weight products where "
+                    "they apply, else torch), torch (torch's matmuls, oneDNN-packed weights); each after the "
+                    "first adds the dense and compressor rows again (kernels in the rows). --attention: its "
+                    "old name")
     br.add_argument("--json", default=None)
     br.set_defaults(fn=cmd_bench_rollout)
     return ap

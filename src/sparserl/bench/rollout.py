@@ -49,9 +49,9 @@ from .roofline import decode_step_flops, mean_kv_tokens, roofline
 
 BENCH_PROMPT = [{"role": "user", "content": "Write a long, detailed story about a dragon who learns mathematics."}]
 PEERS = ("openvino",)
-ATTENTION_KERNELS = ("native", "torch")  # --attention: the fused C kernel (where it applies), torch's matmuls
+KERNELS = ("native", "torch")  # --kernels: the C kernels (attention, weight products; where they apply), torch's ops
 
-__all__ = ["ATTENTION_KERNELS", "BENCH_PROMPT", "PEERS", "RssSampler", "bench_compressor", "run_bench", "write_json"]
+__all__ = ["BENCH_PROMPT", "KERNELS", "PEERS", "RssSampler", "bench_compressor", "run_bench", "write_json"]
 
 
 def _hf_generate_run(lm, prompt_ids: list[int], batch: int, L: int, seed: int) -> Run:
@@ -101,8 +101,8 @@ def mean_kept_cap(comp: KVCompressor, prompt_tokens: int, kv_budget: int, step_l
     return (0 if comp.compress_prompt else prompt_tokens) + kv_budget + step_length / 2
 
 
-def _sparserl_run(engine: RolloutEngine, params: SamplingParams, attention: str = "native") -> Run:
-    with native.torch_only() if attention == "torch" else contextlib.nullcontext():
+def _sparserl_run(engine: RolloutEngine, params: SamplingParams, kernels: str = "native") -> Run:
+    with native.torch_only() if kernels == "torch" else contextlib.nullcontext():
         out = engine.generate([BENCH_PROMPT], params)
     return Run(out.seconds, out.tokens_generated, out.kv.bytes_peak, out.kv.bytes_theory,
                extra={"kv_bytes_dense": out.kv.bytes_dense, "compressions": out.kv.compressions})
@@ -134,14 +134,15 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
               seed: int = 0, hf_baseline: bool = True, repeat: int = 1, peers: list[str] | tuple = (),
               compile: bool = False, quants: list[str] | tuple = ("none",), kv_quants: list[str] | tuple = ("none",),
               mismatch_rows: int = 4, compress_prompt: bool | None = None, quant_smooth: float = 0.0,
-              attention: list[str] | tuple = ("native",), log=print) -> dict:
-    """``attention``: the decode-attention kernels to time (:data:`ATTENTION_KERNELS`); each one after
-    the first adds the dense and compressor rows again with that kernel (``torch``: the batched-matmul
-    path, in the same process); the quantized rows run with the first. Every sparserl row carries ``attention_kernel``, the kernel that ran
-    (``native`` falls back to ``torch`` where the kernel does not apply: GPU, bfloat16)."""
-    for kernel in attention:
-        if kernel not in ATTENTION_KERNELS:
-            raise ValueError(f"attention kernel {kernel!r}; known: {', '.join(ATTENTION_KERNELS)}")
+              kernels: list[str] | tuple = ("native",), log=print) -> dict:
+    """``kernels``: the decode-step kernels to time (:data:`KERNELS`); each one after the first adds
+    the dense and compressor rows again with those kernels (``torch``: torch's batched matmuls for
+    attention and oneDNN's packed products for the weights, in the same process); the quantized rows
+    run with the first. Every sparserl row carries ``kernels``, what ran (``native`` falls back to
+    ``torch`` where the C kernels do not apply: GPU, bfloat16)."""
+    for kernel in kernels:
+        if kernel not in KERNELS:
+            raise ValueError(f"kernels {kernel!r}; known: {', '.join(KERNELS)}")
     compressors = compressors if compressors is not None else ["rkv", "snapkv", "streaming", "h2o"]
     for q in quants:  # an unknown name fails now, with a hint, before the model loads
         build_quant(q)
@@ -161,22 +162,25 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
     linear_elements = sum(w.numel() for w in decode_linear_weights(sm))
     # warm-up (allocator, BLAS threads)
     dense_engine.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))
+    if "torch" in kernels:  # its weights' oneDNN copies are made on first use: not inside a timed run
+        with native.torch_only():
+            dense_engine.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))
     bw = memory_bandwidth()
     gemm = gemm_flops_per_s(sm, batch)
 
-    def quant_fields(engine: RolloutEngine, kv_quant: str, kernel: str = attention[0]) -> dict:
+    def quant_fields(engine: RolloutEngine, kv_quant: str, kernel: str = kernels[0]) -> dict:
         m = engine.model
-        ran = "torch" if kernel == "torch" else native.attention_kernel(m.device, m.dtype)
+        ran = "torch" if kernel == "torch" else native.kernels(m.device, m.dtype)
         return {"quant": m.quant, "kv_quant": kv_quant, "quant_smooth": m.quant_smooth,
                 "weight_bytes": m.weight_bytes(), "quant_kernel": m.quant_kernel,
-                "quant_emulated": m.quant_emulated, "quantize_s": m.last_quantize_s, "attention_kernel": ran}
+                "quant_emulated": m.quant_emulated, "quantize_s": m.last_quantize_s, "kernels": ran}
 
     rows: list[Row] = []
     if hf_baseline:
         rows.append(Row({"engine": "hf_generate", "compressor": "none", "kv_budget": None},
                         lambda: _with_theory(_hf_generate_run(lm, prompt_ids, batch, L, seed), batch * per_tok * (P + L - 1)),
                         mean_kv_tokens(P, L)))
-    variants = [(False, kernel) for kernel in attention] + ([(True, "torch")] if compile else [])
+    variants = [(False, kernel) for kernel in kernels] + ([(True, "torch")] if compile else [])
     for compiled, kernel in variants:  # the compiled step runs torch's attention (the kernel is not traced)
         for name in ["none", *(c for c in compressors if c != "none")]:
             comp = bench_compressor(name, kv_budget, step_length, compress_prompt)
@@ -206,7 +210,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
             cap = mean_kept_cap(comp, P, kv_budget, step_length)
             rows.append(Row({"engine": "sparserl", "compressor": name, "kv_budget": kv_budget if comp.compresses else None,
                              "compress_prompt": comp.compresses and comp.compress_prompt, "compiled": False, **quant_fields(qe, kq)},
-                            lambda engine=engine: _sparserl_run(engine, params, attention[0]),
+                            lambda engine=engine: _sparserl_run(engine, params, kernels[0]),
                             mean_kv_tokens(P, L, cap)))
     skipped = {}
     for peer in peers:

@@ -31,6 +31,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from . import native
 from .quant import QuantizedLinear, build_quant, nbytes
 from .quant.smooth import ActivationObserver, SmoothedLinear, check_strength, smoothing_factors
 
@@ -55,7 +56,7 @@ class SamplerModel:
 
     def __init__(self, hf_model: torch.nn.Module, dtype: torch.dtype | None = None, pack_weights: bool | None = None,
                  quant: str = "none", quant_smooth: float = 0.0, calibration_ids: torch.Tensor | None = None):
-        """``pack_weights``: keep a oneDNN-packed copy of every linear weight for the decode step's
+        """``pack_weights``: keep a packed copy of every linear weight for the decode step's
         products (:func:`pack_weight`); None = when supported (CPU, float32, oneDNN built in); the
         quantized weights are not packed (their kernels pack their own). ``quant``: a name of
         :func:`sparserl.rollout.quant.available_quants` (``none`` = the sampler dtype).
@@ -282,7 +283,10 @@ class SamplerModel:
 
 # --- the math of a layer, as plain functions of tensors (shared by the eager forward, the prefill
 # and the compiled decode step, :mod:`sparserl.rollout.compiled`) ----------------------------------
-PACKED = "_sparserl_packed"  # attribute of a weight tensor holding its packed copy
+PACKED = "_sparserl_packed"  # attribute of a weight tensor holding its oneDNN-packed copy
+NATIVE_PACKED = "_sparserl_native_packed"  # ... holding its panels for the C kernel (native.pack_linear)
+NATIVE_MAX_ROWS = 32  # the C kernel's products up to this many rows; oneDNN's beyond (measured crossover)
+PACKED_MAX_ROWS = 64  # packed products up to this many rows; plain GEMM beyond (prefill)
 
 
 def packing_supported(device: torch.device, dtype: torch.dtype) -> bool:
@@ -291,28 +295,52 @@ def packing_supported(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def pack_weight(w: torch.Tensor, rows_hint: int = 16) -> None:
-    """Attach to ``w`` [out, in] a copy in oneDNN's blocked layout for products with a few rows.
+    """Attach to ``w`` [out, in] a copy laid out for products with a few rows: the C kernel's
+    panels (:func:`sparserl.rollout.native.pack_linear`) when the native kernels are on, else
+    oneDNN's blocked layout.
 
     MKL's sgemm repacks the weight on every call; for a decode step's skinny products (16-32 rows,
     weights streamed from memory) that doubles the traffic. The prepacked oneDNN product ran one
-    step's weight matmuls of SmolLM2-135M ~1.9x faster on this 2-core AVX2 CPU (results differ from
-    sgemm by float reassociation, ~1e-6 relative). Costs a second copy of the weights."""
-    setattr(w, PACKED, torch.ops.mkldnn._reorder_linear_weight(w, rows_hint))
+    step's weight matmuls of SmolLM2-135M ~1.9x faster than sgemm on this 2-core AVX2 CPU, and the C
+    kernel ~1.25x faster again at 16 rows (docs/results/native_linear.md). Results differ by float
+    reassociation (~1e-6 relative). Costs a second copy of the weights; a oneDNN copy is made on
+    first use too where the C kernel is not used (more than :data:`NATIVE_MAX_ROWS` rows, or
+    :func:`sparserl.rollout.native.torch_only`)."""
+    packed = native.pack_linear(w) if native.active() else None
+    if packed is not None:
+        setattr(w, NATIVE_PACKED, packed)
+    else:
+        setattr(w, PACKED, torch.ops.mkldnn._reorder_linear_weight(w, rows_hint))
+
+
+def _onednn_packed(w: torch.Tensor) -> torch.Tensor | None:
+    packed = getattr(w, PACKED, None)
+    if packed is None and hasattr(w, NATIVE_PACKED):  # packing wanted, the C kernel not used here
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, 16)
+        setattr(w, PACKED, packed)
+    return packed
 
 
 def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, b: torch.Tensor | None = None) -> torch.Tensor:
     """x Wᵀ (+ b). A quantized weight runs its own kernel (:mod:`sparserl.rollout.quant`). For the
-    few rows of a decode step: the packed weight (:func:`pack_weight`) when there is one, else
-    (W xᵀ)ᵀ: BLAS runs the skinny GEMM ~1.5x faster in that orientation than x Wᵀ on CPUs
-    (measured, see docs/results/)."""
+    few rows of a decode step, a packed weight (:func:`pack_weight`): the C kernel's panels up to
+    :data:`NATIVE_MAX_ROWS` rows, oneDNN's up to :data:`PACKED_MAX_ROWS`; else (W xᵀ)ᵀ: BLAS runs
+    the skinny GEMM ~1.5x faster in that orientation than x Wᵀ on CPUs (measured, see
+    docs/results/)."""
     if isinstance(w, QuantizedLinear):
         return w(x, b)
     rows = x.numel() // x.shape[-1]
-    if rows > 64 or x.dtype != torch.float32:
+    if rows > PACKED_MAX_ROWS or x.dtype != torch.float32:
         return F.linear(x, w, b)
-    packed = None if torch.compiler.is_compiling() else getattr(w, PACKED, None)
-    if packed is not None:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+    if not torch.compiler.is_compiling():
+        panels = getattr(w, NATIVE_PACKED, None)
+        if panels is not None and rows <= NATIVE_MAX_ROWS:
+            y = native.linear(x, panels, b)
+            if y is not None:
+                return y
+        packed = _onednn_packed(w)
+        if packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
     x2 = x.reshape(rows, x.shape[-1])
     y = torch.matmul(w, x2.t()).t()
     if b is not None:

@@ -1,9 +1,14 @@
 """Native CPU kernels of the sampler, compiled on first use with the machine's C compiler.
 
-Today one kernel: the fused decode attention of ``decode_attention.c``, which the cache's
-:func:`sparserl.rollout.cache.attention` uses on CPU for float32 K/V and int8 / fp8 KV codes. It is
-plain C (AVX2 intrinsics where the compiler targets them, OpenMP over sequences × KV heads), loaded
-with :mod:`ctypes`: no torch headers, so it compiles in about a second. The library is built once
+Two kernels, one library:
+
+- ``decode_attention.c``: the fused decode attention, which the cache's
+  :func:`sparserl.rollout.cache.attention` uses on CPU for float32 K/V and int8 / fp8 KV codes;
+- ``linear.c``: the decode step's float32 weight products ``x Wᵀ (+ b)`` for a few rows, on
+  weights packed once in panels (:func:`pack_linear`; :func:`sparserl.rollout.model.linear` uses it).
+
+Both are plain C (AVX2 intrinsics where the compiler targets them, OpenMP), loaded
+with :mod:`ctypes`: no torch headers, so they compile in about a second. The library is built once
 per source, compiler, flags and CPU into
 ``$SPARSERL_NATIVE_CACHE`` (default ``~/.cache/sparserl/native``); concurrent builders (pytest
 workers) each write a temporary file and rename it into place.
@@ -14,7 +19,7 @@ competing one.
 
 When there is no compiler, the build fails, or ``SPARSERL_NATIVE=0`` is set, :func:`library`
 returns None (with one warning naming the reason, except when disabled on purpose) and every caller
-keeps its torch path. Which one ran is what :func:`attention_kernel` reports (bench rows carry it).
+keeps its torch path. Which one ran is what :func:`kernels` reports (bench rows carry it).
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("decode_attention.c")
+SOURCES = [Path(__file__).with_name(name) for name in ("decode_attention.c", "linear.c")]
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared"]
 _LIB: list = []  # [ctypes library or None] once loaded
 _OFF: list[bool] = []  # non-empty inside ``torch_only()``
@@ -61,7 +66,7 @@ def _compiler() -> str | None:
 
 
 def build(compiler: str | None = None, flags: list[str] | None = None) -> Path:
-    """Compile ``decode_attention.c`` (if not already built for this source, compiler, flags and CPU)
+    """Compile :data:`SOURCES` into one library (if not already built for this source, compiler, flags and CPU)
     and return the shared library's path. Raises RuntimeError with the compiler's message on
     failure. ``flags``: other than :data:`FLAGS` (tests build the portable C without ``-march``)."""
     flags = FLAGS if flags is None else flags
@@ -69,17 +74,17 @@ def build(compiler: str | None = None, flags: list[str] | None = None) -> Path:
     if cc is None:
         raise RuntimeError("no C compiler found (cc, gcc or clang; or set CC)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, " ".join(flags), _cpu_signature()]).encode())
-    out = cache_dir() / f"decode_attention-{key.hexdigest()[:16]}.so"
+    key = hashlib.sha256("\0".join([*(src.read_text() for src in SOURCES), cc, version, " ".join(flags), _cpu_signature()]).encode())
+    out = cache_dir() / f"sparserl_native-{key.hexdigest()[:16]}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        res = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        res = subprocess.run([cc, *flags, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, text=True)
         if res.returncode != 0:
-            raise RuntimeError(f"{cc} failed on {SOURCE.name}: {res.stderr.strip()[-2000:]}")
+            raise RuntimeError(f"{cc} failed on {', '.join(src.name for src in SOURCES)}: {res.stderr.strip()[-2000:]}")
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
@@ -88,12 +93,17 @@ def build(compiler: str | None = None, flags: list[str] | None = None) -> Path:
 
 
 def load(path: str | Path):
-    """The kernel library at ``path`` (a :func:`build`), with its function's signature declared."""
+    """The kernel library at ``path`` (a :func:`build`), with its functions' signatures declared."""
     lib = ctypes.CDLL(str(path))
-    f = lib.sparserl_decode_attention
     i, i64, p, fl = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    f = lib.sparserl_decode_attention
     f.argtypes = [i, i, i, i, i, p, i64, i64, p, p, i64, i64, i64, p, p, i64, i64, i, p, i64, fl, fl, p, p]
     f.restype = i
+    lib.sparserl_pack_linear.argtypes = [i, i, p, p]
+    lib.sparserl_pack_linear.restype = None
+    lib.sparserl_linear.argtypes = [i, i, i, p, i64, p, p, p, i64, i]
+    lib.sparserl_linear.restype = i
+    lib.sparserl_linear_panel_width.restype = i
     return lib
 
 
@@ -106,7 +116,7 @@ def library():
         try:
             lib = load(build())
         except (OSError, RuntimeError, AttributeError) as e:
-            warnings.warn(f"sparserl: native decode attention unavailable, using torch ({e})", RuntimeWarning,
+            warnings.warn(f"sparserl: native kernels unavailable, using torch ({e})", RuntimeWarning,
                           stacklevel=2)
             lib = None
     _LIB[:] = [lib]
@@ -129,8 +139,9 @@ def reset() -> None:
     _LIB.clear()
 
 
-def attention_kernel(device: torch.device | str, dtype: torch.dtype) -> str:
-    """``native`` when decode attention on this device and dtype runs the C kernel, else ``torch``."""
+def kernels(device: torch.device | str, dtype: torch.dtype) -> str:
+    """``native`` when the decode step on this device and dtype runs the C kernels (attention, and
+    the weight products of packed weights), else ``torch``."""
     return ("native" if torch.device(device).type == "cpu" and dtype == torch.float32 and not _OFF and library()
             else "torch")
 
@@ -174,3 +185,43 @@ def decode_attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, bias: to
         K.stride(1), K.stride(2), ks_ptr, vs_ptr, s_sb, s_sh, kv_type, bias.data_ptr(), L, D**-0.5 * unit, unit,
         out.data_ptr(), p.data_ptr())
     return None if rc != 0 else (out, p)
+
+
+def active() -> bool:
+    """Whether callers should run the C kernels now (built, enabled, not inside :func:`torch_only`)."""
+    return not _OFF and library() is not None
+
+
+def pack_linear(w: torch.Tensor, lib=None) -> torch.Tensor | None:
+    """W [N, K] float32 (CPU) → its panels for :func:`linear` (``linear.c``: ``Wp[p][k][j] =
+    W[24 p + j][k]``, zero past N), or None when the library is not available."""
+    lib = lib or library()
+    if lib is None or w.device.type != "cpu" or w.dtype != torch.float32 or w.dim() != 2:
+        return None
+    w = w.detach().contiguous()
+    N, K = w.shape
+    nr = lib.sparserl_linear_panel_width()
+    packed = torch.empty(-(-N // nr) * nr * K, dtype=torch.float32)
+    lib.sparserl_pack_linear(N, K, w.data_ptr(), packed.data_ptr())
+    packed.out_features, packed.in_features = N, K  # what the panels hold
+    return packed
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None, lib=None) -> torch.Tensor | None:
+    """``x Wᵀ (+ bias)`` on the C kernel, W given as :func:`pack_linear`'s panels; x [..., K] float32.
+    None when the kernel does not take this input (the caller runs torch)."""
+    lib = lib or (None if _OFF else library())
+    if lib is None or x.device.type != "cpu" or x.dtype != torch.float32 or torch.compiler.is_compiling():
+        return None
+    N, K = packed.out_features, packed.in_features
+    if x.shape[-1] != K or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous())):
+        return None
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    out = torch.empty(rows, N, dtype=torch.float32)
+    if rows and lib.sparserl_linear(rows, N, K, x2.data_ptr(), x2.stride(0), packed.data_ptr(),
+                                    None if bias is None else bias.data_ptr(), out.data_ptr(), N, 0) != 0:
+        return None
+    return out.reshape(*x.shape[:-1], N)
