@@ -14,7 +14,7 @@ SHAPES = [  # rows M, out N, in K
     (1, 48, 64),     # one row
     (3, 25, 17),     # rows not a multiple of the 4-row tile, N one past a 24-column panel
     (6, 7, 5),       # N smaller than one panel
-    (32, 24, 300),   # one full panel, the largest native row count
+    (64, 24, 300),   # one full panel, the most rows a packed product takes
     (5, 100, 1),     # K = 1
 ]
 
@@ -68,8 +68,8 @@ def test_portable_build_equals_torch(tmp_path, monkeypatch):
 
 
 def test_sampler_linear_picks_the_kernel(monkeypatch):
-    """Packed weights: the C kernel up to NATIVE_MAX_ROWS rows, oneDNN's copy (made on first use)
-    beyond that and inside torch_only(), plain GEMM past PACKED_MAX_ROWS; the same numbers each way."""
+    """Packed weights: the C kernel up to PACKED_MAX_ROWS rows, plain GEMM beyond, oneDNN's copy
+    (made on first use) inside torch_only(); the same numbers each way."""
     gen = torch.Generator().manual_seed(1)
     w, b = torch.randn(72, 48, generator=gen), torch.randn(72, generator=gen)
     sampler_model.pack_weight(w)
@@ -77,13 +77,13 @@ def test_sampler_linear_picks_the_kernel(monkeypatch):
     calls = []
     real = native.linear
     monkeypatch.setattr(native, "linear", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
-    for rows in (1, 16, sampler_model.NATIVE_MAX_ROWS, sampler_model.NATIVE_MAX_ROWS + 1, 80):
+    for rows in (1, 16, sampler_model.PACKED_MAX_ROWS, sampler_model.PACKED_MAX_ROWS + 1):
         x = torch.randn(rows, 48, generator=gen)
         calls.clear()
         y = sampler_model.linear(x, w, b)
-        assert len(calls) == (1 if rows <= sampler_model.NATIVE_MAX_ROWS else 0), rows
+        assert len(calls) == (1 if rows <= sampler_model.PACKED_MAX_ROWS else 0), rows
         torch.testing.assert_close(y, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
-    assert hasattr(w, sampler_model.PACKED)  # made for the 33-row product
+    assert not hasattr(w, sampler_model.PACKED)  # no oneDNN copy: the C kernel took every packed product
     w2 = torch.randn(24, 48, generator=gen)
     sampler_model.pack_weight(w2)
     x = torch.randn(4, 48, generator=gen)

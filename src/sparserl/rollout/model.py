@@ -285,8 +285,7 @@ class SamplerModel:
 # and the compiled decode step, :mod:`sparserl.rollout.compiled`) ----------------------------------
 PACKED = "_sparserl_packed"  # attribute of a weight tensor holding its oneDNN-packed copy
 NATIVE_PACKED = "_sparserl_native_packed"  # ... holding its panels for the C kernel (native.pack_linear)
-NATIVE_MAX_ROWS = 32  # the C kernel's products up to this many rows; oneDNN's beyond (measured crossover)
-PACKED_MAX_ROWS = 64  # packed products up to this many rows; plain GEMM beyond (prefill)
+PACKED_MAX_ROWS = 64  # packed products (the C kernel's, else oneDNN's) up to this many rows; plain GEMM beyond
 
 
 def packing_supported(device: torch.device, dtype: torch.dtype) -> bool:
@@ -302,10 +301,9 @@ def pack_weight(w: torch.Tensor, rows_hint: int = 16) -> None:
     MKL's sgemm repacks the weight on every call; for a decode step's skinny products (16-32 rows,
     weights streamed from memory) that doubles the traffic. The prepacked oneDNN product ran one
     step's weight matmuls of SmolLM2-135M ~1.9x faster than sgemm on this 2-core AVX2 CPU, and the C
-    kernel ~1.25x faster again at 16 rows (docs/results/native_linear.md). Results differ by float
-    reassociation (~1e-6 relative). Costs a second copy of the weights; a oneDNN copy is made on
-    first use too where the C kernel is not used (more than :data:`NATIVE_MAX_ROWS` rows, or
-    :func:`sparserl.rollout.native.torch_only`)."""
+    kernel 1.13-1.6x faster again at 4-64 rows (docs/results/native_linear.md). Results differ by
+    float reassociation (~1e-6 relative). Costs a second copy of the weights; a oneDNN copy is made
+    on first use too where the C kernel is not used (:func:`sparserl.rollout.native.torch_only`)."""
     packed = native.pack_linear(w) if native.active() else None
     if packed is not None:
         setattr(w, NATIVE_PACKED, packed)
@@ -323,8 +321,8 @@ def _onednn_packed(w: torch.Tensor) -> torch.Tensor | None:
 
 def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, b: torch.Tensor | None = None) -> torch.Tensor:
     """x Wᵀ (+ b). A quantized weight runs its own kernel (:mod:`sparserl.rollout.quant`). For the
-    few rows of a decode step, a packed weight (:func:`pack_weight`): the C kernel's panels up to
-    :data:`NATIVE_MAX_ROWS` rows, oneDNN's up to :data:`PACKED_MAX_ROWS`; else (W xᵀ)ᵀ: BLAS runs
+    few rows of a decode step (up to :data:`PACKED_MAX_ROWS`), a packed weight (:func:`pack_weight`):
+    the C kernel's panels, else oneDNN's; beyond, or unpacked, (W xᵀ)ᵀ: BLAS runs
     the skinny GEMM ~1.5x faster in that orientation than x Wᵀ on CPUs (measured, see
     docs/results/)."""
     if isinstance(w, QuantizedLinear):
@@ -334,7 +332,7 @@ def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, b: torch.Tensor |
         return F.linear(x, w, b)
     if not torch.compiler.is_compiling():
         panels = getattr(w, NATIVE_PACKED, None)
-        if panels is not None and rows <= NATIVE_MAX_ROWS:
+        if panels is not None:
             y = native.linear(x, panels, b)
             if y is not None:
                 return y
