@@ -65,6 +65,14 @@ def test_portable_build_equals_torch(tmp_path, monkeypatch):
         w, x, b = torch.randn(N, K, generator=gen), torch.randn(M, K, generator=gen), torch.randn(N, generator=gen)
         y = native.linear(x, native.pack_linear(w, lib=portable), b, lib=portable)
         assert _relative_error(y, F.linear(x.double(), w.double(), b.double()).float()) < 1e-5
+    x, w = torch.randn(5, 1, 13) * 3, torch.randn(13)  # the layer's small operators' plain loops
+    torch.testing.assert_close(native.rms_norm(x, w, 1e-6, lib=portable), native.rms_norm(x, w, 1e-6))
+    gu = torch.randn(5, 1, 22) * 4
+    torch.testing.assert_close(native.silu_mul(gu, lib=portable), native.silu_mul(gu))
+    q, cos, sin = torch.randn(5, 1, 3, 10), torch.randn(5, 1, 10), torch.randn(5, 1, 10)
+    q2 = q.clone()
+    assert native.rope_(q, 2, cos, sin, lib=portable) and native.rope_(q2, 2, cos, sin)
+    torch.testing.assert_close(q, q2)
 
 
 def test_sampler_linear_picks_the_kernel(monkeypatch):
@@ -98,3 +106,56 @@ def test_pack_weight_without_native_kernels_is_onednn():
     with native.torch_only():
         sampler_model.pack_weight(w)
     assert hasattr(w, sampler_model.PACKED) and not hasattr(w, sampler_model.NATIVE_PACKED)
+
+
+# --- the layer's small operators (layer_ops.c) ------------------------------------------------------
+@pytest.mark.parametrize("rows,dim", [(16, 576), (3, 13), (1, 8), (300, 260)])  # 300 x 260: the threaded path
+def test_native_rms_norm_equals_torch(rows, dim):
+    gen = torch.Generator().manual_seed(rows + dim)
+    x, w = torch.randn(rows, 1, dim, generator=gen) * 3, torch.randn(dim, generator=gen)
+    y = native.rms_norm(x, w, 1e-5)
+    ref = (x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5) * w.double()).float()
+    assert y.shape == x.shape
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
+    assert native.rms_norm(x, torch.randn(dim + 1), 1e-5) is None  # weight of the wrong size
+
+
+@pytest.mark.parametrize("rows,inter", [(16, 1536), (5, 11), (200, 400)])
+def test_native_silu_mul_equals_torch(rows, inter):
+    gen = torch.Generator().manual_seed(rows + inter)
+    gu = torch.randn(rows, 1, 2 * inter, generator=gen) * 4
+    gu[0, 0, :3] = torch.tensor([-100.0, 100.0, 0.0])  # far tails of the sigmoid
+    g, u = gu.chunk(2, dim=-1)
+    y = native.silu_mul(gu)
+    assert y.shape == (rows, 1, inter)
+    torch.testing.assert_close(y, F.silu(g) * u, rtol=1e-5, atol=1e-6)
+    assert native.silu_mul(torch.randn(2, 5)) is None  # odd width: no [g | u] split
+
+
+@pytest.mark.parametrize("rows,heads,rotated,dim", [(16, 15, 12, 64), (3, 4, 3, 10), (130, 6, 6, 128)])
+def test_native_rope_equals_torch(rows, heads, rotated, dim):
+    """In place on the first ``rotated`` heads of [rows, 1, heads, D]; the others untouched."""
+    gen = torch.Generator().manual_seed(rows + heads + dim)
+    x = torch.randn(rows, 1, heads, dim, generator=gen)
+    angles = torch.rand(rows, 1, dim // 2, generator=gen) * 50
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    ref = x.clone()
+    ref[..., :rotated, :] = sampler_model.apply_rope(x[..., :rotated, :], cos.unsqueeze(-2), sin.unsqueeze(-2))
+    assert native.rope_(x, rotated, cos, sin)
+    torch.testing.assert_close(x, ref, rtol=1e-5, atol=1e-5)
+    assert not native.rope_(x, rotated, cos[:-1], sin[:-1])  # a cos row short: declined, x untouched
+    torch.testing.assert_close(x, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_adds_into_the_residual_in_place():
+    gen = torch.Generator().manual_seed(3)
+    w, x = torch.randn(40, 30, generator=gen), torch.randn(5, 1, 30, generator=gen)
+    sampler_model.pack_weight(w)
+    h = torch.randn(5, 1, 40, generator=gen)
+    expected = h + F.linear(x, w)
+    assert sampler_model.linear(x, w, add_to=h) is h
+    torch.testing.assert_close(h, expected, rtol=1e-5, atol=1e-5)
+    h2 = h.clone()
+    with native.torch_only():  # the torch path adds in place too
+        assert sampler_model.linear(x, w, add_to=h2) is h2
+    torch.testing.assert_close(h2, h + F.linear(x, w), rtol=1e-5, atol=1e-5)

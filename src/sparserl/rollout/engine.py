@@ -312,8 +312,8 @@ class RolloutEngine:
         for layer, lw in enumerate(m.layers):
             q, k, v = m.qkv(lw, h, cos, sin)  # [B, H, 1, D]
             a = cache.attend(layer, q, k, v, bias)
-            h = h + m.linear(a[:, None, :], lw.o)
-            h = h + m.mlp(lw, h)
+            m.linear(a[:, None, :], lw.o, add_to=h)  # h, the residual stream, is this step's own: added in place
+            m.linear(m.mlp_act(lw, h), lw.down, add_to=h)
         cache.end_step()
         return m.logits(h[:, 0]).float()
 

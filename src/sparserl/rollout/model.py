@@ -202,9 +202,10 @@ class SamplerModel:
 
     # --- pieces of the forward (the math lives in the module-level functions below) ---------------
     @staticmethod
-    def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, b: torch.Tensor | None = None) -> torch.Tensor:
+    def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, b: torch.Tensor | None = None,
+               add_to: torch.Tensor | None = None) -> torch.Tensor:
         """Every matmul of a weight goes through here (see :func:`linear`)."""
-        return linear(x, w, b)
+        return linear(x, w, b, add_to)
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, w, self.eps)
@@ -222,6 +223,10 @@ class SamplerModel:
 
     def mlp(self, lw: LayerWeights, h: torch.Tensor) -> torch.Tensor:
         return mlp(h, lw.ln2, lw.gate_up, lw.down, self.eps)
+
+    def mlp_act(self, lw: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+        """The MLP's input to its down projection: ``silu(gate) · up`` of the normed h."""
+        return mlp_act(h, lw.ln2, lw.gate_up, self.eps)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return linear(rms_norm(h, self.norm, self.eps), self.lm_head)
@@ -319,12 +324,20 @@ def _onednn_packed(w: torch.Tensor) -> torch.Tensor | None:
     return packed
 
 
-def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x Wᵀ (+ b). A quantized weight runs its own kernel (:mod:`sparserl.rollout.quant`). For the
+def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, b: torch.Tensor | None = None,
+           add_to: torch.Tensor | None = None) -> torch.Tensor:
+    """x Wᵀ (+ b); with ``add_to`` (the residual stream h), ``h += x Wᵀ (+ b)`` in place, returning h
+    (the C kernel accumulates into h: no separate sum). A quantized weight runs its own kernel (:mod:`sparserl.rollout.quant`). For the
     few rows of a decode step (up to :data:`PACKED_MAX_ROWS`), a packed weight (:func:`pack_weight`):
     the C kernel's panels, else oneDNN's; beyond, or unpacked, (W xᵀ)ᵀ: BLAS runs
     the skinny GEMM ~1.5x faster in that orientation than x Wᵀ on CPUs (measured, see
     docs/results/)."""
+    if add_to is not None:
+        panels = getattr(w, NATIVE_PACKED, None) if not torch.compiler.is_compiling() else None
+        if panels is not None and x.numel() // x.shape[-1] <= PACKED_MAX_ROWS:
+            if native.linear(x, panels, b, add_to=add_to) is not None:
+                return add_to
+        return add_to.add_(linear(x, w, b))
     if isinstance(w, QuantizedLinear):
         return w(x, b)
     rows = x.numel() // x.shape[-1]
@@ -347,8 +360,9 @@ def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, b: torch.Tensor |
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.dtype == torch.float32:  # fused kernel, same math as transformers' LlamaRMSNorm
-        return F.rms_norm(x, (x.shape[-1],), w, eps)
+    if x.dtype == torch.float32:  # same math as transformers' LlamaRMSNorm: the C kernel's one pass, or torch's
+        y = native.rms_norm(x, w, eps) if x.device.type == "cpu" else None
+        return y if y is not None else F.rms_norm(x, (x.shape[-1],), w, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return w * xf.to(x.dtype)
@@ -368,7 +382,9 @@ def project_qkv(h, cos, sin, ln1, qkv_w, qkv_b, q_norm, k_norm, n_heads: int, n_
     D, hq, hkv = head_dim, n_heads, n_kv
     out = out.view(*out.shape[:-1], hq + 2 * hkv, D)  # [..., T, H, D]
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    if q_norm is None:  # one RoPE over q and k together
+    if q_norm is None and out.device.type == "cpu" and native.rope_(out, hq + hkv, cos, sin):
+        q, k = out[..., :hq, :], out[..., hq : hq + hkv, :]  # rotated in place by the C kernel
+    elif q_norm is None:  # one RoPE over q and k together
         qk = apply_rope(out[..., : hq + hkv, :], cos, sin)
         q, k = qk[..., :hq, :], qk[..., hq:, :]
     else:  # Qwen3: per-head RMSNorm on q and k before RoPE
@@ -379,7 +395,14 @@ def project_qkv(h, cos, sin, ln1, qkv_w, qkv_b, q_norm, k_norm, n_heads: int, n_
 
 
 def mlp(h: torch.Tensor, ln2: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, eps: float) -> torch.Tensor:
-    x = rms_norm(h, ln2, eps)
-    gu = linear(x, gate_up)
-    g, u = gu.chunk(2, dim=-1)
-    return linear(F.silu(g) * u, down)
+    return linear(mlp_act(h, ln2, gate_up, eps), down)
+
+
+def mlp_act(h: torch.Tensor, ln2: torch.Tensor, gate_up: torch.Tensor, eps: float) -> torch.Tensor:
+    """``silu(g) · u`` where ``[g | u] = rms_norm(h) [gate | up]ᵀ`` (SwiGLU, Shazeer 2020)."""
+    gu = linear(rms_norm(h, ln2, eps), gate_up)
+    act = native.silu_mul(gu) if gu.device.type == "cpu" else None
+    if act is None:
+        g, u = gu.chunk(2, dim=-1)
+        act = F.silu(g) * u
+    return act

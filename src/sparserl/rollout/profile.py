@@ -40,11 +40,19 @@ SYSTEM = ("You are a careful math tutor. Read the problem, add or subtract the n
 
 
 def _timed(fn, name: str, acc: dict, sync):
+    depth = [0]  # a call from inside the same function (linear's add_to fallback) is counted once
+
     def wrapper(*a, **kw):
+        if depth[0]:
+            return fn(*a, **kw)
+        depth[0] += 1
         sync()
         t = time.perf_counter()
-        out = fn(*a, **kw)
-        sync()
+        try:
+            out = fn(*a, **kw)
+            sync()
+        finally:
+            depth[0] -= 1
         acc[name] += time.perf_counter() - t
         return out
 

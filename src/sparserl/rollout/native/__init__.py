@@ -1,13 +1,15 @@
 """Native CPU kernels of the sampler, compiled on first use with the machine's C compiler.
 
-Two kernels, one library:
+Three sources, one library:
 
 - ``decode_attention.c``: the fused decode attention, which the cache's
   :func:`sparserl.rollout.cache.attention` uses on CPU for float32 K/V and int8 / fp8 KV codes;
 - ``linear.c``: the decode step's float32 weight products ``x Wᵀ (+ b)`` for a few rows, on
-  weights packed once in panels (:func:`pack_linear`; :func:`sparserl.rollout.model.linear` uses it).
+  weights packed once in panels (:func:`pack_linear`; :func:`sparserl.rollout.model.linear` uses it);
+- ``layer_ops.c``: the small operators of a layer, each in one pass: RMSNorm (:func:`rms_norm`),
+  SiLU(gate)·up (:func:`silu_mul`) and RoPE in place (:func:`rope_`).
 
-Both are plain C (AVX2 intrinsics where the compiler targets them, OpenMP), loaded
+All are plain C (AVX2 intrinsics where the compiler targets them, OpenMP), loaded
 with :mod:`ctypes`: no torch headers, so they compile in about a second. The library is built once
 per source, compiler, flags and CPU into
 ``$SPARSERL_NATIVE_CACHE`` (default ``~/.cache/sparserl/native``); concurrent builders (pytest
@@ -36,7 +38,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(name) for name in ("decode_attention.c", "linear.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("decode_attention.c", "linear.c", "layer_ops.c")]
+HEADERS = [Path(__file__).with_name("simd.h")]
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared"]
 _LIB: list = []  # [ctypes library or None] once loaded
 _OFF: list[bool] = []  # non-empty inside ``torch_only()``
@@ -74,7 +77,7 @@ def build(compiler: str | None = None, flags: list[str] | None = None) -> Path:
     if cc is None:
         raise RuntimeError("no C compiler found (cc, gcc or clang; or set CC)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
-    key = hashlib.sha256("\0".join([*(src.read_text() for src in SOURCES), cc, version, " ".join(flags), _cpu_signature()]).encode())
+    key = hashlib.sha256("\0".join([*(src.read_text() for src in SOURCES + HEADERS), cc, version, " ".join(flags), _cpu_signature()]).encode())
     out = cache_dir() / f"sparserl_native-{key.hexdigest()[:16]}.so"
     if out.exists():
         return out
@@ -104,6 +107,12 @@ def load(path: str | Path):
     lib.sparserl_linear.argtypes = [i, i, i, p, i64, p, p, p, i64, i]
     lib.sparserl_linear.restype = i
     lib.sparserl_linear_panel_width.restype = i
+    lib.sparserl_rms_norm.argtypes = [i, i, p, i64, p, fl, p, i64]
+    lib.sparserl_rms_norm.restype = None
+    lib.sparserl_silu_mul.argtypes = [i, i, p, i64, p, i64]
+    lib.sparserl_silu_mul.restype = None
+    lib.sparserl_rope.argtypes = [i, i, i, p, i64, p, p, i64]
+    lib.sparserl_rope.restype = None
     return lib
 
 
@@ -207,21 +216,85 @@ def pack_linear(w: torch.Tensor, lib=None) -> torch.Tensor | None:
     return packed
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None, lib=None) -> torch.Tensor | None:
-    """``x Wᵀ (+ bias)`` on the C kernel, W given as :func:`pack_linear`'s panels; x [..., K] float32.
-    None when the kernel does not take this input (the caller runs torch)."""
+def _lib_for(lib, *tensors: torch.Tensor):
+    """The library to run on these float32 CPU tensors, or None (then the caller runs torch)."""
     lib = lib or (None if _OFF else library())
-    if lib is None or x.device.type != "cpu" or x.dtype != torch.float32 or torch.compiler.is_compiling():
+    if lib is None or torch.compiler.is_compiling():
+        return None
+    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in tensors):
+        return None
+    return lib
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor | None:
+    """x [..., n] as a [rows, n] view with unit stride along n, or None when it cannot be one."""
+    try:
+        x2 = x.view(-1, x.shape[-1])
+    except RuntimeError:
+        return None
+    return x2 if x2.stride(-1) == 1 else None
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None, lib=None,
+           add_to: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``x Wᵀ (+ bias)`` on the C kernel, W given as :func:`pack_linear`'s panels; x [..., K] float32.
+    ``add_to`` [..., N] (contiguous): the product is added to it in place and it is returned. None
+    when the kernel does not take this input (the caller runs torch)."""
+    lib = _lib_for(lib, x, packed, *(t for t in (bias, add_to) if t is not None))
+    if lib is None:
         return None
     N, K = packed.out_features, packed.in_features
-    if x.shape[-1] != K or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous())):
+    if x.shape[-1] != K or (bias is not None and not bias.is_contiguous()):
         return None
-    x2 = x.reshape(-1, K)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _rows(x)
+    if x2 is None:
+        x2 = x.reshape(-1, K).contiguous()
     rows = x2.shape[0]
-    out = torch.empty(rows, N, dtype=torch.float32)
-    if rows and lib.sparserl_linear(rows, N, K, x2.data_ptr(), x2.stride(0), packed.data_ptr(),
-                                    None if bias is None else bias.data_ptr(), out.data_ptr(), N, 0) != 0:
+    if add_to is not None and (not add_to.is_contiguous() or add_to.numel() != rows * N):
         return None
-    return out.reshape(*x.shape[:-1], N)
+    out = add_to if add_to is not None else torch.empty(*x.shape[:-1], N, dtype=torch.float32)
+    if rows and lib.sparserl_linear(rows, N, K, x2.data_ptr(), x2.stride(0), packed.data_ptr(),
+                                    None if bias is None else bias.data_ptr(), out.data_ptr(), N,
+                                    int(add_to is not None)) != 0:
+        return None
+    return out
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, lib=None) -> torch.Tensor | None:
+    """``x / sqrt(mean(x²) + eps) · w`` over the last dimension (``layer_ops.c``), or None."""
+    lib = _lib_for(lib, x, w)
+    x2 = None if lib is None or not w.is_contiguous() or w.numel() != x.shape[-1] else _rows(x)
+    if x2 is None:
+        return None
+    out = torch.empty(x.shape, dtype=torch.float32)
+    lib.sparserl_rms_norm(x2.shape[0], x2.shape[1], x2.data_ptr(), x2.stride(0), w.data_ptr(), eps,
+                          out.data_ptr(), x2.shape[1])
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor, lib=None) -> torch.Tensor | None:
+    """``silu(g) · u`` for ``gate_up = [g | u]`` [..., 2 I] → [..., I] (``layer_ops.c``), or None."""
+    lib = _lib_for(lib, gate_up)
+    x2 = None if lib is None or gate_up.shape[-1] % 2 else _rows(gate_up)
+    if x2 is None:
+        return None
+    inter = x2.shape[1] // 2
+    out = torch.empty(*gate_up.shape[:-1], inter, dtype=torch.float32)
+    lib.sparserl_silu_mul(x2.shape[0], inter, x2.data_ptr(), x2.stride(0), out.data_ptr(), inter)
+    return out
+
+
+def rope_(x: torch.Tensor, n_heads: int, cos: torch.Tensor, sin: torch.Tensor, lib=None) -> bool:
+    """RoPE in place on the first ``n_heads`` heads of x [..., H, D] (contiguous), with cos / sin
+    [..., D] (one row per row of x, contiguous): ``x·cos + rotate_half(x)·sin`` (``layer_ops.c``).
+    False when the kernel does not take this input (x untouched)."""
+    lib = _lib_for(lib, x, cos, sin)
+    if lib is None or not (x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()) or x.dim() < 2:
+        return False
+    H, D = x.shape[-2:]
+    rows = x.numel() // (H * D) if H * D else 0
+    if D % 2 or n_heads > H or cos.shape != sin.shape or cos.shape[-1] != D or cos.numel() != rows * D:
+        return False
+    if rows:
+        lib.sparserl_rope(rows, n_heads, D, x.data_ptr(), H * D, cos.data_ptr(), sin.data_ptr(), D)
+    return True
