@@ -8,6 +8,8 @@ import copy
 import pytest
 import torch
 
+from sparserl.rollout import native
+
 from sparserl.errors import SparserlError
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import build_compressor
@@ -76,7 +78,8 @@ def test_fbgemm_int8_linear_equals_reference_of_the_same_quantized_values():
     rounding; and the weight is held once, packed (no float copy, no int8 copy besides fbgemm's)."""
     torch.manual_seed(0)
     w, x = _weight(96, 64), torch.randn(9, 64) * torch.logspace(-2, 1, 9)[:, None]  # rows of very different size
-    lin = build_quant("int8").quantize(w)
+    with native.torch_only():  # else the native kernel runs (test_native_int8_linear_...)
+        lin = build_quant("int8").quantize(w)
     assert isinstance(lin, Int8Linear) and lin.kernel == "fbgemm" and lin.q is None
     q, s = quantize_int8_per_channel(w, QMAX_FBGEMM)
     assert torch.equal(lin.dequantize(), dequantize_int8_per_channel(q, s))
@@ -85,11 +88,39 @@ def test_fbgemm_int8_linear_equals_reference_of_the_same_quantized_values():
     scale, zp = torch._choose_qparams_per_tensor(xn, False)
     xq = torch.quantize_per_tensor(xn, scale, zp, torch.quint8).int_repr().double()
     ref = ((xq - zp) @ q.double().t()) * scale * s.double() * m.double()
-    y = lin(x)
+    with native.torch_only():
+        y = lin(x)
     assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-6 * float(ref.abs().max()))
     # per token: the small rows are quantized on their own grid (relative error like the big rows')
     err = ((y - x @ w.t()).norm(dim=-1) / (x @ w.t()).norm(dim=-1))
     assert float(err.max()) < 0.05
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler: no native kernels")
+@pytest.mark.parametrize("rows,out_features,in_features", [(16, 96, 64), (5, 33, 18), (1, 16, 4), (64, 40, 1537)])
+def test_native_int8_linear_equals_reference_of_the_same_quantized_values(rows, out_features, in_features):
+    """The AVX2 kernel (linear_int8.c): symmetric per-token 8-bit activations P = round(x / a),
+    7-bit weights; the float64 product of exactly those integers, within float32 rounding. Row
+    counts off the 4-row tile, N off the 16-column panel, K off the 4-byte group."""
+    gen = torch.Generator().manual_seed(rows + in_features)
+    w = torch.randn(out_features, in_features, generator=gen) * 0.05
+    x = torch.randn(rows, in_features, generator=gen) * torch.logspace(-2, 1, rows)[:, None]
+    b = torch.randn(out_features, generator=gen)
+    lin = build_quant("int8").quantize(w)
+    assert lin.kernel == "native" and build_quant("int8").kernel_on("cpu") == "native"
+    q, s = quantize_int8_per_channel(w, QMAX_FBGEMM)
+    assert torch.equal(lin.dequantize(), dequantize_int8_per_channel(q, s))
+    a = torch.where(x.abs().amax(-1, keepdim=True) > 0, x.abs().amax(-1, keepdim=True) / 127, torch.ones(1))
+    p = torch.round(x * (1.0 / a)).clamp(-127, 127)  # the kernel multiplies by 1/a
+    ref = (p.double() @ q.double().t()) * a.double() * s.double() + b.double()
+    y = lin(x, b)
+    assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+    portable = native.load(native.build(flags=[f for f in native.FLAGS if not f.startswith("-march")]))
+    y2 = native.linear_int8(x, native.pack_int8(q, lib=portable), s, b, lib=portable)
+    assert torch.allclose(y2.double(), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+    with native.torch_only():  # fbgemm's copy, made on first use: the same weight, its own activation grid
+        y3 = lin(x, b)
+    assert float((y3 - y).norm() / y.norm()) < 0.02
 
 
 @pytest.mark.parametrize("name", QUANTIZED)

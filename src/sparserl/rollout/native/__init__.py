@@ -1,13 +1,15 @@
 """Native CPU kernels of the sampler, compiled on first use with the machine's C compiler.
 
-Three sources, one library:
+Four sources, one library:
 
 - ``decode_attention.c``: the fused decode attention, which the cache's
   :func:`sparserl.rollout.cache.attention` uses on CPU for float32 K/V and int8 / fp8 KV codes;
 - ``linear.c``: the decode step's float32 weight products ``x Wᵀ (+ b)`` for a few rows, on
   weights packed once in panels (:func:`pack_linear`; :func:`sparserl.rollout.model.linear` uses it);
 - ``layer_ops.c``: the small operators of a layer, each in one pass: RMSNorm (:func:`rms_norm`),
-  SiLU(gate)·up (:func:`silu_mul`) and RoPE in place (:func:`rope_`).
+  SiLU(gate)·up (:func:`silu_mul`) and RoPE in place (:func:`rope_`);
+- ``linear_int8.c``: the ``int8`` sampler's W8A8 products with per-token activation scales on AVX2
+  integer instructions (:func:`pack_int8`, :func:`linear_int8`; :mod:`sparserl.rollout.quant.int8`).
 
 All are plain C (AVX2 intrinsics where the compiler targets them, OpenMP), loaded
 with :mod:`ctypes`: no torch headers, so they compile in about a second. The library is built once
@@ -38,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(name) for name in ("decode_attention.c", "linear.c", "layer_ops.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("decode_attention.c", "linear.c", "layer_ops.c", "linear_int8.c")]
 HEADERS = [Path(__file__).with_name("simd.h")]
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared"]
 _LIB: list = []  # [ctypes library or None] once loaded
@@ -113,6 +115,11 @@ def load(path: str | Path):
     lib.sparserl_silu_mul.restype = None
     lib.sparserl_rope.argtypes = [i, i, i, p, i64, p, p, i64]
     lib.sparserl_rope.restype = None
+    lib.sparserl_int8_panel_width.restype = i
+    lib.sparserl_pack_int8.argtypes = [i, i, p, p, p]
+    lib.sparserl_pack_int8.restype = None
+    lib.sparserl_linear_int8.argtypes = [i, i, i, p, i64, p, p, p, p, p, i64, p]
+    lib.sparserl_linear_int8.restype = i
     return lib
 
 
@@ -298,3 +305,43 @@ def rope_(x: torch.Tensor, n_heads: int, cos: torch.Tensor, sin: torch.Tensor, l
     if rows:
         lib.sparserl_rope(rows, n_heads, D, x.data_ptr(), H * D, cos.data_ptr(), sin.data_ptr(), D)
     return True
+
+
+def pack_int8(q: torch.Tensor, lib=None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Int8 codes Q [N, K] (|Q| ≤ 64, see ``linear_int8.c``) → (panels, column sums) for
+    :func:`linear_int8`, or None when the library is not available."""
+    lib = lib or library()
+    if lib is None or q.device.type != "cpu" or q.dtype != torch.int8 or q.dim() != 2:
+        return None
+    q = q.contiguous()
+    N, K = q.shape
+    nr = lib.sparserl_int8_panel_width()
+    n_pad, k_pad = -(-N // nr) * nr, -(-K // 4) * 4
+    panels = torch.empty(n_pad * k_pad, dtype=torch.int8)
+    colsum = torch.empty(n_pad, dtype=torch.int32)
+    lib.sparserl_pack_int8(N, K, q.data_ptr(), panels.data_ptr(), colsum.data_ptr())
+    panels.out_features, panels.in_features = N, K
+    return panels, colsum
+
+
+def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scales: torch.Tensor,
+                bias: torch.Tensor | None = None, lib=None) -> torch.Tensor | None:
+    """``a_t s_n Σ_k P_tk Q_nk (+ bias)`` with P the per-token int8 quantization of x [..., K]
+    float32 (``linear_int8.c``), Q given as :func:`pack_int8`'s panels and ``scales`` [N] float32.
+    None when the kernel does not take this input (the caller runs another kernel)."""
+    panels, colsum = packed
+    lib = _lib_for(lib, x, scales, *(t for t in (bias,) if t is not None))
+    if lib is None or not scales.is_contiguous() or (bias is not None and not bias.is_contiguous()):
+        return None
+    N, K = panels.out_features, panels.in_features
+    x2 = _rows(x) if x.shape[-1] == K else None
+    if x2 is None:
+        return None
+    rows = x2.shape[0]
+    out = torch.empty(*x.shape[:-1], N, dtype=torch.float32)
+    work = torch.empty(rows * (4 + -(-K // 4) * 4), dtype=torch.uint8)
+    if rows and lib.sparserl_linear_int8(rows, N, K, x2.data_ptr(), x2.stride(0), panels.data_ptr(), colsum.data_ptr(),
+                                         scales.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
+                                         N, work.data_ptr()) != 0:
+        return None
+    return out

@@ -13,6 +13,10 @@ and ``Y_to = a_t s_o Σ_i P_ti Q_oi``, the sum in int32.
 
 Kernels:
 
+- **x86 CPU with sparserl's native kernels** (``linear_int8.c``, :mod:`sparserl.rollout.native`):
+  exactly the formula above (symmetric per-token activations) on AVX2 integer instructions, with
+  the 7-bit weight grid described below (``vpmaddubsw`` saturation). fbgemm (next) runs where the
+  native kernels are off (``SPARSERL_NATIVE=0``, :func:`~sparserl.rollout.native.torch_only`).
 - **CUDA** (and any non-CPU device): ``torch._int_mm`` on ``P`` and ``Qᵀ`` (int8 × int8 → int32),
   then the two scales. Exactly the formula above (:func:`int8_matmul_per_token`).
 - **x86 CPU**: fbgemm's dynamic int8 linear (``torch.ops.quantized.linear_dynamic``, the kernel of
@@ -43,6 +47,7 @@ import warnings
 
 import torch
 
+from .. import native
 from .base import QUANTS, QuantizedLinear, WeightQuantizer
 
 __all__ = ["Int8W8A8", "quantize_int8_per_channel", "dequantize_int8_per_channel", "quantize_int8_per_token",
@@ -94,13 +99,17 @@ def fbgemm_available(device: torch.device | str) -> bool:
 
 
 class Int8Linear(QuantizedLinear):
-    """Q int8 [out, in] and s float32 [out]; the product on fbgemm (x86 CPU) or ``torch._int_mm``."""
+    """Q int8 [out, in] and s float32 [out]; the product on sparserl's AVX2 kernel or fbgemm (x86
+    CPU), or ``torch._int_mm``."""
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor):
         super().__init__(*q.shape)
         self.q, self.scales = q, scales
-        self.packed = None
-        if fbgemm_available(q.device):
+        self.packed = None  # fbgemm's
+        self.native = native.pack_int8(q) if q.device.type == "cpu" and native.active() else None
+        if self.native is not None:
+            self.kernel = "native"  # fbgemm's packed copy made on first use where it runs (torch_only)
+        elif fbgemm_available(q.device):
             self.kernel = "fbgemm"
             self.packed = _fbgemm_prepack(q, scales)
             self.q = None  # the packed copy is the weight: no second copy
@@ -115,6 +124,14 @@ class Int8Linear(QuantizedLinear):
         return dequantize_int8_per_channel(q, self.scales)
 
     def matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:
+            y = native.linear_int8(x2, self.native, self.scales)
+            if y is not None:
+                return y
+            if torch.compiler.is_compiling():  # the same per-token maths, traceable
+                return int8_matmul_per_token(x2, self.q.t(), self.scales)
+            if self.packed is None and fbgemm_available(self.q.device):
+                self.packed = _fbgemm_prepack(self.q, self.scales)
         if self.packed is None:
             return int8_matmul_per_token(x2, self.q.t(), self.scales)
         # per-token: rows scaled to max |x| = 1, fbgemm's per-tensor uint8 grid, rows scaled back
@@ -147,7 +164,10 @@ class Int8W8A8(WeightQuantizer):
         return Int8Linear(*self.codes(w))
 
     def codes(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return quantize_int8_per_channel(w, QMAX_FBGEMM if fbgemm_available(w.device) else QMAX)
+        on_cpu = torch.device(w.device).type == "cpu" and (fbgemm_available(w.device) or native.library() is not None)
+        return quantize_int8_per_channel(w, QMAX_FBGEMM if on_cpu else QMAX)
 
     def kernel_on(self, device) -> str:
+        if torch.device(device).type == "cpu" and native.active():
+            return "native"
         return "fbgemm" if fbgemm_available(device) else "_int_mm"

@@ -1,0 +1,149 @@
+/* The int8 sampler's weight products on CPU (QuRL's W8A8, sparserl.rollout.quant.int8):
+ *
+ *     a_t = max_k |X_tk| / 127,   P_tk = round(X_tk / a_t)            (dynamic, per token)
+ *     Y_tn = a_t s_n sum_k P_tk Q_nk  (+ bias_n)                      (Q: int8 codes, s: per channel)
+ *
+ * on AVX2 integer instructions: vpmaddubsw multiplies unsigned 8-bit by signed 8-bit pairs into
+ * 16-bit sums, vpmaddwd adds those pairs into 32-bit lanes. Its unsigned side is the activation
+ * shifted by 128 (U = P + 128 in [1, 255]); the shift is taken back with the weights' column sums:
+ * sum_k U_k Q_k = sum_k P_k Q_k + 128 sum_k Q_k. The 16-bit pair sums cannot saturate when
+ * |Q| <= 64 (255 * 64 * 2 = 32640 <= 32767): the same 7-bit weight grid as fbgemm's AVX2 path
+ * (the int8 module docstring says why), so the result equals the float reference of exactly these
+ * integers.
+ *
+ * Packed weights: panels of 16 output columns, k in groups of 4: Wq[p][k/4][16][4] (zero past N
+ * and K), so one 32-byte load holds 8 columns x 4 k; a 4-row x 16-column tile keeps 8 int32
+ * accumulators. Panels are split over OpenMP threads (torch's libgomp pool).
+ *
+ * Why: fbgemm's dynamic linear quantizes its input per tensor; per-token scales on it cost three
+ * extra torch operators per product, and its products ran no faster than this project's float32
+ * kernel (linear.c) at the decode step's 16 rows (docs/results/native_linear.md).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "simd.h"
+
+#define NR8 16 /* output columns per panel */
+
+int sparserl_int8_panel_width(void) { return NR8; }
+
+/* Q [N, K] int8 -> Wq (size P * K4 * NR8, K4 = K rounded up to 4) and colsum[n] = sum_k Q[n, k]
+ * (N rounded up to NR8 entries, 0 past N). */
+void sparserl_pack_int8(int N, int K, const int8_t *Q, int8_t *Wq, int32_t *colsum) {
+    const int P = (N + NR8 - 1) / NR8, K4 = (K + 3) & ~3;
+#pragma omp parallel for schedule(static)
+    for (int p = 0; p < P; p++) {
+        for (int j = 0; j < NR8; j++) {
+            const int n = p * NR8 + j;
+            int32_t s = 0;
+            for (int k = 0; k < K4; k++) {
+                const int8_t v = (n < N && k < K) ? Q[(int64_t)n * K + k] : 0;
+                Wq[(((int64_t)p * (K4 / 4) + k / 4) * NR8 + j) * 4 + (k & 3)] = v;
+                s += v;
+            }
+            colsum[n] = s;
+        }
+    }
+}
+
+/* X [M, K] float32 -> U [M, K4] uint8 (P + 128; 128 past K) and a [M] (1 for an all-zero row). */
+static void quantize_rows(int M, int K, const float *X, int64_t ldx, uint8_t *U, float *a) {
+    const int K4 = (K + 3) & ~3;
+    for (int r = 0; r < M; r++) {
+        const float *x = X + (int64_t)r * ldx;
+        float m = 0.f;
+        for (int k = 0; k < K; k++) m = fmaxf(m, fabsf(x[k]));
+        const float scale = m > 0.f ? m / 127.f : 1.f, inv = 1.f / scale;
+        uint8_t *u = U + (int64_t)r * K4;
+        for (int k = 0; k < K; k++) {
+            float v = nearbyintf(x[k] * inv); /* round half to even, as torch.round */
+            v = v > 127.f ? 127.f : (v < -127.f ? -127.f : v);
+            u[k] = (uint8_t)((int)v + 128);
+        }
+        for (int k = K; k < K4; k++) u[k] = 128;
+        a[r] = scale;
+    }
+}
+
+static inline void finish_row(float *y, const int32_t *acc, const int32_t *colsum, float a, const float *s,
+                              const float *bias, int ncols) {
+    for (int j = 0; j < ncols; j++) y[j] = (float)(acc[j] - 128 * colsum[j]) * a * s[j] + (bias ? bias[j] : 0.f);
+}
+
+#ifdef __AVX2__
+#define I8_DECL(r) __m256i c##r##0 = _mm256_setzero_si256(), c##r##1 = c##r##0;
+#define I8_DOT(r)                                                                                     \
+    if (MR > r) {                                                                                     \
+        int32_t xv;                                                                                   \
+        memcpy(&xv, U + (int64_t)r * K4 + 4 * g, 4);                                                  \
+        const __m256i xb = _mm256_set1_epi32(xv);                                                     \
+        c##r##0 = _mm256_add_epi32(c##r##0, _mm256_madd_epi16(_mm256_maddubs_epi16(xb, w0), ones)); \
+        c##r##1 = _mm256_add_epi32(c##r##1, _mm256_madd_epi16(_mm256_maddubs_epi16(xb, w1), ones)); \
+    }
+#define I8_STORE(r)                                                                          \
+    if (MR > r) {                                                                            \
+        int32_t acc[NR8];                                                                    \
+        _mm256_storeu_si256((__m256i *)acc, c##r##0);                                        \
+        _mm256_storeu_si256((__m256i *)(acc + 8), c##r##1);                                  \
+        finish_row(Y + (int64_t)r * ldy, acc, colsum, a[r], s, bias, ncols);                 \
+    }
+
+static inline __attribute__((always_inline)) void tile8(const int MR, int K4, const uint8_t *U, const float *a,
+                                                         const int8_t *w, const int32_t *colsum, const float *s,
+                                                         const float *bias, float *Y, int64_t ldy, int ncols) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    I8_DECL(0) I8_DECL(1) I8_DECL(2) I8_DECL(3)
+    for (int g = 0; g < K4 / 4; g++) {
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + (int64_t)g * NR8 * 4)),
+                w1 = _mm256_loadu_si256((const __m256i *)(w + (int64_t)g * NR8 * 4 + 32));
+        __asm__("" : "+x"(w0), "+x"(w1)); /* kept in registers (see linear.c) */
+        I8_DOT(0) I8_DOT(1) I8_DOT(2) I8_DOT(3)
+    }
+    I8_STORE(0) I8_STORE(1) I8_STORE(2) I8_STORE(3)
+}
+
+static void panel8(int M, int K4, const uint8_t *U, const float *a, const int8_t *w, const int32_t *colsum,
+                   const float *s, const float *bias, float *Y, int64_t ldy, int ncols) {
+    int m = 0;
+    for (; m + 4 <= M; m += 4) tile8(4, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols);
+    switch (M - m) {
+        case 3: tile8(3, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols); break;
+        case 2: tile8(2, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols); break;
+        case 1: tile8(1, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols); break;
+        default: break;
+    }
+}
+#else
+static void panel8(int M, int K4, const uint8_t *U, const float *a, const int8_t *w, const int32_t *colsum,
+                   const float *s, const float *bias, float *Y, int64_t ldy, int ncols) {
+    for (int r = 0; r < M; r++) {
+        int32_t acc[NR8];
+        for (int j = 0; j < NR8; j++) {
+            int32_t t = 0;
+            for (int k = 0; k < K4; k++) t += (int32_t)U[(int64_t)r * K4 + k] * w[((k / 4) * NR8 + j) * 4 + (k & 3)];
+            acc[j] = t;
+        }
+        finish_row(Y + (int64_t)r * ldy, acc, colsum, a[r], s, bias, ncols);
+    }
+}
+#endif
+
+/* Y [M, N] (ldy) = the product above; `work` holds M * (K4 + 4) bytes (quantized rows) and M
+ * floats (their scales). */
+int sparserl_linear_int8(int M, int N, int K, const float *X, int64_t ldx, const int8_t *Wq, const int32_t *colsum,
+                         const float *scales, const float *bias, float *Y, int64_t ldy, uint8_t *work) {
+    if (M <= 0 || N <= 0 || K <= 0) return -1;
+    const int K4 = (K + 3) & ~3, P = (N + NR8 - 1) / NR8;
+    float *a = (float *)work;
+    uint8_t *U = work + (int64_t)M * sizeof(float);
+    quantize_rows(M, K, X, ldx, U, a);
+#pragma omp parallel for schedule(static)
+    for (int p = 0; p < P; p++) {
+        const int n0 = p * NR8, ncols = N - n0 < NR8 ? N - n0 : NR8;
+        panel8(M, K4, U, a, Wq + (int64_t)p * (K4 / 4) * NR8 * 4, colsum + n0, scales + n0, bias ? bias + n0 : 0,
+               Y + n0, ldy, ncols);
+    }
+    return 0;
+}
