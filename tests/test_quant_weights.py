@@ -108,6 +108,7 @@ def test_native_int8_linear_equals_reference_of_the_same_quantized_values(rows, 
     b = torch.randn(out_features, generator=gen)
     lin = build_quant("int8").quantize(w)
     assert lin.kernel == "native" and build_quant("int8").kernel_on("cpu") == "native"
+    assert lin.q is None  # the panels are the only copy of the codes
     q, s = quantize_int8_per_channel(w, QMAX_FBGEMM)
     assert torch.equal(lin.dequantize(), dequantize_int8_per_channel(q, s))
     a = torch.where(x.abs().amax(-1, keepdim=True) > 0, x.abs().amax(-1, keepdim=True) / 127, torch.ones(1))

@@ -324,6 +324,15 @@ def pack_int8(q: torch.Tensor, lib=None) -> tuple[torch.Tensor, torch.Tensor] | 
     return panels, colsum
 
 
+def unpack_int8(packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """:func:`pack_int8`'s panels back to the codes Q [N, K] int8 (``Wq[p][k/4][j][k%4] = Q[16p + j][k]``)."""
+    panels = packed[0]
+    N, K = panels.out_features, panels.in_features
+    k_pad = -(-K // 4) * 4
+    n_pad = panels.numel() // k_pad
+    return panels.view(n_pad // 16, k_pad // 4, 16, 4).permute(0, 2, 1, 3).reshape(n_pad, k_pad)[:N, :K].contiguous()
+
+
 def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scales: torch.Tensor,
                 bias: torch.Tensor | None = None, lib=None) -> torch.Tensor | None:
     """``a_t s_n Σ_k P_tk Q_nk (+ bias)`` with P the per-token int8 quantization of x [..., K]

@@ -109,6 +109,7 @@ class Int8Linear(QuantizedLinear):
         self.native = native.pack_int8(q) if q.device.type == "cpu" and native.active() else None
         if self.native is not None:
             self.kernel = "native"  # fbgemm's packed copy made on first use where it runs (torch_only)
+            self.q = None  # the panels are the weight: no second copy
         elif fbgemm_available(q.device):
             self.kernel = "fbgemm"
             self.packed = _fbgemm_prepack(q, scales)
@@ -120,8 +121,15 @@ class Int8Linear(QuantizedLinear):
         return self.numel() + self.scales.numel() * 4
 
     def dequantize(self) -> torch.Tensor:
-        q = self.q if self.q is not None else torch.ops.quantized.linear_unpack(self.packed)[0].int_repr()
-        return dequantize_int8_per_channel(q, self.scales)
+        return dequantize_int8_per_channel(self.codes(), self.scales)
+
+    def codes(self) -> torch.Tensor:
+        """Q int8 [out, in], from wherever the weight is held."""
+        if self.q is not None:
+            return self.q
+        if self.native is not None:
+            return native.unpack_int8(self.native)
+        return torch.ops.quantized.linear_unpack(self.packed)[0].int_repr()
 
     def matmul(self, x2: torch.Tensor) -> torch.Tensor:
         if self.native is not None:
@@ -129,9 +137,9 @@ class Int8Linear(QuantizedLinear):
             if y is not None:
                 return y
             if torch.compiler.is_compiling():  # the same per-token maths, traceable
-                return int8_matmul_per_token(x2, self.q.t(), self.scales)
-            if self.packed is None and fbgemm_available(self.q.device):
-                self.packed = _fbgemm_prepack(self.q, self.scales)
+                return int8_matmul_per_token(x2, self.codes().t(), self.scales)
+            if self.packed is None and fbgemm_available(x2.device):
+                self.packed = _fbgemm_prepack(self.codes(), self.scales)
         if self.packed is None:
             return int8_matmul_per_token(x2, self.q.t(), self.scales)
         # per-token: rows scaled to max |x| = 1, fbgemm's per-tensor uint8 grid, rows scaled back
