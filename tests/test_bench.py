@@ -279,14 +279,22 @@ def test_bench_unknown_kernels(monkeypatch):
 
 
 def test_bench_quantized_rows_run_the_first_kernels(tiny, fast_machine, monkeypatch):
-    """``--kernels torch`` alone: the quantized rows are timed with torch's kernels too, as labelled."""
-    ran = []
+    """``--kernels torch`` alone: the quantized rows are timed with torch's kernels too, as labelled,
+    and their warm-up ran with those kernels (fbgemm's weight copy is made before timing, not in it)."""
+    ran, ready = [], []
     timed = rollout._sparserl_run
-    monkeypatch.setattr(rollout, "_sparserl_run", lambda engine, params, kernels="native": (
-        ran.append((engine.model.quant, kernels)), timed(engine, params, kernels))[1])
+
+    def record(engine, params, kernels="native"):
+        ran.append((engine.model.quant, kernels))
+        ready.append(getattr(engine.model.layers[0].qkv, "packed", True) is not None)  # float rows: True
+        return timed(engine, params, kernels)
+
+    monkeypatch.setattr(rollout, "_sparserl_run", record)
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
     report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=3, kv_budget=8, step_length=2, compressors=[],
                                dtype="float32", hf_baseline=False, quants=["none", "int8"], kernels=["torch"],
                                log=lambda *a: None)
     assert sorted(ran) == [("int8", "torch"), ("none", "torch")]
     assert {r["kernels"] for r in report["results"]} == {"torch"}
+    from sparserl.rollout.quant.int8 import fbgemm_available
+    assert all(ready) or not fbgemm_available("cpu")

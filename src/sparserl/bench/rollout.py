@@ -202,7 +202,8 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
         smooth = quant_smooth if build_quant(q).quantizes_activations else 0.0  # SmoothQuant: W8A8-style rows only
         qe = RolloutEngine(lm, build_compressor("none"), dtype=dt, quant=q, quant_smooth=smooth, kv_quant=kq)
         qe.model.load_weights(lm.model.state_dict())  # time one re-quantization, as at a push
-        qe.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))  # warm-up
+        with native.torch_only() if kernels[0] == "torch" else contextlib.nullcontext():  # the rows' kernels
+            qe.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))  # warm-up
         quant_engines[q, kq] = qe
         for name in ["none", *(c for c in compressors if c != "none")]:
             comp = bench_compressor(name, kv_budget, step_length, compress_prompt)

@@ -324,19 +324,25 @@ def _onednn_packed(w: torch.Tensor) -> torch.Tensor | None:
     return packed
 
 
+def _panels(x: torch.Tensor, w) -> torch.Tensor | None:
+    """w's C-kernel panels when x Wᵀ should run on them (a decode-sized, eager product), else None."""
+    if torch.compiler.is_compiling() or x.numel() // x.shape[-1] > PACKED_MAX_ROWS:
+        return None
+    return getattr(w, NATIVE_PACKED, None)
+
+
 def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, b: torch.Tensor | None = None,
            add_to: torch.Tensor | None = None) -> torch.Tensor:
     """x Wᵀ (+ b); with ``add_to`` (the residual stream h), ``h += x Wᵀ (+ b)`` in place, returning h
-    (the C kernel accumulates into h: no separate sum). A quantized weight runs its own kernel (:mod:`sparserl.rollout.quant`). For the
-    few rows of a decode step (up to :data:`PACKED_MAX_ROWS`), a packed weight (:func:`pack_weight`):
-    the C kernel's panels, else oneDNN's; beyond, or unpacked, (W xᵀ)ᵀ: BLAS runs
-    the skinny GEMM ~1.5x faster in that orientation than x Wᵀ on CPUs (measured, see
-    docs/results/)."""
+    (the C kernel accumulates into h: no separate sum). A quantized weight runs its own kernel
+    (:mod:`sparserl.rollout.quant`). For the few rows of a decode step (up to
+    :data:`PACKED_MAX_ROWS`), a packed weight (:func:`pack_weight`): the C kernel's panels, else
+    oneDNN's; beyond, or unpacked, (W xᵀ)ᵀ: BLAS runs the skinny GEMM ~1.5x faster in that
+    orientation than x Wᵀ on CPUs (measured, see docs/results/)."""
+    panels = _panels(x, w)
     if add_to is not None:
-        panels = getattr(w, NATIVE_PACKED, None) if not torch.compiler.is_compiling() else None
-        if panels is not None and x.numel() // x.shape[-1] <= PACKED_MAX_ROWS:
-            if native.linear(x, panels, b, add_to=add_to) is not None:
-                return add_to
+        if panels is not None and native.linear(x, panels, b, add_to=add_to) is not None:
+            return add_to
         return add_to.add_(linear(x, w, b))
     if isinstance(w, QuantizedLinear):
         return w(x, b)
@@ -344,11 +350,9 @@ def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, b: torch.Tensor |
     if rows > PACKED_MAX_ROWS or x.dtype != torch.float32:
         return F.linear(x, w, b)
     if not torch.compiler.is_compiling():
-        panels = getattr(w, NATIVE_PACKED, None)
-        if panels is not None:
-            y = native.linear(x, panels, b)
-            if y is not None:
-                return y
+        y = native.linear(x, panels, b) if panels is not None else None
+        if y is not None:
+            return y
         packed = _onednn_packed(w)
         if packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
