@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from ...errors import SparserlError
 from ...registry import Registry, did_you_mean
+from .. import native
 
 TRIGGERS = ("step_length", "newline")
 
@@ -202,10 +203,15 @@ class KVCompressor:
 def window_attention(inp: ScoreInputs, reduce_group: str = "max") -> torch.Tensor:
     """softmax(Q Kᵀ/√d) of the observation-window queries over all valid cached keys (causal inside
     the window, which occupies the last ``w`` slots), averaged over the window queries and reduced
-    over the query heads of each GQA group. Returns [n, Hkv, L] in float32."""
+    over the query heads of each GQA group. Returns [n, Hkv, L] in float32. On CPU in float32 the C
+    kernel (``native/kv_scores.c``) computes it in one pass per query; this torch code is its
+    reference and the path elsewhere."""
     q, k = inp.queries, inp.keys
     if q is None:
         raise ValueError("this compressor needs the observation-window queries")
+    fast = native.window_attention(q, k, inp.valid, reduce_group)
+    if fast is not None:
+        return fast
     n, hq, w, d = q.shape
     hkv, L = k.shape[1], k.shape[2]
     g = hq // hkv

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .. import native
 from .base import CompressorOptionError, KVCompressor, ScoreInputs, pool1d, register, window_attention
 
 
@@ -29,7 +30,12 @@ def redundancy(keys: torch.Tensor, valid: torch.Tensor, threshold: float = 0.5) 
     Cost: one [L, L] similarity matrix per (sequence, head) and a few passes over it; the passes
     are single fused kernels (``threshold_`` drops the entries at or below the threshold in place,
     ``where`` + ``amax`` finds each row's most recent similar key), ~2x cheaper than the
-    compare / masked-fill / multiply chain they replace, with the same values."""
+    compare / masked-fill / multiply chain they replace, with the same values. On CPU in float32 the
+    C kernel (``native/redundancy.c``) computes the same means without building the matrix
+    (~20x faster at batch 16); this torch code is its reference and the path elsewhere."""
+    mean = native.rkv_redundancy(keys, valid, threshold)
+    if mean is not None:
+        return mean.masked_fill_(~valid[:, None, :], float("-inf")).softmax(dim=-1).nan_to_num(0.0)
     k = keys.float()
     k = k / (k.norm(dim=-1, keepdim=True) + 1e-8)
     sim = torch.matmul(k, k.transpose(-1, -2))  # [n, h, L, L]

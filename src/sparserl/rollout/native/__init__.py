@@ -1,6 +1,6 @@
 """Native CPU kernels of the sampler, compiled on first use with the machine's C compiler.
 
-Four sources, one library:
+Five sources, one library:
 
 - ``decode_attention.c``: the fused decode attention, which the cache's
   :func:`sparserl.rollout.cache.attention` uses on CPU for float32 K/V and int8 / fp8 KV codes;
@@ -9,7 +9,10 @@ Four sources, one library:
 - ``layer_ops.c``: the small operators of a layer, each in one pass: RMSNorm (:func:`rms_norm`),
   SiLU(gate)·up (:func:`silu_mul`) and RoPE in place (:func:`rope_`);
 - ``linear_int8.c``: the ``int8`` sampler's W8A8 products with per-token activation scales on AVX2
-  integer instructions (:func:`pack_int8`, :func:`linear_int8`; :mod:`sparserl.rollout.quant.int8`).
+  integer instructions (:func:`pack_int8`, :func:`linear_int8`; :mod:`sparserl.rollout.quant.int8`);
+- ``kv_scores.c``: the compressors' scores without their large temporaries: R-KV's redundancy term
+  (:func:`rkv_redundancy`; :func:`sparserl.rollout.kv.rkv.redundancy` uses it) and the
+  observation-window attention (:func:`window_attention`; :func:`sparserl.rollout.kv.base.window_attention`).
 
 All are plain C (AVX2 intrinsics where the compiler targets them, OpenMP), loaded
 with :mod:`ctypes`: no torch headers, so they compile in about a second. The library is built once
@@ -40,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(name) for name in ("decode_attention.c", "linear.c", "layer_ops.c", "linear_int8.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("decode_attention.c", "linear.c", "layer_ops.c", "linear_int8.c", "kv_scores.c")]
 HEADERS = [Path(__file__).with_name("simd.h")]
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared"]
 _LIB: list = []  # [ctypes library or None] once loaded
@@ -120,6 +123,10 @@ def load(path: str | Path):
     lib.sparserl_pack_int8.restype = None
     lib.sparserl_linear_int8.argtypes = [i, i, i, p, i64, p, p, p, p, p, i64, p]
     lib.sparserl_linear_int8.restype = i
+    lib.sparserl_rkv_redundancy.argtypes = [i, i, i, i, p, i64, i64, i64, p, i64, fl, p]
+    lib.sparserl_rkv_redundancy.restype = i
+    lib.sparserl_window_attention.argtypes = [i, i, i, i, i, i, p, i64, i64, i64, p, i64, i64, i64, p, i64, i, p]
+    lib.sparserl_window_attention.restype = i
     return lib
 
 
@@ -353,4 +360,52 @@ def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scal
                                          scales.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
                                          N, work.data_ptr()) != 0:
         return None
+    return out
+
+
+def rkv_redundancy(keys: torch.Tensor, valid: torch.Tensor, threshold: float, lib=None) -> torch.Tensor | None:
+    """R-KV's mean thresholded similarity of every key (``kv_scores.c``; before the softmax of
+    :func:`sparserl.rollout.kv.rkv.redundancy`): keys [n, H, L, D] float32 (unit stride in D),
+    valid [n, L] bool → [n, H, L] float32, or None when the kernel does not take this input."""
+    lib = _lib_for(lib, keys)
+    if lib is None or keys.dim() != 4 or keys.stride(-1) != 1 or valid.dtype != torch.bool or valid.device.type != "cpu":
+        return None
+    n, heads, length, dim = keys.shape
+    if valid.shape != (n, length) or (length > 1 and valid.stride(1) != 1):
+        return None
+    out = torch.empty(n, heads, length, dtype=torch.float32)
+    if out.numel() == 0:
+        return out
+    rc = lib.sparserl_rkv_redundancy(n, heads, length, dim, keys.data_ptr(), keys.stride(0), keys.stride(1),
+                                     keys.stride(2), valid.data_ptr(), valid.stride(0), float(threshold),
+                                     out.data_ptr())
+    if rc != 0:
+        raise MemoryError("sparserl_rkv_redundancy: out of memory")
+    return out
+
+
+def window_attention(queries: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, reduce_group: str,
+                     lib=None) -> torch.Tensor | None:
+    """The observation window's attention (``kv_scores.c``; what
+    :func:`sparserl.rollout.kv.base.window_attention` computes): queries [n, Hq, w, D] (the last
+    ``w`` slots' queries, oldest first), keys [n, Hkv, L, D], valid [n, L] bool → [n, Hkv, L] float32,
+    or None when the kernel does not take this input."""
+    lib = _lib_for(lib, queries, keys)
+    if (lib is None or keys.dim() != 4 or queries.dim() != 4 or keys.stride(-1) != 1 or queries.stride(-1) != 1
+            or valid.dtype != torch.bool or valid.device.type != "cpu" or reduce_group not in ("max", "mean")):
+        return None
+    n, hq, w, dim = queries.shape
+    heads, length = keys.shape[1], keys.shape[2]
+    if (keys.shape[0] != n or keys.shape[3] != dim or hq % heads or valid.shape != (n, length)
+            or (length > 1 and valid.stride(1) != 1) or w > length):
+        return None
+    out = torch.empty(n, heads, length, dtype=torch.float32)
+    if out.numel() == 0:
+        return out
+    rc = lib.sparserl_window_attention(n, heads, hq // heads, w, length, dim, queries.data_ptr(), queries.stride(0),
+                                       queries.stride(1), queries.stride(2), keys.data_ptr(), keys.stride(0),
+                                       keys.stride(1), keys.stride(2), valid.data_ptr(), valid.stride(0),
+                                       int(reduce_group == "max"), out.data_ptr())
+    if rc != 0:
+        raise MemoryError("sparserl_window_attention: out of memory")
     return out

@@ -1,0 +1,296 @@
+/* The scores KV compressors select by, computed without their large temporaries.
+ *
+ * 1. R-KV's redundancy term (Cai et al. 2025, arXiv 2505.24133) without the [L x L] matrix.
+ *
+ * For one (sequence, KV head) pair with keys k_0..k_{L-1} and validity v_i:
+ *
+ *     S_ij = cos(k_i, k_j)  if i != j, v_i, v_j and cos > thr;  else 0
+ *     last(i) = max{ j : S_ij > 0 };  S_i,last(i) := 0 when last(i) > i   (the newest copy is kept)
+ *     out_j = (1 / #valid) * sum_i S_ij
+ *
+ * which is rkv.redundancy() before its softmax. S is symmetric, so only j > i is computed: each kept
+ * S_ij is added to column j (row i's entry) and to column i (row j's entry); last(i) > i is always
+ * found among the j > i. The cosines are a register-tiled product of 4 rows x 16 columns over the
+ * keys normalised once and stored transposed ([D][L]), then thresholded and summed in registers:
+ * nothing of size L x L is written.
+ *
+ * Why: torch builds S as a [n, H, L, L] float tensor (480 MB at batch 16, 30 layers, L = 288) and
+ * makes six passes over it (product, threshold, compare, max, scatter, sum): ~1.3 s per compression
+ * on this 2-core CPU, more than eight decode steps. Pairs are split over OpenMP threads.
+ *
+ * 2. The observation-window attention of SnapKV / R-KV (Li et al. 2024): for one (sequence, KV
+ *    head), the mean over the w window queries of softmax(q K^T / sqrt(D)) with query t (at slot
+ *    L - w + t) seeing keys 0 .. L - w + t that are valid, reduced over the g query heads of the
+ *    GQA group by max or mean (kv/base.py's window_attention). torch runs it as a product, a mask
+ *    tensor, a softmax and three reductions over [n, Hkv, g, w, L] (~170 ms per compression at batch
+ *    16); here one pass per query, the probabilities in a row buffer.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "simd.h"
+
+#define TILE_COLS 16
+
+/* one pair: the normalised keys (zero for invalid ones) as rows [Lp][D] and as panels kn
+ * [Lp / 16][D][16] (a panel = 16 keys transposed), valid [L] */
+static void one_pair(int L, int Lp, int D, const float *rows, const float *kn, const uint8_t *valid, const int32_t *vmask, float thr,
+                     float *col, int *last, float *last_val, float *row_sum, float *out) {
+    memset(col, 0, sizeof(float) * Lp);
+    for (int i = 0; i < L; i++) { last[i] = -1; last_val[i] = 0.f; row_sum[i] = 0.f; }
+    for (int i0 = 0; i0 < L; i0 += 4) {
+        const int ni = L - i0 < 4 ? L - i0 : 4;
+        for (int j0 = (i0 / TILE_COLS) * TILE_COLS; j0 < L; j0 += TILE_COLS) {
+            float s[4][TILE_COLS];
+#ifdef __AVX2__
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+            const float *panel = kn + (int64_t)j0 * D; /* [D][16]: columns j0 .. j0 + 15 */
+            const float *r0 = rows + (int64_t)i0 * D, *r1 = r0 + D, *r2 = r1 + D, *r3 = r2 + D;
+            for (int d = 0; d < D; d++) {
+                const __m256 b0 = _mm256_loadu_ps(panel + d * TILE_COLS), b1 = _mm256_loadu_ps(panel + d * TILE_COLS + 8);
+                __m256 a = _mm256_broadcast_ss(r0 + d);
+                a00 = _mm256_fmadd_ps(a, b0, a00); a01 = _mm256_fmadd_ps(a, b1, a01);
+                a = _mm256_broadcast_ss(r1 + d);
+                a10 = _mm256_fmadd_ps(a, b0, a10); a11 = _mm256_fmadd_ps(a, b1, a11);
+                a = _mm256_broadcast_ss(r2 + d);
+                a20 = _mm256_fmadd_ps(a, b0, a20); a21 = _mm256_fmadd_ps(a, b1, a21);
+                a = _mm256_broadcast_ss(r3 + d);
+                a30 = _mm256_fmadd_ps(a, b0, a30); a31 = _mm256_fmadd_ps(a, b1, a31);
+            }
+            _mm256_storeu_ps(s[0], a00); _mm256_storeu_ps(s[0] + 8, a01);
+            _mm256_storeu_ps(s[1], a10); _mm256_storeu_ps(s[1] + 8, a11);
+            _mm256_storeu_ps(s[2], a20); _mm256_storeu_ps(s[2] + 8, a21);
+            _mm256_storeu_ps(s[3], a30); _mm256_storeu_ps(s[3] + 8, a31);
+#else
+            for (int r = 0; r < 4; r++)
+                for (int c = 0; c < TILE_COLS; c++) {
+                    float acc = 0.f;
+                    for (int d = 0; d < D; d++) acc += rows[(int64_t)(i0 + r) * D + d] * kn[(int64_t)j0 * D + d * TILE_COLS + c];
+                    s[r][c] = acc;
+                }
+#endif
+#ifdef __AVX2__
+            /* kept = s where j > i, j valid (vmask: -1 on valid slots < L) and s > thr; else 0 */
+            const __m256i jv0 = _mm256_add_epi32(_mm256_set1_epi32(j0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            const __m256i jv1 = _mm256_add_epi32(jv0, _mm256_set1_epi32(8));
+            const __m256 vm0 = _mm256_loadu_ps((const float *)(vmask + j0)), vm1 = _mm256_loadu_ps((const float *)(vmask + j0 + 8));
+            const __m256 vthr = _mm256_set1_ps(thr), zero = _mm256_setzero_ps();
+            __m256 c0 = _mm256_loadu_ps(col + j0), c1 = _mm256_loadu_ps(col + j0 + 8);
+            for (int r = 0; r < ni; r++) {
+                const int i = i0 + r;
+                if (!valid[i]) continue;
+                const __m256i iv = _mm256_set1_epi32(i);
+                const __m256 m0 = _mm256_and_ps(_mm256_and_ps(vm0, _mm256_castsi256_ps(_mm256_cmpgt_epi32(jv0, iv))),
+                                                _mm256_cmp_ps(_mm256_loadu_ps(s[r]), vthr, _CMP_GT_OQ));
+                const __m256 m1 = _mm256_and_ps(_mm256_and_ps(vm1, _mm256_castsi256_ps(_mm256_cmpgt_epi32(jv1, iv))),
+                                                _mm256_cmp_ps(_mm256_loadu_ps(s[r] + 8), vthr, _CMP_GT_OQ));
+                const __m256 k0 = _mm256_and_ps(m0, _mm256_loadu_ps(s[r])), k1 = _mm256_and_ps(m1, _mm256_loadu_ps(s[r] + 8));
+                c0 = _mm256_add_ps(c0, k0);
+                c1 = _mm256_add_ps(c1, k1);
+                const int pos = _mm256_movemask_ps(_mm256_cmp_ps(k0, zero, _CMP_GT_OQ)) |
+                                (_mm256_movemask_ps(_mm256_cmp_ps(k1, zero, _CMP_GT_OQ)) << 8);
+                if (pos) {
+                    row_sum[i] += hsum256(_mm256_add_ps(k0, k1));
+                    const int c = 31 - __builtin_clz((unsigned)pos);
+                    last[i] = j0 + c;
+                    last_val[i] = s[r][c];
+                } else if (_mm256_movemask_ps(_mm256_or_ps(m0, m1))) { /* kept values <= 0 (thr < 0) */
+                    row_sum[i] += hsum256(_mm256_add_ps(k0, k1));
+                }
+            }
+            _mm256_storeu_ps(col + j0, c0);
+            _mm256_storeu_ps(col + j0 + 8, c1);
+#else
+            const int nj = L - j0 < TILE_COLS ? L - j0 : TILE_COLS;
+            for (int r = 0; r < ni; r++) {
+                const int i = i0 + r;
+                if (!valid[i]) continue;
+                float rs = 0.f;
+                for (int c = 0; c < nj; c++) {
+                    const int j = j0 + c;
+                    if (j <= i || !valid[j]) continue;
+                    const float v = s[r][c];
+                    if (!(v > thr)) continue;
+                    col[j] += v;
+                    rs += v;
+                    if (v > 0.f) { last[i] = j; last_val[i] = v; }
+                }
+                row_sum[i] += rs;
+            }
+#endif
+        }
+    }
+    int n_valid = 0;
+    for (int i = 0; i < L; i++) {
+        n_valid += valid[i] != 0;
+        col[i] += row_sum[i];
+    }
+    for (int i = 0; i < L; i++)
+        if (last[i] > i) col[last[i]] -= last_val[i];
+    const float inv = 1.f / (float)(n_valid > 0 ? n_valid : 1);
+    for (int j = 0; j < L; j++) out[j] = col[j] * inv;
+}
+
+/* keys: pair p = n * H + h at keys + n * s_n + h * s_h, row i at + i * s_row (unit stride in D);
+ * valid: row n at valid + n * s_valid (one byte per slot); out: [P = N * H, L] contiguous.
+ * Returns 0, or -1 when memory ran out. */
+int sparserl_rkv_redundancy(int N, int H, int L, int D, const float *keys, int64_t s_n, int64_t s_h, int64_t s_row,
+                            const uint8_t *valid, int64_t s_valid, float thr, float *out) {
+    const int Lp = (L + TILE_COLS - 1) / TILE_COLS * TILE_COLS + TILE_COLS;
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *kn = malloc(sizeof(float) * (2 * (size_t)D * Lp + 4 * (size_t)Lp));
+        int *last = malloc(sizeof(int) * (size_t)Lp);
+        int32_t *vmask = malloc(sizeof(int32_t) * (size_t)Lp);
+        if (!kn || !last || !vmask) {
+#pragma omp atomic write
+            failed = 1;
+        } else {
+            float *rows = kn + (size_t)D * Lp, *col = rows + (size_t)D * Lp, *last_val = col + Lp, *row_sum = last_val + Lp;
+#pragma omp for schedule(dynamic, 4)
+            for (int p = 0; p < N * H; p++) {
+                const int n = p / H, h = p % H;
+                const float *k = keys + n * s_n + h * s_h;
+                const uint8_t *v = valid + n * s_valid;
+                for (int j = 0; j < Lp; j++) vmask[j] = j < L && v[j] ? -1 : 0;
+                /* every slot of both layouts is written: the keys normalised, zeros for invalid and pad slots */
+                for (int i = 0; i < Lp; i++) {
+                    float *row = rows + (int64_t)i * D;
+                    float *panel = kn + (int64_t)(i / TILE_COLS) * TILE_COLS * D + i % TILE_COLS;
+                    if (!vmask[i]) {
+                        for (int d = 0; d < D; d++) row[d] = panel[d * TILE_COLS] = 0.f;
+                        continue;
+                    }
+                    const float *ki = k + i * s_row;
+                    float ss = 0.f;
+                    for (int d = 0; d < D; d++) ss += ki[d] * ki[d];
+                    const float inv = 1.f / (sqrtf(ss) + 1e-8f);
+                    for (int d = 0; d < D; d++) row[d] = panel[d * TILE_COLS] = ki[d] * inv;
+                }
+                one_pair(L, Lp, D, rows, kn, v, vmask, thr, col, last, last_val, row_sum, out + (int64_t)p * L);
+            }
+        }
+        free(kn);
+        free(last);
+        free(vmask);
+    }
+    return failed ? -1 : 0;
+}
+
+static inline float dot(const float *a, const float *b, int D) {
+    float s = 0.f;
+    for (int d = 0; d < D; d++) s += a[d] * b[d];
+    return s;
+}
+
+/* row[j] = q . k_j * scale for j in [0, n) (keys at k + j * s_row) */
+static void scores_row(const float *q, const float *k, int64_t s_row, int n, int D, float scale, float *row) {
+    int j = 0;
+#ifdef __AVX2__
+    if (D % 8 == 0) {
+        const __m256 vs = _mm256_set1_ps(scale);
+        for (; j + 8 <= n; j += 8) {
+            const float *kj = k + j * s_row;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            for (int d = 0; d < D; d += 8) {
+                const __m256 qd = _mm256_loadu_ps(q + d);
+                a0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kj + d), a0);
+                a1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kj + s_row + d), a1);
+                a2 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kj + 2 * s_row + d), a2);
+                a3 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kj + 3 * s_row + d), a3);
+                a4 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kj + 4 * s_row + d), a4);
+                a5 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kj + 5 * s_row + d), a5);
+                a6 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kj + 6 * s_row + d), a6);
+                a7 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kj + 7 * s_row + d), a7);
+            }
+            /* eight horizontal sums at once: [sum a0, ..., sum a7] */
+            const __m256 t0 = _mm256_hadd_ps(a0, a1), t1 = _mm256_hadd_ps(a2, a3);
+            const __m256 t2 = _mm256_hadd_ps(a4, a5), t3 = _mm256_hadd_ps(a6, a7);
+            const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+            const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+            _mm256_storeu_ps(row + j, _mm256_mul_ps(sums, vs));
+        }
+    }
+#endif
+    for (; j < n; j++) row[j] = dot(q, k + j * s_row, D) * scale;
+}
+
+/* row[0..n) := exp(row - max) over the valid slots (vmask -1), 0 elsewhere; returns their sum (0 if
+ * none is valid) */
+static float softmax_numerators(float *row, const int32_t *vmask, int n) {
+    float m = -INFINITY;
+    for (int j = 0; j < n; j++)
+        if (vmask[j] && row[j] > m) m = row[j];
+    if (m == -INFINITY) return 0.f;
+    int j = 0;
+    float sum = 0.f;
+#ifdef __AVX2__
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
+    for (; j + 8 <= n; j += 8) {
+        const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm)),
+                                       _mm256_loadu_ps((const float *)(vmask + j)));
+        _mm256_storeu_ps(row + j, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    sum = hsum256(acc);
+#endif
+    for (; j < n; j++) {
+        row[j] = vmask[j] ? expf(row[j] - m) : 0.f;
+        sum += row[j];
+    }
+    return sum;
+}
+
+/* q: query head hq = h * G + g, window query t at q + n * sq_n + hq * sq_h + t * sq_t (unit stride
+ * in D); keys and valid as above; reduce_max: 1 = max over the group, 0 = mean. out [N, H, L]. */
+int sparserl_window_attention(int N, int H, int G, int W, int L, int D, const float *q, int64_t sq_n, int64_t sq_h,
+                              int64_t sq_t, const float *keys, int64_t s_n, int64_t s_h, int64_t s_row,
+                              const uint8_t *valid, int64_t s_valid, int reduce_max, float *out) {
+    int failed = 0;
+    const float scale = 1.f / sqrtf((float)D);
+#pragma omp parallel
+    {
+        const size_t len = (size_t)(L > 0 ? L : 1);
+        float *buf = malloc(sizeof(float) * 2 * len);
+        int32_t *vmask = malloc(sizeof(int32_t) * len);
+        if (!buf || !vmask) {
+#pragma omp atomic write
+            failed = 1;
+        } else {
+            float *row = buf, *acc = buf + L;
+#pragma omp for schedule(dynamic, 4)
+            for (int p = 0; p < N * H; p++) {
+                const int n = p / H, h = p % H;
+                const float *k = keys + n * s_n + h * s_h;
+                const uint8_t *v = valid + n * s_valid;
+                for (int j = 0; j < L; j++) vmask[j] = v[j] ? -1 : 0;
+                float *o = out + (int64_t)p * L;
+                for (int j = 0; j < L; j++) o[j] = 0.f;
+                for (int g = 0; g < G; g++) {
+                    for (int j = 0; j < L; j++) acc[j] = 0.f;
+                    for (int t = 0; t < W; t++) {
+                        const float *qt = q + n * sq_n + (int64_t)(h * G + g) * sq_h + t * sq_t;
+                        const int seen = L - W + t + 1; /* keys up to the query's own slot */
+                        scores_row(qt, k, s_row, seen, D, scale, row);
+                        const float sum = softmax_numerators(row, vmask, seen);
+                        if (sum == 0.f) continue; /* no key visible: nan_to_num gives 0 */
+                        const float inv = 1.f / (sum * (float)W);
+                        for (int j = 0; j < seen; j++) acc[j] += row[j] * inv;
+                    }
+                    if (reduce_max) {
+                        for (int j = 0; j < L; j++) o[j] = g == 0 || acc[j] > o[j] ? acc[j] : o[j];
+                    } else {
+                        for (int j = 0; j < L; j++) o[j] += acc[j] / (float)G;
+                    }
+                }
+            }
+        }
+        free(buf);
+        free(vmask);
+    }
+    return failed ? -1 : 0;
+}
