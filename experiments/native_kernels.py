@@ -5,7 +5,8 @@ Products: SmolLM2-135M's four per-layer shapes (q/k/v 960x576, o 576x576, gate/u
 down 576x1536) over 30 layers of distinct random weights (so they stream from memory as in a
 decode step), ``rows`` activation rows, the best of 5 interleaved rounds:
 - float32: the C kernel's panels (linear.c) vs oneDNN's packed weights (torch's mkldnn linear);
-- int8 (the sampler's ``int8``, per-token activations): the C kernel (linear_int8.c) vs fbgemm.
+- int8 (the sampler's ``int8``, per-token activations): the C kernel (linear_int8.c) vs fbgemm;
+- int8_group (8-bit weights, activation scales per token and group of 64): its C kernel.
 Small operators: RMSNorm, SiLU·up, RoPE of a batch-16 decode step, C vs torch, µs per call.
 
     python3 experiments/native_kernels.py               # rows 1, 4, 16, 32, 64
@@ -45,6 +46,7 @@ def products(rows: int) -> None:
     int8_native = [[int8.quantize(w) for w in ws] for ws in weights]
     with native.torch_only():
         int8_fbgemm = [[int8.quantize(w) for w in ws] for ws in weights]
+    int8_group = [[build_quant("int8_group").quantize(w) for w in ws] for ws in weights]
 
     def run_panels():
         for ps in panels:
@@ -66,11 +68,13 @@ def products(rows: int) -> None:
             run_int8(int8_fbgemm)
 
     best = best_of({"float32 C": run_panels, "float32 oneDNN": run_onednn,
-                    "int8 C": lambda: run_int8(int8_native), "int8 fbgemm": run_fbgemm})
+                    "int8 C": lambda: run_int8(int8_native), "int8 fbgemm": run_fbgemm,
+                    "int8_group C": lambda: run_int8(int8_group)})
     flops = 2 * rows * sum(w.numel() for ws in weights for w in ws)
     cells = " | ".join(f"{best[k] * 1e3:.1f} ms ({flops / best[k] / 1e9:.0f} GF/s)" for k in best)
     print(f"| {rows} | {cells} | {best['float32 oneDNN'] / best['float32 C']:.2f}x | "
-          f"{best['float32 C'] / best['int8 C']:.2f}x | {best['int8 fbgemm'] / best['int8 C']:.2f}x |", flush=True)
+          f"{best['float32 C'] / best['int8 C']:.2f}x | {best['int8 fbgemm'] / best['int8 C']:.2f}x | "
+          f"{best['float32 C'] / best['int8_group C']:.2f}x |", flush=True)
 
 
 def small_ops(batch: int = 16, calls: int = 2000) -> None:
@@ -100,8 +104,9 @@ def small_ops(batch: int = 16, calls: int = 2000) -> None:
 if __name__ == "__main__":
     assert native.library() is not None, "no native kernels (no C compiler, or SPARSERL_NATIVE=0)"
     with torch.inference_mode():
-        print("| rows | float32 C | float32 oneDNN | int8 C | int8 fbgemm | C vs oneDNN | int8 C vs float32 C | int8 C vs fbgemm |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| rows | float32 C | float32 oneDNN | int8 C | int8 fbgemm | int8_group C | C vs oneDNN "
+              "| int8 C vs float32 C | int8 C vs fbgemm | int8_group C vs float32 C |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for rows in [int(a) for a in sys.argv[1:]] or [1, 4, 16, 32, 64]:
             products(rows)
         print("\n| operator | C µs | torch µs |\n|---|---|---|")

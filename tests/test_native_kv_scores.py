@@ -69,7 +69,8 @@ def test_redundancy_reads_strided_buffers():
 
 
 @pytest.mark.parametrize("reduce_group", ["max", "mean"])
-@pytest.mark.parametrize("shape", [(2, 9, 3, 8, 40), (2, 4, 2, 3, 5), (1, 2, 2, 1, 1), (3, 6, 3, 4, 4), (2, 3, 1, 8, 27)])
+@pytest.mark.parametrize("shape", [(2, 9, 3, 8, 40), (2, 4, 2, 3, 5), (1, 2, 2, 1, 1), (3, 6, 3, 4, 4),
+                                   (2, 3, 1, 8, 27)])
 def test_window_attention_equals_torch(shape, reduce_group):
     n, hq, hkv, w, length = shape
     gen = torch.Generator().manual_seed(length)

@@ -97,7 +97,7 @@ def test_sampler_calibrates_at_every_push_deterministically(tiny):
 
 
 def test_sampler_rejects_smoothing_without_activation_quant_or_calibration(tiny):
-    with pytest.raises(ValueError, match="int8 or fp8"):
+    with pytest.raises(ValueError, match="int8, int8_group or fp8"):
         RolloutEngine(tiny, build_compressor("none"), quant="int8_weight_only", quant_smooth=0.5, **ENGINE)
     with pytest.raises(ValueError, match="calibration_ids"):
         SamplerModel(tiny.model, torch.float32, quant="int8", quant_smooth=0.5)
@@ -106,7 +106,7 @@ def test_sampler_rejects_smoothing_without_activation_quant_or_calibration(tiny)
 def test_config_key_and_its_errors():
     cfg = validate(load_config("qurl", ["rollout.quant_smooth=0.5"]))
     assert cfg.rollout.quant_smooth == 0.5
-    with pytest.raises(ConfigError, match=r"rollout.quant_smooth=0.5 needs rollout.quant int8 or fp8"):
+    with pytest.raises(ConfigError, match=r"rollout.quant_smooth=0.5 needs rollout.quant int8, int8_group or fp8"):
         validate(load_config("default", ["rollout.quant_smooth=0.5"]))
     with pytest.raises(ConfigError, match="quant_smooth"):
         load_config("qurl", ["rollout.quant_smooth=1.0"])

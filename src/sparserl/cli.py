@@ -331,10 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "(OpenVINO GenAI, the optional extra sparserl[bench])")
     br.add_argument("--compile", action="store_true", help="also every sparserl row with its decode step "
                     "through torch.compile (rows with compiled: true; eager and compiled in the same process)")
-    br.add_argument("--quant", default="none", help="sampler weight quantizations, comma-separated: "
-                    "none, int8, int8_weight_only, fp8 (each adds sparserl rows with its mismatch vs dense)")
-    br.add_argument("--quant-smooth", type=float, default=0.0, help="SmoothQuant migration strength of the int8 "
-                    "and fp8 rows (0 = off, 0.5 = the paper's): rollout.quant_smooth")
+    br.add_argument("--quant", default="none", help="sampler weight quantizations, comma-separated: none, "
+                    "int8, int8_group, int8_weight_only, fp8 (each adds sparserl rows with its mismatch vs dense)")
+    br.add_argument("--quant-smooth", type=float, default=0.0, help="SmoothQuant migration strength of the "
+                    "int8, int8_group and fp8 rows (0 = off, 0.5 = the paper's): rollout.quant_smooth")
     br.add_argument("--kv-quant", default="none", help="KV cache quantizations, comma-separated: none, int8, fp8")
     br.add_argument("--kernels", "--attention", dest="kernels", default="native", help="decode-step kernels, "
                     "comma-separated: native (the C kernels for attention and the float32 weight products where "

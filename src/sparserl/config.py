@@ -164,7 +164,8 @@ class RolloutConfig(_Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = F(
         "bfloat16", "Sampler dtype: auto | float32 | bfloat16 | float16.")
     quant: Quant = F("none", "The sampler's weight quantization (the learner stays in full precision; "
-                     "re-quantized at every weight push): none | int8 (W8A8, QuRL) | int8_weight_only | fp8 "
+                     "re-quantized at every weight push): none | int8 (W8A8, QuRL) | int8_group (W8A8 with "
+                     "activation scales per token and group of 64 inputs: more accurate) | int8_weight_only | fp8 "
                      "(E4M3, FP8-RL; emulated where the device has no FP8 matmul).")
     kv_quant: KVQuant = F("none", "How the sampler's KV cache stores K and V: none | int8 | fp8 (1 byte per "
                           "element plus a float32 scale per token and KV head).")
@@ -175,7 +176,7 @@ class RolloutConfig(_Section):
                              "max|X_j|^a / max|W_j|^(1-a), X W^T = (X/s)(W s)^T, so activation outliers move into "
                              "the weights before W8A8; the activation maxima are calibrated on a fixed text at every "
                              "push. 0 = off (QuRL/FP8-RL as published); 0.5 = the paper's default. Needs "
-                             "rollout.quant int8 or fp8.", ge=0, lt=1)
+                             "rollout.quant int8, int8_group or fp8.", ge=0, lt=1)
     mismatch_split: bool = F(False, "Also score the responses with the sampler's quantized weights on a dense "
                              "full-precision cache and log the mismatch's two parts: mismatch/k3_kl_weights "
                              "(quantization) and mismatch/k3_kl_cache (eviction, KV rounding). Needs rollout.quant; "
@@ -640,8 +641,9 @@ def validate(cfg: Config) -> Config:
             except SparserlError as e:
                 errors.append(str(e))
     if r.quant_smooth and not build_quant(r.quant).quantizes_activations:
-        errors.append(f"rollout.quant_smooth={r.quant_smooth} needs rollout.quant int8 or fp8 (SmoothQuant moves "
-                      f"activation outliers into the weights; rollout.quant={r.quant!r} quantizes no activations)")
+        errors.append(f"rollout.quant_smooth={r.quant_smooth} needs rollout.quant int8, int8_group or fp8 "
+                      f"(SmoothQuant moves activation outliers into the weights; rollout.quant={r.quant!r} "
+                      f"quantizes no activations)")
     if r.mismatch_split and r.quant == "none":
         errors.append("rollout.mismatch_split=true needs rollout.quant (int8, fp8, ...): with full-precision "
                       "weights the whole mismatch is the cache's")

@@ -61,7 +61,7 @@ class SamplerModel:
         quantized weights are not packed (their kernels pack their own). ``quant``: a name of
         :func:`sparserl.rollout.quant.available_quants` (``none`` = the sampler dtype).
         ``quant_smooth``: SmoothQuant's migration strength (0 = off; needs a quantizer of the
-        activations, ``int8`` or ``fp8``) with its ``calibration_ids`` [B, P] (no padding)."""
+        activations, ``int8``, ``int8_group`` or ``fp8``) with its ``calibration_ids`` [B, P] (no padding)."""
         cfg = hf_model.config
         if getattr(cfg, "model_type", None) not in ("llama", "qwen2", "qwen3", "mistral"):
             raise ValueError(f"sampler: unsupported model_type {getattr(cfg, 'model_type', None)!r}")
@@ -90,7 +90,7 @@ class SamplerModel:
         if self.quant_smooth:
             if not self.quantizer.quantizes_activations:
                 raise ValueError(f"sampler: quant_smooth (SmoothQuant) needs a quantization of the activations "
-                                 f"(int8 or fp8), not quant={self.quant!r}")
+                                 f"(int8, int8_group or fp8), not quant={self.quant!r}")
             if calibration_ids is None or calibration_ids.numel() == 0:
                 raise ValueError("sampler: quant_smooth needs calibration_ids (token ids to measure activations on)")
             self.calibration_ids = torch.as_tensor(calibration_ids, device=self.device).long().reshape(

@@ -9,7 +9,9 @@ Five sources, one library:
 - ``layer_ops.c``: the small operators of a layer, each in one pass: RMSNorm (:func:`rms_norm`),
   SiLU(gate)·up (:func:`silu_mul`) and RoPE in place (:func:`rope_`);
 - ``linear_int8.c``: the ``int8`` sampler's W8A8 products with per-token activation scales on AVX2
-  integer instructions (:func:`pack_int8`, :func:`linear_int8`; :mod:`sparserl.rollout.quant.int8`);
+  integer instructions (:func:`pack_int8`, :func:`linear_int8`; :mod:`sparserl.rollout.quant.int8`),
+  and ``int8_group``'s with per-group scales and the full 8-bit weight grid (:func:`linear_int8_group`;
+  :mod:`sparserl.rollout.quant.int8_group`);
 - ``kv_scores.c``: the compressors' scores without their large temporaries: R-KV's redundancy term
   (:func:`rkv_redundancy`; :func:`sparserl.rollout.kv.rkv.redundancy` uses it) and the
   observation-window attention (:func:`window_attention`; :func:`sparserl.rollout.kv.base.window_attention`).
@@ -43,7 +45,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(name) for name in ("decode_attention.c", "linear.c", "layer_ops.c", "linear_int8.c", "kv_scores.c")]
+SOURCES = [Path(__file__).with_name(name)
+           for name in ("decode_attention.c", "linear.c", "layer_ops.c", "linear_int8.c", "kv_scores.c")]
 HEADERS = [Path(__file__).with_name("simd.h")]
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared"]
 _LIB: list = []  # [ctypes library or None] once loaded
@@ -123,6 +126,8 @@ def load(path: str | Path):
     lib.sparserl_pack_int8.restype = None
     lib.sparserl_linear_int8.argtypes = [i, i, i, p, i64, p, p, p, p, p, i64, p]
     lib.sparserl_linear_int8.restype = i
+    lib.sparserl_linear_int8_group.argtypes = [i, i, i, i, p, i64, p, p, p, p, i64, p]
+    lib.sparserl_linear_int8_group.restype = i
     lib.sparserl_rkv_redundancy.argtypes = [i, i, i, i, p, i64, i64, i64, p, i64, fl, p]
     lib.sparserl_rkv_redundancy.restype = i
     lib.sparserl_window_attention.argtypes = [i, i, i, i, i, i, p, i64, i64, i64, p, i64, i64, i64, p, i64, i, p]
@@ -315,8 +320,9 @@ def rope_(x: torch.Tensor, n_heads: int, cos: torch.Tensor, sin: torch.Tensor, l
 
 
 def pack_int8(q: torch.Tensor, lib=None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Int8 codes Q [N, K] (|Q| ≤ 64, see ``linear_int8.c``) → (panels, column sums) for
-    :func:`linear_int8`, or None when the library is not available."""
+    """Int8 codes Q [N, K] → (panels, column sums) for :func:`linear_int8` (which needs |Q| ≤ 64,
+    see ``linear_int8.c``) or :func:`linear_int8_group` (|Q| ≤ 127), or None when the library is not
+    available."""
     lib = lib or library()
     if lib is None or q.device.type != "cpu" or q.dtype != torch.int8 or q.dim() != 2:
         return None
@@ -363,12 +369,38 @@ def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scal
     return out
 
 
+def linear_int8_group(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scales: torch.Tensor, group: int,
+                      bias: torch.Tensor | None = None, lib=None) -> torch.Tensor | None:
+    """``s_n Σ_j a_tj Σ_{k ∈ j} P_tk Q_nk (+ bias)`` with P the int8 quantization of x [..., K]
+    float32 with one scale per token and group of ``group`` inputs (``linear_int8.c``), Q
+    (|Q| ≤ 127) given as :func:`pack_int8`'s panels, ``scales`` [N]. None when the kernel does not
+    take this input."""
+    panels = packed[0]
+    lib = _lib_for(lib, x, scales, *(t for t in (bias,) if t is not None))
+    if (lib is None or group <= 0 or group % 4 or not scales.is_contiguous()
+            or (bias is not None and not bias.is_contiguous())):
+        return None
+    N, K = panels.out_features, panels.in_features
+    x2 = _rows(x) if x.shape[-1] == K else None
+    if x2 is None:
+        return None
+    rows = x2.shape[0]
+    out = torch.empty(*x.shape[:-1], N, dtype=torch.float32)
+    work = torch.empty(rows * (4 * -(-K // group) + -(-K // 4) * 4), dtype=torch.uint8)
+    if rows and lib.sparserl_linear_int8_group(rows, N, K, group, x2.data_ptr(), x2.stride(0), panels.data_ptr(),
+                                               scales.data_ptr(), None if bias is None else bias.data_ptr(),
+                                               out.data_ptr(), N, work.data_ptr()) != 0:
+        return None
+    return out
+
+
 def rkv_redundancy(keys: torch.Tensor, valid: torch.Tensor, threshold: float, lib=None) -> torch.Tensor | None:
     """R-KV's mean thresholded similarity of every key (``kv_scores.c``; before the softmax of
     :func:`sparserl.rollout.kv.rkv.redundancy`): keys [n, H, L, D] float32 (unit stride in D),
     valid [n, L] bool → [n, H, L] float32, or None when the kernel does not take this input."""
     lib = _lib_for(lib, keys)
-    if lib is None or keys.dim() != 4 or keys.stride(-1) != 1 or valid.dtype != torch.bool or valid.device.type != "cpu":
+    if (lib is None or keys.dim() != 4 or keys.stride(-1) != 1 or valid.dtype != torch.bool
+            or valid.device.type != "cpu"):
         return None
     n, heads, length, dim = keys.shape
     if valid.shape != (n, length) or (length > 1 and valid.stride(1) != 1):

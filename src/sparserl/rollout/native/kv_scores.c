@@ -145,13 +145,14 @@ int sparserl_rkv_redundancy(int N, int H, int L, int D, const float *keys, int64
         float *kn = malloc(sizeof(float) * (2 * (size_t)D * Lp + 4 * (size_t)Lp));
         int *last = malloc(sizeof(int) * (size_t)Lp);
         int32_t *vmask = malloc(sizeof(int32_t) * (size_t)Lp);
-        if (!kn || !last || !vmask) {
-#pragma omp atomic write
-            failed = 1;
-        } else {
-            float *rows = kn + (size_t)D * Lp, *col = rows + (size_t)D * Lp, *last_val = col + Lp, *row_sum = last_val + Lp;
+        /* every thread meets the worksharing loop (its barrier), also one whose buffers failed */
 #pragma omp for schedule(dynamic, 4)
-            for (int p = 0; p < N * H; p++) {
+        for (int p = 0; p < N * H; p++) {
+            if (!kn || !last || !vmask) {
+#pragma omp atomic write
+                failed = 1;
+            } else {
+                float *rows = kn + (size_t)D * Lp, *col = rows + (size_t)D * Lp, *last_val = col + Lp, *row_sum = last_val + Lp;
                 const int n = p / H, h = p % H;
                 const float *k = keys + n * s_n + h * s_h;
                 const uint8_t *v = valid + n * s_valid;
@@ -257,13 +258,13 @@ int sparserl_window_attention(int N, int H, int G, int W, int L, int D, const fl
         const size_t len = (size_t)(L > 0 ? L : 1);
         float *buf = malloc(sizeof(float) * 2 * len);
         int32_t *vmask = malloc(sizeof(int32_t) * len);
-        if (!buf || !vmask) {
-#pragma omp atomic write
-            failed = 1;
-        } else {
-            float *row = buf, *acc = buf + L;
 #pragma omp for schedule(dynamic, 4)
-            for (int p = 0; p < N * H; p++) {
+        for (int p = 0; p < N * H; p++) {
+            if (!buf || !vmask) {
+#pragma omp atomic write
+                failed = 1;
+            } else {
+                float *row = buf, *acc = buf + L;
                 const int n = p / H, h = p % H;
                 const float *k = keys + n * s_n + h * s_h;
                 const uint8_t *v = valid + n * s_valid;

@@ -147,3 +147,130 @@ int sparserl_linear_int8(int M, int N, int K, const float *X, int64_t ldx, const
     }
     return 0;
 }
+
+/* ---- int8 with per-group activation scales (rollout.quant = int8_group) ----------------------
+ *
+ *     a_tj = max_{k in group j} |X_tk| / 127,   P_tk = round(X_tk / a_tj)     (groups of G along k)
+ *     Y_tn = s_n sum_j a_tj sum_{k in group j} P_tk Q_nk  (+ bias_n),   |Q| <= 127
+ *
+ * The full 8-bit weight grid: vpmaddubsw takes |P| (unsigned) and Q with P's sign applied
+ * (vpsignb), so each 16-bit pair sum is at most 2 * 127 * 127 = 32258 and cannot saturate; no shift
+ * and no column sums. The int32 sums of each group are scaled by a_tj into float accumulators.
+ * G must be a multiple of 4. */
+
+/* X [M, K] -> P [M, K4] int8 (0 past K) and a [M, ceil(K / G)] (1 for an all-zero group) */
+static void quantize_groups(int M, int K, int G, const float *X, int64_t ldx, int8_t *P, float *a) {
+    const int K4 = (K + 3) & ~3, NG = (K + G - 1) / G;
+    for (int r = 0; r < M; r++) {
+        const float *x = X + (int64_t)r * ldx;
+        int8_t *p = P + (int64_t)r * K4;
+        for (int j = 0; j < NG; j++) {
+            const int k0 = j * G, k1 = k0 + G < K ? k0 + G : K;
+            float m = 0.f;
+            for (int k = k0; k < k1; k++) m = fmaxf(m, fabsf(x[k]));
+            const float scale = m > 0.f ? m / 127.f : 1.f, inv = 1.f / scale;
+            for (int k = k0; k < k1; k++) {
+                float v = nearbyintf(x[k] * inv);
+                v = v > 127.f ? 127.f : (v < -127.f ? -127.f : v);
+                p[k] = (int8_t)v;
+            }
+            a[(int64_t)r * NG + j] = scale;
+        }
+        for (int k = K; k < K4; k++) p[k] = 0;
+    }
+}
+
+#ifdef __AVX2__
+#define G8_DOT(r)                                                                                                  \
+    if (MR > r) {                                                                                                  \
+        int32_t xv;                                                                                                \
+        memcpy(&xv, P + (int64_t)r * K4 + 4 * g, 4);                                                              \
+        const __m256i xb = _mm256_set1_epi32(xv), ax = _mm256_sign_epi8(xb, xb);                                   \
+        c##r##0 = _mm256_add_epi32(c##r##0, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w0, xb)), ones)); \
+        c##r##1 = _mm256_add_epi32(c##r##1, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, xb)), ones)); \
+    }
+#define G8_FLUSH(r)                                                                                            \
+    if (MR > r) {                                                                                              \
+        const __m256 ar = _mm256_set1_ps(a[(int64_t)r * NG + j]);                                             \
+        f##r##0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c##r##0), ar, f##r##0);                                   \
+        f##r##1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c##r##1), ar, f##r##1);                                   \
+    }
+#define G8_STORE(r)                                                                                            \
+    if (MR > r) {                                                                                              \
+        float acc[NR8];                                                                                        \
+        _mm256_storeu_ps(acc, f##r##0);                                                                        \
+        _mm256_storeu_ps(acc + 8, f##r##1);                                                                    \
+        float *y = Y + (int64_t)r * ldy;                                                                       \
+        for (int c = 0; c < ncols; c++) y[c] = acc[c] * s[c] + (bias ? bias[c] : 0.f);                         \
+    }
+
+/* MR (<= 4) rows x 16 columns: per group, int32 sums in registers, then scaled into float sums */
+static inline __attribute__((always_inline)) void tile_group(const int MR, int K4, int G, int NG, const int8_t *P,
+                                                              const float *a, const int8_t *w, const float *s,
+                                                              const float *bias, float *Y, int64_t ldy, int ncols) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 f00 = _mm256_setzero_ps(), f01 = f00, f10 = f00, f11 = f00, f20 = f00, f21 = f00, f30 = f00, f31 = f00;
+    for (int j = 0; j < NG; j++) {
+        const int g0 = j * G / 4, g1 = (j + 1) * G / 4 < K4 / 4 ? (j + 1) * G / 4 : K4 / 4;
+        __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+                c31 = c00;
+        for (int g = g0; g < g1; g++) {
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + (int64_t)g * NR8 * 4)),
+                          w1 = _mm256_loadu_si256((const __m256i *)(w + (int64_t)g * NR8 * 4 + 32));
+            G8_DOT(0) G8_DOT(1) G8_DOT(2) G8_DOT(3)
+        }
+        G8_FLUSH(0) G8_FLUSH(1) G8_FLUSH(2) G8_FLUSH(3)
+    }
+    G8_STORE(0) G8_STORE(1) G8_STORE(2) G8_STORE(3)
+}
+
+static void panel_group(int M, int K4, int G, int NG, const int8_t *P, const float *a, const int8_t *w,
+                        const float *s, const float *bias, float *Y, int64_t ldy, int ncols) {
+    int m = 0;
+    for (; m + 4 <= M; m += 4)
+        tile_group(4, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols);
+    switch (M - m) {
+        case 3: tile_group(3, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols); break;
+        case 2: tile_group(2, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols); break;
+        case 1: tile_group(1, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols); break;
+        default: break;
+    }
+}
+#else
+static void panel_group(int M, int K4, int G, int NG, const int8_t *P, const float *a, const int8_t *w,
+                        const float *s, const float *bias, float *Y, int64_t ldy, int ncols) {
+    for (int r = 0; r < M; r++) {
+        const int8_t *pr = P + (int64_t)r * K4;
+        float facc[NR8] = {0};
+        for (int j = 0; j < NG; j++) {
+            const int g0 = j * G / 4, g1 = (j + 1) * G / 4 < K4 / 4 ? (j + 1) * G / 4 : K4 / 4;
+            for (int c = 0; c < NR8; c++) {
+                int32_t t = 0;
+                for (int g = g0; g < g1; g++)
+                    for (int q = 0; q < 4; q++) t += (int32_t)pr[4 * g + q] * w[((int64_t)g * NR8 + c) * 4 + q];
+                facc[c] += (float)t * a[(int64_t)r * NG + j];
+            }
+        }
+        float *y = Y + (int64_t)r * ldy;
+        for (int c = 0; c < ncols; c++) y[c] = facc[c] * s[c] + (bias ? bias[c] : 0.f);
+    }
+}
+#endif
+
+/* Y [M, N] (ldy) = the product above; `work` holds M * K4 bytes (quantized rows) and
+ * M * ceil(K / G) floats (their scales). Returns -1 on bad sizes. */
+int sparserl_linear_int8_group(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
+                               const float *scales, const float *bias, float *Y, int64_t ldy, uint8_t *work) {
+    if (M <= 0 || N <= 0 || K <= 0 || G <= 0 || G % 4) return -1;
+    const int K4 = (K + 3) & ~3, P = (N + NR8 - 1) / NR8, NG = (K + G - 1) / G;
+    float *a = (float *)work;
+    int8_t *Pq = (int8_t *)(work + (int64_t)M * NG * sizeof(float));
+    quantize_groups(M, K, G, X, ldx, Pq, a);
+#pragma omp parallel for schedule(static)
+    for (int p = 0; p < P; p++) {
+        const int n0 = p * NR8, ncols = N - n0 < NR8 ? N - n0 : NR8;
+        panel_group(M, K4, G, NG, Pq, a, Wq + (int64_t)p * (K4 / 4) * NR8 * 4, scales + n0, bias ? bias + n0 : 0,
+                    Y + n0, ldy, ncols);
+    }
+    return 0;
+}
