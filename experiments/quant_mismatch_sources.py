@@ -2,7 +2,9 @@
 sampler variants against the dense float32 sampler on real text (8 GSM8K questions with their
 solutions, 160 tokens each, α over positions 20-159): one projection quantized at a time, weights
 only at 7 and 8 bits, SmoothQuant at several strengths (calibrated on 16 other GSM8K texts), W8A7,
-the exact symmetric W8A8 of the CUDA path, the LM head. Results: docs/results/smoothquant.md.
+the exact symmetric W8A8 of the CUDA path, the LM head, and activation scales per token and group of
+G inputs (``int8_group``'s maths, emulated in float: G = 192 / 64 / 32, 7- and 8-bit weights).
+Results: docs/results/smoothquant.md.
 
     python3 experiments/quant_mismatch_sources.py            # every case (~2 min on 2 cores)
     python3 experiments/quant_mismatch_sources.py "smooth 0.5" "sym"   # some
@@ -73,6 +75,19 @@ class Sym(QuantizedLinear):
         return int8_matmul_per_token(x2, self.q.t(), self.s)
 KERN = {"w7a8": (Int8Linear, QMAX_FBGEMM), "w8a7": (W8A7, 127), "sym": (Sym, 127)}
 
+class Grouped(QuantizedLinear):
+    """Fake-quantized: per-channel weights on a grid of ``qm``, activations per token and group."""
+    def __init__(self, q, s, group):
+        super().__init__(*q.shape); self.w, self.group = q.float() * s[:, None], group
+    def matmul(self, x2):
+        n, k = x2.shape
+        xg = x2.view(n, k // self.group, self.group)
+        a = xg.abs().amax(-1, keepdim=True).clamp(min=1e-30) / 127
+        return (torch.round(xg / a).clamp(-127, 127) * a).view(n, k) @ self.w.t()
+for G in (192, 64, 32):
+    KERN[f"g{G}w7"] = (lambda q, s, G=G: Grouped(q, s, G), 64)
+    KERN[f"g{G}w8"] = (lambda q, s, G=G: Grouped(q, s, G), 127)
+
 def variant(fields=FIELDS, smooth=0.0, wonly_bits=None, head=False, kern="w7a8"):
     K, QM = KERN[kern]
     m = copy.copy(dense); m.layers = [copy.copy(lw) for lw in dense.layers]
@@ -112,6 +127,8 @@ cases = {
     "smooth 0.3": dict(smooth=0.3), "smooth 0.4": dict(smooth=0.4),
     "w8a7": dict(kern="w8a7"), "w8a7 smooth 0.3": dict(kern="w8a7", smooth=0.3), "w8a7 smooth 0.5": dict(kern="w8a7", smooth=0.5),
     "sym": dict(kern="sym"), "sym smooth 0.5": dict(kern="sym", smooth=0.5), "sym smooth 0.3": dict(kern="sym", smooth=0.3),
+    "group 192 W7": dict(kern="g192w7"), "group 64 W7": dict(kern="g64w7"), "group 64 W8": dict(kern="g64w8"),
+    "group 64 W8 smooth 0.5": dict(kern="g64w8", smooth=0.5), "group 32 W8": dict(kern="g32w8"),
 }
 for name in (sys.argv[1:] or cases):
     t = time.time(); a = alpha(variant(**cases[name]))
