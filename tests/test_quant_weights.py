@@ -167,6 +167,24 @@ def test_int8_group_linear_equals_reference_of_the_same_quantized_values(rows, o
             torch.testing.assert_close(lin(x, b).double(), ref, **tol)
 
 
+def test_int8_group_size_reaches_the_kernel_and_bad_sizes_are_refused(tiny):
+    """rollout.quant_group → the quantizer → every linear of the sampler; 32 differs from 64 in its
+    products; sizes the kernel cannot take are refused by name."""
+    from sparserl.rollout.quant import build_quant as build
+
+    assert build("int8_group").group == 64 and build("int8_group", group=32).group == 32
+    assert not hasattr(build("int8", group=32), "group")  # quantizers without groups ignore it
+    for bad in (6, 0, -4, 2.0, True):
+        with pytest.raises(ValueError, match="int8_group: group must be a positive multiple of 4"):
+            build("int8_group", group=bad)
+    m32 = SamplerModel(tiny.model, torch.float32, quant="int8_group", quant_group=32)
+    m64 = SamplerModel(tiny.model, torch.float32, quant="int8_group")
+    assert {lw.qkv.group for lw in m32.layers} == {32} and {lw.down.group for lw in m64.layers} == {64}
+    x = torch.randn(3, m32.layers[0].qkv.in_features)
+    x[:, 1] *= 30
+    assert not torch.equal(m32.layers[0].qkv(x), m64.layers[0].qkv(x))
+
+
 def test_int8_group_is_closer_than_per_token_on_outlier_channels():
     """Why the group scales: one outlier input channel spoils a per-token scale for every channel,
     a group scale only for its own group."""

@@ -131,6 +131,12 @@ def cmd_bench_rollout(args) -> int:
     except ValueError as e:
         raise OptionError(f"--quant-smooth: {e}") from None
     check_choice(args.dtype, "--dtype", DTYPES)
+    if args.quant_group is not None:
+        check_int(args.quant_group, "--quant-group", 4, what="inputs per activation scale of int8_group")
+        if args.quant_group % 4:
+            raise OptionError(f"--quant-group: {args.quant_group} is not a multiple of 4 (the int8 kernel's 4-byte steps)")
+        if "int8_group" not in [q.strip() for q in args.quant.split(",")]:
+            raise OptionError(f"--quant-group {args.quant_group} applies to int8_group rows only; --quant is {args.quant!r}")
     peers = [p.strip() for p in (args.peers or "").split(",") if p.strip()]
     for peer in peers:
         check_choice(peer, "--peers", PEERS)
@@ -152,6 +158,7 @@ def cmd_bench_rollout(args) -> int:
                        quants=[q.strip() for q in args.quant.split(",") if q.strip()],
                        kv_quants=[q.strip() for q in args.kv_quant.split(",") if q.strip()],
                        compress_prompt=args.compress_prompt or None, quant_smooth=args.quant_smooth,
+                       quant_group=args.quant_group,
                        kernels=kernels)
     if args.json:
         write_json(report, args.json)
@@ -335,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "int8, int8_group, int8_weight_only, fp8 (each adds sparserl rows with its mismatch vs dense)")
     br.add_argument("--quant-smooth", type=float, default=0.0, help="SmoothQuant migration strength of the "
                     "int8, int8_group and fp8 rows (0 = off, 0.5 = the paper's): rollout.quant_smooth")
+    br.add_argument("--quant-group", type=int, default=None, help="inputs per activation scale of the "
+                    "int8_group rows (a multiple of 4; default 64): rollout.quant_group")
     br.add_argument("--kv-quant", default="none", help="KV cache quantizations, comma-separated: none, int8, fp8")
     br.add_argument("--kernels", "--attention", dest="kernels", default="native", help="decode-step kernels, "
                     "comma-separated: native (the C kernels for attention and the float32 weight products where "

@@ -177,6 +177,9 @@ class RolloutConfig(_Section):
                              "the weights before W8A8; the activation maxima are calibrated on a fixed text at every "
                              "push. 0 = off (QuRL/FP8-RL as published); 0.5 = the paper's default. Needs "
                              "rollout.quant int8, int8_group or fp8.", ge=0, lt=1)
+    quant_group: int = F(64, "Inputs per activation scale of rollout.quant=int8_group (a multiple of 4; per "
+                         "token and group: smaller groups follow outlier channels more closely, at a little "
+                         "more cost). Only with int8_group.", ge=4)
     mismatch_split: bool = F(False, "Also score the responses with the sampler's quantized weights on a dense "
                              "full-precision cache and log the mismatch's two parts: mismatch/k3_kl_weights "
                              "(quantization) and mismatch/k3_kl_cache (eviction, KV rounding). Needs rollout.quant; "
@@ -644,6 +647,11 @@ def validate(cfg: Config) -> Config:
         errors.append(f"rollout.quant_smooth={r.quant_smooth} needs rollout.quant int8, int8_group or fp8 "
                       f"(SmoothQuant moves activation outliers into the weights; rollout.quant={r.quant!r} "
                       f"quantizes no activations)")
+    if r.quant_group % 4:
+        errors.append(f"rollout.quant_group={r.quant_group} must be a multiple of 4 (the int8 kernel's 4-byte steps)")
+    if r.quant_group != 64 and not build_quant(r.quant).takes_group:
+        errors.append(f"rollout.quant_group={r.quant_group} applies to rollout.quant=int8_group only "
+                      f"(rollout.quant={r.quant!r} has no activation groups)")
     if r.mismatch_split and r.quant == "none":
         errors.append("rollout.mismatch_split=true needs rollout.quant (int8, fp8, ...): with full-precision "
                       "weights the whole mismatch is the cache's")

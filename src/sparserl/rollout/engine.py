@@ -87,18 +87,19 @@ class RolloutEngine:
     def __init__(self, loaded: LoadedModel, compressor: KVCompressor,
                  dtype: str | torch.dtype | None = None, max_batch: int | None = None, compile: bool | str = False,
                  pack_weights: bool | None = None, kv_quant: str = "none", quant: str = "none",
-                 quant_smooth: float = 0.0):
+                 quant_smooth: float = 0.0, quant_group: int | None = None):
         """``compressor``: a :class:`KVCompressor`; ``get_compressor("none")`` for a dense cache.
         ``compile``: run each decode layer through ``torch.compile`` (:mod:`sparserl.rollout.compiled`;
         the first step compiles, once per model shape and process); True = inductor, a string = that
         ``torch.compile`` backend (e.g. ``"aot_eager"``: the same capture, no code generation). ``pack_weights``: decode with
         oneDNN-packed weights (:func:`sparserl.rollout.model.pack_weight`); None = where supported.
         ``kv_quant``: how the KV cache stores K/V, ``none | int8 | fp8`` (:mod:`sparserl.rollout.kv_quant`).
-        ``quant``: the sampler's weight quantization, ``none | int8 | int8_weight_only | fp8``
+        ``quant``: the sampler's weight quantization, ``none | int8 | int8_group | int8_weight_only | fp8``
         (:mod:`sparserl.rollout.quant`; re-quantized at every :meth:`update_weights`, the time in
         ``self.model.last_quantize_s``). ``quant_smooth``: SmoothQuant's migration strength for the
         quantized activations (0 = off), calibrated at every push on :data:`CALIBRATION_TEXT`
-        (:mod:`sparserl.rollout.quant.smooth`)."""
+        (:mod:`sparserl.rollout.quant.smooth`). ``quant_group``: inputs per activation scale of
+        ``int8_group`` (None: 64)."""
         self.tokenizer = loaded.tokenizer
         self.dtype = parse_dtype(dtype) if dtype is not None else next(loaded.model.parameters()).dtype
         calibration_ids = None
@@ -106,7 +107,7 @@ class RolloutEngine:
             ids = self.tokenizer(CALIBRATION_TEXT, add_special_tokens=False)["input_ids"]
             calibration_ids = torch.tensor(ids[:CALIBRATION_TOKENS])[None]
         self.model = SamplerModel(loaded.model, self.dtype, pack_weights, quant=quant, quant_smooth=quant_smooth,
-                                  calibration_ids=calibration_ids)
+                                  calibration_ids=calibration_ids, quant_group=quant_group)
         self.device = self.model.device
         self.compressor = _checked(compressor)
         self.max_batch = max_batch

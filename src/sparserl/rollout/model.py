@@ -55,13 +55,15 @@ class SamplerModel:
     """Decoder math for llama / qwen2 / qwen3 / mistral configs."""
 
     def __init__(self, hf_model: torch.nn.Module, dtype: torch.dtype | None = None, pack_weights: bool | None = None,
-                 quant: str = "none", quant_smooth: float = 0.0, calibration_ids: torch.Tensor | None = None):
+                 quant: str = "none", quant_smooth: float = 0.0, calibration_ids: torch.Tensor | None = None,
+                 quant_group: int | None = None):
         """``pack_weights``: keep a packed copy of every linear weight for the decode step's
         products (:func:`pack_weight`); None = when supported (CPU, float32, oneDNN built in); the
         quantized weights are not packed (their kernels pack their own). ``quant``: a name of
         :func:`sparserl.rollout.quant.available_quants` (``none`` = the sampler dtype).
         ``quant_smooth``: SmoothQuant's migration strength (0 = off; needs a quantizer of the
-        activations, ``int8``, ``int8_group`` or ``fp8``) with its ``calibration_ids`` [B, P] (no padding)."""
+        activations, ``int8``, ``int8_group`` or ``fp8``) with its ``calibration_ids`` [B, P] (no padding).
+        ``quant_group``: inputs per activation scale of ``int8_group`` (None: its default, 64)."""
         cfg = hf_model.config
         if getattr(cfg, "model_type", None) not in ("llama", "qwen2", "qwen3", "mistral"):
             raise ValueError(f"sampler: unsupported model_type {getattr(cfg, 'model_type', None)!r}")
@@ -80,7 +82,7 @@ class SamplerModel:
         self.inv_freq = rot.inv_freq.detach().float().to(self.device).clone()
         self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
         self.pack_weights = packing_supported(self.device, self.dtype) if pack_weights is None else bool(pack_weights)
-        self.quantizer = build_quant(quant)
+        self.quantizer = build_quant(quant, group=quant_group)
         self.quant: str = self.quantizer.name
         self.quant_kernel: str = self.quantizer.kernel_on(self.device)  # what runs the layers' products
         self.quant_emulated: bool = self.quantizer.emulated_on(self.device)

@@ -56,6 +56,7 @@ class WeightQuantizer:
     name = ""
     quantizes = True  # False for ``none``: the sampler keeps its float weights
     quantizes_activations = False  # True for W8A8-style methods (int8, fp8): SmoothQuant applies
+    takes_group = False  # True when the activation scales are per group of inputs (rollout.quant_group)
 
     def quantize(self, w: torch.Tensor) -> QuantizedLinear:
         raise NotImplementedError

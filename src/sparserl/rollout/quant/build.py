@@ -13,8 +13,11 @@ def available_quants() -> list[str]:
     return QUANTS.names()
 
 
-def build_quant(name: str) -> WeightQuantizer:
-    """The quantizer named ``name`` (``rollout.quant``); a :class:`WeightQuantizer` passes through."""
+def build_quant(name: str, group: int | None = None) -> WeightQuantizer:
+    """The quantizer named ``name`` (``rollout.quant``); a :class:`WeightQuantizer` passes through.
+    ``group`` (``rollout.quant_group``): inputs per activation scale, for the quantizers that take
+    one (``int8_group``); ignored by the others (the config rejects it with them)."""
     if isinstance(name, WeightQuantizer):
         return name
-    return QUANTS.get(name)()
+    cls = QUANTS.get(name)
+    return cls(group=group) if group is not None and cls.takes_group else cls()

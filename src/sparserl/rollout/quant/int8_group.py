@@ -1,7 +1,7 @@
 """INT8 W8A8 with per-group activation scales (``rollout.quant = int8_group``): QuRL's INT8 sampler
 (Li et al. 2026, arXiv 2602.13953) with the activations quantized in 1 × G tiles along the input,
 the activation side of the fine-grained (1 × 128 activation, 128 × 128 weight tile) FP8 recipe
-FP8-RL follows (DeepSeek-V3, arXiv 2412.19437), G = :data:`GROUP` = 64.
+FP8-RL follows (DeepSeek-V3, arXiv 2412.19437); G = ``rollout.quant_group``, default :data:`GROUP` = 64.
 
 Weights, symmetric per output channel on the full 8-bit grid (as :mod:`.int8`)::
 
@@ -106,9 +106,16 @@ class Int8GroupW8A8(WeightQuantizer):
 
     name = "int8_group"
     quantizes_activations = True
+    takes_group = True
+
+    def __init__(self, group: int = GROUP):
+        if isinstance(group, bool) or not isinstance(group, int) or group < 4 or group % 4:
+            raise ValueError(f"int8_group: group must be a positive multiple of 4 (the kernel's 4-byte steps), "
+                             f"got {group!r}")
+        self.group = group
 
     def quantize(self, w: torch.Tensor) -> Int8GroupLinear:
-        return Int8GroupLinear(*self.codes(w))
+        return Int8GroupLinear(*self.codes(w), group=self.group)
 
     def codes(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return quantize_int8_per_channel(w, QMAX)
