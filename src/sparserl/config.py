@@ -41,6 +41,7 @@ from .models.loading import parse_dtype
 from .rollout.kv import available_compressors, compressor_from_fields
 from .rollout.kv_quant import available_kv_quants
 from .rollout.quant import available_quants, build_quant
+from .rollout.quant.int8_group import GROUP as QUANT_GROUP
 from .score.old_policy import old_logprobs_source
 from .train.advantages import available_adv_ests, get_adv_est
 
@@ -177,7 +178,7 @@ class RolloutConfig(_Section):
                              "the weights before W8A8; the activation maxima are calibrated on a fixed text at every "
                              "push. 0 = off (QuRL/FP8-RL as published); 0.5 = the paper's default. Needs "
                              "rollout.quant int8, int8_group or fp8.", ge=0, lt=1)
-    quant_group: int = F(64, "Inputs per activation scale of rollout.quant=int8_group (a multiple of 4; per "
+    quant_group: int = F(QUANT_GROUP, "Inputs per activation scale of rollout.quant=int8_group (a multiple of 4; per "
                          "token and group: smaller groups follow outlier channels more closely, at a little "
                          "more cost). Only with int8_group.", ge=4)
     mismatch_split: bool = F(False, "Also score the responses with the sampler's quantized weights on a dense "
@@ -649,7 +650,7 @@ def validate(cfg: Config) -> Config:
                       f"quantizes no activations)")
     if r.quant_group % 4:
         errors.append(f"rollout.quant_group={r.quant_group} must be a multiple of 4 (the int8 kernel's 4-byte steps)")
-    if r.quant_group != 64 and not build_quant(r.quant).takes_group:
+    if r.quant_group != QUANT_GROUP and not build_quant(r.quant).takes_group:
         errors.append(f"rollout.quant_group={r.quant_group} applies to rollout.quant=int8_group only "
                       f"(rollout.quant={r.quant!r} has no activation groups)")
     if r.mismatch_split and r.quant == "none":

@@ -31,8 +31,9 @@ def redundancy(keys: torch.Tensor, valid: torch.Tensor, threshold: float = 0.5) 
     are single fused kernels (``threshold_`` drops the entries at or below the threshold in place,
     ``where`` + ``amax`` finds each row's most recent similar key), ~2x cheaper than the
     compare / masked-fill / multiply chain they replace, with the same values. On CPU in float32 the
-    C kernel (``native/redundancy.c``) computes the same means without building the matrix
-    (~20x faster at batch 16); this torch code is its reference and the path elsewhere."""
+    C kernel (``native/kv_scores.c``) computes the same means without building the matrix
+    (7.6x faster at batch 16, ``docs/results/compression_cost.md``); this torch code is its
+    reference and the path elsewhere."""
     mean = native.rkv_redundancy(keys, valid, threshold)
     if mean is not None:
         return mean.masked_fill_(~valid[:, None, :], float("-inf")).softmax(dim=-1).nan_to_num(0.0)
