@@ -239,6 +239,22 @@ def test_bench_quant_rows_fields_and_mismatch(tiny, fast_machine, monkeypatch):
     assert "alpha_mean" not in dense
 
 
+def test_bench_int8_group_rows_carry_their_group(tiny, fast_machine, monkeypatch):
+    """--quant-group reaches the int8_group rows' sampler (the row reports what its quantizer used)."""
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
+    report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=3, kv_budget=8, step_length=2,
+                               compressors=[], dtype="float32", hf_baseline=False, quants=["int8", "int8_group"],
+                               quant_group=32, log=lambda *a: None)
+    groups = {r["quant"]: r["quant_group"] for r in report["results"]}
+    assert groups == {"none": None, "int8": None, "int8_group": 32}
+
+
+def test_bench_bad_quant_group_fails_before_loading(monkeypatch):
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(ValueError, match="multiple of 4"):
+        rollout.run_bench(model="tiny", quants=["int8_group"], quant_group=6)
+
+
 def test_mismatch_of_the_dense_sampler_with_itself(tiny):
     from sparserl.bench.mismatch import sampler_mismatch
     from sparserl.rollout.engine import RolloutEngine

@@ -51,6 +51,12 @@ def test_asking_for_the_sampler_logprobs_of_a_quantized_sampler_is_an_error():
                                               "algorithm.old_logprobs=sampler", *extra]))
 
 
+def test_quant_group_reaches_the_trainers_sampler(tmp_path):
+    cfg = cfg_for(tmp_path, "default", "rollout.quant=int8_group", "rollout.quant_group=32")
+    layer = build_trainer(cfg).engine.model.layers[0]
+    assert {layer.qkv.group, layer.o.group, layer.gate_up.group, layer.down.group} == {32}
+
+
 def test_a_qurl_step_logs_quant_metrics_and_saves_the_original_form(tmp_path):
     """A 1-step qurl run on the tiny model: the step logs quant/update_visible_frac and
     time/quantize_s; the learner trains the scaled parametrisation, the checkpoint holds the original

@@ -161,7 +161,7 @@ def test_int8_group_linear_equals_reference_of_the_same_quantized_values(rows, o
         assert lin.kernel == "native" and lin.q is None and torch.equal(lin.codes(), q)
         torch.testing.assert_close(lin(x, b).double(), ref, **tol)
         portable = native.load(native.build(flags=[f for f in native.FLAGS if not f.startswith("-march")]))
-        y2 = native.linear_int8_group(x, native.pack_int8(q, lib=portable), s, group, b, lib=portable)
+        y2 = native.linear_int8(x, native.pack_int8(q, lib=portable), s, b, group=group, lib=portable)
         torch.testing.assert_close(y2.double(), ref, **tol)
         with native.torch_only():
             torch.testing.assert_close(lin(x, b).double(), ref, **tol)

@@ -10,7 +10,7 @@ Five sources, one library:
   SiLU(gate)·up (:func:`silu_mul`) and RoPE in place (:func:`rope_`);
 - ``linear_int8.c``: the ``int8`` sampler's W8A8 products with per-token activation scales on AVX2
   integer instructions (:func:`pack_int8`, :func:`linear_int8`; :mod:`sparserl.rollout.quant.int8`),
-  and ``int8_group``'s with per-group scales and the full 8-bit weight grid (:func:`linear_int8_group`;
+  and ``int8_group``'s with per-group scales and the full 8-bit weight grid (``linear_int8(group=G)``;
   :mod:`sparserl.rollout.quant.int8_group`);
 - ``kv_scores.c``: the compressors' scores without their large temporaries: R-KV's redundancy term
   (:func:`rkv_redundancy`; :func:`sparserl.rollout.kv.rkv.redundancy` uses it) and the
@@ -320,9 +320,8 @@ def rope_(x: torch.Tensor, n_heads: int, cos: torch.Tensor, sin: torch.Tensor, l
 
 
 def pack_int8(q: torch.Tensor, lib=None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Int8 codes Q [N, K] → (panels, column sums) for :func:`linear_int8` (which needs |Q| ≤ 64,
-    see ``linear_int8.c``) or :func:`linear_int8_group` (|Q| ≤ 127), or None when the library is not
-    available."""
+    """Int8 codes Q [N, K] → (panels, column sums) for :func:`linear_int8` (|Q| ≤ 64 per token,
+    |Q| ≤ 127 with groups; see ``linear_int8.c``), or None when the library is not available."""
     lib = lib or library()
     if lib is None or q.device.type != "cpu" or q.dtype != torch.int8 or q.dim() != 2:
         return None
@@ -347,13 +346,19 @@ def unpack_int8(packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
 
 
 def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scales: torch.Tensor,
-                bias: torch.Tensor | None = None, lib=None) -> torch.Tensor | None:
-    """``a_t s_n Σ_k P_tk Q_nk (+ bias)`` with P the per-token int8 quantization of x [..., K]
-    float32 (``linear_int8.c``), Q given as :func:`pack_int8`'s panels and ``scales`` [N] float32.
+                bias: torch.Tensor | None = None, group: int | None = None, lib=None) -> torch.Tensor | None:
+    """The int8 W8A8 products of ``linear_int8.c`` on x [..., K] float32, Q given as
+    :func:`pack_int8`'s panels and ``scales`` [N] float32:
+
+    - ``group=None``: ``a_t s_n Σ_k P_tk Q_nk (+ bias)``, P quantized per token (``int8``; |Q| ≤ 64);
+    - ``group=G``: ``s_n Σ_j a_tj Σ_{k ∈ j} P_tk Q_nk (+ bias)``, one scale per token and group of G
+      inputs (``int8_group``; |Q| ≤ 127, G a multiple of 4).
+
     None when the kernel does not take this input (the caller runs another kernel)."""
     panels, colsum = packed
     lib = _lib_for(lib, x, scales, *(t for t in (bias,) if t is not None))
-    if lib is None or not scales.is_contiguous() or (bias is not None and not bias.is_contiguous()):
+    if (lib is None or not scales.is_contiguous() or (bias is not None and not bias.is_contiguous())
+            or (group is not None and (group <= 0 or group % 4))):
         return None
     N, K = panels.out_features, panels.in_features
     x2 = _rows(x) if x.shape[-1] == K else None
@@ -361,37 +366,18 @@ def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scal
         return None
     rows = x2.shape[0]
     out = torch.empty(*x.shape[:-1], N, dtype=torch.float32)
-    work = torch.empty(rows * (4 + -(-K // 4) * 4), dtype=torch.uint8)
-    if rows and lib.sparserl_linear_int8(rows, N, K, x2.data_ptr(), x2.stride(0), panels.data_ptr(), colsum.data_ptr(),
-                                         scales.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
-                                         N, work.data_ptr()) != 0:
-        return None
-    return out
-
-
-def linear_int8_group(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scales: torch.Tensor, group: int,
-                      bias: torch.Tensor | None = None, lib=None) -> torch.Tensor | None:
-    """``s_n Σ_j a_tj Σ_{k ∈ j} P_tk Q_nk (+ bias)`` with P the int8 quantization of x [..., K]
-    float32 with one scale per token and group of ``group`` inputs (``linear_int8.c``), Q
-    (|Q| ≤ 127) given as :func:`pack_int8`'s panels, ``scales`` [N]. None when the kernel does not
-    take this input."""
-    panels = packed[0]
-    lib = _lib_for(lib, x, scales, *(t for t in (bias,) if t is not None))
-    if (lib is None or group <= 0 or group % 4 or not scales.is_contiguous()
-            or (bias is not None and not bias.is_contiguous())):
-        return None
-    N, K = panels.out_features, panels.in_features
-    x2 = _rows(x) if x.shape[-1] == K else None
-    if x2 is None:
-        return None
-    rows = x2.shape[0]
-    out = torch.empty(*x.shape[:-1], N, dtype=torch.float32)
-    work = torch.empty(rows * (4 * -(-K // group) + -(-K // 4) * 4), dtype=torch.uint8)
-    if rows and lib.sparserl_linear_int8_group(rows, N, K, group, x2.data_ptr(), x2.stride(0), panels.data_ptr(),
-                                               scales.data_ptr(), None if bias is None else bias.data_ptr(),
-                                               out.data_ptr(), N, work.data_ptr()) != 0:
-        return None
-    return out
+    if rows == 0:
+        return out
+    k_pad, b_ptr = -(-K // 4) * 4, None if bias is None else bias.data_ptr()
+    if group is None:  # work: the rows' scales (4 bytes each) and their quantized values
+        work = torch.empty(rows * (4 + k_pad), dtype=torch.uint8)
+        rc = lib.sparserl_linear_int8(rows, N, K, x2.data_ptr(), x2.stride(0), panels.data_ptr(), colsum.data_ptr(),
+                                      scales.data_ptr(), b_ptr, out.data_ptr(), N, work.data_ptr())
+    else:
+        work = torch.empty(rows * (4 * -(-K // group) + k_pad), dtype=torch.uint8)
+        rc = lib.sparserl_linear_int8_group(rows, N, K, group, x2.data_ptr(), x2.stride(0), panels.data_ptr(),
+                                            scales.data_ptr(), b_ptr, out.data_ptr(), N, work.data_ptr())
+    return None if rc != 0 else out
 
 
 def rkv_redundancy(keys: torch.Tensor, valid: torch.Tensor, threshold: float, lib=None) -> torch.Tensor | None:

@@ -92,7 +92,7 @@ class Int8GroupLinear(QuantizedLinear):
 
     def matmul(self, x2: torch.Tensor) -> torch.Tensor:
         if self.native is not None:
-            y = native.linear_int8_group(x2, self.native, self.scales, self.group)
+            y = native.linear_int8(x2, self.native, self.scales, group=self.group)
             if y is not None:
                 return y
             if self.q is None:  # the torch path runs here (torch_only, compile): keep its codes
