@@ -84,9 +84,17 @@ class Grouped(QuantizedLinear):
         xg = x2.view(n, k // self.group, self.group)
         a = xg.abs().amax(-1, keepdim=True).clamp(min=1e-30) / 127
         return (torch.round(xg / a).clamp(-127, 127) * a).view(n, k) @ self.w.t()
+class GroupedW(Grouped):
+    """As :class:`Grouped`, the weights too on 8 bits per output channel and group of G inputs."""
+    def __init__(self, q, s, group):
+        super().__init__(q, s, group)
+        wg = self.w.view(q.shape[0], -1, group)
+        ws = wg.abs().amax(-1, keepdim=True).clamp(min=1e-30) / 127
+        self.w = (torch.round(wg / ws) * ws).view_as(self.w)
 for G in (192, 64, 32):
     KERN[f"g{G}w7"] = (lambda q, s, G=G: Grouped(q, s, G), 64)
     KERN[f"g{G}w8"] = (lambda q, s, G=G: Grouped(q, s, G), 127)
+    KERN[f"g{G}wg"] = (lambda q, s, G=G: GroupedW(q, s, G), 127)
 
 def variant(fields=FIELDS, smooth=0.0, wonly_bits=None, head=False, kern="w7a8"):
     K, QM = KERN[kern]
@@ -129,6 +137,12 @@ cases = {
     "sym": dict(kern="sym"), "sym smooth 0.5": dict(kern="sym", smooth=0.5), "sym smooth 0.3": dict(kern="sym", smooth=0.3),
     "group 192 W7": dict(kern="g192w7"), "group 64 W7": dict(kern="g64w7"), "group 64 W8": dict(kern="g64w8"),
     "group 64 W8 smooth 0.5": dict(kern="g64w8", smooth=0.5), "group 32 W8": dict(kern="g32w8"),
+    "group 64 W8 per group": dict(kern="g64wg"), "group 64 W8 per group smooth 0.5": dict(kern="g64wg", smooth=0.5),
+    "group 32 W8 per group": dict(kern="g32wg"),
+    **{f"group 64 W8 smooth {a}": dict(kern="g64w8", smooth=a) for a in (0.3, 0.4, 0.6, 0.7)},
+    **{f"group 32 W8 smooth {a}": dict(kern="g32w8", smooth=a) for a in (0.5, 0.6)},
+    **{f"group 64 W8 {f} only": dict(kern="g64w8", fields=(f,)) for f in FIELDS},
+    **{f"group 64 W8 smooth 0.5 {f} only": dict(kern="g64w8", smooth=0.5, fields=(f,)) for f in FIELDS},
 }
 for name in (sys.argv[1:] or cases):
     t = time.time(); a = alpha(variant(**cases[name]))

@@ -39,6 +39,7 @@ from ..rollout import native
 from ..rollout.engine import RolloutEngine
 from ..rollout.kv import CompressorOptionError, KVCompressor, build_compressor
 from ..rollout.kv_quant import get_kv_quantizer
+from ..rollout.profile import BENCH_PROMPT
 from ..rollout.quant import build_quant
 from ..rollout.sampling import SamplingParams
 from .machine import decode_linear_weights, gemm_flops_per_s, machine_info, memory_bandwidth
@@ -47,7 +48,6 @@ from .mismatch import sampler_mismatch
 from .openvino_peer import PeerUnavailable, openvino_rows
 from .roofline import decode_step_flops, mean_kv_tokens, roofline
 
-BENCH_PROMPT = [{"role": "user", "content": "Write a long, detailed story about a dragon who learns mathematics."}]
 PEERS = ("openvino",)
 KERNELS = ("native", "torch")  # --kernels: the C kernels (attention, weight products; where they apply), torch's ops
 

@@ -2,20 +2,24 @@
 
 Runs one ``generate`` and splits its decode time (prefill excluded) into:
 
-- ``matmul``: every product with a weight (q/k/v, o, gate/up, down and the LM head), i.e. each call
-  of :func:`sparserl.rollout.model.linear`;
+- ``matmul``: every product with a decoder weight (q/k/v, o, gate/up, down), i.e. each call of
+  :func:`sparserl.rollout.model.linear` outside the LM head, quantized or not (``--quant``);
+- ``lm_head``: the final norm and the LM head's product (:meth:`SamplerModel.logits`, float even
+  when the decoder's weights are quantized);
 - ``attention``: softmax(q Kᵀ) V over the cache (:func:`sparserl.rollout.cache.attention`);
 - ``compression``: :meth:`CompressedKVCache.compress` (scoring, selection, moving the kept slots);
 - ``sampling``: log-softmax, inverse-CDF draw, log-prob of the sampled token;
 - ``other``: the rest, i.e. Python, RMSNorm, RoPE, residual adds, cache writes and bookkeeping.
 
 Each part is timed by a wrapper around the function (the CPU runs operators synchronously; on CUDA
-pass ``--sync`` so that each part waits for its kernels). With ``--compile`` the layer math is one
+pass ``--sync`` so that each part waits for its kernels); a timed part called inside another (the
+LM head's product inside ``lm_head``) counts for the outer one. With ``--compile`` the layer math is one
 compiled function: only compression, sampling and the total are split. ``--torch-profiler`` also
 prints torch.profiler's top operators by self time.
 
     python -m sparserl.rollout.profile --batch 16 --max-new-tokens 256 --compressor rkv --kv-budget 256 --step-length 128
     python -m sparserl.rollout.profile --job default --compressor rkv     # the default training job's shape
+    python -m sparserl.rollout.profile --batch 16 --max-new-tokens 1024 --quant int8   # the quantized sampler
 """
 from __future__ import annotations
 
@@ -34,26 +38,28 @@ from .engine import RolloutEngine
 from .kv import build_compressor
 from .sampling import SamplingParams
 
+#: the benchmark's prompt (``sparserl bench rollout`` too): long free text, so no row stops early
 BENCH_PROMPT = [{"role": "user", "content": "Write a long, detailed story about a dragon who learns mathematics."}]
 SYSTEM = ("You are a careful math tutor. Read the problem, add or subtract the numbers it gives, and reply "
           "with one short sentence that ends with the final answer as a number in \\boxed{}.")
 
 
-def _timed(fn, name: str, acc: dict, sync):
-    depth = [0]  # a call from inside the same function (linear's add_to fallback) is counted once
-
+def _timed(fn, name: str, acc: dict, active: list, sync):
+    """``fn`` wrapped to add its time to ``acc[name]``; ``active`` (shared by the wrappers) holds the
+    timed call under way, so that a timed part called inside another (the LM head's product inside
+    ``lm_head``, linear's ``add_to`` fallback inside ``matmul``) counts for the outer one only."""
     def wrapper(*a, **kw):
-        if depth[0]:
+        if active:
             return fn(*a, **kw)
-        depth[0] += 1
         sync()
+        active.append(name)
         t = time.perf_counter()
         try:
             out = fn(*a, **kw)
             sync()
         finally:
-            depth[0] -= 1
-        acc[name] += time.perf_counter() - t
+            acc[name] += time.perf_counter() - t
+            active.pop()
         return out
 
     return wrapper
@@ -64,6 +70,7 @@ class Split:
 
     def __init__(self, compiled: bool, sync: bool):
         self.acc: dict[str, float] = defaultdict(float)
+        self.active: list = []
         self.compiled = compiled
         self.sync = torch.cuda.synchronize if sync and torch.cuda.is_available() else (lambda: None)
 
@@ -75,14 +82,15 @@ class Split:
         points = [(model_mod, "linear", "matmul") if hasattr(model_mod, "linear") else (SamplerModel, "linear", "matmul"),
                   (cache_mod, "attention", "attention") if hasattr(cache_mod, "attention")
                   else (CompressedKVCache, "attend", "attention"),
-                  (CompressedKVCache, "compress", "compression"), (engine_mod, "sample", "sampling")]
+                  (CompressedKVCache, "compress", "compression"), (engine_mod, "sample", "sampling"),
+                  (SamplerModel, "logits", "lm_head")]
         self.saved = []
         for owner, name, label in points:
             if self.compiled and label in ("matmul", "attention"):
                 continue  # inside the compiled function: not separable
             raw = owner.__dict__[name]
             fn = raw.__func__ if isinstance(raw, staticmethod) else raw
-            wrapped = _timed(fn, label, self.acc, self.sync)
+            wrapped = _timed(fn, label, self.acc, self.active, self.sync)
             setattr(owner, name, staticmethod(wrapped) if isinstance(raw, staticmethod) else wrapped)
             self.saved.append((owner, name, raw))
         # the prefill's matmuls are not decode time: take them back out
@@ -116,17 +124,21 @@ def job_prompts(job: str, batch: int):
 def profile(model: str = "smollm2-135m", dtype: str = "float32", batch: int = 16, max_new_tokens: int = 256,
             compressor: str = "none", kv_budget: int = 256, step_length: int = 128, window: int | None = None,
             compress_prompt: bool | None = None, job: str = "bench", compile: bool = False, seed: int = 0,
-            torch_profiler: bool = False, sync: bool = False) -> dict:
+            torch_profiler: bool = False, sync: bool = False, quant: str = "none", quant_group: int | None = None,
+            quant_smooth: float = 0.0, kv_quant: str = "none", loaded=None) -> dict:
+    """One timed ``generate`` of the shape, split as in the module docstring; ``loaded``: an already
+    loaded model (else ``model`` is loaded in ``dtype``)."""
     from ..models.loading import load_model
 
     if job == "default":  # the default training job's rollout settings
         batch, max_new_tokens, kv_budget, step_length = 32, 48, 40, 2
         window = 8 if window is None else window
         compress_prompt = True if compress_prompt is None else compress_prompt
-    lm = load_model(model, dtype=dtype)
+    lm = loaded if loaded is not None else load_model(model, dtype=dtype)
     comp = build_compressor(compressor, kv_budget=kv_budget, step_length=step_length, window=window,
                             compress_prompt=compress_prompt)
-    eng = RolloutEngine(lm, comp, dtype=dtype, **({"compile": True} if compile else {}))
+    eng = RolloutEngine(lm, comp, dtype=dtype, quant=quant, quant_group=quant_group, quant_smooth=quant_smooth,
+                        kv_quant=kv_quant, **({"compile": True} if compile else {}))
     prompts, n = job_prompts(job, batch)
     params = SamplingParams(n=n, max_new_tokens=max_new_tokens, seed=seed, ignore_eos=(job != "default"))
     eng.generate(prompts, SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))  # warm-up (and compile)
@@ -146,6 +158,7 @@ def profile(model: str = "smollm2-135m", dtype: str = "float32", batch: int = 16
     steps = max(len(r) for r in out.response_ids)
     return {
         "job": job, "compressor": compressor, "compile": compile, "batch": batch, "max_new_tokens": max_new_tokens,
+        "quant": quant, "quant_group": quant_group, "quant_smooth": quant_smooth, "kv_quant": kv_quant,
         "kv_budget": None if compressor == "none" else kv_budget, "step_length": step_length,
         "tokens": out.tokens_generated, "seconds": out.seconds, "prefill_seconds": out.prefill_seconds,
         "tokens_per_s": out.tokens_per_s, "decode_steps": steps, "ms_per_step": 1e3 * decode / max(1, steps),
@@ -169,13 +182,21 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--torch-profiler", action="store_true")
     ap.add_argument("--sync", action="store_true")
+    ap.add_argument("--quant", default="none", help="the sampler's weights: none | int8 | int8_group | ...")
+    ap.add_argument("--quant-group", type=int, default=None, help="int8_group's inputs per activation scale")
+    ap.add_argument("--quant-smooth", type=float, default=0.0, help="SmoothQuant's migration strength")
+    ap.add_argument("--kv-quant", default="none", help="the KV cache's storage: none | int8 | fp8")
     ap.add_argument("--json", default=None, help="append the result as one JSON line to this file")
     a = ap.parse_args(argv)
     r = profile(a.model, a.dtype, a.batch, a.max_new_tokens, a.compressor, a.kv_budget, a.step_length, a.window,
-                None, a.job, a.compile, torch_profiler=a.torch_profiler, sync=a.sync)
+                None, a.job, a.compile, torch_profiler=a.torch_profiler, sync=a.sync, quant=a.quant,
+                quant_group=a.quant_group, quant_smooth=a.quant_smooth, kv_quant=a.kv_quant)
     split = "  ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(r["split_fraction"].items(), key=lambda x: -x[1]))
-    print(f"{r['job']} {r['compressor']}{' compiled' if r['compile'] else ''} B={r['batch']} L={r['max_new_tokens']}: "
+    quant = "" if a.quant == "none" and a.kv_quant == "none" else f" w:{a.quant} kv:{a.kv_quant}"
+    print(f"{r['job']} {r['compressor']}{quant}{' compiled' if r['compile'] else ''} B={r['batch']} L={r['max_new_tokens']}: "
           f"{r['tokens_per_s']:.1f} tok/s, {r['ms_per_step']:.1f} ms/step, {r['compressions']} compressions | {split}")
+    print("ms/step: " + "  ".join(f"{k} {1e3 * v / max(1, r['decode_steps']):.1f}"
+                                  for k, v in sorted(r["split_seconds"].items(), key=lambda x: -x[1])))
     if r["torch_profiler"]:
         print(r["torch_profiler"])
     if a.json:

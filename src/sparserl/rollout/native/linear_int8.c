@@ -26,6 +26,7 @@
 #include "simd.h"
 
 #define NR8 16 /* output columns per panel */
+#define PREFETCH_G 128 /* how many panel rows (64 bytes each) ahead the first row block prefetches */
 
 int sparserl_int8_panel_width(void) { return NR8; }
 
@@ -48,20 +49,51 @@ void sparserl_pack_int8(int N, int K, const int8_t *Q, int8_t *Wq, int32_t *cols
     }
 }
 
+/* max_k |x_k| over n floats */
+static inline float absmax(const float *x, int n) {
+    int k = 0;
+    float m = 0.f;
+#ifdef __AVX2__
+    __m256 v = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    for (; k + 8 <= n; k += 8) v = _mm256_max_ps(v, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
+    float t[8];
+    _mm256_storeu_ps(t, v);
+    for (int j = 0; j < 8; j++) m = fmaxf(m, t[j]);
+#endif
+    for (; k < n; k++) m = fmaxf(m, fabsf(x[k]));
+    return m;
+}
+
+/* c_k = clamp(round(x_k * inv), -127, 127) + offset as bytes (offset 128: unsigned codes), rounding
+ * half to even as torch.round (nearbyintf; vcvtps2dq in the default rounding mode) */
+static inline void round_codes(const float *x, int n, float inv, int offset, uint8_t *c) {
+    int k = 0;
+#ifdef __AVX2__
+    const __m256 vinv = _mm256_set1_ps(inv), hi = _mm256_set1_ps(127.f), lo = _mm256_set1_ps(-127.f);
+    const __m256i off = _mm256_set1_epi32(offset);
+    for (; k + 8 <= n; k += 8) {
+        const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(x + k), vinv), lo), hi);
+        const __m256i q = _mm256_add_epi32(_mm256_cvtps_epi32(v), off);
+        const __m128i q16 = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+        _mm_storel_epi64((__m128i *)(c + k), offset ? _mm_packus_epi16(q16, q16) : _mm_packs_epi16(q16, q16));
+    }
+#endif
+    for (; k < n; k++) {
+        float v = nearbyintf(x[k] * inv);
+        v = v > 127.f ? 127.f : (v < -127.f ? -127.f : v);
+        c[k] = (uint8_t)((int)v + offset);
+    }
+}
+
 /* X [M, K] float32 -> U [M, K4] uint8 (P + 128; 128 past K) and a [M] (1 for an all-zero row). */
 static void quantize_rows(int M, int K, const float *X, int64_t ldx, uint8_t *U, float *a) {
     const int K4 = (K + 3) & ~3;
     for (int r = 0; r < M; r++) {
         const float *x = X + (int64_t)r * ldx;
-        float m = 0.f;
-        for (int k = 0; k < K; k++) m = fmaxf(m, fabsf(x[k]));
-        const float scale = m > 0.f ? m / 127.f : 1.f, inv = 1.f / scale;
+        const float m = absmax(x, K), scale = m > 0.f ? m / 127.f : 1.f;
         uint8_t *u = U + (int64_t)r * K4;
-        for (int k = 0; k < K; k++) {
-            float v = nearbyintf(x[k] * inv); /* round half to even, as torch.round */
-            v = v > 127.f ? 127.f : (v < -127.f ? -127.f : v);
-            u[k] = (uint8_t)((int)v + 128);
-        }
+        round_codes(x, K, 1.f / scale, 128, u);
         for (int k = K; k < K4; k++) u[k] = 128;
         a[r] = scale;
     }
@@ -92,10 +124,13 @@ static inline void finish_row(float *y, const int32_t *acc, const int32_t *colsu
 
 static inline __attribute__((always_inline)) void tile8(const int MR, int K4, const uint8_t *U, const float *a,
                                                          const int8_t *w, const int32_t *colsum, const float *s,
-                                                         const float *bias, float *Y, int64_t ldy, int ncols) {
+                                                         const float *bias, float *Y, int64_t ldy, int ncols,
+                                                         const int prefetch) {
     const __m256i ones = _mm256_set1_epi16(1);
     I8_DECL(0) I8_DECL(1) I8_DECL(2) I8_DECL(3)
     for (int g = 0; g < K4 / 4; g++) {
+        /* the first row block streams the panel from memory: fetch ahead, into the next panel */
+        if (prefetch) _mm_prefetch((const char *)(w + (int64_t)(g + PREFETCH_G) * NR8 * 4), _MM_HINT_T0);
         __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + (int64_t)g * NR8 * 4)),
                 w1 = _mm256_loadu_si256((const __m256i *)(w + (int64_t)g * NR8 * 4 + 32));
         __asm__("" : "+x"(w0), "+x"(w1)); /* kept in registers (see linear.c) */
@@ -107,11 +142,17 @@ static inline __attribute__((always_inline)) void tile8(const int MR, int K4, co
 static void panel8(int M, int K4, const uint8_t *U, const float *a, const int8_t *w, const int32_t *colsum,
                    const float *s, const float *bias, float *Y, int64_t ldy, int ncols) {
     int m = 0;
-    for (; m + 4 <= M; m += 4) tile8(4, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols);
+    for (; m + 4 <= M; m += 4) {
+        if (m == 0)
+            tile8(4, K4, U, a, w, colsum, s, bias, Y, ldy, ncols, 1);
+        else
+            tile8(4, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols, 0);
+    }
+    const int pf = m == 0;
     switch (M - m) {
-        case 3: tile8(3, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols); break;
-        case 2: tile8(2, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols); break;
-        case 1: tile8(1, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols); break;
+        case 3: tile8(3, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols, pf); break;
+        case 2: tile8(2, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols, pf); break;
+        case 1: tile8(1, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols, pf); break;
         default: break;
     }
 }
@@ -166,14 +207,8 @@ static void quantize_groups(int M, int K, int G, const float *X, int64_t ldx, in
         int8_t *p = P + (int64_t)r * K4;
         for (int j = 0; j < NG; j++) {
             const int k0 = j * G, k1 = k0 + G < K ? k0 + G : K;
-            float m = 0.f;
-            for (int k = k0; k < k1; k++) m = fmaxf(m, fabsf(x[k]));
-            const float scale = m > 0.f ? m / 127.f : 1.f, inv = 1.f / scale;
-            for (int k = k0; k < k1; k++) {
-                float v = nearbyintf(x[k] * inv);
-                v = v > 127.f ? 127.f : (v < -127.f ? -127.f : v);
-                p[k] = (int8_t)v;
-            }
+            const float m = absmax(x + k0, k1 - k0), scale = m > 0.f ? m / 127.f : 1.f;
+            round_codes(x + k0, k1 - k0, 1.f / scale, 0, (uint8_t *)p + k0);
             a[(int64_t)r * NG + j] = scale;
         }
         for (int k = K; k < K4; k++) p[k] = 0;
@@ -207,7 +242,8 @@ static void quantize_groups(int M, int K, int G, const float *X, int64_t ldx, in
 /* MR (<= 4) rows x 16 columns: per group, int32 sums in registers, then scaled into float sums */
 static inline __attribute__((always_inline)) void tile_group(const int MR, int K4, int G, int NG, const int8_t *P,
                                                               const float *a, const int8_t *w, const float *s,
-                                                              const float *bias, float *Y, int64_t ldy, int ncols) {
+                                                              const float *bias, float *Y, int64_t ldy, int ncols,
+                                                              const int prefetch) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 f00 = _mm256_setzero_ps(), f01 = f00, f10 = f00, f11 = f00, f20 = f00, f21 = f00, f30 = f00, f31 = f00;
     for (int j = 0; j < NG; j++) {
@@ -215,6 +251,7 @@ static inline __attribute__((always_inline)) void tile_group(const int MR, int K
         __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
                 c31 = c00;
         for (int g = g0; g < g1; g++) {
+            if (prefetch) _mm_prefetch((const char *)(w + (int64_t)(g + PREFETCH_G) * NR8 * 4), _MM_HINT_T0);
             const __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + (int64_t)g * NR8 * 4)),
                           w1 = _mm256_loadu_si256((const __m256i *)(w + (int64_t)g * NR8 * 4 + 32));
             G8_DOT(0) G8_DOT(1) G8_DOT(2) G8_DOT(3)
@@ -227,12 +264,17 @@ static inline __attribute__((always_inline)) void tile_group(const int MR, int K
 static void panel_group(int M, int K4, int G, int NG, const int8_t *P, const float *a, const int8_t *w,
                         const float *s, const float *bias, float *Y, int64_t ldy, int ncols) {
     int m = 0;
-    for (; m + 4 <= M; m += 4)
-        tile_group(4, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols);
+    for (; m + 4 <= M; m += 4) {
+        if (m == 0)
+            tile_group(4, K4, G, NG, P, a, w, s, bias, Y, ldy, ncols, 1);
+        else
+            tile_group(4, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols, 0);
+    }
+    const int pf = m == 0;
     switch (M - m) {
-        case 3: tile_group(3, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols); break;
-        case 2: tile_group(2, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols); break;
-        case 1: tile_group(1, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols); break;
+        case 3: tile_group(3, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols, pf); break;
+        case 2: tile_group(2, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols, pf); break;
+        case 1: tile_group(1, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols, pf); break;
         default: break;
     }
 }
