@@ -167,6 +167,26 @@ def test_int8_group_linear_equals_reference_of_the_same_quantized_values(rows, o
             torch.testing.assert_close(lin(x, b).double(), ref, **tol)
 
 
+@pytest.mark.skipif(native.library() is None, reason="no C compiler: no native kernels")
+@pytest.mark.parametrize("group", [None, 8])
+def test_native_activation_codes_round_half_to_even_as_torch(group):
+    """The kernels' vectorised quantization (8 lanes, then a scalar tail) gives torch.round's codes,
+    ties to even included: every row's max is 127 (scale 1), the other inputs are k + 0.5, and one
+    weight column per input reads each code back exactly."""
+    k = 37 if group is None else 40  # a tail past the 8-lane loop; group: 5 groups of 8
+    x = torch.arange(k, dtype=torch.float32)[None].repeat(3, 1) % 9 - 4.5  # -4.5 .. 3.5
+    x[0] *= -1
+    x[:, 0] = 127.0  # max |x| = 127 → a = 1 (per token, and per group for group 0)
+    if group is not None:
+        x[:, ::group] = 127.0  # every group's max is 127
+    q = torch.zeros(k, k, dtype=torch.int8)
+    q.fill_diagonal_(1)  # output n = code of input n
+    s = torch.ones(k)
+    packed = native.pack_int8(q)
+    y = native.linear_int8(x, packed, s, group=group)
+    assert torch.equal(y, torch.round(x))  # 2.5 → 2, -3.5 → -4, 0.5 → 0
+
+
 def test_int8_group_size_reaches_the_kernel_and_bad_sizes_are_refused(tiny):
     """rollout.quant_group → the quantizer → every linear of the sampler; 32 differs from 64 in its
     products; sizes the kernel cannot take are refused by name."""
