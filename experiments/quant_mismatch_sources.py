@@ -3,8 +3,9 @@ sampler variants against the dense float32 sampler on real text (8 GSM8K questio
 solutions, 160 tokens each, α over positions 20-159): one projection quantized at a time, weights
 only at 7 and 8 bits, SmoothQuant at several strengths (calibrated on 16 other GSM8K texts), W8A7,
 the exact symmetric W8A8 of the CUDA path, the LM head, and activation scales per token and group of
-G inputs (``int8_group``'s maths, emulated in float: G = 192 / 64 / 32, 7- and 8-bit weights).
-Results: docs/results/smoothquant.md.
+G inputs (``int8_group``'s maths, emulated in float: G = 192 / 64 / 32, 7- and 8-bit weights, weight
+scales per channel or per channel and group of G, one projection at a time, SmoothQuant strengths,
+the LM head on the same maths). Results: docs/results/smoothquant.md.
 
     python3 experiments/quant_mismatch_sources.py            # every case (~2 min on 2 cores)
     python3 experiments/quant_mismatch_sources.py "smooth 0.5" "sym"   # some
@@ -110,8 +111,11 @@ def variant(fields=FIELDS, smooth=0.0, wonly_bits=None, head=False, kern="w7a8")
                 setattr(lw, f, Smooth(K(*quantize_int8_per_channel(w * sc[None], QM)), 1 / sc))
             else:
                 setattr(lw, f, K(*quantize_int8_per_channel(w, QM)))
-    if head:
+    if head is True:
         m.lm_head = Int8Linear(*quantize_int8_per_channel(dense.lm_head, QMAX_FBGEMM))
+    elif head:  # a KERN name: the LM head on that kernel's maths
+        HK, HQM = KERN[head]
+        m.lm_head = HK(*quantize_int8_per_channel(dense.lm_head, HQM))
     return m
 
 def alpha(m):
@@ -139,6 +143,8 @@ cases = {
     "group 64 W8 smooth 0.5": dict(kern="g64w8", smooth=0.5), "group 32 W8": dict(kern="g32w8"),
     "group 64 W8 per group": dict(kern="g64wg"), "group 64 W8 per group smooth 0.5": dict(kern="g64wg", smooth=0.5),
     "group 32 W8 per group": dict(kern="g32wg"),
+    "group 64 W8 smooth 0.5 + head group 64": dict(kern="g64w8", smooth=0.5, head="g64w8"),
+    "head only, group 64 W8": dict(fields=(), head="g64w8"),
     **{f"group 64 W8 smooth {a}": dict(kern="g64w8", smooth=a) for a in (0.3, 0.4, 0.6, 0.7)},
     **{f"group 32 W8 smooth {a}": dict(kern="g32w8", smooth=a) for a in (0.5, 0.6)},
     **{f"group 64 W8 {f} only": dict(kern="g64w8", fields=(f,)) for f in FIELDS},
