@@ -432,3 +432,25 @@ def test_resume_falls_back_over_a_corrupt_checkpoint(tmp_path, capsys, one_step_
     assert rc == 0, text
     assert f"{newest}: truncated or corrupt" in text and "falling back to" in text
     assert "resumed from" in text and "step-000001" in text
+
+
+@pytest.mark.parametrize("argv,culprit", [
+    (["--quant", "int4"], "int4"),
+    (["--quant", "int8", "--quant-group", "64"], "--quant-group"),
+    (["--quant", "int8_group", "--quant-group", "6"], "multiple of 4"),
+    (["--quant", "int8", "--quant-smooth", "1.5"], "--quant-smooth"),
+    (["--kv-quant", "int3"], "int3"),
+    (["--compressor", "rkvv"], "rkvv"),
+])
+def test_profiler_options_fail_before_the_model_loads(argv, culprit, monkeypatch, capsys):
+    """``python -m sparserl.rollout.profile``: a bad option is one line on stderr and exit 2; the
+    model is never loaded."""
+    from sparserl.rollout import profile as profile_mod
+
+    def no_load(*a, **kw):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr("sparserl.models.loading.load_model", no_load)
+    assert profile_mod.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and culprit in err and "Traceback" not in err

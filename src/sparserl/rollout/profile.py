@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections import defaultdict
 
@@ -36,6 +37,9 @@ from . import model as model_mod
 from .cache import CompressedKVCache
 from .engine import RolloutEngine
 from .kv import build_compressor
+from .kv_quant import get_kv_quantizer
+from .quant import build_quant
+from .quant.smooth import check_strength
 from .sampling import SamplingParams
 
 #: the benchmark's prompt (``sparserl bench rollout`` too): long free text, so no row stops early
@@ -121,6 +125,19 @@ def job_prompts(job: str, batch: int):
     return [BENCH_PROMPT], batch
 
 
+def check_quant_options(quant: str, quant_group: int | None, quant_smooth: float, kv_quant: str) -> None:
+    """A ValueError naming the option for an unknown quantizer name, a bad group (or a group without
+    ``int8_group``) or a SmoothQuant strength outside [0, 1)."""
+    quantizer = build_quant(quant, quant_group)
+    if quant_group is not None and not quantizer.takes_group:
+        raise ValueError(f"--quant-group {quant_group} applies to --quant int8_group only; --quant is {quant!r}")
+    try:
+        check_strength(quant_smooth)
+    except ValueError as e:
+        raise ValueError(f"--quant-smooth: {e}") from None
+    get_kv_quantizer(kv_quant)
+
+
 def profile(model: str = "smollm2-135m", dtype: str = "float32", batch: int = 16, max_new_tokens: int = 256,
             compressor: str = "none", kv_budget: int = 256, step_length: int = 128, window: int | None = None,
             compress_prompt: bool | None = None, job: str = "bench", compile: bool = False, seed: int = 0,
@@ -134,9 +151,10 @@ def profile(model: str = "smollm2-135m", dtype: str = "float32", batch: int = 16
         batch, max_new_tokens, kv_budget, step_length = 32, 48, 40, 2
         window = 8 if window is None else window
         compress_prompt = True if compress_prompt is None else compress_prompt
-    lm = loaded if loaded is not None else load_model(model, dtype=dtype)
     comp = build_compressor(compressor, kv_budget=kv_budget, step_length=step_length, window=window,
                             compress_prompt=compress_prompt)
+    check_quant_options(quant, quant_group, quant_smooth, kv_quant)  # before the model loads
+    lm = loaded if loaded is not None else load_model(model, dtype=dtype)
     eng = RolloutEngine(lm, comp, dtype=dtype, quant=quant, quant_group=quant_group, quant_smooth=quant_smooth,
                         kv_quant=kv_quant, **({"compile": True} if compile else {}))
     prompts, n = job_prompts(job, batch)
@@ -188,6 +206,12 @@ def main(argv=None) -> int:
     ap.add_argument("--kv-quant", default="none", help="the KV cache's storage: none | int8 | fp8")
     ap.add_argument("--json", default=None, help="append the result as one JSON line to this file")
     a = ap.parse_args(argv)
+    try:  # a bad option is one line on stderr, before anything loads
+        build_compressor(a.compressor, kv_budget=a.kv_budget, step_length=a.step_length, window=a.window)
+        check_quant_options(a.quant, a.quant_group, a.quant_smooth, a.kv_quant)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     r = profile(a.model, a.dtype, a.batch, a.max_new_tokens, a.compressor, a.kv_budget, a.step_length, a.window,
                 None, a.job, a.compile, torch_profiler=a.torch_profiler, sync=a.sync, quant=a.quant,
                 quant_group=a.quant_group, quant_smooth=a.quant_smooth, kv_quant=a.kv_quant)
