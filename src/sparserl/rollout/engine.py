@@ -26,6 +26,7 @@ import torch
 
 from ..models.loading import LoadedModel, parse_dtype
 from .cache import CompressedKVCache
+from . import fused
 from .compiled import decode_layers
 from .kv.base import KVCompressor
 from .kv.none import Dense
@@ -87,7 +88,7 @@ class RolloutEngine:
     def __init__(self, loaded: LoadedModel, compressor: KVCompressor,
                  dtype: str | torch.dtype | None = None, max_batch: int | None = None, compile: bool | str = False,
                  pack_weights: bool | None = None, kv_quant: str = "none", quant: str = "none",
-                 quant_smooth: float = 0.0, quant_group: int | None = None):
+                 quant_smooth: float = 0.0, quant_group: int | None = None, fused: bool = True):
         """``compressor``: a :class:`KVCompressor`; ``get_compressor("none")`` for a dense cache.
         ``compile``: run each decode layer through ``torch.compile`` (:mod:`sparserl.rollout.compiled`;
         the first step compiles, once per model shape and process); True = inductor, a string = that
@@ -99,7 +100,9 @@ class RolloutEngine:
         ``self.model.last_quantize_s``). ``quant_smooth``: SmoothQuant's migration strength for the
         quantized activations (0 = off), calibrated at every push on :data:`CALIBRATION_TEXT`
         (:mod:`sparserl.rollout.quant.smooth`). ``quant_group``: inputs per activation scale of
-        ``int8_group`` (None: 64)."""
+        ``int8_group`` (None: 64). ``fused``: on CPU, run each decode layer as three native calls
+        (:mod:`sparserl.rollout.fused`; the same numbers) where its weights allow; False = the eager
+        step, operator by operator (profiling)."""
         self.tokenizer = loaded.tokenizer
         self.dtype = parse_dtype(dtype) if dtype is not None else next(loaded.model.parameters()).dtype
         calibration_ids = None
@@ -113,6 +116,7 @@ class RolloutEngine:
         self.max_batch = max_batch
         self.kv_quant = get_kv_quantizer(kv_quant).name  # an unknown name fails here, with a hint
         self.compile: str | None = ("inductor" if compile is True else compile) or None
+        self.fused = bool(fused)
         self.eos_ids = self._eos_ids(loaded.model)
         self._newline_ids: torch.Tensor | None = None
         self.step_hook = None  # tests/debugging: called as hook(event, **state) around each decode step
@@ -308,6 +312,9 @@ class RolloutEngine:
         bias = cache.begin_step(positions)
         if self.compile:
             h = decode_layers(m, h, cos, sin, cache, bias, self.compile)
+            cache.end_step()
+            return m.logits(h[:, 0]).float()
+        if self.fused and fused.decode_layers(m, h, cos, sin, cache, bias) is not None:  # h updated in place
             cache.end_step()
             return m.logits(h[:, 0]).float()
         for layer, lw in enumerate(m.layers):

@@ -1,6 +1,6 @@
 """Native CPU kernels of the sampler, compiled on first use with the machine's C compiler.
 
-Five sources, one library:
+Six sources, one library:
 
 - ``decode_attention.c``: the fused decode attention, which the cache's
   :func:`sparserl.rollout.cache.attention` uses on CPU for float32 K/V and int8 / fp8 KV codes;
@@ -12,6 +12,9 @@ Five sources, one library:
   integer instructions (:func:`pack_int8`, :func:`linear_int8`; :mod:`sparserl.rollout.quant.int8`),
   and ``int8_group``'s with per-group scales and the full 8-bit weight grid (``linear_int8(group=G)``;
   :mod:`sparserl.rollout.quant.int8_group`);
+- ``decode_layer.c``: a whole decode layer in two calls around the attention, every product through
+  one weight descriptor (:class:`Weight`: float32 panels, ``int8``, ``int8_group``, SmoothQuant's
+  ``1/s``); :mod:`sparserl.rollout.fused` runs the decode step on it;
 - ``kv_scores.c``: the compressors' scores without their large temporaries: R-KV's redundancy term
   (:func:`rkv_redundancy`; :func:`sparserl.rollout.kv.rkv.redundancy` uses it) and the
   observation-window attention (:func:`window_attention`; :func:`sparserl.rollout.kv.base.window_attention`).
@@ -46,7 +49,8 @@ from pathlib import Path
 import torch
 
 SOURCES = [Path(__file__).with_name(name)
-           for name in ("decode_attention.c", "linear.c", "layer_ops.c", "linear_int8.c", "kv_scores.c")]
+           for name in ("decode_attention.c", "linear.c", "layer_ops.c", "linear_int8.c", "kv_scores.c",
+                        "decode_layer.c")]
 HEADERS = [Path(__file__).with_name("simd.h")]
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared"]
 _LIB: list = []  # [ctypes library or None] once loaded
@@ -132,7 +136,46 @@ def load(path: str | Path):
     lib.sparserl_rkv_redundancy.restype = i
     lib.sparserl_window_attention.argtypes = [i, i, i, i, i, i, p, i64, i64, i64, p, i64, i64, i64, p, i64, i, p]
     lib.sparserl_window_attention.restype = i
+    lib.sparserl_weight_size.restype = i
+    if lib.sparserl_weight_size() != ctypes.sizeof(Weight):
+        raise RuntimeError("decode_layer.c's sparserl_weight does not match native.Weight")
+    w = ctypes.POINTER(Weight)
+    lib.sparserl_apply.argtypes = [w, i, p, i64, p, i64, i]
+    lib.sparserl_apply.restype = i
+    lib.sparserl_layer_qkv.argtypes = [i, i, p, p, fl, w, i, i, i, p, p, p, p, p, p, i64, i64, i64, p]
+    lib.sparserl_layer_qkv.restype = i
+    lib.sparserl_layer_mlp.argtypes = [i, i, p, p, i64, w, p, fl, w, w, p, p, p]
+    lib.sparserl_layer_mlp.restype = i
     return lib
+
+
+class Weight(ctypes.Structure):
+    """``decode_layer.c``'s weight descriptor: which kernel multiplies by it and where its parts
+    are. Holds raw addresses: whoever builds one keeps the tensors alive (:attr:`keep`)."""
+
+    FLOAT32, INT8, INT8_GROUP = 0, 1, 2
+    _fields_ = [("kind", ctypes.c_int32), ("N", ctypes.c_int32), ("K", ctypes.c_int32), ("group", ctypes.c_int32),
+                ("panels", ctypes.c_void_p), ("colsum", ctypes.c_void_p), ("scales", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p), ("smooth", ctypes.c_void_p)]
+
+    @classmethod
+    def of(cls, kind: int, panels: torch.Tensor, N: int, K: int, group: int = 0, colsum=None, scales=None,
+           bias=None, smooth=None) -> "Weight | None":
+        """A descriptor over these tensors (CPU; float32 but for int8 panels and int32 column sums,
+        all contiguous), or None when one of them is not a tensor the kernels take."""
+        parts = {"colsum": colsum, "scales": scales, "bias": bias, "smooth": smooth}
+        want = {"colsum": torch.int32}
+        for name, t in parts.items():
+            if t is not None and (t.device.type != "cpu" or t.dtype != want.get(name, torch.float32)
+                                  or not t.is_contiguous()):
+                return None
+        if panels.device.type != "cpu" or not panels.is_contiguous():
+            return None
+        if (bias is not None and bias.numel() != N) or (smooth is not None and smooth.numel() != K):
+            return None
+        d = cls(kind, N, K, group, panels.data_ptr(), *(None if t is None else t.data_ptr() for t in parts.values()))
+        d.keep = (panels, *parts.values())
+        return d
 
 
 def library():

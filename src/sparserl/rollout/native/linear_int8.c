@@ -100,8 +100,9 @@ static void quantize_rows(int M, int K, const float *X, int64_t ldx, uint8_t *U,
 }
 
 static inline void finish_row(float *y, const int32_t *acc, const int32_t *colsum, float a, const float *s,
-                              const float *bias, int ncols) {
-    for (int j = 0; j < ncols; j++) y[j] = (float)(acc[j] - 128 * colsum[j]) * a * s[j] + (bias ? bias[j] : 0.f);
+                              const float *bias, int ncols, int accumulate) {
+    for (int j = 0; j < ncols; j++)
+        y[j] = (accumulate ? y[j] : 0.f) + ((float)(acc[j] - 128 * colsum[j]) * a * s[j] + (bias ? bias[j] : 0.f));
 }
 
 #ifdef __AVX2__
@@ -119,13 +120,13 @@ static inline void finish_row(float *y, const int32_t *acc, const int32_t *colsu
         int32_t acc[NR8];                                                                    \
         _mm256_storeu_si256((__m256i *)acc, c##r##0);                                        \
         _mm256_storeu_si256((__m256i *)(acc + 8), c##r##1);                                  \
-        finish_row(Y + (int64_t)r * ldy, acc, colsum, a[r], s, bias, ncols);                 \
+        finish_row(Y + (int64_t)r * ldy, acc, colsum, a[r], s, bias, ncols, accumulate);                 \
     }
 
 static inline __attribute__((always_inline)) void tile8(const int MR, int K4, const uint8_t *U, const float *a,
                                                          const int8_t *w, const int32_t *colsum, const float *s,
                                                          const float *bias, float *Y, int64_t ldy, int ncols,
-                                                         const int prefetch) {
+                                                         int accumulate, const int prefetch) {
     const __m256i ones = _mm256_set1_epi16(1);
     I8_DECL(0) I8_DECL(1) I8_DECL(2) I8_DECL(3)
     for (int g = 0; g < K4 / 4; g++) {
@@ -140,25 +141,25 @@ static inline __attribute__((always_inline)) void tile8(const int MR, int K4, co
 }
 
 static void panel8(int M, int K4, const uint8_t *U, const float *a, const int8_t *w, const int32_t *colsum,
-                   const float *s, const float *bias, float *Y, int64_t ldy, int ncols) {
+                   const float *s, const float *bias, float *Y, int64_t ldy, int ncols, int accumulate) {
     int m = 0;
     for (; m + 4 <= M; m += 4) {
         if (m == 0)
-            tile8(4, K4, U, a, w, colsum, s, bias, Y, ldy, ncols, 1);
+            tile8(4, K4, U, a, w, colsum, s, bias, Y, ldy, ncols, accumulate, 1);
         else
-            tile8(4, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols, 0);
+            tile8(4, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols, accumulate, 0);
     }
     const int pf = m == 0;
     switch (M - m) {
-        case 3: tile8(3, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols, pf); break;
-        case 2: tile8(2, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols, pf); break;
-        case 1: tile8(1, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols, pf); break;
+        case 3: tile8(3, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols, accumulate, pf); break;
+        case 2: tile8(2, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols, accumulate, pf); break;
+        case 1: tile8(1, K4, U + (int64_t)m * K4, a + m, w, colsum, s, bias, Y + m * ldy, ldy, ncols, accumulate, pf); break;
         default: break;
     }
 }
 #else
 static void panel8(int M, int K4, const uint8_t *U, const float *a, const int8_t *w, const int32_t *colsum,
-                   const float *s, const float *bias, float *Y, int64_t ldy, int ncols) {
+                   const float *s, const float *bias, float *Y, int64_t ldy, int ncols, int accumulate) {
     for (int r = 0; r < M; r++) {
         int32_t acc[NR8];
         for (int j = 0; j < NR8; j++) {
@@ -166,15 +167,16 @@ static void panel8(int M, int K4, const uint8_t *U, const float *a, const int8_t
             for (int k = 0; k < K4; k++) t += (int32_t)U[(int64_t)r * K4 + k] * w[((k / 4) * NR8 + j) * 4 + (k & 3)];
             acc[j] = t;
         }
-        finish_row(Y + (int64_t)r * ldy, acc, colsum, a[r], s, bias, ncols);
+        finish_row(Y + (int64_t)r * ldy, acc, colsum, a[r], s, bias, ncols, accumulate);
     }
 }
 #endif
 
-/* Y [M, N] (ldy) = the product above; `work` holds M * (K4 + 4) bytes (quantized rows) and M
- * floats (their scales). */
-int sparserl_linear_int8(int M, int N, int K, const float *X, int64_t ldx, const int8_t *Wq, const int32_t *colsum,
-                         const float *scales, const float *bias, float *Y, int64_t ldy, uint8_t *work) {
+/* Y [M, N] (ldy) = (or, with `accumulate`, +=) the product above; `work` holds M * (K4 + 4) bytes
+ * (quantized rows) and M floats (their scales). */
+int sparserl_linear_int8_acc(int M, int N, int K, const float *X, int64_t ldx, const int8_t *Wq,
+                             const int32_t *colsum, const float *scales, const float *bias, float *Y, int64_t ldy,
+                             uint8_t *work, int accumulate) {
     if (M <= 0 || N <= 0 || K <= 0) return -1;
     const int K4 = (K + 3) & ~3, P = (N + NR8 - 1) / NR8;
     float *a = (float *)work;
@@ -184,9 +186,14 @@ int sparserl_linear_int8(int M, int N, int K, const float *X, int64_t ldx, const
     for (int p = 0; p < P; p++) {
         const int n0 = p * NR8, ncols = N - n0 < NR8 ? N - n0 : NR8;
         panel8(M, K4, U, a, Wq + (int64_t)p * (K4 / 4) * NR8 * 4, colsum + n0, scales + n0, bias ? bias + n0 : 0,
-               Y + n0, ldy, ncols);
+               Y + n0, ldy, ncols, accumulate);
     }
     return 0;
+}
+
+int sparserl_linear_int8(int M, int N, int K, const float *X, int64_t ldx, const int8_t *Wq, const int32_t *colsum,
+                         const float *scales, const float *bias, float *Y, int64_t ldy, uint8_t *work) {
+    return sparserl_linear_int8_acc(M, N, K, X, ldx, Wq, colsum, scales, bias, Y, ldy, work, 0);
 }
 
 /* ---- int8 with per-group activation scales (rollout.quant = int8_group) ----------------------
@@ -236,14 +243,14 @@ static void quantize_groups(int M, int K, int G, const float *X, int64_t ldx, in
         _mm256_storeu_ps(acc, f##r##0);                                                                        \
         _mm256_storeu_ps(acc + 8, f##r##1);                                                                    \
         float *y = Y + (int64_t)r * ldy;                                                                       \
-        for (int c = 0; c < ncols; c++) y[c] = acc[c] * s[c] + (bias ? bias[c] : 0.f);                         \
+        for (int c = 0; c < ncols; c++) y[c] = (accumulate ? y[c] : 0.f) + (acc[c] * s[c] + (bias ? bias[c] : 0.f)); \
     }
 
 /* MR (<= 4) rows x 16 columns: per group, int32 sums in registers, then scaled into float sums */
 static inline __attribute__((always_inline)) void tile_group(const int MR, int K4, int G, int NG, const int8_t *P,
                                                               const float *a, const int8_t *w, const float *s,
                                                               const float *bias, float *Y, int64_t ldy, int ncols,
-                                                              const int prefetch) {
+                                                              int accumulate, const int prefetch) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 f00 = _mm256_setzero_ps(), f01 = f00, f10 = f00, f11 = f00, f20 = f00, f21 = f00, f30 = f00, f31 = f00;
     for (int j = 0; j < NG; j++) {
@@ -262,25 +269,25 @@ static inline __attribute__((always_inline)) void tile_group(const int MR, int K
 }
 
 static void panel_group(int M, int K4, int G, int NG, const int8_t *P, const float *a, const int8_t *w,
-                        const float *s, const float *bias, float *Y, int64_t ldy, int ncols) {
+                        const float *s, const float *bias, float *Y, int64_t ldy, int ncols, int accumulate) {
     int m = 0;
     for (; m + 4 <= M; m += 4) {
         if (m == 0)
-            tile_group(4, K4, G, NG, P, a, w, s, bias, Y, ldy, ncols, 1);
+            tile_group(4, K4, G, NG, P, a, w, s, bias, Y, ldy, ncols, accumulate, 1);
         else
-            tile_group(4, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols, 0);
+            tile_group(4, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols, accumulate, 0);
     }
     const int pf = m == 0;
     switch (M - m) {
-        case 3: tile_group(3, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols, pf); break;
-        case 2: tile_group(2, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols, pf); break;
-        case 1: tile_group(1, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols, pf); break;
+        case 3: tile_group(3, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols, accumulate, pf); break;
+        case 2: tile_group(2, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols, accumulate, pf); break;
+        case 1: tile_group(1, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols, accumulate, pf); break;
         default: break;
     }
 }
 #else
 static void panel_group(int M, int K4, int G, int NG, const int8_t *P, const float *a, const int8_t *w,
-                        const float *s, const float *bias, float *Y, int64_t ldy, int ncols) {
+                        const float *s, const float *bias, float *Y, int64_t ldy, int ncols, int accumulate) {
     for (int r = 0; r < M; r++) {
         const int8_t *pr = P + (int64_t)r * K4;
         float facc[NR8] = {0};
@@ -294,15 +301,16 @@ static void panel_group(int M, int K4, int G, int NG, const int8_t *P, const flo
             }
         }
         float *y = Y + (int64_t)r * ldy;
-        for (int c = 0; c < ncols; c++) y[c] = facc[c] * s[c] + (bias ? bias[c] : 0.f);
+        for (int c = 0; c < ncols; c++) y[c] = (accumulate ? y[c] : 0.f) + (facc[c] * s[c] + (bias ? bias[c] : 0.f));
     }
 }
 #endif
 
 /* Y [M, N] (ldy) = the product above; `work` holds M * K4 bytes (quantized rows) and
  * M * ceil(K / G) floats (their scales). Returns -1 on bad sizes. */
-int sparserl_linear_int8_group(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
-                               const float *scales, const float *bias, float *Y, int64_t ldy, uint8_t *work) {
+int sparserl_linear_int8_group_acc(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
+                                   const float *scales, const float *bias, float *Y, int64_t ldy, uint8_t *work,
+                                   int accumulate) {
     if (M <= 0 || N <= 0 || K <= 0 || G <= 0 || G % 4) return -1;
     const int K4 = (K + 3) & ~3, P = (N + NR8 - 1) / NR8, NG = (K + G - 1) / G;
     float *a = (float *)work;
@@ -312,7 +320,12 @@ int sparserl_linear_int8_group(int M, int N, int K, int G, const float *X, int64
     for (int p = 0; p < P; p++) {
         const int n0 = p * NR8, ncols = N - n0 < NR8 ? N - n0 : NR8;
         panel_group(M, K4, G, NG, Pq, a, Wq + (int64_t)p * (K4 / 4) * NR8 * 4, scales + n0, bias ? bias + n0 : 0,
-                    Y + n0, ldy, ncols);
+                    Y + n0, ldy, ncols, accumulate);
     }
     return 0;
+}
+
+int sparserl_linear_int8_group(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
+                               const float *scales, const float *bias, float *Y, int64_t ldy, uint8_t *work) {
+    return sparserl_linear_int8_group_acc(M, N, K, G, X, ldx, Wq, scales, bias, Y, ldy, work, 0);
 }

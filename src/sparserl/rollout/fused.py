@@ -1,0 +1,161 @@
+"""The fused decode step on CPU: each decoder layer in three native calls.
+
+The eager step (:meth:`sparserl.rollout.engine.RolloutEngine._decode`) calls ~20 operators a layer
+from Python: the norms, the four products, RoPE, the cache write, the attention, SiLU·up, views
+and transposes. On the project's 2-core CPU each costs 10-40 µs in its wrapper and torch's
+dispatch before any arithmetic, over 10 ms of a ~100-ms step of SmolLM2-135M at batch 16
+(docs/results/engine_profile.md). Here a layer is
+
+1. ``sparserl_layer_qkv`` (``native/decode_layer.c``): RMSNorm, the fused q/k/v product, RoPE, and
+   k, v stored at each row's slot of a float32 cache;
+2. the fused attention over the cache (``decode_attention.c``), called with addresses computed
+   here; a quantized KV cache (``kv_quant``) takes :meth:`CompressedKVCache.attend` instead;
+3. ``sparserl_layer_mlp``: ``h += a Woᵀ``, RMSNorm, gate/up, SiLU·up, ``h += act Wdownᵀ``.
+
+The same kernels in the same order as the eager step, so the same numbers to the bit (tested for
+float32, ``int8``, ``int8_group`` and SmoothQuant weights, a quantized KV cache and every
+compressor). Weights the kernels do not take (``fp8``, ``int8_weight_only``, torch-only
+packings), per-head q/k norms (Qwen3), another device or dtype, or native kernels off: the eager
+step runs (:func:`decode_layers` returns None).
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from . import native
+from .cache import CompressedKVCache
+from .model import NATIVE_PACKED, SamplerModel
+from .quant.int8 import Int8Linear
+from .quant.int8_group import Int8GroupLinear
+from .quant.smooth import SmoothedLinear
+
+
+def weight_descriptor(w, bias: torch.Tensor | None = None) -> native.Weight | None:
+    """:class:`native.Weight` for a sampler weight (float32 panels, a native ``int8`` /
+    ``int8_group`` weight, or one of those behind SmoothQuant's 1/s), or None."""
+    smooth = None
+    if isinstance(w, SmoothedLinear):
+        w, smooth = w.inner, w.inv_s
+    if isinstance(w, torch.Tensor):
+        panels = getattr(w, NATIVE_PACKED, None)
+        if panels is None or smooth is not None:
+            return None
+        return native.Weight.of(native.Weight.FLOAT32, panels, panels.out_features, panels.in_features, bias=bias)
+    if isinstance(w, Int8Linear) and w.native is not None:
+        return native.Weight.of(native.Weight.INT8, w.native[0], w.out_features, w.in_features, colsum=w.native[1],
+                                scales=w.scales, bias=bias, smooth=smooth)
+    if isinstance(w, Int8GroupLinear) and w.native is not None:
+        return native.Weight.of(native.Weight.INT8_GROUP, w.native[0], w.out_features, w.in_features,
+                                group=w.group, scales=w.scales, bias=bias, smooth=smooth)
+    return None
+
+
+@dataclass
+class FusedLayer:
+    ln1: torch.Tensor
+    ln2: torch.Tensor
+    qkv: native.Weight
+    o: native.Weight
+    gate_up: native.Weight
+    down: native.Weight
+
+
+class FusedLayers:
+    """Every layer's descriptors for one set of sampler weights, and the step's scratch buffers
+    per batch size."""
+
+    def __init__(self, model: SamplerModel):
+        self.source = model.layers  # the weights these describe: a push (load_weights) makes a new list
+        self.layers: list[FusedLayer] | None = []
+        for lw in model.layers:
+            parts = [weight_descriptor(lw.qkv, lw.qkv_bias), weight_descriptor(lw.o), weight_descriptor(lw.gate_up),
+                     weight_descriptor(lw.down)]
+            norms_ok = all(t.dtype == torch.float32 and t.is_contiguous() for t in (lw.ln1, lw.ln2))
+            if any(d is None for d in parts) or lw.q_norm is not None or not norms_ok:
+                self.layers = None
+                return
+            self.layers.append(FusedLayer(lw.ln1, lw.ln2, *parts))
+        self.width = (model.n_heads + 2 * model.n_kv) * model.head_dim
+        self.inter = self.layers[0].gate_up.N // 2 if self.layers else 0
+        self._buffers: dict[int, dict] = {}
+
+    def buffers(self, model: SamplerModel, B: int) -> dict:
+        buf = self._buffers.get(B)
+        if buf is None:
+            hq, hkv, D = model.n_heads, model.n_kv, model.head_dim
+            qkv = torch.empty(B, self.width)
+            heads = qkv.view(B, 1, hq + 2 * hkv, D)
+            buf = {"x": torch.empty(B, model.hidden), "qkv": qkv, "a": torch.empty(B, hq * D),
+                   "gu": torch.empty(B, 2 * self.inter), "act": torch.empty(B, self.inter),
+                   # the eager step's q, k, v [B, H, 1, D]: views of qkv
+                   "q": heads[:, :, :hq].transpose(1, 2), "k": heads[:, :, hq : hq + hkv].transpose(1, 2),
+                   "v": heads[:, :, hq + hkv :].transpose(1, 2)}
+            self._buffers = {B: buf}  # the batch only shrinks within a generate: keep one size
+        return buf
+
+
+def fused_layers(model: SamplerModel) -> FusedLayers | None:
+    """The model's :class:`FusedLayers` (rebuilt after a weight push), or None when its weights
+    are not all ones the native layer takes."""
+    plan = getattr(model, "_fused_layers", None)
+    if plan is None or plan.source is not model.layers:
+        plan = FusedLayers(model)
+        model._fused_layers = plan
+    return plan if plan.layers else None
+
+
+def available(model: SamplerModel) -> bool:
+    """Whether :func:`decode_layers` runs on this model now."""
+    return (model.device.type == "cpu" and model.dtype == torch.float32 and native.active()
+            and not torch.compiler.is_compiling() and fused_layers(model) is not None)
+
+
+def decode_layers(model: SamplerModel, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  cache: CompressedKVCache, bias: torch.Tensor) -> torch.Tensor | None:
+    """Every layer of one decode step (after ``cache.begin_step``) on the native layer: h [B, 1,
+    hidden] (updated in place and returned), cos / sin [B, 1, D], bias [B, 1, 1, L]. None, with
+    nothing done, when :func:`available` is False."""
+    if not available(model):
+        return None
+    plan, lib = fused_layers(model), native.library()
+    B, hidden = h.shape[0], model.hidden
+    hq, hkv, D = model.n_heads, model.n_kv, model.head_dim
+    h, cos, sin, bias = h.contiguous(), cos.contiguous(), sin.contiguous(), bias.contiguous()
+    buf = plan.buffers(model, B)
+    x, qkv, a, gu, act = (buf[k].data_ptr() for k in ("x", "qkv", "a", "gu", "act"))
+    hp, cp, sp, bp = h.data_ptr(), cos.data_ptr(), sin.data_ptr(), bias.data_ptr()
+    L = bias.shape[-1]
+    keys, values = cache.keys, cache.values
+    direct = (keys.dtype == torch.float32 and cache.k_scale is None and keys.stride() == values.stride()
+              and keys.stride(-1) == 1 and L <= keys.shape[3])
+    if direct:  # the slot writes and the attention in C, at addresses computed here
+        slots = cache.write_slots().to(torch.int64).contiguous()
+        p = torch.empty(B, hkv, hq // hkv, L)
+        item = keys.element_size()
+        layer_bytes, (sb, sh, ss) = keys.stride(0) * item, keys.stride()[1:4]
+        k0, v0 = keys.data_ptr(), values.data_ptr()
+    eps, scale = ctypes.c_float(model.eps), ctypes.c_float(D**-0.5)
+    for layer, fl in enumerate(plan.layers):
+        if direct:
+            kp, vp = k0 + layer * layer_bytes, v0 + layer * layer_bytes
+            rc = lib.sparserl_layer_qkv(B, hidden, hp, fl.ln1.data_ptr(), eps, fl.qkv, hq, hkv, D, cp, sp, x, qkv,
+                                        kp, vp, sb, sh, ss, slots.data_ptr())
+            rc = rc or lib.sparserl_decode_attention(B, hq, hkv, L, D, qkv, plan.width, D, kp, vp, sb, sh, ss, None,
+                                                     None, 0, 0, 0, bp, L, scale, 1.0, a, p.data_ptr())
+            if cache.attn_acc is not None:
+                cache.attn_acc[layer, :, :, :L] += p.sum(dim=2)
+            cache.record_query(layer, buf["q"])
+            a_ptr = a
+        else:
+            rc = lib.sparserl_layer_qkv(B, hidden, hp, fl.ln1.data_ptr(), eps, fl.qkv, hq, hkv, D, cp, sp, x, qkv,
+                                        None, None, 0, 0, 0, None)
+            out = cache.attend(layer, buf["q"], buf["k"], buf["v"], bias).contiguous()
+            a_ptr = out.data_ptr()
+        rc = rc or lib.sparserl_layer_mlp(B, hidden, hp, a_ptr, hq * D, fl.o, fl.ln2.data_ptr(), eps, fl.gate_up,
+                                          fl.down, x, gu, act)
+        if rc != 0:
+            raise RuntimeError(f"sparserl native decode layer {layer} failed (rc={rc})")
+    return h

@@ -1,0 +1,124 @@
+/* A decode layer of the sampler in two calls (sparserl.rollout.fused):
+ *
+ *   sparserl_layer_qkv:  x = rms_norm(h; ln1);  [q | k | v] = x Wqkv^T (+ b);  RoPE on q and k in place;
+ *                        k and v stored at each row's slot of the layer's float32 K, V buffers
+ *   sparserl_layer_mlp:  h += a Wo^T;  x = rms_norm(h; ln2);  [g | u] = x Wgu^T;  h += (silu(g) u) Wdown^T
+ *
+ * (attention over the cache runs between them: decode_attention.c). Every product goes through
+ * sparserl_apply, which takes one descriptor per weight: float32 panels (linear.c), int8 with
+ * per-token scales or int8 with per-group scales (linear_int8.c), each optionally with
+ * SmoothQuant's per-input 1/s (the inputs multiplied by it first, as SmoothedLinear does).
+ *
+ * Why: the same operators called one at a time from Python cost ~30-40 us each in their
+ * wrappers and in torch's small operators on the project's 2-core machine (a ctypes call alone
+ * ~10 us), about 20 of them a layer: over 10 ms of a ~100-ms step of SmolLM2-135M at batch 16.
+ * The maths and its order are those of the unfused step, so the results are the same bits.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { WEIGHT_FLOAT32 = 0, WEIGHT_INT8 = 1, WEIGHT_INT8_GROUP = 2 };
+
+typedef struct {
+    int32_t kind;            /* WEIGHT_* */
+    int32_t N, K, group;     /* out features, in features, inputs per activation scale (int8 group) */
+    const void *panels;      /* linear.c's float panels or linear_int8.c's int8 panels */
+    const int32_t *colsum;   /* int8: the panels' column sums */
+    const float *scales;     /* int8: per output channel */
+    const float *bias;       /* [N] or NULL */
+    const float *smooth;     /* [K]: multiplies the inputs first (SmoothQuant's 1/s), or NULL */
+} sparserl_weight;
+
+int sparserl_linear(int M, int N, int K, const float *X, int64_t ldx, const float *Wp, const float *bias, float *Y,
+                    int64_t ldy, int accumulate);
+int sparserl_linear_int8_acc(int M, int N, int K, const float *X, int64_t ldx, const int8_t *Wq,
+                             const int32_t *colsum, const float *scales, const float *bias, float *Y, int64_t ldy,
+                             uint8_t *work, int accumulate);
+int sparserl_linear_int8_group_acc(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
+                                   const float *scales, const float *bias, float *Y, int64_t ldy, uint8_t *work,
+                                   int accumulate);
+void sparserl_rms_norm(int M, int D, const float *x, int64_t ldx, const float *w, float eps, float *y, int64_t ldy);
+void sparserl_silu_mul(int M, int I, const float *gu, int64_t ldg, float *y, int64_t ldy);
+void sparserl_rope(int M, int H, int D, float *x, int64_t ldx, const float *cos_, const float *sin_, int64_t ldc);
+
+int sparserl_weight_size(void) { return (int)sizeof(sparserl_weight); }
+
+/* Y (+)= X W^T (+ bias) for the M rows of X (ldx apart); 0, or -1 on a bad descriptor or no memory. */
+int sparserl_apply(const sparserl_weight *w, int M, const float *X, int64_t ldx, float *Y, int64_t ldy,
+                   int accumulate) {
+    const int N = w->N, K = w->K, K4 = (K + 3) & ~3;
+    float *smoothed = 0;
+    uint8_t *work = 0;
+    int rc = -1;
+    if (w->smooth) {
+        smoothed = malloc(sizeof(float) * (size_t)M * K);
+        if (!smoothed) return -1;
+        for (int r = 0; r < M; r++)
+            for (int k = 0; k < K; k++) smoothed[(int64_t)r * K + k] = X[(int64_t)r * ldx + k] * w->smooth[k];
+        X = smoothed;
+        ldx = K;
+    }
+    switch (w->kind) {
+        case WEIGHT_FLOAT32:
+            rc = sparserl_linear(M, N, K, X, ldx, (const float *)w->panels, w->bias, Y, ldy, accumulate);
+            break;
+        case WEIGHT_INT8:
+            work = malloc((size_t)M * (K4 + 4));
+            if (work)
+                rc = sparserl_linear_int8_acc(M, N, K, X, ldx, (const int8_t *)w->panels, w->colsum, w->scales,
+                                              w->bias, Y, ldy, work, accumulate);
+            break;
+        case WEIGHT_INT8_GROUP:
+            if (w->group > 0) {
+                work = malloc((size_t)M * (4 * ((K + w->group - 1) / w->group) + K4));
+                if (work)
+                    rc = sparserl_linear_int8_group_acc(M, N, K, w->group, X, ldx, (const int8_t *)w->panels,
+                                                        w->scales, w->bias, Y, ldy, work, accumulate);
+            }
+            break;
+        default:
+            break;
+    }
+    free(work);
+    free(smoothed);
+    return rc;
+}
+
+/* h [M, hidden] -> qkv [M, (Hq + 2 Hkv) D] (q and k rotated by cos/sin [M, D]); x [M, hidden] is
+ * scratch. With K != NULL, row r's k and v heads are stored at slot slots[r] of K, V (float32,
+ * element (b, h, s, d) at b sb + h sh + s ss + d). */
+int sparserl_layer_qkv(int M, int hidden, const float *h, const float *ln1, float eps, const sparserl_weight *wqkv,
+                       int Hq, int Hkv, int D, const float *cos_, const float *sin_, float *x, float *qkv, float *K,
+                       float *V, int64_t sb, int64_t sh, int64_t ss, const int64_t *slots) {
+    const int width = (Hq + 2 * Hkv) * D;
+    if (wqkv->N != width || wqkv->K != hidden) return -1;
+    sparserl_rms_norm(M, hidden, h, hidden, ln1, eps, x, hidden);
+    if (sparserl_apply(wqkv, M, x, hidden, qkv, width, 0) != 0) return -1;
+    sparserl_rope(M, Hq + Hkv, D, qkv, width, cos_, sin_, D);
+    if (K) {
+        for (int r = 0; r < M; r++) {
+            const float *k = qkv + (int64_t)r * width + (int64_t)Hq * D, *v = k + (int64_t)Hkv * D;
+            for (int j = 0; j < Hkv; j++) {
+                const int64_t at = r * sb + j * sh + slots[r] * ss;
+                memcpy(K + at, k + (int64_t)j * D, sizeof(float) * D);
+                memcpy(V + at, v + (int64_t)j * D, sizeof(float) * D);
+            }
+        }
+    }
+    return 0;
+}
+
+/* h [M, hidden] += the attention's output a [M, lda apart] through Wo, then the MLP; x [M, hidden],
+ * gu [M, 2 I] and act [M, I] are scratch (I = wgu->N / 2). */
+int sparserl_layer_mlp(int M, int hidden, float *h, const float *a, int64_t lda, const sparserl_weight *wo,
+                       const float *ln2, float eps, const sparserl_weight *wgu, const sparserl_weight *wdown, float *x,
+                       float *gu, float *act) {
+    const int inter = wgu->N / 2;
+    if (wo->N != hidden || wgu->K != hidden || wgu->N % 2 || wdown->K != inter || wdown->N != hidden) return -1;
+    if (sparserl_apply(wo, M, a, lda, h, hidden, 1) != 0) return -1;
+    sparserl_rms_norm(M, hidden, h, hidden, ln2, eps, x, hidden);
+    if (sparserl_apply(wgu, M, x, hidden, gu, 2 * inter, 0) != 0) return -1;
+    sparserl_silu_mul(M, inter, gu, 2 * inter, act, inter);
+    return sparserl_apply(wdown, M, act, inter, h, hidden, 1);
+}

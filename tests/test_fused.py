@@ -1,0 +1,111 @@
+"""The fused decode step (``sparserl.rollout.fused``: a layer in three native calls) against the
+eager one, operator by operator: the same kernels in the same order, so the same tokens and
+bit-identical log-probs, for every compressor, the weight quantizations it takes, SmoothQuant and a
+quantized KV cache (which attends through the cache's own path)."""
+import pytest
+import torch
+
+from sparserl.rollout import fused, native
+from sparserl.rollout.engine import RolloutEngine
+from sparserl.rollout.kv import available_compressors, get_compressor
+from sparserl.rollout.sampling import SamplingParams
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="native kernels unavailable")
+
+PROMPTS = ["a b c", [{"role": "user", "content": "Count from one to twenty, slowly please."}]]
+
+
+def make(name):
+    return get_compressor(name, budget=12, step_length=6, **({"window": 4} if name == "snapkv" else {}))
+
+
+def run_both(engine, params):
+    """(fused output, eager output) of the same engine and sampling; the fused step really ran."""
+    calls = []
+    real = fused.decode_layers
+
+    def counted(*a, **kw):
+        out = real(*a, **kw)
+        calls.append(out is not None)
+        return out
+
+    fused.decode_layers = counted
+    try:
+        engine.fused = True
+        a = engine.generate(PROMPTS, params)
+    finally:
+        fused.decode_layers = real
+    assert calls and all(calls)
+    engine.fused = False
+    b = engine.generate(PROMPTS, params)
+    return a, b
+
+
+def assert_same(a, b):
+    assert a.response_ids == b.response_ids
+    for x, y in zip(a.sampler_logprobs, b.sampler_logprobs):
+        assert torch.equal(torch.as_tensor(x), torch.as_tensor(y))
+    assert (a.kv.compressions, a.kv.bytes_peak, a.kv_tokens_kept) == (b.kv.compressions, b.kv.bytes_peak,
+                                                                      b.kv_tokens_kept)
+
+
+@pytest.mark.parametrize("name", available_compressors())
+def test_fused_step_is_the_eager_step(tiny, name):
+    """Every compressor (window queries, attention accumulators); rows leave the batch on EOS."""
+    engine = RolloutEngine(tiny, make(name))
+    engine.eos_ids = set(range(0, len(tiny.tokenizer), 40))  # rows stop at different steps
+    a, b = run_both(engine, SamplingParams(n=3, max_new_tokens=30, seed=7, temperature=1.0))
+    assert "stop" in a.finish_reason and len({len(r) for r in a.response_ids}) > 1
+    assert_same(a, b)
+
+
+@pytest.mark.parametrize("quant,smooth,kv_quant", [("int8", 0.0, "none"), ("int8_group", 0.0, "none"),
+                                                   ("int8", 0.5, "none"), ("int8_group", 0.5, "none"),
+                                                   ("none", 0.0, "int8"), ("int8", 0.0, "fp8")])
+def test_fused_step_quantized(tiny, quant, smooth, kv_quant):
+    engine = RolloutEngine(tiny, make("rkv"), quant=quant, quant_smooth=smooth, kv_quant=kv_quant)
+    assert fused.available(engine.model)
+    a, b = run_both(engine, SamplingParams(n=2, max_new_tokens=24, seed=3, temperature=1.0, ignore_eos=True))
+    assert_same(a, b)
+
+
+def test_fused_step_follows_a_weight_push(tiny):
+    """A push (update_weights) re-describes the weights: the fused step uses the new ones."""
+    engine = RolloutEngine(tiny, make("none"), quant="int8")
+    p = SamplingParams(n=2, max_new_tokens=12, seed=1, temperature=1.0, ignore_eos=True)
+    before = engine.generate(PROMPTS, p)
+    state = {k: v * 1.5 if "mlp" in k else v for k, v in tiny.model.state_dict().items()}
+    engine.update_weights(state)
+    a, b = run_both(engine, p)
+    assert_same(a, b)
+    assert a.sampler_logprobs[0] != before.sampler_logprobs[0]
+
+
+def test_weights_it_does_not_take_run_eager(tiny):
+    """fp8 (emulated), int8_weight_only and native kernels off: no fused step, the eager one runs."""
+    for quant in ("fp8", "int8_weight_only"):
+        assert not fused.available(RolloutEngine(tiny, make("none"), quant=quant).model)
+    engine = RolloutEngine(tiny, make("none"))
+    assert fused.available(engine.model)
+    with native.torch_only():
+        assert not fused.available(engine.model)
+
+
+def test_descriptor_rejects_what_the_kernels_do_not_take():
+    panels = torch.zeros(24 * 8)
+    assert native.Weight.of(native.Weight.FLOAT32, panels, 24, 8) is not None
+    assert native.Weight.of(native.Weight.FLOAT32, panels, 24, 8, bias=torch.zeros(23)) is None  # wrong length
+    assert native.Weight.of(native.Weight.FLOAT32, panels, 24, 8, bias=torch.zeros(24, dtype=torch.float64)) is None
+    assert native.Weight.of(native.Weight.FLOAT32, panels, 24, 8, smooth=torch.zeros(16)[::2]) is None  # strided
+
+
+def test_apply_bad_descriptor_is_an_error():
+    """An unknown kernel kind or int8_group without a group: -1, nothing written."""
+    lib = native.library()
+    x, y = torch.ones(2, 8), torch.full((2, 16), 7.0)
+    d = native.Weight.of(native.Weight.INT8_GROUP, torch.zeros(16 * 8, dtype=torch.int8), 16, 8,
+                         scales=torch.ones(16))
+    assert lib.sparserl_apply(d, 2, x.data_ptr(), 8, y.data_ptr(), 16, 0) == -1
+    d.kind = 9
+    assert lib.sparserl_apply(d, 2, x.data_ptr(), 8, y.data_ptr(), 16, 0) == -1
+    assert torch.equal(y, torch.full((2, 16), 7.0))
