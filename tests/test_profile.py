@@ -27,15 +27,19 @@ def test_nested_parts_count_once():
 
 
 @pytest.mark.parametrize("quant", ["none", "int8"])
-def test_profile_splits_the_decode_time(tiny, quant):
+@pytest.mark.parametrize("fused", [True, False])
+def test_profile_splits_the_decode_time(tiny, quant, fused):
     r = profile_mod.profile(batch=4, max_new_tokens=12, compressor="rkv", kv_budget=8, step_length=2, window=2,
-                            quant=quant, loaded=tiny)
+                            quant=quant, loaded=tiny, fused=fused)
     parts = r["split_seconds"]
-    assert {"matmul", "lm_head", "attention", "compression", "sampling", "other"} <= set(parts)
+    # the fused step's layers are one part; the eager step's split into products and attention
+    layer_parts = ("layers",) if fused else ("matmul", "attention")
+    assert {*layer_parts, "lm_head", "compression", "sampling", "other"} <= set(parts)
+    assert all(parts.get(k, 0.0) == 0.0 for k in {"matmul", "attention", "layers"} - set(layer_parts))
     decode = r["seconds"] - r["prefill_seconds"]
     assert sum(parts.values()) == pytest.approx(decode)
-    assert all(parts[k] > 0 for k in ("matmul", "lm_head", "attention", "compression", "sampling"))
-    assert r["quant"] == quant and r["compressions"] > 0 and r["decode_steps"] == 12
+    assert all(parts[k] > 0 for k in (*layer_parts, "lm_head", "compression", "sampling"))
+    assert r["quant"] == quant and r["compressions"] > 0 and r["decode_steps"] == 12 and r["fused"] == fused
     assert r["tokens"] == 4 * 12
 
 

@@ -9,7 +9,11 @@ Runs one ``generate`` and splits its decode time (prefill excluded) into:
 - ``attention``: softmax(q Kᵀ) V over the cache (:func:`sparserl.rollout.cache.attention`);
 - ``compression``: :meth:`CompressedKVCache.compress` (scoring, selection, moving the kept slots);
 - ``sampling``: log-softmax, inverse-CDF draw, log-prob of the sampled token;
-- ``other``: the rest, i.e. Python, RMSNorm, RoPE, residual adds, cache writes and bookkeeping.
+- ``other``: the rest, i.e. Python, RMSNorm, RoPE, residual adds, cache writes and bookkeeping;
+- ``layers``: with the fused step (:mod:`sparserl.rollout.fused`, the engine's default on CPU), all
+  the decoder layers at once (their products, norms, RoPE, cache writes and attention run inside
+  three native calls a layer and cannot be told apart); ``--unfused`` runs the eager step,
+  operator by operator, to split them as above.
 
 Each part is timed by a wrapper around the function (the CPU runs operators synchronously; on CUDA
 pass ``--sync`` so that each part waits for its kernels); a timed part called inside another (the
@@ -33,6 +37,7 @@ import torch
 
 from . import cache as cache_mod
 from . import engine as engine_mod
+from . import fused as fused_mod
 from . import model as model_mod
 from .cache import CompressedKVCache
 from .engine import RolloutEngine
@@ -87,10 +92,10 @@ class Split:
                   (cache_mod, "attention", "attention") if hasattr(cache_mod, "attention")
                   else (CompressedKVCache, "attend", "attention"),
                   (CompressedKVCache, "compress", "compression"), (engine_mod, "sample", "sampling"),
-                  (SamplerModel, "logits", "lm_head")]
+                  (SamplerModel, "logits", "lm_head"), (fused_mod, "decode_layers", "layers")]
         self.saved = []
         for owner, name, label in points:
-            if self.compiled and label in ("matmul", "attention"):
+            if self.compiled and label in ("matmul", "attention", "layers"):
                 continue  # inside the compiled function: not separable
             raw = owner.__dict__[name]
             fn = raw.__func__ if isinstance(raw, staticmethod) else raw
@@ -142,9 +147,10 @@ def profile(model: str = "smollm2-135m", dtype: str = "float32", batch: int = 16
             compressor: str = "none", kv_budget: int = 256, step_length: int = 128, window: int | None = None,
             compress_prompt: bool | None = None, job: str = "bench", compile: bool = False, seed: int = 0,
             torch_profiler: bool = False, sync: bool = False, quant: str = "none", quant_group: int | None = None,
-            quant_smooth: float = 0.0, kv_quant: str = "none", loaded=None) -> dict:
+            quant_smooth: float = 0.0, kv_quant: str = "none", loaded=None, fused: bool = True) -> dict:
     """One timed ``generate`` of the shape, split as in the module docstring; ``loaded``: an already
-    loaded model (else ``model`` is loaded in ``dtype``)."""
+    loaded model (else ``model`` is loaded in ``dtype``); ``fused``: the engine's fused step where
+    it runs (False: the eager step, split by operator)."""
     from ..models.loading import load_model
 
     if job == "default":  # the default training job's rollout settings
@@ -156,7 +162,7 @@ def profile(model: str = "smollm2-135m", dtype: str = "float32", batch: int = 16
     check_quant_options(quant, quant_group, quant_smooth, kv_quant)  # before the model loads
     lm = loaded if loaded is not None else load_model(model, dtype=dtype)
     eng = RolloutEngine(lm, comp, dtype=dtype, quant=quant, quant_group=quant_group, quant_smooth=quant_smooth,
-                        kv_quant=kv_quant, **({"compile": True} if compile else {}))
+                        kv_quant=kv_quant, fused=fused, **({"compile": True} if compile else {}))
     prompts, n = job_prompts(job, batch)
     params = SamplingParams(n=n, max_new_tokens=max_new_tokens, seed=seed, ignore_eos=(job != "default"))
     eng.generate(prompts, SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))  # warm-up (and compile)
@@ -175,7 +181,8 @@ def profile(model: str = "smollm2-135m", dtype: str = "float32", batch: int = 16
     parts["other"] = decode - sum(parts.values())
     steps = max(len(r) for r in out.response_ids)
     return {
-        "job": job, "compressor": compressor, "compile": compile, "batch": batch, "max_new_tokens": max_new_tokens,
+        "job": job, "compressor": compressor, "compile": compile, "fused": fused and "layers" in parts,
+        "batch": batch, "max_new_tokens": max_new_tokens,
         "quant": quant, "quant_group": quant_group, "quant_smooth": quant_smooth, "kv_quant": kv_quant,
         "kv_budget": None if compressor == "none" else kv_budget, "step_length": step_length,
         "tokens": out.tokens_generated, "seconds": out.seconds, "prefill_seconds": out.prefill_seconds,
@@ -198,6 +205,7 @@ def main(argv=None) -> int:
     ap.add_argument("--window", type=int, default=None)
     ap.add_argument("--job", choices=["bench", "default"], default="bench")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--unfused", action="store_true", help="the eager decode step, split operator by operator")
     ap.add_argument("--torch-profiler", action="store_true")
     ap.add_argument("--sync", action="store_true")
     ap.add_argument("--quant", default="none", help="the sampler's weights: none | int8 | int8_group | ...")
@@ -214,13 +222,14 @@ def main(argv=None) -> int:
         return 2
     r = profile(a.model, a.dtype, a.batch, a.max_new_tokens, a.compressor, a.kv_budget, a.step_length, a.window,
                 None, a.job, a.compile, torch_profiler=a.torch_profiler, sync=a.sync, quant=a.quant,
-                quant_group=a.quant_group, quant_smooth=a.quant_smooth, kv_quant=a.kv_quant)
-    split = "  ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(r["split_fraction"].items(), key=lambda x: -x[1]))
+                quant_group=a.quant_group, quant_smooth=a.quant_smooth, kv_quant=a.kv_quant, fused=not a.unfused)
+    split = "  ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(r["split_fraction"].items(), key=lambda x: -x[1])
+                      if v)
     quant = "" if a.quant == "none" and a.kv_quant == "none" else f" w:{a.quant} kv:{a.kv_quant}"
-    print(f"{r['job']} {r['compressor']}{quant}{' compiled' if r['compile'] else ''} B={r['batch']} L={r['max_new_tokens']}: "
+    print(f"{r['job']} {r['compressor']}{quant}{' compiled' if r['compile'] else ''}{' fused' if r['fused'] else ''} B={r['batch']} L={r['max_new_tokens']}: "
           f"{r['tokens_per_s']:.1f} tok/s, {r['ms_per_step']:.1f} ms/step, {r['compressions']} compressions | {split}")
     print("ms/step: " + "  ".join(f"{k} {1e3 * v / max(1, r['decode_steps']):.1f}"
-                                  for k, v in sorted(r["split_seconds"].items(), key=lambda x: -x[1])))
+                                  for k, v in sorted(r["split_seconds"].items(), key=lambda x: -x[1]) if v))
     if r["torch_profiler"]:
         print(r["torch_profiler"])
     if a.json:
