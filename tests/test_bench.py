@@ -239,6 +239,30 @@ def test_bench_quant_rows_fields_and_mismatch(tiny, fast_machine, monkeypatch):
     assert "alpha_mean" not in dense
 
 
+def test_bench_quant_rows_roofline_uses_their_own_ceilings(tiny, fast_machine, monkeypatch):
+    """A quantized row's roofline reads its own weight and KV bytes and its own products' rate (an
+    int8 sampler measured against float32's ceilings could pass 1.0)."""
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
+    monkeypatch.setattr(rollout, "gemm_flops_per_s", lambda model, rows: 50e9 if model.quant == "none" else 120e9)
+    seen = []
+    real = rollout.roofline
+    monkeypatch.setattr(rollout, "roofline", lambda *a: seen.append(a) or real(*a))
+    report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=3, kv_budget=8, step_length=2,
+                               compressors=[], dtype="float32", hf_baseline=False, quants=["none", "int8"],
+                               kv_quants=["none", "int8"], log=lambda *a: None)
+    assert report["machine"]["gemm_flops_per_s_by_quant"] == {"none/none": 50e9, "int8/none": 120e9,
+                                                              "none/int8": 50e9, "int8/int8": 120e9}
+    rows = {(r["quant"], r["kv_quant"]): r for r in report["results"]}
+    by_rate = {}
+    for batch, bytes_read, flops, bw, rate in seen:
+        by_rate.setdefault(rate, set()).add(bytes_read)
+    assert set(by_rate) == {50e9, 120e9}
+    assert max(by_rate[120e9]) < min(by_rate[50e9])  # int8 weights: fewer bytes than float32's
+    # the int8 KV rows read fewer bytes than the float32 KV rows of the same weights
+    dense, kv8 = rows["none", "none"], rows["none", "int8"]
+    assert kv8["roofline_tokens_per_s"] > dense["roofline_tokens_per_s"] or kv8["roofline_bound"] == "compute"
+
+
 def test_bench_int8_group_rows_carry_their_group(tiny, fast_machine, monkeypatch):
     """--quant-group reaches the int8_group rows' sampler (the row reports what its quantizer used)."""
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
@@ -286,6 +310,8 @@ def test_bench_kernels_rows(tiny, fast_machine, monkeypatch):
     assert set(rows) == {("none", "none", first), ("rkv", "none", first), ("none", "none", "torch"),
                          ("rkv", "none", "torch"), ("none", "fp8", first), ("rkv", "fp8", first)}
     assert rows["none", "none", first]["ratio_vs_sparserl_dense"] == 1.0  # the first kernel's dense row
+    # the fused step runs with the native kernels only (and with a quantized KV cache too)
+    assert {k: r["fused"] for k, r in rows.items()} == {k: k[2] == "native" for k in rows}
 
 
 def test_bench_unknown_kernels(monkeypatch):

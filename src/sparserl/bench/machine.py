@@ -30,14 +30,16 @@ def decode_linear_weights(model) -> list[torch.Tensor]:
 def gemm_flops_per_s(model, rows: int, repeats: int = 5) -> float:
     """FLOP/s of the decode step's GEMMs on this machine: ``rows`` activations (the batch) times
     every weight of :func:`decode_linear_weights`, through ``model.linear`` (the call the decode
-    makes, same orientation, same weights in memory), 2 FLOPs per weight element per row; the best
-    of ``repeats`` timed passes after one warm-up pass."""
+    makes, same orientation, same weights in memory: a quantized sampler's run its int8 kernels), 2
+    FLOPs (one multiply-add) per weight element per row; the best of ``repeats`` timed passes after
+    one warm-up pass."""
     weights = decode_linear_weights(model)
     gen = torch.Generator().manual_seed(0)
     inputs = {}
-    for w in weights:
+    for w in weights:  # a quantized weight (QuantizedLinear) takes the sampler's float activations
         if w.shape[1] not in inputs:
-            inputs[w.shape[1]] = torch.randn(rows, w.shape[1], generator=gen).to(device=w.device, dtype=w.dtype)
+            dtype = w.dtype if isinstance(w, torch.Tensor) else torch.float32
+            inputs[w.shape[1]] = torch.randn(rows, w.shape[1], generator=gen).to(device=model.device, dtype=dtype)
     flops = 2.0 * rows * sum(w.numel() for w in weights)
     best = float("inf")
     with torch.inference_mode():
@@ -45,7 +47,7 @@ def gemm_flops_per_s(model, rows: int, repeats: int = 5) -> float:
             t = time.perf_counter()
             for w in weights:
                 model.linear(inputs[w.shape[1]], w)
-            if weights[0].device.type == "cuda":
+            if model.device.type == "cuda":
                 torch.cuda.synchronize()
             if i:  # the first pass warms up
                 best = min(best, time.perf_counter() - t)

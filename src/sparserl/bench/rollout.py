@@ -10,7 +10,9 @@ of ``tokens_per_s_runs``, one per run), ratio_vs_hf_generate, ratio_vs_sparserl_
 kv_bytes_peak (allocated for K/V), kv_bytes_theory (what the kept tokens need), rss_peak_bytes
 (process RSS sampled during the runs), roofline_fraction, roofline_bound ("memory" | "compute") and
 roofline_tokens_per_s (:mod:`sparserl.bench.roofline`, from the machine's measured bandwidth and
-GEMM throughput, ``machine.memory_bandwidth_bytes_per_s`` and ``machine.gemm_flops_per_s``).
+GEMM throughput, ``machine.memory_bandwidth_bytes_per_s`` and ``machine.gemm_flops_per_s``; a
+quantized row's from the bytes its weights and KV cache hold and its own products' measured rate,
+``gemm_flops_per_s_by_quant``).
 A peer that cannot run here is listed under ``peers_skipped`` with the reason and how to install it.
 
 Quantized samplers (``quants``, ``kv_quants``: weight and KV quantization, :mod:`sparserl.rollout.quant`
@@ -35,10 +37,10 @@ from pathlib import Path
 import torch
 
 from ..models.loading import load_model, parse_dtype
-from ..rollout import native
+from ..rollout import fused, native
 from ..rollout.engine import RolloutEngine
 from ..rollout.kv import CompressorOptionError, KVCompressor, build_compressor
-from ..rollout.kv_quant import get_kv_quantizer
+from ..rollout.kv_quant import get_kv_quantizer, kv_bytes_per_token
 from ..rollout.profile import BENCH_PROMPT
 from ..rollout.quant import build_quant
 from ..rollout.sampling import SamplingParams
@@ -140,7 +142,8 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
     the dense and compressor rows again with those kernels (``torch``: torch's batched matmuls for
     attention and oneDNN's packed products for the weights, in the same process); the quantized rows
     run with the first. Every sparserl row carries ``kernels``, what ran (``native`` falls back to
-    ``torch`` where the C kernels do not apply: GPU, bfloat16)."""
+    ``torch`` where the C kernels do not apply: GPU, bfloat16), and ``fused``, whether its decode
+    layers ran as the fused native step (:mod:`sparserl.rollout.fused`)."""
     for kernel in kernels:
         if kernel not in KERNELS:
             raise ValueError(f"kernels {kernel!r}; known: {', '.join(KERNELS)}")
@@ -168,6 +171,8 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
             dense_engine.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))
     bw = memory_bandwidth()
     gemm = gemm_flops_per_s(sm, batch)
+    # each row's ceilings: the bytes its sampler's weights and KV cache hold, its own products' rate
+    ceilings = {("none", "none"): (weight_bytes, per_tok, gemm)}
 
     def quant_fields(engine: RolloutEngine, kv_quant: str, kernel: str = kernels[0]) -> dict:
         m = engine.model
@@ -175,7 +180,8 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
         return {"quant": m.quant, "kv_quant": kv_quant, "quant_smooth": m.quant_smooth,
                 "quant_group": getattr(m.quantizer, "group", None),
                 "weight_bytes": m.weight_bytes(), "quant_kernel": m.quant_kernel,
-                "quant_emulated": m.quant_emulated, "quantize_s": m.last_quantize_s, "kernels": ran}
+                "quant_emulated": m.quant_emulated, "quantize_s": m.last_quantize_s, "kernels": ran,
+                "fused": ran == "native" and engine.fused and not engine.compile and fused.available(m)}
 
     rows: list[Row] = []
     if hf_baseline:
@@ -208,6 +214,10 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
         with native.torch_only() if kernels[0] == "torch" else contextlib.nullcontext():  # the rows' kernels
             qe.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))  # warm-up
         quant_engines[q, kq] = qe
+        with native.torch_only() if kernels[0] == "torch" else contextlib.nullcontext():
+            ceilings[q, kq] = (qe.model.decode_read_bytes(),
+                               kv_bytes_per_token(sm.n_layers, sm.n_kv, sm.head_dim, sm.dtype, kq),
+                               gemm if q == "none" else gemm_flops_per_s(qe.model, batch))
         for name in ["none", *(c for c in compressors if c != "none")]:
             comp = bench_compressor(name, kv_budget, step_length, compress_prompt)
             engine = RolloutEngine.from_engine(qe, comp) if comp.compresses else qe
@@ -229,7 +239,9 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
     def bound(row: Row):
         kv_avg = row.kv_tokens_avg
         flops = decode_step_flops(batch, linear_elements, sm.n_layers, sm.n_heads, sm.head_dim, kv_avg)
-        return roofline(batch, weight_bytes + batch * per_tok * kv_avg, flops, bw, gemm)
+        w_bytes, kv_tok, rate = ceilings.get((row.fields.get("quant", "none"), row.fields.get("kv_quant", "none")),
+                                             ceilings["none", "none"])  # a peer: sparserl's of its precision
+        return roofline(batch, w_bytes + batch * kv_tok * kv_avg, flops, bw, rate)
 
     def log_run(row: Row, run: Run) -> None:
         f = row.fields
@@ -267,6 +279,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
                 r.update(mm)
     info = machine_info(bw, gemm, batch)
     info.update(dtype=dtype_name, model=model, prompt_tokens=P, repeat=repeat, sparserl_commit=_commit())
+    info["gemm_flops_per_s_by_quant"] = {f"{q}/{kq}": c[2] for (q, kq), c in ceilings.items()}
     report = {"machine": info, "results": results}
     if skipped:
         report["peers_skipped"] = skipped
