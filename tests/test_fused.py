@@ -112,19 +112,9 @@ def test_apply_bad_descriptor_is_an_error():
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
-def test_fused_step_other_families(tiny, family):
+def test_fused_step_other_families(tiny_family, family):
     """Qwen2's q/k/v bias runs inside the fused layer; Qwen3's per-head q/k norms keep the eager step."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from sparserl.models.loading import LoadedModel
-
-    cfg = AutoConfig.for_model(family, vocab_size=len(tiny.tokenizer), hidden_size=64, intermediate_size=128,
-                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                               max_position_embeddings=512, eos_token_id=tiny.tokenizer.eos_token_id,
-                               tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
-    engine = RolloutEngine(LoadedModel(model, tiny.tokenizer, family, None), make("rkv"))
+    engine = RolloutEngine(tiny_family(family), make("rkv"))
     assert fused.available(engine.model) == (family == "qwen2")
     if family == "qwen2":
         assert engine.model.layers[0].qkv_bias is not None

@@ -46,21 +46,13 @@ def test_embedded_default_model_loads():
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral"])
-def test_other_families_match_transformers(family, tiny):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from sparserl.models.loading import LoadedModel
+def test_other_families_match_transformers(family, tiny_family):
     from sparserl.rollout.engine import RolloutEngine
     from sparserl.rollout.kv import get_compressor
     from sparserl.rollout.sampling import SamplingParams
 
-    cfg = AutoConfig.for_model(family, vocab_size=len(tiny.tokenizer), hidden_size=64, intermediate_size=128,
-                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                               max_position_embeddings=512, eos_token_id=tiny.tokenizer.eos_token_id,
-                               tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
-    lm = LoadedModel(model, tiny.tokenizer, family, None)
+    lm = tiny_family(family)
+    model = lm.model
     out = RolloutEngine(lm, get_compressor("none")).generate(["hello world"], SamplingParams(n=2, max_new_tokens=12, seed=0, ignore_eos=True))
     for i in range(2):
         ids = torch.tensor(out.prompt_ids[i] + out.response_ids[i])[None]
