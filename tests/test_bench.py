@@ -73,6 +73,19 @@ def test_gemm_flops_runs_the_decode_weights_through_linear(tiny):
     assert [p for _, p in calls[: len(weights)]] == [w.data_ptr() for w in weights]  # the model's own tensors
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemm_flops_of_a_quantized_sampler_feeds_each_weight_its_own_dtype(tiny, dtype):
+    """int8 layers take float32 activations while the LM head stays in the model's dtype: with a
+    bf16 model both have the same in-features, and one shared input crashed the bench (found on an
+    avx512_bf16 CPU, where ``auto`` is bf16)."""
+    from sparserl.rollout.engine import RolloutEngine
+    from sparserl.rollout.kv import build_compressor
+
+    sm = RolloutEngine(tiny, build_compressor("none"), dtype=dtype, quant="int8").model
+    assert sm.lm_head.dtype == dtype
+    assert machine.gemm_flops_per_s(sm, rows=2, repeats=1) > 0
+
+
 # --- repeated runs ------------------------------------------------------------------------------
 def test_run_rounds_interleaves_rows_and_reports_the_median():
     order = []
@@ -137,10 +150,12 @@ def test_bench_compress_prompt_bounds_the_buffer_to_budget_plus_period(tiny, fas
     for flag in ([], ["--compress-prompt"]):
         out = tmp_path / f"b{len(flag)}.json"
         assert cli.main([*TINY_BENCH, "--max-new-tokens", "12", "--compressors", "rkv", "--json", str(out), *flag]) == 0
-        rows = {r["compressor"]: r for r in json.loads(out.read_text())["results"]}
+        report = json.loads(out.read_text())
+        rows = {r["compressor"]: r for r in report["results"]}
         assert rows["rkv"]["compress_prompt"] is bool(flag) and rows["none"]["compress_prompt"] is False
         peaks[bool(flag)] = rows["rkv"]["kv_bytes_peak"]
-    engine = rollout.RolloutEngine(tiny, rollout.build_compressor("none"), dtype=torch.float32)
+    # the bench's own dtype (``auto``: bfloat16 on a CPU with bf16 units, float32 elsewhere)
+    engine = rollout.RolloutEngine(tiny, rollout.build_compressor("none"), dtype=getattr(torch, report["machine"]["dtype"]))
     per_slot = engine.model.kv_bytes_per_token() * 2  # batch 2
     assert peaks[True] == (8 + 2) * per_slot  # budget + step length
     assert peaks[False] == (len(engine.encode(rollout.BENCH_PROMPT)) + 8 + 2) * per_slot

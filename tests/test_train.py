@@ -8,8 +8,10 @@ from sparserl.config import ConfigError, load_config, validate
 from sparserl.train.checkpoint import latest_checkpoint
 from sparserl.train.trainer import build_trainer, train, train_step
 
+# rollout.dtype=float32: `auto` is bfloat16 on a CPU with bf16 units, and these tests compare the sampler
+# with the float32 learner exactly
 TINY = [
-    "model.name=tiny", "train.prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=16",
+    "model.name=tiny", "rollout.dtype=float32", "train.prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=16",
     "rollout.kv_budget=8", "rollout.step_length=4", "rollout.window=2", "train.micro_batch_size=4",
     "log.tensorboard=false", "log.progress=plain", "checkpoint.every=1", "checkpoint.keep_last=0",
     "train.lr=1e-3", "reward.fn=test_train:toy_reward",

@@ -36,17 +36,19 @@ def gemm_flops_per_s(model, rows: int, repeats: int = 5) -> float:
     weights = decode_linear_weights(model)
     gen = torch.Generator().manual_seed(0)
     inputs = {}
-    for w in weights:  # a quantized weight (QuantizedLinear) takes the sampler's float activations
-        if w.shape[1] not in inputs:
-            dtype = w.dtype if isinstance(w, torch.Tensor) else torch.float32
-            inputs[w.shape[1]] = torch.randn(rows, w.shape[1], generator=gen).to(device=model.device, dtype=dtype)
+    def key(w):  # a quantized weight (QuantizedLinear) takes float32 activations, a plain one its own dtype
+        return w.shape[1], (w.dtype if isinstance(w, torch.Tensor) else torch.float32)
+
+    for w in weights:
+        if key(w) not in inputs:
+            inputs[key(w)] = torch.randn(rows, w.shape[1], generator=gen).to(device=model.device, dtype=key(w)[1])
     flops = 2.0 * rows * sum(w.numel() for w in weights)
     best = float("inf")
     with torch.inference_mode():
         for i in range(repeats + 1):
             t = time.perf_counter()
             for w in weights:
-                model.linear(inputs[w.shape[1]], w)
+                model.linear(inputs[key(w)], w)
             if model.device.type == "cuda":
                 torch.cuda.synchronize()
             if i:  # the first pass warms up
