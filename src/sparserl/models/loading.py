@@ -45,20 +45,24 @@ class LoadedModel:
     path: str | None  # the Hugging Face folder it came from, when there is one
 
 
-def cpu_has_fast_bf16() -> bool:
-    """True when this CPU multiplies bfloat16 natively (AMX or AVX512-BF16)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+def cpu_has_amx_bf16(cpuinfo: str | None = None) -> bool:
+    """True when this CPU (or the ``/proc/cpuinfo`` text given) has AMX's bfloat16 tile unit."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return False
+    return "amx_bf16" in cpuinfo
 
 
-def auto_dtype() -> torch.dtype:
-    """bfloat16 on a GPU or a CPU with bf16 units; float32 elsewhere (emulated bf16 matmuls run
-    ~3x slower than float32 on an AVX2-only CPU)."""
-    if torch.cuda.is_available() or cpu_has_fast_bf16():
+def auto_dtype(cpuinfo: str | None = None) -> torch.dtype:
+    """bfloat16 on a GPU or a CPU with AMX tiles; float32 on other CPUs. The sampler's fused decode
+    step (``rollout/fused.py``) is float32 C: on an AVX512-BF16 Xeon without AMX it ran 1.53x the
+    bf16 (oneDNN) step (285 against 187 tok/s, batch 16, docs/results/bench_quant.md, eighth
+    session), and on an AVX2-only CPU bf16 matmuls are emulated (~3x slower than float32). With AMX
+    bf16 is expected to win (not measured here)."""
+    if torch.cuda.is_available() or cpu_has_amx_bf16(cpuinfo):
         return torch.bfloat16
     return torch.float32
 
