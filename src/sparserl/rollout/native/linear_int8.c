@@ -4,7 +4,8 @@
  *     Y_tn = a_t s_n sum_k P_tk Q_nk  (+ bias_n)                      (Q: int8 codes, s: per channel)
  *
  * on AVX2 integer instructions: vpmaddubsw multiplies unsigned 8-bit by signed 8-bit pairs into
- * 16-bit sums, vpmaddwd adds those pairs into 32-bit lanes. Its unsigned side is the activation
+ * 16-bit sums, vpmaddwd adds those pairs into 32-bit lanes (on a CPU with VNNI one vpdpbusd does
+ * both and the add, the same integers: simd.h's dot4_u8s8). Its unsigned side is the activation
  * shifted by 128 (U = P + 128 in [1, 255]); the shift is taken back with the weights' column sums:
  * sum_k U_k Q_k = sum_k P_k Q_k + 128 sum_k Q_k. The 16-bit pair sums cannot saturate when
  * |Q| <= 64 (255 * 64 * 2 = 32640 <= 32767): the same 7-bit weight grid as fbgemm's AVX2 path
@@ -112,8 +113,8 @@ static inline void finish_row(float *y, const int32_t *acc, const int32_t *colsu
         int32_t xv;                                                                                   \
         memcpy(&xv, U + (int64_t)r * K4 + 4 * g, 4);                                                  \
         const __m256i xb = _mm256_set1_epi32(xv);                                                     \
-        c##r##0 = _mm256_add_epi32(c##r##0, _mm256_madd_epi16(_mm256_maddubs_epi16(xb, w0), ones)); \
-        c##r##1 = _mm256_add_epi32(c##r##1, _mm256_madd_epi16(_mm256_maddubs_epi16(xb, w1), ones)); \
+        c##r##0 = dot4_u8s8(c##r##0, xb, w0);                                                         \
+        c##r##1 = dot4_u8s8(c##r##1, xb, w1);                                                         \
     }
 #define I8_STORE(r)                                                                          \
     if (MR > r) {                                                                            \
@@ -127,7 +128,6 @@ static inline __attribute__((always_inline)) void tile8(const int MR, int K4, co
                                                          const int8_t *w, const int32_t *colsum, const float *s,
                                                          const float *bias, float *Y, int64_t ldy, int ncols,
                                                          int accumulate, const int prefetch) {
-    const __m256i ones = _mm256_set1_epi16(1);
     I8_DECL(0) I8_DECL(1) I8_DECL(2) I8_DECL(3)
     for (int g = 0; g < K4 / 4; g++) {
         /* the first row block streams the panel from memory: fetch ahead, into the next panel */
@@ -228,8 +228,8 @@ static void quantize_groups(int M, int K, int G, const float *X, int64_t ldx, in
         int32_t xv;                                                                                                \
         memcpy(&xv, P + (int64_t)r * K4 + 4 * g, 4);                                                              \
         const __m256i xb = _mm256_set1_epi32(xv), ax = _mm256_sign_epi8(xb, xb);                                   \
-        c##r##0 = _mm256_add_epi32(c##r##0, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w0, xb)), ones)); \
-        c##r##1 = _mm256_add_epi32(c##r##1, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, xb)), ones)); \
+        c##r##0 = dot4_u8s8(c##r##0, ax, _mm256_sign_epi8(w0, xb));                                               \
+        c##r##1 = dot4_u8s8(c##r##1, ax, _mm256_sign_epi8(w1, xb));                                               \
     }
 #define G8_FLUSH(r)                                                                                            \
     if (MR > r) {                                                                                              \
@@ -251,7 +251,6 @@ static inline __attribute__((always_inline)) void tile_group(const int MR, int K
                                                               const float *a, const int8_t *w, const float *s,
                                                               const float *bias, float *Y, int64_t ldy, int ncols,
                                                               int accumulate, const int prefetch) {
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 f00 = _mm256_setzero_ps(), f01 = f00, f10 = f00, f11 = f00, f20 = f00, f21 = f00, f30 = f00, f31 = f00;
     for (int j = 0; j < NG; j++) {
         const int g0 = j * G / 4, g1 = (j + 1) * G / 4 < K4 / 4 ? (j + 1) * G / 4 : K4 / 4;

@@ -1,4 +1,4 @@
-/* The vector helpers the kernels share (AVX2; absent in the portable build). */
+/* The vector helpers the kernels share (AVX2, VNNI where the CPU has it; absent in the portable build). */
 #ifndef SPARSERL_SIMD_H
 #define SPARSERL_SIMD_H
 #ifdef __AVX2__
@@ -25,6 +25,20 @@ static inline __m256 exp256(__m256 x) {
     __m256i n = _mm256_cvttps_epi32(fx);
     n = _mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+
+/* c + the sums of 4 adjacent products u8 x s8 into each int32 lane (u: unsigned bytes, s: signed).
+ * With VNNI (AVX-VNNI, or AVX512-VNNI with VL) one vpdpbusd; on plain AVX2 vpmaddubsw + vpmaddwd +
+ * vpaddd, which equals it whenever the 16-bit pair sums cannot saturate (every caller keeps
+ * |u_k s_k + u_k+1 s_k+1| <= 32767), so both give the same integers. */
+static inline __m256i dot4_u8s8(__m256i c, __m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(c, u, s);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(c, u, s);
+#else
+    return _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
 }
 
 static inline float hsum256(__m256 v) {

@@ -1,0 +1,54 @@
+"""The int8 kernels (linear_int8.c) built two ways in one process: ``-march=native`` (vpdpbusd on a
+CPU with VNNI) and plain AVX2 (vpmaddubsw + vpmaddwd + vpaddd), at a decode step's 16 rows on
+SmolLM2-135M's shapes, 30 layers of distinct weights streamed as in a decode step; float32
+(linear.c, native build) beside them. GMAC/s (10⁹ multiply-adds a second), best of 5, the builds
+alternating per shape. Results: docs/results/bench_quant.md (eighth session).
+
+    python3 experiments/vnni_rates.py
+"""
+import time
+from pathlib import Path
+
+import torch
+
+from sparserl.rollout import native
+from sparserl.rollout.quant.int8 import QMAX_FBGEMM, quantize_int8_per_channel
+
+ROWS, LAYERS = 16, 30
+SHAPES = [(3072, 576), (576, 1536), (960, 576), (576, 576)]  # gate/up, down, q/k/v, o
+
+
+def best_rate(fn, macs: int, reps: int = 3) -> float:
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        best = min(best, time.perf_counter() - t)
+    return macs * reps / best / 1e9
+
+
+def main() -> None:
+    flags = Path("/proc/cpuinfo").read_text()
+    print("CPU VNNI:", "avx_vnni" in flags or "avx512_vnni" in flags)
+    builds = {"native": native.library(),
+              "avx2": native.load(native.build(flags=[*(f for f in native.FLAGS if not f.startswith("-march")),
+                                                      "-mavx2", "-mfma", "-mf16c"]))}
+    torch.manual_seed(0)
+    for N, K in SHAPES:
+        ws = [torch.randn(N, K) * 0.05 for _ in range(LAYERS)]
+        x = torch.randn(ROWS, K)
+        macs = ROWS * N * K * LAYERS
+        f32 = [native.pack_linear(w) for w in ws]
+        rates = {"float32": best_rate(lambda: [native.linear(x, p) for p in f32], macs)}
+        for kind, group, qmax in (("int8", None, QMAX_FBGEMM), ("int8_group", 64, 127)):
+            qs = [quantize_int8_per_channel(w, qmax) for w in ws]
+            for name, lib in builds.items():
+                packed = [(native.pack_int8(q, lib=lib), s) for q, s in qs]
+                rates[f"{kind} {name}"] = best_rate(
+                    lambda: [native.linear_int8(x, p, s, group=group, lib=lib) for p, s in packed], macs)
+        print(f"{N} x {K}: " + "  ".join(f"{n} {v:.1f}" for n, v in rates.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
