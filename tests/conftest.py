@@ -34,3 +34,18 @@ def tiny_family(tiny):
         return LoadedModel(AutoModelForCausalLM.from_config(cfg).eval(), tiny.tokenizer, family, None)
 
     return build
+
+
+@pytest.fixture(scope="session")
+def avx2_build():
+    """The native kernels built for plain AVX2 (no AVX512, no VNNI), to compare with the
+    ``-march=native`` build bit for bit; skips where this CPU cannot run that code or no compiler."""
+    from pathlib import Path
+
+    from sparserl.rollout import native
+
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if native.library() is None or not all(f" {f}" in flags for f in ("avx2", "fma", "f16c")):
+        pytest.skip("no AVX2/FMA/F16C CPU or no C compiler")
+    rest = [f for f in native.FLAGS if not f.startswith("-march")]
+    return native.load(native.build(flags=[*rest, "-mavx2", "-mfma", "-mf16c"]))

@@ -56,6 +56,22 @@ def test_native_linear_declines_what_it_does_not_take():
         assert native.linear(torch.randn(2, 4), packed) is None
 
 
+def test_avx512_panels_give_the_avx2_bits(avx2_build):
+    """Where the CPU has AVX512 the native build packs 32-column panels and runs a 4 x 32 tile; the
+    AVX2 build 24-column panels and a 4 x 24 tile. Each output is the same FMAs in the same k order,
+    so the same bits, with a bias and accumulating. Elsewhere both builds are the AVX2 code."""
+    for M, N, K in [(16, 3072, 576), (5, 33, 18), (7, 100, 1537), (1, 24, 64)]:
+        gen = torch.Generator().manual_seed(M + N + K)
+        w, x, b = torch.randn(N, K, generator=gen), torch.randn(M, K, generator=gen), torch.randn(N, generator=gen)
+        h = torch.randn(M, N, generator=gen)
+        ys = [native.linear(x, native.pack_linear(w, lib=lib), b, lib=lib) for lib in (None, avx2_build)]
+        assert torch.equal(ys[0], ys[1])
+        hs = [h.clone(), h.clone()]
+        for lib, out in zip((None, avx2_build), hs):
+            native.linear(x, native.pack_linear(w, lib=lib), b, lib=lib, add_to=out)
+        assert torch.equal(hs[0], hs[1])
+
+
 def test_portable_build_equals_torch(tmp_path, monkeypatch):
     """The plain C loops (no -march: what a CPU without AVX2 runs) give the same products."""
     monkeypatch.setenv("SPARSERL_NATIVE_CACHE", str(tmp_path))

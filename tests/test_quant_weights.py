@@ -318,25 +318,13 @@ def test_bad_quant_name_on_engine(tiny):
         RolloutEngine(tiny, build_compressor("none"), quant="int08")
 
 
-def _avx2_only_build():
-    """The kernels built for plain AVX2 (no VNNI, no AVX512) where this CPU runs that code, else None."""
-    from pathlib import Path
-
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    if native.library() is None or not all(f" {f}" in flags for f in ("avx2", "fma", "f16c")):
-        return None
-    rest = [f for f in native.FLAGS if not f.startswith("-march")]
-    return native.load(native.build(flags=[*rest, "-mavx2", "-mfma", "-mf16c"]))
-
 
 @pytest.mark.parametrize("group", [None, 64])
-def test_int8_kernels_give_the_same_bits_with_and_without_vnni(group):
+def test_int8_kernels_give_the_same_bits_with_and_without_vnni(group, avx2_build):
     """On a VNNI CPU the native build multiplies with vpdpbusd, the AVX2 build with vpmaddubsw +
     vpmaddwd: the same int32 sums (no pair sum can saturate on either grid), so the same outputs,
     bit for bit. Elsewhere both builds run the AVX2 code and the test still holds."""
-    avx2 = _avx2_only_build()
-    if avx2 is None:
-        pytest.skip("no AVX2/FMA/F16C CPU or no C compiler")
+    avx2 = avx2_build
     gen = torch.Generator().manual_seed(7)
     w = torch.randn(200, 576, generator=gen) * 0.05
     x = torch.randn(19, 576, generator=gen) * 3

@@ -265,7 +265,7 @@ def active() -> bool:
 
 def pack_linear(w: torch.Tensor, lib=None) -> torch.Tensor | None:
     """W [N, K] float32 (CPU) → its panels for :func:`linear` (``linear.c``: ``Wp[p][k][j] =
-    W[24 p + j][k]``, zero past N), or None when the library is not available."""
+    W[NR p + j][k]``, NR = 24, or 32 where the build has AVX512; zero past N), or None when the library is not available."""
     lib = lib or library()
     if lib is None or w.device.type != "cpu" or w.dtype != torch.float32 or w.dim() != 2:
         return None

@@ -15,15 +15,23 @@
  * decode step (16 rows, weights streamed from memory) it reached ~55 GFLOP/s on the project's
  * 2-core AVX2 machine, this tile ~70 (docs/results/native_linear.md).
  *
+ * On a CPU with AVX512 the panels are 32 columns wide and the tile is 4 x 32 (8 accumulators of 16
+ * floats): the same FMAs per output in the same order, half the instructions (measured in
+ * docs/results/bench_quant.md, eighth session).
+ *
  * `accumulate` = 1 adds to what Y holds (the residual stream: h += a W^T in place).
  */
 #include <stdint.h>
 #include <string.h>
-#ifdef __AVX2__
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
+#if defined(__AVX512F__)
+#define NR 32 /* two 16-float registers per row */
+#else
 #define NR 24
+#endif
 #define PREFETCH_K 128 /* how many panel rows ahead the first row block prefetches */
 
 int sparserl_linear_panel_width(void) { return NR; }
@@ -39,7 +47,59 @@ void sparserl_pack_linear(int N, int K, const float *W, float *Wp) {
             }
 }
 
-#ifdef __AVX2__
+#if defined(__AVX512F__)
+/* AVX512: panels of 32 columns, a 4 x 32 tile (8 accumulators of 16 floats: with two FMA units of
+ * 4 cycles' latency, 8 independent chains keep both busy); per lane the same FMAs in the same k
+ * order as the AVX2 tile, so the same bits. */
+static inline void store_row(float *y, __m512 a, __m512 b, int ncols, const float *bias, int accumulate) {
+    if (ncols == NR) {
+        if (bias) {
+            a = _mm512_add_ps(a, _mm512_loadu_ps(bias));
+            b = _mm512_add_ps(b, _mm512_loadu_ps(bias + 16));
+        }
+        if (accumulate) {
+            a = _mm512_add_ps(a, _mm512_loadu_ps(y));
+            b = _mm512_add_ps(b, _mm512_loadu_ps(y + 16));
+        }
+        _mm512_storeu_ps(y, a);
+        _mm512_storeu_ps(y + 16, b);
+        return;
+    }
+    float t[NR];
+    _mm512_storeu_ps(t, a);
+    _mm512_storeu_ps(t + 16, b);
+    for (int j = 0; j < ncols; j++) { /* the full panel's order: (t + bias) + y */
+        const float v = bias ? t[j] + bias[j] : t[j];
+        y[j] = accumulate ? v + y[j] : v;
+    }
+}
+
+#define TILE_DECL(r) __m512 c##r##0 = _mm512_setzero_ps(), c##r##1 = c##r##0;
+#define TILE_FMA(r)                                                   \
+    if (MR > r) {                                                     \
+        const __m512 x = _mm512_set1_ps(X[(int64_t)r * ldx + k]);     \
+        c##r##0 = _mm512_fmadd_ps(x, w0, c##r##0);                    \
+        c##r##1 = _mm512_fmadd_ps(x, w1, c##r##1);                    \
+    }
+#define TILE_STORE(r) \
+    if (MR > r) store_row(Y + (int64_t)r * ldy, c##r##0, c##r##1, ncols, bias, accumulate);
+
+static inline __attribute__((always_inline)) void tile(const int MR, int K, const float *X, int64_t ldx,
+                                                        const float *w, float *Y, int64_t ldy, int ncols,
+                                                        const float *bias, int accumulate, int prefetch) {
+    TILE_DECL(0) TILE_DECL(1) TILE_DECL(2) TILE_DECL(3)
+    for (int k = 0; k < K; k++) {
+        if (prefetch) {
+            _mm_prefetch((const char *)(w + (int64_t)(k + PREFETCH_K) * NR), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + (int64_t)(k + PREFETCH_K) * NR + 16), _MM_HINT_T0);
+        }
+        __m512 w0 = _mm512_loadu_ps(w + (int64_t)k * NR), w1 = _mm512_loadu_ps(w + (int64_t)k * NR + 16);
+        __asm__("" : "+v"(w0), "+v"(w1)); /* kept in registers, as in the AVX2 tile */
+        TILE_FMA(0) TILE_FMA(1) TILE_FMA(2) TILE_FMA(3)
+    }
+    TILE_STORE(0) TILE_STORE(1) TILE_STORE(2) TILE_STORE(3)
+}
+#elif defined(__AVX2__)
 static inline void store_row(float *y, __m256 a, __m256 b, __m256 c, int ncols, const float *bias, int accumulate) {
     if (ncols == NR) {
         if (bias) {
@@ -61,7 +121,10 @@ static inline void store_row(float *y, __m256 a, __m256 b, __m256 c, int ncols, 
     _mm256_storeu_ps(t, a);
     _mm256_storeu_ps(t + 8, b);
     _mm256_storeu_ps(t + 16, c);
-    for (int j = 0; j < ncols; j++) y[j] = (accumulate ? y[j] : 0.f) + t[j] + (bias ? bias[j] : 0.f);
+    for (int j = 0; j < ncols; j++) { /* the full panel's order: (t + bias) + y */
+        const float v = bias ? t[j] + bias[j] : t[j];
+        y[j] = accumulate ? v + y[j] : v;
+    }
 }
 
 #define TILE_DECL(r) __m256 c##r##0 = _mm256_setzero_ps(), c##r##1 = c##r##0, c##r##2 = c##r##0;
@@ -96,6 +159,9 @@ static inline __attribute__((always_inline)) void tile(const int MR, int K, cons
     TILE_STORE(0) TILE_STORE(1) TILE_STORE(2) TILE_STORE(3)
 }
 
+#endif
+
+#if defined(__AVX2__)
 static void panel(int M, int K, const float *X, int64_t ldx, const float *w, float *Y, int64_t ldy, int ncols,
                   const float *bias, int accumulate) {
     int m = 0;

@@ -1,10 +1,10 @@
-"""The int8 kernels (linear_int8.c) built two ways in one process: ``-march=native`` (vpdpbusd on a
-CPU with VNNI) and plain AVX2 (vpmaddubsw + vpmaddwd + vpaddd), at a decode step's 16 rows on
-SmolLM2-135M's shapes, 30 layers of distinct weights streamed as in a decode step; float32
-(linear.c, native build) beside them. GMAC/s (10⁹ multiply-adds a second), best of 5, the builds
-alternating per shape. Results: docs/results/bench_quant.md (eighth session).
+"""The weight products' kernels built two ways in one process: ``-march=native`` (on a CPU with
+them: AVX512 panels for float32, ``linear.c``; vpdpbusd for the int8 kernels with VNNI,
+``linear_int8.c``) and plain AVX2, at a decode step's 16 rows on SmolLM2-135M's shapes, 30 layers
+of distinct weights streamed as in a decode step. GMAC/s (10⁹ multiply-adds a second), best of 5.
+Results: docs/results/bench_quant.md (eighth session).
 
-    python3 experiments/vnni_rates.py
+    python3 experiments/isa_rates.py
 """
 import time
 from pathlib import Path
@@ -30,7 +30,7 @@ def best_rate(fn, macs: int, reps: int = 3) -> float:
 
 def main() -> None:
     flags = Path("/proc/cpuinfo").read_text()
-    print("CPU VNNI:", "avx_vnni" in flags or "avx512_vnni" in flags)
+    print("CPU VNNI:", "avx_vnni" in flags or "avx512_vnni" in flags, " AVX512:", "avx512f" in flags)
     builds = {"native": native.library(),
               "avx2": native.load(native.build(flags=[*(f for f in native.FLAGS if not f.startswith("-march")),
                                                       "-mavx2", "-mfma", "-mf16c"]))}
@@ -39,8 +39,10 @@ def main() -> None:
         ws = [torch.randn(N, K) * 0.05 for _ in range(LAYERS)]
         x = torch.randn(ROWS, K)
         macs = ROWS * N * K * LAYERS
-        f32 = [native.pack_linear(w) for w in ws]
-        rates = {"float32": best_rate(lambda: [native.linear(x, p) for p in f32], macs)}
+        rates = {}
+        for name, lib in builds.items():
+            f32 = [native.pack_linear(w, lib=lib) for w in ws]
+            rates[f"float32 {name}"] = best_rate(lambda: [native.linear(x, p, lib=lib) for p in f32], macs)
         for kind, group, qmax in (("int8", None, QMAX_FBGEMM), ("int8_group", 64, 127)):
             qs = [quantize_int8_per_channel(w, qmax) for w in ws]
             for name, lib in builds.items():
