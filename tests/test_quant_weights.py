@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from pathlib import Path
 import torch
 
 from sparserl.rollout import native
@@ -322,8 +323,9 @@ def test_bad_quant_name_on_engine(tiny):
 @pytest.mark.parametrize("group", [None, 64])
 def test_int8_kernels_give_the_same_bits_with_and_without_vnni(group, avx2_build):
     """On a VNNI CPU the native build multiplies with vpdpbusd, the AVX2 build with vpmaddubsw +
-    vpmaddwd: the same int32 sums (no pair sum can saturate on either grid), so the same outputs,
-    bit for bit. Elsewhere both builds run the AVX2 code and the test still holds."""
+    vpmaddwd; with AVX512 the panels are 32 columns wide (16 without). The same int32 sums (no pair
+    sum can saturate on either grid), so the same outputs, bit for bit; N = 200 leaves a partial
+    panel in both layouts. Elsewhere both builds run the AVX2 code and the test still holds."""
     avx2 = avx2_build
     gen = torch.Generator().manual_seed(7)
     w = torch.randn(200, 576, generator=gen) * 0.05
@@ -334,3 +336,7 @@ def test_int8_kernels_give_the_same_bits_with_and_without_vnni(group, avx2_build
     y_native = native.linear_int8(x, native.pack_int8(q), s, b, group=group)
     y_avx2 = native.linear_int8(x, native.pack_int8(q, lib=avx2), s, b, group=group, lib=avx2)
     assert torch.equal(y_native, y_avx2)
+    if " avx512bw" in Path("/proc/cpuinfo").read_text():  # 32-column panels without VNNI: vpmaddubsw on 64 bytes
+        rest = [f for f in native.FLAGS if not f.startswith("-march")]
+        bw = native.load(native.build(flags=[*rest, "-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"]))
+        assert torch.equal(native.linear_int8(x, native.pack_int8(q, lib=bw), s, b, group=group, lib=bw), y_avx2)

@@ -375,17 +375,18 @@ def pack_int8(q: torch.Tensor, lib=None) -> tuple[torch.Tensor, torch.Tensor] | 
     panels = torch.empty(n_pad * k_pad, dtype=torch.int8)
     colsum = torch.empty(n_pad, dtype=torch.int32)
     lib.sparserl_pack_int8(N, K, q.data_ptr(), panels.data_ptr(), colsum.data_ptr())
-    panels.out_features, panels.in_features = N, K
+    panels.out_features, panels.in_features, panels.panel_width = N, K, nr
     return panels, colsum
 
 
 def unpack_int8(packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """:func:`pack_int8`'s panels back to the codes Q [N, K] int8 (``Wq[p][k/4][j][k%4] = Q[16p + j][k]``)."""
+    """:func:`pack_int8`'s panels back to the codes Q [N, K] int8 (``Wq[p][k/4][j][k%4] = Q[NR p + j][k]``,
+    NR = the build's panel width: 16, or 32 with AVX512)."""
     panels = packed[0]
-    N, K = panels.out_features, panels.in_features
+    N, K, nr = panels.out_features, panels.in_features, panels.panel_width
     k_pad = -(-K // 4) * 4
     n_pad = panels.numel() // k_pad
-    return panels.view(n_pad // 16, k_pad // 4, 16, 4).permute(0, 2, 1, 3).reshape(n_pad, k_pad)[:N, :K].contiguous()
+    return panels.view(n_pad // nr, k_pad // 4, nr, 4).permute(0, 2, 1, 3).reshape(n_pad, k_pad)[:N, :K].contiguous()
 
 
 def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scales: torch.Tensor,

@@ -26,7 +26,11 @@
 
 #include "simd.h"
 
+#if defined(__AVX512BW__)
+#define NR8 32 /* output columns per panel: two 64-byte registers of 16 columns x 4 k */
+#else
 #define NR8 16 /* output columns per panel */
+#endif
 #define PREFETCH_G 128 /* how many panel rows (64 bytes each) ahead the first row block prefetches */
 
 int sparserl_int8_panel_width(void) { return NR8; }
@@ -106,7 +110,43 @@ static inline void finish_row(float *y, const int32_t *acc, const int32_t *colsu
         y[j] = (accumulate ? y[j] : 0.f) + ((float)(acc[j] - 128 * colsum[j]) * a * s[j] + (bias ? bias[j] : 0.f));
 }
 
-#ifdef __AVX2__
+#if defined(__AVX512BW__)
+/* AVX512: a 4-row x 32-column tile, 8 int32 accumulators of 16 lanes (the AVX2 tile's integers) */
+#define I8_DECL(r) __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = c##r##0;
+#define I8_DOT(r)                                                \
+    if (MR > r) {                                                \
+        int32_t xv;                                              \
+        memcpy(&xv, U + (int64_t)r * K4 + 4 * g, 4);             \
+        const __m512i xb = _mm512_set1_epi32(xv);                \
+        c##r##0 = dot4_u8s8_512(c##r##0, xb, w0);                \
+        c##r##1 = dot4_u8s8_512(c##r##1, xb, w1);                \
+    }
+#define I8_STORE(r)                                                                              \
+    if (MR > r) {                                                                                \
+        int32_t acc[NR8];                                                                        \
+        _mm512_storeu_si512((void *)acc, c##r##0);                                               \
+        _mm512_storeu_si512((void *)(acc + 16), c##r##1);                                        \
+        finish_row(Y + (int64_t)r * ldy, acc, colsum, a[r], s, bias, ncols, accumulate);         \
+    }
+
+static inline __attribute__((always_inline)) void tile8(const int MR, int K4, const uint8_t *U, const float *a,
+                                                         const int8_t *w, const int32_t *colsum, const float *s,
+                                                         const float *bias, float *Y, int64_t ldy, int ncols,
+                                                         int accumulate, const int prefetch) {
+    I8_DECL(0) I8_DECL(1) I8_DECL(2) I8_DECL(3)
+    for (int g = 0; g < K4 / 4; g++) {
+        if (prefetch) {
+            _mm_prefetch((const char *)(w + (int64_t)(g + PREFETCH_G / 2) * NR8 * 4), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + (int64_t)(g + PREFETCH_G / 2) * NR8 * 4 + 64), _MM_HINT_T0);
+        }
+        __m512i w0 = _mm512_loadu_si512((const void *)(w + (int64_t)g * NR8 * 4)),
+                w1 = _mm512_loadu_si512((const void *)(w + (int64_t)g * NR8 * 4 + 64));
+        __asm__("" : "+v"(w0), "+v"(w1));
+        I8_DOT(0) I8_DOT(1) I8_DOT(2) I8_DOT(3)
+    }
+    I8_STORE(0) I8_STORE(1) I8_STORE(2) I8_STORE(3)
+}
+#elif defined(__AVX2__)
 #define I8_DECL(r) __m256i c##r##0 = _mm256_setzero_si256(), c##r##1 = c##r##0;
 #define I8_DOT(r)                                                                                     \
     if (MR > r) {                                                                                     \
@@ -140,6 +180,9 @@ static inline __attribute__((always_inline)) void tile8(const int MR, int K4, co
     I8_STORE(0) I8_STORE(1) I8_STORE(2) I8_STORE(3)
 }
 
+#endif
+
+#if defined(__AVX2__)
 static void panel8(int M, int K4, const uint8_t *U, const float *a, const int8_t *w, const int32_t *colsum,
                    const float *s, const float *bias, float *Y, int64_t ldy, int ncols, int accumulate) {
     int m = 0;
@@ -267,8 +310,9 @@ static inline __attribute__((always_inline)) void tile_group(const int MR, int K
     G8_STORE(0) G8_STORE(1) G8_STORE(2) G8_STORE(3)
 }
 
-static void panel_group(int M, int K4, int G, int NG, const int8_t *P, const float *a, const int8_t *w,
-                        const float *s, const float *bias, float *Y, int64_t ldy, int ncols, int accumulate) {
+/* 16 columns of a panel (its 64-byte half when panels are 32 wide) */
+static void panel_group16(int M, int K4, int G, int NG, const int8_t *P, const float *a, const int8_t *w,
+                          const float *s, const float *bias, float *Y, int64_t ldy, int ncols, int accumulate) {
     int m = 0;
     for (; m + 4 <= M; m += 4) {
         if (m == 0)
@@ -283,6 +327,15 @@ static void panel_group(int M, int K4, int G, int NG, const int8_t *P, const flo
         case 1: tile_group(1, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols, accumulate, pf); break;
         default: break;
     }
+}
+
+/* one panel: its 16-column halves in turn where panels are 32 wide (the AVX512 int8 layout; this
+ * kernel's sign trick has no 512-bit vpsignb, so it stays on 256-bit registers) */
+static void panel_group(int M, int K4, int G, int NG, const int8_t *P, const float *a, const int8_t *w,
+                        const float *s, const float *bias, float *Y, int64_t ldy, int ncols, int accumulate) {
+    for (int h = 0; h * 16 < ncols; h++)
+        panel_group16(M, K4, G, NG, P, a, w + 64 * h, s + 16 * h, bias ? bias + 16 * h : 0, Y + 16 * h, ldy,
+                      ncols - 16 * h < 16 ? ncols - 16 * h : 16, accumulate);
 }
 #else
 static void panel_group(int M, int K4, int G, int NG, const int8_t *P, const float *a, const int8_t *w,

@@ -41,6 +41,17 @@ static inline __m256i dot4_u8s8(__m256i c, __m256i u, __m256i s) {
 #endif
 }
 
+#if defined(__AVX512BW__)
+/* dot4_u8s8 on 16 int32 lanes (64 bytes) */
+static inline __m512i dot4_u8s8_512(__m512i c, __m512i u, __m512i s) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpbusd_epi32(c, u, s);
+#else
+    return _mm512_add_epi32(c, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+#endif
+}
+#endif
+
 static inline float hsum256(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
     lo = _mm_add_ps(lo, hi);
