@@ -43,6 +43,19 @@ def test_redundancy_equals_torch(shape, threshold):
     assert raw is not None and raw.shape == (n, h, length)
 
 
+@pytest.mark.parametrize("length", [16, 37, 100, 288])
+def test_redundancy_gives_the_avx2_bits_on_avx512(length, avx2_build):
+    """With AVX512 the cosines run two panels at once (a 4 x 32 tile; past L the second is the zero
+    pad panel, computed and not kept); the AVX2 build one. The same FMAs per cosine and the same
+    epilogue, so the same means, bit for bit, with left padding and repeated keys (many kept
+    similarities). Elsewhere both builds are the AVX2 code."""
+    keys, valid = _keys(3, 2, length), _valid(3, length, pad=(3, 0, 7))
+    for threshold in (0.5, 0.0):
+        native_out = native.rkv_redundancy(keys, valid, threshold)
+        avx2_out = native.rkv_redundancy(keys, valid, threshold, lib=avx2_build)
+        assert torch.equal(native_out, avx2_out)
+
+
 def test_redundancy_counts_repeats_and_keeps_the_newest_copy():
     """Three copies of one key and one unrelated key: the two older copies are redundant (each is
     similar to a newer copy), the newest is not counted by the row that retains it."""
