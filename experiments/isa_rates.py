@@ -2,7 +2,9 @@
 them: AVX512 panels for float32, ``linear.c``; vpdpbusd for the int8 kernels with VNNI,
 ``linear_int8.c``) and plain AVX2, at a decode step's 16 rows on SmolLM2-135M's shapes, 30 layers
 of distinct weights streamed as in a decode step. GMAC/s (10⁹ multiply-adds a second), best of 5.
-Results: docs/results/bench_quant.md (eighth session).
+Then R-KV's redundancy kernel (``kv_scores.c``) on a batch-16 compression's shapes (480 sequence ×
+layer pairs, 3 KV heads, 288 and 384 slots, keys sharing a direction so that many pairs are kept),
+ms, best of 3. Results: docs/results/bench_quant.md and compression_cost.md (eighth session).
 
     python3 experiments/isa_rates.py
 """
@@ -50,6 +52,18 @@ def main() -> None:
                 rates[f"{kind} {name}"] = best_rate(
                     lambda: [native.linear_int8(x, p, s, group=group, lib=lib) for p, s in packed], macs)
         print(f"{N} x {K}: " + "  ".join(f"{n} {v:.1f}" for n, v in rates.items()), flush=True)
+    for L in (288, 384):
+        keys = torch.randn(480, 3, L, 64) + 0.8 * torch.randn(1, 3, 1, 64)
+        valid = torch.ones(480, L, dtype=torch.bool)
+        ms = {}
+        for name, lib in builds.items():
+            best = float("inf")
+            for _ in range(3):
+                t = time.perf_counter()
+                native.rkv_redundancy(keys, valid, 0.5, lib=lib)
+                best = min(best, time.perf_counter() - t)
+            ms[name] = 1e3 * best
+        print(f"R-KV redundancy, {L} slots: " + "  ".join(f"{n} {v:.1f} ms" for n, v in ms.items()), flush=True)
 
 
 if __name__ == "__main__":
