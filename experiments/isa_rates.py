@@ -16,18 +16,10 @@ import torch
 from sparserl.rollout import native
 from sparserl.rollout.quant.int8 import QMAX_FBGEMM, quantize_int8_per_channel
 
+from int8_kernel_rates import best_rate  # experiments/ is on the path when run as a script
+
 ROWS, LAYERS = 16, 30
 SHAPES = [(3072, 576), (576, 1536), (960, 576), (576, 576)]  # gate/up, down, q/k/v, o
-
-
-def best_rate(fn, macs: int, reps: int = 3) -> float:
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        best = min(best, time.perf_counter() - t)
-    return macs * reps / best / 1e9
 
 
 def main() -> None:
@@ -44,13 +36,13 @@ def main() -> None:
         rates = {}
         for name, lib in builds.items():
             f32 = [native.pack_linear(w, lib=lib) for w in ws]
-            rates[f"float32 {name}"] = best_rate(lambda: [native.linear(x, p, lib=lib) for p in f32], macs)
+            rates[f"float32 {name}"] = best_rate(lambda: [native.linear(x, p, lib=lib) for p in f32], macs, 3)
         for kind, group, qmax in (("int8", None, QMAX_FBGEMM), ("int8_group", 64, 127)):
             qs = [quantize_int8_per_channel(w, qmax) for w in ws]
             for name, lib in builds.items():
                 packed = [(native.pack_int8(q, lib=lib), s) for q, s in qs]
                 rates[f"{kind} {name}"] = best_rate(
-                    lambda: [native.linear_int8(x, p, s, group=group, lib=lib) for p, s in packed], macs)
+                    lambda: [native.linear_int8(x, p, s, group=group, lib=lib) for p, s in packed], macs, 3)
         print(f"{N} x {K}: " + "  ".join(f"{n} {v:.1f}" for n, v in rates.items()), flush=True)
     for L in (288, 384):
         keys = torch.randn(480, 3, L, 64) + 0.8 * torch.randn(1, 3, 1, 64)

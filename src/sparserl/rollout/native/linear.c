@@ -47,6 +47,16 @@ void sparserl_pack_linear(int N, int K, const float *W, float *Wp) {
             }
 }
 
+#if defined(__AVX2__)
+/* a partial panel's row: t (the tile's sums) + bias, + y, in the full panel's order */
+static inline void store_tail(float *y, const float *t, int ncols, const float *bias, int accumulate) {
+    for (int j = 0; j < ncols; j++) {
+        const float v = bias ? t[j] + bias[j] : t[j];
+        y[j] = accumulate ? v + y[j] : v;
+    }
+}
+#endif
+
 #if defined(__AVX512F__)
 /* AVX512: panels of 32 columns, a 4 x 32 tile (8 accumulators of 16 floats: with two FMA units of
  * 4 cycles' latency, 8 independent chains keep both busy); per lane the same FMAs in the same k
@@ -68,13 +78,14 @@ static inline void store_row(float *y, __m512 a, __m512 b, int ncols, const floa
     float t[NR];
     _mm512_storeu_ps(t, a);
     _mm512_storeu_ps(t + 16, b);
-    for (int j = 0; j < ncols; j++) { /* the full panel's order: (t + bias) + y */
-        const float v = bias ? t[j] + bias[j] : t[j];
-        y[j] = accumulate ? v + y[j] : v;
-    }
+    store_tail(y, t, ncols, bias, accumulate);
 }
 
 #define TILE_DECL(r) __m512 c##r##0 = _mm512_setzero_ps(), c##r##1 = c##r##0;
+/* the panel row k in registers, kept there (as below) */
+#define TILE_LOAD(k)                                                                                   \
+    __m512 w0 = _mm512_loadu_ps(w + (int64_t)(k) * NR), w1 = _mm512_loadu_ps(w + (int64_t)(k) * NR + 16); \
+    __asm__("" : "+v"(w0), "+v"(w1));
 #define TILE_FMA(r)                                                   \
     if (MR > r) {                                                     \
         const __m512 x = _mm512_set1_ps(X[(int64_t)r * ldx + k]);     \
@@ -83,22 +94,6 @@ static inline void store_row(float *y, __m512 a, __m512 b, int ncols, const floa
     }
 #define TILE_STORE(r) \
     if (MR > r) store_row(Y + (int64_t)r * ldy, c##r##0, c##r##1, ncols, bias, accumulate);
-
-static inline __attribute__((always_inline)) void tile(const int MR, int K, const float *X, int64_t ldx,
-                                                        const float *w, float *Y, int64_t ldy, int ncols,
-                                                        const float *bias, int accumulate, int prefetch) {
-    TILE_DECL(0) TILE_DECL(1) TILE_DECL(2) TILE_DECL(3)
-    for (int k = 0; k < K; k++) {
-        if (prefetch) {
-            _mm_prefetch((const char *)(w + (int64_t)(k + PREFETCH_K) * NR), _MM_HINT_T0);
-            _mm_prefetch((const char *)(w + (int64_t)(k + PREFETCH_K) * NR + 16), _MM_HINT_T0);
-        }
-        __m512 w0 = _mm512_loadu_ps(w + (int64_t)k * NR), w1 = _mm512_loadu_ps(w + (int64_t)k * NR + 16);
-        __asm__("" : "+v"(w0), "+v"(w1)); /* kept in registers, as in the AVX2 tile */
-        TILE_FMA(0) TILE_FMA(1) TILE_FMA(2) TILE_FMA(3)
-    }
-    TILE_STORE(0) TILE_STORE(1) TILE_STORE(2) TILE_STORE(3)
-}
 #elif defined(__AVX2__)
 static inline void store_row(float *y, __m256 a, __m256 b, __m256 c, int ncols, const float *bias, int accumulate) {
     if (ncols == NR) {
@@ -121,13 +116,16 @@ static inline void store_row(float *y, __m256 a, __m256 b, __m256 c, int ncols, 
     _mm256_storeu_ps(t, a);
     _mm256_storeu_ps(t + 8, b);
     _mm256_storeu_ps(t + 16, c);
-    for (int j = 0; j < ncols; j++) { /* the full panel's order: (t + bias) + y */
-        const float v = bias ? t[j] + bias[j] : t[j];
-        y[j] = accumulate ? v + y[j] : v;
-    }
+    store_tail(y, t, ncols, bias, accumulate);
 }
 
 #define TILE_DECL(r) __m256 c##r##0 = _mm256_setzero_ps(), c##r##1 = c##r##0, c##r##2 = c##r##0;
+/* keep the panel row in registers: gcc otherwise folds it into the 12 FMAs as 12 loads, and the
+ * loop becomes load-bound (measured 1.4x slower, single thread) */
+#define TILE_LOAD(k)                                                                                   \
+    __m256 w0 = _mm256_loadu_ps(w + (int64_t)(k) * NR), w1 = _mm256_loadu_ps(w + (int64_t)(k) * NR + 8), \
+           w2 = _mm256_loadu_ps(w + (int64_t)(k) * NR + 16);                                            \
+    __asm__("" : "+x"(w0), "+x"(w1), "+x"(w2));
 #define TILE_FMA(r)                                                          \
     if (MR > r) {                                                            \
         const __m256 x = _mm256_broadcast_ss(X + (int64_t)r * ldx + k);    \
@@ -137,7 +135,9 @@ static inline void store_row(float *y, __m256 a, __m256 b, __m256 c, int ncols, 
     }
 #define TILE_STORE(r) \
     if (MR > r) store_row(Y + (int64_t)r * ldy, c##r##0, c##r##1, c##r##2, ncols, bias, accumulate);
+#endif
 
+#if defined(__AVX2__)
 /* MR (1..4) rows of X times one panel; MR is a constant in each inlined copy, so the tile stays
  * in registers. */
 static inline __attribute__((always_inline)) void tile(const int MR, int K, const float *X, int64_t ldx,
@@ -149,19 +149,12 @@ static inline __attribute__((always_inline)) void tile(const int MR, int K, cons
             _mm_prefetch((const char *)(w + (int64_t)(k + PREFETCH_K) * NR), _MM_HINT_T0);
             _mm_prefetch((const char *)(w + (int64_t)(k + PREFETCH_K) * NR + 16), _MM_HINT_T0);
         }
-        __m256 w0 = _mm256_loadu_ps(w + (int64_t)k * NR), w1 = _mm256_loadu_ps(w + (int64_t)k * NR + 8),
-                     w2 = _mm256_loadu_ps(w + (int64_t)k * NR + 16);
-        /* keep the panel row in registers: gcc otherwise folds it into the 12 FMAs as 12 loads, and the
-         * loop becomes load-bound (measured 1.4x slower, single thread) */
-        __asm__("" : "+x"(w0), "+x"(w1), "+x"(w2));
+        TILE_LOAD(k)
         TILE_FMA(0) TILE_FMA(1) TILE_FMA(2) TILE_FMA(3)
     }
     TILE_STORE(0) TILE_STORE(1) TILE_STORE(2) TILE_STORE(3)
 }
 
-#endif
-
-#if defined(__AVX2__)
 static void panel(int M, int K, const float *X, int64_t ldx, const float *w, float *Y, int64_t ldy, int ncols,
                   const float *bias, int accumulate) {
     int m = 0;

@@ -33,7 +33,7 @@
 #else
 #define NR8 16 /* output columns per panel */
 #endif
-#define PREFETCH_G 128 /* how many panel rows (64 bytes each) ahead the first row block prefetches */
+#define PREFETCH_BYTES 8192 /* how far ahead in the panel the first row block prefetches */
 
 int sparserl_int8_panel_width(void) { return NR8; }
 
@@ -114,58 +114,45 @@ static inline void finish_row(float *y, const int32_t *acc, const int32_t *colsu
 
 #if defined(__AVX512BW__)
 /* AVX512: a 4-row x 32-column tile, 8 int32 accumulators of 16 lanes (the AVX2 tile's integers) */
-#define I8_DECL(r) __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = c##r##0;
+typedef __m512i i8vec;
+#define I8_LANES 16
+#define I8_ZERO() _mm512_setzero_si512()
+#define I8_SET1(x) _mm512_set1_epi32(x)
+#define I8_LOAD(p) _mm512_loadu_si512((const void *)(p))
+#define I8_STORE_TO(p, v) _mm512_storeu_si512((void *)(p), v)
+#define I8_DOT4(c, u, w) dot4_u8s8_512(c, u, w)
+#define I8_PIN(a, b) __asm__("" : "+v"(a), "+v"(b))
+#elif defined(__AVX2__)
+/* AVX2: a 4-row x 16-column tile, 8 int32 accumulators of 8 lanes */
+typedef __m256i i8vec;
+#define I8_LANES 8
+#define I8_ZERO() _mm256_setzero_si256()
+#define I8_SET1(x) _mm256_set1_epi32(x)
+#define I8_LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+#define I8_STORE_TO(p, v) _mm256_storeu_si256((__m256i *)(p), v)
+#define I8_DOT4(c, u, w) dot4_u8s8(c, u, w)
+#define I8_PIN(a, b) __asm__("" : "+x"(a), "+x"(b))
+#endif
+
+#if defined(__AVX2__)
+#define I8_DECL(r) i8vec c##r##0 = I8_ZERO(), c##r##1 = c##r##0;
 #define I8_DOT(r)                                                \
     if (MR > r) {                                                \
         int32_t xv;                                              \
         memcpy(&xv, U + (int64_t)r * K4 + 4 * g, 4);             \
-        const __m512i xb = _mm512_set1_epi32(xv);                \
-        c##r##0 = dot4_u8s8_512(c##r##0, xb, w0);                \
-        c##r##1 = dot4_u8s8_512(c##r##1, xb, w1);                \
+        const i8vec xb = I8_SET1(xv);                            \
+        c##r##0 = I8_DOT4(c##r##0, xb, w0);                      \
+        c##r##1 = I8_DOT4(c##r##1, xb, w1);                      \
     }
 #define I8_STORE(r)                                                                              \
     if (MR > r) {                                                                                \
         int32_t acc[NR8];                                                                        \
-        _mm512_storeu_si512((void *)acc, c##r##0);                                               \
-        _mm512_storeu_si512((void *)(acc + 16), c##r##1);                                        \
+        I8_STORE_TO(acc, c##r##0);                                                               \
+        I8_STORE_TO(acc + I8_LANES, c##r##1);                                                    \
         finish_row(Y + (int64_t)r * ldy, acc, colsum, a[r], s, bias, ncols, accumulate);         \
     }
 
-static inline __attribute__((always_inline)) void tile8(const int MR, int K4, const uint8_t *U, const float *a,
-                                                         const int8_t *w, const int32_t *colsum, const float *s,
-                                                         const float *bias, float *Y, int64_t ldy, int ncols,
-                                                         int accumulate, const int prefetch) {
-    I8_DECL(0) I8_DECL(1) I8_DECL(2) I8_DECL(3)
-    for (int g = 0; g < K4 / 4; g++) {
-        if (prefetch) {
-            _mm_prefetch((const char *)(w + (int64_t)(g + PREFETCH_G / 2) * NR8 * 4), _MM_HINT_T0);
-            _mm_prefetch((const char *)(w + (int64_t)(g + PREFETCH_G / 2) * NR8 * 4 + 64), _MM_HINT_T0);
-        }
-        __m512i w0 = _mm512_loadu_si512((const void *)(w + (int64_t)g * NR8 * 4)),
-                w1 = _mm512_loadu_si512((const void *)(w + (int64_t)g * NR8 * 4 + 64));
-        __asm__("" : "+v"(w0), "+v"(w1));
-        I8_DOT(0) I8_DOT(1) I8_DOT(2) I8_DOT(3)
-    }
-    I8_STORE(0) I8_STORE(1) I8_STORE(2) I8_STORE(3)
-}
-#elif defined(__AVX2__)
-#define I8_DECL(r) __m256i c##r##0 = _mm256_setzero_si256(), c##r##1 = c##r##0;
-#define I8_DOT(r)                                                                                     \
-    if (MR > r) {                                                                                     \
-        int32_t xv;                                                                                   \
-        memcpy(&xv, U + (int64_t)r * K4 + 4 * g, 4);                                                  \
-        const __m256i xb = _mm256_set1_epi32(xv);                                                     \
-        c##r##0 = dot4_u8s8(c##r##0, xb, w0);                                                         \
-        c##r##1 = dot4_u8s8(c##r##1, xb, w1);                                                         \
-    }
-#define I8_STORE(r)                                                                          \
-    if (MR > r) {                                                                            \
-        int32_t acc[NR8];                                                                    \
-        _mm256_storeu_si256((__m256i *)acc, c##r##0);                                        \
-        _mm256_storeu_si256((__m256i *)(acc + 8), c##r##1);                                  \
-        finish_row(Y + (int64_t)r * ldy, acc, colsum, a[r], s, bias, ncols, accumulate);                 \
-    }
-
+/* MR (<= 4) rows x one panel (NR8 columns: two registers of I8_LANES columns x 4 k per panel row) */
 static inline __attribute__((always_inline)) void tile8(const int MR, int K4, const uint8_t *U, const float *a,
                                                          const int8_t *w, const int32_t *colsum, const float *s,
                                                          const float *bias, float *Y, int64_t ldy, int ncols,
@@ -173,18 +160,16 @@ static inline __attribute__((always_inline)) void tile8(const int MR, int K4, co
     I8_DECL(0) I8_DECL(1) I8_DECL(2) I8_DECL(3)
     for (int g = 0; g < K4 / 4; g++) {
         /* the first row block streams the panel from memory: fetch ahead, into the next panel */
-        if (prefetch) _mm_prefetch((const char *)(w + (int64_t)(g + PREFETCH_G) * NR8 * 4), _MM_HINT_T0);
-        __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + (int64_t)g * NR8 * 4)),
-                w1 = _mm256_loadu_si256((const __m256i *)(w + (int64_t)g * NR8 * 4 + 32));
-        __asm__("" : "+x"(w0), "+x"(w1)); /* kept in registers (see linear.c) */
+        if (prefetch)
+            for (int line = 0; line < NR8 * 4; line += 64)
+                _mm_prefetch((const char *)(w + (int64_t)g * NR8 * 4 + PREFETCH_BYTES + line), _MM_HINT_T0);
+        i8vec w0 = I8_LOAD(w + (int64_t)g * NR8 * 4), w1 = I8_LOAD(w + (int64_t)g * NR8 * 4 + 4 * I8_LANES);
+        I8_PIN(w0, w1); /* kept in registers (see linear.c) */
         I8_DOT(0) I8_DOT(1) I8_DOT(2) I8_DOT(3)
     }
     I8_STORE(0) I8_STORE(1) I8_STORE(2) I8_STORE(3)
 }
 
-#endif
-
-#if defined(__AVX2__)
 static void panel8(int M, int K4, const uint8_t *U, const float *a, const int8_t *w, const int32_t *colsum,
                    const float *s, const float *bias, float *Y, int64_t ldy, int ncols, int accumulate) {
     int m = 0;
@@ -302,7 +287,7 @@ static inline __attribute__((always_inline)) void tile_group(const int MR, int K
         __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
                 c31 = c00;
         for (int g = g0; g < g1; g++) {
-            if (prefetch) _mm_prefetch((const char *)(w + (int64_t)(g + PREFETCH_G) * NR8 * 4), _MM_HINT_T0);
+            if (prefetch) _mm_prefetch((const char *)(w + (int64_t)g * NR8 * 4 + PREFETCH_BYTES), _MM_HINT_T0);
             const __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + (int64_t)g * NR8 * 4)),
                           w1 = _mm256_loadu_si256((const __m256i *)(w + (int64_t)g * NR8 * 4 + 32));
             G8_DOT(0) G8_DOT(1) G8_DOT(2) G8_DOT(3)
