@@ -144,3 +144,40 @@ def test_portable_build_equals_torch(tmp_path, monkeypatch, kv_quant):
             ref_out, ref_p = attention(q, K, V, bias, *scales)
         out, p = native.decode_attention(q, K, V, bias, *scales[:2], lib=portable)
         assert (out - ref_out).abs().max().item() < 1e-5 and (p - ref_p).abs().max().item() < 1e-6
+
+
+@pytest.mark.parametrize("shape", [(16, 9, 3, 64, 80, 70), (3, 10, 2, 64, 40, 33), (1, 20, 1, 64, 16, 13),
+                                   (2, 8, 1, 128, 30, 29)])
+@pytest.mark.parametrize("kv_quant", ["none", "int8"])
+def test_each_query_head_gets_the_bits_it_gets_alone(shape, kv_quant):
+    """The kernel reads each key and value row once for up to 4 query heads of a KV head (g = 3, 5 =
+    4 + 1, 20 = 5 x 4, 8 = 2 x 4): every head's sums still run in the same order, so each head's
+    output and probabilities equal, bit for bit, a run with that head alone (g = 1)."""
+    q, K, V, bias = _inputs(*shape, seed=2)
+    ks = vs = None
+    if kv_quant != "none":
+        quant = get_kv_quantizer(kv_quant)
+        (K, ks), (V, vs) = quant.quantize(K), quant.quantize(V)
+    B, hq, hkv, D = shape[0], shape[1], shape[2], shape[3]
+    g = hq // hkv
+    out, p = native.decode_attention(q, K, V, bias, ks, vs)
+    for i in range(g):
+        heads = [h * g + i for h in range(hkv)]
+        alone_out, alone_p = native.decode_attention(q[:, heads], K, V, bias, ks, vs)
+        assert torch.equal(out.view(B, hkv, g, D)[:, :, i], alone_out.view(B, hkv, D))
+        assert torch.equal(p[:, :, i], alone_p[:, :, 0])
+
+
+@pytest.mark.parametrize("kv_quant", ["none", "int8", "fp8"])
+def test_attention_gives_the_avx2_bits_on_avx512(avx2_build, kv_quant):
+    """With AVX512 the value pass keeps 64 output columns of 3 heads in registers, with AVX2 32:
+    the same sums in the same order, so the same bits."""
+    for shape in SHAPES:
+        q, K, V, bias = _inputs(*shape, seed=3)
+        ks = vs = None
+        if kv_quant != "none":
+            quant = get_kv_quantizer(kv_quant)
+            (K, ks), (V, vs) = quant.quantize(K), quant.quantize(V)
+        native_out, native_p = native.decode_attention(q, K, V, bias, ks, vs)
+        avx2_out, avx2_p = native.decode_attention(q, K, V, bias, ks, vs, lib=avx2_build)
+        assert torch.equal(native_out, avx2_out) and torch.equal(native_p, avx2_p), shape

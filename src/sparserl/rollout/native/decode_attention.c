@@ -60,67 +60,141 @@ static inline float load1(const void *base, int64_t off, int kv_type) {
     return ((const float *)base)[off];
 }
 
-/* One (sequence, KV head): D is a compile-time constant in the specialised callers below. */
-static inline __attribute__((always_inline)) void head_attention(
-    const int g, const int L, const int D, const float *q, const int64_t q_sh, const void *K, const void *V,
+/* Scores of key j for the G query heads, one key at a time (the keys the 4-key tile leaves). */
+static inline __attribute__((always_inline)) void score_key(
+    const int G, const int D, const float *q, const int64_t q_sh, const void *K, const int j, const int64_t kv_sl,
+    const float *ks, const int kv_type, const float *bias, const float scale, float *p, const int L) {
+    const float bj = bias[j];
+    if (bj == -INFINITY) {
+        for (int i = 0; i < G; i++) p[(int64_t)i * L + j] = -INFINITY;
+        return;
+    }
+    const float sj = (ks ? ks[j] : 1.0f) * scale;
+    const int64_t row = (int64_t)j * kv_sl;
+    for (int i = 0; i < G; i++) {
+        const float *qi = q + (int64_t)i * q_sh;
+        float dot;
+#ifdef __AVX2__
+        if (D % 16 == 0) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            for (int d = 0; d < D; d += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + d), load8(K, row + d, kv_type), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + d + 8), load8(K, row + d + 8, kv_type), a1);
+            }
+            dot = hsum256(_mm256_add_ps(a0, a1));
+        } else
+#endif
+        {
+            dot = 0.0f;
+            for (int d = 0; d < D; d++) dot += qi[d] * load1(K, row + d, kv_type);
+        }
+        p[(int64_t)i * L + j] = dot * sj + bj;
+    }
+}
+
+#ifdef __AVX2__
+/* Load one byte of every 64-byte line of a row of `bytes` bytes. Software prefetches
+ * (_mm_prefetch, to L1 or L2, 2 KB ahead of the keys or of the values) changed nothing measurable
+ * on the Xeon; demand loads do: the value pass, which reads a (sequence, head)'s values, touches the
+ * next one's keys, so that the memory is reading while the core computes. The compiler must keep
+ * the loads: their sum goes to an empty asm statement. */
+static inline void touch_row(const char *row, const int bytes) {
+    int t = 0;
+    for (int c = 0; c < bytes; c += 64) t += row[c];
+    __asm__ volatile("" ::"r"(t));
+}
+
+/* Scores of keys j0 .. j0+3 for the G query heads q[0 .. G-1]: each key's row is loaded once for all
+ * G heads. Per (head, key) the sum over d runs in 8 lanes in order of d, then the same hadd tree:
+ * the bits do not depend on G or on the ISA the file is compiled for. */
+static inline __attribute__((always_inline)) void scores4(
+    const int G, const int D, const float *q, const int64_t q_sh, const void *K, const int64_t r0,
+    const int64_t kv_sl, const int kv_type, const __m128 sj, const __m128 bj, float *p, const int L) {
+    __m256 a[4][4];
+    for (int i = 0; i < G; i++)
+        for (int t = 0; t < 4; t++) a[i][t] = _mm256_setzero_ps();
+    for (int d = 0; d < D; d += 8) {
+        const __m256 k0 = load8(K, r0 + d, kv_type), k1 = load8(K, r0 + kv_sl + d, kv_type);
+        const __m256 k2 = load8(K, r0 + 2 * kv_sl + d, kv_type), k3 = load8(K, r0 + 3 * kv_sl + d, kv_type);
+        for (int i = 0; i < G; i++) {
+            const __m256 qv = _mm256_loadu_ps(q + (int64_t)i * q_sh + d);
+            a[i][0] = _mm256_fmadd_ps(qv, k0, a[i][0]);
+            a[i][1] = _mm256_fmadd_ps(qv, k1, a[i][1]);
+            a[i][2] = _mm256_fmadd_ps(qv, k2, a[i][2]);
+            a[i][3] = _mm256_fmadd_ps(qv, k3, a[i][3]);
+        }
+    }
+    for (int i = 0; i < G; i++) {
+        const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[i][0], a[i][1]), _mm256_hadd_ps(a[i][2], a[i][3]));
+        const __m128 dots = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        _mm_storeu_ps(p + (int64_t)i * L, _mm_add_ps(_mm_mul_ps(dots, sj), bj)); /* -inf bias stays -inf */
+    }
+}
+
+/* Width of the value pass: the output columns of the G heads it accumulates in registers at once
+ * (G * W / 8 accumulators: 24 fit AVX512's 32 vector registers, 12 AVX2's 16). */
+#if defined(__AVX512F__)
+#define VALUE_WIDTH(G) ((G) <= 3 ? 64 : 32)
+#else
+#define VALUE_WIDTH(G) ((G) <= 3 ? 32 : 16)
+#endif
+
+/* out[i, c0 .. c0+W-1] = sum_j w[i, j] V[j, c0 ..] for the G heads, each row of V loaded once for all
+ * of them. Per (head, column) the sum runs over j in order, so the bits do not depend on W or G.
+ * Keys whose weight is 0 for every head (masked) are skipped: their rows may hold anything.
+ * next_K: rows (next_row_stride bytes apart, row_bytes long) to touch, one per key (touch_row). */
+static inline __attribute__((always_inline)) void values(
+    const int G, const int W, const int L, const int c0, const float *p, const void *V, const int64_t kv_sl,
+    const float *vs, const int kv_type, const float v_unit, float *out, const int D, const char *next_K,
+    const int64_t next_row_stride, const int row_bytes) {
+    __m256 o[4][8];
+    for (int i = 0; i < G; i++)
+        for (int v = 0; v < W / 8; v++) o[i][v] = _mm256_setzero_ps();
+    for (int j = 0; j < L; j++) {
+        float pj[4];
+        int any = 0;
+        for (int i = 0; i < G; i++) {
+            pj[i] = p[(int64_t)i * L + j];
+            any |= pj[i] != 0.0f;
+        }
+        if (next_K) touch_row(next_K + j * next_row_stride, row_bytes);
+        if (!any) continue;
+        const int64_t row = (int64_t)j * kv_sl + c0;
+        __m256 w[4];
+        for (int i = 0; i < G; i++) w[i] = _mm256_set1_ps(vs ? pj[i] * vs[j] * v_unit : pj[i]);
+        for (int v = 0; v < W / 8; v++) {
+            const __m256 x = load8(V, row + 8 * v, kv_type);
+            for (int i = 0; i < G; i++) o[i][v] = _mm256_fmadd_ps(w[i], x, o[i][v]);
+        }
+    }
+    for (int i = 0; i < G; i++)
+        for (int v = 0; v < W / 8; v++) _mm256_storeu_ps(out + (int64_t)i * D + c0 + 8 * v, o[i][v]);
+}
+
+#endif
+
+/* One (sequence, KV head), its g query heads in chunks of G <= 4 that read each key and value row
+ * once: D and G are compile-time constants in the specialised callers below. */
+static inline __attribute__((always_inline)) void heads_attention(
+    const int G, const int L, const int D, const float *q, const int64_t q_sh, const void *K, const void *V,
     const int64_t kv_sl, const float *ks, const float *vs, const int kv_type, const float *bias,
-    const float scale, const float v_unit, float *out, float *p) {
+    const float scale, const float v_unit, float *out, float *p, const void *next_K) {
     /* scores */
     int j0 = 0;
 #ifdef __AVX2__
+    const int esize = kv_type ? 1 : 4, row_bytes = D * esize;
     if (D % 8 == 0) { /* 4 keys at a time: 4 dot products reduced together by three hadds */
         for (; j0 + 4 <= L; j0 += 4) {
             const int64_t r0 = (int64_t)j0 * kv_sl;
             __m128 sj = _mm_set1_ps(scale);
             if (ks) sj = _mm_mul_ps(sj, _mm_loadu_ps(ks + j0));
-            const __m128 bj = _mm_loadu_ps(bias + j0);
-            for (int i = 0; i < g; i++) {
-                const float *qi = q + (int64_t)i * q_sh;
-                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                for (int d = 0; d < D; d += 8) {
-                    const __m256 qv = _mm256_loadu_ps(qi + d);
-                    a0 = _mm256_fmadd_ps(qv, load8(K, r0 + d, kv_type), a0);
-                    a1 = _mm256_fmadd_ps(qv, load8(K, r0 + kv_sl + d, kv_type), a1);
-                    a2 = _mm256_fmadd_ps(qv, load8(K, r0 + 2 * kv_sl + d, kv_type), a2);
-                    a3 = _mm256_fmadd_ps(qv, load8(K, r0 + 3 * kv_sl + d, kv_type), a3);
-                }
-                const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-                const __m128 dots = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-                _mm_storeu_ps(p + (int64_t)i * L + j0, _mm_add_ps(_mm_mul_ps(dots, sj), bj)); /* -inf bias stays -inf */
-            }
+            scores4(G, D, q, q_sh, K, r0, kv_sl, kv_type, sj, _mm_loadu_ps(bias + j0), p + j0, L);
         }
     }
 #endif
-    for (int j = j0; j < L; j++) {
-        const float bj = bias[j];
-        if (bj == -INFINITY) {
-            for (int i = 0; i < g; i++) p[(int64_t)i * L + j] = -INFINITY;
-            continue;
-        }
-        const float sj = (ks ? ks[j] : 1.0f) * scale;
-        const int64_t row = (int64_t)j * kv_sl;
-        for (int i = 0; i < g; i++) {
-            const float *qi = q + (int64_t)i * q_sh;
-            float dot;
-#ifdef __AVX2__
-            if (D % 16 == 0) {
-                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-                for (int d = 0; d < D; d += 16) {
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + d), load8(K, row + d, kv_type), a0);
-                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qi + d + 8), load8(K, row + d + 8, kv_type), a1);
-                }
-                dot = hsum256(_mm256_add_ps(a0, a1));
-            } else
-#endif
-            {
-                dot = 0.0f;
-                for (int d = 0; d < D; d++) dot += qi[d] * load1(K, row + d, kv_type);
-            }
-            p[(int64_t)i * L + j] = dot * sj + bj;
-        }
-    }
+    for (int j = j0; j < L; j++) score_key(G, D, q, q_sh, K, j, kv_sl, ks, kv_type, bias, scale, p, L);
     /* softmax per query head, in place */
-    for (int i = 0; i < g; i++) {
+    for (int i = 0; i < G; i++) {
         float *pi = p + (int64_t)i * L;
         float mx = -INFINITY;
         for (int j = 0; j < L; j++) mx = pi[j] > mx ? pi[j] : mx;
@@ -147,26 +221,18 @@ static inline __attribute__((always_inline)) void head_attention(
         for (j = 0; j < L; j++) pi[j] *= inv;
     }
     /* out[i] = sum_j p[i, j] (vs_j v_unit) V[j] */
-    for (int i = 0; i < g; i++) {
+#ifdef __AVX2__
+    const int W = VALUE_WIDTH(G);
+    if (D % W == 0) {
+        for (int c0 = 0; c0 < D; c0 += W) /* the first of them touches the next head's keys */
+            values(G, W, L, c0, p, V, kv_sl, vs, kv_type, v_unit, out, D,
+                   c0 == 0 ? (const char *)next_K : 0, kv_sl * esize, row_bytes);
+        return;
+    }
+#endif
+    for (int i = 0; i < G; i++) {
         const float *pi = p + (int64_t)i * L;
         float *oi = out + (int64_t)i * D;
-#ifdef __AVX2__
-        if (D == 64 || D == 128) {
-            for (int half = 0; half < D; half += 64) {
-                __m256 o[8];
-                for (int v = 0; v < 8; v++) o[v] = _mm256_setzero_ps();
-                for (int j = 0; j < L; j++) {
-                    const float pj = pi[j];
-                    if (pj == 0.0f) continue;
-                    const __m256 w = _mm256_set1_ps(vs ? pj * vs[j] * v_unit : pj);
-                    const int64_t row = (int64_t)j * kv_sl + half;
-                    for (int v = 0; v < 8; v++) o[v] = _mm256_fmadd_ps(w, load8(V, row + 8 * v, kv_type), o[v]);
-                }
-                for (int v = 0; v < 8; v++) _mm256_storeu_ps(oi + half + 8 * v, o[v]);
-            }
-            continue;
-        }
-#endif
         for (int d = 0; d < D; d++) oi[d] = 0.0f;
         for (int j = 0; j < L; j++) {
             const float pj = pi[j];
@@ -174,6 +240,25 @@ static inline __attribute__((always_inline)) void head_attention(
             const float w = vs ? pj * vs[j] * v_unit : pj;
             const int64_t row = (int64_t)j * kv_sl;
             for (int d = 0; d < D; d++) oi[d] += w * load1(V, row + d, kv_type);
+        }
+    }
+}
+
+/* The g query heads of one (sequence, KV head) in chunks of at most 4. */
+static inline __attribute__((always_inline)) void head_attention(
+    const int g, const int L, const int D, const float *q, const int64_t q_sh, const void *K, const void *V,
+    const int64_t kv_sl, const float *ks, const float *vs, const int kv_type, const float *bias,
+    const float scale, const float v_unit, float *out, float *p, const void *next_K) {
+    for (int i0 = 0; i0 < g; i0 += 4) {
+        const float *qc = q + (int64_t)i0 * q_sh;
+        float *oc = out + (int64_t)i0 * D, *pc = p + (int64_t)i0 * L;
+        switch (g - i0 < 4 ? g - i0 : 4) {
+#define CHUNK(GC) heads_attention(GC, L, D, qc, q_sh, K, V, kv_sl, ks, vs, kv_type, bias, scale, v_unit, oc, pc, i0 + 4 >= g ? next_K : 0)
+            case 1: CHUNK(1); break;
+            case 2: CHUNK(2); break;
+            case 3: CHUNK(3); break;
+            default: CHUNK(4);
+#undef CHUNK
         }
     }
 }
@@ -187,10 +272,15 @@ static inline __attribute__((always_inline)) void head_attention(
                                      : (const void *)((const float *)K + kv_off);                         \
             const void *Vh = kv_type ? (const void *)((const int8_t *)V + kv_off)                         \
                                      : (const void *)((const float *)V + kv_off);                         \
+            /* the next (sequence, head) of this thread's range, whose keys the value pass touches */      \
+            const int64_t next_off = h + 1 < Hkv ? kv_off + kv_sh : (int64_t)(b + 1) * kv_sb;           \
+            const void *next_K = h + 1 == Hkv && b + 1 == B ? 0                                           \
+                                 : (const void *)((const char *)K + next_off * (kv_type ? 1 : 4));        \
             head_attention(g, L, DCONST, q + (int64_t)b * q_sb + (int64_t)h * g * q_sh, q_sh, Kh, Vh,     \
                            kv_sl, ks ? ks + s_off : 0, vs ? vs + s_off : 0, kv_type,                      \
                            bias + (int64_t)b * bias_sb, scale, v_unit,                                    \
-                           out + ((int64_t)b * Hkv + h) * g * D, probs + ((int64_t)b * Hkv + h) * g * L); \
+                           out + ((int64_t)b * Hkv + h) * g * D, probs + ((int64_t)b * Hkv + h) * g * L,  \
+                           next_K);                                                               \
         }                                                                                                 \
     }
 
