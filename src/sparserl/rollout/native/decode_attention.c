@@ -6,7 +6,8 @@
  *     p[i, j] = exp(s[i, j] - max_j s[i, j]) / sum_j exp(...)
  *     out[i]  = sum_j p[i, j] V[j]
  *
- * in one pass over K and one over V, parallel over (b, h) with OpenMP (the same libgomp torch
+ * in one pass over K and one over V per block of output columns (VALUE_WIDTH), each row read once
+ * for up to 4 of the g query heads, parallel over (b, h) with OpenMP (the same libgomp torch
  * uses, so torch.set_num_threads applies). K and V are read straight from the cache's buffers:
  * float32 values, or int8 / fp8 (E4M3) codes with one float32 scale per [token, KV head] (kv_quant):
  * q . (c s) = (q . c) s and sum_j p_j s_j c_j, so no dequantized copy is made.
@@ -272,7 +273,8 @@ static inline __attribute__((always_inline)) void head_attention(
                                      : (const void *)((const float *)K + kv_off);                         \
             const void *Vh = kv_type ? (const void *)((const int8_t *)V + kv_off)                         \
                                      : (const void *)((const float *)V + kv_off);                         \
-            /* the next (sequence, head) of this thread's range, whose keys the value pass touches */      \
+            /* the next (sequence, head) in order, whose keys the value pass touches (this thread's next */ \
+            /* one except at the end of its range)                                                       */ \
             const int64_t next_off = h + 1 < Hkv ? kv_off + kv_sh : (int64_t)(b + 1) * kv_sb;           \
             const void *next_K = h + 1 == Hkv && b + 1 == B ? 0                                           \
                                  : (const void *)((const char *)K + next_off * (kv_type ? 1 : 4));        \
