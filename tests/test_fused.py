@@ -1,7 +1,7 @@
 """The fused decode step (``sparserl.rollout.fused``: a layer in three native calls) against the
 eager one, operator by operator: the same kernels in the same order, so the same tokens and
-bit-identical log-probs, for every compressor, the weight quantizations it takes, SmoothQuant and a
-quantized KV cache (which attends through the cache's own path)."""
+bit-identical log-probs, for every compressor, the weight quantizations it takes, SmoothQuant, outlier
+channels in float32 and a quantized KV cache (which attends through the cache's own path)."""
 import pytest
 import torch
 
@@ -59,11 +59,13 @@ def test_fused_step_is_the_eager_step(tiny, name):
     assert_same(a, b)
 
 
-@pytest.mark.parametrize("quant,smooth,kv_quant", [("int8", 0.0, "none"), ("int8_group", 0.0, "none"),
-                                                   ("int8", 0.5, "none"), ("int8_group", 0.5, "none"),
-                                                   ("none", 0.0, "int8"), ("int8", 0.0, "fp8")])
-def test_fused_step_quantized(tiny, quant, smooth, kv_quant):
-    engine = RolloutEngine(tiny, make("rkv"), quant=quant, quant_smooth=smooth, kv_quant=kv_quant)
+@pytest.mark.parametrize("quant,smooth,kv_quant,outliers", [
+    ("int8", 0.0, "none", 0), ("int8_group", 0.0, "none", 0), ("int8", 0.5, "none", 0), ("int8_group", 0.5, "none", 0),
+    ("none", 0.0, "int8", 0), ("int8", 0.0, "fp8", 0), ("int8", 0.0, "none", 4), ("int8", 0.5, "none", 4),
+    ("int8_group", 0.5, "none", 2)])
+def test_fused_step_quantized(tiny, quant, smooth, kv_quant, outliers):
+    engine = RolloutEngine(tiny, make("rkv"), quant=quant, quant_smooth=smooth, kv_quant=kv_quant,
+                           quant_outliers=outliers)
     assert fused.available(engine.model)
     a, b = run_both(engine, SamplingParams(n=2, max_new_tokens=24, seed=3, temperature=1.0, ignore_eos=True))
     assert_same(a, b)

@@ -17,7 +17,7 @@ from sparserl.rollout.kv import build_compressor
 from sparserl.rollout.model import SamplerModel
 from sparserl.rollout.quant import QuantizedLinear, available_quants, build_quant
 from sparserl.rollout.quant.fp8 import E4M3, quantize_fp8_per_channel, quantize_fp8_per_token
-from sparserl.rollout.quant.int8 import (QMAX_FBGEMM, Int8Linear, dequantize_int8_per_channel, fbgemm_available,
+from sparserl.rollout.quant.int8 import (QMAX_FBGEMM, Int8Linear, cpu_weight_qmax, dequantize_int8_per_channel, fbgemm_available,
                                          int8_matmul_per_token, quantize_int8_per_channel, quantize_int8_per_token)
 from sparserl.rollout.sampling import SamplingParams
 
@@ -75,14 +75,14 @@ def test_int_mm_product_equals_reference_of_the_same_quantized_values():
 @pytest.mark.skipif(not fbgemm_available("cpu"), reason="fbgemm (x86 CPU) only")
 def test_fbgemm_int8_linear_equals_reference_of_the_same_quantized_values():
     """fbgemm's per-tensor uint8 activation grid on rows scaled to max |x| = 1 (per-token scales),
-    7-bit weights (no AVX2 saturation): the float64 product of exactly those integers, within float32
+    7-bit weights without VNNI (no AVX2 saturation), 8-bit with it: the float64 product of exactly those integers, within float32
     rounding; and the weight is held once, packed (no float copy, no int8 copy besides fbgemm's)."""
     torch.manual_seed(0)
     w, x = _weight(96, 64), torch.randn(9, 64) * torch.logspace(-2, 1, 9)[:, None]  # rows of very different size
     with native.torch_only():  # else the native kernel runs (test_native_int8_linear_...)
         lin = build_quant("int8").quantize(w)
     assert isinstance(lin, Int8Linear) and lin.kernel == "fbgemm" and lin.q is None
-    q, s = quantize_int8_per_channel(w, QMAX_FBGEMM)
+    q, s = quantize_int8_per_channel(w, cpu_weight_qmax())
     assert torch.equal(lin.dequantize(), dequantize_int8_per_channel(q, s))
     m = x.abs().amax(-1, keepdim=True)
     xn = x / m
@@ -101,7 +101,7 @@ def test_fbgemm_int8_linear_equals_reference_of_the_same_quantized_values():
 @pytest.mark.parametrize("rows,out_features,in_features", [(16, 96, 64), (5, 33, 18), (1, 16, 4), (64, 40, 1537)])
 def test_native_int8_linear_equals_reference_of_the_same_quantized_values(rows, out_features, in_features):
     """The AVX2 kernel (linear_int8.c): symmetric per-token 8-bit activations P = round(x / a),
-    7-bit weights; the float64 product of exactly those integers, within float32 rounding. Row
+    7-bit weights (8-bit with VNNI); the float64 product of exactly those integers, within float32 rounding. Row
     counts off the 4-row tile, N off the 16-column panel, K off the 4-byte group."""
     gen = torch.Generator().manual_seed(rows + in_features)
     w = torch.randn(out_features, in_features, generator=gen) * 0.05
@@ -110,7 +110,7 @@ def test_native_int8_linear_equals_reference_of_the_same_quantized_values(rows, 
     lin = build_quant("int8").quantize(w)
     assert lin.kernel == "native" and build_quant("int8").kernel_on("cpu") == "native"
     assert lin.q is None  # the panels are the only copy of the codes
-    q, s = quantize_int8_per_channel(w, QMAX_FBGEMM)
+    q, s = quantize_int8_per_channel(w, cpu_weight_qmax())
     assert torch.equal(lin.dequantize(), dequantize_int8_per_channel(q, s))
     a = torch.where(x.abs().amax(-1, keepdim=True) > 0, x.abs().amax(-1, keepdim=True) / 127, torch.ones(1))
     p = torch.round(x * (1.0 / a)).clamp(-127, 127)  # the kernel multiplies by 1/a
@@ -208,7 +208,8 @@ def test_int8_group_size_reaches_the_kernel_and_bad_sizes_are_refused(tiny):
 
 def test_int8_group_is_closer_than_per_token_on_outlier_channels():
     """Why the group scales: one outlier input channel spoils a per-token scale for every channel,
-    a group scale only for its own group."""
+    a group scale only for its own group. (The error halves or better where ``int8`` has the 7-bit
+    weight grid; with VNNI both have the 8-bit one and only the activation grids differ.)"""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(64, 256, generator=gen) * 0.05
     x = torch.randn(8, 256, generator=gen)
@@ -216,7 +217,7 @@ def test_int8_group_is_closer_than_per_token_on_outlier_channels():
     ref = x @ w.t()
     err = {name: float((build_quant(name).quantize(w)(x) - ref).norm() / ref.norm())
            for name in ("int8", "int8_group")}
-    assert err["int8_group"] < 0.5 * err["int8"]
+    assert err["int8_group"] < 0.6 * err["int8"]
 
 
 @pytest.mark.parametrize("name", QUANTIZED)
@@ -299,7 +300,7 @@ def test_update_weights_requantizes(tiny):
     assert engine.model.last_quantize_s > 0
     q_rows = tiny.model.config.num_attention_heads * tiny.model.config.head_dim if hasattr(tiny.model.config, "head_dim") else None
     ref = dequantize_int8_per_channel(*quantize_int8_per_channel(
-        torch.cat([state[f"model.layers.0.self_attn.{n}_proj.weight"] for n in "qkv"]), QMAX_FBGEMM
+        torch.cat([state[f"model.layers.0.self_attn.{n}_proj.weight"] for n in "qkv"]), cpu_weight_qmax()
         if fbgemm_available("cpu") else 127))
     assert torch.equal(after, ref)  # exactly the new weights' quantization
     assert q_rows is None or q_rows <= after.shape[0]

@@ -130,6 +130,7 @@ def cmd_bench_rollout(args) -> int:
         check_strength(args.quant_smooth)
     except ValueError as e:
         raise OptionError(f"--quant-smooth: {e}") from None
+    check_int(args.quant_outliers, "--quant-outliers", 0, what="input channels kept in float32")
     check_choice(args.dtype, "--dtype", DTYPES)
     if args.quant_group is not None:
         check_int(args.quant_group, "--quant-group", 4, what="inputs per activation scale of int8_group")
@@ -158,7 +159,7 @@ def cmd_bench_rollout(args) -> int:
                        quants=[q.strip() for q in args.quant.split(",") if q.strip()],
                        kv_quants=[q.strip() for q in args.kv_quant.split(",") if q.strip()],
                        compress_prompt=args.compress_prompt or None, quant_smooth=args.quant_smooth,
-                       quant_group=args.quant_group,
+                       quant_group=args.quant_group, quant_outliers=args.quant_outliers,
                        kernels=kernels)
     if args.json:
         write_json(report, args.json)
@@ -342,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "int8, int8_group, int8_weight_only, fp8 (each adds sparserl rows with its mismatch vs dense)")
     br.add_argument("--quant-smooth", type=float, default=0.0, help="SmoothQuant migration strength of the "
                     "int8, int8_group and fp8 rows (0 = off, 0.5 = the paper's): rollout.quant_smooth")
+    br.add_argument("--quant-outliers", type=int, default=0, help="input channels of every int8, int8_group "
+                    "and fp8 linear kept in float32, chosen on the calibration text (0 = off): "
+                    "rollout.quant_outliers")
     br.add_argument("--quant-group", type=int, default=None, help="inputs per activation scale of the "
                     "int8_group rows (a multiple of 4; default 64): rollout.quant_group")
     br.add_argument("--kv-quant", default="none", help="KV cache quantizations, comma-separated: none, int8, fp8")

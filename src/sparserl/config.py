@@ -178,6 +178,11 @@ class RolloutConfig(_Section):
                              "the weights before W8A8; the activation maxima are calibrated on a fixed text at every "
                              "push. 0 = off (QuRL/FP8-RL as published); 0.5 = the paper's default. Needs "
                              "rollout.quant int8, int8_group or fp8.", ge=0, lt=1)
+    quant_outliers: int = F(0, "Input channels of every quantized linear kept in float32 (LLM.int8's mixed-precision "
+                            "decomposition, with the channels fixed per push as QUIK does): the k inputs of largest "
+                            "max|X_j| on the calibration text (after SmoothQuant's division when that is on), "
+                            "re-chosen at every push; the rest quantized with scales over them alone. 0 = off "
+                            "(QuRL/FP8-RL as published). Needs rollout.quant int8, int8_group or fp8.", ge=0)
     quant_group: int = F(QUANT_GROUP, "Inputs per activation scale of rollout.quant=int8_group (a multiple of 4; per "
                          "token and group: smaller groups follow outlier channels more closely, at a little "
                          "more cost). Only with int8_group.", ge=4)
@@ -648,6 +653,10 @@ def validate(cfg: Config) -> Config:
         errors.append(f"rollout.quant_smooth={r.quant_smooth} needs rollout.quant int8, int8_group or fp8 "
                       f"(SmoothQuant moves activation outliers into the weights; rollout.quant={r.quant!r} "
                       f"quantizes no activations)")
+    if r.quant_outliers and not build_quant(r.quant).quantizes_activations:
+        errors.append(f"rollout.quant_outliers={r.quant_outliers} needs rollout.quant int8, int8_group or fp8 "
+                      f"(it keeps activation outlier channels out of the quantized product; rollout.quant="
+                      f"{r.quant!r} quantizes no activations)")
     if r.quant_group % 4:
         errors.append(f"rollout.quant_group={r.quant_group} must be a multiple of 4 (the int8 kernel's 4-byte steps)")
     if r.quant_group != QUANT_GROUP and not build_quant(r.quant).takes_group:

@@ -88,7 +88,8 @@ class RolloutEngine:
     def __init__(self, loaded: LoadedModel, compressor: KVCompressor,
                  dtype: str | torch.dtype | None = None, max_batch: int | None = None, compile: bool | str = False,
                  pack_weights: bool | None = None, kv_quant: str = "none", quant: str = "none",
-                 quant_smooth: float = 0.0, quant_group: int | None = None, fused: bool = True):
+                 quant_smooth: float = 0.0, quant_group: int | None = None, fused: bool = True,
+                 quant_outliers: int = 0):
         """``compressor``: a :class:`KVCompressor`; ``get_compressor("none")`` for a dense cache.
         ``compile``: run each decode layer through ``torch.compile`` (:mod:`sparserl.rollout.compiled`;
         the first step compiles, once per model shape and process); True = inductor, a string = that
@@ -100,17 +101,19 @@ class RolloutEngine:
         ``self.model.last_quantize_s``). ``quant_smooth``: SmoothQuant's migration strength for the
         quantized activations (0 = off), calibrated at every push on :data:`CALIBRATION_TEXT`
         (:mod:`sparserl.rollout.quant.smooth`). ``quant_group``: inputs per activation scale of
-        ``int8_group`` (None: 64). ``fused``: on CPU, run each decode layer as three native calls
+        ``int8_group`` (None: 64). ``quant_outliers``: input channels of every quantized linear kept in
+        float32, chosen on the same calibration (:mod:`sparserl.rollout.quant.outliers`). ``fused``: on CPU, run each decode layer as three native calls
         (:mod:`sparserl.rollout.fused`; the same numbers) where its weights allow; False = the eager
         step, operator by operator (profiling)."""
         self.tokenizer = loaded.tokenizer
         self.dtype = parse_dtype(dtype) if dtype is not None else next(loaded.model.parameters()).dtype
         calibration_ids = None
-        if quant_smooth:
+        if quant_smooth or quant_outliers:
             ids = self.tokenizer(CALIBRATION_TEXT, add_special_tokens=False)["input_ids"]
             calibration_ids = torch.tensor(ids[:CALIBRATION_TOKENS])[None]
         self.model = SamplerModel(loaded.model, self.dtype, pack_weights, quant=quant, quant_smooth=quant_smooth,
-                                  calibration_ids=calibration_ids, quant_group=quant_group)
+                                  calibration_ids=calibration_ids, quant_group=quant_group,
+                                  quant_outliers=quant_outliers)
         self.device = self.model.device
         self.compressor = _checked(compressor)
         self.max_batch = max_batch

@@ -30,15 +30,21 @@ from .cache import CompressedKVCache
 from .model import NATIVE_PACKED, SamplerModel
 from .quant.int8 import Int8Linear
 from .quant.int8_group import Int8GroupLinear
+from .quant.outliers import OutlierLinear
 from .quant.smooth import SmoothedLinear
 
 
 def weight_descriptor(w, bias: torch.Tensor | None = None) -> native.Weight | None:
     """:class:`native.Weight` for a sampler weight (float32 panels, a native ``int8`` /
-    ``int8_group`` weight, or one of those behind SmoothQuant's 1/s), or None."""
-    smooth = None
+    ``int8_group`` weight, either with outlier channels in float32 and/or behind SmoothQuant's 1/s),
+    or None."""
+    smooth, outliers = None, {}
     if isinstance(w, SmoothedLinear):
         w, smooth = w.inner, w.inv_s
+    if isinstance(w, OutlierLinear):
+        if w.panels is None:
+            return None
+        w, outliers = w.inner, {"outlier_idx": w.idx32, "outlier_panels": w.panels}
     if isinstance(w, torch.Tensor):
         panels = getattr(w, NATIVE_PACKED, None)
         if panels is None or smooth is not None:
@@ -46,10 +52,10 @@ def weight_descriptor(w, bias: torch.Tensor | None = None) -> native.Weight | No
         return native.Weight.of(native.Weight.FLOAT32, panels, panels.out_features, panels.in_features, bias=bias)
     if isinstance(w, Int8Linear) and w.native is not None:
         return native.Weight.of(native.Weight.INT8, w.native[0], w.out_features, w.in_features, colsum=w.native[1],
-                                scales=w.scales, bias=bias, smooth=smooth)
+                                scales=w.scales, bias=bias, smooth=smooth, **outliers)
     if isinstance(w, Int8GroupLinear) and w.native is not None:
         return native.Weight.of(native.Weight.INT8_GROUP, w.native[0], w.out_features, w.in_features,
-                                group=w.group, scales=w.scales, bias=bias, smooth=smooth)
+                                group=w.group, scales=w.scales, bias=bias, smooth=smooth, **outliers)
     return None
 
 

@@ -20,7 +20,9 @@ embeddings stay in the sampler dtype (the head is ~21% of SmolLM2-135M's decode 
 logits' precision is what the mismatch metrics see). The time the quantization took is
 :attr:`SamplerModel.last_quantize_s`. With ``quant_smooth`` (SmoothQuant,
 :mod:`sparserl.rollout.quant.smooth`) each push also runs the calibration ids through the
-full-precision layers, one layer at a time, for the activations' per-channel maxima.
+full-precision layers, one layer at a time, for the activations' per-channel maxima; so does
+``quant_outliers`` (:mod:`sparserl.rollout.quant.outliers`), which keeps the ``k`` input channels
+of largest maxima in float32.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import torch.nn.functional as F
 
 from . import native
 from .quant import QuantizedLinear, build_quant, nbytes
+from .quant.outliers import OutlierLinear, check_outliers, outlier_channels
 from .quant.smooth import ActivationObserver, SmoothedLinear, check_strength, smoothing_factors
 
 QUANTIZED_FIELDS = ("qkv", "o", "gate_up", "down")  # the LayerWeights a quantizer replaces
@@ -56,14 +59,16 @@ class SamplerModel:
 
     def __init__(self, hf_model: torch.nn.Module, dtype: torch.dtype | None = None, pack_weights: bool | None = None,
                  quant: str = "none", quant_smooth: float = 0.0, calibration_ids: torch.Tensor | None = None,
-                 quant_group: int | None = None):
+                 quant_group: int | None = None, quant_outliers: int = 0):
         """``pack_weights``: keep a packed copy of every linear weight for the decode step's
         products (:func:`pack_weight`); None = when supported (CPU, float32, oneDNN built in); the
         quantized weights are not packed (their kernels pack their own). ``quant``: a name of
         :func:`sparserl.rollout.quant.available_quants` (``none`` = the sampler dtype).
         ``quant_smooth``: SmoothQuant's migration strength (0 = off; needs a quantizer of the
         activations, ``int8``, ``int8_group`` or ``fp8``) with its ``calibration_ids`` [B, P] (no padding).
-        ``quant_group``: inputs per activation scale of ``int8_group`` (None: its default, 64)."""
+        ``quant_group``: inputs per activation scale of ``int8_group`` (None: its default, 64).
+        ``quant_outliers``: input channels of every quantized linear kept in float32 (0 = none; the
+        same quantizers and calibration as ``quant_smooth``)."""
         cfg = hf_model.config
         if getattr(cfg, "model_type", None) not in ("llama", "qwen2", "qwen3", "mistral"):
             raise ValueError(f"sampler: unsupported model_type {getattr(cfg, 'model_type', None)!r}")
@@ -88,13 +93,16 @@ class SamplerModel:
         self.quant_emulated: bool = self.quantizer.emulated_on(self.device)
         self.last_quantize_s = 0.0  # seconds the last load_weights spent quantizing (time/quantize_s)
         self.quant_smooth = check_strength(quant_smooth)
+        self.quant_outliers = check_outliers(quant_outliers)
         self.calibration_ids = None
-        if self.quant_smooth:
-            if not self.quantizer.quantizes_activations:
-                raise ValueError(f"sampler: quant_smooth (SmoothQuant) needs a quantization of the activations "
+        for key, on in (("quant_smooth", self.quant_smooth), ("quant_outliers", self.quant_outliers)):
+            if on and not self.quantizer.quantizes_activations:
+                raise ValueError(f"sampler: {key} needs a quantization of the activations "
                                  f"(int8, int8_group or fp8), not quant={self.quant!r}")
+        if self.quant_smooth or self.quant_outliers:
             if calibration_ids is None or calibration_ids.numel() == 0:
-                raise ValueError("sampler: quant_smooth needs calibration_ids (token ids to measure activations on)")
+                raise ValueError("sampler: quant_smooth and quant_outliers need calibration_ids (token ids to "
+                                 "measure activations on)")
             self.calibration_ids = torch.as_tensor(calibration_ids, device=self.device).long().reshape(
                 -1, calibration_ids.shape[-1])
         self.load_weights(hf_model.state_dict())
@@ -119,7 +127,7 @@ class SamplerModel:
         self.layers = []
         qz = self.quantizer
         quantize_s = 0.0
-        calib = self._calibration_start() if qz.quantizes and self.quant_smooth else None
+        calib = self._calibration_start() if qz.quantizes and (self.quant_smooth or self.quant_outliers) else None
         for i in range(self.n_layers):
             p = f"model.layers.{i}."
             q, k, v = (get(p + f"self_attn.{n}_proj.weight") for n in "qkv")
@@ -147,7 +155,7 @@ class SamplerModel:
                     for f in QUANTIZED_FIELDS:
                         setattr(lw, f, qz.quantize(getattr(lw, f)))
                 else:
-                    self._quantize_smoothed(lw, calib)
+                    self._quantize_calibrated(lw, calib)
                 if dev.type == "cuda":
                     torch.cuda.synchronize(dev)
                 quantize_s += time.perf_counter() - t0
@@ -157,7 +165,7 @@ class SamplerModel:
                 if isinstance(w, torch.Tensor):
                     pack_weight(w)
 
-    # --- SmoothQuant calibration (sparserl.rollout.quant.smooth) -------------------------------------
+    # --- calibration: SmoothQuant (quant.smooth) and outlier channels (quant.outliers) ----------------
     def _calibration_start(self) -> dict:
         ids = self.calibration_ids
         B, P = ids.shape
@@ -167,17 +175,24 @@ class SamplerModel:
         return {"h": F.embedding(ids, self.embed), "cos": cos, "sin": sin, "mask": mask}
 
     @torch.inference_mode()
-    def _quantize_smoothed(self, lw: LayerWeights, calib: dict) -> None:
+    def _quantize_calibrated(self, lw: LayerWeights, calib: dict) -> None:
         """Run the calibration activations through ``lw`` in full precision (recording every linear's
         input maxima per channel), move ``calib["h"]`` on to the next layer, then quantize each
-        linear weight as SmoothQuant's ``W diag(s)`` with ``1/s`` applied to its inputs."""
+        linear weight: as SmoothQuant's ``W diag(s)`` with ``1/s`` applied to its inputs, and/or with
+        the ``quant_outliers`` inputs of largest (smoothed) maxima kept in float32."""
         observers = {f: ActivationObserver(getattr(lw, f)) for f in QUANTIZED_FIELDS}
         observed = LayerWeights(**{**vars(lw), **observers})
         calib["h"] = self._layer(observed, calib["h"], calib["cos"], calib["sin"], calib["mask"])[0]
         for f, obs in observers.items():
-            w = getattr(lw, f)
-            s = smoothing_factors(obs.amax, w, self.quant_smooth).to(w.device)
-            setattr(lw, f, SmoothedLinear(self.quantizer.quantize((w.float() * s[None, :]).to(w.dtype)), 1.0 / s))
+            w, amax = getattr(lw, f), obs.amax
+            if self.quant_smooth:
+                s = smoothing_factors(amax, w, self.quant_smooth).to(w.device)
+                w, amax = (w.float() * s[None, :]).to(w.dtype), amax / s
+            if self.quant_outliers:
+                q = OutlierLinear.quantize(self.quantizer, w, outlier_channels(amax, self.quant_outliers))
+            else:
+                q = self.quantizer.quantize(w)
+            setattr(lw, f, SmoothedLinear(q, 1.0 / s) if self.quant_smooth else q)
 
     def weight_bytes(self) -> int:
         """Bytes of the weights the sampler holds (quantized values and scales for quantized

@@ -76,6 +76,12 @@ def _cpu_signature() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``; empty where it cannot be read)."""
+    line = _cpu_signature()
+    return set(line.split(":", 1)[1].split()) if ":" in line else set()
+
+
 def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
@@ -126,6 +132,7 @@ def load(path: str | Path):
     lib.sparserl_rope.argtypes = [i, i, i, p, i64, p, p, i64]
     lib.sparserl_rope.restype = None
     lib.sparserl_int8_panel_width.restype = i
+    lib.sparserl_int8_full_range.restype = i
     lib.sparserl_pack_int8.argtypes = [i, i, p, p, p]
     lib.sparserl_pack_int8.restype = None
     lib.sparserl_linear_int8.argtypes = [i, i, i, p, i64, p, p, p, p, p, i64, p]
@@ -156,15 +163,24 @@ class Weight(ctypes.Structure):
     FLOAT32, INT8, INT8_GROUP = 0, 1, 2
     _fields_ = [("kind", ctypes.c_int32), ("N", ctypes.c_int32), ("K", ctypes.c_int32), ("group", ctypes.c_int32),
                 ("panels", ctypes.c_void_p), ("colsum", ctypes.c_void_p), ("scales", ctypes.c_void_p),
-                ("bias", ctypes.c_void_p), ("smooth", ctypes.c_void_p)]
+                ("bias", ctypes.c_void_p), ("smooth", ctypes.c_void_p), ("n_outliers", ctypes.c_int32),
+                ("outlier_idx", ctypes.c_void_p), ("outlier_panels", ctypes.c_void_p)]
 
     @classmethod
     def of(cls, kind: int, panels: torch.Tensor, N: int, K: int, group: int = 0, colsum=None, scales=None,
-           bias=None, smooth=None) -> "Weight | None":
-        """A descriptor over these tensors (CPU; float32 but for int8 panels and int32 column sums,
-        all contiguous), or None when one of them is not a tensor the kernels take."""
-        parts = {"colsum": colsum, "scales": scales, "bias": bias, "smooth": smooth}
-        want = {"colsum": torch.int32}
+           bias=None, smooth=None, outlier_idx=None, outlier_panels=None) -> "Weight | None":
+        """A descriptor over these tensors (CPU; float32 but for int8 panels and int32 column sums
+        and outlier indices, all contiguous), or None when one of them is not a tensor the kernels
+        take. ``outlier_idx`` [n] with ``outlier_panels`` (:func:`pack_linear` of ``W[:, idx]``):
+        input channels kept in float32 (:class:`~sparserl.rollout.quant.outliers.OutlierLinear`)."""
+        parts = {"colsum": colsum, "scales": scales, "bias": bias, "smooth": smooth, "outlier_idx": outlier_idx,
+                 "outlier_panels": outlier_panels}
+        want = {"colsum": torch.int32, "outlier_idx": torch.int32}
+        if (outlier_idx is None) != (outlier_panels is None):
+            return None
+        if outlier_idx is not None and (outlier_panels.out_features != N
+                                        or outlier_panels.in_features != outlier_idx.numel()):
+            return None
         for name, t in parts.items():
             if t is not None and (t.device.type != "cpu" or t.dtype != want.get(name, torch.float32)
                                   or not t.is_contiguous()):
@@ -173,7 +189,9 @@ class Weight(ctypes.Structure):
             return None
         if (bias is not None and bias.numel() != N) or (smooth is not None and smooth.numel() != K):
             return None
-        d = cls(kind, N, K, group, panels.data_ptr(), *(None if t is None else t.data_ptr() for t in parts.values()))
+        ptr = {name: None if t is None else t.data_ptr() for name, t in parts.items()}
+        d = cls(kind, N, K, group, panels.data_ptr(), ptr["colsum"], ptr["scales"], ptr["bias"], ptr["smooth"],
+                0 if outlier_idx is None else outlier_idx.numel(), ptr["outlier_idx"], ptr["outlier_panels"])
         d.keep = (panels, *parts.values())
         return d
 
@@ -364,7 +382,7 @@ def rope_(x: torch.Tensor, n_heads: int, cos: torch.Tensor, sin: torch.Tensor, l
 
 def pack_int8(q: torch.Tensor, lib=None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Int8 codes Q [N, K] → (panels, column sums) for :func:`linear_int8` (|Q| ≤ 64 per token,
-    |Q| ≤ 127 with groups; see ``linear_int8.c``), or None when the library is not available."""
+    ≤ 127 where :func:`int8_full_range`; |Q| ≤ 127 with groups; see ``linear_int8.c``), or None when the library is not available."""
     lib = lib or library()
     if lib is None or q.device.type != "cpu" or q.dtype != torch.int8 or q.dim() != 2:
         return None
@@ -377,6 +395,14 @@ def pack_int8(q: torch.Tensor, lib=None) -> tuple[torch.Tensor, torch.Tensor] | 
     lib.sparserl_pack_int8(N, K, q.data_ptr(), panels.data_ptr(), colsum.data_ptr())
     panels.out_features, panels.in_features, panels.panel_width = N, K, nr
     return panels, colsum
+
+
+def int8_full_range(lib=None) -> bool:
+    """Whether :func:`linear_int8`'s per-token products are exact on the full weight grid |Q| ≤ 127
+    (a VNNI build, or the portable C); False on plain AVX2 / AVX512BW (|Q| ≤ 64 there) or with no
+    library."""
+    lib = lib or library()
+    return bool(lib is not None and lib.sparserl_int8_full_range())
 
 
 def unpack_int8(packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -394,7 +420,8 @@ def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scal
     """The int8 W8A8 products of ``linear_int8.c`` on x [..., K] float32, Q given as
     :func:`pack_int8`'s panels and ``scales`` [N] float32:
 
-    - ``group=None``: ``a_t s_n Σ_k P_tk Q_nk (+ bias)``, P quantized per token (``int8``; |Q| ≤ 64);
+    - ``group=None``: ``a_t s_n Σ_k P_tk Q_nk (+ bias)``, P quantized per token (``int8``; |Q| ≤ 64,
+      ≤ 127 where :func:`int8_full_range`);
     - ``group=G``: ``s_n Σ_j a_tj Σ_{k ∈ j} P_tk Q_nk (+ bias)``, one scale per token and group of G
       inputs (``int8_group``; |Q| ≤ 127, G a multiple of 4).
 

@@ -7,9 +7,10 @@
  * 16-bit sums, vpmaddwd adds those pairs into 32-bit lanes (on a CPU with VNNI one vpdpbusd does
  * both and the add, the same integers: simd.h's dot4_u8s8). Its unsigned side is the activation
  * shifted by 128 (U = P + 128 in [1, 255]); the shift is taken back with the weights' column sums:
- * sum_k U_k Q_k = sum_k P_k Q_k + 128 sum_k Q_k. The 16-bit pair sums cannot saturate when
- * |Q| <= 64 (255 * 64 * 2 = 32640 <= 32767): the same 7-bit weight grid as fbgemm's AVX2 path
- * (the int8 module docstring says why), so the result equals the float reference of exactly these
+ * sum_k U_k Q_k = sum_k P_k Q_k + 128 sum_k Q_k. Without VNNI the 16-bit pair sums cannot
+ * saturate when |Q| <= 64 (255 * 64 * 2 = 32640 <= 32767): the same 7-bit weight grid as fbgemm's
+ * AVX2 path (the int8 module docstring says why); with VNNI the full grid |Q| <= 127 is exact
+ * (sparserl_int8_full_range). Either way the result equals the float reference of exactly these
  * integers.
  *
  * Packed weights: panels of 16 output columns, k in groups of 4: Wq[p][k/4][16][4] (zero past N
@@ -36,6 +37,27 @@
 #define PREFETCH_BYTES 8192 /* how far ahead in the panel the first row block prefetches */
 
 int sparserl_int8_panel_width(void) { return NR8; }
+
+/* 1 when the per-token kernel's products are exact for the full weight grid |Q| <= 127: VNNI adds
+ * each u8 x s8 product into 32 bits (no 16-bit pair sums), and the portable C sums in int32; 0 on
+ * plain AVX2 / AVX512BW, whose vpmaddubsw pair sums saturate past 32767 (|Q| <= 64 there). */
+int sparserl_int8_full_range(void) {
+#if defined(__AVX512BW__)
+#if defined(__AVX512VNNI__)
+    return 1;
+#else
+    return 0;
+#endif
+#elif defined(__AVX2__)
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+    return 1;
+#else
+    return 0;
+#endif
+#else
+    return 1;
+#endif
+}
 
 /* Q [N, K] int8 -> Wq (size P * K4 * NR8, K4 = K rounded up to 4) and colsum[n] = sum_k Q[n, k]
  * (N rounded up to NR8 entries, 0 past N). */

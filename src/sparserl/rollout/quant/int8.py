@@ -38,8 +38,12 @@ Kernels:
   weights were the more accurate (relative output error 1.6-4.0% vs 1.2-7.2%), so the fbgemm path
   quantizes the weights to ``|Q| ≤ 64`` (``s_o = max|W_o| / 64``; 255·64·2 = 32640 ≤ 32767: no
   saturation, the result equals the float reference of the same quantized values) and keeps the
-  activations at 8 bits. So ``int8`` on x86 CPU is W7A8 in effect (int8 storage, 129 levels);
-  ``torch._int_mm`` (CUDA) is the full W8A8 above.
+  activations at 8 bits. So ``int8`` on an x86 CPU without VNNI is W7A8 in effect (int8 storage,
+  129 levels). **With VNNI** (``vpdpbusd`` adds each u8 × s8 product into 32 bits: no 16-bit pair
+  sums) the native kernel and fbgemm are exact on the full grid, and the weights use ``|Q| ≤ 127``
+  (:func:`cpu_weight_qmax`): the full W8A8 above, as ``torch._int_mm`` (CUDA). Measured on
+  SmolLM2-135M (teacher-forced α, ``docs/results/smoothquant.md``): 0.922 on the 7-bit grid, 0.930
+  on the 8-bit one.
 """
 from __future__ import annotations
 
@@ -50,7 +54,7 @@ import torch
 from .. import native
 from .base import QUANTS, QuantizedLinear, WeightQuantizer
 
-__all__ = ["Int8W8A8", "quantize_int8_per_channel", "dequantize_int8_per_channel", "quantize_int8_per_token",
+__all__ = ["Int8W8A8", "cpu_weight_qmax", "quantize_int8_per_channel", "dequantize_int8_per_channel", "quantize_int8_per_token",
            "int8_matmul_per_token", "fbgemm_available"]
 
 QMAX = 127
@@ -92,6 +96,16 @@ def int8_matmul_per_token(x: torch.Tensor, q_t: torch.Tensor, scales: torch.Tens
         p = torch.cat([p, p.new_zeros(17 - rows, p.shape[1])])
     acc = torch._int_mm(p, q_t)[:rows]
     return acc.float() * a * scales[None, :]
+
+
+def cpu_weight_qmax() -> int:
+    """The int8 weight grid on this CPU: 127 where its int8 products are exact on it (VNNI: the
+    native build's :func:`~sparserl.rollout.native.int8_full_range`, or the CPU's flags where fbgemm
+    runs), else :data:`QMAX_FBGEMM` (module docstring)."""
+    if native.library() is not None:
+        return QMAX if native.int8_full_range() else QMAX_FBGEMM
+    flags = native.cpu_flags()
+    return QMAX if ("avx512_vnni" in flags or "avx_vnni" in flags) else QMAX_FBGEMM
 
 
 def fbgemm_available(device: torch.device | str) -> bool:
@@ -173,7 +187,7 @@ class Int8W8A8(WeightQuantizer):
 
     def codes(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         on_cpu = torch.device(w.device).type == "cpu" and (fbgemm_available(w.device) or native.library() is not None)
-        return quantize_int8_per_channel(w, QMAX_FBGEMM if on_cpu else QMAX)
+        return quantize_int8_per_channel(w, cpu_weight_qmax() if on_cpu else QMAX)
 
     def kernel_on(self, device) -> str:
         if torch.device(device).type == "cpu" and native.active():
