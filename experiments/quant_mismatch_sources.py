@@ -5,10 +5,13 @@ only at 7 and 8 bits, SmoothQuant at several strengths (calibrated on 16 other G
 the exact symmetric W8A8 of the CUDA path, the LM head, and activation scales per token and group of
 G inputs (``int8_group``'s maths, emulated in float: G = 192 / 64 / 32, 7- and 8-bit weights, weight
 scales per channel or per channel and group of G, one projection at a time, SmoothQuant strengths,
-the LM head on the same maths). Results: docs/results/smoothquant.md.
+the LM head on the same maths), and the sampler itself with SmoothQuant and outlier channels in
+float32 (``sampler ...`` cases: rollout.quant_smooth, rollout.quant_outliers, calibrated as at a push).
+Results: docs/results/smoothquant.md.
 
     python3 experiments/quant_mismatch_sources.py            # every case (~2 min on 2 cores)
     python3 experiments/quant_mismatch_sources.py "smooth 0.5" "sym"   # some
+    python3 experiments/quant_mismatch_sources.py "sampler int8" "sampler int8 outliers 16"
 """
 import copy, json, sys, time
 import torch
@@ -150,6 +153,20 @@ cases = {
     **{f"group 64 W8 {f} only": dict(kern="g64w8", fields=(f,)) for f in FIELDS},
     **{f"group 64 W8 smooth 0.5 {f} only": dict(kern="g64w8", smooth=0.5, fields=(f,)) for f in FIELDS},
 }
-for name in (sys.argv[1:] or cases):
-    t = time.time(); a = alpha(variant(**cases[name]))
+# the sampler itself (rollout.quant, quant_smooth, quant_outliers), calibrated as at a push on the
+# engine's CALIBRATION_TEXT, not on the GSM8K texts above
+from sparserl.rollout.quant.smooth import CALIBRATION_TEXT, CALIBRATION_TOKENS
+calibration_ids = torch.tensor(tok(CALIBRATION_TEXT, add_special_tokens=False)["input_ids"][:CALIBRATION_TOKENS])[None]
+def sampler(quant="int8", smooth=0.0, outliers=0):
+    return SamplerModel(lm.model, torch.float32, pack_weights=False, quant=quant, quant_smooth=smooth,
+                        quant_outliers=outliers, calibration_ids=calibration_ids)
+samplers = {
+    "sampler int8": dict(), "sampler int8 smooth 0.5": dict(smooth=0.5),
+    **{f"sampler int8 outliers {k}": dict(outliers=k) for k in (4, 8, 16, 32)},
+    **{f"sampler int8 outliers {k} smooth 0.5": dict(outliers=k, smooth=0.5) for k in (4, 8, 16, 32)},
+    "sampler int8_group smooth 0.5": dict(quant="int8_group", smooth=0.5),
+    "sampler int8_group outliers 8 smooth 0.5": dict(quant="int8_group", outliers=8, smooth=0.5),
+}
+for name in (sys.argv[1:] or [*cases, *samplers]):
+    t = time.time(); a = alpha(sampler(**samplers[name]) if name in samplers else variant(**cases[name]))
     print(f"{name:28s} alpha mean {a[0]:.4f} p5 {a[1]:.4f}  ({time.time()-t:.0f}s)", flush=True)

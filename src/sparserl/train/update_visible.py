@@ -28,7 +28,9 @@ the same order and the same dependence on ``s``, so it changes the constant, not
 Both saturate at 1 once ``|u| ≥ Δ``. With SmoothQuant on (``rollout.quant_smooth``) the sampler
 quantizes ``W diag(s_smooth)``, whose per-channel grid differs from ``W``'s; the metric still reads
 ``W``'s grid (the smoothing factors are recalibrated at every push, so there is no fixed grid to
-compare on), an approximation of what that sampler sees. The trainer measures it on the learner's (scaled) weights:
+compare on), an approximation of what that sampler sees. So with outlier channels in float32
+(``rollout.quant_outliers``): the metric counts their columns on the int8 grid, though the sampler
+sees every change there (k of the layer's inputs, re-chosen at every push). The trainer measures it on the learner's (scaled) weights:
 snapshot them with :func:`quantized_weight_snapshot` before ``optimizer.step()``, then call
 :func:`update_visible_frac` with the model's parameters after it.
 """
