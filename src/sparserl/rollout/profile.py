@@ -44,6 +44,7 @@ from .engine import RolloutEngine
 from .kv import build_compressor
 from .kv_quant import get_kv_quantizer
 from .quant import build_quant
+from .quant.outliers import check_outliers
 from .quant.smooth import check_strength
 from .sampling import SamplingParams
 
@@ -130,9 +131,10 @@ def job_prompts(job: str, batch: int):
     return [BENCH_PROMPT], batch
 
 
-def check_quant_options(quant: str, quant_group: int | None, quant_smooth: float, kv_quant: str) -> None:
+def check_quant_options(quant: str, quant_group: int | None, quant_smooth: float, kv_quant: str,
+                        quant_outliers: int = 0) -> None:
     """A ValueError naming the option for an unknown quantizer name, a bad group (or a group without
-    ``int8_group``) or a SmoothQuant strength outside [0, 1)."""
+    ``int8_group``), a SmoothQuant strength outside [0, 1) or a negative number of outlier channels."""
     quantizer = build_quant(quant, quant_group)
     if quant_group is not None and not quantizer.takes_group:
         raise ValueError(f"--quant-group {quant_group} applies to --quant int8_group only; --quant is {quant!r}")
@@ -140,6 +142,10 @@ def check_quant_options(quant: str, quant_group: int | None, quant_smooth: float
         check_strength(quant_smooth)
     except ValueError as e:
         raise ValueError(f"--quant-smooth: {e}") from None
+    try:
+        check_outliers(quant_outliers)
+    except ValueError as e:
+        raise ValueError(f"--quant-outliers: {e}") from None
     get_kv_quantizer(kv_quant)
 
 
@@ -147,7 +153,8 @@ def profile(model: str = "smollm2-135m", dtype: str = "float32", batch: int = 16
             compressor: str = "none", kv_budget: int = 256, step_length: int = 128, window: int | None = None,
             compress_prompt: bool | None = None, job: str = "bench", compile: bool = False, seed: int = 0,
             torch_profiler: bool = False, sync: bool = False, quant: str = "none", quant_group: int | None = None,
-            quant_smooth: float = 0.0, kv_quant: str = "none", loaded=None, fused: bool = True) -> dict:
+            quant_smooth: float = 0.0, kv_quant: str = "none", loaded=None, fused: bool = True,
+            quant_outliers: int = 0) -> dict:
     """One timed ``generate`` of the shape, split as in the module docstring; ``loaded``: an already
     loaded model (else ``model`` is loaded in ``dtype``); ``fused``: the engine's fused step where
     it runs (False: the eager step, split by operator)."""
@@ -159,10 +166,10 @@ def profile(model: str = "smollm2-135m", dtype: str = "float32", batch: int = 16
         compress_prompt = True if compress_prompt is None else compress_prompt
     comp = build_compressor(compressor, kv_budget=kv_budget, step_length=step_length, window=window,
                             compress_prompt=compress_prompt)
-    check_quant_options(quant, quant_group, quant_smooth, kv_quant)  # before the model loads
+    check_quant_options(quant, quant_group, quant_smooth, kv_quant, quant_outliers)  # before the model loads
     lm = loaded if loaded is not None else load_model(model, dtype=dtype)
     eng = RolloutEngine(lm, comp, dtype=dtype, quant=quant, quant_group=quant_group, quant_smooth=quant_smooth,
-                        kv_quant=kv_quant, fused=fused, **({"compile": True} if compile else {}))
+                        quant_outliers=quant_outliers, kv_quant=kv_quant, fused=fused, **({"compile": True} if compile else {}))
     prompts, n = job_prompts(job, batch)
     params = SamplingParams(n=n, max_new_tokens=max_new_tokens, seed=seed, ignore_eos=(job != "default"))
     eng.generate(prompts, SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))  # warm-up (and compile)
@@ -183,7 +190,8 @@ def profile(model: str = "smollm2-135m", dtype: str = "float32", batch: int = 16
     return {
         "job": job, "compressor": compressor, "compile": compile, "fused": fused and "layers" in parts,
         "batch": batch, "max_new_tokens": max_new_tokens,
-        "quant": quant, "quant_group": quant_group, "quant_smooth": quant_smooth, "kv_quant": kv_quant,
+        "quant": quant, "quant_group": quant_group, "quant_smooth": quant_smooth,
+        "quant_outliers": quant_outliers, "kv_quant": kv_quant,
         "kv_budget": None if compressor == "none" else kv_budget, "step_length": step_length,
         "tokens": out.tokens_generated, "seconds": out.seconds, "prefill_seconds": out.prefill_seconds,
         "tokens_per_s": out.tokens_per_s, "decode_steps": steps, "ms_per_step": 1e3 * decode / max(1, steps),
@@ -211,18 +219,20 @@ def main(argv=None) -> int:
     ap.add_argument("--quant", default="none", help="the sampler's weights: none | int8 | int8_group | ...")
     ap.add_argument("--quant-group", type=int, default=None, help="int8_group's inputs per activation scale")
     ap.add_argument("--quant-smooth", type=float, default=0.0, help="SmoothQuant's migration strength")
+    ap.add_argument("--quant-outliers", type=int, default=0, help="input channels per linear kept in float32")
     ap.add_argument("--kv-quant", default="none", help="the KV cache's storage: none | int8 | fp8")
     ap.add_argument("--json", default=None, help="append the result as one JSON line to this file")
     a = ap.parse_args(argv)
     try:  # a bad option is one line on stderr, before anything loads
         build_compressor(a.compressor, kv_budget=a.kv_budget, step_length=a.step_length, window=a.window)
-        check_quant_options(a.quant, a.quant_group, a.quant_smooth, a.kv_quant)
+        check_quant_options(a.quant, a.quant_group, a.quant_smooth, a.kv_quant, a.quant_outliers)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     r = profile(a.model, a.dtype, a.batch, a.max_new_tokens, a.compressor, a.kv_budget, a.step_length, a.window,
                 None, a.job, a.compile, torch_profiler=a.torch_profiler, sync=a.sync, quant=a.quant,
-                quant_group=a.quant_group, quant_smooth=a.quant_smooth, kv_quant=a.kv_quant, fused=not a.unfused)
+                quant_group=a.quant_group, quant_smooth=a.quant_smooth, kv_quant=a.kv_quant, fused=not a.unfused,
+                quant_outliers=a.quant_outliers)
     split = "  ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(r["split_fraction"].items(), key=lambda x: -x[1])
                       if v)
     quant = "" if a.quant == "none" and a.kv_quant == "none" else f" w:{a.quant} kv:{a.kv_quant}"
