@@ -178,3 +178,29 @@ def test_weight_grid_is_full_where_the_products_are_exact():
     ref = (p.double() @ q.double().t()) * a.double() * s.double()
     y = native.linear_int8(x, native.pack_int8(q), s)
     assert torch.allclose(y.double(), ref, rtol=1e-6, atol=1e-6 * float(ref.abs().max()))
+
+
+@pytest.mark.skipif(native.library() is None, reason="native kernels unavailable")
+@pytest.mark.parametrize("group", [None, 64])
+def test_outlier_kernel_gives_the_same_bits_in_every_build(group, avx2_build):
+    """The float32 part is a chain of fmaf per output, in the same order whatever the vector width:
+    the native build (AVX512 + VNNI here) and the plain-AVX2 build agree bit for bit. N = 200 leaves
+    a partial panel; the codes are on the grid both builds multiply exactly."""
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(200, 576, generator=gen) * 0.05
+    x = torch.randn(19, 576, generator=gen) * 3
+    x[:, [5, 300]] *= 40
+    idx = torch.tensor([5, 77, 300], dtype=torch.int32)
+    rest = w.clone()
+    rest[:, idx.long()] = 0
+    q, s = quantize_int8_per_channel(rest, 127 if group else QMAX_FBGEMM)
+    w_o = w[:, idx.long()].contiguous()
+    outs = []
+    for lib in (native.library(), avx2_build):
+        outs.append(native.linear_int8_outliers(x, native.pack_int8(q, lib=lib), s, idx,
+                                                native.pack_outliers(w_o, lib=lib), group=group, lib=lib))
+    assert outs[0] is not None and torch.equal(outs[0], outs[1])
+    x_rest = x.clone()
+    x_rest[:, idx.long()] = 0
+    ref = native.linear_int8(x_rest, native.pack_int8(q), s, group=group) + x[:, idx.long()] @ w_o.t()
+    torch.testing.assert_close(outs[0], ref, rtol=1e-5, atol=1e-4)

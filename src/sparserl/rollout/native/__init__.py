@@ -133,6 +133,10 @@ def load(path: str | Path):
     lib.sparserl_rope.restype = None
     lib.sparserl_int8_panel_width.restype = i
     lib.sparserl_int8_full_range.restype = i
+    lib.sparserl_pack_outliers.argtypes = [i, i, p, p]
+    lib.sparserl_pack_outliers.restype = None
+    lib.sparserl_linear_int8_outliers.argtypes = [i, i, i, i, p, i64, p, p, p, p, p, i64, i, i, p, p]
+    lib.sparserl_linear_int8_outliers.restype = i
     lib.sparserl_pack_int8.argtypes = [i, i, p, p, p]
     lib.sparserl_pack_int8.restype = None
     lib.sparserl_linear_int8.argtypes = [i, i, i, p, i64, p, p, p, p, p, i64, p]
@@ -449,6 +453,45 @@ def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scal
         rc = lib.sparserl_linear_int8_group(rows, N, K, group, x2.data_ptr(), x2.stride(0), panels.data_ptr(),
                                             scales.data_ptr(), b_ptr, out.data_ptr(), N, work.data_ptr())
     return None if rc != 0 else out
+
+
+def pack_outliers(w_outliers: torch.Tensor, lib=None) -> torch.Tensor | None:
+    """``W[:, idx]`` [N, n] float32 (CPU) → its panels for :func:`linear_int8` with outliers
+    (``Wo[p][j][c] = W[NR p + c, idx[j]]``, NR the int8 panel width), or None without the library."""
+    lib = lib or library()
+    if lib is None or w_outliers.device.type != "cpu" or w_outliers.dtype != torch.float32 or w_outliers.dim() != 2:
+        return None
+    w = w_outliers.detach().contiguous()
+    N, n = w.shape
+    nr = lib.sparserl_int8_panel_width()
+    packed = torch.empty(-(-N // nr) * nr * n, dtype=torch.float32)
+    lib.sparserl_pack_outliers(N, n, w.data_ptr(), packed.data_ptr())
+    packed.out_features, packed.in_features = N, n
+    return packed
+
+
+def linear_int8_outliers(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scales: torch.Tensor,
+                         idx: torch.Tensor, outlier_panels: torch.Tensor, group: int | None = None,
+                         lib=None) -> torch.Tensor | None:
+    """:func:`linear_int8` of x [..., K] with the inputs ``idx`` (int32 [n]) zeroed, plus their
+    float32 product with :func:`pack_outliers`'s panels (``linear_int8.c``,
+    ``sparserl_linear_int8_outliers``; no bias: the caller adds it). None when the kernel does not
+    take this input."""
+    panels, colsum = packed
+    lib = _lib_for(lib, x, scales, outlier_panels)
+    if (lib is None or not scales.is_contiguous() or idx.dtype != torch.int32 or not idx.is_contiguous()
+            or (group is not None and (group <= 0 or group % 4))):
+        return None
+    N, K = panels.out_features, panels.in_features
+    x2 = _rows(x) if x.shape[-1] == K else None
+    if x2 is None or outlier_panels.out_features != N or outlier_panels.in_features != idx.numel():
+        return None
+    out = torch.empty(*x.shape[:-1], N, dtype=torch.float32)
+    if x2.shape[0] and lib.sparserl_linear_int8_outliers(
+            x2.shape[0], N, K, group or 0, x2.data_ptr(), x2.stride(0), panels.data_ptr(), colsum.data_ptr(),
+            scales.data_ptr(), None, out.data_ptr(), N, 0, idx.numel(), idx.data_ptr(), outlier_panels.data_ptr()) != 0:
+        return None
+    return out
 
 
 def rkv_redundancy(keys: torch.Tensor, valid: torch.Tensor, threshold: float, lib=None) -> torch.Tensor | None:

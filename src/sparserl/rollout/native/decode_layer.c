@@ -8,8 +8,7 @@
  * sparserl_apply, which takes one descriptor per weight: float32 panels (linear.c), int8 with
  * per-token scales or int8 with per-group scales (linear_int8.c), each optionally with
  * SmoothQuant's per-input 1/s (the inputs multiplied by it first, as SmoothedLinear does) and with
- * outlier input channels in float32 (OutlierLinear: those inputs are zeroed before the int8
- * product, gathered, and their float32 product added to it, then the bias).
+ * outlier input channels in float32 (OutlierLinear; linear_int8.c's sparserl_linear_int8_outliers).
  *
  * Why: the same operators called one at a time from Python cost ~30-40 us each in their
  * wrappers and in torch's small operators on the project's 2-core machine (a ctypes call alone
@@ -32,7 +31,7 @@ typedef struct {
     const float *smooth;     /* [K]: multiplies the inputs first (SmoothQuant's 1/s), or NULL */
     int32_t n_outliers;      /* int8 kinds: input channels kept in float32 (0: none) */
     const int32_t *outlier_idx;  /* [n_outliers]: which inputs (their codes and weight columns are 0) */
-    const float *outlier_panels; /* linear.c's panels of W[:, outlier_idx] [N, n_outliers] */
+    const float *outlier_panels; /* W[:, outlier_idx] [N, n_outliers] in linear_int8.c's panels */
 } sparserl_weight;
 
 int sparserl_linear(int M, int N, int K, const float *X, int64_t ldx, const float *Wp, const float *bias, float *Y,
@@ -43,81 +42,63 @@ int sparserl_linear_int8_acc(int M, int N, int K, const float *X, int64_t ldx, c
 int sparserl_linear_int8_group_acc(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
                                    const float *scales, const float *bias, float *Y, int64_t ldy, uint8_t *work,
                                    int accumulate);
+int sparserl_linear_int8_outliers(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
+                                  const int32_t *colsum, const float *scales, const float *bias, float *Y,
+                                  int64_t ldy, int accumulate, int n_out, const int32_t *idx, const float *Wo);
 void sparserl_rms_norm(int M, int D, const float *x, int64_t ldx, const float *w, float eps, float *y, int64_t ldy);
 void sparserl_silu_mul(int M, int I, const float *gu, int64_t ldg, float *y, int64_t ldy);
 void sparserl_rope(int M, int H, int D, float *x, int64_t ldx, const float *cos_, const float *sin_, int64_t ldc);
 
 int sparserl_weight_size(void) { return (int)sizeof(sparserl_weight); }
 
-/* Y (+)= X W^T (+ bias) for the M rows of X (ldx apart); 0, or -1 on a bad descriptor or no memory.
- * With outliers, in OutlierLinear's order: T = int8(X with the outlier inputs zeroed); T += X_O W_O^T
- * (float32); Y (+)= T (+ bias). */
+/* Y (+)= X W^T (+ bias) for the M rows of X (ldx apart); 0, or -1 on a bad descriptor or no memory. */
 int sparserl_apply(const sparserl_weight *w, int M, const float *X, int64_t ldx, float *Y, int64_t ldy,
                    int accumulate) {
     const int N = w->N, K = w->K, K4 = (K + 3) & ~3, n_out = w->n_outliers;
-    float *copy = 0, *gathered = 0, *part = 0, *out = Y;
+    float *smoothed = 0;
     uint8_t *work = 0;
-    int rc = -1, acc = accumulate;
-    int64_t ldo = ldy;
-    const float *bias = w->bias;
-    if (n_out < 0 || (n_out > 0 && (w->kind == WEIGHT_FLOAT32 || !w->outlier_idx || !w->outlier_panels)))
+    int rc = -1;
+    if (n_out < 0 || (n_out > 0 && ((w->kind != WEIGHT_INT8 && w->kind != WEIGHT_INT8_GROUP) || !w->outlier_idx ||
+                                    !w->outlier_panels || (w->kind == WEIGHT_INT8_GROUP && w->group <= 0))))
         return -1;
-    if (w->smooth || n_out) { /* the inputs the int8 product sees: smoothed, outliers zeroed */
-        copy = malloc(sizeof(float) * (size_t)M * K);
-        if (!copy) return -1;
+    if (w->smooth) {
+        smoothed = malloc(sizeof(float) * (size_t)M * K);
+        if (!smoothed) return -1;
         for (int r = 0; r < M; r++)
-            for (int k = 0; k < K; k++)
-                copy[(int64_t)r * K + k] = w->smooth ? X[(int64_t)r * ldx + k] * w->smooth[k] : X[(int64_t)r * ldx + k];
-        X = copy;
+            for (int k = 0; k < K; k++) smoothed[(int64_t)r * K + k] = X[(int64_t)r * ldx + k] * w->smooth[k];
+        X = smoothed;
         ldx = K;
     }
     if (n_out) {
-        gathered = malloc(sizeof(float) * (size_t)M * n_out);
-        part = malloc(sizeof(float) * (size_t)M * N);
-        if (!gathered || !part) goto done;
-        for (int r = 0; r < M; r++)
-            for (int j = 0; j < n_out; j++) {
-                const int k = w->outlier_idx[j];
-                if (k < 0 || k >= K) goto done;
-                gathered[(int64_t)r * n_out + j] = copy[(int64_t)r * K + k];
-                copy[(int64_t)r * K + k] = 0.f;
-            }
-        out = part, ldo = N, acc = 0, bias = 0;
+        rc = sparserl_linear_int8_outliers(M, N, K, w->kind == WEIGHT_INT8_GROUP ? w->group : 0, X, ldx,
+                                           (const int8_t *)w->panels, w->colsum, w->scales, w->bias, Y, ldy,
+                                           accumulate, n_out, w->outlier_idx, w->outlier_panels);
+        free(smoothed);
+        return rc;
     }
     switch (w->kind) {
         case WEIGHT_FLOAT32:
-            rc = sparserl_linear(M, N, K, X, ldx, (const float *)w->panels, bias, out, ldo, acc);
+            rc = sparserl_linear(M, N, K, X, ldx, (const float *)w->panels, w->bias, Y, ldy, accumulate);
             break;
         case WEIGHT_INT8:
             work = malloc((size_t)M * (K4 + 4));
             if (work)
                 rc = sparserl_linear_int8_acc(M, N, K, X, ldx, (const int8_t *)w->panels, w->colsum, w->scales,
-                                              bias, out, ldo, work, acc);
+                                              w->bias, Y, ldy, work, accumulate);
             break;
         case WEIGHT_INT8_GROUP:
             if (w->group > 0) {
                 work = malloc((size_t)M * (4 * ((K + w->group - 1) / w->group) + K4));
                 if (work)
                     rc = sparserl_linear_int8_group_acc(M, N, K, w->group, X, ldx, (const int8_t *)w->panels,
-                                                        w->scales, bias, out, ldo, work, acc);
+                                                        w->scales, w->bias, Y, ldy, work, accumulate);
             }
             break;
         default:
             break;
     }
-    if (rc == 0 && n_out) {
-        rc = sparserl_linear(M, N, n_out, gathered, n_out, w->outlier_panels, 0, part, N, 1);
-        for (int r = 0; rc == 0 && r < M; r++)
-            for (int n = 0; n < N; n++) {
-                const float v = w->bias ? part[(int64_t)r * N + n] + w->bias[n] : part[(int64_t)r * N + n];
-                Y[(int64_t)r * ldy + n] = accumulate ? Y[(int64_t)r * ldy + n] + v : v;
-            }
-    }
-done:
     free(work);
-    free(part);
-    free(gathered);
-    free(copy);
+    free(smoothed);
     return rc;
 }
 

@@ -25,6 +25,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "simd.h"
@@ -389,4 +390,177 @@ int sparserl_linear_int8_group_acc(int M, int N, int K, int G, const float *X, i
 int sparserl_linear_int8_group(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
                                const float *scales, const float *bias, float *Y, int64_t ldy, uint8_t *work) {
     return sparserl_linear_int8_group_acc(M, N, K, G, X, ldx, Wq, scales, bias, Y, ldy, work, 0);
+}
+
+/* ---- outlier input channels in float32 (rollout.quant_outliers; quant/outliers.py) -------------
+ *
+ *     T_tn = the int8 product above (per token, or per group with G > 0) of X with the inputs
+ *            idx[0..n_out) zeroed: their codes are 0 and they set no activation scale
+ *     T_tn = fma(X_t,idx[j], Wo[n, j], T_tn)   for j = 0, 1, ..., n_out - 1 in turn
+ *     Y_tn = T_tn + bias_n   (accumulate: Y_tn += T_tn + bias_n)
+ *
+ * The float32 part runs in the int8 product's parallel loop, on the same panel's columns, so it
+ * costs no extra pass over the threads; 4 rows at a time keep 8 independent FMA chains in
+ * registers. Wo is packed per int8 panel: Wo[p][j][NR8] (0 past N). Each output's chain of fmaf is
+ * the same whatever the vector width, so every build gives the same bits. */
+
+#define OUTLIER_STACK_ROWS 64
+
+/* W_O [N, n_out] (row-major) -> Wo [P][n_out][NR8] */
+void sparserl_pack_outliers(int N, int n_out, const float *W, float *Wo) {
+    const int P = (N + NR8 - 1) / NR8;
+    for (int p = 0; p < P; p++)
+        for (int j = 0; j < n_out; j++)
+            for (int c = 0; c < NR8; c++) {
+                const int n = p * NR8 + c;
+                Wo[((int64_t)p * n_out + j) * NR8 + c] = n < N ? W[(int64_t)n * n_out + j] : 0.f;
+            }
+}
+
+#if defined(__AVX512F__) && NR8 == 32
+typedef __m512 fvec; /* a panel row is two registers of 16 floats */
+#define FV_LANES 16
+#define FV_LOAD _mm512_loadu_ps
+#define FV_STORE _mm512_storeu_ps
+#define FV_FMA _mm512_fmadd_ps
+#define FV_ADD _mm512_add_ps
+#define FV_SET1 _mm512_set1_ps
+#elif defined(__AVX2__)
+typedef __m256 fvec; /* two registers of 8 floats */
+#define FV_LANES 8
+#define FV_LOAD _mm256_loadu_ps
+#define FV_STORE _mm256_storeu_ps
+#define FV_FMA _mm256_fmadd_ps
+#define FV_ADD _mm256_add_ps
+#define FV_SET1 _mm256_set1_ps
+#endif
+
+/* MR (<= 4) rows of one panel: t = T's columns (0 past ncols), the fmaf chain over j in
+ * registers (4 rows x 2 registers: 8 independent chains), then + bias, then into Y */
+static inline __attribute__((always_inline)) void outlier_tile(const int MR, int64_t ldt, int n_out,
+                                                                const float *Xo, const float *Wo, const float *T,
+                                                                int n0, int ncols, const float *bias, float *Y,
+                                                                int64_t ldy, int accumulate) {
+#if defined(FV_LANES)
+    fvec acc[4][2];
+    float t[4][NR8];
+    const int full = ncols == NR8;
+    for (int r = 0; r < 4; r++) {
+        if (r >= MR) continue;
+        const float *src = T + r * ldt;
+        if (!full) {
+            for (int c = 0; c < NR8; c++) t[r][c] = c < ncols ? src[c] : 0.f;
+            src = t[r];
+        }
+        acc[r][0] = FV_LOAD(src), acc[r][1] = FV_LOAD(src + FV_LANES);
+    }
+    for (int j = 0; j < n_out; j++) {
+        const fvec w0 = FV_LOAD(Wo + (int64_t)j * NR8), w1 = FV_LOAD(Wo + (int64_t)j * NR8 + FV_LANES);
+        for (int r = 0; r < 4; r++)
+            if (r < MR) {
+                const fvec x = FV_SET1(Xo[(int64_t)r * n_out + j]);
+                acc[r][0] = FV_FMA(x, w0, acc[r][0]);
+                acc[r][1] = FV_FMA(x, w1, acc[r][1]);
+            }
+    }
+    for (int r = 0; r < 4; r++) {
+        if (r >= MR) continue;
+        float *y = Y + (int64_t)r * ldy;
+        if (full) {
+            for (int h = 0; h < 2; h++) {
+                fvec v = acc[r][h];
+                if (bias) v = FV_ADD(v, FV_LOAD(bias + n0 + h * FV_LANES));
+                if (accumulate) v = FV_ADD(v, FV_LOAD(y + h * FV_LANES));
+                FV_STORE(y + h * FV_LANES, v);
+            }
+            continue;
+        }
+        FV_STORE(t[r], acc[r][0]), FV_STORE(t[r] + FV_LANES, acc[r][1]);
+        for (int c = 0; c < ncols; c++) {
+            const float v = bias ? t[r][c] + bias[n0 + c] : t[r][c];
+            y[c] = accumulate ? y[c] + v : v;
+        }
+    }
+#else
+    for (int r = 0; r < MR; r++) {
+        float t[NR8];
+        for (int c = 0; c < NR8; c++) t[c] = c < ncols ? T[r * ldt + c] : 0.f;
+        for (int j = 0; j < n_out; j++)
+            for (int c = 0; c < NR8; c++) t[c] = fmaf(Xo[(int64_t)r * n_out + j], Wo[(int64_t)j * NR8 + c], t[c]);
+        float *y = Y + (int64_t)r * ldy;
+        for (int c = 0; c < ncols; c++) {
+            const float v = bias ? t[c] + bias[n0 + c] : t[c];
+            y[c] = accumulate ? y[c] + v : v;
+        }
+    }
+#endif
+}
+
+/* T: the panel's int8 part, [M, ncols] ldt apart; Y: the panel's first column of row 0 */
+static void outlier_rows(int M, int64_t ldt, int n_out, const float *Xo, const float *Wo, const float *T, int n0,
+                         int ncols, const float *bias, float *Y, int64_t ldy, int accumulate) {
+    int m = 0;
+    for (; m + 4 <= M; m += 4)
+        outlier_tile(4, ldt, n_out, Xo + (int64_t)m * n_out, Wo, T + m * ldt, n0, ncols, bias, Y + m * ldy, ldy,
+                     accumulate);
+    const float *xo = Xo + (int64_t)m * n_out, *tm = T + m * ldt;
+    float *ym = Y + m * ldy;
+    switch (M - m) {
+        case 3: outlier_tile(3, ldt, n_out, xo, Wo, tm, n0, ncols, bias, ym, ldy, accumulate); break;
+        case 2: outlier_tile(2, ldt, n_out, xo, Wo, tm, n0, ncols, bias, ym, ldy, accumulate); break;
+        case 1: outlier_tile(1, ldt, n_out, xo, Wo, tm, n0, ncols, bias, ym, ldy, accumulate); break;
+        default: break;
+    }
+}
+
+/* Y [M, N] (ldy) = (accumulate: +=) the product above; G = 0: per-token scales (int8, colsum
+ * needed), G > 0: per-group scales (int8_group). 0, or -1 on bad sizes or no memory. */
+int sparserl_linear_int8_outliers(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
+                                  const int32_t *colsum, const float *scales, const float *bias, float *Y,
+                                  int64_t ldy, int accumulate, int n_out, const int32_t *idx, const float *Wo) {
+    if (M <= 0 || N <= 0 || K <= 0 || G < 0 || G % 4 || n_out <= 0 || n_out >= K || (!G && !colsum)) return -1;
+    for (int j = 0; j < n_out; j++)
+        if (idx[j] < 0 || idx[j] >= K) return -1;
+    const int K4 = (K + 3) & ~3, P = (N + NR8 - 1) / NR8, NG = G ? (K + G - 1) / G : 1;
+    /* the int8 part of a panel goes to a stack tile up to OUTLIER_STACK_ROWS rows (a decode step),
+     * else to T [M, N] */
+    float *rest = malloc(sizeof(float) * (size_t)M * K), *Xo = malloc(sizeof(float) * (size_t)M * n_out),
+          *T = M > OUTLIER_STACK_ROWS ? malloc(sizeof(float) * (size_t)M * N) : 0;
+    uint8_t *work = malloc((size_t)M * (4 * NG + K4));
+    int rc = -1;
+    if (!rest || !Xo || (M > OUTLIER_STACK_ROWS && !T) || !work) goto done;
+    for (int r = 0; r < M; r++) {
+        float *x = rest + (int64_t)r * K;
+        memcpy(x, X + (int64_t)r * ldx, sizeof(float) * K);
+        for (int j = 0; j < n_out; j++) {
+            Xo[(int64_t)r * n_out + j] = x[idx[j]];
+            x[idx[j]] = 0.f;
+        }
+    }
+    float *a = (float *)work;
+    uint8_t *codes = work + (int64_t)M * NG * sizeof(float);
+    if (G)
+        quantize_groups(M, K, G, rest, K, (int8_t *)codes, a);
+    else
+        quantize_rows(M, K, rest, K, codes, a);
+#pragma omp parallel for schedule(static)
+    for (int p = 0; p < P; p++) {
+        const int n0 = p * NR8, ncols = N - n0 < NR8 ? N - n0 : NR8;
+        const int8_t *w = Wq + (int64_t)p * (K4 / 4) * NR8 * 4;
+        float tile[OUTLIER_STACK_ROWS * NR8];
+        float *Tp = T ? T + n0 : tile;
+        const int64_t ldt = T ? N : NR8;
+        if (G)
+            panel_group(M, K4, G, NG, (const int8_t *)codes, a, w, scales + n0, 0, Tp, ldt, ncols, 0);
+        else
+            panel8(M, K4, codes, a, w, colsum + n0, scales + n0, 0, Tp, ldt, ncols, 0);
+        outlier_rows(M, ldt, n_out, Xo, Wo + (int64_t)p * n_out * NR8, Tp, n0, ncols, bias, Y + n0, ldy, accumulate);
+    }
+    rc = 0;
+done:
+    free(work);
+    free(T);
+    free(Xo);
+    free(rest);
+    return rc;
 }

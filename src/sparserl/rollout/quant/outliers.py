@@ -26,6 +26,8 @@ import torch
 
 from .. import native
 from .base import QuantizedLinear, WeightQuantizer
+from .int8 import Int8Linear
+from .int8_group import Int8GroupLinear
 
 __all__ = ["OutlierLinear", "check_outliers", "outlier_channels"]
 
@@ -47,15 +49,19 @@ def outlier_channels(x_amax: torch.Tensor, k: int) -> torch.Tensor:
 class OutlierLinear(QuantizedLinear):
     """``x Wᵀ`` as ``x_R W_Rᵀ`` on ``inner`` (the quantized weight with columns ``idx`` zeroed;
     its inputs at ``idx`` zeroed too, so its activation scales see only ``R``) plus
-    ``x_O W_Oᵀ`` in float32 (``w_outliers = W[:, idx]``)."""
+    ``x_O W_Oᵀ`` in float32 (``w_outliers = W[:, idx]``). With a native ``int8`` / ``int8_group``
+    inner weight both parts run in one C call (``linear_int8.c``: the float32 part inside the int8
+    product's loop over output panels), the one the fused decode step makes too."""
 
     def __init__(self, inner: QuantizedLinear, idx: torch.Tensor, w_outliers: torch.Tensor):
         super().__init__(inner.out_features, inner.in_features)
         self.inner, self.idx = inner, idx.long()
         self.w_outliers = w_outliers.detach().float().contiguous()  # [out, k]
-        self.idx32 = self.idx.to(torch.int32)  # the fused step's copy (native.Weight)
+        self.idx32 = self.idx.to(torch.int32).contiguous()  # the C kernel's indices
         self.kernel, self.emulated = inner.kernel, inner.emulated
-        self.panels = native.pack_linear(self.w_outliers) if self.w_outliers.device.type == "cpu" and native.active() else None
+        native_inner = isinstance(inner, (Int8Linear, Int8GroupLinear)) and inner.native is not None
+        self.panels = native.pack_outliers(self.w_outliers) if native_inner else None
+        self.group = inner.group if isinstance(inner, Int8GroupLinear) else None
 
     @classmethod
     def quantize(cls, quantizer: WeightQuantizer, w: torch.Tensor, idx: torch.Tensor) -> "OutlierLinear":
@@ -73,10 +79,12 @@ class OutlierLinear(QuantizedLinear):
         return w
 
     def matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        if self.panels is not None and native.active():
+            y = native.linear_int8_outliers(x2, self.inner.native, self.inner.scales, self.idx32, self.panels,
+                                            group=self.group)
+            if y is not None:
+                return y
         rest = x2.clone()
         outliers = rest[:, self.idx]  # a copy (gather)
         rest[:, self.idx] = 0
-        y = self.inner.matmul(rest)
-        if self.panels is not None and native.linear(outliers, self.panels, add_to=y) is not None:
-            return y  # the fused step's float32 kernel: the same bits
-        return y.add_(outliers @ self.w_outliers.t())
+        return self.inner.matmul(rest).add_(outliers @ self.w_outliers.t())
