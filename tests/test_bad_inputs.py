@@ -122,6 +122,7 @@ MATRIX = [
     case("config", ["train", "rollout.quant_smooth=0.5"], "rollout.quant_smooth", "quant-smooth-no-int8"),
     case("config", ["train", "rollout.quant_outliers=-1"], "rollout.quant_outliers", "quant-outliers-negative"),
     case("config", ["train", "rollout.quant_outliers=8"], "rollout.quant_outliers", "quant-outliers-no-int8"),
+    case("config", ["train", "rollout.quant_head=true"], "rollout.quant_head", "quant-head-no-quant"),
     case("config", ["train", "rollout.quant=int8_group", "rollout.quant_group=6"], "rollout.quant_group",
          "quant-group-not-multiple-of-4"),
     case("config", ["train", "rollout.quant=int8", "rollout.quant_group=32"], "rollout.quant_group",

@@ -62,10 +62,11 @@ def test_fused_step_is_the_eager_step(tiny, name):
 @pytest.mark.parametrize("quant,smooth,kv_quant,outliers", [
     ("int8", 0.0, "none", 0), ("int8_group", 0.0, "none", 0), ("int8", 0.5, "none", 0), ("int8_group", 0.5, "none", 0),
     ("none", 0.0, "int8", 0), ("int8", 0.0, "fp8", 0), ("int8", 0.0, "none", 4), ("int8", 0.5, "none", 4),
-    ("int8_group", 0.5, "none", 2)])
+    ("int8_group", 0.5, "none", 2), ("int8", 0.5, "none", -4)])
 def test_fused_step_quantized(tiny, quant, smooth, kv_quant, outliers):
+    """outliers < 0: that many outlier channels, and the LM head quantized too (rollout.quant_head)."""
     engine = RolloutEngine(tiny, make("rkv"), quant=quant, quant_smooth=smooth, kv_quant=kv_quant,
-                           quant_outliers=outliers)
+                           quant_outliers=abs(outliers), quant_head=outliers < 0)
     assert fused.available(engine.model)
     a, b = run_both(engine, SamplingParams(n=2, max_new_tokens=24, seed=3, temperature=1.0, ignore_eos=True))
     assert_same(a, b)

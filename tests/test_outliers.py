@@ -15,7 +15,7 @@ from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import build_compressor
 from sparserl.rollout.model import QUANTIZED_FIELDS
 from sparserl.rollout.quant import build_quant
-from sparserl.rollout.quant.int8 import QMAX, QMAX_FBGEMM, cpu_weight_qmax, quantize_int8_per_channel
+from sparserl.rollout.quant.int8 import QMAX, QMAX_FBGEMM, Int8Linear, cpu_weight_qmax, quantize_int8_per_channel
 from sparserl.rollout.quant.outliers import OutlierLinear, check_outliers, outlier_channels
 from sparserl.rollout.quant.smooth import SmoothedLinear
 
@@ -204,3 +204,31 @@ def test_outlier_kernel_gives_the_same_bits_in_every_build(group, avx2_build):
     x_rest[:, idx.long()] = 0
     ref = native.linear_int8(x_rest, native.pack_int8(q), s, group=group) + x[:, idx.long()] @ w_o.t()
     torch.testing.assert_close(outs[0], ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("smooth,outliers", [(0.0, 0), (0.5, 3)])
+def test_quantized_head(tiny, smooth, outliers):
+    """rollout.quant_head: the LM head quantized the same way (calibrated on the final norm's
+    output), the embedding kept in float; the logits stay close to the dense sampler's."""
+    kw = dict(quant="int8", quant_smooth=smooth, quant_outliers=outliers, **ENGINE)
+    m = RolloutEngine(tiny, build_compressor("none"), quant_head=True, **kw).model
+    float_head = RolloutEngine(tiny, build_compressor("none"), **kw).model
+    dense = RolloutEngine(tiny, build_compressor("none"), **ENGINE).model
+    head = m.lm_head.inner if smooth else m.lm_head
+    assert isinstance(head, OutlierLinear if outliers else Int8Linear)
+    assert isinstance(m.embed, torch.Tensor) and torch.equal(m.embed, dense.embed)
+    assert m.decode_read_bytes() < float_head.decode_read_bytes()
+    ids = torch.tensor([[5, 9, 2, 7, 3, 11, 4, 8]])
+    valid, pos = torch.ones_like(ids, dtype=torch.bool), torch.arange(8)[None]
+    ref = dense.logits(dense.hidden_states(ids, valid, pos))
+    out = m.logits(m.hidden_states(ids, valid, pos))
+    assert not torch.equal(out, float_head.logits(float_head.hidden_states(ids, valid, pos)))
+    assert (out - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_quantized_head_needs_a_quantizer(tiny):
+    with pytest.raises(ValueError, match="quant_head needs a weight quantization"):
+        RolloutEngine(tiny, build_compressor("none"), quant_head=True, **ENGINE)
+    with pytest.raises(ConfigError, match=r"rollout.quant_head=true needs a weight quantization"):
+        validate(load_config("default", ["rollout.quant_head=true"]))
+    assert validate(load_config("qurl", ["rollout.quant_head=true"])).rollout.quant_head is True

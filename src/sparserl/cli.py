@@ -160,6 +160,7 @@ def cmd_bench_rollout(args) -> int:
                        kv_quants=[q.strip() for q in args.kv_quant.split(",") if q.strip()],
                        compress_prompt=args.compress_prompt or None, quant_smooth=args.quant_smooth,
                        quant_group=args.quant_group, quant_outliers=args.quant_outliers,
+                       quant_head=args.quant_head,
                        kernels=kernels)
     if args.json:
         write_json(report, args.json)
@@ -346,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--quant-outliers", type=int, default=0, help="input channels of every int8, int8_group "
                     "and fp8 linear kept in float32, chosen on the calibration text (0 = off): "
                     "rollout.quant_outliers")
+    br.add_argument("--quant-head", action="store_true", help="the quantized rows' LM head quantized too "
+                    "(rollout.quant_head)")
     br.add_argument("--quant-group", type=int, default=None, help="inputs per activation scale of the "
                     "int8_group rows (a multiple of 4; default 64): rollout.quant_group")
     br.add_argument("--kv-quant", default="none", help="KV cache quantizations, comma-separated: none, int8, fp8")

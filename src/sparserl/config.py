@@ -183,6 +183,11 @@ class RolloutConfig(_Section):
                             "max|X_j| on the calibration text (after SmoothQuant's division when that is on), "
                             "re-chosen at every push; the rest quantized with scales over them alone. 0 = off "
                             "(QuRL/FP8-RL as published). Needs rollout.quant int8, int8_group or fp8.", ge=0)
+    quant_head: bool = F(False, "Quantize the sampler's LM head too, with rollout.quant (and its SmoothQuant factors "
+                         "and outlier channels, calibrated on the final norm's output). The head is ~20% of a "
+                         "quantized decode step of SmolLM2-135M in float32; plain per-token int8 on it costs "
+                         "acceptance, with outlier channels little (docs/results/smoothquant.md). Off: the head "
+                         "stays in rollout.dtype, as QuRL/FP8-RL keep it.")
     quant_group: int = F(QUANT_GROUP, "Inputs per activation scale of rollout.quant=int8_group (a multiple of 4; per "
                          "token and group: smaller groups follow outlier channels more closely, at a little "
                          "more cost). Only with int8_group.", ge=4)
@@ -657,6 +662,9 @@ def validate(cfg: Config) -> Config:
         errors.append(f"rollout.quant_outliers={r.quant_outliers} needs rollout.quant int8, int8_group or fp8 "
                       f"(it keeps activation outlier channels out of the quantized product; rollout.quant="
                       f"{r.quant!r} quantizes no activations)")
+    if r.quant_head and not build_quant(r.quant).quantizes:
+        errors.append(f"rollout.quant_head=true needs a weight quantization (rollout.quant int8, int8_group, fp8, "
+                      f"...; rollout.quant={r.quant!r})")
     if r.quant_group % 4:
         errors.append(f"rollout.quant_group={r.quant_group} must be a multiple of 4 (the int8 kernel's 4-byte steps)")
     if r.quant_group != QUANT_GROUP and not build_quant(r.quant).takes_group:

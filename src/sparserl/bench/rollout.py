@@ -136,7 +136,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
               seed: int = 0, hf_baseline: bool = True, repeat: int = 1, peers: list[str] | tuple = (),
               compile: bool = False, quants: list[str] | tuple = ("none",), kv_quants: list[str] | tuple = ("none",),
               mismatch_rows: int = 4, compress_prompt: bool | None = None, quant_smooth: float = 0.0,
-              quant_group: int | None = None, quant_outliers: int = 0,
+              quant_group: int | None = None, quant_outliers: int = 0, quant_head: bool = False,
               kernels: list[str] | tuple = ("native",), log=print) -> dict:
     """``kernels``: the decode-step kernels to time (:data:`KERNELS`); each one after the first adds
     the dense and compressor rows again with those kernels (``torch``: torch's batched matmuls for
@@ -178,7 +178,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
         m = engine.model
         ran = "torch" if kernel == "torch" else native.kernels(m.device, m.dtype)
         return {"quant": m.quant, "kv_quant": kv_quant, "quant_smooth": m.quant_smooth,
-                "quant_outliers": m.quant_outliers,
+                "quant_outliers": m.quant_outliers, "quant_head": m.quant_head,
                 "quant_group": getattr(m.quantizer, "group", None),
                 "weight_bytes": m.weight_bytes(), "quant_kernel": m.quant_kernel,
                 "quant_emulated": m.quant_emulated, "quantize_s": m.last_quantize_s, "kernels": ran,
@@ -210,7 +210,8 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
             continue
         w8a8 = build_quant(q).quantizes_activations  # SmoothQuant and outlier channels: W8A8-style rows only
         qe = RolloutEngine(lm, build_compressor("none"), dtype=dt, quant=q, quant_smooth=quant_smooth if w8a8 else 0.0,
-                           kv_quant=kq, quant_group=quant_group, quant_outliers=quant_outliers if w8a8 else 0)
+                           kv_quant=kq, quant_group=quant_group, quant_outliers=quant_outliers if w8a8 else 0,
+                           quant_head=quant_head and build_quant(q).quantizes)
         qe.model.load_weights(lm.model.state_dict())  # time one re-quantization, as at a push
         with native.torch_only() if kernels[0] == "torch" else contextlib.nullcontext():  # the rows' kernels
             qe.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))  # warm-up

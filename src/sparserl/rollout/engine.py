@@ -89,7 +89,7 @@ class RolloutEngine:
                  dtype: str | torch.dtype | None = None, max_batch: int | None = None, compile: bool | str = False,
                  pack_weights: bool | None = None, kv_quant: str = "none", quant: str = "none",
                  quant_smooth: float = 0.0, quant_group: int | None = None, fused: bool = True,
-                 quant_outliers: int = 0):
+                 quant_outliers: int = 0, quant_head: bool = False):
         """``compressor``: a :class:`KVCompressor`; ``get_compressor("none")`` for a dense cache.
         ``compile``: run each decode layer through ``torch.compile`` (:mod:`sparserl.rollout.compiled`;
         the first step compiles, once per model shape and process); True = inductor, a string = that
@@ -102,7 +102,8 @@ class RolloutEngine:
         quantized activations (0 = off), calibrated at every push on :data:`CALIBRATION_TEXT`
         (:mod:`sparserl.rollout.quant.smooth`). ``quant_group``: inputs per activation scale of
         ``int8_group`` (None: 64). ``quant_outliers``: input channels of every quantized linear kept in
-        float32, chosen on the same calibration (:mod:`sparserl.rollout.quant.outliers`). ``fused``: on CPU, run each decode layer as three native calls
+        float32, chosen on the same calibration (:mod:`sparserl.rollout.quant.outliers`). ``quant_head``: the
+        LM head quantized too (:class:`SamplerModel`). ``fused``: on CPU, run each decode layer as three native calls
         (:mod:`sparserl.rollout.fused`; the same numbers) where its weights allow; False = the eager
         step, operator by operator (profiling)."""
         self.tokenizer = loaded.tokenizer
@@ -113,7 +114,7 @@ class RolloutEngine:
             calibration_ids = torch.tensor(ids[:CALIBRATION_TOKENS])[None]
         self.model = SamplerModel(loaded.model, self.dtype, pack_weights, quant=quant, quant_smooth=quant_smooth,
                                   calibration_ids=calibration_ids, quant_group=quant_group,
-                                  quant_outliers=quant_outliers)
+                                  quant_outliers=quant_outliers, quant_head=quant_head)
         self.device = self.model.device
         self.compressor = _checked(compressor)
         self.max_batch = max_batch

@@ -17,7 +17,7 @@ Quantized sampler (``quant``, :mod:`sparserl.rollout.quant`): every linear weigh
 layers (fused q/k/v, o, fused gate/up, down) is replaced by its quantized form each time weights are
 loaded (every push from the learner), with no full-precision copy kept; the LM head and the
 embeddings stay in the sampler dtype (the head is ~21% of SmolLM2-135M's decode weight reads and the
-logits' precision is what the mismatch metrics see). The time the quantization took is
+logits' precision is what the mismatch metrics see), the head unless ``quant_head``. The time the quantization took is
 :attr:`SamplerModel.last_quantize_s`. With ``quant_smooth`` (SmoothQuant,
 :mod:`sparserl.rollout.quant.smooth`) each push also runs the calibration ids through the
 full-precision layers, one layer at a time, for the activations' per-channel maxima; so does
@@ -59,7 +59,7 @@ class SamplerModel:
 
     def __init__(self, hf_model: torch.nn.Module, dtype: torch.dtype | None = None, pack_weights: bool | None = None,
                  quant: str = "none", quant_smooth: float = 0.0, calibration_ids: torch.Tensor | None = None,
-                 quant_group: int | None = None, quant_outliers: int = 0):
+                 quant_group: int | None = None, quant_outliers: int = 0, quant_head: bool = False):
         """``pack_weights``: keep a packed copy of every linear weight for the decode step's
         products (:func:`pack_weight`); None = when supported (CPU, float32, oneDNN built in); the
         quantized weights are not packed (their kernels pack their own). ``quant``: a name of
@@ -68,7 +68,9 @@ class SamplerModel:
         activations, ``int8``, ``int8_group`` or ``fp8``) with its ``calibration_ids`` [B, P] (no padding).
         ``quant_group``: inputs per activation scale of ``int8_group`` (None: its default, 64).
         ``quant_outliers``: input channels of every quantized linear kept in float32 (0 = none; the
-        same quantizers and calibration as ``quant_smooth``)."""
+        same quantizers and calibration as ``quant_smooth``). ``quant_head``: quantize the LM head
+        too, the same way (its SmoothQuant factors and outlier channels calibrated on the final
+        norm's output); the embedding stays in the sampler dtype."""
         cfg = hf_model.config
         if getattr(cfg, "model_type", None) not in ("llama", "qwen2", "qwen3", "mistral"):
             raise ValueError(f"sampler: unsupported model_type {getattr(cfg, 'model_type', None)!r}")
@@ -94,6 +96,10 @@ class SamplerModel:
         self.last_quantize_s = 0.0  # seconds the last load_weights spent quantizing (time/quantize_s)
         self.quant_smooth = check_strength(quant_smooth)
         self.quant_outliers = check_outliers(quant_outliers)
+        self.quant_head = bool(quant_head)
+        if self.quant_head and not self.quantizer.quantizes:
+            raise ValueError("sampler: quant_head needs a weight quantization (quant int8, int8_group, fp8, ...), "
+                             f"not quant={self.quant!r}")
         self.calibration_ids = None
         for key, on in (("quant_smooth", self.quant_smooth), ("quant_outliers", self.quant_outliers)):
             if on and not self.quantizer.quantizes_activations:
@@ -159,6 +165,14 @@ class SamplerModel:
                 if dev.type == "cuda":
                     torch.cuda.synchronize(dev)
                 quantize_s += time.perf_counter() - t0
+        if qz.quantizes and self.quant_head:  # calib["h"] is now the last layer's output
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                amax = None if calib is None else rms_norm(calib["h"], self.norm, self.eps).abs().flatten(0, -2).amax(0)
+                self.lm_head = self._quantize_weight(self.lm_head, amax)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            quantize_s += time.perf_counter() - t0
         self.last_quantize_s = quantize_s
         if self.pack_weights:
             for w in [self.lm_head, *(t for lw in self.layers for t in (lw.qkv, lw.o, lw.gate_up, lw.down))]:
@@ -184,22 +198,30 @@ class SamplerModel:
         observed = LayerWeights(**{**vars(lw), **observers})
         calib["h"] = self._layer(observed, calib["h"], calib["cos"], calib["sin"], calib["mask"])[0]
         for f, obs in observers.items():
-            w, amax = getattr(lw, f), obs.amax
-            if self.quant_smooth:
-                s = smoothing_factors(amax, w, self.quant_smooth).to(w.device)
-                w, amax = (w.float() * s[None, :]).to(w.dtype), amax / s
-            if self.quant_outliers:
-                q = OutlierLinear.quantize(self.quantizer, w, outlier_channels(amax, self.quant_outliers))
-            else:
-                q = self.quantizer.quantize(w)
-            setattr(lw, f, SmoothedLinear(q, 1.0 / s) if self.quant_smooth else q)
+            setattr(lw, f, self._quantize_weight(getattr(lw, f), obs.amax))
+
+    def _quantize_weight(self, w: torch.Tensor, amax: torch.Tensor | None) -> QuantizedLinear:
+        """``w`` [out, in] by the sampler's quantizer; given the calibration's ``max|X_j|`` [in]
+        (``amax``), as SmoothQuant's ``W diag(s)`` behind ``1/s`` and/or with the ``quant_outliers``
+        inputs of largest (smoothed) maxima in float32."""
+        if amax is None:
+            return self.quantizer.quantize(w)
+        amax = amax.float()
+        if self.quant_smooth:
+            s = smoothing_factors(amax, w, self.quant_smooth).to(w.device)
+            w, amax = (w.float() * s[None, :]).to(w.dtype), amax / s
+        if self.quant_outliers:
+            q = OutlierLinear.quantize(self.quantizer, w, outlier_channels(amax, self.quant_outliers))
+        else:
+            q = self.quantizer.quantize(w)
+        return SmoothedLinear(q, 1.0 / s) if self.quant_smooth else q
 
     def weight_bytes(self) -> int:
         """Bytes of the weights the sampler holds (quantized values and scales for quantized
         layers; the oneDNN-packed copies not counted)."""
         total = self.embed.numel() * self.embed.element_size()
         if self.lm_head is not self.embed:
-            total += self.lm_head.numel() * self.lm_head.element_size()
+            total += nbytes(self.lm_head)
         for lw in self.layers:
             for t in (lw.qkv, lw.o, lw.gate_up, lw.down):
                 total += nbytes(t)
@@ -207,7 +229,7 @@ class SamplerModel:
 
     def decode_read_bytes(self) -> int:
         """Bytes of weights one decode step must read (the embedding is a gather, not a read)."""
-        total = self.lm_head.numel() * self.lm_head.element_size()
+        total = nbytes(self.lm_head)
         for lw in self.layers:
             for t in (lw.qkv, lw.o, lw.gate_up, lw.down):
                 total += nbytes(t)

@@ -5,7 +5,7 @@ Runs one ``generate`` and splits its decode time (prefill excluded) into:
 - ``matmul``: every product with a decoder weight (q/k/v, o, gate/up, down), i.e. each call of
   :func:`sparserl.rollout.model.linear` outside the LM head, quantized or not (``--quant``);
 - ``lm_head``: the final norm and the LM head's product (:meth:`SamplerModel.logits`, float even
-  when the decoder's weights are quantized);
+  when the decoder's weights are quantized, unless ``--quant-head``);
 - ``attention``: softmax(q Kᵀ) V over the cache (:func:`sparserl.rollout.cache.attention`);
 - ``compression``: :meth:`CompressedKVCache.compress` (scoring, selection, moving the kept slots);
 - ``sampling``: log-softmax, inverse-CDF draw, log-prob of the sampled token;
@@ -154,7 +154,7 @@ def profile(model: str = "smollm2-135m", dtype: str = "float32", batch: int = 16
             compress_prompt: bool | None = None, job: str = "bench", compile: bool = False, seed: int = 0,
             torch_profiler: bool = False, sync: bool = False, quant: str = "none", quant_group: int | None = None,
             quant_smooth: float = 0.0, kv_quant: str = "none", loaded=None, fused: bool = True,
-            quant_outliers: int = 0) -> dict:
+            quant_outliers: int = 0, quant_head: bool = False) -> dict:
     """One timed ``generate`` of the shape, split as in the module docstring; ``loaded``: an already
     loaded model (else ``model`` is loaded in ``dtype``); ``fused``: the engine's fused step where
     it runs (False: the eager step, split by operator)."""
@@ -169,7 +169,8 @@ def profile(model: str = "smollm2-135m", dtype: str = "float32", batch: int = 16
     check_quant_options(quant, quant_group, quant_smooth, kv_quant, quant_outliers)  # before the model loads
     lm = loaded if loaded is not None else load_model(model, dtype=dtype)
     eng = RolloutEngine(lm, comp, dtype=dtype, quant=quant, quant_group=quant_group, quant_smooth=quant_smooth,
-                        quant_outliers=quant_outliers, kv_quant=kv_quant, fused=fused, **({"compile": True} if compile else {}))
+                        quant_outliers=quant_outliers, quant_head=quant_head, kv_quant=kv_quant, fused=fused,
+                        **({"compile": True} if compile else {}))
     prompts, n = job_prompts(job, batch)
     params = SamplingParams(n=n, max_new_tokens=max_new_tokens, seed=seed, ignore_eos=(job != "default"))
     eng.generate(prompts, SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))  # warm-up (and compile)
@@ -191,7 +192,7 @@ def profile(model: str = "smollm2-135m", dtype: str = "float32", batch: int = 16
         "job": job, "compressor": compressor, "compile": compile, "fused": fused and "layers" in parts,
         "batch": batch, "max_new_tokens": max_new_tokens,
         "quant": quant, "quant_group": quant_group, "quant_smooth": quant_smooth,
-        "quant_outliers": quant_outliers, "kv_quant": kv_quant,
+        "quant_outliers": quant_outliers, "quant_head": quant_head, "kv_quant": kv_quant,
         "kv_budget": None if compressor == "none" else kv_budget, "step_length": step_length,
         "tokens": out.tokens_generated, "seconds": out.seconds, "prefill_seconds": out.prefill_seconds,
         "tokens_per_s": out.tokens_per_s, "decode_steps": steps, "ms_per_step": 1e3 * decode / max(1, steps),
@@ -220,6 +221,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quant-group", type=int, default=None, help="int8_group's inputs per activation scale")
     ap.add_argument("--quant-smooth", type=float, default=0.0, help="SmoothQuant's migration strength")
     ap.add_argument("--quant-outliers", type=int, default=0, help="input channels per linear kept in float32")
+    ap.add_argument("--quant-head", action="store_true", help="quantize the LM head too")
     ap.add_argument("--kv-quant", default="none", help="the KV cache's storage: none | int8 | fp8")
     ap.add_argument("--json", default=None, help="append the result as one JSON line to this file")
     a = ap.parse_args(argv)
@@ -232,7 +234,7 @@ def main(argv=None) -> int:
     r = profile(a.model, a.dtype, a.batch, a.max_new_tokens, a.compressor, a.kv_budget, a.step_length, a.window,
                 None, a.job, a.compile, torch_profiler=a.torch_profiler, sync=a.sync, quant=a.quant,
                 quant_group=a.quant_group, quant_smooth=a.quant_smooth, kv_quant=a.kv_quant, fused=not a.unfused,
-                quant_outliers=a.quant_outliers)
+                quant_outliers=a.quant_outliers, quant_head=a.quant_head)
     split = "  ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(r["split_fraction"].items(), key=lambda x: -x[1])
                       if v)
     quant = "" if a.quant == "none" and a.kv_quant == "none" else f" w:{a.quant} kv:{a.kv_quant}"

@@ -78,7 +78,7 @@ def build_trainer(cfg: Config) -> Trainer:
     learner = apply_invariant_scaling(lm.model, r.quant_scale).train()  # QuRL: before the sampler copies it
     engine = RolloutEngine(lm, compressor_from_fields(r), dtype=r.dtype, compile=r.compile, quant=r.quant,
                            kv_quant=r.kv_quant, quant_smooth=r.quant_smooth, quant_group=r.quant_group,
-                           quant_outliers=r.quant_outliers)
+                           quant_outliers=r.quant_outliers, quant_head=r.quant_head)
     t = cfg.train
     opt = torch.optim.AdamW(learner.parameters(), lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay)
     warm = max(1, t.warmup_steps)
