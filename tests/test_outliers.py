@@ -35,7 +35,7 @@ def test_channels_are_the_largest_ascending():
     amax = torch.tensor([1.0, 9.0, 0.5, 7.0, 3.0])
     assert outlier_channels(amax, 2).tolist() == [1, 3]
     assert outlier_channels(amax, 0).tolist() == []
-    with pytest.raises(ValueError, match="leave none of the 5 inputs"):
+    with pytest.raises(ValueError, match="rollout.quant_outliers=5: 5 outlier channels leave none of a linear's 5 inputs"):
         outlier_channels(amax, 5)
 
 

@@ -43,7 +43,8 @@ def check_outliers(k: int) -> int:
 def outlier_channels(x_amax: torch.Tensor, k: int) -> torch.Tensor:
     """The ``k`` input channels of largest calibrated ``max|X_j|`` [in], ascending (int64 [k])."""
     if k >= x_amax.numel():
-        raise ValueError(f"{k} outlier channels leave none of the {x_amax.numel()} inputs to quantize")
+        raise ValueError(f"rollout.quant_outliers={k}: {k} outlier channels leave none of a linear's "
+                         f"{x_amax.numel()} inputs to quantize (take fewer than {x_amax.numel()})")
     return torch.topk(x_amax.float(), k).indices.sort().values
 
 
