@@ -163,6 +163,8 @@ MATRIX = [
     case("model", ["train", *TINY, "model.name=nomodel"], "no config.json", "folder-without-config"),
     case("model", ["train", *TINY, "model.name=gpt2"], "'gpt2' is not supported", "unsupported-family"),
     case("model", ["train", *TINY, "model.name=badcfg"], "config.json: invalid JSON", "broken-config-json"),
+    case("model", [*T, "rollout.quant=int8", "rollout.quant_outliers=64"], "rollout.quant_outliers=64",
+         "quant-outliers-whole-linear"),
     case("model", ["train", *TINY, "model.name=afile"], "afile", "a-file"),
     case("model", ["train", *TINY, "model.device=cuda:99"], "model.device='cuda:99'", "missing-device"),
     case("reward", ["train", *TINY, "reward.fn=no_such_module:fn"], "no_such_module", "missing-module"),

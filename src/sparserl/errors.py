@@ -10,7 +10,8 @@ The subclasses live next to what they are about: ``ConfigError`` (``sparserl.con
 ``DataError`` (``sparserl.data.loaders``), ``ModelLoadError`` (``sparserl.models.loading``),
 ``CheckpointError`` (``sparserl.train.checkpoint``), ``ResumeError`` (``sparserl.train.trainer``),
 ``RewardSpecError`` (``sparserl.reward.registry``), ``CompressorOptionError`` and
-``UnknownNameError`` (``sparserl.rollout.kv`` / ``sparserl.registry``), ``CompareError``
+``UnknownNameError`` (``sparserl.rollout.kv`` / ``sparserl.registry``), ``OutlierCountError``
+(``sparserl.rollout.quant.outliers``), ``CompareError``
 (``sparserl.compare``), and :class:`OptionError` here (a command's own options).
 """
 from __future__ import annotations

@@ -43,6 +43,7 @@ from ..rollout.kv import CompressorOptionError, KVCompressor, build_compressor
 from ..rollout.kv_quant import get_kv_quantizer, kv_bytes_per_token
 from ..rollout.profile import BENCH_PROMPT
 from ..rollout.quant import build_quant
+from ..rollout.quant.outliers import check_outliers_fit
 from ..rollout.sampling import SamplingParams
 from .machine import decode_linear_weights, gemm_flops_per_s, machine_info, memory_bandwidth
 from .measure import Row, Run, RssSampler, run_rounds
@@ -155,6 +156,8 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
     dt = parse_dtype(dtype)
     dtype_name = str(dt).replace("torch.", "")
     lm = load_model(model, dtype=dt)
+    if quant_outliers and any(build_quant(q).quantizes_activations for q in quants):
+        check_outliers_fit(quant_outliers, lm.model.config)  # before any row runs
     L = max_new_tokens
     params = SamplingParams(n=batch, max_new_tokens=L, ignore_eos=True, seed=seed)
     dense_engine = RolloutEngine(lm, build_compressor("none"), dtype=dt)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from . import native
 from .quant import QuantizedLinear, build_quant, nbytes
-from .quant.outliers import OutlierLinear, check_outliers, outlier_channels
+from .quant.outliers import OutlierLinear, check_outliers, check_outliers_fit, outlier_channels
 from .quant.smooth import ActivationObserver, SmoothedLinear, check_strength, smoothing_factors
 
 QUANTIZED_FIELDS = ("qkv", "o", "gate_up", "down")  # the LayerWeights a quantizer replaces
@@ -96,6 +96,7 @@ class SamplerModel:
         self.last_quantize_s = 0.0  # seconds the last load_weights spent quantizing (time/quantize_s)
         self.quant_smooth = check_strength(quant_smooth)
         self.quant_outliers = check_outliers(quant_outliers)
+        check_outliers_fit(self.quant_outliers, cfg)
         self.quant_head = bool(quant_head)
         if self.quant_head and not self.quantizer.quantizes:
             raise ValueError("sampler: quant_head needs a weight quantization (quant int8, int8_group, fp8, ...), "

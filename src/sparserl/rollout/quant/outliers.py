@@ -25,12 +25,17 @@ from __future__ import annotations
 
 import torch
 
+from ...errors import SparserlError
 from .. import native
 from .base import QuantizedLinear, WeightQuantizer
 from .int8 import Int8Linear
 from .int8_group import Int8GroupLinear
 
-__all__ = ["OutlierLinear", "check_outliers", "outlier_channels"]
+__all__ = ["OutlierCountError", "OutlierLinear", "check_outliers", "check_outliers_fit", "outlier_channels"]
+
+
+class OutlierCountError(SparserlError, ValueError):
+    """``rollout.quant_outliers`` takes every input of one of the model's quantized linears."""
 
 
 def check_outliers(k: int) -> int:
@@ -40,11 +45,25 @@ def check_outliers(k: int) -> int:
     return int(k)
 
 
+def _too_many(k: int, inputs: int) -> OutlierCountError:
+    return OutlierCountError(f"rollout.quant_outliers={k}: {k} outlier channels leave none of a linear's "
+                             f"{inputs} inputs to quantize (take fewer than {inputs})")
+
+
+def check_outliers_fit(k: int, config) -> None:
+    """Before any work: ``k`` must leave inputs to quantize in every quantized linear of a model
+    with this (Hugging Face) config: q/k/v and gate/up take ``hidden_size`` inputs, o the heads'
+    width, down ``intermediate_size`` (the LM head ``hidden_size`` too)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    inputs = min(config.hidden_size, config.num_attention_heads * head_dim, config.intermediate_size)
+    if k >= inputs:
+        raise _too_many(k, inputs)
+
+
 def outlier_channels(x_amax: torch.Tensor, k: int) -> torch.Tensor:
     """The ``k`` input channels of largest calibrated ``max|X_j|`` [in], ascending (int64 [k])."""
     if k >= x_amax.numel():
-        raise ValueError(f"rollout.quant_outliers={k}: {k} outlier channels leave none of a linear's "
-                         f"{x_amax.numel()} inputs to quantize (take fewer than {x_amax.numel()})")
+        raise _too_many(k, x_amax.numel())
     return torch.topk(x_amax.float(), k).indices.sort().values
 
 
