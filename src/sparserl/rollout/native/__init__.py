@@ -120,8 +120,6 @@ def load(path: str | Path):
     f = lib.sparserl_decode_attention
     f.argtypes = [i, i, i, i, i, p, i64, i64, p, p, i64, i64, i64, p, p, i64, i64, i, p, i64, fl, fl, p, p]
     f.restype = i
-    lib.sparserl_pack_linear.argtypes = [i, i, p, p]
-    lib.sparserl_pack_linear.restype = None
     lib.sparserl_linear.argtypes = [i, i, i, p, i64, p, p, p, i64, i]
     lib.sparserl_linear.restype = i
     lib.sparserl_linear_panel_width.restype = i
@@ -133,8 +131,8 @@ def load(path: str | Path):
     lib.sparserl_rope.restype = None
     lib.sparserl_int8_panel_width.restype = i
     lib.sparserl_int8_full_range.restype = i
-    lib.sparserl_pack_outliers.argtypes = [i, i, p, p]
-    lib.sparserl_pack_outliers.restype = None
+    lib.sparserl_pack_panels.argtypes = [i, i, i, p, p]
+    lib.sparserl_pack_panels.restype = None
     lib.sparserl_linear_int8_outliers.argtypes = [i, i, i, i, p, i64, p, p, p, p, p, i64, i, i, p, p]
     lib.sparserl_linear_int8_outliers.restype = i
     lib.sparserl_pack_int8.argtypes = [i, i, p, p, p]
@@ -289,13 +287,18 @@ def pack_linear(w: torch.Tensor, lib=None) -> torch.Tensor | None:
     """W [N, K] float32 (CPU) → its panels for :func:`linear` (``linear.c``: ``Wp[p][k][j] =
     W[NR p + j][k]``, NR = 24, or 32 where the build has AVX512; zero past N), or None when the library is not available."""
     lib = lib or library()
-    if lib is None or w.device.type != "cpu" or w.dtype != torch.float32 or w.dim() != 2:
+    return None if lib is None else _pack_panels(w, lib, lib.sparserl_linear_panel_width())
+
+
+def _pack_panels(w: torch.Tensor, lib, width: int) -> torch.Tensor | None:
+    """W [N, K] float32 (CPU) → panels of ``width`` columns, ``Wp[p][k][j] = W[width p + j][k]``
+    (``linear.c``'s ``sparserl_pack_panels``), with ``out_features``, ``in_features`` attached."""
+    if w.device.type != "cpu" or w.dtype != torch.float32 or w.dim() != 2:
         return None
     w = w.detach().contiguous()
     N, K = w.shape
-    nr = lib.sparserl_linear_panel_width()
-    packed = torch.empty(-(-N // nr) * nr * K, dtype=torch.float32)
-    lib.sparserl_pack_linear(N, K, w.data_ptr(), packed.data_ptr())
+    packed = torch.empty(-(-N // width) * width * K, dtype=torch.float32)
+    lib.sparserl_pack_panels(N, K, width, w.data_ptr(), packed.data_ptr())
     packed.out_features, packed.in_features = N, K  # what the panels hold
     return packed
 
@@ -459,15 +462,7 @@ def pack_outliers(w_outliers: torch.Tensor, lib=None) -> torch.Tensor | None:
     """``W[:, idx]`` [N, n] float32 (CPU) → its panels for :func:`linear_int8` with outliers
     (``Wo[p][j][c] = W[NR p + c, idx[j]]``, NR the int8 panel width), or None without the library."""
     lib = lib or library()
-    if lib is None or w_outliers.device.type != "cpu" or w_outliers.dtype != torch.float32 or w_outliers.dim() != 2:
-        return None
-    w = w_outliers.detach().contiguous()
-    N, n = w.shape
-    nr = lib.sparserl_int8_panel_width()
-    packed = torch.empty(-(-N // nr) * nr * n, dtype=torch.float32)
-    lib.sparserl_pack_outliers(N, n, w.data_ptr(), packed.data_ptr())
-    packed.out_features, packed.in_features = N, n
-    return packed
+    return None if lib is None else _pack_panels(w_outliers, lib, lib.sparserl_int8_panel_width())
 
 
 def linear_int8_outliers(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scales: torch.Tensor,

@@ -36,16 +36,20 @@
 
 int sparserl_linear_panel_width(void) { return NR; }
 
-void sparserl_pack_linear(int N, int K, const float *W, float *Wp) {
-    const int P = (N + NR - 1) / NR;
+/* W [N, K] -> panels of `width` columns: Wp[p][k][j] = W[width p + j][k] (0 past N). linear.c's
+ * panels (width NR), and the float32 outlier columns of linear_int8.c (the int8 panel width). */
+void sparserl_pack_panels(int N, int K, int width, const float *W, float *Wp) {
+    const int P = (N + width - 1) / width;
 #pragma omp parallel for schedule(static)
     for (int p = 0; p < P; p++)
         for (int k = 0; k < K; k++)
-            for (int j = 0; j < NR; j++) {
-                const int n = p * NR + j;
-                Wp[((int64_t)p * K + k) * NR + j] = n < N ? W[(int64_t)n * K + k] : 0.f;
+            for (int j = 0; j < width; j++) {
+                const int n = p * width + j;
+                Wp[((int64_t)p * K + k) * width + j] = n < N ? W[(int64_t)n * K + k] : 0.f;
             }
 }
+
+void sparserl_pack_linear(int N, int K, const float *W, float *Wp) { sparserl_pack_panels(N, K, NR, W, Wp); }
 
 #if defined(__AVX2__)
 /* a partial panel's row: t (the tile's sums) + bias, + y, in the full panel's order */

@@ -401,21 +401,11 @@ int sparserl_linear_int8_group(int M, int N, int K, int G, const float *X, int64
  *
  * The float32 part runs in the int8 product's parallel loop, on the same panel's columns, so it
  * costs no extra pass over the threads; 4 rows at a time keep 8 independent FMA chains in
- * registers. Wo is packed per int8 panel: Wo[p][j][NR8] (0 past N). Each output's chain of fmaf is
+ * registers. Wo is packed per int8 panel, Wo[p][j][NR8] = W_O[NR8 p + c][j] (0 past N):
+ * linear.c's sparserl_pack_panels with width NR8. Each output's chain of fmaf is
  * the same whatever the vector width, so every build gives the same bits. */
 
 #define OUTLIER_STACK_ROWS 64
-
-/* W_O [N, n_out] (row-major) -> Wo [P][n_out][NR8] */
-void sparserl_pack_outliers(int N, int n_out, const float *W, float *Wo) {
-    const int P = (N + NR8 - 1) / NR8;
-    for (int p = 0; p < P; p++)
-        for (int j = 0; j < n_out; j++)
-            for (int c = 0; c < NR8; c++) {
-                const int n = p * NR8 + c;
-                Wo[((int64_t)p * n_out + j) * NR8 + c] = n < N ? W[(int64_t)n * n_out + j] : 0.f;
-            }
-}
 
 #if defined(__AVX512F__) && NR8 == 32
 typedef __m512 fvec; /* a panel row is two registers of 16 floats */
