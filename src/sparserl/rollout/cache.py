@@ -236,6 +236,11 @@ class CompressedKVCache:
         if self.q_ring is not None:
             self.q_ring[layer, :, :, self.q_head] = q[:, :, 0]
 
+    def record_queries(self, q: torch.Tensor) -> None:
+        """Every layer's query of this step at once, q [L, B, Hq, D] (one copy instead of L)."""
+        if self.q_ring is not None:
+            self.q_ring[:, :, :, self.q_head] = q
+
     def end_step(self) -> None:
         if self.q_ring is not None:
             self.q_head = (self.q_head + 1) % self.window

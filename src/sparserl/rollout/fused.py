@@ -102,6 +102,17 @@ class FusedLayers:
             self._buffers = {B: buf}  # the batch only shrinks within a generate: keep one size
         return buf
 
+    def layer_qkv(self, model: SamplerModel, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One q/k/v buffer per layer [L, B, width] and its queries [L, B, Hq, D]: with a cache that
+        keeps the observation window's queries, every layer writes its own, and the ring takes all
+        of them in one copy after the step."""
+        buf = self.buffers(model, B)
+        if "qkv_layers" not in buf:
+            hq, hkv, D = model.n_heads, model.n_kv, model.head_dim
+            qkv = torch.empty(len(self.layers), B, self.width)
+            buf["qkv_layers"] = qkv, qkv.view(len(self.layers), B, hq + 2 * hkv, D)[:, :, :hq]
+        return buf["qkv_layers"]
+
 
 def fused_layers(model: SamplerModel) -> FusedLayers | None:
     """The model's :class:`FusedLayers` (rebuilt after a weight push), or None when its weights
@@ -143,17 +154,22 @@ def decode_layers(model: SamplerModel, h: torch.Tensor, cos: torch.Tensor, sin: 
         item = keys.element_size()
         layer_bytes, (sb, sh, ss) = keys.stride(0) * item, keys.stride()[1:4]
         k0, v0 = keys.data_ptr(), values.data_ptr()
+        queries = None
+        if cache.q_ring is not None:  # each layer's q/k/v in its own buffer; the ring takes the q after
+            qkv_layers, queries = plan.layer_qkv(model, B)
+            qkv0, qkv_bytes = qkv_layers.data_ptr(), qkv_layers.stride(0) * qkv_layers.element_size()
     eps, scale = ctypes.c_float(model.eps), ctypes.c_float(D**-0.5)
     for layer, fl in enumerate(plan.layers):
         if direct:
             kp, vp = k0 + layer * layer_bytes, v0 + layer * layer_bytes
+            if queries is not None:
+                qkv = qkv0 + layer * qkv_bytes
             rc = lib.sparserl_layer_qkv(B, hidden, hp, fl.ln1.data_ptr(), eps, fl.qkv, hq, hkv, D, cp, sp, x, qkv,
                                         kp, vp, sb, sh, ss, slots.data_ptr())
             rc = rc or lib.sparserl_decode_attention(B, hq, hkv, L, D, qkv, plan.width, D, kp, vp, sb, sh, ss, None,
                                                      None, 0, 0, 0, bp, L, scale, 1.0, a, p.data_ptr())
             if cache.attn_acc is not None:
                 cache.attn_acc[layer, :, :, :L] += p.sum(dim=2)
-            cache.record_query(layer, buf["q"])
             a_ptr = a
         else:
             rc = lib.sparserl_layer_qkv(B, hidden, hp, fl.ln1.data_ptr(), eps, fl.qkv, hq, hkv, D, cp, sp, x, qkv,
@@ -164,4 +180,6 @@ def decode_layers(model: SamplerModel, h: torch.Tensor, cos: torch.Tensor, sin: 
                                           fl.down, x, gu, act)
         if rc != 0:
             raise RuntimeError(f"sparserl native decode layer {layer} failed (rc={rc})")
+    if direct and queries is not None:
+        cache.record_queries(queries)
     return h
