@@ -101,7 +101,8 @@ def test_run_rounds_interleaves_rows_and_reports_the_median():
     a = Row({"engine": "a"}, runner("a", [1.0, 4.0, 2.0]), 0.0)
     b = Row({"engine": "b"}, runner("b", [0.5, 0.5, 1.0]), 0.0)
     run_rounds([a, b], 3)
-    assert order == ["a", "b"] * 3  # rounds, so a drift of the machine falls on both rows
+    # rounds, so a drift of the machine falls on every row; each row opens a round in turn
+    assert order == ["a", "b", "b", "a", "a", "b"]
     assert a.tokens_per_s_runs == [100.0, 25.0, 50.0]
     assert a.tokens_per_s == 50.0 and b.tokens_per_s == 200.0
     assert all(r.rss_peak_bytes > 0 for r in a.runs)

@@ -371,6 +371,53 @@ def test_skip_rule_after_the_last_write(trigger):
     assert not get_compressor("none").due(full, nl, remaining=5).any()
 
 
+@pytest.mark.parametrize("trigger", ["step_length", "newline"])
+def test_tail_slack_skips_when_the_rest_fits(trigger):
+    c = get_compressor("rkv", budget=16, step_length=8, trigger=trigger, tail_slack=5)
+    full = torch.tensor([24, 24, 20])
+    nl = torch.tensor([False, False, True])
+    due = c.due(full, nl)
+    assert torch.equal(c.due(full, nl, remaining=6), due)  # 6 tokens do not fit in 5 spare slots
+    assert not c.due(full, nl, remaining=5).any()  # they fit: skipped
+    assert not c.due(full + 4, nl, remaining=1).any()  # a skipped sequence stays skipped to the end
+
+
+@pytest.mark.parametrize("compress_prompt", [False, True])
+def test_tail_slack_widens_the_buffer_by_itself(compress_prompt):
+    plain = get_compressor("rkv", budget=16, step_length=8, compress_prompt=compress_prompt)
+    slack = get_compressor("rkv", budget=16, step_length=8, compress_prompt=compress_prompt, tail_slack=5)
+    for prompt_len, max_new in ((10, 100), (10, 12), (40, 3)):
+        dense = get_compressor("none").capacity(prompt_len, max_new)
+        assert slack.capacity(prompt_len, max_new) == min(dense, plain.capacity(prompt_len, max_new) + 5)
+
+
+def test_tail_slack_must_not_be_negative():
+    with pytest.raises(CompressorOptionError, match="tail_slack"):
+        get_compressor("rkv", budget=16, step_length=8, tail_slack=-1)
+
+
+@pytest.mark.parametrize("name", SPARSE)
+def test_tail_slack_in_the_engine(tiny, name):
+    """A compression due with 8 tokens left is skipped with 8 spare slots: one fewer compression,
+    the region within budget + step + slack, and the tokens up to that point the same as without
+    the slack (the same seed, the same cache until then)."""
+    B, step, slack = 16, 8, 8
+    params = SamplingParams(n=2, max_new_tokens=41, seed=0, ignore_eos=True)
+    outs, peaks = [], []
+    for tail in (0, slack):
+        eng = RolloutEngine(tiny, make(name, B, step, tail_slack=tail), dtype=torch.float32)
+        regions = []
+        eng.step_hook = lambda ev, cache=None, **kw: regions.append(int(cache.region_len().max())) if ev == "after_decode" else None
+        outs.append(eng.generate(PROMPTS[:1], params))
+        peaks.append(max(regions))
+    # the region reaches 24 three times (decodes t = 23, 31, 39): 16, 8 and 0 tokens left. Without
+    # slack the first two compress (the last is skipped: nothing follows); with 8 spare slots the
+    # second is skipped too and the region grows to 32
+    assert (outs[0].kv.compressions, outs[1].kv.compressions) == (2, 1)
+    assert peaks == [B + step, B + step + slack]
+    assert [r[:33] for r in outs[1].response_ids] == [r[:33] for r in outs[0].response_ids]
+
+
 def test_skip_rule_in_the_engine_keeps_the_memory_promise(tiny):
     """With the period ending exactly at the last decode step, that compression is skipped: one
     fewer than the period count, the same tokens, and the region never exceeds budget + step."""

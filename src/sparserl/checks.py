@@ -108,6 +108,7 @@ def check_sampler_options(args):
     check_int(args.kv_budget, "--kv-budget", 1, what="KV tokens kept per sequence")
     check_int(args.step_length, "--step-length", 1, what="decode steps between compressions")
     check_int(args.window, "--window", 0, allow_none=True)
+    check_int(getattr(args, "tail_slack", None), "--tail-slack", 0, allow_none=True)
     if args.compressor != "none" and args.window is not None and args.kv_budget <= args.window:
         raise OptionError(f"--kv-budget {args.kv_budget} must be larger than --window {args.window} (the window's "
                           "tokens are always kept)")

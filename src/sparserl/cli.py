@@ -125,6 +125,7 @@ def cmd_bench_rollout(args) -> int:
     check_int(args.max_new_tokens, "--max-new-tokens", 1)
     check_int(args.kv_budget, "--kv-budget", 1)
     check_int(args.step_length, "--step-length", 1)
+    check_int(args.tail_slack, "--tail-slack", 0, what="spare KV slots for skipping the last compressions")
     check_int(args.repeat, "--repeat", 1, what="runs of every row; the median is reported")
     try:
         check_strength(args.quant_smooth)
@@ -148,7 +149,7 @@ def cmd_bench_rollout(args) -> int:
         check_choice(kernel, "--kernels", KERNELS)
     comps = [c.strip() for c in args.compressors.split(",") if c.strip() and c.strip() != "none"]
     for name in comps:  # every row's compressor builds (an unknown name fails now, not after the others ran)
-        bench_compressor(name, args.kv_budget, args.step_length, args.compress_prompt or None)
+        bench_compressor(name, args.kv_budget, args.step_length, args.compress_prompt or None, args.tail_slack)
     if args.json:
         check_output_file(args.json, "--json")
     check_model(args.model)
@@ -160,7 +161,7 @@ def cmd_bench_rollout(args) -> int:
                        kv_quants=[q.strip() for q in args.kv_quant.split(",") if q.strip()],
                        compress_prompt=args.compress_prompt or None, quant_smooth=args.quant_smooth,
                        quant_group=args.quant_group, quant_outliers=args.quant_outliers,
-                       quant_head=args.quant_head,
+                       quant_head=args.quant_head, tail_slack=args.tail_slack,
                        kernels=kernels)
     if args.json:
         write_json(report, args.json)
@@ -233,6 +234,8 @@ def _add_sampler_args(p, budget_default=256, step_default=128):
     p.add_argument("--step-length", type=int, default=step_default)
     p.add_argument("--trigger", default="step_length", choices=["step_length", "newline"])
     p.add_argument("--window", type=int, default=None)
+    p.add_argument("--tail-slack", type=int, default=None, help="spare KV slots past budget + step length: a "
+                   "compression due when the rest of the generation fits in them is skipped")
     p.add_argument("--compressor-options", default=None, help='JSON, e.g. \'{"lam": 0.1}\'')
 
 
@@ -331,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--compress-prompt", action="store_true", help="the prompt is compressible too: every "
                     "compressing row's buffer is budget + step length (like OpenVINO's eviction, which "
                     "evicts over the whole sequence)")
+    br.add_argument("--tail-slack", type=int, default=0, help="spare KV slots past budget + step length: a "
+                    "compression due when the rest of the generation fits in them is skipped (rollout.tail_slack)")
     br.add_argument("--dtype", default="auto")
     br.add_argument("--seed", type=int, default=0)
     br.add_argument("--no-hf", action="store_true", help="skip the transformers generate baseline")

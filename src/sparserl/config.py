@@ -154,6 +154,9 @@ class RolloutConfig(_Section):
     window: int = F(8, "Observation window w: the last w tokens are always kept and their queries score "
                     "the others (R-KV: 8).", ge=0)
     compress_prompt: bool = F(False, "Also compress the prompt's KV (R-KV leaves it whole).")
+    tail_slack: int = F(0, "Spare KV slots past kv_budget + step_length: a compression due when the rest of "
+                        "the generation fits in them is skipped (it could not pay for its scoring). 0 = the "
+                        "buffer is exactly kv_budget + step_length.", ge=0)
     compressor_options: Options = F(help="Method-specific options, passed to the compressor as keyword "
                                     "arguments: e.g. lam, kernel, threshold, per_head, sinks.", factory=dict)
     n: int = F(8, "Samples (responses) per prompt; GRPO needs n >= 2.", ge=1)

@@ -78,16 +78,20 @@ def _hf_generate_run(lm, prompt_ids: list[int], batch: int, L: int, seed: int) -
     return Run(seconds, batch * gen, kv, 0)
 
 
-def bench_compressor(name: str, kv_budget: int, step_length: int, compress_prompt: bool | None = None) -> KVCompressor:
+def bench_compressor(name: str, kv_budget: int, step_length: int, compress_prompt: bool | None = None,
+                     tail_slack: int = 0) -> KVCompressor:
     """The compressor a benchmark row runs: the method's defaults at this budget, with the
     observation window cut to a quarter of the budget when the default does not fit (e.g.
     SnapKV's 32-query window at a small budget). ``none`` is the dense cache. ``compress_prompt``:
     the prompt joins the compressible region (None: the method's default), so the buffer is
-    ``budget + step_length`` slots like an engine that evicts over the whole sequence."""
+    ``budget + step_length`` slots like an engine that evicts over the whole sequence.
+    ``tail_slack``: spare slots for skipping the compressions of a generation's last tokens
+    (``rollout.tail_slack``)."""
     small_window = dict(kv_budget=kv_budget, step_length=step_length, window=max(1, kv_budget // 4),
-                        compress_prompt=compress_prompt)
+                        compress_prompt=compress_prompt, tail_slack=tail_slack)
     try:
-        comp = build_compressor(name, kv_budget=kv_budget, step_length=step_length, compress_prompt=compress_prompt)
+        comp = build_compressor(name, kv_budget=kv_budget, step_length=step_length, compress_prompt=compress_prompt,
+                                tail_slack=tail_slack)
     except CompressorOptionError:
         return build_compressor(name, **small_window)
     if comp.compresses and comp.window >= kv_budget // 2 and name != "h2o":
@@ -138,7 +142,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
               compile: bool = False, quants: list[str] | tuple = ("none",), kv_quants: list[str] | tuple = ("none",),
               mismatch_rows: int = 4, compress_prompt: bool | None = None, quant_smooth: float = 0.0,
               quant_group: int | None = None, quant_outliers: int = 0, quant_head: bool = False,
-              kernels: list[str] | tuple = ("native",), log=print) -> dict:
+              kernels: list[str] | tuple = ("native",), tail_slack: int = 0, log=print) -> dict:
     """``kernels``: the decode-step kernels to time (:data:`KERNELS`); each one after the first adds
     the dense and compressor rows again with those kernels (``torch``: torch's batched matmuls for
     attention and oneDNN's packed products for the weights, in the same process); the quantized rows
@@ -195,7 +199,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
     variants = [(False, kernel) for kernel in kernels] + ([(True, "torch")] if compile else [])
     for compiled, kernel in variants:  # the compiled step runs torch's attention (the kernel is not traced)
         for name in ["none", *(c for c in compressors if c != "none")]:
-            comp = bench_compressor(name, kv_budget, step_length, compress_prompt)
+            comp = bench_compressor(name, kv_budget, step_length, compress_prompt, tail_slack)
             engine = RolloutEngine.from_engine(dense_engine, comp) if comp.compresses or compiled else dense_engine
             if compiled:  # the same weights, the decode step through torch.compile (inductor)
                 engine.compile = "inductor"
@@ -203,7 +207,8 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
             # kept tokens grow from P to P + budget + period, then cycle between P + budget and that
             cap = mean_kept_cap(comp, P, kv_budget, step_length)
             rows.append(Row({"engine": "sparserl", "compressor": name, "kv_budget": kv_budget if comp.compresses else None,
-                             "compress_prompt": comp.compresses and comp.compress_prompt, "compiled": compiled,
+                             "compress_prompt": comp.compresses and comp.compress_prompt,
+                             "tail_slack": comp.tail_slack if comp.compresses else None, "compiled": compiled,
                              **quant_fields(engine, "none", kernel)},
                             lambda engine=engine, kernel=kernel: _sparserl_run(engine, params, kernel),
                             mean_kv_tokens(P, L, cap)))
@@ -224,11 +229,13 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
                                kv_bytes_per_token(sm.n_layers, sm.n_kv, sm.head_dim, sm.dtype, kq),
                                gemm if q == "none" else gemm_flops_per_s(qe.model, batch))
         for name in ["none", *(c for c in compressors if c != "none")]:
-            comp = bench_compressor(name, kv_budget, step_length, compress_prompt)
+            comp = bench_compressor(name, kv_budget, step_length, compress_prompt, tail_slack)
             engine = RolloutEngine.from_engine(qe, comp) if comp.compresses else qe
             cap = mean_kept_cap(comp, P, kv_budget, step_length)
             rows.append(Row({"engine": "sparserl", "compressor": name, "kv_budget": kv_budget if comp.compresses else None,
-                             "compress_prompt": comp.compresses and comp.compress_prompt, "compiled": False, **quant_fields(qe, kq)},
+                             "compress_prompt": comp.compresses and comp.compress_prompt,
+                             "tail_slack": comp.tail_slack if comp.compresses else None, "compiled": False,
+                             **quant_fields(qe, kq)},
                             lambda engine=engine: _sparserl_run(engine, params, kernels[0]),
                             mean_kv_tokens(P, L, cap)))
     skipped = {}

@@ -329,6 +329,7 @@ _CONFIG_SUMMARY = (
     ("model", "model.name"), ("learner dtype", "model.dtype"),
     ("compressor", "rollout.compressor"), ("KV budget", "rollout.kv_budget"),
     ("trigger", "rollout.trigger"), ("step length", "rollout.step_length"), ("window", "rollout.window"),
+    ("tail slack", "rollout.tail_slack"),
     ("samples per prompt", "rollout.n"), ("prompts per step", "train.prompts_per_step"),
     ("max new tokens", "rollout.max_new_tokens"), ("temperature", "rollout.temperature"),
     ("task", "data.train"), ("reward", "reward.fn"), ("advantages", "algorithm.adv_estimator"),

@@ -76,6 +76,10 @@ class KVCompressor:
     compress_prompt: whether the prompt belongs to the compressible region (default: kept whole).
     window:          number of most recent tokens always kept (and, for attention-based methods,
                      the observation window of queries).
+    tail_slack:      spare slots past ``budget + step_length`` so that a compression due when the
+                     rest of the generation fits in them is skipped (:meth:`due`): at the end of a
+                     generation a compression frees slots for a few tokens only, and cannot pay for
+                     its scoring. 0 (default): the buffer is exactly ``budget + step_length``.
     """
 
     budget: int = 128
@@ -83,6 +87,7 @@ class KVCompressor:
     step_length: int = 128
     compress_prompt: bool = False
     window: int = 8
+    tail_slack: int = 0
 
     name = "base"
     needs_queries = False  # keep a ring of the last `window` queries per layer
@@ -101,6 +106,8 @@ class KVCompressor:
             raise CompressorOptionError(f"{self.name}: step_length must be >= 1, got {self.step_length}")
         if self.window < 0:
             raise CompressorOptionError(f"{self.name}: window must be >= 0, got {self.window}")
+        if self.tail_slack < 0:
+            raise CompressorOptionError(f"{self.name}: tail_slack must be >= 0, got {self.tail_slack}")
         if self.window >= self.budget:
             raise CompressorOptionError(
                 f"{self.name}: kv budget ({self.budget}) must be larger than the observation window "
@@ -120,10 +127,10 @@ class KVCompressor:
     def capacity(self, prompt_len: int, max_new: int) -> int:
         """Slots per sequence, layer and KV head that the cache's buffers hold (the one rule).
 
-        The compressible region never exceeds ``budget + step_length`` tokens. With the prompt kept
-        whole the buffer is ``prompt + min(max_new, budget + step_length)``; with a compressible
-        prompt it is ``min(budget + step_length, prompt + max_new)``. Never more than dense."""
-        period = self.budget + self.step_length
+        The compressible region never exceeds ``budget + step_length + tail_slack`` tokens (``R``).
+        With the prompt kept whole the buffer is ``prompt + min(max_new, R)``; with a compressible
+        prompt it is ``min(R, prompt + max_new)``. Never more than dense."""
+        period = self.budget + self.step_length + self.tail_slack
         if self.compress_prompt:
             return min(period, prompt_len + max_new)
         return prompt_len + min(max_new, period)
@@ -134,18 +141,20 @@ class KVCompressor:
         (``newline`` trigger) whether the token just written holds a newline.
 
         Skip rule (``remaining`` = tokens the engine will still write into the cache after this
-        step, at most): a compression that frees slots no later token uses is skipped, i.e. when
-        nothing more is written (``remaining == 0``: after the last decode step). With the
-        ``step_length`` trigger a sequence is due exactly when its region fills the buffer
-        (``budget + step_length`` slots), so this is also every case where the rest of the
-        generation fits in the free slots; the memory promise is untouched (the region never
-        exceeds ``budget + step_length``). The ``newline`` trigger's compressions before the buffer
-        is full are the method's definition (cut at a thought boundary), not a need for room, so
-        they are kept while tokens follow."""
+        step, at most): a compression is skipped when the rest of the generation fits in the
+        buffer without it, ``remaining <= tail_slack``. With ``tail_slack = 0`` that is a
+        compression that frees slots no later token uses (after the last decode step); with the
+        ``step_length`` trigger a sequence is due exactly when its region fills ``budget +
+        step_length`` slots, so the region never exceeds ``budget + step_length + tail_slack``, the
+        buffer (:meth:`capacity`). A larger ``tail_slack`` trades those slots for the last
+        compressions of a generation, which cost a whole scoring for a few tokens. The ``newline``
+        trigger's compressions before the buffer is full are the method's definition (cut at a
+        thought boundary), not a need for room: they are kept while more than ``tail_slack``
+        tokens follow."""
         due = region_len >= self.budget + self.step_length
         if self.trigger == "newline" and newline is not None:
             due |= newline & (region_len > self.budget)
-        if remaining is not None and remaining <= 0:
+        if remaining is not None and remaining <= self.tail_slack:
             due = torch.zeros_like(due)
         return due
 

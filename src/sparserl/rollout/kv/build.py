@@ -36,14 +36,14 @@ def _parse_options(name: str, options: Mapping[str, Any] | str | None) -> dict:
 
 def build_compressor(name: str, *, kv_budget: int | None = None, trigger: str | None = None,
                      step_length: int | None = None, window: int | None = None,
-                     compress_prompt: bool | None = None,
+                     compress_prompt: bool | None = None, tail_slack: int | None = None,
                      options: Mapping[str, Any] | str | None = None) -> KVCompressor:
     """A compressor by name (``none`` = dense) from the common options and the method's own.
 
     Raises :class:`~sparserl.registry.UnknownNameError` for an unknown name and
     :class:`CompressorOptionError` naming the compressor, the bad option and the valid ones."""
     common = dict(budget=kv_budget, trigger=trigger, step_length=step_length, window=window,
-                  compress_prompt=compress_prompt)
+                  compress_prompt=compress_prompt, tail_slack=tail_slack)
     kw = {k: v for k, v in common.items() if v is not None}
     kw.update(_parse_options(name, options))
     return get_compressor(name, **kw)
@@ -52,12 +52,12 @@ def build_compressor(name: str, *, kv_budget: int | None = None, trigger: str | 
 def compressor_from_fields(src: Any, name: str | None = None) -> KVCompressor:
     """:func:`build_compressor` from anything holding the rollout fields as attributes: the config's
     ``rollout`` section or a command's parsed options (``compressor``, ``kv_budget``, ``trigger``,
-    ``step_length``, ``window``, ``compress_prompt``, ``compressor_options``; missing ones keep the
-    method's default). ``name`` overrides ``src.compressor``."""
+    ``step_length``, ``window``, ``compress_prompt``, ``tail_slack``, ``compressor_options``; missing
+    ones keep the method's default). ``name`` overrides ``src.compressor``."""
     return build_compressor(
         name or src.compressor,
         kv_budget=getattr(src, "kv_budget", None), trigger=getattr(src, "trigger", None),
         step_length=getattr(src, "step_length", None), window=getattr(src, "window", None),
-        compress_prompt=getattr(src, "compress_prompt", None),
+        compress_prompt=getattr(src, "compress_prompt", None), tail_slack=getattr(src, "tail_slack", None),
         options=getattr(src, "compressor_options", None),
     )
