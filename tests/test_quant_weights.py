@@ -125,8 +125,8 @@ def test_native_int8_linear_equals_reference_of_the_same_quantized_values(rows, 
     assert float((y3 - y).norm() / y.norm()) < 0.02
 
 
-def _group_reference(x, q, s, b, group):
-    """float64 ``s_n Σ_j a_tj Σ_{k ∈ j} P_tk Q_nk + b`` with a_tj = max |x| of group j / 127."""
+def _group_reference(x, q, g, b, group):
+    """float64 ``Σ_j a_tj g_nj Σ_{k ∈ j} P_tk Q_nk + b`` with a_tj = max |x| of group j / 127."""
     rows, k = x.shape
     out = torch.zeros(rows, q.shape[0], dtype=torch.float64)
     for j in range(-(-k // group)):
@@ -134,35 +134,41 @@ def _group_reference(x, q, s, b, group):
         m = x[:, cols].abs().amax(-1, keepdim=True)
         a = torch.where(m > 0, m / 127, torch.ones(1))
         p = torch.round(x[:, cols] * (1.0 / a)).clamp(-127, 127)  # the kernel multiplies by 1/a
-        out += (p.double() @ q[:, cols].double().t()) * a.double()
-    return out * s.double() + b.double()
+        out += (p.double() @ q[:, cols].double().t()) * a.double() * g[:, j].double()[None, :]
+    return out + b.double()
 
 
 @pytest.mark.parametrize("rows,out_features,in_features,group", [(16, 96, 128, 64), (5, 33, 150, 64), (1, 16, 4, 4),
                                                                   (64, 40, 1537, 64), (3, 20, 96, 32)])
 def test_int8_group_linear_equals_reference_of_the_same_quantized_values(rows, out_features, in_features, group):
-    """int8_group: 8-bit weights (|Q| ≤ 127), activations per token and group of G inputs; every
-    kernel (the AVX2 one, its portable build, the torch path) equals the float64 product of exactly
-    those integers within float32 rounding. Shapes off the tile, the panel, the 4-byte group and
-    with a last shorter group; activations with an outlier channel."""
-    from sparserl.rollout.quant.int8_group import Int8GroupLinear, int8_matmul_per_group
+    """int8_group: 8-bit weights (|Q| ≤ 127) with a scale per output and group of G inputs,
+    activations per token and group; every kernel (the AVX2 one, its portable build, the torch
+    path) equals the float64 product of exactly those integers within float32 rounding. Shapes off
+    the tile, the panel, the 4-byte group and with a last shorter group; activations with an
+    outlier channel, weights with an outlier column and rows of very different sizes."""
+    from sparserl.rollout.quant.int8_group import Int8GroupLinear, int8_matmul_per_group, quantize_int8_weight_groups
 
     gen = torch.Generator().manual_seed(rows + in_features)
-    w = torch.randn(out_features, in_features, generator=gen) * 0.05
+    w = torch.randn(out_features, in_features, generator=gen) * torch.logspace(-3, -1, out_features)[:, None]
+    w[:, -1] *= 40  # an outlier weight column: it sets the scale of its group only
     x = torch.randn(rows, in_features, generator=gen) * torch.logspace(-2, 1, rows)[:, None]
     x[:, 0] *= 50  # an outlier channel: it sets the scale of its group only
     b = torch.randn(out_features, generator=gen)
-    q, s = quantize_int8_per_channel(w, 127)
+    q, g = quantize_int8_weight_groups(w, group)
+    assert g.shape == (out_features, -(-in_features // group))
     assert int(q.abs().max()) == 127  # the full grid
-    ref = _group_reference(x, q, s, b, group)
+    if in_features > group:  # the scales differ along a row: not one per channel
+        assert bool((g.amax(1) > g.amin(1) * 1.5).any())
+    ref = _group_reference(x, q, g, b, group)
     tol = dict(rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
-    torch.testing.assert_close((int8_matmul_per_group(x, q, s, group) + b).double(), ref, **tol)
+    torch.testing.assert_close((int8_matmul_per_group(x, q, g, group) + b).double(), ref, **tol)
     if native.library() is not None:
-        lin = Int8GroupLinear(q, s, group)
+        lin = Int8GroupLinear(q, g, group)
         assert lin.kernel == "native" and lin.q is None and torch.equal(lin.codes(), q)
         torch.testing.assert_close(lin(x, b).double(), ref, **tol)
         portable = native.load(native.build(flags=[f for f in native.FLAGS if not f.startswith("-march")]))
-        y2 = native.linear_int8(x, native.pack_int8(q, lib=portable), s, b, group=group, lib=portable)
+        y2 = native.linear_int8(x, native.pack_int8(q, lib=portable), torch.ones(out_features), b, group=group,
+                                group_scales=native.pack_group_scales(g, lib=portable), lib=portable)
         torch.testing.assert_close(y2.double(), ref, **tol)
         with native.torch_only():
             torch.testing.assert_close(lin(x, b).double(), ref, **tol)

@@ -133,13 +133,13 @@ def load(path: str | Path):
     lib.sparserl_int8_full_range.restype = i
     lib.sparserl_pack_panels.argtypes = [i, i, i, p, p]
     lib.sparserl_pack_panels.restype = None
-    lib.sparserl_linear_int8_outliers.argtypes = [i, i, i, i, p, i64, p, p, p, p, p, i64, i, i, p, p]
+    lib.sparserl_linear_int8_outliers.argtypes = [i, i, i, i, p, i64, p, p, p, p, p, p, i64, i, i, p, p]
     lib.sparserl_linear_int8_outliers.restype = i
     lib.sparserl_pack_int8.argtypes = [i, i, p, p, p]
     lib.sparserl_pack_int8.restype = None
     lib.sparserl_linear_int8.argtypes = [i, i, i, p, i64, p, p, p, p, p, i64, p]
     lib.sparserl_linear_int8.restype = i
-    lib.sparserl_linear_int8_group.argtypes = [i, i, i, i, p, i64, p, p, p, p, i64, p]
+    lib.sparserl_linear_int8_group.argtypes = [i, i, i, i, p, i64, p, p, p, p, p, i64, p]
     lib.sparserl_linear_int8_group.restype = i
     lib.sparserl_rkv_redundancy.argtypes = [i, i, i, i, p, i64, i64, i64, p, i64, fl, p]
     lib.sparserl_rkv_redundancy.restype = i
@@ -166,17 +166,20 @@ class Weight(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int32), ("N", ctypes.c_int32), ("K", ctypes.c_int32), ("group", ctypes.c_int32),
                 ("panels", ctypes.c_void_p), ("colsum", ctypes.c_void_p), ("scales", ctypes.c_void_p),
                 ("bias", ctypes.c_void_p), ("smooth", ctypes.c_void_p), ("n_outliers", ctypes.c_int32),
-                ("outlier_idx", ctypes.c_void_p), ("outlier_panels", ctypes.c_void_p)]
+                ("outlier_idx", ctypes.c_void_p), ("outlier_panels", ctypes.c_void_p),
+                ("group_scales", ctypes.c_void_p)]
 
     @classmethod
     def of(cls, kind: int, panels: torch.Tensor, N: int, K: int, group: int = 0, colsum=None, scales=None,
-           bias=None, smooth=None, outlier_idx=None, outlier_panels=None) -> "Weight | None":
+           bias=None, smooth=None, outlier_idx=None, outlier_panels=None, group_scales=None) -> "Weight | None":
         """A descriptor over these tensors (CPU; float32 but for int8 panels and int32 column sums
         and outlier indices, all contiguous), or None when one of them is not a tensor the kernels
         take. ``outlier_idx`` [n] with ``outlier_panels`` (:func:`pack_linear` of ``W[:, idx]``):
-        input channels kept in float32 (:class:`~sparserl.rollout.quant.outliers.OutlierLinear`)."""
+        input channels kept in float32 (:class:`~sparserl.rollout.quant.outliers.OutlierLinear`).
+        ``group_scales``: ``int8_group``'s weight scales per output and group
+        (:func:`pack_group_scales`)."""
         parts = {"colsum": colsum, "scales": scales, "bias": bias, "smooth": smooth, "outlier_idx": outlier_idx,
-                 "outlier_panels": outlier_panels}
+                 "outlier_panels": outlier_panels, "group_scales": group_scales}
         want = {"colsum": torch.int32, "outlier_idx": torch.int32}
         if (outlier_idx is None) != (outlier_panels is None):
             return None
@@ -193,7 +196,8 @@ class Weight(ctypes.Structure):
             return None
         ptr = {name: None if t is None else t.data_ptr() for name, t in parts.items()}
         d = cls(kind, N, K, group, panels.data_ptr(), ptr["colsum"], ptr["scales"], ptr["bias"], ptr["smooth"],
-                0 if outlier_idx is None else outlier_idx.numel(), ptr["outlier_idx"], ptr["outlier_panels"])
+                0 if outlier_idx is None else outlier_idx.numel(), ptr["outlier_idx"], ptr["outlier_panels"],
+                ptr["group_scales"])
         d.keep = (panels, *parts.values())
         return d
 
@@ -404,6 +408,21 @@ def pack_int8(q: torch.Tensor, lib=None) -> tuple[torch.Tensor, torch.Tensor] | 
     return panels, colsum
 
 
+def pack_group_scales(scales: torch.Tensor, lib=None) -> torch.Tensor | None:
+    """Weight scales per output and group, g [N, NG] float32 → the layout of :func:`linear_int8`'s
+    ``group_scales``: per int8 panel of NR outputs, per group, the panel's NR scales
+    (``[P][NG][NR]``, 1 past N), or None without the library."""
+    lib = lib or library()
+    if lib is None or scales.device.type != "cpu" or scales.dim() != 2:
+        return None
+    nr = lib.sparserl_int8_panel_width()
+    n, ng = scales.shape
+    n_pad = -(-n // nr) * nr
+    padded = torch.ones(n_pad, ng, dtype=torch.float32)
+    padded[:n] = scales.float()
+    return padded.view(n_pad // nr, nr, ng).transpose(1, 2).contiguous().view(-1)
+
+
 def int8_full_range(lib=None) -> bool:
     """Whether :func:`linear_int8`'s per-token products are exact on the full weight grid |Q| ≤ 127
     (a VNNI build, or the portable C); False on plain AVX2 / AVX512BW (|Q| ≤ 64 there) or with no
@@ -423,20 +442,23 @@ def unpack_int8(packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
 
 
 def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scales: torch.Tensor,
-                bias: torch.Tensor | None = None, group: int | None = None, lib=None) -> torch.Tensor | None:
+                bias: torch.Tensor | None = None, group: int | None = None, group_scales: torch.Tensor | None = None,
+                lib=None) -> torch.Tensor | None:
     """The int8 W8A8 products of ``linear_int8.c`` on x [..., K] float32, Q given as
     :func:`pack_int8`'s panels and ``scales`` [N] float32:
 
     - ``group=None``: ``a_t s_n Σ_k P_tk Q_nk (+ bias)``, P quantized per token (``int8``; |Q| ≤ 64,
       ≤ 127 where :func:`int8_full_range`);
-    - ``group=G``: ``s_n Σ_j a_tj Σ_{k ∈ j} P_tk Q_nk (+ bias)``, one scale per token and group of G
-      inputs (``int8_group``; |Q| ≤ 127, G a multiple of 4).
+    - ``group=G``: ``s_n Σ_j a_tj g_nj Σ_{k ∈ j} P_tk Q_nk (+ bias)``, one scale per token and group
+      of G inputs, ``g`` the weights' scales per output and group (``group_scales``,
+      :func:`pack_group_scales`; None: 1) (``int8_group``; |Q| ≤ 127, G a multiple of 4).
 
     None when the kernel does not take this input (the caller runs another kernel)."""
     panels, colsum = packed
-    lib = _lib_for(lib, x, scales, *(t for t in (bias,) if t is not None))
+    lib = _lib_for(lib, x, scales, *(t for t in (bias, group_scales) if t is not None))
     if (lib is None or not scales.is_contiguous() or (bias is not None and not bias.is_contiguous())
-            or (group is not None and (group <= 0 or group % 4))):
+            or (group is not None and (group <= 0 or group % 4))
+            or (group_scales is not None and (group is None or not group_scales.is_contiguous()))):
         return None
     N, K = panels.out_features, panels.in_features
     x2 = _rows(x) if x.shape[-1] == K else None
@@ -454,7 +476,8 @@ def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scal
     else:
         work = torch.empty(rows * (4 * -(-K // group) + k_pad), dtype=torch.uint8)
         rc = lib.sparserl_linear_int8_group(rows, N, K, group, x2.data_ptr(), x2.stride(0), panels.data_ptr(),
-                                            scales.data_ptr(), b_ptr, out.data_ptr(), N, work.data_ptr())
+                                            scales.data_ptr(), None if group_scales is None else group_scales.data_ptr(),
+                                            b_ptr, out.data_ptr(), N, work.data_ptr())
     return None if rc != 0 else out
 
 
@@ -467,15 +490,16 @@ def pack_outliers(w_outliers: torch.Tensor, lib=None) -> torch.Tensor | None:
 
 def linear_int8_outliers(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scales: torch.Tensor,
                          idx: torch.Tensor, outlier_panels: torch.Tensor, group: int | None = None,
-                         lib=None) -> torch.Tensor | None:
+                         group_scales: torch.Tensor | None = None, lib=None) -> torch.Tensor | None:
     """:func:`linear_int8` of x [..., K] with the inputs ``idx`` (int32 [n]) zeroed, plus their
     float32 product with :func:`pack_outliers`'s panels (``linear_int8.c``,
     ``sparserl_linear_int8_outliers``; no bias: the caller adds it). None when the kernel does not
     take this input."""
     panels, colsum = packed
-    lib = _lib_for(lib, x, scales, outlier_panels)
+    lib = _lib_for(lib, x, scales, outlier_panels, *(t for t in (group_scales,) if t is not None))
     if (lib is None or not scales.is_contiguous() or idx.dtype != torch.int32 or not idx.is_contiguous()
-            or (group is not None and (group <= 0 or group % 4))):
+            or (group is not None and (group <= 0 or group % 4))
+            or (group_scales is not None and (group is None or not group_scales.is_contiguous()))):
         return None
     N, K = panels.out_features, panels.in_features
     x2 = _rows(x) if x.shape[-1] == K else None
@@ -484,7 +508,8 @@ def linear_int8_outliers(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tens
     out = torch.empty(*x.shape[:-1], N, dtype=torch.float32)
     if x2.shape[0] and lib.sparserl_linear_int8_outliers(
             x2.shape[0], N, K, group or 0, x2.data_ptr(), x2.stride(0), panels.data_ptr(), colsum.data_ptr(),
-            scales.data_ptr(), None, out.data_ptr(), N, 0, idx.numel(), idx.data_ptr(), outlier_panels.data_ptr()) != 0:
+            scales.data_ptr(), None if group_scales is None else group_scales.data_ptr(), None, out.data_ptr(), N, 0,
+            idx.numel(), idx.data_ptr(), outlier_panels.data_ptr()) != 0:
         return None
     return out
 

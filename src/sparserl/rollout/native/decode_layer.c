@@ -32,6 +32,8 @@ typedef struct {
     int32_t n_outliers;      /* int8 kinds: input channels kept in float32 (0: none) */
     const int32_t *outlier_idx;  /* [n_outliers]: which inputs (their codes and weight columns are 0) */
     const float *outlier_panels; /* W[:, outlier_idx] [N, n_outliers] in linear_int8.c's panels */
+    const float *group_scales;   /* int8 group: the weights' scale per output and group, packed per
+                                    panel ([P][ceil(K / group)][panel width]), or NULL */
 } sparserl_weight;
 
 int sparserl_linear(int M, int N, int K, const float *X, int64_t ldx, const float *Wp, const float *bias, float *Y,
@@ -40,11 +42,12 @@ int sparserl_linear_int8_acc(int M, int N, int K, const float *X, int64_t ldx, c
                              const int32_t *colsum, const float *scales, const float *bias, float *Y, int64_t ldy,
                              uint8_t *work, int accumulate);
 int sparserl_linear_int8_group_acc(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
-                                   const float *scales, const float *bias, float *Y, int64_t ldy, uint8_t *work,
-                                   int accumulate);
+                                   const float *scales, const float *gscales, const float *bias, float *Y,
+                                   int64_t ldy, uint8_t *work, int accumulate);
 int sparserl_linear_int8_outliers(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
-                                  const int32_t *colsum, const float *scales, const float *bias, float *Y,
-                                  int64_t ldy, int accumulate, int n_out, const int32_t *idx, const float *Wo);
+                                  const int32_t *colsum, const float *scales, const float *gscales,
+                                  const float *bias, float *Y, int64_t ldy, int accumulate, int n_out,
+                                  const int32_t *idx, const float *Wo);
 void sparserl_rms_norm(int M, int D, const float *x, int64_t ldx, const float *w, float eps, float *y, int64_t ldy);
 void sparserl_silu_mul(int M, int I, const float *gu, int64_t ldg, float *y, int64_t ldy);
 void sparserl_rope(int M, int H, int D, float *x, int64_t ldx, const float *cos_, const float *sin_, int64_t ldc);
@@ -71,7 +74,8 @@ int sparserl_apply(const sparserl_weight *w, int M, const float *X, int64_t ldx,
     }
     if (n_out) {
         rc = sparserl_linear_int8_outliers(M, N, K, w->kind == WEIGHT_INT8_GROUP ? w->group : 0, X, ldx,
-                                           (const int8_t *)w->panels, w->colsum, w->scales, w->bias, Y, ldy,
+                                           (const int8_t *)w->panels, w->colsum, w->scales,
+                                           w->kind == WEIGHT_INT8_GROUP ? w->group_scales : 0, w->bias, Y, ldy,
                                            accumulate, n_out, w->outlier_idx, w->outlier_panels);
         free(smoothed);
         return rc;
@@ -91,7 +95,8 @@ int sparserl_apply(const sparserl_weight *w, int M, const float *X, int64_t ldx,
                 work = malloc((size_t)M * (4 * ((K + w->group - 1) / w->group) + K4));
                 if (work)
                     rc = sparserl_linear_int8_group_acc(M, N, K, w->group, X, ldx, (const int8_t *)w->panels,
-                                                        w->scales, w->bias, Y, ldy, work, accumulate);
+                                                        w->scales, w->group_scales, w->bias, Y, ldy, work,
+                                                        accumulate);
             }
             break;
         default:

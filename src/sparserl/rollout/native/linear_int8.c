@@ -249,10 +249,13 @@ int sparserl_linear_int8(int M, int N, int K, const float *X, int64_t ldx, const
     return sparserl_linear_int8_acc(M, N, K, X, ldx, Wq, colsum, scales, bias, Y, ldy, work, 0);
 }
 
-/* ---- int8 with per-group activation scales (rollout.quant = int8_group) ----------------------
+/* ---- int8 with per-group scales (rollout.quant = int8_group) -----------------------------------
  *
  *     a_tj = max_{k in group j} |X_tk| / 127,   P_tk = round(X_tk / a_tj)     (groups of G along k)
- *     Y_tn = s_n sum_j a_tj sum_{k in group j} P_tk Q_nk  (+ bias_n),   |Q| <= 127
+ *     Y_tn = s_n sum_j a_tj g_nj sum_{k in group j} P_tk Q_nk  (+ bias_n),   |Q| <= 127
+ *
+ * g_nj: the weights' scale per output and group (int8_group; packed per panel as gs[p][j][NR8], 0
+ * past N), or 1 (gs NULL: per-channel weights, s_n alone; x * 1 is exact, so the same bits).
  *
  * The full 8-bit weight grid: vpmaddubsw takes |P| (unsigned) and Q with P's sign applied
  * (vpsignb), so each 16-bit pair sum is at most 2 * 127 * 127 = 32258 and cannot saturate; no shift
@@ -287,8 +290,8 @@ static void quantize_groups(int M, int K, int G, const float *X, int64_t ldx, in
 #define G8_FLUSH(r)                                                                                            \
     if (MR > r) {                                                                                              \
         const __m256 ar = _mm256_set1_ps(a[(int64_t)r * NG + j]);                                             \
-        f##r##0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c##r##0), ar, f##r##0);                                   \
-        f##r##1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c##r##1), ar, f##r##1);                                   \
+        f##r##0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c##r##0), _mm256_mul_ps(ar, gj0), f##r##0);               \
+        f##r##1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c##r##1), _mm256_mul_ps(ar, gj1), f##r##1);               \
     }
 #define G8_STORE(r)                                                                                            \
     if (MR > r) {                                                                                              \
@@ -302,11 +305,15 @@ static void quantize_groups(int M, int K, int G, const float *X, int64_t ldx, in
 /* MR (<= 4) rows x 16 columns: per group, int32 sums in registers, then scaled into float sums */
 static inline __attribute__((always_inline)) void tile_group(const int MR, int K4, int G, int NG, const int8_t *P,
                                                               const float *a, const int8_t *w, const float *s,
-                                                              const float *bias, float *Y, int64_t ldy, int ncols,
-                                                              int accumulate, const int prefetch) {
+                                                              const float *gs, const float *bias, float *Y,
+                                                              int64_t ldy, int ncols, int accumulate,
+                                                              const int prefetch) {
     __m256 f00 = _mm256_setzero_ps(), f01 = f00, f10 = f00, f11 = f00, f20 = f00, f21 = f00, f30 = f00, f31 = f00;
+    const __m256 one = _mm256_set1_ps(1.f);
     for (int j = 0; j < NG; j++) {
         const int g0 = j * G / 4, g1 = (j + 1) * G / 4 < K4 / 4 ? (j + 1) * G / 4 : K4 / 4;
+        const __m256 gj0 = gs ? _mm256_loadu_ps(gs + (int64_t)j * NR8) : one,
+                     gj1 = gs ? _mm256_loadu_ps(gs + (int64_t)j * NR8 + 8) : one;
         __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
                 c31 = c00;
         for (int g = g0; g < g1; g++) {
@@ -322,19 +329,24 @@ static inline __attribute__((always_inline)) void tile_group(const int MR, int K
 
 /* 16 columns of a panel (its 64-byte half when panels are 32 wide) */
 static void panel_group16(int M, int K4, int G, int NG, const int8_t *P, const float *a, const int8_t *w,
-                          const float *s, const float *bias, float *Y, int64_t ldy, int ncols, int accumulate) {
+                          const float *s, const float *gs, const float *bias, float *Y, int64_t ldy, int ncols,
+                          int accumulate) {
     int m = 0;
     for (; m + 4 <= M; m += 4) {
         if (m == 0)
-            tile_group(4, K4, G, NG, P, a, w, s, bias, Y, ldy, ncols, accumulate, 1);
+            tile_group(4, K4, G, NG, P, a, w, s, gs, bias, Y, ldy, ncols, accumulate, 1);
         else
-            tile_group(4, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols, accumulate, 0);
+            tile_group(4, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, gs, bias, Y + m * ldy, ldy, ncols,
+                       accumulate, 0);
     }
     const int pf = m == 0;
+    const int8_t *pm = P + (int64_t)m * K4;
+    const float *am = a + (int64_t)m * NG;
+    float *ym = Y + m * ldy;
     switch (M - m) {
-        case 3: tile_group(3, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols, accumulate, pf); break;
-        case 2: tile_group(2, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols, accumulate, pf); break;
-        case 1: tile_group(1, K4, G, NG, P + (int64_t)m * K4, a + (int64_t)m * NG, w, s, bias, Y + m * ldy, ldy, ncols, accumulate, pf); break;
+        case 3: tile_group(3, K4, G, NG, pm, am, w, s, gs, bias, ym, ldy, ncols, accumulate, pf); break;
+        case 2: tile_group(2, K4, G, NG, pm, am, w, s, gs, bias, ym, ldy, ncols, accumulate, pf); break;
+        case 1: tile_group(1, K4, G, NG, pm, am, w, s, gs, bias, ym, ldy, ncols, accumulate, pf); break;
         default: break;
     }
 }
@@ -342,14 +354,16 @@ static void panel_group16(int M, int K4, int G, int NG, const int8_t *P, const f
 /* one panel: its 16-column halves in turn where panels are 32 wide (the AVX512 int8 layout; this
  * kernel's sign trick has no 512-bit vpsignb, so it stays on 256-bit registers) */
 static void panel_group(int M, int K4, int G, int NG, const int8_t *P, const float *a, const int8_t *w,
-                        const float *s, const float *bias, float *Y, int64_t ldy, int ncols, int accumulate) {
+                        const float *s, const float *gs, const float *bias, float *Y, int64_t ldy, int ncols,
+                        int accumulate) {
     for (int h = 0; h * 16 < ncols; h++)
-        panel_group16(M, K4, G, NG, P, a, w + 64 * h, s + 16 * h, bias ? bias + 16 * h : 0, Y + 16 * h, ldy,
-                      ncols - 16 * h < 16 ? ncols - 16 * h : 16, accumulate);
+        panel_group16(M, K4, G, NG, P, a, w + 64 * h, s + 16 * h, gs ? gs + 16 * h : 0, bias ? bias + 16 * h : 0,
+                      Y + 16 * h, ldy, ncols - 16 * h < 16 ? ncols - 16 * h : 16, accumulate);
 }
 #else
 static void panel_group(int M, int K4, int G, int NG, const int8_t *P, const float *a, const int8_t *w,
-                        const float *s, const float *bias, float *Y, int64_t ldy, int ncols, int accumulate) {
+                        const float *s, const float *gs, const float *bias, float *Y, int64_t ldy, int ncols,
+                        int accumulate) {
     for (int r = 0; r < M; r++) {
         const int8_t *pr = P + (int64_t)r * K4;
         float facc[NR8] = {0};
@@ -359,7 +373,7 @@ static void panel_group(int M, int K4, int G, int NG, const int8_t *P, const flo
                 int32_t t = 0;
                 for (int g = g0; g < g1; g++)
                     for (int q = 0; q < 4; q++) t += (int32_t)pr[4 * g + q] * w[((int64_t)g * NR8 + c) * 4 + q];
-                facc[c] += (float)t * a[(int64_t)r * NG + j];
+                facc[c] += (float)t * (a[(int64_t)r * NG + j] * (gs ? gs[(int64_t)j * NR8 + c] : 1.f));
             }
         }
         float *y = Y + (int64_t)r * ldy;
@@ -369,10 +383,11 @@ static void panel_group(int M, int K4, int G, int NG, const int8_t *P, const flo
 #endif
 
 /* Y [M, N] (ldy) = the product above; `work` holds M * K4 bytes (quantized rows) and
- * M * ceil(K / G) floats (their scales). Returns -1 on bad sizes. */
+ * M * ceil(K / G) floats (their scales); gscales: g packed per panel, or NULL. Returns -1 on bad
+ * sizes. */
 int sparserl_linear_int8_group_acc(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
-                                   const float *scales, const float *bias, float *Y, int64_t ldy, uint8_t *work,
-                                   int accumulate) {
+                                   const float *scales, const float *gscales, const float *bias, float *Y,
+                                   int64_t ldy, uint8_t *work, int accumulate) {
     if (M <= 0 || N <= 0 || K <= 0 || G <= 0 || G % 4) return -1;
     const int K4 = (K + 3) & ~3, P = (N + NR8 - 1) / NR8, NG = (K + G - 1) / G;
     float *a = (float *)work;
@@ -381,15 +396,16 @@ int sparserl_linear_int8_group_acc(int M, int N, int K, int G, const float *X, i
 #pragma omp parallel for schedule(static)
     for (int p = 0; p < P; p++) {
         const int n0 = p * NR8, ncols = N - n0 < NR8 ? N - n0 : NR8;
-        panel_group(M, K4, G, NG, Pq, a, Wq + (int64_t)p * (K4 / 4) * NR8 * 4, scales + n0, bias ? bias + n0 : 0,
-                    Y + n0, ldy, ncols, accumulate);
+        panel_group(M, K4, G, NG, Pq, a, Wq + (int64_t)p * (K4 / 4) * NR8 * 4, scales + n0,
+                    gscales ? gscales + (int64_t)p * NG * NR8 : 0, bias ? bias + n0 : 0, Y + n0, ldy, ncols, accumulate);
     }
     return 0;
 }
 
 int sparserl_linear_int8_group(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
-                               const float *scales, const float *bias, float *Y, int64_t ldy, uint8_t *work) {
-    return sparserl_linear_int8_group_acc(M, N, K, G, X, ldx, Wq, scales, bias, Y, ldy, work, 0);
+                               const float *scales, const float *gscales, const float *bias, float *Y, int64_t ldy,
+                               uint8_t *work) {
+    return sparserl_linear_int8_group_acc(M, N, K, G, X, ldx, Wq, scales, gscales, bias, Y, ldy, work, 0);
 }
 
 /* ---- outlier input channels in float32 (rollout.quant_outliers; quant/outliers.py) -------------
@@ -506,8 +522,9 @@ static void outlier_rows(int M, int64_t ldt, int n_out, const float *Xo, const f
 /* Y [M, N] (ldy) = (accumulate: +=) the product above; G = 0: per-token scales (int8, colsum
  * needed), G > 0: per-group scales (int8_group). 0, or -1 on bad sizes or no memory. */
 int sparserl_linear_int8_outliers(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
-                                  const int32_t *colsum, const float *scales, const float *bias, float *Y,
-                                  int64_t ldy, int accumulate, int n_out, const int32_t *idx, const float *Wo) {
+                                  const int32_t *colsum, const float *scales, const float *gscales,
+                                  const float *bias, float *Y, int64_t ldy, int accumulate, int n_out,
+                                  const int32_t *idx, const float *Wo) {
     if (M <= 0 || N <= 0 || K <= 0 || G < 0 || G % 4 || n_out <= 0 || n_out >= K || (!G && !colsum)) return -1;
     for (int j = 0; j < n_out; j++)
         if (idx[j] < 0 || idx[j] >= K) return -1;
@@ -541,7 +558,8 @@ int sparserl_linear_int8_outliers(int M, int N, int K, int G, const float *X, in
         float *Tp = T ? T + n0 : tile;
         const int64_t ldt = T ? N : NR8;
         if (G)
-            panel_group(M, K4, G, NG, (const int8_t *)codes, a, w, scales + n0, 0, Tp, ldt, ncols, 0);
+            panel_group(M, K4, G, NG, (const int8_t *)codes, a, w, scales + n0,
+                        gscales ? gscales + (int64_t)p * NG * NR8 : 0, 0, Tp, ldt, ncols, 0);
         else
             panel8(M, K4, codes, a, w, colsum + n0, scales + n0, 0, Tp, ldt, ncols, 0);
         outlier_rows(M, ldt, n_out, Xo, Wo + (int64_t)p * n_out * NR8, Tp, n0, ncols, bias, Y + n0, ldy, accumulate);

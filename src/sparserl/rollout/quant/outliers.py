@@ -101,8 +101,10 @@ class OutlierLinear(QuantizedLinear):
 
     def matmul(self, x2: torch.Tensor) -> torch.Tensor:
         if self.panels is not None and native.active():
-            y = native.linear_int8_outliers(x2, self.inner.native, self.inner.scales, self.idx32, self.panels,
-                                            group=self.group)
+            scales, group_scales = (self.inner.kernel_scales if self.group is not None
+                                    else (self.inner.scales, None))
+            y = native.linear_int8_outliers(x2, self.inner.native, scales, self.idx32, self.panels,
+                                            group=self.group, group_scales=group_scales)
             if y is not None:
                 return y
         rest = x2.clone()
