@@ -174,6 +174,34 @@ def test_int8_group_linear_equals_reference_of_the_same_quantized_values(rows, o
             torch.testing.assert_close(lin(x, b).double(), ref, **tol)
 
 
+@pytest.mark.skipif(not native.int8_group_u8(), reason="the unsigned-code group tile needs an AVX512 VNNI build")
+@pytest.mark.parametrize("rows,out_features,in_features,group", [(16, 96, 128, 64), (5, 33, 150, 64), (1, 16, 4, 4),
+                                                                  (7, 40, 1537, 64), (3, 70, 96, 32)])
+def test_int8_group_wide_tile_gives_the_signed_tiles_bits(rows, out_features, in_features, group):
+    """With the group column sums, int8_group runs on the per-token kernel's unsigned codes (P + 128)
+    and 512-bit tile: sum U Q - 128 cs = sum P Q exactly, then the same float operations, so the
+    same bits as the signed tile, with and without outlier channels."""
+    from sparserl.rollout.quant.int8_group import Int8GroupLinear, quantize_int8_weight_groups
+
+    gen = torch.Generator().manual_seed(rows * in_features)
+    w = torch.randn(out_features, in_features, generator=gen) * torch.logspace(-3, -1, out_features)[:, None]
+    x = torch.randn(rows, in_features, generator=gen)
+    x[:, 0] *= 50
+    b = torch.randn(out_features, generator=gen)
+    lin = Int8GroupLinear(*quantize_int8_weight_groups(w, group), group)
+    ones, packed, sums = lin.kernel_scales
+    assert sums is not None and sums.dtype == torch.int32
+    wide = native.linear_int8(x, lin.native, ones, b, group=group, group_scales=packed, group_colsum=sums)
+    signed = native.linear_int8(x, lin.native, ones, b, group=group, group_scales=packed)
+    assert torch.equal(wide, signed)
+    if in_features > 8:
+        idx = torch.tensor([0, in_features // 2], dtype=torch.int32)
+        panels = native.pack_outliers(w[:, idx.long()].contiguous())
+        args = (x, lin.native, ones, idx, panels)
+        assert torch.equal(native.linear_int8_outliers(*args, group=group, group_scales=packed, group_colsum=sums),
+                           native.linear_int8_outliers(*args, group=group, group_scales=packed))
+
+
 @pytest.mark.skipif(native.library() is None, reason="no C compiler: no native kernels")
 @pytest.mark.parametrize("group", [None, 8])
 def test_native_activation_codes_round_half_to_even_as_torch(group):

@@ -54,9 +54,10 @@ def weight_descriptor(w, bias: torch.Tensor | None = None) -> native.Weight | No
         return native.Weight.of(native.Weight.INT8, w.native[0], w.out_features, w.in_features, colsum=w.native[1],
                                 scales=w.scales, bias=bias, smooth=smooth, **outliers)
     if isinstance(w, Int8GroupLinear) and w.native is not None:
-        ones, packed = w.kernel_scales
+        ones, packed, sums = w.kernel_scales
         return native.Weight.of(native.Weight.INT8_GROUP, w.native[0], w.out_features, w.in_features,
-                                group=w.group, scales=ones, group_scales=packed, bias=bias, smooth=smooth, **outliers)
+                                group=w.group, colsum=sums, scales=ones, group_scales=packed, bias=bias,
+                                smooth=smooth, **outliers)
     return None
 
 

@@ -139,7 +139,8 @@ def load(path: str | Path):
     lib.sparserl_pack_int8.restype = None
     lib.sparserl_linear_int8.argtypes = [i, i, i, p, i64, p, p, p, p, p, i64, p]
     lib.sparserl_linear_int8.restype = i
-    lib.sparserl_linear_int8_group.argtypes = [i, i, i, i, p, i64, p, p, p, p, p, i64, p]
+    lib.sparserl_linear_int8_group.argtypes = [i, i, i, i, p, i64, p, p, p, p, p, p, i64, p]
+    lib.sparserl_int8_group_u8.restype = i
     lib.sparserl_linear_int8_group.restype = i
     lib.sparserl_rkv_redundancy.argtypes = [i, i, i, i, p, i64, i64, i64, p, i64, fl, p]
     lib.sparserl_rkv_redundancy.restype = i
@@ -408,19 +409,44 @@ def pack_int8(q: torch.Tensor, lib=None) -> tuple[torch.Tensor, torch.Tensor] | 
     return panels, colsum
 
 
+def _pack_per_group(values: torch.Tensor, fill, lib) -> torch.Tensor:
+    """[N, NG] → per int8 panel of NR outputs, per group, the panel's NR values (``[P][NG][NR]``,
+    ``fill`` past N)."""
+    nr = lib.sparserl_int8_panel_width()
+    n, ng = values.shape
+    n_pad = -(-n // nr) * nr
+    padded = torch.full((n_pad, ng), fill, dtype=values.dtype)
+    padded[:n] = values
+    return padded.view(n_pad // nr, nr, ng).transpose(1, 2).contiguous().view(-1)
+
+
 def pack_group_scales(scales: torch.Tensor, lib=None) -> torch.Tensor | None:
-    """Weight scales per output and group, g [N, NG] float32 → the layout of :func:`linear_int8`'s
-    ``group_scales``: per int8 panel of NR outputs, per group, the panel's NR scales
-    (``[P][NG][NR]``, 1 past N), or None without the library."""
+    """Weight scales per output and group, g [N, NG] float32 → :func:`linear_int8`'s
+    ``group_scales`` (per panel and group, 1 past N), or None without the library."""
     lib = lib or library()
     if lib is None or scales.device.type != "cpu" or scales.dim() != 2:
         return None
-    nr = lib.sparserl_int8_panel_width()
-    n, ng = scales.shape
-    n_pad = -(-n // nr) * nr
-    padded = torch.ones(n_pad, ng, dtype=torch.float32)
-    padded[:n] = scales.float()
-    return padded.view(n_pad // nr, nr, ng).transpose(1, 2).contiguous().view(-1)
+    return _pack_per_group(scales.float(), 1.0, lib)
+
+
+def pack_group_colsums(q: torch.Tensor, group: int, lib=None) -> torch.Tensor | None:
+    """Int8 codes Q [N, K] → their column sums per group of ``group`` inputs, packed as
+    :func:`pack_group_scales` (int32, 0 past N): :func:`linear_int8`'s ``group_colsum``. None
+    without the library, or where the build has no use for them (:func:`int8_group_u8`)."""
+    lib = lib or library()
+    if lib is None or q.device.type != "cpu" or q.dim() != 2 or not int8_group_u8(lib):
+        return None
+    n, k = q.shape
+    ng = -(-k // group)
+    sums = torch.nn.functional.pad(q.to(torch.int32), (0, ng * group - k)).view(n, ng, group).sum(-1, dtype=torch.int32)
+    return _pack_per_group(sums, 0, lib)
+
+
+def int8_group_u8(lib=None) -> bool:
+    """Whether this build runs ``int8_group`` on the per-token kernel's unsigned codes and 512-bit
+    tile when given the group column sums (AVX512 VNNI; ``linear_int8.c``)."""
+    lib = lib or library()
+    return bool(lib is not None and lib.sparserl_int8_group_u8())
 
 
 def int8_full_range(lib=None) -> bool:
@@ -443,7 +469,7 @@ def unpack_int8(packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
 
 def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scales: torch.Tensor,
                 bias: torch.Tensor | None = None, group: int | None = None, group_scales: torch.Tensor | None = None,
-                lib=None) -> torch.Tensor | None:
+                group_colsum: torch.Tensor | None = None, lib=None) -> torch.Tensor | None:
     """The int8 W8A8 products of ``linear_int8.c`` on x [..., K] float32, Q given as
     :func:`pack_int8`'s panels and ``scales`` [N] float32:
 
@@ -452,13 +478,17 @@ def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scal
     - ``group=G``: ``s_n Σ_j a_tj g_nj Σ_{k ∈ j} P_tk Q_nk (+ bias)``, one scale per token and group
       of G inputs, ``g`` the weights' scales per output and group (``group_scales``,
       :func:`pack_group_scales`; None: 1) (``int8_group``; |Q| ≤ 127, G a multiple of 4).
+      ``group_colsum`` (:func:`pack_group_colsums`): the builds with AVX512 VNNI then run the groups
+      on the per-token kernel's wider tile (:func:`int8_group_u8`), with the same bits.
 
     None when the kernel does not take this input (the caller runs another kernel)."""
     panels, colsum = packed
     lib = _lib_for(lib, x, scales, *(t for t in (bias, group_scales) if t is not None))
     if (lib is None or not scales.is_contiguous() or (bias is not None and not bias.is_contiguous())
             or (group is not None and (group <= 0 or group % 4))
-            or (group_scales is not None and (group is None or not group_scales.is_contiguous()))):
+            or (group_scales is not None and (group is None or not group_scales.is_contiguous()))
+            or (group_colsum is not None and (group is None or group_colsum.dtype != torch.int32
+                                              or not group_colsum.is_contiguous()))):
         return None
     N, K = panels.out_features, panels.in_features
     x2 = _rows(x) if x.shape[-1] == K else None
@@ -476,6 +506,7 @@ def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scal
     else:
         work = torch.empty(rows * (4 * -(-K // group) + k_pad), dtype=torch.uint8)
         rc = lib.sparserl_linear_int8_group(rows, N, K, group, x2.data_ptr(), x2.stride(0), panels.data_ptr(),
+                                            None if group_colsum is None else group_colsum.data_ptr(),
                                             scales.data_ptr(), None if group_scales is None else group_scales.data_ptr(),
                                             b_ptr, out.data_ptr(), N, work.data_ptr())
     return None if rc != 0 else out
@@ -490,7 +521,8 @@ def pack_outliers(w_outliers: torch.Tensor, lib=None) -> torch.Tensor | None:
 
 def linear_int8_outliers(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scales: torch.Tensor,
                          idx: torch.Tensor, outlier_panels: torch.Tensor, group: int | None = None,
-                         group_scales: torch.Tensor | None = None, lib=None) -> torch.Tensor | None:
+                         group_scales: torch.Tensor | None = None, group_colsum: torch.Tensor | None = None,
+                         lib=None) -> torch.Tensor | None:
     """:func:`linear_int8` of x [..., K] with the inputs ``idx`` (int32 [n]) zeroed, plus their
     float32 product with :func:`pack_outliers`'s panels (``linear_int8.c``,
     ``sparserl_linear_int8_outliers``; no bias: the caller adds it). None when the kernel does not
@@ -499,16 +531,19 @@ def linear_int8_outliers(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tens
     lib = _lib_for(lib, x, scales, outlier_panels, *(t for t in (group_scales,) if t is not None))
     if (lib is None or not scales.is_contiguous() or idx.dtype != torch.int32 or not idx.is_contiguous()
             or (group is not None and (group <= 0 or group % 4))
-            or (group_scales is not None and (group is None or not group_scales.is_contiguous()))):
+            or (group_scales is not None and (group is None or not group_scales.is_contiguous()))
+            or (group_colsum is not None and (group is None or group_colsum.dtype != torch.int32
+                                              or not group_colsum.is_contiguous()))):
         return None
     N, K = panels.out_features, panels.in_features
     x2 = _rows(x) if x.shape[-1] == K else None
     if x2 is None or outlier_panels.out_features != N or outlier_panels.in_features != idx.numel():
         return None
     out = torch.empty(*x.shape[:-1], N, dtype=torch.float32)
+    sums = colsum if group is None else group_colsum
     if x2.shape[0] and lib.sparserl_linear_int8_outliers(
-            x2.shape[0], N, K, group or 0, x2.data_ptr(), x2.stride(0), panels.data_ptr(), colsum.data_ptr(),
-            scales.data_ptr(), None if group_scales is None else group_scales.data_ptr(), None, out.data_ptr(), N, 0,
+            x2.shape[0], N, K, group or 0, x2.data_ptr(), x2.stride(0), panels.data_ptr(),
+            None if sums is None else sums.data_ptr(), scales.data_ptr(), None if group_scales is None else group_scales.data_ptr(), None, out.data_ptr(), N, 0,
             idx.numel(), idx.data_ptr(), outlier_panels.data_ptr()) != 0:
         return None
     return out

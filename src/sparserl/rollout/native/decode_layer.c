@@ -25,7 +25,8 @@ typedef struct {
     int32_t kind;            /* WEIGHT_* */
     int32_t N, K, group;     /* out features, in features, inputs per activation scale (int8 group) */
     const void *panels;      /* linear.c's float panels or linear_int8.c's int8 panels */
-    const int32_t *colsum;   /* int8: the panels' column sums */
+    const int32_t *colsum;   /* int8: the panels' column sums; int8 group: per group, packed like
+                                group_scales, or NULL (linear_int8.c's sparserl_linear_int8_group_acc) */
     const float *scales;     /* int8: per output channel */
     const float *bias;       /* [N] or NULL */
     const float *smooth;     /* [K]: multiplies the inputs first (SmoothQuant's 1/s), or NULL */
@@ -42,8 +43,8 @@ int sparserl_linear_int8_acc(int M, int N, int K, const float *X, int64_t ldx, c
                              const int32_t *colsum, const float *scales, const float *bias, float *Y, int64_t ldy,
                              uint8_t *work, int accumulate);
 int sparserl_linear_int8_group_acc(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
-                                   const float *scales, const float *gscales, const float *bias, float *Y,
-                                   int64_t ldy, uint8_t *work, int accumulate);
+                                   const int32_t *gcolsum, const float *scales, const float *gscales,
+                                   const float *bias, float *Y, int64_t ldy, uint8_t *work, int accumulate);
 int sparserl_linear_int8_outliers(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
                                   const int32_t *colsum, const float *scales, const float *gscales,
                                   const float *bias, float *Y, int64_t ldy, int accumulate, int n_out,
@@ -95,8 +96,8 @@ int sparserl_apply(const sparserl_weight *w, int M, const float *X, int64_t ldx,
                 work = malloc((size_t)M * (4 * ((K + w->group - 1) / w->group) + K4));
                 if (work)
                     rc = sparserl_linear_int8_group_acc(M, N, K, w->group, X, ldx, (const int8_t *)w->panels,
-                                                        w->scales, w->group_scales, w->bias, Y, ldy, work,
-                                                        accumulate);
+                                                        w->colsum, w->scales, w->group_scales, w->bias, Y, ldy,
+                                                        work, accumulate);
             }
             break;
         default:

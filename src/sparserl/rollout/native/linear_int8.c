@@ -262,21 +262,107 @@ int sparserl_linear_int8(int M, int N, int K, const float *X, int64_t ldx, const
  * and no column sums. The int32 sums of each group are scaled by a_tj into float accumulators.
  * G must be a multiple of 4. */
 
-/* X [M, K] -> P [M, K4] int8 (0 past K) and a [M, ceil(K / G)] (1 for an all-zero group) */
-static void quantize_groups(int M, int K, int G, const float *X, int64_t ldx, int8_t *P, float *a) {
+/* X [M, K] -> P [M, K4] int8 + offset (0 = signed codes, 128 = the unsigned U = P + 128 of the
+ * per-token kernel; offset past K) and a [M, ceil(K / G)] (1 for an all-zero group) */
+static void quantize_groups(int M, int K, int G, const float *X, int64_t ldx, int8_t *P, float *a, int offset) {
     const int K4 = (K + 3) & ~3, NG = (K + G - 1) / G;
     for (int r = 0; r < M; r++) {
         const float *x = X + (int64_t)r * ldx;
-        int8_t *p = P + (int64_t)r * K4;
+        uint8_t *p = (uint8_t *)P + (int64_t)r * K4;
         for (int j = 0; j < NG; j++) {
             const int k0 = j * G, k1 = k0 + G < K ? k0 + G : K;
             const float m = absmax(x + k0, k1 - k0), scale = m > 0.f ? m / 127.f : 1.f;
-            round_codes(x + k0, k1 - k0, 1.f / scale, 0, (uint8_t *)p + k0);
+            round_codes(x + k0, k1 - k0, 1.f / scale, offset, p + k0);
             a[(int64_t)r * NG + j] = scale;
         }
-        for (int k = K; k < K4; k++) p[k] = 0;
+        for (int k = K; k < K4; k++) p[k] = (uint8_t)offset;
     }
 }
+
+/* With AVX512 VNNI the groups can run on the per-token kernel's tile instead (tile8's unsigned
+ * codes U = P + 128 and 512-bit vpdpbusd, no vpsignb): per group, sum_k U Q - 128 cs_nj = sum_k P Q
+ * exactly (cs_nj = sum_{k in group j} Q_nk, packed per panel like g), so the same integers, then the
+ * same float operations as tile_group: the same bits. Used when the caller passes cs. */
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define GROUP_U8 1
+#define GU_DOT(r)                                                \
+    if (MR > r) {                                                \
+        int32_t xv;                                              \
+        memcpy(&xv, U + (int64_t)r * K4 + 4 * g, 4);             \
+        const __m512i xb = _mm512_set1_epi32(xv);                \
+        c##r##0 = dot4_u8s8_512(c##r##0, xb, w0);                \
+        c##r##1 = dot4_u8s8_512(c##r##1, xb, w1);                \
+    }
+#define GU_FLUSH(r)                                                                                         \
+    if (MR > r) {                                                                                           \
+        const __m512 ar = _mm512_set1_ps(a[(int64_t)r * NG + j]);                                          \
+        f##r##0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c##r##0, cs0)), _mm512_mul_ps(ar, gj0), \
+                                  f##r##0);                                                                 \
+        f##r##1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c##r##1, cs1)), _mm512_mul_ps(ar, gj1), \
+                                  f##r##1);                                                                 \
+    }
+#define GU_STORE(r)                                                                                            \
+    if (MR > r) {                                                                                              \
+        float acc[NR8];                                                                                        \
+        _mm512_storeu_ps(acc, f##r##0);                                                                        \
+        _mm512_storeu_ps(acc + 16, f##r##1);                                                                   \
+        float *y = Y + (int64_t)r * ldy;                                                                       \
+        for (int c = 0; c < ncols; c++) y[c] = (accumulate ? y[c] : 0.f) + (acc[c] * s[c] + (bias ? bias[c] : 0.f)); \
+    }
+
+/* MR (<= 4) rows x one 32-column panel */
+static inline __attribute__((always_inline)) void tile_group_u8(const int MR, int K4, int G, int NG, const uint8_t *U,
+                                                                 const float *a, const int8_t *w, const int32_t *cs,
+                                                                 const float *s, const float *gs, const float *bias,
+                                                                 float *Y, int64_t ldy, int ncols, int accumulate,
+                                                                 const int prefetch) {
+    __m512 f00 = _mm512_setzero_ps(), f01 = f00, f10 = f00, f11 = f00, f20 = f00, f21 = f00, f30 = f00, f31 = f00;
+    const __m512 one = _mm512_set1_ps(1.f);
+    for (int j = 0; j < NG; j++) {
+        const int g0 = j * G / 4, g1 = (j + 1) * G / 4 < K4 / 4 ? (j + 1) * G / 4 : K4 / 4;
+        __m512i c00 = _mm512_setzero_si512(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+                c31 = c00;
+        for (int g = g0; g < g1; g++) {
+            if (prefetch)
+                for (int line = 0; line < NR8 * 4; line += 64)
+                    _mm_prefetch((const char *)(w + (int64_t)g * NR8 * 4 + PREFETCH_BYTES + line), _MM_HINT_T0);
+            __m512i w0 = _mm512_loadu_si512((const void *)(w + (int64_t)g * NR8 * 4)),
+                    w1 = _mm512_loadu_si512((const void *)(w + (int64_t)g * NR8 * 4 + 64));
+            __asm__("" : "+v"(w0), "+v"(w1));
+            GU_DOT(0) GU_DOT(1) GU_DOT(2) GU_DOT(3)
+        }
+        const __m512i cs0 = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(cs + (int64_t)j * NR8)), 7),
+                      cs1 = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(cs + (int64_t)j * NR8 + 16)), 7);
+        const __m512 gj0 = gs ? _mm512_loadu_ps(gs + (int64_t)j * NR8) : one,
+                     gj1 = gs ? _mm512_loadu_ps(gs + (int64_t)j * NR8 + 16) : one;
+        GU_FLUSH(0) GU_FLUSH(1) GU_FLUSH(2) GU_FLUSH(3)
+    }
+    GU_STORE(0) GU_STORE(1) GU_STORE(2) GU_STORE(3)
+}
+
+static void panel_group_u8(int M, int K4, int G, int NG, const uint8_t *U, const float *a, const int8_t *w,
+                           const int32_t *cs, const float *s, const float *gs, const float *bias, float *Y,
+                           int64_t ldy, int ncols, int accumulate) {
+    int m = 0;
+    for (; m + 4 <= M; m += 4)
+        tile_group_u8(4, K4, G, NG, U + (int64_t)m * K4, a + (int64_t)m * NG, w, cs, s, gs, bias, Y + m * ldy, ldy,
+                      ncols, accumulate, m == 0);
+    const int pf = m == 0;
+    const uint8_t *um = U + (int64_t)m * K4;
+    const float *am = a + (int64_t)m * NG;
+    float *ym = Y + m * ldy;
+    switch (M - m) {
+        case 3: tile_group_u8(3, K4, G, NG, um, am, w, cs, s, gs, bias, ym, ldy, ncols, accumulate, pf); break;
+        case 2: tile_group_u8(2, K4, G, NG, um, am, w, cs, s, gs, bias, ym, ldy, ncols, accumulate, pf); break;
+        case 1: tile_group_u8(1, K4, G, NG, um, am, w, cs, s, gs, bias, ym, ldy, ncols, accumulate, pf); break;
+        default: break;
+    }
+}
+#else
+#define GROUP_U8 0
+#endif
+
+int sparserl_int8_group_u8(void) { return GROUP_U8; }
 
 #ifdef __AVX2__
 #define G8_DOT(r)                                                                                                  \
@@ -385,27 +471,48 @@ static void panel_group(int M, int K4, int G, int NG, const int8_t *P, const flo
 /* Y [M, N] (ldy) = the product above; `work` holds M * K4 bytes (quantized rows) and
  * M * ceil(K / G) floats (their scales); gscales: g packed per panel, or NULL. Returns -1 on bad
  * sizes. */
+/* one panel of the group product: on the unsigned-code tile where built and gcolsum is given
+ * (U then holds P + 128), else the signed one */
+static inline void group_panel(int p, int M, int K4, int G, int NG, const int8_t *codes, const float *a,
+                               const int8_t *Wq, const int32_t *gcolsum, const float *scales, const float *gscales,
+                               const float *bias, float *Y, int64_t ldy, int ncols, int accumulate) {
+    const int8_t *w = Wq + (int64_t)p * (K4 / 4) * NR8 * 4;
+    const float *gs = gscales ? gscales + (int64_t)p * NG * NR8 : 0;
+#if GROUP_U8
+    if (gcolsum) {
+        panel_group_u8(M, K4, G, NG, (const uint8_t *)codes, a, w, gcolsum + (int64_t)p * NG * NR8, scales, gs, bias,
+                       Y, ldy, ncols, accumulate);
+        return;
+    }
+#endif
+    (void)gcolsum;
+    panel_group(M, K4, G, NG, codes, a, w, scales, gs, bias, Y, ldy, ncols, accumulate);
+}
+
+/* the codes' offset: 128 for the unsigned-code tile */
+static inline int group_offset(const int32_t *gcolsum) { return GROUP_U8 && gcolsum ? 128 : 0; }
+
 int sparserl_linear_int8_group_acc(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
-                                   const float *scales, const float *gscales, const float *bias, float *Y,
-                                   int64_t ldy, uint8_t *work, int accumulate) {
+                                   const int32_t *gcolsum, const float *scales, const float *gscales,
+                                   const float *bias, float *Y, int64_t ldy, uint8_t *work, int accumulate) {
     if (M <= 0 || N <= 0 || K <= 0 || G <= 0 || G % 4) return -1;
     const int K4 = (K + 3) & ~3, P = (N + NR8 - 1) / NR8, NG = (K + G - 1) / G;
     float *a = (float *)work;
     int8_t *Pq = (int8_t *)(work + (int64_t)M * NG * sizeof(float));
-    quantize_groups(M, K, G, X, ldx, Pq, a);
+    quantize_groups(M, K, G, X, ldx, Pq, a, group_offset(gcolsum));
 #pragma omp parallel for schedule(static)
     for (int p = 0; p < P; p++) {
         const int n0 = p * NR8, ncols = N - n0 < NR8 ? N - n0 : NR8;
-        panel_group(M, K4, G, NG, Pq, a, Wq + (int64_t)p * (K4 / 4) * NR8 * 4, scales + n0,
-                    gscales ? gscales + (int64_t)p * NG * NR8 : 0, bias ? bias + n0 : 0, Y + n0, ldy, ncols, accumulate);
+        group_panel(p, M, K4, G, NG, Pq, a, Wq, gcolsum, scales + n0, gscales, bias ? bias + n0 : 0, Y + n0, ldy,
+                    ncols, accumulate);
     }
     return 0;
 }
 
 int sparserl_linear_int8_group(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
-                               const float *scales, const float *gscales, const float *bias, float *Y, int64_t ldy,
-                               uint8_t *work) {
-    return sparserl_linear_int8_group_acc(M, N, K, G, X, ldx, Wq, scales, gscales, bias, Y, ldy, work, 0);
+                               const int32_t *gcolsum, const float *scales, const float *gscales, const float *bias,
+                               float *Y, int64_t ldy, uint8_t *work) {
+    return sparserl_linear_int8_group_acc(M, N, K, G, X, ldx, Wq, gcolsum, scales, gscales, bias, Y, ldy, work, 0);
 }
 
 /* ---- outlier input channels in float32 (rollout.quant_outliers; quant/outliers.py) -------------
@@ -520,7 +627,8 @@ static void outlier_rows(int M, int64_t ldt, int n_out, const float *Xo, const f
 }
 
 /* Y [M, N] (ldy) = (accumulate: +=) the product above; G = 0: per-token scales (int8, colsum
- * needed), G > 0: per-group scales (int8_group). 0, or -1 on bad sizes or no memory. */
+ * needed), G > 0: per-group scales (int8_group; colsum: the group column sums of
+ * sparserl_linear_int8_group_acc, or NULL; gscales: g, or NULL). 0, or -1 on bad sizes or no memory. */
 int sparserl_linear_int8_outliers(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
                                   const int32_t *colsum, const float *scales, const float *gscales,
                                   const float *bias, float *Y, int64_t ldy, int accumulate, int n_out,
@@ -547,7 +655,7 @@ int sparserl_linear_int8_outliers(int M, int N, int K, int G, const float *X, in
     float *a = (float *)work;
     uint8_t *codes = work + (int64_t)M * NG * sizeof(float);
     if (G)
-        quantize_groups(M, K, G, rest, K, (int8_t *)codes, a);
+        quantize_groups(M, K, G, rest, K, (int8_t *)codes, a, group_offset(colsum));
     else
         quantize_rows(M, K, rest, K, codes, a);
 #pragma omp parallel for schedule(static)
@@ -558,8 +666,8 @@ int sparserl_linear_int8_outliers(int M, int N, int K, int G, const float *X, in
         float *Tp = T ? T + n0 : tile;
         const int64_t ldt = T ? N : NR8;
         if (G)
-            panel_group(M, K4, G, NG, (const int8_t *)codes, a, w, scales + n0,
-                        gscales ? gscales + (int64_t)p * NG * NR8 : 0, 0, Tp, ldt, ncols, 0);
+            group_panel(p, M, K4, G, NG, (const int8_t *)codes, a, Wq, colsum, scales + n0, gscales, 0, Tp, ldt,
+                        ncols, 0);
         else
             panel8(M, K4, codes, a, w, colsum + n0, scales + n0, 0, Tp, ldt, ncols, 0);
         outlier_rows(M, ldt, n_out, Xo, Wo + (int64_t)p * n_out * NR8, Tp, n0, ncols, bias, Y + n0, ldy, accumulate);

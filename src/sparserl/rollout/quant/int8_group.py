@@ -94,9 +94,10 @@ class Int8GroupLinear(QuantizedLinear):
                              f"{group}; expected one per output and group")
         self.scales, self.group = scales, group
         self.native = native.pack_int8(q) if q.device.type == "cpu" and native.active() else None
-        # the kernel's operands: g packed per panel, and per-channel factors of 1
-        self.kernel_scales = ((torch.ones(q.shape[0]), native.pack_group_scales(scales))
-                              if self.native is not None else None)
+        # the kernel's operands: per-channel factors of 1, g packed per panel, and the group column
+        # sums where the build runs groups on its wider unsigned-code tile (None elsewhere)
+        self.kernel_scales = ((torch.ones(q.shape[0]), native.pack_group_scales(scales),
+                               native.pack_group_colsums(q, group)) if self.native is not None else None)
         self.q = None if self.native is not None else q  # the panels are the weight: no second copy
         self.emulated = self.native is None and q.device.type != "cuda"
         self.kernel = "native" if self.native is not None else ("emulated" if self.emulated else "_int_mm")
@@ -112,8 +113,8 @@ class Int8GroupLinear(QuantizedLinear):
 
     def matmul(self, x2: torch.Tensor) -> torch.Tensor:
         if self.native is not None:
-            ones, packed = self.kernel_scales
-            y = native.linear_int8(x2, self.native, ones, group=self.group, group_scales=packed)
+            ones, packed, sums = self.kernel_scales
+            y = native.linear_int8(x2, self.native, ones, group=self.group, group_scales=packed, group_colsum=sums)
             if y is not None:
                 return y
             if self.q is None:  # the torch path runs here (torch_only, compile): keep its codes

@@ -101,10 +101,11 @@ class OutlierLinear(QuantizedLinear):
 
     def matmul(self, x2: torch.Tensor) -> torch.Tensor:
         if self.panels is not None and native.active():
-            scales, group_scales = (self.inner.kernel_scales if self.group is not None
-                                    else (self.inner.scales, None))
+            scales, group_scales, group_colsum = (self.inner.kernel_scales if self.group is not None
+                                                  else (self.inner.scales, None, None))
             y = native.linear_int8_outliers(x2, self.inner.native, scales, self.idx32, self.panels,
-                                            group=self.group, group_scales=group_scales)
+                                            group=self.group, group_scales=group_scales,
+                                            group_colsum=group_colsum)
             if y is not None:
                 return y
         rest = x2.clone()
