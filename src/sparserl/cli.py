@@ -134,7 +134,7 @@ def cmd_bench_rollout(args) -> int:
     check_int(args.quant_outliers, "--quant-outliers", 0, what="input channels kept in float32")
     check_choice(args.dtype, "--dtype", DTYPES)
     if args.quant_group is not None:
-        check_int(args.quant_group, "--quant-group", 4, what="inputs per activation scale of int8_group")
+        check_int(args.quant_group, "--quant-group", 4, what="inputs per weight and activation scale of int8_group")
         if args.quant_group % 4:
             raise OptionError(f"--quant-group: {args.quant_group} is not a multiple of 4 (the int8 kernel's 4-byte steps)")
         if "int8_group" not in [q.strip() for q in args.quant.split(",")]:
@@ -354,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "rollout.quant_outliers")
     br.add_argument("--quant-head", action="store_true", help="the quantized rows' LM head quantized too "
                     "(rollout.quant_head)")
-    br.add_argument("--quant-group", type=int, default=None, help="inputs per activation scale of the "
+    br.add_argument("--quant-group", type=int, default=None, help="inputs per weight and activation scale of the "
                     "int8_group rows (a multiple of 4; default 64): rollout.quant_group")
     br.add_argument("--kv-quant", default="none", help="KV cache quantizations, comma-separated: none, int8, fp8")
     br.add_argument("--kernels", "--attention", dest="kernels", default="native", help="decode-step kernels, "

@@ -169,7 +169,7 @@ class RolloutConfig(_Section):
         "bfloat16", "Sampler dtype: auto | float32 | bfloat16 | float16.")
     quant: Quant = F("none", "The sampler's weight quantization (the learner stays in full precision; "
                      "re-quantized at every weight push): none | int8 (W8A8, QuRL) | int8_group (W8A8 with "
-                     "activation scales per token and group of 64 inputs: more accurate) | int8_weight_only | fp8 "
+                     "weight and activation scales per group of 64 inputs: more accurate) | int8_weight_only | fp8 "
                      "(E4M3, FP8-RL; emulated where the device has no FP8 matmul).")
     kv_quant: KVQuant = F("none", "How the sampler's KV cache stores K and V: none | int8 | fp8 (1 byte per "
                           "element plus a float32 scale per token and KV head).")
@@ -191,9 +191,9 @@ class RolloutConfig(_Section):
                          "quantized decode step of SmolLM2-135M in float32; plain per-token int8 on it costs "
                          "acceptance, with outlier channels little (docs/results/smoothquant.md). Off: the head "
                          "stays in rollout.dtype, as QuRL/FP8-RL keep it.")
-    quant_group: int = F(QUANT_GROUP, "Inputs per activation scale of rollout.quant=int8_group (a multiple of 4; per "
-                         "token and group: smaller groups follow outlier channels more closely, at a little "
-                         "more cost). Only with int8_group.", ge=4)
+    quant_group: int = F(QUANT_GROUP, "Inputs per scale of rollout.quant=int8_group, for the weights (per output "
+                         "and group) and the activations (per token and group); a multiple of 4: smaller groups "
+                         "follow outlier channels more closely, at a little more cost. Only with int8_group.", ge=4)
     mismatch_split: bool = F(False, "Also score the responses with the sampler's quantized weights on a dense "
                              "full-precision cache and log the mismatch's two parts: mismatch/k3_kl_weights "
                              "(quantization) and mismatch/k3_kl_cache (eviction, KV rounding). Needs rollout.quant; "

@@ -100,7 +100,7 @@ class RolloutEngine:
         (:mod:`sparserl.rollout.quant`; re-quantized at every :meth:`update_weights`, the time in
         ``self.model.last_quantize_s``). ``quant_smooth``: SmoothQuant's migration strength for the
         quantized activations (0 = off), calibrated at every push on :data:`CALIBRATION_TEXT`
-        (:mod:`sparserl.rollout.quant.smooth`). ``quant_group``: inputs per activation scale of
+        (:mod:`sparserl.rollout.quant.smooth`). ``quant_group``: inputs per weight and activation scale of
         ``int8_group`` (None: 64). ``quant_outliers``: input channels of every quantized linear kept in
         float32, chosen on the same calibration (:mod:`sparserl.rollout.quant.outliers`). ``quant_head``: the
         LM head quantized too (:class:`SamplerModel`). ``fused``: on CPU, run each decode layer as three native calls

@@ -66,7 +66,7 @@ class SamplerModel:
         :func:`sparserl.rollout.quant.available_quants` (``none`` = the sampler dtype).
         ``quant_smooth``: SmoothQuant's migration strength (0 = off; needs a quantizer of the
         activations, ``int8``, ``int8_group`` or ``fp8``) with its ``calibration_ids`` [B, P] (no padding).
-        ``quant_group``: inputs per activation scale of ``int8_group`` (None: its default, 64).
+        ``quant_group``: inputs per weight and activation scale of ``int8_group`` (None: its default, 64).
         ``quant_outliers``: input channels of every quantized linear kept in float32 (0 = none; the
         same quantizers and calibration as ``quant_smooth``). ``quant_head``: quantize the LM head
         too, the same way (its SmoothQuant factors and outlier channels calibrated on the final

@@ -218,7 +218,7 @@ def main(argv=None) -> int:
     ap.add_argument("--torch-profiler", action="store_true")
     ap.add_argument("--sync", action="store_true")
     ap.add_argument("--quant", default="none", help="the sampler's weights: none | int8 | int8_group | ...")
-    ap.add_argument("--quant-group", type=int, default=None, help="int8_group's inputs per activation scale")
+    ap.add_argument("--quant-group", type=int, default=None, help="int8_group's inputs per weight and activation scale")
     ap.add_argument("--quant-smooth", type=float, default=0.0, help="SmoothQuant's migration strength")
     ap.add_argument("--quant-outliers", type=int, default=0, help="input channels per linear kept in float32")
     ap.add_argument("--quant-head", action="store_true", help="quantize the LM head too")

@@ -23,7 +23,7 @@ enum { WEIGHT_FLOAT32 = 0, WEIGHT_INT8 = 1, WEIGHT_INT8_GROUP = 2 };
 
 typedef struct {
     int32_t kind;            /* WEIGHT_* */
-    int32_t N, K, group;     /* out features, in features, inputs per activation scale (int8 group) */
+    int32_t N, K, group;     /* out features, in features, inputs per scale (int8 group) */
     const void *panels;      /* linear.c's float panels or linear_int8.c's int8 panels */
     const int32_t *colsum;   /* int8: the panels' column sums; int8 group: per group, packed like
                                 group_scales, or NULL (linear_int8.c's sparserl_linear_int8_group_acc) */

@@ -16,8 +16,9 @@
  * Packed weights: panels of 16 output columns, k in groups of 4: Wq[p][k/4][16][4] (zero past N
  * and K), so one 32-byte load holds 8 columns x 4 k; a 4-row x 16-column tile keeps 8 int32
  * accumulators. Where the CPU has AVX512 (BW) the panels are 32 columns wide and the tile 4 x 32,
- * 8 accumulators of 16 lanes (int8_group keeps its 256-bit tile, on each 16-column half: AVX512
- * has no vpsignb). Panels are split over OpenMP threads (torch's libgomp pool).
+ * 8 accumulators of 16 lanes (int8_group's signed tile keeps 256 bits, on each 16-column half:
+ * AVX512 has no vpsignb; with VNNI it runs on this tile instead, below). Panels are split over
+ * OpenMP threads (torch's libgomp pool).
  *
  * Why: fbgemm's dynamic linear quantizes its input per tensor; per-token scales on it cost three
  * extra torch operators per product, and its products ran only ~1.14x this project's float32

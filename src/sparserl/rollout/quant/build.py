@@ -15,7 +15,7 @@ def available_quants() -> list[str]:
 
 def build_quant(name: str, group: int | None = None) -> WeightQuantizer:
     """The quantizer named ``name`` (``rollout.quant``); a :class:`WeightQuantizer` passes through.
-    ``group`` (``rollout.quant_group``): inputs per activation scale, for the quantizers that take
+    ``group`` (``rollout.quant_group``): inputs per scale, for the quantizers that take
     one (``int8_group``); ignored by the others (the config rejects it with them)."""
     if isinstance(name, WeightQuantizer):
         return name
