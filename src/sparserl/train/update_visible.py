@@ -6,8 +6,8 @@ INT8 code changed too:
     update_visible_frac = #{ changed  and  q(after) != q(before) } / #{ changed }
 
 over the weights the sampler quantizes (the decoder's linear weights: q/k/v/o, gate/up/down; the
-sampler fuses q/k/v and gate/up, but per-output-channel scales are per row, so the codes of the fused
-matrix are those of its parts). Codes, not dequantized values, are compared: the row's largest
+sampler fuses q/k/v and gate/up, but the scales are per row (``int8``) or per row and group of inputs
+(``int8_group``), so the codes of the fused matrix are those of its parts). Codes, not dequantized values, are compared: the row's largest
 element is updated too, so its scale moves a little at nearly every step and *every* dequantized value
 of the row would count as changed by ~lr/max|w| of itself.
 
