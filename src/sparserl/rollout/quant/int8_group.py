@@ -21,9 +21,11 @@ only, and the same holds for a weight row. Measured on the bench's generated tok
 of exactly these roundings, eleventh session): per-channel weights with group activations and
 SmoothQuant 0.5 reach α 0.968; group scales on both sides 0.977.
 
-Kernels: on x86 CPU with sparserl's native kernels, ``linear_int8.c``'s group kernel (AVX2,
-``vpsignb`` + ``vpmaddubsw``: |P| against Q carrying P's sign, so the 8-bit grid cannot saturate);
-on CUDA one ``torch._int_mm`` per group; elsewhere an emulation in float32 of exactly these
+Kernels: on x86 CPU with sparserl's native kernels, ``linear_int8.c``'s group kernel: with AVX512
+VNNI on the per-token kernel's 512-bit tile (unsigned codes P + 128, each group's sum corrected by
+128 times its column sums of Q, kept per group); otherwise on AVX2 with ``vpsignb`` + ``vpmaddubsw``
+(|P| against Q carrying P's sign, so the 8-bit grid cannot saturate). Both give the same bits. On
+CUDA one ``torch._int_mm`` per group; elsewhere an emulation in float32 of exactly these
 integers (labelled ``emulated``). 64 divides the hidden sizes of the common models (576, 1,536,
 2,048, 4,096 ...); a last shorter group is allowed.
 """
@@ -103,7 +105,9 @@ class Int8GroupLinear(QuantizedLinear):
         self.kernel = "native" if self.native is not None else ("emulated" if self.emulated else "_int_mm")
 
     def nbytes(self) -> int:
-        return self.numel() + self.scales.numel() * 4
+        """The codes, g, and the group column sums where the kernel reads them."""
+        sums = self.kernel_scales[2] if self.kernel_scales is not None else None
+        return self.numel() + self.scales.numel() * 4 + (0 if sums is None else self.scales.numel() * 4)
 
     def codes(self) -> torch.Tensor:
         return self.q if self.q is not None else native.unpack_int8(self.native)
