@@ -57,6 +57,18 @@ def test_quant_group_reaches_the_trainers_sampler(tmp_path):
     assert {layer.qkv.group, layer.o.group, layer.gate_up.group, layer.down.group} == {32}
 
 
+def test_an_int8_group_step_with_smoothquant_and_head(tmp_path):
+    """The accurate INT8 sampler in the loop (int8_group: weight and activation scales per group,
+    SmoothQuant, the LM head quantized): one step trains and logs the visible-update fraction on
+    int8_group's own grid."""
+    cfg = cfg_for(tmp_path, "qurl", "train.steps=1", "rollout.quant=int8_group", "rollout.quant_group=32",
+                  "rollout.quant_smooth=0.5", "rollout.quant_head=true")
+    run = train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
+    rows = [json.loads(line) for line in (run / names.METRICS_FILE).read_text().splitlines()]
+    assert len(rows) == 1
+    assert 0.0 < rows[0][names.QUANT_UPDATE_VISIBLE] <= 1.0 and rows[0][names.TIME_QUANTIZE] > 0
+
+
 def test_a_qurl_step_logs_quant_metrics_and_saves_the_original_form(tmp_path):
     """A 1-step qurl run on the tiny model: the step logs quant/update_visible_frac and
     time/quantize_s; the learner trains the scaled parametrisation, the checkpoint holds the original
