@@ -469,9 +469,6 @@ static void panel_group(int M, int K4, int G, int NG, const int8_t *P, const flo
 }
 #endif
 
-/* Y [M, N] (ldy) = the product above; `work` holds M * K4 bytes (quantized rows) and
- * M * ceil(K / G) floats (their scales); gscales: g packed per panel, or NULL. Returns -1 on bad
- * sizes. */
 /* one panel of the group product: on the unsigned-code tile where built and gcolsum is given
  * (U then holds P + 128), else the signed one */
 static inline void group_panel(int p, int M, int K4, int G, int NG, const int8_t *codes, const float *a,
@@ -493,6 +490,9 @@ static inline void group_panel(int p, int M, int K4, int G, int NG, const int8_t
 /* the codes' offset: 128 for the unsigned-code tile */
 static inline int group_offset(const int32_t *gcolsum) { return GROUP_U8 && gcolsum ? 128 : 0; }
 
+/* Y [M, N] (ldy) = the product above; `work` holds M * K4 bytes (quantized rows) and
+ * M * ceil(K / G) floats (their scales); gscales: g packed per panel, or NULL (g = 1); gcolsum: the
+ * codes' column sums per group, packed like g, or NULL (the signed tile). Returns -1 on bad sizes. */
 int sparserl_linear_int8_group_acc(int M, int N, int K, int G, const float *X, int64_t ldx, const int8_t *Wq,
                                    const int32_t *gcolsum, const float *scales, const float *gscales,
                                    const float *bias, float *Y, int64_t ldy, uint8_t *work, int accumulate) {
