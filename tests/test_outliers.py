@@ -185,7 +185,9 @@ def test_weight_grid_is_full_where_the_products_are_exact():
 def test_outlier_kernel_gives_the_same_bits_in_every_build(group, avx2_build):
     """The float32 part is a chain of fmaf per output, in the same order whatever the vector width:
     the native build (AVX512 + VNNI here) and the plain-AVX2 build agree bit for bit. N = 200 leaves
-    a partial panel; the codes are on the grid both builds multiply exactly."""
+    a partial panel; the codes are on the grid both builds multiply exactly. With groups the native
+    build runs int8_group's wide unsigned-code tile where it has one, the AVX2 build its signed
+    tile: the same bits too."""
     gen = torch.Generator().manual_seed(11)
     w = torch.randn(200, 576, generator=gen) * 0.05
     x = torch.randn(19, 576, generator=gen) * 3
@@ -193,16 +195,30 @@ def test_outlier_kernel_gives_the_same_bits_in_every_build(group, avx2_build):
     idx = torch.tensor([5, 77, 300], dtype=torch.int32)
     rest = w.clone()
     rest[:, idx.long()] = 0
-    q, s = quantize_int8_per_channel(rest, 127 if group else QMAX_FBGEMM)
     w_o = w[:, idx.long()].contiguous()
+    if group:  # int8_group: weight scales per group; the native build's wide tile where it has one
+        from sparserl.rollout.quant.int8_group import quantize_int8_weight_groups
+        q, g = quantize_int8_weight_groups(rest, group)
+        s = torch.ones(200)
+    else:
+        q, s = quantize_int8_per_channel(rest, QMAX_FBGEMM)
+
+    def group_kw(lib):
+        if not group:
+            return {}
+        return dict(group_scales=native.pack_group_scales(g, lib=lib),
+                    group_colsum=native.pack_group_colsums(q, group, lib=lib))
+
     outs = []
     for lib in (native.library(), avx2_build):
         outs.append(native.linear_int8_outliers(x, native.pack_int8(q, lib=lib), s, idx,
-                                                native.pack_outliers(w_o, lib=lib), group=group, lib=lib))
+                                                native.pack_outliers(w_o, lib=lib), group=group, lib=lib,
+                                                **group_kw(lib)))
     assert outs[0] is not None and torch.equal(outs[0], outs[1])
     x_rest = x.clone()
     x_rest[:, idx.long()] = 0
-    ref = native.linear_int8(x_rest, native.pack_int8(q), s, group=group) + x[:, idx.long()] @ w_o.t()
+    ref = (native.linear_int8(x_rest, native.pack_int8(q), s, group=group, **group_kw(None))
+           + x[:, idx.long()] @ w_o.t())
     torch.testing.assert_close(outs[0], ref, rtol=1e-5, atol=1e-4)
 
 
