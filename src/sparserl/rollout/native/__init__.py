@@ -467,6 +467,19 @@ def unpack_int8(packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     return panels.view(n_pad // nr, k_pad // 4, nr, 4).permute(0, 2, 1, 3).reshape(n_pad, k_pad)[:N, :K].contiguous()
 
 
+def _group_operands_ok(group: int | None, group_scales: torch.Tensor | None,
+                       group_colsum: torch.Tensor | None) -> bool:
+    """Whether the int8 kernels take this group size and ``int8_group``'s packed operands (both
+    only with a group; contiguous; the column sums int32 on the CPU: :func:`_lib_for` checks the
+    float ones)."""
+    if group is None:
+        return group_scales is None and group_colsum is None
+    return (group > 0 and group % 4 == 0
+            and (group_scales is None or group_scales.is_contiguous())
+            and (group_colsum is None or (group_colsum.dtype == torch.int32 and group_colsum.device.type == "cpu"
+                                          and group_colsum.is_contiguous())))
+
+
 def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scales: torch.Tensor,
                 bias: torch.Tensor | None = None, group: int | None = None, group_scales: torch.Tensor | None = None,
                 group_colsum: torch.Tensor | None = None, lib=None) -> torch.Tensor | None:
@@ -485,10 +498,7 @@ def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scal
     panels, colsum = packed
     lib = _lib_for(lib, x, scales, *(t for t in (bias, group_scales) if t is not None))
     if (lib is None or not scales.is_contiguous() or (bias is not None and not bias.is_contiguous())
-            or (group is not None and (group <= 0 or group % 4))
-            or (group_scales is not None and (group is None or not group_scales.is_contiguous()))
-            or (group_colsum is not None and (group is None or group_colsum.dtype != torch.int32
-                                              or not group_colsum.is_contiguous()))):
+            or not _group_operands_ok(group, group_scales, group_colsum)):
         return None
     N, K = panels.out_features, panels.in_features
     x2 = _rows(x) if x.shape[-1] == K else None
@@ -530,10 +540,7 @@ def linear_int8_outliers(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tens
     panels, colsum = packed
     lib = _lib_for(lib, x, scales, outlier_panels, *(t for t in (group_scales,) if t is not None))
     if (lib is None or not scales.is_contiguous() or idx.dtype != torch.int32 or not idx.is_contiguous()
-            or (group is not None and (group <= 0 or group % 4))
-            or (group_scales is not None and (group is None or not group_scales.is_contiguous()))
-            or (group_colsum is not None and (group is None or group_colsum.dtype != torch.int32
-                                              or not group_colsum.is_contiguous()))):
+            or not _group_operands_ok(group, group_scales, group_colsum)):
         return None
     N, K = panels.out_features, panels.in_features
     x2 = _rows(x) if x.shape[-1] == K else None

@@ -280,6 +280,12 @@ static void quantize_groups(int M, int K, int G, const float *X, int64_t ldx, in
     }
 }
 
+/* a row of the group product: y (+)= acc s (+ bias), both tiles */
+static inline void store_group_row(float *y, const float *acc, const float *s, const float *bias, int ncols,
+                                   int accumulate) {
+    for (int c = 0; c < ncols; c++) y[c] = (accumulate ? y[c] : 0.f) + (acc[c] * s[c] + (bias ? bias[c] : 0.f));
+}
+
 /* With AVX512 VNNI the groups can run on the per-token kernel's tile instead (tile8's unsigned
  * codes U = P + 128 and 512-bit vpdpbusd, no vpsignb): per group, sum_k U Q - 128 cs_nj = sum_k P Q
  * exactly (cs_nj = sum_{k in group j} Q_nk, packed per panel like g), so the same integers, then the
@@ -307,8 +313,7 @@ static void quantize_groups(int M, int K, int G, const float *X, int64_t ldx, in
         float acc[NR8];                                                                                        \
         _mm512_storeu_ps(acc, f##r##0);                                                                        \
         _mm512_storeu_ps(acc + 16, f##r##1);                                                                   \
-        float *y = Y + (int64_t)r * ldy;                                                                       \
-        for (int c = 0; c < ncols; c++) y[c] = (accumulate ? y[c] : 0.f) + (acc[c] * s[c] + (bias ? bias[c] : 0.f)); \
+        store_group_row(Y + (int64_t)r * ldy, acc, s, bias, ncols, accumulate);                               \
     }
 
 /* MR (<= 4) rows x one 32-column panel */
@@ -385,8 +390,7 @@ int sparserl_int8_group_u8(void) { return GROUP_U8; }
         float acc[NR8];                                                                                        \
         _mm256_storeu_ps(acc, f##r##0);                                                                        \
         _mm256_storeu_ps(acc + 8, f##r##1);                                                                    \
-        float *y = Y + (int64_t)r * ldy;                                                                       \
-        for (int c = 0; c < ncols; c++) y[c] = (accumulate ? y[c] : 0.f) + (acc[c] * s[c] + (bias ? bias[c] : 0.f)); \
+        store_group_row(Y + (int64_t)r * ldy, acc, s, bias, ncols, accumulate);                               \
     }
 
 /* MR (<= 4) rows x 16 columns: per group, int32 sums in registers, then scaled into float sums */
@@ -463,8 +467,7 @@ static void panel_group(int M, int K4, int G, int NG, const int8_t *P, const flo
                 facc[c] += (float)t * (a[(int64_t)r * NG + j] * (gs ? gs[(int64_t)j * NR8 + c] : 1.f));
             }
         }
-        float *y = Y + (int64_t)r * ldy;
-        for (int c = 0; c < ncols; c++) y[c] = (accumulate ? y[c] : 0.f) + (facc[c] * s[c] + (bias ? bias[c] : 0.f));
+        store_group_row(Y + (int64_t)r * ldy, facc, s, bias, ncols, accumulate);
     }
 }
 #endif
