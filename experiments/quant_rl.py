@@ -8,6 +8,7 @@ weights before and after each optimizer step).
 
     python3 experiments/quant_rl.py --out /work/exp/quant_rl [--seeds 2 --steps 6 --prompts 2]
     python3 experiments/quant_rl.py --arms smooth --out /work/exp/quant_rl_smooth   # INT8 with/without SmoothQuant
+    python3 experiments/quant_rl.py --arms group --out /work/exp/quant_rl_group     # qurl vs qurl_group
 """
 from __future__ import annotations
 
@@ -27,7 +28,12 @@ SMOOTH_ARMS = ",".join([  # the sampler's mismatch in training with and without 
     "int8_naive=rollout.compressor=none;rollout.quant=int8;algorithm.correction=none",
     "int8_smooth=rollout.compressor=none;rollout.quant=int8;rollout.quant_smooth=0.5;algorithm.correction=none",
 ])
-ARM_SETS = {"main": ARMS, "smooth": SMOOTH_ARMS}
+GROUP_ARMS = ",".join([  # QuRL's recipe on the per-channel int8 sampler and on the accurate one (the qurl_group preset)
+    "qurl=rollout.compressor=none;rollout.quant=int8;rollout.quant_scale=1.5;algorithm.correction=qurl",
+    "qurl_group=rollout.compressor=none;rollout.quant=int8_group;rollout.quant_group=64;rollout.quant_smooth=0.5;"
+    "rollout.quant_head=true;rollout.quant_scale=1.5;algorithm.correction=qurl",
+])
+ARM_SETS = {"main": ARMS, "smooth": SMOOTH_ARMS, "group": GROUP_ARMS}
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -49,3 +49,18 @@ def avx2_build():
         pytest.skip("no AVX2/FMA/F16C CPU or no C compiler")
     rest = [f for f in native.FLAGS if not f.startswith("-march")]
     return native.load(native.build(flags=[*rest, "-mavx2", "-mfma", "-mf16c"]))
+
+
+@pytest.fixture(scope="session")
+def avx_vnni_build():
+    """The native kernels built for AVX2 + AVX-VNNI without AVX512 (a laptop's 256-bit VNNI: the
+    int8 tiles' vpdpbusd on 32 bytes); skips where this CPU has no AVX-VNNI or no compiler."""
+    from pathlib import Path
+
+    from sparserl.rollout import native
+
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if native.library() is None or not all(f" {f}" in flags for f in ("avx2", "fma", "f16c", "avx_vnni")):
+        pytest.skip("no AVX-VNNI CPU or no C compiler")
+    rest = [f for f in native.FLAGS if not f.startswith("-march")]
+    return native.load(native.build(flags=[*rest, "-mavx2", "-mfma", "-mf16c", "-mavxvnni"]))

@@ -14,7 +14,7 @@ from sparserl.errors import SparserlError
 from sparserl.rollout import kv
 from sparserl.train import advantages, losses
 
-PRESETS = ("default", "sparse_rl_math", "dense", "sparse_naive")
+PRESETS = ("default", "sparse_rl_math", "dense", "sparse_naive", "qurl", "qurl_group", "fp8rl", "rkv_int8")
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -35,7 +35,7 @@ def test_defaults_are_valid_and_documented():
     assert issubclass(ConfigError, SparserlError) and issubclass(ConfigError, ValueError)
 
 
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", sorted(set(PRESETS) | set(list_presets())))  # and any preset added later
 def test_presets_load_and_validate(name):
     assert name in list_presets()
     cfg = validate(load_config(name))

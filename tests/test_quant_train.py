@@ -21,6 +21,8 @@ def cfg_for(tmp_path, preset, *extra):
     ("qurl", {"compressor": "none", "quant": "int8", "kv_quant": "none", "quant_scale": 1.5, "correction": "qurl"}),
     ("fp8rl", {"compressor": "none", "quant": "fp8", "kv_quant": "fp8", "quant_scale": 1.0, "correction": "fp8rl"}),
     ("rkv_int8", {"compressor": "rkv", "quant": "int8", "kv_quant": "int8", "quant_scale": 1.0, "correction": "sparse_rl"}),
+    ("qurl_group", {"compressor": "none", "quant": "int8_group", "kv_quant": "none", "quant_scale": 1.5,
+                    "correction": "qurl", "quant_group": 64, "quant_smooth": 0.5, "quant_head": True}),
 ])
 def test_quantized_presets_compose(preset, expect):
     """Each preset is the default job with its sampler and correction; overrides still apply on top."""
@@ -28,6 +30,7 @@ def test_quantized_presets_compose(preset, expect):
     r = cfg.rollout
     got = {"compressor": r.compressor, "quant": r.quant, "kv_quant": r.kv_quant, "quant_scale": r.quant_scale,
            "correction": cfg.algorithm.correction}
+    got.update({key: getattr(r, key) for key in ("quant_group", "quant_smooth", "quant_head") if key in expect})
     expect = {**expect, "quant_scale": 2.0} if preset == "rkv_int8" else expect
     assert got == expect
     assert cfg.train.steps == load_config("default").train.steps  # the rest is the default job
@@ -60,9 +63,8 @@ def test_quant_group_reaches_the_trainers_sampler(tmp_path):
 def test_an_int8_group_step_with_smoothquant_and_head(tmp_path):
     """The accurate INT8 sampler in the loop (int8_group: weight and activation scales per group,
     SmoothQuant, the LM head quantized): one step trains and logs the visible-update fraction on
-    int8_group's own grid."""
-    cfg = cfg_for(tmp_path, "qurl", "train.steps=1", "rollout.quant=int8_group", "rollout.quant_group=32",
-                  "rollout.quant_smooth=0.5", "rollout.quant_head=true")
+    int8_group's own grid (the qurl_group preset, groups of 32 for the tiny model's widths)."""
+    cfg = cfg_for(tmp_path, "qurl_group", "train.steps=1", "rollout.quant_group=32")
     run = train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
     rows = [json.loads(line) for line in (run / names.METRICS_FILE).read_text().splitlines()]
     assert len(rows) == 1

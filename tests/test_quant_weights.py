@@ -358,6 +358,45 @@ def test_bad_quant_name_on_engine(tiny):
 
 
 
+@pytest.mark.parametrize("in_features", [576, 150])
+def test_int8_group_runs_the_unsigned_tile_on_256_bit_vnni(in_features, avx2_build, avx_vnni_build):
+    """An AVX-VNNI build without AVX512 (16-column panels, vpdpbusd on 32 bytes) runs int8_group on
+    the per-token kernel's unsigned-code tile, and per-token int8 on the full grid: the same bits as
+    the plain AVX2 build's signed group tile, with group weight scales, a last shorter group
+    (K = 150), a partial panel (N = 200) and outlier channels."""
+    from sparserl.rollout.quant.int8_group import quantize_int8_weight_groups
+
+    vnni, avx2 = avx_vnni_build, avx2_build
+    assert native.int8_group_u8(vnni) and native.int8_full_range(vnni)
+    assert not native.int8_group_u8(avx2) and vnni.sparserl_int8_panel_width() == 16
+    gen = torch.Generator().manual_seed(in_features)
+    w = torch.randn(200, in_features, generator=gen) * torch.logspace(-3, -1, 200)[:, None]
+    x = torch.randn(19, in_features, generator=gen) * 3
+    x[:, 5] *= 40
+    b = torch.randn(200, generator=gen)
+    q, g = quantize_int8_weight_groups(w, 64)
+    ones = torch.ones(200)
+    sums = native.pack_group_colsums(q, 64, lib=vnni)
+    assert sums is not None and native.pack_group_colsums(q, 64, lib=avx2) is None
+
+    def product(lib, **kw):
+        return native.linear_int8(x, native.pack_int8(q, lib=lib), ones, b, group=64,
+                                  group_scales=native.pack_group_scales(g, lib=lib), lib=lib, **kw)
+
+    signed = product(avx2)
+    assert torch.equal(product(vnni, group_colsum=sums), signed)
+    idx = torch.tensor([5, 77], dtype=torch.int32)
+    outliers = [native.linear_int8_outliers(x, native.pack_int8(q, lib=lib), ones, idx,
+                                            native.pack_outliers(w[:, idx.long()].contiguous(), lib=lib),
+                                            group=64, group_scales=native.pack_group_scales(g, lib=lib),
+                                            group_colsum=native.pack_group_colsums(q, 64, lib=lib), lib=lib)
+                for lib in (vnni, avx2)]
+    assert outliers[0] is not None and torch.equal(outliers[0], outliers[1])
+    qt, st = quantize_int8_per_channel(w, 127)  # per token on the full grid: exact with VNNI
+    per_token = [native.linear_int8(x, native.pack_int8(qt, lib=lib), st, b, lib=lib) for lib in (vnni, native.library())]
+    assert torch.equal(per_token[0], per_token[1])
+
+
 @pytest.mark.parametrize("group", [None, 64])
 def test_int8_kernels_give_the_same_bits_with_and_without_vnni(group, avx2_build):
     """On a VNNI CPU the native build multiplies with vpdpbusd, the AVX2 build with vpmaddubsw +

@@ -443,8 +443,9 @@ def pack_group_colsums(q: torch.Tensor, group: int, lib=None) -> torch.Tensor | 
 
 
 def int8_group_u8(lib=None) -> bool:
-    """Whether this build runs ``int8_group`` on the per-token kernel's unsigned codes and 512-bit
-    tile when given the group column sums (AVX512 VNNI; ``linear_int8.c``)."""
+    """Whether this build runs ``int8_group`` on the per-token kernel's unsigned codes and tile when
+    given the group column sums: where that tile's dot is one vpdpbusd (AVX512 VNNI on 512 bits,
+    AVX-VNNI on 256; ``linear_int8.c``)."""
     lib = lib or library()
     return bool(lib is not None and lib.sparserl_int8_group_u8())
 
@@ -491,8 +492,8 @@ def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scal
     - ``group=G``: ``s_n Σ_j a_tj g_nj Σ_{k ∈ j} P_tk Q_nk (+ bias)``, one scale per token and group
       of G inputs, ``g`` the weights' scales per output and group (``group_scales``,
       :func:`pack_group_scales`; None: 1) (``int8_group``; |Q| ≤ 127, G a multiple of 4).
-      ``group_colsum`` (:func:`pack_group_colsums`): the builds with AVX512 VNNI then run the groups
-      on the per-token kernel's wider tile (:func:`int8_group_u8`), with the same bits.
+      ``group_colsum`` (:func:`pack_group_colsums`): the builds with VNNI (AVX512 or AVX-VNNI) then
+      run the groups on the per-token kernel's tile (:func:`int8_group_u8`), with the same bits.
 
     None when the kernel does not take this input (the caller runs another kernel)."""
     panels, colsum = packed

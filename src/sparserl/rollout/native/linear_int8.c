@@ -17,8 +17,8 @@
  * and K), so one 32-byte load holds 8 columns x 4 k; a 4-row x 16-column tile keeps 8 int32
  * accumulators. Where the CPU has AVX512 (BW) the panels are 32 columns wide and the tile 4 x 32,
  * 8 accumulators of 16 lanes (int8_group's signed tile keeps 256 bits, on each 16-column half:
- * AVX512 has no vpsignb; with VNNI it runs on this tile instead, below). Panels are split over
- * OpenMP threads (torch's libgomp pool).
+ * AVX512 has no vpsignb; with VNNI, 512- or 256-bit, int8_group runs on this tile instead, below).
+ * Panels are split over OpenMP threads (torch's libgomp pool).
  *
  * Why: fbgemm's dynamic linear quantizes its input per tensor; per-token scales on it cost three
  * extra torch operators per product, and its products ran only ~1.14x this project's float32
@@ -40,22 +40,22 @@
 
 int sparserl_int8_panel_width(void) { return NR8; }
 
+/* 1 where the int8 tile's dot4 (simd.h's dot4_u8s8 / dot4_u8s8_512 at the tile's width) is one
+ * vpdpbusd: AVX512 VNNI for the 512-bit tile, AVX-VNNI (or AVX512 VNNI + VL) for the 256-bit one */
+#if (defined(__AVX512BW__) && defined(__AVX512VNNI__)) ||                                          \
+    (!defined(__AVX512BW__) && defined(__AVX2__) &&                                                    \
+     (defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))))
+#define I8_VNNI 1
+#else
+#define I8_VNNI 0
+#endif
+
 /* 1 when the per-token kernel's products are exact for the full weight grid |Q| <= 127: VNNI adds
  * each u8 x s8 product into 32 bits (no 16-bit pair sums), and the portable C sums in int32; 0 on
  * plain AVX2 / AVX512BW, whose vpmaddubsw pair sums saturate past 32767 (|Q| <= 64 there). */
 int sparserl_int8_full_range(void) {
-#if defined(__AVX512BW__)
-#if defined(__AVX512VNNI__)
-    return 1;
-#else
-    return 0;
-#endif
-#elif defined(__AVX2__)
-#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
-    return 1;
-#else
-    return 0;
-#endif
+#if defined(__AVX2__)
+    return I8_VNNI;
 #else
     return 1;
 #endif
@@ -146,6 +146,8 @@ typedef __m512i i8vec;
 #define I8_STORE_TO(p, v) _mm512_storeu_si512((void *)(p), v)
 #define I8_DOT4(c, u, w) dot4_u8s8_512(c, u, w)
 #define I8_PIN(a, b) __asm__("" : "+v"(a), "+v"(b))
+#define I8_SUB _mm512_sub_epi32
+#define I8_SHL7(v) _mm512_slli_epi32(v, 7)
 #elif defined(__AVX2__)
 /* AVX2: a 4-row x 16-column tile, 8 int32 accumulators of 8 lanes */
 typedef __m256i i8vec;
@@ -156,6 +158,33 @@ typedef __m256i i8vec;
 #define I8_STORE_TO(p, v) _mm256_storeu_si256((__m256i *)(p), v)
 #define I8_DOT4(c, u, w) dot4_u8s8(c, u, w)
 #define I8_PIN(a, b) __asm__("" : "+x"(a), "+x"(b))
+#define I8_SUB _mm256_sub_epi32
+#define I8_SHL7(v) _mm256_slli_epi32(v, 7)
+#endif
+
+/* float vectors of the tile's width (I8_LANES floats): the group tile's float sums, the outliers */
+#if defined(__AVX512BW__)
+typedef __m512 fvec; /* a panel row is two registers of 16 floats */
+#define FV_LANES 16
+#define FV_ZERO _mm512_setzero_ps
+#define FV_LOAD _mm512_loadu_ps
+#define FV_STORE _mm512_storeu_ps
+#define FV_FMA _mm512_fmadd_ps
+#define FV_ADD _mm512_add_ps
+#define FV_MUL _mm512_mul_ps
+#define FV_SET1 _mm512_set1_ps
+#define FV_CVT _mm512_cvtepi32_ps
+#elif defined(__AVX2__)
+typedef __m256 fvec; /* two registers of 8 floats */
+#define FV_LANES 8
+#define FV_ZERO _mm256_setzero_ps
+#define FV_LOAD _mm256_loadu_ps
+#define FV_STORE _mm256_storeu_ps
+#define FV_FMA _mm256_fmadd_ps
+#define FV_ADD _mm256_add_ps
+#define FV_MUL _mm256_mul_ps
+#define FV_SET1 _mm256_set1_ps
+#define FV_CVT _mm256_cvtepi32_ps
 #endif
 
 #if defined(__AVX2__)
@@ -286,61 +315,50 @@ static inline void store_group_row(float *y, const float *acc, const float *s, c
     for (int c = 0; c < ncols; c++) y[c] = (accumulate ? y[c] : 0.f) + (acc[c] * s[c] + (bias ? bias[c] : 0.f));
 }
 
-/* With AVX512 VNNI the groups can run on the per-token kernel's tile instead (tile8's unsigned
- * codes U = P + 128 and 512-bit vpdpbusd, no vpsignb): per group, sum_k U Q - 128 cs_nj = sum_k P Q
- * exactly (cs_nj = sum_{k in group j} Q_nk, packed per panel like g), so the same integers, then the
- * same float operations as tile_group: the same bits. Used when the caller passes cs. */
-#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+/* Where the int8 tile's dot4 is one vpdpbusd (I8_VNNI: AVX512 VNNI on the 512-bit tile, AVX-VNNI on
+ * the 256-bit one) the groups run on that tile too (tile8's unsigned codes U = P + 128, no vpsignb):
+ * per group, sum_k U Q - 128 cs_nj = sum_k P Q exactly (cs_nj = sum_{k in group j} Q_nk, packed per
+ * panel like g), so the same integers, then the same float operations as tile_group: the same bits.
+ * Used when the caller passes cs. (Without VNNI, vpmaddubsw's pair sums of U Q would saturate on
+ * the full grid.) On 256 bits the 8 float sums do not fit in the registers beside the 8 int32 sums;
+ * the compiler keeps them in memory, touched once per group. */
+#if defined(__AVX2__) && I8_VNNI
 #define GROUP_U8 1
-#define GU_DOT(r)                                                \
-    if (MR > r) {                                                \
-        int32_t xv;                                              \
-        memcpy(&xv, U + (int64_t)r * K4 + 4 * g, 4);             \
-        const __m512i xb = _mm512_set1_epi32(xv);                \
-        c##r##0 = dot4_u8s8_512(c##r##0, xb, w0);                \
-        c##r##1 = dot4_u8s8_512(c##r##1, xb, w1);                \
+#define GU_FLUSH(r)                                                                                           \
+    if (MR > r) {                                                                                             \
+        const fvec ar = FV_SET1(a[(int64_t)r * NG + j]);                                                      \
+        f##r##0 = FV_FMA(FV_CVT(I8_SUB(c##r##0, cs0)), FV_MUL(ar, gj0), f##r##0);                            \
+        f##r##1 = FV_FMA(FV_CVT(I8_SUB(c##r##1, cs1)), FV_MUL(ar, gj1), f##r##1);                            \
     }
-#define GU_FLUSH(r)                                                                                         \
-    if (MR > r) {                                                                                           \
-        const __m512 ar = _mm512_set1_ps(a[(int64_t)r * NG + j]);                                          \
-        f##r##0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c##r##0, cs0)), _mm512_mul_ps(ar, gj0), \
-                                  f##r##0);                                                                 \
-        f##r##1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c##r##1, cs1)), _mm512_mul_ps(ar, gj1), \
-                                  f##r##1);                                                                 \
-    }
-#define GU_STORE(r)                                                                                            \
-    if (MR > r) {                                                                                              \
-        float acc[NR8];                                                                                        \
-        _mm512_storeu_ps(acc, f##r##0);                                                                        \
-        _mm512_storeu_ps(acc + 16, f##r##1);                                                                   \
-        store_group_row(Y + (int64_t)r * ldy, acc, s, bias, ncols, accumulate);                               \
+#define GU_STORE(r)                                                                                           \
+    if (MR > r) {                                                                                             \
+        float acc[NR8];                                                                                       \
+        FV_STORE(acc, f##r##0);                                                                               \
+        FV_STORE(acc + FV_LANES, f##r##1);                                                                    \
+        store_group_row(Y + (int64_t)r * ldy, acc, s, bias, ncols, accumulate);                              \
     }
 
-/* MR (<= 4) rows x one 32-column panel */
+/* MR (<= 4) rows x one panel */
 static inline __attribute__((always_inline)) void tile_group_u8(const int MR, int K4, int G, int NG, const uint8_t *U,
                                                                  const float *a, const int8_t *w, const int32_t *cs,
                                                                  const float *s, const float *gs, const float *bias,
                                                                  float *Y, int64_t ldy, int ncols, int accumulate,
                                                                  const int prefetch) {
-    __m512 f00 = _mm512_setzero_ps(), f01 = f00, f10 = f00, f11 = f00, f20 = f00, f21 = f00, f30 = f00, f31 = f00;
-    const __m512 one = _mm512_set1_ps(1.f);
+    fvec f00 = FV_ZERO(), f01 = f00, f10 = f00, f11 = f00, f20 = f00, f21 = f00, f30 = f00, f31 = f00;
+    const fvec one = FV_SET1(1.f);
     for (int j = 0; j < NG; j++) {
         const int g0 = j * G / 4, g1 = (j + 1) * G / 4 < K4 / 4 ? (j + 1) * G / 4 : K4 / 4;
-        __m512i c00 = _mm512_setzero_si512(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
-                c31 = c00;
+        I8_DECL(0) I8_DECL(1) I8_DECL(2) I8_DECL(3)
         for (int g = g0; g < g1; g++) {
             if (prefetch)
                 for (int line = 0; line < NR8 * 4; line += 64)
                     _mm_prefetch((const char *)(w + (int64_t)g * NR8 * 4 + PREFETCH_BYTES + line), _MM_HINT_T0);
-            __m512i w0 = _mm512_loadu_si512((const void *)(w + (int64_t)g * NR8 * 4)),
-                    w1 = _mm512_loadu_si512((const void *)(w + (int64_t)g * NR8 * 4 + 64));
-            __asm__("" : "+v"(w0), "+v"(w1));
-            GU_DOT(0) GU_DOT(1) GU_DOT(2) GU_DOT(3)
+            i8vec w0 = I8_LOAD(w + (int64_t)g * NR8 * 4), w1 = I8_LOAD(w + (int64_t)g * NR8 * 4 + 4 * I8_LANES);
+            I8_PIN(w0, w1);
+            I8_DOT(0) I8_DOT(1) I8_DOT(2) I8_DOT(3)
         }
-        const __m512i cs0 = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(cs + (int64_t)j * NR8)), 7),
-                      cs1 = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(cs + (int64_t)j * NR8 + 16)), 7);
-        const __m512 gj0 = gs ? _mm512_loadu_ps(gs + (int64_t)j * NR8) : one,
-                     gj1 = gs ? _mm512_loadu_ps(gs + (int64_t)j * NR8 + 16) : one;
+        const i8vec cs0 = I8_SHL7(I8_LOAD(cs + (int64_t)j * NR8)), cs1 = I8_SHL7(I8_LOAD(cs + (int64_t)j * NR8 + I8_LANES));
+        const fvec gj0 = gs ? FV_LOAD(gs + (int64_t)j * NR8) : one, gj1 = gs ? FV_LOAD(gs + (int64_t)j * NR8 + FV_LANES) : one;
         GU_FLUSH(0) GU_FLUSH(1) GU_FLUSH(2) GU_FLUSH(3)
     }
     GU_STORE(0) GU_STORE(1) GU_STORE(2) GU_STORE(3)
@@ -533,24 +551,6 @@ int sparserl_linear_int8_group(int M, int N, int K, int G, const float *X, int64
  * the same whatever the vector width, so every build gives the same bits. */
 
 #define OUTLIER_STACK_ROWS 64
-
-#if defined(__AVX512F__) && NR8 == 32
-typedef __m512 fvec; /* a panel row is two registers of 16 floats */
-#define FV_LANES 16
-#define FV_LOAD _mm512_loadu_ps
-#define FV_STORE _mm512_storeu_ps
-#define FV_FMA _mm512_fmadd_ps
-#define FV_ADD _mm512_add_ps
-#define FV_SET1 _mm512_set1_ps
-#elif defined(__AVX2__)
-typedef __m256 fvec; /* two registers of 8 floats */
-#define FV_LANES 8
-#define FV_LOAD _mm256_loadu_ps
-#define FV_STORE _mm256_storeu_ps
-#define FV_FMA _mm256_fmadd_ps
-#define FV_ADD _mm256_add_ps
-#define FV_SET1 _mm256_set1_ps
-#endif
 
 /* MR (<= 4) rows of one panel: t = T's columns (0 past ncols), the fmaf chain over j in
  * registers (4 rows x 2 registers: 8 independent chains), then + bias, then into Y */

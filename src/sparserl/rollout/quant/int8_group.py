@@ -21,9 +21,9 @@ only, and the same holds for a weight row. Measured on the bench's generated tok
 of exactly these roundings, eleventh session): per-channel weights with group activations and
 SmoothQuant 0.5 reach α 0.968; group scales on both sides 0.977.
 
-Kernels: on x86 CPU with sparserl's native kernels, ``linear_int8.c``'s group kernel: with AVX512
-VNNI on the per-token kernel's 512-bit tile (unsigned codes P + 128, each group's sum corrected by
-128 times its column sums of Q, kept per group); otherwise on AVX2 with ``vpsignb`` + ``vpmaddubsw``
+Kernels: on x86 CPU with sparserl's native kernels, ``linear_int8.c``'s group kernel: with VNNI
+(AVX512 VNNI on 512 bits, AVX-VNNI on 256) on the per-token kernel's tile (unsigned codes P + 128,
+each group's sum corrected by 128 times its column sums of Q, kept per group); otherwise on AVX2 with ``vpsignb`` + ``vpmaddubsw``
 (|P| against Q carrying P's sign, so the 8-bit grid cannot saturate). Both give the same bits. On
 CUDA one ``torch._int_mm`` per group; elsewhere an emulation in float32 of exactly these
 integers (labelled ``emulated``). 64 divides the hidden sizes of the common models (576, 1,536,
