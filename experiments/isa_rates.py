@@ -29,10 +29,9 @@ SHAPES = [(3072, 576), (576, 1536), (960, 576), (576, 576)]  # gate/up, down, q/
 def main() -> None:
     flags = Path("/proc/cpuinfo").read_text()
     print("CPU VNNI:", "avx_vnni" in flags or "avx512_vnni" in flags, " AVX512:", "avx512f" in flags)
-    rest = [f for f in native.FLAGS if not f.startswith("-march")]
-    builds = {"native": native.library(), "avx2": native.load(native.build(flags=[*rest, "-mavx2", "-mfma", "-mf16c"]))}
+    builds = {"native": native.library(), "avx2": native.load(native.build(flags=native.flags_for("-mavx2 -mfma -mf16c")))}
     if "avx_vnni" in flags:
-        builds["avx_vnni"] = native.load(native.build(flags=[*rest, "-mavx2", "-mfma", "-mf16c", "-mavxvnni"]))
+        builds["avx_vnni"] = native.load(native.build(flags=native.flags_for("-mavx2 -mfma -mf16c -mavxvnni")))
     torch.manual_seed(0)
     for N, K in SHAPES:
         ws = [torch.randn(N, K) * 0.05 for _ in range(LAYERS)]

@@ -47,8 +47,7 @@ def avx2_build():
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     if native.library() is None or not all(f" {f}" in flags for f in ("avx2", "fma", "f16c")):
         pytest.skip("no AVX2/FMA/F16C CPU or no C compiler")
-    rest = [f for f in native.FLAGS if not f.startswith("-march")]
-    return native.load(native.build(flags=[*rest, "-mavx2", "-mfma", "-mf16c"]))
+    return native.load(native.build(flags=native.flags_for("-mavx2 -mfma -mf16c")))
 
 
 @pytest.fixture(scope="session")
@@ -62,5 +61,4 @@ def avx_vnni_build():
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     if native.library() is None or not all(f" {f}" in flags for f in ("avx2", "fma", "f16c", "avx_vnni")):
         pytest.skip("no AVX-VNNI CPU or no C compiler")
-    rest = [f for f in native.FLAGS if not f.startswith("-march")]
-    return native.load(native.build(flags=[*rest, "-mavx2", "-mfma", "-mf16c", "-mavxvnni"]))
+    return native.load(native.build(flags=native.flags_for("-mavx2 -mfma -mf16c -mavxvnni")))

@@ -132,7 +132,7 @@ def test_build_is_cached_per_source(tmp_path, monkeypatch):
 def test_portable_build_equals_torch(tmp_path, monkeypatch, kv_quant):
     """The plain C loops (no -march: what a CPU without AVX2 runs) give the same numbers."""
     monkeypatch.setenv("SPARSERL_NATIVE_CACHE", str(tmp_path))
-    portable = native.load(native.build(flags=[f for f in native.FLAGS if not f.startswith("-march")]))
+    portable = native.load(native.build(flags=native.flags_for("")))
     for shape in SHAPES:
         q, K, V, bias = _inputs(*shape, seed=2)
         scales = ()

@@ -122,7 +122,7 @@ def test_kernels_decline_what_they_do_not_take():
 
 
 def test_portable_build_equals_torch():
-    portable = native.load(native.build(flags=[f for f in native.FLAGS if not f.startswith("-march")]))
+    portable = native.load(native.build(flags=native.flags_for("")))
     keys, valid = _keys(2, 3, 37), _valid(2, 37)
     torch.testing.assert_close(native.rkv_redundancy(keys, valid, 0.5, lib=portable),
                                native.rkv_redundancy(keys, valid, 0.5), atol=1e-6, rtol=1e-5)

@@ -75,7 +75,7 @@ def test_avx512_panels_give_the_avx2_bits(avx2_build):
 def test_portable_build_equals_torch(tmp_path, monkeypatch):
     """The plain C loops (no -march: what a CPU without AVX2 runs) give the same products."""
     monkeypatch.setenv("SPARSERL_NATIVE_CACHE", str(tmp_path))
-    portable = native.load(native.build(flags=[f for f in native.FLAGS if not f.startswith("-march")]))
+    portable = native.load(native.build(flags=native.flags_for("")))
     for M, N, K in SHAPES:
         gen = torch.Generator().manual_seed(M + N + K)
         w, x, b = torch.randn(N, K, generator=gen), torch.randn(M, K, generator=gen), torch.randn(N, generator=gen)
@@ -175,3 +175,17 @@ def test_linear_adds_into_the_residual_in_place():
     with native.torch_only():  # the torch path adds in place too
         assert sampler_model.linear(x, w, add_to=h2) is h2
     torch.testing.assert_close(h2, h + F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_native_arch_replaces_march_native(monkeypatch):
+    """$SPARSERL_NATIVE_ARCH builds the library for fewer instruction sets than this CPU has (what a
+    laptop's AVX2 + AVX-VNNI gets); unset or empty, -march=native."""
+    monkeypatch.delenv("SPARSERL_NATIVE_ARCH", raising=False)
+    assert native.default_flags() == native.FLAGS
+    monkeypatch.setenv("SPARSERL_NATIVE_ARCH", "")
+    assert native.default_flags() == native.FLAGS
+    monkeypatch.setenv("SPARSERL_NATIVE_ARCH", "-mavx2 -mfma  -mavxvnni")
+    flags = native.default_flags()
+    assert "-march=native" not in flags and flags[-3:] == ["-mavx2", "-mfma", "-mavxvnni"]
+    assert set(native.FLAGS) - {"-march=native"} <= set(flags)
+    assert native.flags_for("") == [f for f in native.FLAGS if f != "-march=native"]

@@ -117,7 +117,7 @@ def test_native_int8_linear_equals_reference_of_the_same_quantized_values(rows, 
     ref = (p.double() @ q.double().t()) * a.double() * s.double() + b.double()
     y = lin(x, b)
     assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
-    portable = native.load(native.build(flags=[f for f in native.FLAGS if not f.startswith("-march")]))
+    portable = native.load(native.build(flags=native.flags_for("")))
     y2 = native.linear_int8(x, native.pack_int8(q, lib=portable), s, b, lib=portable)
     assert torch.allclose(y2.double(), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
     with native.torch_only():  # fbgemm's copy, made on first use: the same weight, its own activation grid
@@ -166,7 +166,7 @@ def test_int8_group_linear_equals_reference_of_the_same_quantized_values(rows, o
         lin = Int8GroupLinear(q, g, group)
         assert lin.kernel == "native" and lin.q is None and torch.equal(lin.codes(), q)
         torch.testing.assert_close(lin(x, b).double(), ref, **tol)
-        portable = native.load(native.build(flags=[f for f in native.FLAGS if not f.startswith("-march")]))
+        portable = native.load(native.build(flags=native.flags_for("")))
         y2 = native.linear_int8(x, native.pack_int8(q, lib=portable), torch.ones(out_features), b, group=group,
                                 group_scales=native.pack_group_scales(g, lib=portable), lib=portable)
         torch.testing.assert_close(y2.double(), ref, **tol)
@@ -414,6 +414,5 @@ def test_int8_kernels_give_the_same_bits_with_and_without_vnni(group, avx2_build
     y_avx2 = native.linear_int8(x, native.pack_int8(q, lib=avx2), s, b, group=group, lib=avx2)
     assert torch.equal(y_native, y_avx2)
     if " avx512bw" in Path("/proc/cpuinfo").read_text():  # 32-column panels without VNNI: vpmaddubsw on 64 bytes
-        rest = [f for f in native.FLAGS if not f.startswith("-march")]
-        bw = native.load(native.build(flags=[*rest, "-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"]))
+        bw = native.load(native.build(flags=native.flags_for("-mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl")))
         assert torch.equal(native.linear_int8(x, native.pack_int8(q, lib=bw), s, b, group=group, lib=bw), y_avx2)

@@ -22,7 +22,8 @@ Six sources, one library:
 All are plain C (AVX2 intrinsics where the compiler targets them, OpenMP), loaded
 with :mod:`ctypes`: no torch headers, so they compile in about a second. The library is built once
 per source, compiler, flags and CPU into
-``$SPARSERL_NATIVE_CACHE`` (default ``~/.cache/sparserl/native``); concurrent builders (pytest
+``$SPARSERL_NATIVE_CACHE`` (default ``~/.cache/sparserl/native``; ``$SPARSERL_NATIVE_ARCH`` replaces
+``-march=native``: :func:`default_flags`); concurrent builders (pytest
 workers) each write a temporary file and rename it into place.
 
 It links OpenMP as ``libgomp.so.1``, the soname of the runtime torch has already loaded, so the
@@ -40,6 +41,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -82,6 +84,21 @@ def cpu_flags() -> set[str]:
     return set(line.split(":", 1)[1].split()) if ":" in line else set()
 
 
+def flags_for(arch: str | None) -> list[str]:
+    """:data:`FLAGS` with ``-march=native`` replaced by ``arch``, compiler flags in one string (e.g.
+    ``"-mavx2 -mfma -mf16c -mavxvnni"``; ``""``: the portable C), or unchanged for None."""
+    if arch is None:
+        return list(FLAGS)
+    return [f for f in FLAGS if not f.startswith("-march")] + shlex.split(arch)
+
+
+def default_flags() -> list[str]:
+    """The library's flags: :data:`FLAGS`, or with ``-march=native`` replaced by
+    ``$SPARSERL_NATIVE_ARCH`` where it is set (to measure what a CPU with fewer instruction sets
+    gets, e.g. a laptop's AVX2 + AVX-VNNI; the code must still run on this CPU)."""
+    return flags_for(os.environ.get("SPARSERL_NATIVE_ARCH") or None)
+
+
 def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
@@ -89,8 +106,9 @@ def _compiler() -> str | None:
 def build(compiler: str | None = None, flags: list[str] | None = None) -> Path:
     """Compile :data:`SOURCES` into one library (if not already built for this source, compiler, flags and CPU)
     and return the shared library's path. Raises RuntimeError with the compiler's message on
-    failure. ``flags``: other than :data:`FLAGS` (tests build the portable C without ``-march``)."""
-    flags = FLAGS if flags is None else flags
+    failure. ``flags``: other than :func:`default_flags` (tests build the portable C without
+    ``-march``: :func:`flags_for`)."""
+    flags = default_flags() if flags is None else flags
     cc = compiler or _compiler()
     if cc is None:
         raise RuntimeError("no C compiler found (cc, gcc or clang; or set CC)")
