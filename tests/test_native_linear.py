@@ -180,12 +180,16 @@ def test_linear_adds_into_the_residual_in_place():
 def test_native_arch_replaces_march_native(monkeypatch):
     """$SPARSERL_NATIVE_ARCH builds the library for fewer instruction sets than this CPU has (what a
     laptop's AVX2 + AVX-VNNI gets); unset or empty, -march=native."""
+    from sparserl.bench.machine import machine_info
+
     monkeypatch.delenv("SPARSERL_NATIVE_ARCH", raising=False)
     assert native.default_flags() == native.FLAGS
+    assert machine_info(1.0, 1.0, 16)["native_arch"] == "native"  # the bench JSON says which build ran
     monkeypatch.setenv("SPARSERL_NATIVE_ARCH", "")
     assert native.default_flags() == native.FLAGS
     monkeypatch.setenv("SPARSERL_NATIVE_ARCH", "-mavx2 -mfma  -mavxvnni")
     flags = native.default_flags()
     assert "-march=native" not in flags and flags[-3:] == ["-mavx2", "-mfma", "-mavxvnni"]
     assert set(native.FLAGS) - {"-march=native"} <= set(flags)
+    assert machine_info(1.0, 1.0, 16)["native_arch"] == "-mavx2 -mfma  -mavxvnni"
     assert native.flags_for("") == [f for f in native.FLAGS if f != "-march=native"]

@@ -76,4 +76,15 @@ def machine_info(bandwidth: float, gemm_flops: float, gemm_rows: int) -> dict:
         "gemm_flops_per_s": gemm_flops,
         "gemm_rows": gemm_rows,
         "cuda": torch.cuda.is_available(),
+        "native_arch": _native_arch(),
     }
+
+
+def _native_arch() -> str | None:
+    """What the native kernels were built for: "native" (-march=native), the flags of
+    $SPARSERL_NATIVE_ARCH, or None where they do not run."""
+    from ..rollout import native
+
+    if native.library() is None:
+        return None
+    return os.environ.get("SPARSERL_NATIVE_ARCH") or "native"
