@@ -72,6 +72,28 @@ def test_int_mm_product_equals_reference_of_the_same_quantized_values():
     assert torch.allclose(y.double(), ref, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("rows", [1, 5, 16, 17])
+def test_the_int_mm_paths_run_on_cpu_as_on_cuda(rows):
+    """The CUDA paths of int8 / int8_group (torch._int_mm, per group for int8_group; small inputs
+    padded to 17 rows), run through torch's CPU _int_mm: the padding changes nothing, and int8_group's
+    per-group _int_mm gives the float path's bits (both sums are exact integers)."""
+    from sparserl.rollout.quant.int8 import int_mm
+    from sparserl.rollout.quant.int8_group import int8_matmul_per_group, quantize_int8_weight_groups
+
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(48, 80, generator=gen) * torch.logspace(-3, -1, 48)[:, None]
+    x = torch.randn(rows, 80, generator=gen)
+    q, s = quantize_int8_per_channel(w)
+    p, _ = quantize_int8_per_token(x)
+    padded = int_mm(p, q.t(), pad=True)
+    assert padded.shape == (rows, 48) and padded.dtype == torch.int32
+    assert torch.equal(padded, int_mm(p, q.t(), pad=False))
+    assert torch.equal(padded.long(), p.long() @ q.long().t())
+    qg, g = quantize_int8_weight_groups(w, 32)  # groups of 32, 32 and a last one of 16
+    assert torch.equal(int8_matmul_per_group(x, qg, g, 32, use_int_mm=True),
+                       int8_matmul_per_group(x, qg, g, 32, use_int_mm=False))
+
+
 @pytest.mark.skipif(not fbgemm_available("cpu"), reason="fbgemm (x86 CPU) only")
 def test_fbgemm_int8_linear_equals_reference_of_the_same_quantized_values():
     """fbgemm's per-tensor uint8 activation grid on rows scaled to max |x| = 1 (per-token scales),
@@ -275,6 +297,32 @@ def test_fp8_is_labelled_emulated_without_scaled_mm():
     lin = q.quantize(_weight())
     assert lin.emulated and lin.kernel == "emulated" and q.emulated_on("cpu")
     assert not build_quant("int8").emulated_on("cpu")
+
+
+def _cpu_scaled_mm() -> bool:
+    try:
+        e4m3 = torch.zeros(16, 16).to(torch.float8_e4m3fn)
+        torch._scaled_mm(e4m3, e4m3.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
+        return True
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
+
+
+@pytest.mark.skipif(not _cpu_scaled_mm(), reason="this torch has no row-wise torch._scaled_mm on CPU")
+@pytest.mark.parametrize("rows", [1, 5, 16, 33])
+def test_fp8_scaled_mm_branch_equals_the_emulation(rows):
+    """The GPU branch of Fp8Linear (torch._scaled_mm with row-wise scales, bfloat16 out), run through
+    torch's CPU implementation of the same call (~30x slower than float32 here, so never chosen on
+    a CPU): the emulation's numbers up to the bfloat16 output's rounding. It checks the call itself
+    (operand layout, scale shapes, output dtype), which no GPU has run in this project yet."""
+    gen = torch.Generator().manual_seed(rows)
+    lin = build_quant("fp8").quantize(torch.randn(48, 64, generator=gen) * torch.logspace(-3, -1, 48)[:, None])
+    x = torch.randn(rows, 64, generator=gen) * 2
+    emulated = lin.matmul(x)
+    lin.emulated = False
+    kernel = lin.matmul(x)
+    assert kernel.dtype == torch.float32 and kernel.shape == emulated.shape
+    torch.testing.assert_close(kernel, emulated, rtol=2 ** -8, atol=1e-6 * float(emulated.abs().max()))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")

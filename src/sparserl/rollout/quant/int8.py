@@ -55,7 +55,7 @@ from .. import native
 from .base import QUANTS, QuantizedLinear, WeightQuantizer
 
 __all__ = ["Int8W8A8", "cpu_weight_qmax", "quantize_int8_per_channel", "dequantize_int8_per_channel", "quantize_int8_per_token",
-           "int8_matmul_per_token", "fbgemm_available"]
+           "int8_matmul_per_token", "int_mm", "fbgemm_available"]
 
 QMAX = 127
 QMAX_FBGEMM = 64  # no int16 saturation in fbgemm's AVX2 u8 x s8 products (module docstring)
@@ -85,17 +85,22 @@ def quantize_int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return torch.round(xf / a).clamp_(-QMAX, QMAX).to(torch.int8), a
 
 
+def int_mm(p: torch.Tensor, q_t: torch.Tensor, pad: bool | None = None) -> torch.Tensor:
+    """``P Qᵀ`` in int32 on ``torch._int_mm``, for P int8 [rows, in] and Qᵀ int8 [in, out].
+    ``_int_mm`` on CUDA wants more than 16 rows: with ``pad`` (default: on CUDA) smaller inputs are
+    zero-padded to 17 rows and the extra rows dropped."""
+    rows = p.shape[0]
+    if (p.is_cuda if pad is None else pad) and rows <= 16:
+        p = torch.cat([p, p.new_zeros(17 - rows, p.shape[1])])
+    return torch._int_mm(p, q_t)[:rows]
+
+
 def int8_matmul_per_token(x: torch.Tensor, q_t: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """X [rows, in] (float) times the int8 weight given transposed, ``Qᵀ [in, out]`` (contiguous
     as ``Q`` is: a view), with per-channel scales [out]: ``a_t s_o Σ_i P_ti Q_oi`` in float32,
-    the sum on ``torch._int_mm`` (int32 accumulation). ``_int_mm`` on CUDA wants more than 16
-    rows: smaller inputs are zero-padded to 17 rows."""
+    the sum on ``torch._int_mm`` (:func:`int_mm`, int32 accumulation)."""
     p, a = quantize_int8_per_token(x)
-    rows = p.shape[0]
-    if p.is_cuda and rows <= 16:
-        p = torch.cat([p, p.new_zeros(17 - rows, p.shape[1])])
-    acc = torch._int_mm(p, q_t)[:rows]
-    return acc.float() * a * scales[None, :]
+    return int_mm(p, q_t).float() * a * scales[None, :]
 
 
 def cpu_weight_qmax() -> int:

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from .. import native
 from .base import QUANTS, QuantizedLinear, WeightQuantizer
-from .int8 import QMAX
+from .int8 import QMAX, int_mm
 
 GROUP = 64
 
@@ -65,20 +65,19 @@ def quantize_int8_per_group(x: torch.Tensor, group: int = GROUP) -> tuple[torch.
     return p, a
 
 
-def int8_matmul_per_group(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group: int = GROUP) -> torch.Tensor:
+def int8_matmul_per_group(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group: int = GROUP,
+                          use_int_mm: bool | None = None) -> torch.Tensor:
     """``Σ_j a_tj g_oj Σ_{i ∈ j} P_ti Q_oi`` in float32 for X [rows, in], Q int8 [out, in] and the
-    weight scales g [out, n_groups]: one ``torch._int_mm`` per group on CUDA; elsewhere each
-    group's integer sum in float32, which is exact (at most 64 · 127² < 2²⁴ per group)."""
+    weight scales g [out, n_groups]: one ``torch._int_mm`` per group (``use_int_mm``; default: on
+    CUDA); else each group's integer sum in float32. Both are exact (at most 64 · 127² < 2²⁴ per
+    group), so the two give the same bits."""
     p, a = quantize_int8_per_group(x, group)
     rows, k = p.shape
     out = torch.zeros(rows, q.shape[0], dtype=torch.float32, device=x.device)
     for j in range(a.shape[1]):
         cols = slice(j * group, min(k, (j + 1) * group))
-        if p.is_cuda:
-            pj = p[:, cols]
-            if rows <= 16:  # _int_mm on CUDA wants more than 16 rows
-                pj = torch.cat([pj, pj.new_zeros(17 - rows, pj.shape[1])])
-            acc = torch._int_mm(pj.contiguous(), q[:, cols].t().contiguous())[:rows].float()
+        if p.is_cuda if use_int_mm is None else use_int_mm:
+            acc = int_mm(p[:, cols].contiguous(), q[:, cols].t().contiguous()).float()
         else:
             acc = p[:, cols].float() @ q[:, cols].float().t()
         out += acc * (a[:, j : j + 1] * scales[None, :, j])
