@@ -26,7 +26,7 @@ TINY_BENCH = ["bench", "rollout", "--model", "tiny", "--no-hf", "--max-new-token
 @pytest.fixture
 def fast_machine(monkeypatch):
     """The machine's ceilings as constants (the real measurement reads 512 MB several times)."""
-    monkeypatch.setattr(rollout, "memory_bandwidth", lambda: 20e9)
+    monkeypatch.setattr(rollout, "memory_bandwidth", lambda **kw: 20e9)
 
 
 # --- roofline -----------------------------------------------------------------------------------
@@ -169,6 +169,31 @@ def test_bench_rejects_bad_numbers_and_peers(option, value):
     args = cli.build_parser().parse_args([*TINY_BENCH, option, value])
     with pytest.raises(OptionError, match=option):
         args.fn(args)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("device,message", [("cuda", "CUDA is not available"), ("tpu9", "not a device")])
+def test_bench_device_this_machine_lacks_fails_before_loading(monkeypatch, device, message):
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: pytest.fail("loaded"))
+    args = cli.build_parser().parse_args([*TINY_BENCH, "--device", device])
+    with pytest.raises(SparserlError, match=f"--device={device!r}.*{message}"):
+        args.fn(args)
+
+
+def test_bench_runs_on_the_device_asked_and_skips_cpu_peers_elsewhere(tiny, fast_machine, monkeypatch):
+    """--device reaches the model's loading and the JSON's machine; a CPU-only peer is skipped with
+    its reason when the rows run elsewhere (a stand-in device here: no GPU on this machine)."""
+    seen = []
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: seen.append(k["device"]) or tiny)
+    kw = dict(model="tiny", batch=2, max_new_tokens=3, kv_budget=8, step_length=2, compressors=[],
+              dtype="float32", hf_baseline=False, log=lambda *a: None)
+    report = rollout.run_bench(device="cpu", **kw)
+    assert seen == [torch.device("cpu")] and report["machine"]["device"] == "cpu"
+    assert report["machine"]["gpu"] is None
+    monkeypatch.setattr(rollout, "resolve_device", lambda *a, **k: torch.device("meta"))
+    report = rollout.run_bench(device="meta", peers=["openvino"], **kw)
+    assert "--device cpu" in report["peers_skipped"]["openvino"]
+    assert report["machine"]["device"] == "meta"
 
 
 def test_bench_batch_64_runs(tiny, fast_machine, monkeypatch, tmp_path):

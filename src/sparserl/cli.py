@@ -119,8 +119,9 @@ def cmd_demo(args) -> int:
 def cmd_bench_rollout(args) -> int:
     from .bench.rollout import KERNELS, PEERS, bench_compressor, run_bench, write_json
     from .rollout.quant.smooth import check_strength
-    from .models.loading import check_model
+    from .models.loading import check_model, resolve_device
 
+    resolve_device(args.device, key="--device")  # a device this machine lacks fails before anything loads
     check_int(args.batch, "--batch", 1, what="sequences generated at once")
     check_int(args.max_new_tokens, "--max-new-tokens", 1)
     check_int(args.kv_budget, "--kv-budget", 1)
@@ -162,7 +163,7 @@ def cmd_bench_rollout(args) -> int:
                        compress_prompt=args.compress_prompt or None, quant_smooth=args.quant_smooth,
                        quant_group=args.quant_group, quant_outliers=args.quant_outliers,
                        quant_head=args.quant_head, tail_slack=args.tail_slack,
-                       kernels=kernels)
+                       kernels=kernels, device=args.device)
     if args.json:
         write_json(report, args.json)
         print(f"wrote {args.json}")
@@ -337,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--tail-slack", type=int, default=0, help="spare KV slots past budget + step length: a "
                     "compression due when the rest of the generation fits in them is skipped (rollout.tail_slack)")
     br.add_argument("--dtype", default="auto")
+    br.add_argument("--device", default="auto", help="where the rows run: auto (cuda if available, else cpu), "
+                    "cpu, cuda, cuda:N (as model.device)")
     br.add_argument("--seed", type=int, default=0)
     br.add_argument("--no-hf", action="store_true", help="skip the transformers generate baseline")
     br.add_argument("--repeat", type=int, default=1,

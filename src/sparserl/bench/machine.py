@@ -9,14 +9,19 @@ import time
 import torch
 
 
-def memory_bandwidth(nbytes: int = 512 << 20, repeats: int = 5) -> float:
-    """Measured read bandwidth in bytes/s: the best of several full reads of a large buffer."""
-    x = torch.ones(nbytes // 4, dtype=torch.float32)
+def memory_bandwidth(nbytes: int = 512 << 20, repeats: int = 5, device: torch.device | str = "cpu") -> float:
+    """Measured read bandwidth of ``device``'s memory in bytes/s: the best of several full reads of a
+    large buffer (after one untimed read)."""
+    device = torch.device(device)
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     best = float("inf")
-    for _ in range(repeats):
+    for i in range(repeats + 1):
         t = time.perf_counter()
         x.sum()
-        best = min(best, time.perf_counter() - t)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i:
+            best = min(best, time.perf_counter() - t)
     return nbytes / best
 
 
@@ -56,7 +61,7 @@ def gemm_flops_per_s(model, rows: int, repeats: int = 5) -> float:
     return flops / best
 
 
-def machine_info(bandwidth: float, gemm_flops: float, gemm_rows: int) -> dict:
+def machine_info(bandwidth: float, gemm_flops: float, gemm_rows: int, device: torch.device | str = "cpu") -> dict:
     cpu = platform.processor() or ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -76,6 +81,8 @@ def machine_info(bandwidth: float, gemm_flops: float, gemm_rows: int) -> dict:
         "gemm_flops_per_s": gemm_flops,
         "gemm_rows": gemm_rows,
         "cuda": torch.cuda.is_available(),
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(torch.device(device)) if torch.device(device).type == "cuda" else None,
         "native_arch": _native_arch(),
     }
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from ..models.loading import load_model, parse_dtype
+from ..models.loading import load_model, parse_dtype, resolve_device
 from ..rollout import fused, native
 from ..rollout.engine import RolloutEngine
 from ..rollout.kv import CompressorOptionError, KVCompressor, build_compressor
@@ -59,7 +59,7 @@ __all__ = ["BENCH_PROMPT", "KERNELS", "PEERS", "RssSampler", "bench_compressor",
 
 def _hf_generate_run(lm, prompt_ids: list[int], batch: int, L: int, seed: int) -> Run:
     model = lm.model
-    ids = torch.tensor([prompt_ids] * batch)
+    ids = torch.tensor([prompt_ids] * batch, device=model.device)
     torch.manual_seed(seed)
     with torch.inference_mode():
         t = time.perf_counter()
@@ -67,6 +67,8 @@ def _hf_generate_run(lm, prompt_ids: list[int], batch: int, L: int, seed: int) -
             ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=L, min_new_tokens=L,
             return_dict_in_generate=True, pad_token_id=lm.tokenizer.pad_token_id,
         )
+        if model.device.type == "cuda":
+            torch.cuda.synchronize(model.device)
         seconds = time.perf_counter() - t
     gen = out.sequences.shape[1] - ids.shape[1]
     kv = 0
@@ -142,8 +144,11 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
               compile: bool = False, quants: list[str] | tuple = ("none",), kv_quants: list[str] | tuple = ("none",),
               mismatch_rows: int = 4, compress_prompt: bool | None = None, quant_smooth: float = 0.0,
               quant_group: int | None = None, quant_outliers: int = 0, quant_head: bool = False,
-              kernels: list[str] | tuple = ("native",), tail_slack: int = 0, log=print) -> dict:
-    """``kernels``: the decode-step kernels to time (:data:`KERNELS`); each one after the first adds
+              kernels: list[str] | tuple = ("native",), tail_slack: int = 0, device: str = "auto",
+              log=print) -> dict:
+    """``device``: where every sparserl row and the transformers baseline run (``auto``: CUDA when
+    available, else the CPU; a peer engine that cannot run there is skipped with its reason).
+    ``kernels``: the decode-step kernels to time (:data:`KERNELS`); each one after the first adds
     the dense and compressor rows again with those kernels (``torch``: torch's batched matmuls for
     attention and oneDNN's packed products for the weights, in the same process); the quantized rows
     run with the first. Every sparserl row carries ``kernels``, what ran (``native`` falls back to
@@ -157,9 +162,10 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
         build_quant(q, group=quant_group)
     for kq in kv_quants:
         get_kv_quantizer(kq)
+    dev = resolve_device(device, key="--device")
     dt = parse_dtype(dtype)
     dtype_name = str(dt).replace("torch.", "")
-    lm = load_model(model, dtype=dt)
+    lm = load_model(model, dtype=dt, device=dev)
     if quant_outliers and any(build_quant(q).quantizes_activations for q in quants):
         check_outliers_fit(quant_outliers, lm.model.config)  # before any row runs
     L = max_new_tokens
@@ -176,7 +182,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
     if "torch" in kernels:  # its weights' oneDNN copies are made on first use: not inside a timed run
         with native.torch_only():
             dense_engine.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))
-    bw = memory_bandwidth()
+    bw = memory_bandwidth(device=dev)
     gemm = gemm_flops_per_s(sm, batch)
     # each row's ceilings: the bytes its sampler's weights and KV cache hold, its own products' rate
     ceilings = {("none", "none"): (weight_bytes, per_tok, gemm)}
@@ -241,6 +247,8 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
     skipped = {}
     for peer in peers:
         try:
+            if dev.type != "cpu":
+                raise PeerUnavailable(f"{peer}: a CPU engine, and this bench runs on {dev}; rerun with --device cpu")
             rows += _peer_rows(peer, lm=lm, model=model, dtype=dtype_name, batch=batch, max_new_tokens=L,
                                kv_budget=kv_budget, prompt_ids=prompt_ids, kv_bytes_per_token=per_tok,
                                threads=torch.get_num_threads(), seed=seed, quants=quants, log=log)
@@ -289,7 +297,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
         for r in results:
             if r["engine"] == "sparserl" and r["compressor"] == "none" and (r["quant"], r["kv_quant"]) == (q, kq):
                 r.update(mm)
-    info = machine_info(bw, gemm, batch)
+    info = machine_info(bw, gemm, batch, device=dev)
     info.update(dtype=dtype_name, model=model, prompt_tokens=P, repeat=repeat, sparserl_commit=_commit())
     info["gemm_flops_per_s_by_quant"] = {f"{q}/{kq}": c[2] for (q, kq), c in ceilings.items()}
     report = {"machine": info, "results": results}

@@ -77,9 +77,10 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
+def resolve_device(device: str | torch.device = "auto", key: str = "model.device") -> torch.device:
     """The torch device for ``model.device``: ``auto`` is CUDA when available, else the CPU. A device
-    this machine lacks raises :class:`ModelLoadError` naming ``model.device``."""
+    this machine lacks raises :class:`ModelLoadError` naming ``key`` (the config key, or a CLI
+    option such as ``--device``)."""
     if isinstance(device, torch.device):
         return device
     spec = str(device).strip().lower()
@@ -88,25 +89,25 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     try:
         dev = torch.device(spec)
     except RuntimeError:
-        raise ModelLoadError(f"model.device={device!r} is not a device; expected auto, cpu, cuda, "
+        raise ModelLoadError(f"{key}={device!r} is not a device; expected auto, cpu, cuda, "
                              "cuda:N or mps") from None
     if dev.type == "cpu":
         return dev
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ModelLoadError(f"model.device={device!r}: CUDA is not available on this machine "
-                                 "(torch.cuda.is_available() is False); use model.device=cpu or auto")
+            raise ModelLoadError(f"{key}={device!r}: CUDA is not available on this machine "
+                                 f"(torch.cuda.is_available() is False); use {key}=cpu or auto")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ModelLoadError(f"model.device={device!r}: this machine has {torch.cuda.device_count()} "
+            raise ModelLoadError(f"{key}={device!r}: this machine has {torch.cuda.device_count()} "
                                  f"CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
         return dev
     if dev.type == "mps":
         mps = getattr(torch.backends, "mps", None)
         if mps is None or not mps.is_available():
-            raise ModelLoadError(f"model.device={device!r}: MPS is not available on this machine; "
-                                 "use model.device=cpu or auto")
+            raise ModelLoadError(f"{key}={device!r}: MPS is not available on this machine; "
+                                 f"use {key}=cpu or auto")
         return dev
-    raise ModelLoadError(f"model.device={device!r} is not supported; expected auto, cpu, cuda, cuda:N or mps")
+    raise ModelLoadError(f"{key}={device!r} is not supported; expected auto, cpu, cuda, cuda:N or mps")
 
 
 def cache_dir() -> Path:
