@@ -1,10 +1,11 @@
 """The weight products' kernels built several ways in one process: ``-march=native`` (on a CPU with
 them: AVX512 panels for float32, ``linear.c``; vpdpbusd for the int8 kernels with VNNI,
 ``linear_int8.c``), plain AVX2, and, where the CPU has AVX-VNNI, AVX2 + AVX-VNNI without AVX512 (a
-laptop's 256-bit VNNI), at a decode step's 16 rows on SmolLM2-135M's shapes, 30 layers
-of distinct weights streamed as in a decode step. ``int8_group`` runs as the sampler runs it: weight
-scales per group of 64, and the group column sums where the build has the unsigned-code tile
-(``native.int8_group_u8``). GMAC/s (10⁹ multiply-adds a second), best of 5.
+laptop's 256-bit VNNI), at a decode step's 16 rows on SmolLM2-135M's shapes, 30 layers of distinct
+weights streamed as in a decode step. ``int8_group`` runs as the sampler runs it: weight scales per
+group of 64, and the group column sums where the build has the unsigned-code tile
+(``native.int8_group_u8``); on those builds its signed tile is timed too. GMAC/s (10⁹ multiply-adds
+a second), best of 5.
 Then R-KV's redundancy kernel (``kv_scores.c``) on a batch-16 compression's shapes (480 sequence ×
 layer pairs, 3 KV heads, 288 and 384 slots, keys sharing a direction so that many pairs are kept),
 ms, best of 3. Results: docs/results/bench_quant.md and compression_cost.md (eighth session).
@@ -54,6 +55,10 @@ def main() -> None:
             rates[f"int8_group {name}"] = best_rate(
                 lambda: [native.linear_int8(x, p, ones, group=64, group_scales=g, group_colsum=c, lib=lib)
                          for p, g, c in packed], macs, 3)
+            if native.int8_group_u8(lib):  # the same build's signed tile, as before the unsigned one
+                rates[f"int8_group {name} signed"] = best_rate(
+                    lambda: [native.linear_int8(x, p, ones, group=64, group_scales=g, lib=lib) for p, g, _ in packed],
+                    macs, 3)
         print(f"{N} x {K}: " + "  ".join(f"{n} {v:.1f}" for n, v in rates.items()), flush=True)
     for L in (288, 384):
         keys = torch.randn(480, 3, L, 64) + 0.8 * torch.randn(1, 3, 1, 64)
