@@ -7,12 +7,16 @@ every decoder linear's weight and input rounded as the variant says, is teacher-
 sampler's calibration text (``CALIBRATION_TEXT``, as at a push); outlier channels are the inputs of
 largest smoothed calibration max, kept in float. Weight grids: per output channel or per (output,
 group of G inputs); activation grids: per token or per (token, group). The first rows reproduce the
-bench's α for `int8` (0.914) and `int8` + SmoothQuant + 16 outliers (0.957-0.961).
+bench's α for `int8` (0.914) and `int8` + SmoothQuant + 16 outliers (0.957-0.961). With ``7bit``
+only the group rows on the 8-bit and on the 7-bit weight grid (|Q| ≤ 64: what AVX2 without VNNI
+multiplies exactly on the unsigned-code tile; twelfth session).
 
-    python3 experiments/w8a8_grid_emulation.py
+    python3 experiments/w8a8_grid_emulation.py [7bit]
 
 Results: docs/results/smoothquant.md (eleventh session).
 """
+import sys
+
 import torch
 from sparserl.models.loading import load_model
 from sparserl.rollout.engine import RolloutEngine
@@ -42,13 +46,13 @@ orig = {n: m.weight.data.clone() for n, m in lin.items()}
 @torch.no_grad()
 def logp(): return torch.log_softmax(model(seq).logits[:, P:-1].float(), -1)
 ref = logp()
-def q8(x, group=None):  # symmetric 8-bit along last dim, per row or per group
+def q8(x, group=None, qmax=127):  # symmetric along last dim, per row or per group, |codes| <= qmax
     sh = x.shape
     if group: x = x.reshape(*sh[:-1], sh[-1] // group, group)
-    s = x.abs().amax(-1, keepdim=True) / 127
+    s = x.abs().amax(-1, keepdim=True) / qmax
     s = torch.where(s > 0, s, torch.ones_like(s))
-    return (torch.round(x / s).clamp(-127, 127) * s).reshape(sh)
-def run(label, wgroup, agroup, smooth, outliers=0):
+    return (torch.round(x / s).clamp(-qmax, qmax) * s).reshape(sh)
+def run(label, wgroup, agroup, smooth, outliers=0, wqmax=127):
     hs = []
     for n, m in lin.items():
         W = orig[n]
@@ -58,7 +62,7 @@ def run(label, wgroup, agroup, smooth, outliers=0):
         idx = torch.topk(am, outliers).indices if outliers else torch.tensor([], dtype=torch.long)
         keep = torch.ones(W.shape[1], dtype=torch.bool); keep[idx] = False
         Wq = Ws.clone(); Wq[:, ~keep] = 0
-        Wq = q8(Wq, wgroup)  # outlier cols zero in the quantized part: scales over the rest
+        Wq = q8(Wq, wgroup, wqmax)  # outlier cols zero in the quantized part: scales over the rest
         Wq[:, ~keep] = Ws[:, ~keep]  # outliers float
         m.weight.data.copy_(Wq)
         def pre(mod, inp, s=s, keep=keep, ag=agroup):
@@ -72,6 +76,11 @@ def run(label, wgroup, agroup, smooth, outliers=0):
     for h in hs: h.remove()
     for n, m in lin.items(): m.weight.data.copy_(orig[n])
     print(f"{label:60s} alpha {a:.4f}", flush=True)
+if sys.argv[1:] == ["7bit"]:
+    run("W g64, A g64 + SQ0.5", 64, 64, 0.5)
+    run("W g64 7-bit, A g64 + SQ0.5", 64, 64, 0.5, wqmax=64)
+    run("W g32 7-bit, A g32 + SQ0.5", 32, 32, 0.5, wqmax=64)
+    sys.exit()
 run("int8: W ch, A tok", None, None, 0)
 run("int8 + SQ0.5 + 16 outliers", None, None, 0.5, 16)
 run("int8_group: W ch, A g64 + SQ0.5", None, 64, 0.5)
