@@ -42,8 +42,8 @@ int sparserl_int8_panel_width(void) { return NR8; }
 
 /* 1 where the int8 tile's dot4 (simd.h's dot4_u8s8 / dot4_u8s8_512 at the tile's width) is one
  * vpdpbusd: AVX512 VNNI for the 512-bit tile, AVX-VNNI (or AVX512 VNNI + VL) for the 256-bit one */
-#if (defined(__AVX512BW__) && defined(__AVX512VNNI__)) ||                                          \
-    (!defined(__AVX512BW__) && defined(__AVX2__) &&                                                    \
+#if (defined(__AVX512BW__) && defined(__AVX512VNNI__)) ||                  \
+    (!defined(__AVX512BW__) && defined(__AVX2__) &&                            \
      (defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))))
 #define I8_VNNI 1
 #else
