@@ -456,7 +456,8 @@ def pack_group_colsums(q: torch.Tensor, group: int, lib=None) -> torch.Tensor | 
         return None
     n, k = q.shape
     ng = -(-k // group)
-    sums = torch.nn.functional.pad(q.to(torch.int32), (0, ng * group - k)).view(n, ng, group).sum(-1, dtype=torch.int32)
+    padded = q if ng * group == k else torch.nn.functional.pad(q, (0, ng * group - k))
+    sums = padded.reshape(n, ng, group).sum(-1, dtype=torch.int32)
     return _pack_per_group(sums, 0, lib)
 
 

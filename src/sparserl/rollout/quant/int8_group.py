@@ -58,7 +58,10 @@ def quantize_int8_per_group(x: torch.Tensor, group: int = GROUP) -> tuple[torch.
     group of ``group`` inputs: ``a_tj = max_{i ∈ j} |X_ti| / 127`` (1 for an all-zero group)."""
     rows, k = x.shape
     n_groups = -(-k // group)
-    xf = F.pad(x.float(), (0, n_groups * group - k)).view(rows, n_groups, group)
+    xf = x.float()
+    if n_groups * group != k:  # a last shorter group: zeros do not change its max (no copy otherwise)
+        xf = F.pad(xf, (0, n_groups * group - k))
+    xf = xf.reshape(rows, n_groups, group)
     a = xf.abs().amax(dim=-1) / QMAX
     a = torch.where(a > 0, a, torch.ones_like(a))
     p = torch.round(xf / a[..., None]).clamp_(-QMAX, QMAX).to(torch.int8).view(rows, -1)[:, :k]
