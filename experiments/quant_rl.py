@@ -28,7 +28,8 @@ SMOOTH_ARMS = ",".join([  # the sampler's mismatch in training with and without 
     "int8_naive=rollout.compressor=none;rollout.quant=int8;algorithm.correction=none",
     "int8_smooth=rollout.compressor=none;rollout.quant=int8;rollout.quant_smooth=0.5;algorithm.correction=none",
 ])
-GROUP_ARMS = ",".join([  # QuRL's recipe on the per-channel int8 sampler and on the accurate one (the qurl_group preset)
+GROUP_ARMS = ",".join([  # QuRL's recipe on the per-channel int8 sampler and on the accurate one (groups of 64, as
+    # docs/results/quant_rl_group/ ran it; the qurl_group preset now takes 32)
     "qurl=rollout.compressor=none;rollout.quant=int8;rollout.quant_scale=1.5;algorithm.correction=qurl",
     "qurl_group=rollout.compressor=none;rollout.quant=int8_group;rollout.quant_group=64;rollout.quant_smooth=0.5;"
     "rollout.quant_head=true;rollout.quant_scale=1.5;algorithm.correction=qurl",

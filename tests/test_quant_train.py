@@ -22,7 +22,7 @@ def cfg_for(tmp_path, preset, *extra):
     ("fp8rl", {"compressor": "none", "quant": "fp8", "kv_quant": "fp8", "quant_scale": 1.0, "correction": "fp8rl"}),
     ("rkv_int8", {"compressor": "rkv", "quant": "int8", "kv_quant": "int8", "quant_scale": 1.0, "correction": "sparse_rl"}),
     ("qurl_group", {"compressor": "none", "quant": "int8_group", "kv_quant": "none", "quant_scale": 1.5,
-                    "correction": "qurl", "quant_group": 64, "quant_smooth": 0.5, "quant_head": True}),
+                    "correction": "qurl", "quant_group": 32, "quant_smooth": 0.5, "quant_head": True}),
 ])
 def test_quantized_presets_compose(preset, expect):
     """Each preset is the default job with its sampler and correction; overrides still apply on top."""
@@ -63,8 +63,8 @@ def test_quant_group_reaches_the_trainers_sampler(tmp_path):
 def test_an_int8_group_step_with_smoothquant_and_head(tmp_path):
     """The accurate INT8 sampler in the loop (int8_group: weight and activation scales per group,
     SmoothQuant, the LM head quantized): one step trains and logs the visible-update fraction on
-    int8_group's own grid (the qurl_group preset, groups of 32 for the tiny model's widths)."""
-    cfg = cfg_for(tmp_path, "qurl_group", "train.steps=1", "rollout.quant_group=32")
+    int8_group's own grid (the qurl_group preset)."""
+    cfg = cfg_for(tmp_path, "qurl_group", "train.steps=1")
     run = train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
     rows = [json.loads(line) for line in (run / names.METRICS_FILE).read_text().splitlines()]
     assert len(rows) == 1
