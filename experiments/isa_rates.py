@@ -4,7 +4,8 @@ them: AVX512 panels for float32, ``linear.c``; vpdpbusd for the int8 kernels wit
 laptop's 256-bit VNNI), at a decode step's 16 rows on SmolLM2-135M's shapes, 30 layers of distinct
 weights streamed as in a decode step. ``int8_group`` runs as the sampler runs it: weight scales per
 group of 64, and the group column sums where the build has the unsigned-code tile
-(``native.int8_group_u8``); on those builds its signed tile is timed too. GMAC/s (10⁹ multiply-adds
+(``native.int8_group_u8``); on those builds its signed tile is timed too, and on the native build
+groups of 32. GMAC/s (10⁹ multiply-adds
 a second), best of 5.
 Then R-KV's redundancy kernel (``kv_scores.c``) on a batch-16 compression's shapes (480 sequence ×
 layer pairs, 3 KV heads, 288 and 384 slots, keys sharing a direction so that many pairs are kept),
@@ -55,6 +56,13 @@ def main() -> None:
             rates[f"int8_group {name}"] = best_rate(
                 lambda: [native.linear_int8(x, p, ones, group=64, group_scales=g, group_colsum=c, lib=lib)
                          for p, g, c in packed], macs, 3)
+            if name == "native":  # groups of 32 (the qurl_group preset's)
+                packed32 = [(native.pack_int8(q, lib=lib), native.pack_group_scales(g, lib=lib),
+                             native.pack_group_colsums(q, 32, lib=lib))
+                            for q, g in (quantize_int8_weight_groups(w, 32) for w in ws)]
+                rates["int8_group g32 native"] = best_rate(
+                    lambda: [native.linear_int8(x, p, ones, group=32, group_scales=g, group_colsum=c, lib=lib)
+                             for p, g, c in packed32], macs, 3)
             if native.int8_group_u8(lib):  # the same build's signed tile, as before the unsigned one
                 rates[f"int8_group {name} signed"] = best_rate(
                     lambda: [native.linear_int8(x, p, ones, group=64, group_scales=g, lib=lib) for p, g, _ in packed],

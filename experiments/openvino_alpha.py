@@ -10,21 +10,21 @@ same). Models:
   --peers openvino``): float32, and int8 weights (NNCF ``INT8_SYM`` per channel), on the CPU plugin
   with ``INFERENCE_PRECISION_HINT=f32`` as in the bench, its other settings at their defaults (the
   plugin's dynamic quantization of activations included, where it applies);
-- sparserl's samplers teacher-forced (``SamplerModel.hidden_states``): ``int8`` and ``int8_group``,
-  both with SmoothQuant 0.5 and the LM head quantized.
+- sparserl's samplers teacher-forced (``SamplerModel.hidden_states``): ``int8`` and ``int8_group``
+  (groups of 64 and of 32, the LM head quantized or not), all with SmoothQuant 0.5.
 
-Run with the Python that has the ``bench`` extra (OpenVINO GenAI, optimum-intel):
+Run with the Python that has the ``bench`` extra (OpenVINO); elsewhere the OpenVINO rows are skipped:
 
     /work/venvs/ov/bin/python experiments/openvino_alpha.py
 
-Results: docs/results/bench_openvino.md (twelfth session).
+Results: docs/results/bench_openvino.md and bench_quant.md (twelfth session).
 """
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
-import openvino as ov
 import torch
 
 from sparserl.models.loading import load_model
@@ -45,6 +45,8 @@ def alpha(ref: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
 def openvino_logits(folder: Path, seq: torch.Tensor):
     """A function row -> logits [T, V] of the IR in ``folder`` on the CPU plugin (a fresh state per
     row: the stateful model's KV starts empty), f32 inference precision."""
+    import openvino as ov
+
     core = ov.Core()
     compiled = core.compile_model(folder / "openvino_model.xml", "CPU",
                                   {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"})
@@ -63,9 +65,9 @@ def openvino_logits(folder: Path, seq: torch.Tensor):
     return run
 
 
-def sparserl_logits(lm, quant: str, seq: torch.Tensor):
+def sparserl_logits(lm, quant: str, seq: torch.Tensor, group: int | None = None, head: bool = True):
     m = RolloutEngine(lm, build_compressor("none"), dtype=torch.float32, quant=quant, quant_smooth=0.5,
-                      quant_head=True).model
+                      quant_group=group, quant_head=head).model
 
     @torch.inference_mode()
     def run(row: int) -> torch.Tensor:
@@ -83,11 +85,19 @@ def main() -> None:
     seq = torch.tensor([out.prompt_ids[0] + r for r in out.response_ids])
     P = len(out.prompt_ids[0])
     refs = [torch.log_softmax(lm.model(seq[r : r + 1]).logits[0, P - 1 : -1].float(), -1) for r in range(ROWS)]
-    models = {"openvino f32": openvino_logits(IR / "smollm2-135m-fp32", seq),
-              "openvino int8 (NNCF INT8_SYM)": openvino_logits(IR / "smollm2-135m-fp32-int8", seq),
-              "sparserl int8 + SmoothQuant 0.5 + head": sparserl_logits(lm, "int8", seq),
-              "sparserl int8_group + SmoothQuant 0.5 + head": sparserl_logits(lm, "int8_group", seq)}
-    for name, run in models.items():
+    models = {}
+    if importlib.util.find_spec("openvino") and (IR / "smollm2-135m-fp32-int8").is_dir():
+        models["openvino f32"] = lambda: openvino_logits(IR / "smollm2-135m-fp32", seq)
+        models["openvino int8 (NNCF INT8_SYM)"] = lambda: openvino_logits(IR / "smollm2-135m-fp32-int8", seq)
+    else:
+        print(f"openvino rows skipped: no openvino module or no converted IR under {IR}")
+    models["sparserl int8 + SmoothQuant 0.5 + head"] = lambda: sparserl_logits(lm, "int8", seq)
+    for group in (64, 32):
+        for head in (True, False):
+            name = f"sparserl int8_group g{group} + SmoothQuant 0.5" + (" + head" if head else "")
+            models[name] = lambda group=group, head=head: sparserl_logits(lm, "int8_group", seq, group, head)
+    for name, build in models.items():
+        run = build()
         a = torch.cat([alpha(refs[r], run(r)[P - 1 : -1]) for r in range(ROWS)]).double()
         print(f"{name:48s} alpha mean {float(a.mean()):.4f}  p5 {float(torch.quantile(a, 0.05)):.4f}  "
               f"over {a.numel()} tokens", flush=True)
