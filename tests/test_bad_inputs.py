@@ -248,6 +248,7 @@ MATRIX = [
     case("numbers", [*B, "--tail-slack", "-2"], "--tail-slack", "bench-tail-slack-negative"),
     case("flags", [*B, "--compressors", "rkv,nope"], "nope", "unknown-compressor"),
     case("flags", [*B, "--dtype", "float64"], "--dtype", "bad-dtype"),
+    case("flags", [*B, "--device", "tpu9"], "--device", "bad-device"),
     case("flags", [*B, "--quant", "int9"], "int9", "unknown-quant"),
     case("flags", [*B, "--kv-quant", "int4"], "int4", "unknown-kv-quant"),
     case("numbers", [*B, "--quant", "int8", "--quant-smooth", "1.5"], "--quant-smooth", "quant-smooth-range"),
@@ -314,6 +315,31 @@ def test_matrix_covers_every_command_and_class():
 
 
 # ------------------------------------------------------------------------------------- the boundary
+
+def test_a_native_arch_that_does_not_build_is_a_clear_error(workspace, capsys, monkeypatch):
+    """$SPARSERL_NATIVE_ARCH asks for one build of the kernels: when it does not build, the command
+    stops before any work with an error naming the variable (falling back to torch would measure
+    something else); without the variable a failed build still warns and runs torch."""
+    from sparserl.rollout import native
+
+    if native.library() is None:
+        pytest.skip("no C compiler: the native kernels never build here")
+    from sparserl.bench import rollout as bench_rollout
+
+    monkeypatch.setattr(bench_rollout, "load_model", lambda *a, **k: pytest.fail("the model loaded first"))
+    monkeypatch.setenv("SPARSERL_NATIVE_ARCH", "-mno-such-isa-flag")
+    native.reset()
+    try:
+        before = sorted(p.relative_to(workspace) for p in workspace.rglob("*"))
+        rc, text = run_cli([*B, "--json", "out/b.json"], capsys)
+        assert rc == 1 and "Traceback" not in text, text
+        assert "error: SPARSERL_NATIVE_ARCH='-mno-such-isa-flag'" in text and "unset it" in text, text
+        assert sorted(p.relative_to(workspace) for p in workspace.rglob("*")) == before
+    finally:
+        monkeypatch.delenv("SPARSERL_NATIVE_ARCH")
+        native.reset()
+    assert native.library() is not None  # the -march=native build again
+
 
 def test_debug_shows_the_traceback(workspace, capsys, monkeypatch):
     rc, text = run_cli(["--debug", "eval", "--n", "0"], capsys)

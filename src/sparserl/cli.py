@@ -387,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if os.environ.get("SPARSERL_NATIVE_ARCH"):  # a build the user asked for fails before any work
+            from .rollout import native
+            native.library()
         return args.fn(args)
     except SparserlError as e:
         if _debug(args):

@@ -11,7 +11,7 @@ The subclasses live next to what they are about: ``ConfigError`` (``sparserl.con
 ``CheckpointError`` (``sparserl.train.checkpoint``), ``ResumeError`` (``sparserl.train.trainer``),
 ``RewardSpecError`` (``sparserl.reward.registry``), ``CompressorOptionError`` and
 ``UnknownNameError`` (``sparserl.rollout.kv`` / ``sparserl.registry``), ``OutlierCountError``
-(``sparserl.rollout.quant.outliers``), ``CompareError``
+(``sparserl.rollout.quant.outliers``), ``NativeArchError`` (``sparserl.rollout.native``), ``CompareError``
 (``sparserl.compare``), and :class:`OptionError` here (a command's own options).
 """
 from __future__ import annotations

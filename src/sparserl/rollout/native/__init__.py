@@ -50,6 +50,8 @@ from pathlib import Path
 
 import torch
 
+from ...errors import SparserlError
+
 SOURCES = [Path(__file__).with_name(name)
            for name in ("decode_attention.c", "linear.c", "layer_ops.c", "linear_int8.c", "kv_scores.c",
                         "decode_layer.c")]
@@ -221,8 +223,14 @@ class Weight(ctypes.Structure):
         return d
 
 
+class NativeArchError(SparserlError):
+    """``$SPARSERL_NATIVE_ARCH`` names flags the kernels do not build or load with: the user asked
+    for that build, so falling back to torch would measure something else."""
+
+
 def library():
-    """The loaded kernel library (ctypes), or None when native kernels are off or unavailable."""
+    """The loaded kernel library (ctypes), or None when native kernels are off or unavailable.
+    Raises :class:`NativeArchError` when a build that ``$SPARSERL_NATIVE_ARCH`` asks for fails."""
     if _LIB:
         return _LIB[0]
     lib = None
@@ -230,6 +238,11 @@ def library():
         try:
             lib = load(build())
         except (OSError, RuntimeError, AttributeError) as e:
+            arch = os.environ.get("SPARSERL_NATIVE_ARCH")
+            if arch:
+                raise NativeArchError(f"SPARSERL_NATIVE_ARCH={arch!r}: the native kernels do not build or load "
+                                      f"with these flags ({str(e)[-600:]}); unset it to build for this CPU "
+                                      "(-march=native)") from None
             warnings.warn(f"sparserl: native kernels unavailable, using torch ({e})", RuntimeWarning,
                           stacklevel=2)
             lib = None
