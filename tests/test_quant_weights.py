@@ -78,7 +78,8 @@ def test_the_int_mm_paths_run_on_cpu_as_on_cuda(rows):
     padded to 17 rows), run through torch's CPU _int_mm: the padding changes nothing, and int8_group's
     per-group _int_mm gives the float path's bits (both sums are exact integers)."""
     from sparserl.rollout.quant.int8 import int_mm
-    from sparserl.rollout.quant.int8_group import int8_matmul_per_group, quantize_int8_weight_groups
+    from sparserl.rollout.quant.int8_group import (int8_matmul_per_group, quantize_int8_weight_groups,
+                                                   transposed_groups)
 
     gen = torch.Generator().manual_seed(rows)
     w = torch.randn(48, 80, generator=gen) * torch.logspace(-3, -1, 48)[:, None]
@@ -90,8 +91,13 @@ def test_the_int_mm_paths_run_on_cpu_as_on_cuda(rows):
     assert torch.equal(padded, int_mm(p, q.t(), pad=False))
     assert torch.equal(padded.long(), p.long() @ q.long().t())
     qg, g = quantize_int8_weight_groups(w, 32)  # groups of 32, 32 and a last one of 16
-    assert torch.equal(int8_matmul_per_group(x, qg, g, 32, use_int_mm=True),
-                       int8_matmul_per_group(x, qg, g, 32, use_int_mm=False))
+    floats = int8_matmul_per_group(x, qg, g, 32, use_int_mm=False)
+    assert torch.equal(int8_matmul_per_group(x, qg, g, 32, use_int_mm=True), floats)
+    # as Int8GroupLinear holds the weight on CUDA: each group's Qᵀ, made once
+    groups = transposed_groups(qg, 32)
+    assert [t.shape for t in groups] == [(32, 48), (32, 48), (16, 48)] and all(t.is_contiguous() for t in groups)
+    assert torch.equal(torch.cat([t.t() for t in groups], dim=1), qg)  # Int8GroupLinear.codes() from them
+    assert torch.equal(int8_matmul_per_group(x, None, g, 32, q_t_groups=groups), floats)
 
 
 @pytest.mark.skipif(not fbgemm_available("cpu"), reason="fbgemm (x86 CPU) only")

@@ -160,8 +160,8 @@ def load(path: str | Path):
     lib.sparserl_linear_int8.argtypes = [i, i, i, p, i64, p, p, p, p, p, i64, p]
     lib.sparserl_linear_int8.restype = i
     lib.sparserl_linear_int8_group.argtypes = [i, i, i, i, p, i64, p, p, p, p, p, p, i64, p]
-    lib.sparserl_int8_group_u8.restype = i
     lib.sparserl_linear_int8_group.restype = i
+    lib.sparserl_int8_group_u8.restype = i
     lib.sparserl_rkv_redundancy.argtypes = [i, i, i, i, p, i64, i64, i64, p, i64, fl, p]
     lib.sparserl_rkv_redundancy.restype = i
     lib.sparserl_window_attention.argtypes = [i, i, i, i, i, i, p, i64, i64, i64, p, i64, i64, i64, p, i64, i, p]
@@ -583,7 +583,8 @@ def linear_int8_outliers(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tens
     sums = colsum if group is None else group_colsum
     if x2.shape[0] and lib.sparserl_linear_int8_outliers(
             x2.shape[0], N, K, group or 0, x2.data_ptr(), x2.stride(0), panels.data_ptr(),
-            None if sums is None else sums.data_ptr(), scales.data_ptr(), None if group_scales is None else group_scales.data_ptr(), None, out.data_ptr(), N, 0,
+            None if sums is None else sums.data_ptr(), scales.data_ptr(),
+            None if group_scales is None else group_scales.data_ptr(), None, out.data_ptr(), N, 0,
             idx.numel(), idx.data_ptr(), outlier_panels.data_ptr()) != 0:
         return None
     return out

@@ -23,9 +23,10 @@ SmoothQuant 0.5 reach α 0.968; group scales on both sides 0.977.
 
 Kernels: on x86 CPU with sparserl's native kernels, ``linear_int8.c``'s group kernel: with VNNI
 (AVX512 VNNI on 512 bits, AVX-VNNI on 256) on the per-token kernel's tile (unsigned codes P + 128,
-each group's sum corrected by 128 times its column sums of Q, kept per group); otherwise on AVX2 with ``vpsignb`` + ``vpmaddubsw``
-(|P| against Q carrying P's sign, so the 8-bit grid cannot saturate). Both give the same bits. On
-CUDA one ``torch._int_mm`` per group; elsewhere an emulation in float32 of exactly these
+each group's sum corrected by 128 times its column sums of Q, kept per group); otherwise on AVX2
+with ``vpsignb`` + ``vpmaddubsw`` (|P| against Q carrying P's sign, so the 8-bit grid cannot
+saturate). Both give the same bits. On CUDA one ``torch._int_mm`` per group, on each group's ``Qᵀ``
+made once per push; elsewhere an emulation in float32 of exactly these
 integers (labelled ``emulated``). 64 divides the hidden sizes of the common models (576, 1,536,
 2,048, 4,096 ...); a last shorter group is allowed.
 """
@@ -68,19 +69,36 @@ def quantize_int8_per_group(x: torch.Tensor, group: int = GROUP) -> tuple[torch.
     return p, a
 
 
-def int8_matmul_per_group(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group: int = GROUP,
-                          use_int_mm: bool | None = None) -> torch.Tensor:
+def group_columns(k: int, group: int = GROUP) -> list[slice]:
+    """The input columns of each group of ``group`` (the last one shorter when ``group`` does not
+    divide ``k``)."""
+    return [slice(j, min(k, j + group)) for j in range(0, k, group)]
+
+
+def transposed_groups(q: torch.Tensor, group: int = GROUP) -> list[torch.Tensor]:
+    """Q int8 [out, in] → each group's ``Qᵀ`` [cols, out], contiguous: ``torch._int_mm``'s second
+    operand, made once per push rather than at every product."""
+    return [q[:, cols].t().contiguous() for cols in group_columns(q.shape[1], group)]
+
+
+def int8_matmul_per_group(x: torch.Tensor, q: torch.Tensor | None, scales: torch.Tensor, group: int = GROUP,
+                          use_int_mm: bool | None = None, q_t_groups: list[torch.Tensor] | None = None
+                          ) -> torch.Tensor:
     """``Σ_j a_tj g_oj Σ_{i ∈ j} P_ti Q_oi`` in float32 for X [rows, in], Q int8 [out, in] and the
     weight scales g [out, n_groups]: one ``torch._int_mm`` per group (``use_int_mm``; default: on
-    CUDA); else each group's integer sum in float32. Both are exact (at most 64 · 127² < 2²⁴ per
-    group), so the two give the same bits."""
+    CUDA, or when the groups come as ``q_t_groups``, :func:`transposed_groups`, in place of Q);
+    else each group's integer sum in float32. Both are exact (at most 64 · 127² < 2²⁴ per group),
+    so the two give the same bits."""
     p, a = quantize_int8_per_group(x, group)
     rows, k = p.shape
-    out = torch.zeros(rows, q.shape[0], dtype=torch.float32, device=x.device)
-    for j in range(a.shape[1]):
-        cols = slice(j * group, min(k, (j + 1) * group))
-        if p.is_cuda if use_int_mm is None else use_int_mm:
-            acc = int_mm(p[:, cols].contiguous(), q[:, cols].t().contiguous()).float()
+    out = torch.zeros(rows, scales.shape[0], dtype=torch.float32, device=x.device)
+    if use_int_mm is None:
+        use_int_mm = p.is_cuda or q_t_groups is not None
+    if use_int_mm and q_t_groups is None:
+        q_t_groups = transposed_groups(q, group)
+    for j, cols in enumerate(group_columns(k, group)):
+        if use_int_mm:
+            acc = int_mm(p[:, cols].contiguous(), q_t_groups[j]).float()
         else:
             acc = p[:, cols].float() @ q[:, cols].float().t()
         out += acc * (a[:, j : j + 1] * scales[None, :, j])
@@ -102,7 +120,10 @@ class Int8GroupLinear(QuantizedLinear):
         # sums where the build runs groups on its wider unsigned-code tile (None elsewhere)
         self.kernel_scales = ((torch.ones(q.shape[0]), native.pack_group_scales(scales),
                                native.pack_group_colsums(q, group)) if self.native is not None else None)
-        self.q = None if self.native is not None else q  # the panels are the weight: no second copy
+        # on CUDA the weight is held as each group's Qᵀ, the form torch._int_mm takes
+        self.q_t_groups = transposed_groups(q, group) if self.native is None and q.is_cuda else None
+        # the panels, or the groups, are the weight: no second copy
+        self.q = None if self.native is not None or self.q_t_groups is not None else q
         self.emulated = self.native is None and q.device.type != "cuda"
         self.kernel = "native" if self.native is not None else ("emulated" if self.emulated else "_int_mm")
 
@@ -112,7 +133,11 @@ class Int8GroupLinear(QuantizedLinear):
         return self.numel() + self.scales.numel() * 4 + (0 if sums is None else self.scales.numel() * 4)
 
     def codes(self) -> torch.Tensor:
-        return self.q if self.q is not None else native.unpack_int8(self.native)
+        if self.q is not None:
+            return self.q
+        if self.q_t_groups is not None:
+            return torch.cat([t.t() for t in self.q_t_groups], dim=1)
+        return native.unpack_int8(self.native)
 
     def dequantize(self) -> torch.Tensor:
         return dequantize_int8_weight_groups(self.codes(), self.scales, self.group)
@@ -125,7 +150,7 @@ class Int8GroupLinear(QuantizedLinear):
                 return y
             if self.q is None:  # the torch path runs here (torch_only, compile): keep its codes
                 self.q = self.codes()
-        return int8_matmul_per_group(x2, self.q, self.scales, self.group)
+        return int8_matmul_per_group(x2, self.q, self.scales, self.group, q_t_groups=self.q_t_groups)
 
 
 @QUANTS.register("int8_group")
