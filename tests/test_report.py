@@ -1,4 +1,4 @@
-"""Metrics logger (jsonl + TensorBoard), tolerant reading, run report and run comparison."""
+"""Metrics logger (jsonl + TensorBoard), tolerant reading and the run report."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sparserl.eval.evaluate import write_eval_record
-from sparserl.eval.report import load_run, make_comparison, make_report
+from sparserl.eval.report import load_run, make_report
 from sparserl.runlog import read_metrics
 from sparserl.train.metrics import MetricsLogger, format_step_line
 
@@ -99,23 +99,6 @@ def test_report_dedupes_resumed_steps(tmp_path):
     data = load_run(run)
     assert [r["step"] for r in data.rows] == [1, 2, 3]
     assert data.series("reward/mean")[1][-1] == 0.99
-
-
-def test_make_comparison(tmp_path):
-    dense = _write_run(tmp_path / "dense", _rows(5, scale=1.0))
-    sparse = _write_run(tmp_path / "sparse", _rows(5, scale=0.5))
-    out = tmp_path / "cmp"
-    path = make_comparison([dense, sparse], out, labels=["dense", "sparse-rl"])
-    assert path == out / "comparison.md"
-    for png in ("compare_reward.png", "compare_accuracy.png", "compare_mismatch_k3.png",
-                "compare_kv_bytes.png", "compare_time_per_step.png"):
-        assert (out / png).read_bytes().startswith(PNG_MAGIC), png
-    md = path.read_text()
-    assert "| dense | 5 | 0.3 | 0.5 |" in md        # final = mean of last 5 = 0.3; best 0.5
-    assert "| sparse-rl | 5 | 0.15 | 0.25 |" in md
-    assert "2.00 MiB (4x less)" in md and "1.00 MiB (8x less)" in md
-    with pytest.raises(ValueError):
-        make_comparison([dense, sparse], out, labels=["only one"])
 
 
 def test_metrics_logger_writes_jsonl_and_tensorboard(tmp_path, capsys):

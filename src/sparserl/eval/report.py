@@ -1,4 +1,4 @@
-"""Reports of finished (or running) runs: PNG plots and a markdown summary, one run or several.
+"""Report of a finished (or running) run: PNG plots and a markdown summary.
 
 ``make_report(run_dir)`` reads ``metrics.jsonl`` (``sparserl.train.metrics``), ``config.yaml`` and any
 ``eval*.json`` of a run folder and writes into it::
@@ -10,8 +10,8 @@
     loss.png       policy/loss, grad_norm, policy/entropy, policy/kl_ref
     report.md      the figures that matter, with links to the plots
 
-A plot whose metrics are all absent is skipped. ``make_comparison(run_dirs, out_dir)`` overlays
-several runs (the sparse-vs-dense experiment) and writes ``comparison.md``.
+A plot whose metrics are all absent is skipped. Several runs are compared by ``sparserl compare``
+(``sparserl.compare``), which reuses the readers and plot helpers here.
 
 Plots use matplotlib's object API on the Agg canvas: no pyplot state, no display needed.
 """
@@ -30,7 +30,7 @@ import yaml
 from .. import runlog as names
 from ..runlog import STATIONS, read_metrics
 
-__all__ = ["make_report", "make_comparison", "load_run", "RunData", "summarize"]
+__all__ = ["make_report", "load_run", "RunData", "summarize"]
 
 MISMATCH_NAMED = (names.MISMATCH_LOG_RATIO, names.MISMATCH_K3)
 IS_NAMED = (names.IS_WEIGHT_MIN, names.IS_WEIGHT_MAX)
@@ -171,7 +171,7 @@ def _mean(v: Sequence[float]) -> float | None:
 
 
 def summarize(run: RunData, tail: int = 5) -> dict[str, Any]:
-    """Headline figures of a run (used by both reports): reward/accuracy first, last, best,
+    """Headline figures of a run: reward/accuracy first, last, best,
     tail mean; mean seconds per step and per station; KV and mismatch means; final eval accuracy."""
     out: dict[str, Any] = {"name": run.name, "steps": len(run.rows),
                            "first_step": run.rows[0]["step"] if run.rows else None,
@@ -445,91 +445,5 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
             md += [f"[{p.name}]({rel})", "", f"![{key}]({rel})", ""]
 
     path = out / "report.md"
-    path.write_text("\n".join(md).rstrip() + "\n")
-    return path
-
-
-# ---------------------------------------------------------------------------------------------
-# Several runs
-# ---------------------------------------------------------------------------------------------
-def _labels(runs: list[RunData], labels: Sequence[str] | None) -> list[str]:
-    if labels is not None:
-        if len(labels) != len(runs):
-            raise ValueError(f"{len(labels)} labels for {len(runs)} runs")
-        return list(labels)
-    names = [r.name for r in runs]
-    if len(set(names)) < len(names):
-        names = [f"{r.run_dir.parent.name}/{r.name}" for r in runs]
-    return names
-
-
-def _overlay(runs: list[RunData], labels: list[str], get, title: str, ylabel: str, path: Path,
-             scale: float = 1.0) -> Path | None:
-    data = [(lab, *get(r)) for r, lab in zip(runs, labels)]
-    data = [(lab, xs, ys) for lab, xs, ys in data if xs]
-    if not data:
-        return None
-    fig, (ax,) = _figure(1)
-    for lab, xs, ys in data:
-        ax.plot(xs, [y * scale for y in ys], marker="o" if len(xs) <= 30 else None, markersize=3, label=lab)
-    _finish(ax, title, ylabel)
-    return _save(fig, path)
-
-
-def make_comparison(run_dirs: Sequence[str | Path], out_dir: str | Path,
-                    labels: Sequence[str] | None = None) -> Path:
-    """Overlay plots of several runs and a markdown table; returns the path of ``comparison.md``.
-
-    Writes ``compare_reward.png``, ``compare_accuracy.png``, ``compare_mismatch_k3.png``,
-    ``compare_kv_bytes.png`` and ``compare_time_per_step.png`` (each skipped when no run has the
-    metric) into ``out_dir``.
-    """
-    runs = [load_run(d) for d in run_dirs]
-    if not runs:
-        raise ValueError("make_comparison needs at least one run folder")
-    labs = _labels(runs, labels)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-
-    plots = {
-        "reward": _overlay(runs, labs, lambda r: r.series(names.REWARD_MEAN), "Reward (mean)", "reward",
-                           out / "compare_reward.png"),
-        "accuracy": _overlay(runs, labs, lambda r: r.series(names.ACCURACY), "Accuracy", "accuracy",
-                             out / "compare_accuracy.png"),
-        "mismatch k3": _overlay(runs, labs, lambda r: r.series(names.MISMATCH_K3),
-                                "Sampler-vs-dense mismatch (k3 KL)", "k3 KL", out / "compare_mismatch_k3.png"),
-        "kv bytes": _overlay(runs, labs, lambda r: r.series(names.KV_SAMPLER_ALLOC), "KV bytes allocated by the sampler",
-                             "MiB", out / "compare_kv_bytes.png", scale=MiB),
-        "time per step": _overlay(runs, labs, lambda r: r.step_times(), "Time per step", "seconds",
-                                  out / "compare_time_per_step.png"),
-    }
-    plots = {k: v for k, v in plots.items() if v is not None}
-
-    sums = [summarize(r) for r in runs]
-    md = [f"# Comparison of {len(runs)} runs", "",
-          f"Written {time.strftime('%Y-%m-%d %H:%M:%S')}. \"final\" = mean of the last 5 logged steps.", "",
-          "| run | steps | final reward | best reward | final accuracy | held-out pass@1 dense / sparse | "
-          "mean k3 KL | masked | KV allocated (vs dense engine) | KV kept fraction | s / step |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for lab, s in zip(labs, sums):
-        rw, ac = s.get("reward", {}), s.get("accuracy", {})
-        mm = s["mismatch"]
-        alloc, dense = s[names.KV_SAMPLER_ALLOC]["mean"], s[names.KV_DENSE_ALLOC]["mean"]
-        md.append(
-            f"| {lab} | {s['steps']} | {_fmt(rw.get('tail_mean'))} | {_fmt(rw.get('best'))} | "
-            f"{_fmt(ac.get('tail_mean'))} | {_fmt(s['eval_pass1']['dense'])} / {_fmt(s['eval_pass1']['sparse'])} | "
-            f"{_fmt(mm.get(names.MISMATCH_K3, {}).get('mean'))} | "
-            f"{_fmt(mm.get(names.MASKED_FRAC, {}).get('mean'))} | "
-            f"{_fmt_bytes(alloc)} ({_fmt(dense / alloc if alloc and dense else None, 3)}x less) | "
-            f"{_fmt(s[names.KV_KEPT_FRAC]['mean'], 3)} | "
-            f"{_fmt(s['time_per_step_s'], 3)} |")
-    md.append("")
-    md += ["| run | folder |", "|---|---|"] + [f"| {lab} | `{r.run_dir}` |" for lab, r in zip(labs, runs)]
-    md.append("")
-    if plots:
-        md += ["## Plots", ""]
-        for key, p in plots.items():
-            md += [f"![{key}]({p.name})", ""]
-    path = out / "comparison.md"
     path.write_text("\n".join(md).rstrip() + "\n")
     return path
