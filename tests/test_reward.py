@@ -148,6 +148,60 @@ def test_list_labels():
     assert math_reward("\\boxed{69}", ["69", "84"]) == 0.0
     assert math_reward("\\boxed{69, 85}", ["69", "84"]) == 0.0
     assert math_reward("\\boxed{5}", []) == 0.0
+    # one answer of two parts, written in one string (OlympiadBench ["$69$,$84$"]): the same
+    assert math_reward("\\boxed{84, 69}", "$69$,$84$", workers=0) == 1.0
+    assert math_reward("\\boxed{69}", ["$69$,$84$"], workers=0) == 0.0
+
+
+@pytest.mark.parametrize("label,parts", [
+    (["$69$", "$84$"], ["69", "84"]),
+    (["$69$,$84$"], ["69", "84"]),                       # OlympiadBench: the parts in one element
+    ("(1,8,19), (2,7,13)", ["(1,8,19)", "(2,7,13)"]),    # commas inside brackets do not split
+    ("\\left(3,\\frac{\\pi}{2}\\right)", ["\\left(3,\\frac{\\pi}{2}\\right)"]),
+    ("1,234", ["1234"]),                                 # one number with thousands commas
+    ("work... #### 1,250", ["1250"]),                    # GSM8K
+    ("so \\boxed{\\frac{1}{2}}.", ["\\frac{1}{2}"]),
+    ([27.0, 3, "x"], ["27", "3", "x"]),
+    (True, ["True"]),
+    ("\\boxed{3", []), (float("nan"), []), ("  $ $ ", []), (None, []), ([], []),
+])
+def test_normalize_label_parts(label, parts):
+    assert reward_math.normalize_label(label) == parts
+    assert reward_math.normalize_label(", ".join(parts)) == parts  # the joined form reads back
+
+
+LIST_LABELS = [["$69$", "$84$"], ["$69$,$84$"], ["(6,3),(9,3)", "(54,5)"], ["2"], [27.0, "\\frac{1}{2}"],
+               ["so \\boxed{5}.", "#### 1,234"], ["$f(x)=x$,$f(x)=2-x$"]]
+
+
+@pytest.mark.parametrize("raw", LIST_LABELS, ids=range(len(LIST_LABELS)))
+def test_a_list_label_is_the_same_answer_through_the_loader_and_the_reward(tmp_path, raw):
+    from sparserl.data import load_dataset
+
+    path = tmp_path / "l.jsonl"
+    path.write_text(json.dumps({"question": "q", "final_answer": raw}) + "\n")
+    (ex,) = load_dataset(str(path), prompt_key="question", label_key="final_answer")
+    assert isinstance(ex.label, str)
+    parts = reward_math.normalize_label(raw)
+    assert reward_math.normalize_label(ex.label) == parts and parts
+    responses = [f"\\boxed{{{', '.join(parts)}}}", f"\\boxed{{{', '.join(reversed(parts))}}}",
+                 f"\\boxed{{{parts[0]}}}", f"\\boxed{{{', '.join(parts)}, 7}}"]
+    by_loader = [math_reward(r, ex.label, workers=0) for r in responses]
+    assert by_loader == [math_reward(r, raw, workers=0) for r in responses]
+    assert by_loader[:2] == [1.0, 1.0] and by_loader[3] == 0.0
+
+
+def test_olympiadbench_labels_keep_their_parts_through_the_loader():
+    from sparserl.data import load_dataset
+
+    path = DATA / "olympiadbench" / "test.jsonl"
+    if not path.exists():
+        pytest.skip(f"{path} not found")
+    raw = [json.loads(line)["final_answer"] for line in path.read_text().splitlines() if line.strip()]
+    data = load_dataset("olympiadbench", data_dir=DATA)
+    assert len(data) == len(raw)
+    for ex, label in zip(data, raw):
+        assert reward_math.normalize_label(ex.label) == reward_math.normalize_label(label), label
 
 
 def test_label_with_dollars_and_solution():

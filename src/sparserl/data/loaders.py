@@ -22,7 +22,6 @@ import logging
 import math
 import os
 import random
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,47 +262,14 @@ def _require(row: dict, key: str) -> Any:
     return row[key]
 
 
-def _format_number(x: float) -> str:
-    if math.isfinite(x) and float(x).is_integer():
-        return str(int(x))
-    return repr(float(x))
-
-
-_THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-
-
 def clean_label(value: Any) -> str | None:
-    """A label as a string, or None when it is empty/unusable.
+    """A label as the one string an :class:`Example` holds, or None when it is unusable: the
+    parts of :func:`sparserl.reward.math.normalize_label` joined by ``", "`` (from which the
+    reward reads the same parts back)."""
+    from ..reward.math import normalize_label
 
-    Numbers lose a trailing ``.0`` (``27.0`` → ``"27"``); a GSM8K answer keeps the number after
-    ``####`` (thousands commas removed); a solution keeps its last ``\\boxed{}``; ``$``
-    delimiters are removed; a list (OlympiadBench ``final_answer``) becomes its element, or its
-    elements joined by ``", "``.
-    """
-    from ..reward.math import extract_boxed
-
-    if value is None or isinstance(value, bool):
-        return None if value is None else str(value)
-    if isinstance(value, (list, tuple)):
-        parts = [clean_label(v) for v in value]
-        parts = [p for p in parts if p]
-        return ", ".join(parts) if parts else None
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return _format_number(value) if math.isfinite(value) else None
-    s = str(value)
-    if "####" in s:
-        s = s.rsplit("####", 1)[1].strip()
-        if _THOUSANDS.fullmatch(s):
-            s = s.replace(",", "")
-    elif "\\boxed" in s or "\\fbox" in s:
-        boxed = extract_boxed(s)
-        if boxed is None:
-            return None
-        s = boxed
-    s = re.sub(r"(?<!\\)\$", "", s).strip()
-    return s or None
+    parts = normalize_label(value)
+    return ", ".join(parts) if parts else None
 
 
 def _check_template(template: str) -> None:
@@ -354,16 +320,13 @@ def _row_to_example(row: Any, *, prompt_key: str | None, label_key: str,
     if not isinstance(row, dict):
         raise _BadRow(f"row must be a JSON object, got {type(row).__name__}")
     prompt = prompt_fn(row) if prompt_fn is not None else _require(row, prompt_key)
-    raw_label = _require(row, label_key)
-    label = clean_label(raw_label)
+    label = clean_label(_require(row, label_key))
     if label is None:
         raise _BadRow(f"empty label in key {label_key!r}")
     for k in _META_KEYS:
         v = row.get(k)
         if isinstance(v, (str, int, float)) and not isinstance(v, bool):
             meta.setdefault(k, v)
-    if isinstance(raw_label, (list, tuple)) and len(raw_label) > 1:
-        meta["answers"] = [clean_label(v) for v in raw_label]
     return Example(prompt=_messages(prompt, template, system_prompt), label=label, meta=meta)
 
 

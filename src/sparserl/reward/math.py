@@ -144,12 +144,16 @@ def _strip_dollars(s: str) -> str:
 
 
 def normalize_label(label: Any) -> list[str]:
-    """Turn a label into a list of answer strings.
+    """The parts of a reference answer, as strings: the answer is all of them, in any order.
 
-    Numbers become strings without a trailing ``.0`` (``27.0`` → ``"27"``); strings lose ``$``
-    delimiters; a label holding a whole solution uses its last ``\\boxed{}``; a list
-    (OlympiadBench ``final_answer``) becomes one string per element. An empty result means the
-    label is unusable.
+    An answer may have several parts ("determine all x": ``1, 3``). OlympiadBench's
+    ``final_answer`` writes them either as list elements or comma-separated in one string
+    (``["$69$,$84$"]``), so both give the same parts: a list gives its elements' parts, a string
+    its comma-separated pieces outside brackets (``(1,2), (3,4)`` has two parts, ``(1,2)`` one;
+    ``1,234`` is one number, ``1234``). A GSM8K answer keeps the number after ``####``, a solution
+    its last ``\\boxed{}``; ``$`` delimiters go; numbers lose a trailing ``.0`` (``27.0`` →
+    ``"27"``). ``", ".join(parts)`` gives the same parts back. An empty list means the label is
+    unusable (None, NaN, empty text, a box never closed).
     """
     if label is None:
         return []
@@ -160,9 +164,16 @@ def normalize_label(label: Any) -> list[str]:
             return []
         return [_format_number(label)]
     s = str(label)
-    boxed = extract_boxed(s) if ("\\boxed" in s or "\\fbox" in s) else None
-    s = _strip_dollars(boxed if boxed is not None else s)
-    return [s] if s else []
+    if "####" in s:
+        s = s.rsplit("####", 1)[1]
+    elif "\\boxed" in s or "\\fbox" in s:
+        s = extract_boxed(s)
+        if s is None:
+            return []
+    s = _strip_dollars(s)
+    if _THOUSANDS_RE.match(s):
+        return [s.replace(",", "")]
+    return _split_top_level(s)
 
 
 def _canon(s: str) -> str:
@@ -279,7 +290,7 @@ def _plan_answer(pred: Any, label: Any, strict_numbers: bool):
         return 0.0
     if len(golds) == 1:
         return _plan_one(pred, golds[0], strict_numbers)
-    # several answers: all must appear, comma-separated, in any order
+    # several parts: all must appear, comma-separated, in any order
     parts = _split_top_level(pred)
     if sorted(map(_canon, parts)) == sorted(map(_canon, golds)):
         return 1.0
@@ -491,9 +502,9 @@ def math_reward(response: str, label: Any, prompt: Any = None, *,
     of ``response`` equals ``label``, else 0.0.
 
     The final answer is the last complete ``\\boxed{}``/``\\fbox{}`` of the response, else its
-    last number. ``label`` may be a LaTeX string, a number (``27.0`` ≡ ``27``) or a list (a
-    one-element list is its element; with several elements all must appear, comma-separated, in
-    the response's box, in any order). Equal strings and plain numbers are decided in-process;
+    last number. ``label`` may be a LaTeX string, a number (``27.0`` ≡ ``27``) or a list; a label
+    of several parts (:func:`normalize_label`: list elements, or comma-separated in a string)
+    needs all of them, comma-separated, in the response's box, in any order. Equal strings and plain numbers are decided in-process;
     anything else by math-verify (``\\frac{1}{2}`` ≡ ``0.5`` ≡ ``1/2``) in a checker process under
     ``timeout`` seconds (None: no limit); ``workers=0``: in-process, no limit. Never raises on odd
     input: a check that overruns or fails counts as "not equal". With ``strict_numbers`` (default)
