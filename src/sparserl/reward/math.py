@@ -501,17 +501,18 @@ def math_reward(response: str, label: Any, prompt: Any = None, *,
     """Sparse-RL verifiable reward (arXiv 2601.10079, ALGORITHMS.md §1): 1.0 if the final answer
     of ``response`` equals ``label``, else 0.0.
 
-    The final answer is the last complete ``\\boxed{}``/``\\fbox{}`` of the response, else its
-    last number. ``label`` may be a LaTeX string, a number (``27.0`` ≡ ``27``) or a list; a label
-    of several parts (:func:`normalize_label`: list elements, or comma-separated in a string)
-    needs all of them, comma-separated, in the response's box, in any order. Equal strings and
-    plain numbers are decided in-process; anything else by math-verify (``\\frac{1}{2}`` ≡
-    ``0.5`` ≡ ``1/2``) in a checker process under ``timeout`` seconds (None: no limit);
-    ``workers=0``: in-process, no limit. Never raises on odd input: a check that overruns or fails
-    counts as "not equal". With ``strict_numbers`` (default) a numeric label is not matched by a bare unevaluated arithmetic expression (``\\boxed{3+4}``
-    vs ``7`` scores 0); ``3 + 4 = 7`` still scores 1. ``prompt`` is unused (it is there for the
-    :class:`~sparserl.reward.registry.RewardFn` protocol). For many responses use
-    :class:`MathReward` (``score_batch`` runs the checks in parallel).
+    The final answer is the last complete ``\\boxed{}``/``\\fbox{}`` of the response, else its last
+    number. ``label`` may be a LaTeX string, a number (``27.0`` ≡ ``27``) or a list; a label of
+    several parts (:func:`normalize_label`: list elements, or comma-separated in a string) needs
+    all of them, comma-separated, in the response's box, in any order. Equal strings and plain
+    numbers are decided in-process; anything else by math-verify (``\\frac{1}{2}`` ≡ ``0.5`` ≡
+    ``1/2``) in a checker process under ``timeout`` seconds (None: no limit); ``workers=0``:
+    in-process, no limit. Never raises on odd input: a check that overruns or fails counts as "not
+    equal". With ``strict_numbers`` (default) a numeric label is not matched by a bare unevaluated
+    arithmetic expression (``\\boxed{3+4}`` vs ``7`` scores 0); ``3 + 4 = 7`` still scores 1.
+    ``prompt`` is unused (it is there for the :class:`~sparserl.reward.registry.RewardFn`
+    protocol). For many responses use :class:`MathReward` (``score_batch`` runs the checks in
+    parallel).
     """
     return _score([(response, label)], timeout=timeout, strict_numbers=strict_numbers,
                   workers=workers, extract=True)[0]
