@@ -1,0 +1,221 @@
+"""The README's table of headline bench ratios, regenerated from the stored bench JSON.
+
+    python3 experiments/results_table.py            # print the table
+    python3 experiments/results_table.py --write    # rewrite README.md's block between the markers
+    python3 experiments/results_table.py --check    # exit 1, with a diff, when README.md's block differs
+
+The rule every ratio in README.md and docs/results/ follows: a ratio of two rows of one
+``sparserl bench rollout`` JSON is the **median of per-round ratios**. In round i both rows ran in the
+same process (``measure.run_rounds``: every row once per round), so round i's ratio is row A's
+tokens/s in round i over row B's in round i (``tokens_per_s_runs[i]``), and the figure is the median
+of those. It is not a median of A's rounds divided by a median of B's: with a machine that drifts
+between rounds the two can differ by a third (``bench_2026-11-24c/L256_B16_openvino_r3.json``: per
+round 2.05, 1.14, 0.90, median 1.14x; median over median 1.57x).
+
+Each row names its machine as the JSON's ``machine`` records it: ``cpu`` and ``cores``, and
+``native_arch`` where the native kernels were built for other instruction sets than the CPU's own
+(``$SPARSERL_NATIVE_ARCH``). The JSON does not record the CPU's instruction sets, so ``ISA`` below
+holds them per CPU model, as the sessions that used each machine noted them from /proc/cpuinfo
+(docs/results/bench_quant.md, eighth session; docs/results/README.md).
+
+JSON written before ``--repeat`` existed (``bench_rollout_L*.json``) has no ``tokens_per_s_runs``:
+that bench timed every row once after a warm-up, in one process, so its ``tokens_per_s`` is one round.
+
+The headlines are the one list ``HEADLINES``: which JSON, which row over which row, and what it is.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+README = ROOT / "README.md"
+BEGIN = "<!-- results-table:begin (python3 experiments/results_table.py --write; do not edit by hand) -->"
+END = "<!-- results-table:end -->"
+
+# The instruction sets of each CPU model that wrote a JSON here (not recorded in the JSON itself).
+ISA = {
+    "AMD EPYC": "AVX2",  # Zen 3, family 25 model 1: AVX2 + FMA + F16C, no AVX512, no VNNI, no AMX
+    "Intel(R) Xeon(R) Processor": "AVX512 + VNNI",  # family 6 model 207: AVX512 (F/BW/VL/BF16/FP16), AVX512-VNNI and AVX-VNNI, no AMX
+}
+CPU_NAME = {"AMD EPYC": "AMD EPYC", "Intel(R) Xeon(R) Processor": "Intel Xeon"}
+ARCH_FLAG = {"-mavx2": "AVX2", "-mavx512f": "AVX512", "-mavxvnni": "AVX-VNNI", "-mavx512vnni": "AVX512-VNNI"}
+
+# Row fields absent from older JSON, read as these values.
+ROW_DEFAULTS = {"quant": "none", "kv_quant": "none", "compiled": False}
+
+DENSE = {"engine": "sparserl", "compressor": "none", "quant": "none", "kv_quant": "none"}
+RKV = {"engine": "sparserl", "compressor": "rkv", "quant": "none"}
+OV_DENSE = {"engine": "openvino", "compressor": "none", "quant": "none"}
+OV_EVICT = {"engine": "openvino", "compressor": "eviction", "quant": "none"}
+OV_INT8 = {"engine": "openvino", "compressor": "none", "quant": "int8"}
+GENERATE = {"engine": "hf_generate"}
+
+
+@dataclass(frozen=True)
+class Headline:
+    what: str        # what the ratio compares: row a over row b
+    json: str        # the JSON, relative to docs/results/
+    a: dict = field(default_factory=dict)  # fields that pick row a (exactly one row must match)
+    b: dict = field(default_factory=dict)  # fields that pick row b
+
+
+HEADLINES = [
+    # 2-core AMD EPYC (AVX2)
+    Headline("sparserl float32 dense / transformers `generate`", "bench_rollout_L256.json", DENSE, GENERATE),
+    Headline("sparserl float32 dense / transformers `generate`", "bench_rollout_L1024.json", DENSE, GENERATE),
+    Headline("`int8` / float32 dense", "bench_2026-11-24c/L256_B16_int8_rkv_r3.json",
+             {**DENSE, "quant": "int8"}, DENSE),
+    Headline("`int8` / float32 dense", "bench_2026-11-24c/L1024_B16_int8_rkv_r3b.json",
+             {**DENSE, "quant": "int8"}, DENSE),
+    Headline("`int8` + R-KV / float32 dense", "bench_2026-11-24c/L1024_B16_int8_rkv_r3b.json",
+             {**RKV, "quant": "int8"}, DENSE),
+    Headline("R-KV (budget 256, step 128) / float32 dense", "bench_2026-11-24c/L2048_B16_rkv_r2.json", RKV, DENSE),
+    Headline("float32 dense / OpenVINO GenAI dense", "bench_2026-11-24c/L256_B16_openvino_r3.json", DENSE, OV_DENSE),
+    Headline("R-KV / OpenVINO eviction, equal KV bytes", "bench_2026-11-24c/L256_B16_openvino_r3.json", RKV, OV_EVICT),
+    Headline("`int8` / OpenVINO int8", "bench_2026-11-24c/L256_B16_openvino_r3.json",
+             {**DENSE, "quant": "int8"}, OV_INT8),
+    # 2-core Intel Xeon (AVX512 + VNNI)
+    Headline("float32 dense / OpenVINO GenAI dense", "bench_2026-11-24d/L256_B16_openvino_r3.json", DENSE, OV_DENSE),
+    Headline("R-KV / OpenVINO eviction, equal KV bytes", "bench_2026-11-24d/L256_B16_openvino_r3.json", RKV, OV_EVICT),
+    Headline("`int8` / OpenVINO int8", "bench_2026-11-24d/L256_B16_openvino_r3.json",
+             {**DENSE, "quant": "int8"}, OV_INT8),
+    Headline("`int8` / float32 dense", "bench_2026-11-24d/L256_B16_openvino_r3.json",
+             {**DENSE, "quant": "int8"}, DENSE),
+    Headline("float32 dense / OpenVINO GenAI dense", "bench_2026-11-24h/L1024_B16_openvino_int8_group_r2.json",
+             DENSE, OV_DENSE),
+    Headline("R-KV / OpenVINO eviction, equal KV bytes", "bench_2026-11-24h/L1024_B16_openvino_int8_group_r2.json",
+             RKV, OV_EVICT),
+    Headline("`int8_group` + SmoothQuant 0.5 + int8 head / OpenVINO int8",
+             "bench_2026-11-24h/L1024_B16_openvino_int8_group_r2.json", {**DENSE, "quant": "int8_group"}, OV_INT8),
+    Headline("`int8_group` + SmoothQuant 0.5 + int8 head / float32 dense",
+             "bench_2026-11-24g/L1024_B16_int8_group_smooth_head_u8_r2.json", {**DENSE, "quant": "int8_group"}, DENSE),
+    Headline("`int8_group` + SmoothQuant 0.5 + int8 head / float32 dense",
+             "bench_2026-11-24g/L256_B16_int8_int8_group_smooth_head_r2.json", {**DENSE, "quant": "int8_group"}, DENSE),
+    Headline("`qurl_group`'s sampler (`int8_group`, groups of 32) / float32 dense",
+             "bench_2026-11-24h/L1024_B16_int8_group32_smooth_head_r2.json", {**DENSE, "quant": "int8_group"}, DENSE),
+    Headline("`qurl_group`'s sampler (`int8_group`, groups of 32) / float32 dense",
+             "bench_2026-11-24h/L256_B16_int8_group32_smooth_head_r3.json", {**DENSE, "quant": "int8_group"}, DENSE),
+    Headline("`int8_group` + SmoothQuant 0.5 + int8 head / float32 dense",
+             "bench_2026-11-24h/L1024_B16_avxvnni_int8_int8_group_smooth_head_r2.json",
+             {**DENSE, "quant": "int8_group"}, DENSE),
+    Headline("`int8_group` + SmoothQuant 0.5 + int8 head / float32 dense",
+             "bench_2026-11-24h/L1024_B16_avx2_int8_int8_group_smooth_head_r2.json",
+             {**DENSE, "quant": "int8_group"}, DENSE),
+    Headline("R-KV (budget 256, step 32, `tail_slack` 32) / float32 dense",
+             "bench_2026-11-24g/L256_B16_rkv_slack32_r4.json", RKV, DENSE),
+    Headline("R-KV (budget 256, step 128) / float32 dense", "bench_2026-11-24h/L2048_B16_rkv_r3.json", RKV, DENSE),
+]
+
+
+def round_ratios(a_runs: list[float], b_runs: list[float]) -> list[float]:
+    """Round i's ratio: row a's tokens/s in round i over row b's in round i (the same process)."""
+    if len(a_runs) != len(b_runs) or not a_runs:
+        raise ValueError(f"rows of {len(a_runs)} and {len(b_runs)} rounds: no round-by-round ratio")
+    return [a / b for a, b in zip(a_runs, b_runs)]
+
+
+def median_of_round_ratios(a_runs: list[float], b_runs: list[float]) -> float:
+    """The median of the per-round ratios (not median(a) / median(b))."""
+    return statistics.median(round_ratios(a_runs, b_runs))
+
+
+def runs(row: dict) -> list[float]:
+    """A row's tokens/s per round; one round where the JSON predates ``tokens_per_s_runs``."""
+    return list(row.get("tokens_per_s_runs") or [row["tokens_per_s"]])
+
+
+def pick(results: list[dict], want: dict, where: str) -> dict:
+    """The one row whose fields equal ``want``."""
+    rows = [r for r in results if all(r.get(k, ROW_DEFAULTS.get(k)) == v for k, v in want.items())]
+    if len(rows) != 1:
+        raise ValueError(f"{where}: {len(rows)} rows match {want}, expected one")
+    return rows[0]
+
+
+def machine_label(machine: dict) -> str:
+    cpu = machine["cpu"]
+    if cpu not in ISA:
+        raise ValueError(f"CPU {cpu!r} has no instruction sets in results_table.ISA")
+    label = f"{machine['cores']}-core {CPU_NAME[cpu]}, {ISA[cpu]}"
+    arch = machine.get("native_arch")
+    if arch and arch != "native":
+        built = [ARCH_FLAG[f] for f in arch.split() if f in ARCH_FLAG]
+        label += f"; kernels built for {' + '.join(built) or arch} only"
+    return label
+
+
+def fmt(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def headline_row(h: Headline) -> dict:
+    report = json.loads((RESULTS / h.json).read_text())
+    results = report["results"]
+    a, b = pick(results, h.a, f"{h.json} a"), pick(results, h.b, f"{h.json} b")
+    ratios = round_ratios(runs(a), runs(b))
+    return {
+        "what": h.what,
+        "shape": f"{a['max_new_tokens']:,} tokens, batch {a['batch']}",
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+        "machine": machine_label(report["machine"]),
+        "json": h.json,
+    }
+
+
+def render_table(headlines: list[Headline] = HEADLINES) -> str:
+    lines = ["| what | shape | ratio | per round (one process) | machine | JSON |",
+             "|---|---|---|---|---|---|"]
+    for h in headlines:
+        r = headline_row(h)
+        rounds = "one round" if len(r["ratios"]) == 1 else ", ".join(fmt(x) for x in r["ratios"])
+        lines.append(f"| {r['what']} | {r['shape']} | **{fmt(r['ratio'])}x** | {rounds} | {r['machine']} | "
+                     f"[{r['json']}](docs/results/{r['json']}) |")
+    return "\n".join(lines) + "\n"
+
+
+def readme_block(text: str) -> str:
+    """What README.md holds between the markers."""
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise ValueError(f"README.md must hold one {BEGIN!r} ... {END!r} block")
+    return text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip("\n") + "\n"
+
+
+def with_block(text: str, table: str) -> str:
+    readme_block(text)
+    return text[:text.index(BEGIN) + len(BEGIN)] + "\n" + table + text[text.index(END):]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--write", action="store_true", help="rewrite README.md's block between the markers")
+    g.add_argument("--check", action="store_true", help="exit 1 with a diff when README.md's block differs")
+    args = p.parse_args(argv)
+    table = render_table()
+    if args.write:
+        text = README.read_text()  # read just before writing: other sections may be edited meanwhile
+        new = with_block(text, table)
+        if new != text:
+            README.write_text(new)
+        return 0
+    if args.check:
+        block = readme_block(README.read_text())
+        if block != table:
+            sys.stdout.writelines(difflib.unified_diff(block.splitlines(True), table.splitlines(True),
+                                                       "README.md (results table)", "regenerated from JSON"))
+            return 1
+        return 0
+    sys.stdout.write(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
