@@ -341,27 +341,68 @@ def test_cuda_kernels_match_their_float_reference(name):
 
 
 # --- the sampler ------------------------------------------------------------------------------------
-def _prefill_logprobs(model: SamplerModel, ids: torch.Tensor) -> torch.Tensor:
+def _prefill_logprobs(model: SamplerModel, ids: torch.Tensor, logit_scale: float = 1.0) -> torch.Tensor:
     valid = torch.ones_like(ids, dtype=torch.bool)
     pos = torch.arange(ids.shape[1])[None].expand_as(ids)
-    return torch.log_softmax(model.logits(model.hidden_states(ids, valid, pos)).float(), -1)
+    return torch.log_softmax(logit_scale * model.logits(model.hidden_states(ids, valid, pos)).float(), -1)
+
+
+#: the final norm's weight times this: logits x20, mean next-token entropy ~1.6 nats instead of the
+#: tiny model's log(vocab) = 10.8 (a trained model's is a few nats at most).
+PEAK = 20.0
+ALPHA_IDS = torch.randint(0, 200, (2, 12), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="module")
+def peaked(tiny):
+    """The tiny model (a copy) with its final norm scaled by PEAK: a peaked next-token distribution.
+    The tiny model's own is nearly uniform, and any two nearly uniform distributions have α near 1."""
+    hf = copy.deepcopy(tiny.model)
+    with torch.no_grad():
+        hf.model.norm.weight.mul_(PEAK)
+    return hf
+
+
+def _entropy(lp: torch.Tensor) -> torch.Tensor:
+    return -(lp.exp() * lp).sum(-1)
+
+
+def _acceptance(lp: torch.Tensor, lq: torch.Tensor) -> tuple[float, float]:
+    """Mean and minimum over positions of the acceptance α = Σ_x min(p(x), q(x)) of q against p."""
+    alpha = torch.minimum(lp, lq).exp().sum(-1)
+    return float(alpha.mean()), float(alpha.min())
+
+
+def _close_to_dense(lp: torch.Tensor, lq: torch.Tensor) -> bool:
+    """The criterion a quantized sampler meets on the peaked model: mean α > 0.97, every position > 0.85."""
+    mean, low = _acceptance(lp, lq)
+    return mean > 0.97 and low > 0.85
 
 
 @pytest.mark.parametrize("name", QUANTIZED)
-def test_quantized_sampler_weights_bytes_and_logprobs(tiny, name):
-    dense = SamplerModel(tiny.model, torch.float32, quant="none")
-    qm = SamplerModel(tiny.model, torch.float32, quant=name)
+def test_quantized_sampler_weights_bytes_and_logprobs(peaked, name):
+    dense = SamplerModel(peaked, torch.float32, quant="none")
+    qm = SamplerModel(peaked, torch.float32, quant=name)
     assert qm.quant == name and qm.last_quantize_s > 0 and dense.last_quantize_s == 0
     for lw in qm.layers:  # every layer linear quantized; no float copy kept
         assert all(isinstance(w, QuantizedLinear) for w in (lw.qkv, lw.o, lw.gate_up, lw.down))
     assert isinstance(qm.lm_head, torch.Tensor) and qm.lm_head.dtype == torch.float32  # head stays float
     layer_float = sum(w.numel() * 4 for lw in dense.layers for w in (lw.qkv, lw.o, lw.gate_up, lw.down))
     assert dense.weight_bytes() - qm.weight_bytes() > 0.7 * layer_float  # ~3/4 of the layers' bytes gone
-    ids = torch.randint(0, 200, (2, 12), generator=torch.Generator().manual_seed(0))
-    lp, lq = _prefill_logprobs(dense, ids), _prefill_logprobs(qm, ids)
-    alpha = torch.minimum(lp, lq).exp().sum(-1)
-    assert float(alpha.min()) > 0.97
+    lp, lq = _prefill_logprobs(dense, ALPHA_IDS), _prefill_logprobs(qm, ALPHA_IDS)
+    assert float(_entropy(lp).mean()) < 2.0  # peaked: α can tell samplers apart
+    assert _close_to_dense(lp, lq), _acceptance(lp, lq)
     assert float((lp - lq).abs().max()) > 0  # it is quantized
+
+
+def test_the_acceptance_criterion_fails_a_sampler_with_logits_shrunk_to_70_percent(tiny, peaked):
+    dense = SamplerModel(peaked, torch.float32, quant="none")
+    lp, shrunk = _prefill_logprobs(dense, ALPHA_IDS), _prefill_logprobs(dense, ALPHA_IDS, logit_scale=0.7)
+    assert not _close_to_dense(lp, shrunk), _acceptance(lp, shrunk)
+    # on the nearly uniform tiny model itself the same distortion passes: why the test needs `peaked`
+    flat = SamplerModel(tiny.model, torch.float32, quant="none")
+    lp, shrunk = _prefill_logprobs(flat, ALPHA_IDS), _prefill_logprobs(flat, ALPHA_IDS, logit_scale=0.7)
+    assert float(_entropy(lp).mean()) > 10.0 and _close_to_dense(lp, shrunk)
 
 
 @pytest.mark.parametrize("name", ["int8", "fp8"])
