@@ -1,12 +1,11 @@
 """``sparserl bench rollout``: the roofline bound, repeated runs and their medians, batch limits, and
-the OpenVINO peer (skipped with a clear message when its extra is not installed; run on the tiny
-model when it is)."""
+the OpenVINO peer (a clear error naming ``sparserl bench setup-openvino`` when it is not set up; run
+on the tiny model when it is)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import statistics
+import subprocess
 import sys
 
 import pytest
@@ -14,8 +13,9 @@ import torch
 
 from sparserl import cli
 from sparserl.bench import machine, rollout
-from sparserl.bench.measure import Row, Run, run_rounds
-from sparserl.bench.openvino_peer import EXPORT_PYTHON_ENV, KV_BLOCK, PeerUnavailable, eviction_sizes, import_openvino_genai
+from sparserl.bench.measure import Row, Run, median_round_ratio, run_rounds
+from sparserl.bench.openvino_peer import KV_BLOCK, PeerUnavailable, eviction_sizes, import_openvino_genai
+from sparserl.bench.openvino_setup import OpenVINOSetupError, check_ready
 from sparserl.bench.roofline import decode_step_flops, mean_kv_tokens, roofline
 from sparserl.errors import OptionError, SparserlError
 
@@ -108,7 +108,22 @@ def test_run_rounds_interleaves_rows_and_reports_the_median():
     assert all(r.rss_peak_bytes > 0 for r in a.runs)
 
 
-def test_bench_repeat_reports_median_and_ratios_of_medians(tiny, fast_machine, monkeypatch, capsys):
+def test_median_round_ratio_is_not_a_ratio_of_medians():
+    """Issue 29's case: rounds at 2.05 / 1.15 / 0.90 relative speed; a median over a median says 1.60."""
+    ours, peer = [205.0, 115.0, 90.0], [100.0, 100.0, 100.0]
+    ours_drift, peer_drift = [410.0, 115.0, 45.0], [200.0, 100.0, 50.0]  # the machine ran at 2x, 1x, 0.5x
+    assert median_round_ratio(ours, peer) == pytest.approx(1.15)
+    assert median_round_ratio(ours_drift, peer_drift) == pytest.approx(1.15)  # drift cancels within a round
+    assert statistics.median(ours_drift) / statistics.median(peer_drift) == pytest.approx(1.15)
+    assert median_round_ratio([300.0, 100.0, 90.0], [100.0, 100.0, 100.0]) == pytest.approx(1.0)
+    assert statistics.median([300.0, 100.0, 90.0]) / 100.0 == pytest.approx(1.0)
+    assert median_round_ratio([205.0, 115.0, 90.0], [100.0, 60.0, 100.0]) == pytest.approx(1.917, abs=1e-3)
+    assert statistics.median([205.0, 115.0, 90.0]) / statistics.median([100.0, 60.0, 100.0]) == pytest.approx(1.15)
+    with pytest.raises(ValueError, match="rounds differ"):
+        median_round_ratio([1.0, 2.0], [1.0])
+
+
+def test_bench_repeat_reports_median_and_ratios_of_rounds(tiny, fast_machine, monkeypatch, capsys):
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
     report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=3, kv_budget=8, step_length=2,
                                compressors=["streaming"], dtype="float32", hf_baseline=True, repeat=3)
@@ -124,8 +139,11 @@ def test_bench_repeat_reports_median_and_ratios_of_medians(tiny, fast_machine, m
         assert r["roofline_fraction"] == pytest.approx(r["tokens_per_s"] / r["roofline_tokens_per_s"])
     dense, hf = rows["sparserl", "none"], rows["hf_generate", "none"]
     stream = rows["sparserl", "streaming"]
-    assert stream["ratio_vs_sparserl_dense"] == pytest.approx(stream["tokens_per_s"] / dense["tokens_per_s"])
-    assert dense["ratio_vs_hf_generate"] == pytest.approx(dense["tokens_per_s"] / hf["tokens_per_s"])
+    per_round = [s / d for s, d in zip(stream["tokens_per_s_runs"], dense["tokens_per_s_runs"])]
+    assert stream["ratio_vs_sparserl_dense"] == pytest.approx(statistics.median(per_round))
+    per_round = [d / h for d, h in zip(dense["tokens_per_s_runs"], hf["tokens_per_s_runs"])]
+    assert dense["ratio_vs_hf_generate"] == pytest.approx(statistics.median(per_round))
+    assert m["isa"] == [f for f in m["isa"] if f in open("/proc/cpuinfo").read()]  # named from the CPU's flags
     assert "peers_skipped" not in report
 
 
@@ -217,35 +235,89 @@ def test_eviction_sizes_are_blocks():
         assert sizes["max_cache_size"] > sizes["start_size"] + sizes["recent_size"]
 
 
-def test_openvino_peer_missing_is_skipped_with_install_hint(tiny, fast_machine, monkeypatch, tmp_path, capsys):
-    monkeypatch.setitem(sys.modules, "openvino_genai", None)  # `import openvino_genai` raises ImportError
-    with pytest.raises(PeerUnavailable, match=r"pip install 'sparserl\[bench\]'"):
-        import_openvino_genai()
-    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
+def test_openvino_peer_not_set_up_stops_before_loading_naming_the_setup_command(tiny, monkeypatch, tmp_path, capsys):
+    """Missing runtime, missing exporter, an interrupted set-up, a bad SPARSERL_OPENVINO_EXPORT_PYTHON:
+    each stops the command before the model loads, with one error naming what to run."""
+    monkeypatch.setenv("SPARSERL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPARSERL_OPENVINO_EXPORT_PYTHON", raising=False)
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
     out = tmp_path / "b.json"
-    rc = cli.main([*TINY_BENCH, "--compressors", "none", "--peers", "openvino", "--json", str(out)])
-    assert rc == 0
-    printed = capsys.readouterr().out
-    assert "OpenVINO peer skipped" in printed and "sparserl[bench]" in printed
-    report = json.loads(out.read_text())
-    assert [(r["engine"], r["compressor"]) for r in report["results"]] == [("sparserl", "none")]
-    assert "sparserl[bench]" in report["peers_skipped"]["openvino"]
+    argv = [*TINY_BENCH, "--compressors", "none", "--peers", "openvino", "--dtype", "float32", "--json", str(out)]
+
+    monkeypatch.setitem(sys.modules, "openvino_genai", None)  # `import openvino_genai` raises ImportError
+    with pytest.raises(PeerUnavailable, match="sparserl bench setup-openvino"):
+        import_openvino_genai()
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "needs its runtime" in err and "sparserl bench setup-openvino" in err
+    monkeypatch.delitem(sys.modules, "openvino_genai")
+
+    monkeypatch.setattr("sparserl.bench.openvino_setup.runtime_missing", lambda: None)  # runtime there
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "exporter" in err and "does not exist" in err and "sparserl bench setup-openvino" in err
+    (tmp_path / "cache" / "openvino" / "exporter" / "bin").mkdir(parents=True)  # interrupted: no marker
+    assert cli.main(argv) == 1
+    assert "incomplete" in capsys.readouterr().err
+    monkeypatch.setenv("SPARSERL_OPENVINO_EXPORT_PYTHON", str(tmp_path / "no-python"))
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "SPARSERL_OPENVINO_EXPORT_PYTHON" in err and "not an executable file" in err
+    assert not out.exists()
 
 
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ImportError:  # its parent package is missing
-        return False
+def test_openvino_setup_runs_its_steps_and_names_the_one_that_fails(monkeypatch, tmp_path):
+    """The set-up's steps, in order, with the exporter's pins and torch's own version; a failing step
+    is named with its output's tail; the marker is written last, so a failed set-up is not trusted."""
+    from sparserl.bench import openvino_setup as ov
+
+    monkeypatch.setattr(ov, "runtime_missing", lambda: None)
+    calls = []
+
+    def fake_run(cmd, capture_output, text):
+        calls.append(cmd)
+        if cmd[1:3] == ["-m", "venv"]:
+            python = ov._venv_python(tmp_path / "venv")
+            python.parent.mkdir(parents=True)
+            python.write_text("")
+        fail = "optimum.exporters" in " ".join(cmd) and fail_import[0]
+        return subprocess.CompletedProcess(cmd, 1 if fail else 0, "", "ModuleNotFoundError: optimum" if fail else "")
+
+    fail_import = [True]
+    monkeypatch.setattr(ov.subprocess, "run", fake_run)
+    with pytest.raises(OpenVINOSetupError, match="(?s)checking that the exporter imports failed.*ModuleNotFoundError"):
+        ov.setup(venv=tmp_path / "venv", log=lambda *a: None)
+    assert not (tmp_path / "venv" / ov.MARKER).exists()
+    pip = next(c for c in calls if "install" in c)
+    assert f"torch=={torch.__version__.split('+')[0]}" in pip and "optimum-intel==2.2.0" in pip
+    assert any("uninstall" in c and "torchvision" in c for c in calls)
+    fail_import[0] = False
+    calls.clear()
+    exe = ov.setup(venv=tmp_path / "venv", log=lambda *a: None)  # the incomplete one is redone
+    assert calls[0][1:3] == ["-m", "venv"] and (tmp_path / "venv" / ov.MARKER).exists()
+    calls.clear()
+    assert ov.setup(venv=tmp_path / "venv", log=lambda *a: None) == exe and calls == []  # done: nothing to do
+
+
+def test_openvino_runtime_pins_come_from_the_bench_extra():
+    from sparserl.bench.openvino_setup import runtime_requirements
+
+    reqs = runtime_requirements()
+    assert any(r.startswith("openvino-genai==") for r in reqs) and any(r.startswith("openvino==") for r in reqs)
 
 
 def _openvino_ready() -> bool:
-    """The extra, and a way to convert the model (optimum-intel here or the exporter's Python)."""
-    return _installed("openvino_genai") and (_installed("optimum.intel") or bool(os.environ.get(EXPORT_PYTHON_ENV)))
+    """The runtime and an exporter (``sparserl bench setup-openvino``; CI runs it)."""
+    try:
+        check_ready()
+    except OpenVINOSetupError:
+        return False
+    return True
 
 
-@pytest.mark.skipif(not _openvino_ready(), reason="the bench extra (openvino-genai) and optimum-intel are not installed")
+@pytest.mark.skipif(not _openvino_ready(), reason="the OpenVINO peer is not set up (sparserl bench setup-openvino)")
 def test_openvino_rows_on_tiny(tiny, fast_machine, monkeypatch):
+    """The export runs (in the set-up's environment) and the peer's rows come back."""
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
     report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=4, kv_budget=128, step_length=32,
                                compressors=[], dtype="float32", hf_baseline=False, peers=["openvino"],

@@ -143,16 +143,3 @@ def test_model_device_cuda(name):
             P = len(out.prompt_ids[i])
             ref = sampling_logprobs(logits[P - 1 : -1], p).gather(-1, ids[0, P:, None])[:, 0].cpu()
             assert (ref - torch.tensor(out.sampler_logprobs[i])).abs().max() < 1e-3
-
-
-def test_auto_dtype_is_float32_on_a_cpu_without_amx(monkeypatch):
-    """``auto``: float32 on CPUs without AMX, also those with AVX512-BF16 (the C decode step is
-    float32 and ran 1.53x the bf16 step there); bfloat16 with AMX tiles or on a GPU."""
-    from sparserl.models import loading
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert loading.auto_dtype("flags : fma avx2 avx512f avx512_bf16 avx512_vnni") == torch.float32
-    assert loading.auto_dtype("flags : fma avx2") == torch.float32
-    assert loading.auto_dtype("flags : avx512_bf16 amx_bf16 amx_tile") == torch.bfloat16
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert loading.auto_dtype("flags : fma avx2") == torch.bfloat16

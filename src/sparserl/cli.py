@@ -62,6 +62,7 @@ def _check_generation_args(args, *, top: bool = False) -> None:
 def cmd_rollout(args) -> int:
     from .data.loaders import DataError
     from .models.loading import check_model, load_model
+    from .rollout.dtype_auto import resolve_dtype
     from .rollout.engine import RolloutEngine
     from .rollout.sampling import SamplingParams
 
@@ -70,8 +71,9 @@ def cmd_rollout(args) -> int:
     out_path = check_output_file(args.out, "--out")
     prompts = _read_prompts(args.prompts)
     check_model(args.model)
-    lm = load_model(args.model, dtype=args.dtype)
-    engine = RolloutEngine(lm, comp, dtype=args.dtype)
+    dtype = resolve_dtype(args.dtype)
+    lm = load_model(args.model, dtype=dtype)
+    engine = RolloutEngine(lm, comp, dtype=dtype)
     params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_new_tokens=args.max_new_tokens, stop=args.stop or [], seed=args.seed)
     try:
@@ -100,16 +102,18 @@ def cmd_rollout(args) -> int:
 def cmd_demo(args) -> int:
     """A short rollout on the embedded model: prints what it generated, its speed and KV memory."""
     from .models.loading import check_model, load_model
+    from .rollout.dtype_auto import resolve_dtype
     from .rollout.engine import RolloutEngine
     from .rollout.kv import build_compressor
     from .rollout.sampling import SamplingParams
 
     check_model(args.model)
-    lm = load_model(args.model, dtype="auto")
+    dtype = resolve_dtype("auto")
+    lm = load_model(args.model, dtype=dtype)
     prompt = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}]
     for name in ("none", "rkv"):
         comp = build_compressor(name, kv_budget=32, step_length=16)
-        out = RolloutEngine(lm, comp, dtype="auto").generate([prompt], SamplingParams(n=4, max_new_tokens=96, temperature=0.7))
+        out = RolloutEngine(lm, comp, dtype=dtype).generate([prompt], SamplingParams(n=4, max_new_tokens=96, temperature=0.7))
         print(f"--- {name}: {out.tokens_per_s:.0f} tok/s, KV allocated {out.kv.bytes_peak / 2**20:.2f} MiB "
               f"(dense engine {out.kv.bytes_dense_alloc / 2**20:.2f} MiB)")
         print(out.texts[0][:300])
@@ -143,6 +147,13 @@ def cmd_bench_rollout(args) -> int:
     peers = [p.strip() for p in (args.peers or "").split(",") if p.strip()]
     for peer in peers:
         check_choice(peer, "--peers", PEERS)
+    if "openvino" in peers:  # not set up: stop now, naming the set-up command, before the model loads
+        from .bench.openvino_peer import check_peer
+        from .rollout.dtype_auto import resolve_dtype
+        if resolve_device(args.device, key="--device").type != "cpu":
+            raise OptionError(f"--peers openvino: OpenVINO GenAI is a CPU engine and --device {args.device} "
+                              "runs the rows elsewhere; add --device cpu")
+        check_peer(args.model, str(resolve_dtype(args.dtype, "cpu")).replace("torch.", ""))
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     if not kernels:
         raise OptionError(f"--kernels: give at least one of {', '.join(KERNELS)}")
@@ -167,6 +178,15 @@ def cmd_bench_rollout(args) -> int:
     if args.json:
         write_json(report, args.json)
         print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_bench_setup_openvino(args) -> int:
+    from .bench.openvino_setup import setup
+
+    if args.venv is not None:
+        check_output_dir(args.venv, "--venv")
+    setup(venv=args.venv, force=args.force)
     return 0
 
 
@@ -367,6 +387,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "old name")
     br.add_argument("--json", default=None)
     br.set_defaults(fn=cmd_bench_rollout)
+    bo = bsub.add_parser("setup-openvino", parents=[common], help="set up the OpenVINO peer of bench rollout "
+                         "--peers openvino: its runtime here, its model exporter in an environment of its own")
+    bo.add_argument("--venv", default=None, help="the exporter's environment (default "
+                    "$SPARSERL_CACHE/openvino/exporter, where --peers openvino looks)")
+    bo.add_argument("--force", action="store_true", help="recreate the exporter's environment")
+    bo.set_defaults(fn=cmd_bench_setup_openvino)
     return ap
 
 

@@ -38,6 +38,7 @@ from .correct.presets import apply_corrections, resolve
 from .errors import SparserlError
 from .registry import did_you_mean
 from .models.loading import parse_dtype
+from .rollout.dtype_auto import resolve_dtype
 from .rollout.kv import available_compressors, compressor_from_fields
 from .rollout.kv_quant import available_kv_quants
 from .rollout.quant import available_quants, build_quant
@@ -605,13 +606,15 @@ def config_to_dict(cfg: Config) -> dict:
     return cfg.model_dump(mode="json")
 
 
-def save_config(cfg: Config, path: str | Path) -> Path:
-    """Write the full resolved config as YAML (``load_config(path)`` reads it back unchanged)."""
+def save_config(cfg: Config, path: str | Path, notes: list[str] | tuple = ()) -> Path:
+    """Write the full resolved config as YAML (``load_config(path)`` reads it back unchanged); ``notes``
+    become comment lines at its top (what ``auto`` values resolved to on this machine, and why)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None, allow_unicode=True,
                           width=100)
-    path.write_text("# Full resolved sparserl config (written by save_config).\n" + text)
+    header = "".join(f"# {line}\n" for note in notes for line in str(note).splitlines())
+    path.write_text("# Full resolved sparserl config (written by save_config).\n" + header + text)
     return path
 
 
@@ -652,7 +655,7 @@ def validate(cfg: Config) -> Config:
                           "rollout.compressor_options={})")
         else:
             try:
-                old_logprobs_source(a.old_logprobs, compresses=compressor.compresses, sampler_dtype=parse_dtype(r.dtype),
+                old_logprobs_source(a.old_logprobs, compresses=compressor.compresses, sampler_dtype=resolve_dtype(r.dtype, cfg.model.device),
                                     learner_dtype=parse_dtype(cfg.model.dtype), temperature=r.temperature,
                                     top_p=r.top_p, top_k=r.top_k, quantized=r.quantized)
             except SparserlError as e:

@@ -8,6 +8,8 @@ import time
 
 import torch
 
+from ..rollout import native
+
 
 def memory_bandwidth(nbytes: int = 512 << 20, repeats: int = 5, device: torch.device | str = "cpu") -> float:
     """Measured read bandwidth of ``device``'s memory in bytes/s: the best of several full reads of a
@@ -73,6 +75,7 @@ def machine_info(bandwidth: float, gemm_flops: float, gemm_rows: int, device: to
         pass
     return {
         "cpu": cpu,
+        "isa": native.isa(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,

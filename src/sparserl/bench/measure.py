@@ -71,6 +71,14 @@ class Row:
         return statistics.median(self.tokens_per_s_runs)
 
 
+def median_round_ratio(runs: list[float], baseline_runs: list[float]) -> float:
+    """The median over rounds of ``runs[i] / baseline_runs[i]``: each ratio taken within one round of one
+    process, so a round run at half speed moves both sides (a median divided by a median does not)."""
+    if len(runs) != len(baseline_runs) or not runs:
+        raise ValueError(f"rounds differ: {len(runs)} against {len(baseline_runs)}")
+    return statistics.median(a / b for a, b in zip(runs, baseline_runs))
+
+
 def run_rounds(rows: list[Row], repeat: int, on_run: Callable[[Row, Run], None] | None = None) -> None:
     """Run every row ``repeat`` times, round by round; each row keeps its runs in ``row.runs``. The
     order rotates by one row each round (round ``r`` starts with row ``r mod n``), so that no row

@@ -28,51 +28,30 @@ KV bytes: ``kv_bytes_peak`` is what the pipeline allocated for its KV cache, rea
 token × the most tokens a sequence holds (prompt + new tokens, dense; at most
 ``max_cache_size + 31`` with eviction).
 
-Install (an optional extra: OpenVINO 2026.4.1's runtime, GenAI and tokenizers; they need neither
-torch nor transformers and change no installed package)::
-
-    pip install 'sparserl[bench]'
-
-The model is converted to OpenVINO IR once and cached under
-``$SPARSERL_CACHE/openvino/<model>-<weight format>/`` (default ``~/.cache/sparserl/openvino/``) with
-optimum-intel's exporter, which is not part of the extra: its released versions pin an older
-transformers and torch than sparserl's. It runs in a separate virtual environment that sees
-sparserl's packages, with the exporter installed without its dependencies::
-
-    python3 -m venv --system-site-packages ~/.venvs/sparserl-ov
-    ~/.venvs/sparserl-ov/bin/pip install 'sparserl[bench]'
-    ~/.venvs/sparserl-ov/bin/pip install --no-deps optimum-intel==2.2.0 optimum==2.3.0 nncf==3.4.0 \
-        tabulate 'pydot<=4.0.1' 'ninja<1.14' scikit-learn joblib threadpoolctl
-    ~/.venvs/sparserl-ov/bin/python -m sparserl.cli bench rollout --peers openvino ...
-
-(``SPARSERL_OPENVINO_EXPORT_PYTHON=/path/to/python`` runs the export with another Python instead,
-e.g. one with optimum-intel's own pins; by default it runs with ``sys.executable``).
+Set-up, once: ``sparserl bench setup-openvino`` (:mod:`sparserl.bench.openvino_setup`) installs the
+runtime (the ``bench`` extra) into this environment and optimum-intel's exporter into an environment of
+its own, with its own pins. The model is converted to OpenVINO IR once and cached under
+``$SPARSERL_CACHE/openvino/<model>-<weight format>/`` (default ``~/.cache/sparserl/openvino/``) by
+that exporter (``$SPARSERL_OPENVINO_EXPORT_PYTHON`` names another Python with optimum-intel instead).
 docs/results/bench_openvino.md has the measured side-by-side.
 """
 from __future__ import annotations
 
 import atexit
 import hashlib
-import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from ..models.loading import DEFAULT_MODEL, cache_dir
 from .measure import Row, Run
+from .openvino_setup import SETUP_COMMAND, OpenVINOSetupError, check_ready, exporter_python
 from .roofline import mean_kv_tokens
 
 KV_BLOCK = 32  # OpenVINO's CPU KV-cache block size: eviction sizes are multiples of it
-EXPORT_PYTHON_ENV = "SPARSERL_OPENVINO_EXPORT_PYTHON"
-INSTALL_HINT = (
-    "install the extra with `pip install 'sparserl[bench]'` (openvino, openvino-genai, openvino-tokenizers "
-    "2026.4.1; no torch/transformers change); the one-time model conversion also needs optimum-intel, see "
-    "`python -c 'import sparserl.bench.openvino_peer as m; help(m)'` or docs/results/bench_openvino.md"
-)
 #: the bench's dtype → OpenVINO's element type for inference and KV cache, and the IR's weight format
 PRECISION = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 WEIGHT_FORMAT = {"float32": "fp32", "bfloat16": "fp32", "float16": "fp16"}
@@ -116,15 +95,17 @@ ov.save_model(model, out + "/openvino_model.xml")
 
 
 class PeerUnavailable(Exception):
-    """The peer cannot run here (not installed, or its model cannot be converted); the message says
-    how to make it run. The bench goes on without its rows."""
+    """The peer cannot run here (not set up, or its model cannot be converted); the message says
+    how to make it run. :func:`~sparserl.bench.rollout.run_bench` goes on without its rows; the
+    command checks :func:`check_peer` first and stops with the message instead."""
 
 
 def import_openvino_genai():
     try:
         import openvino_genai
     except ImportError as e:
-        raise PeerUnavailable(f"OpenVINO peer skipped: openvino-genai is not importable ({e}); {INSTALL_HINT}") from None
+        raise PeerUnavailable(f"OpenVINO peer skipped: openvino-genai is not importable ({e}); run "
+                              f"`{SETUP_COMMAND}`") from None
     return openvino_genai
 
 
@@ -144,19 +125,37 @@ def _model_key(model: str) -> str:
     return f"{stem}-{hashlib.sha1(str(p).encode()).hexdigest()[:8]}"
 
 
+def ir_folder(model: str, dtype: str) -> Path | None:
+    """Where ``model``'s IR in ``dtype``'s weight format is cached (None for ``tiny``: converted into a
+    temporary folder every time, its weights depend on the seed)."""
+    if model == "tiny":
+        return None
+    return cache_dir() / "openvino" / f"{_model_key(model)}-{WEIGHT_FORMAT[dtype]}"
+
+
+def _converted(folder: Path | None) -> bool:
+    return folder is not None and (folder / "openvino_model.xml").exists() and (folder / "openvino_tokenizer.xml").exists()
+
+
+def check_peer(model: str, dtype: str) -> None:
+    """Before anything loads: the runtime imports, and the model is converted already or an exporter is
+    set up; else :class:`~sparserl.bench.openvino_setup.OpenVINOSetupError` naming the set-up command.
+    The int8 row's NNCF compression needs the exporter too."""
+    check_ready(need_exporter=not _converted(ir_folder(model, dtype)))
+
+
 def converted_model(lm, model: str, dtype: str, log=print) -> Path:
     """The OpenVINO IR folder of ``lm`` (converted once and cached; ``tiny`` is converted into a
     temporary folder every time, its weights depend on the seed)."""
     fmt = WEIGHT_FORMAT[dtype]
-    if model == "tiny":
+    target = ir_folder(model, dtype)
+    if target is None:
         scratch = tempfile.mkdtemp(prefix="sparserl-ov-tiny-")
         atexit.register(shutil.rmtree, scratch, True)
         target = Path(scratch) / f"tiny-{fmt}"
-    else:
-        target = cache_dir() / "openvino" / f"{_model_key(model)}-{fmt}"
-    if (target / "openvino_model.xml").exists() and (target / "openvino_tokenizer.xml").exists():
+    if _converted(target):
         return target
-    python = os.environ.get(EXPORT_PYTHON_ENV) or sys.executable
+    python = _exporter()
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
@@ -173,7 +172,7 @@ def converted_model(lm, model: str, dtype: str, log=print) -> Path:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
             raise PeerUnavailable(
                 f"OpenVINO peer skipped: converting {model} with optimum-intel failed ({python}, exit "
-                f"{proc.returncode}); {INSTALL_HINT}. Its last lines:\n{tail}")
+                f"{proc.returncode}; `{SETUP_COMMAND} --force` rebuilds the exporter). Its last lines:\n{tail}")
         if target.exists():
             shutil.rmtree(target)
         (work / "ir").rename(target)
@@ -183,12 +182,19 @@ def converted_model(lm, model: str, dtype: str, log=print) -> Path:
     return target
 
 
+def _exporter() -> str:
+    try:
+        return str(exporter_python())
+    except OpenVINOSetupError as e:
+        raise PeerUnavailable(f"OpenVINO peer skipped: {e}") from None
+
+
 def int8_model(folder: Path, log=print) -> Path:
     """``folder``'s IR with int8 weights (NNCF ``INT8_SYM``, per channel), converted once beside it."""
     target = folder.with_name(folder.name + "-int8")
     if (target / "openvino_model.xml").exists():
         return target
-    python = os.environ.get(EXPORT_PYTHON_ENV) or sys.executable
+    python = _exporter()
     work = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
         log(f"openvino: compressing the weights of {folder.name} to int8 with NNCF -> {target} (once)")

@@ -36,8 +36,9 @@ from pathlib import Path
 
 import torch
 
-from ..models.loading import load_model, parse_dtype, resolve_device
+from ..models.loading import load_model, resolve_device
 from ..rollout import fused, native
+from ..rollout.dtype_auto import choose, resolve_dtype
 from ..rollout.engine import RolloutEngine
 from ..rollout.kv import CompressorOptionError, KVCompressor, build_compressor
 from ..rollout.kv_quant import get_kv_quantizer, kv_bytes_per_token
@@ -46,7 +47,7 @@ from ..rollout.quant import build_quant
 from ..rollout.quant.outliers import check_outliers_fit
 from ..rollout.sampling import SamplingParams
 from .machine import decode_linear_weights, gemm_flops_per_s, machine_info, memory_bandwidth
-from .measure import Row, Run, RssSampler, run_rounds
+from .measure import Row, Run, RssSampler, median_round_ratio, run_rounds
 from .mismatch import sampler_mismatch
 from .openvino_peer import PeerUnavailable, openvino_rows
 from .roofline import decode_step_flops, mean_kv_tokens, roofline
@@ -163,7 +164,8 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
     for kq in kv_quants:
         get_kv_quantizer(kq)
     dev = resolve_device(device, key="--device")
-    dt = parse_dtype(dtype)
+    choice = choose(dev) if dtype == "auto" else None
+    dt = resolve_dtype(choice.dtype if choice else dtype)
     dtype_name = str(dt).replace("torch.", "")
     lm = load_model(model, dtype=dt, device=dev)
     if quant_outliers and any(build_quant(q).quantizes_activations for q in quants):
@@ -283,13 +285,13 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
             "roofline_fraction": row.tokens_per_s / b.tokens_per_s, "roofline_bound": b.bound,
             "roofline_tokens_per_s": b.tokens_per_s, **last.extra,
         })
-    base = next((r["tokens_per_s"] for r in results if r["engine"] == "hf_generate"), None)
-    dense = next(r["tokens_per_s"] for r in results  # the first kernel's dense row
+    base = next((r["tokens_per_s_runs"] for r in results if r["engine"] == "hf_generate"), None)
+    dense = next(r["tokens_per_s_runs"] for r in results  # the first kernel's dense row
                  if r["engine"] == "sparserl" and r["compressor"] == "none" and not r["compiled"]
                  and r["quant"] == "none" and r["kv_quant"] == "none")
-    for r in results:
-        r["ratio_vs_hf_generate"] = r["tokens_per_s"] / base if base else None
-        r["ratio_vs_sparserl_dense"] = r["tokens_per_s"] / dense
+    for r in results:  # medians of per-round ratios (each round in this process), not ratios of medians
+        r["ratio_vs_hf_generate"] = median_round_ratio(r["tokens_per_s_runs"], base) if base else None
+        r["ratio_vs_sparserl_dense"] = median_round_ratio(r["tokens_per_s_runs"], dense)
     for (q, kq), qe in quant_engines.items():  # after the timed runs: they are not disturbed
         mm = sampler_mismatch(qe, sm, BENCH_PROMPT, min(mismatch_rows, batch), L, seed)
         log(f"mismatch w:{q} kv:{kq} vs dense: alpha mean {mm['alpha_mean']:.4f} p5 {mm['alpha_p5']:.4f} "
@@ -298,7 +300,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
             if r["engine"] == "sparserl" and r["compressor"] == "none" and (r["quant"], r["kv_quant"]) == (q, kq):
                 r.update(mm)
     info = machine_info(bw, gemm, batch, device=dev)
-    info.update(dtype=dtype_name, model=model, prompt_tokens=P, repeat=repeat, sparserl_commit=_commit())
+    info.update(dtype=dtype_name, dtype_auto=choice.to_dict() if choice else None, model=model, prompt_tokens=P, repeat=repeat, sparserl_commit=_commit())
     info["gemm_flops_per_s_by_quant"] = {f"{q}/{kq}": c[2] for (q, kq), c in ceilings.items()}
     report = {"machine": info, "results": results}
     if skipped:

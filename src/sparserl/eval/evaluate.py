@@ -13,6 +13,7 @@ from pathlib import Path
 from ..data import DataError, load_dataset
 from ..models.loading import load_model
 from ..reward import load_reward, score_responses
+from ..rollout.dtype_auto import resolve_dtype
 from ..rollout.engine import RolloutEngine
 from ..rollout.kv import build_compressor
 from ..rollout.sampling import SamplingParams
@@ -71,13 +72,14 @@ def evaluate_cli(args) -> int:
     except DataError as e:
         raise type(e)(f"--data {args.data}: {e}") from None
     check_model(args.model)
-    lm = load_model(args.model, dtype=args.dtype)
+    dtype = resolve_dtype(args.dtype)
+    lm = load_model(args.model, dtype=dtype)
     params = SamplingParams(n=args.n, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
     reward_fn = load_reward("math")
     results = {"model": args.model, "data": args.data, "runs": []}
     for comp in comps:
         name = comp.name
-        res = evaluate(RolloutEngine(lm, comp, dtype=args.dtype), list(data), params, reward_fn, args.batch)
+        res = evaluate(RolloutEngine(lm, comp, dtype=dtype), list(data), params, reward_fn, args.batch)
         res.update({"compressor": name, "kv_budget": args.kv_budget if comp.compresses else None})
         results["runs"].append(res)
         print(f"{name:>9}: pass@1 {res['pass@1']:.3f}  pass@{args.n} {res[f'pass@{args.n}']:.3f}  "

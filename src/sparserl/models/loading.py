@@ -45,33 +45,14 @@ class LoadedModel:
     path: str | None  # the Hugging Face folder it came from, when there is one
 
 
-def cpu_has_amx_bf16(cpuinfo: str | None = None) -> bool:
-    """True when this CPU (or the ``/proc/cpuinfo`` text given) has AMX's bfloat16 tile unit."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return False
-    return "amx_bf16" in cpuinfo
-
-
-def auto_dtype(cpuinfo: str | None = None) -> torch.dtype:
-    """bfloat16 on a GPU or a CPU with AMX tiles; float32 on other CPUs. The sampler's fused decode
-    step (``rollout/fused.py``) is float32 C: on an AVX512-BF16 Xeon without AMX it ran 1.53x the
-    bf16 (oneDNN) step (285 against 187 tok/s, batch 16, docs/results/bench_quant.md, eighth
-    session), and on an AVX2-only CPU bf16 matmuls are emulated (~3x slower than float32). With AMX
-    bf16 is expected to win (not measured here)."""
-    if torch.cuda.is_available() or cpu_has_amx_bf16(cpuinfo):
-        return torch.bfloat16
-    return torch.float32
-
-
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A dtype name as a torch dtype. ``auto`` is the sampler's, measured on the machine: resolve it with
+    :func:`sparserl.rollout.dtype_auto.resolve_dtype` first."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        return auto_dtype()
+        raise ModelLoadError("dtype 'auto' is the sampler's choice, measured on this machine: resolve it with "
+                             "sparserl.rollout.dtype_auto.resolve_dtype before loading")
     if dtype not in DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; expected auto or one of {sorted(DTYPES)}")
     return DTYPES[dtype]
@@ -111,7 +92,10 @@ def resolve_device(device: str | torch.device = "auto", key: str = "model.device
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SPARSERL_CACHE", Path.home() / ".cache" / "sparserl"))
+    """``$SPARSERL_CACHE`` (default ``~/.cache/sparserl``), created if missing; an EnvPathError when it cannot be a folder."""
+    from ..envpath import env_dir
+
+    return env_dir("SPARSERL_CACHE", Path.home() / ".cache" / "sparserl")
 
 
 def embedded_gguf_path() -> Path:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.loading import LoadedModel, parse_dtype
+from ..models.loading import DTYPES, LoadedModel
+from .dtype_auto import choose, resolve_dtype
 from .cache import CompressedKVCache
 from . import fused
 from .compiled import decode_layers
@@ -107,7 +108,11 @@ class RolloutEngine:
         (:mod:`sparserl.rollout.fused`; the same numbers) where its weights allow; False = the eager
         step, operator by operator (profiling)."""
         self.tokenizer = loaded.tokenizer
-        self.dtype = parse_dtype(dtype) if dtype is not None else next(loaded.model.parameters()).dtype
+        weights = next(loaded.model.parameters())
+        #: what ``dtype="auto"`` chose and why (:mod:`sparserl.rollout.dtype_auto`); None for a named dtype
+        self.dtype_choice = choose(weights.device) if dtype == "auto" else None
+        self.dtype = (DTYPES[self.dtype_choice.dtype] if self.dtype_choice else
+                      resolve_dtype(dtype) if dtype is not None else weights.dtype)
         calibration_ids = None
         if quant_smooth or quant_outliers:
             ids = self.tokenizer(CALIBRATION_TEXT, add_special_tokens=False)["input_ids"]

@@ -157,19 +157,20 @@ def check_resume_config(run: Path, cfg: Config, allow_config_change: bool = Fals
     return changes
 
 
-def record_config(run: Path, cfg: Config, step: int, changes: list, resume: bool) -> Path | None:
+def record_config(run: Path, cfg: Config, step: int, changes: list, resume: bool,
+                  notes: list[str] | tuple = ()) -> Path | None:
     """Keep every config the run ran with: a new run writes ``config.yaml`` (over one left by a run that
     never took a step); a resume writes it when the run has none, else ``config-resume-<step>.yaml``
     when this config differs from the last one, and never overwrites ``config.yaml``."""
     if not resume or not recorded_configs(run):
-        return save_config(cfg, run / CONFIG_FILE)
+        return save_config(cfg, run / CONFIG_FILE, notes)
     if not changes:
         return None
     path, k = run / f"config-resume-{step}.yaml", 1
     while path.exists():
         k += 1
         path = run / f"config-resume-{step}-{k}.yaml"
-    return save_config(cfg, path)
+    return save_config(cfg, path, notes)
 
 
 def checkpoint_step(path: Path | None) -> int | None:

@@ -294,7 +294,11 @@ def train(cfg: Config, resume: bool = False, run_dir: str | Path | None = None, 
         trainer.engine.update_weights(trainer.learner)
         start = int(state["step"])
         log(f"resumed from {ckpt} (step {start})")
-    saved = record_config(run, cfg, start, changes, resume)
+    choice = trainer.engine.dtype_choice
+    notes = [f"rollout.dtype: auto -> {choice.dtype} on this machine: {choice.reason} [{choice.key}]"] if choice else []
+    for note in notes:
+        log(note)
+    saved = record_config(run, cfg, start, changes, resume, notes)
     if resume and saved is not None and saved.name != CONFIG_FILE:
         log(f"config changed on resume ({', '.join(k for k, *_ in changes)}): kept as {saved}")
     logger = MetricsLogger(run, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project,

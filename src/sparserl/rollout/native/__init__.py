@@ -62,7 +62,11 @@ _OFF: list[bool] = []  # non-empty inside ``torch_only()``
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SPARSERL_NATIVE_CACHE") or Path.home() / ".cache" / "sparserl" / "native")
+    """``$SPARSERL_NATIVE_CACHE`` (default ``~/.cache/sparserl/native``), created if missing; an
+    EnvPathError when it cannot be a folder."""
+    from ...envpath import env_dir
+
+    return env_dir("SPARSERL_NATIVE_CACHE", Path.home() / ".cache" / "sparserl" / "native")
 
 
 def enabled() -> bool:
@@ -84,6 +88,17 @@ def cpu_flags() -> set[str]:
     """The CPU's feature flags (``/proc/cpuinfo``; empty where it cannot be read)."""
     line = _cpu_signature()
     return set(line.split(":", 1)[1].split()) if ":" in line else set()
+
+
+#: the instruction sets that decide which kernels and dtypes are fast, as /proc/cpuinfo names them
+ISA = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile",
+       "amx_bf16", "amx_int8")
+
+
+def isa() -> list[str]:
+    """Which of :data:`ISA` this CPU has (what a measurement's machine is named by)."""
+    flags = cpu_flags()
+    return [f for f in ISA if f in flags]
 
 
 def flags_for(arch: str | None) -> list[str]:
