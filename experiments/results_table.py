@@ -28,10 +28,11 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from sparserl.bench.measure import median_round_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -122,8 +123,9 @@ def round_ratios(a_runs: list[float], b_runs: list[float]) -> list[float]:
 
 
 def median_of_round_ratios(a_runs: list[float], b_runs: list[float]) -> float:
-    """The median of the per-round ratios (not median(a) / median(b))."""
-    return statistics.median(round_ratios(a_runs, b_runs))
+    """The median of the per-round ratios (not median(a) / median(b)): the bench's own rule."""
+    round_ratios(a_runs, b_runs)  # the same checks, with this script's message
+    return median_round_ratio(a_runs, b_runs)
 
 
 def runs(row: dict) -> list[float]:
@@ -139,11 +141,28 @@ def pick(results: list[dict], want: dict, where: str) -> dict:
     return rows[0]
 
 
+#: how the instruction sets a bench JSON records (``machine.isa``, thirteenth session on) are named here
+ISA_NAMES = (("amx_bf16", "AMX"), ("avx512f", "AVX512"), ("avx512_vnni", "VNNI"), ("avx2", "AVX2"))
+
+
+def isa_label(flags: list[str]) -> str:
+    """``machine.isa`` as a label: the widest vector set, then VNNI / AMX ("AVX512 + VNNI")."""
+    names = [name for flag, name in ISA_NAMES if flag in flags]
+    if "AVX512" in names and "AVX2" in names:
+        names.remove("AVX2")
+    order = {"AVX2": 0, "AVX512": 0, "VNNI": 1, "AMX": 2}
+    return " + ".join(sorted(names, key=order.get)) or "no AVX2"
+
+
 def machine_label(machine: dict) -> str:
     cpu = machine["cpu"]
-    if cpu not in ISA:
-        raise ValueError(f"CPU {cpu!r} has no instruction sets in results_table.ISA")
-    label = f"{machine['cores']}-core {CPU_NAME[cpu]}, {ISA[cpu]}"
+    if "isa" in machine:  # recorded by the bench itself
+        isa = isa_label(machine["isa"])
+    elif cpu in ISA:  # older JSON: the CPU these sessions had under that name
+        isa = ISA[cpu]
+    else:
+        raise ValueError(f"CPU {cpu!r} records no instruction sets and has none in results_table.ISA")
+    label = f"{machine['cores']}-core {CPU_NAME.get(cpu, cpu)}, {isa}"
     arch = machine.get("native_arch")
     if arch and arch != "native":
         built = [ARCH_FLAG[f] for f in arch.split() if f in ARCH_FLAG]
@@ -163,7 +182,7 @@ def headline_row(h: Headline) -> dict:
     return {
         "what": h.what,
         "shape": f"{a['max_new_tokens']:,} tokens, batch {a['batch']}",
-        "ratio": statistics.median(ratios),
+        "ratio": median_of_round_ratios(runs(a), runs(b)),
         "ratios": ratios,
         "machine": machine_label(report["machine"]),
         "json": h.json,
