@@ -149,10 +149,12 @@ def _step_timer(times: list, device: torch.device):
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def hook(event, **_):
+        if event == "sample":
+            return
         sync()
         if event == "before_decode":
             start[0] = time.perf_counter()
-        else:
+        elif event == "after_decode":
             times.append(time.perf_counter() - start[0])
     return hook
 

@@ -182,7 +182,11 @@ class RolloutEngine:
 
     # --- generation ----------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt], params: SamplingParams | None = None,
-                 prompt_ids: list[list[int]] | None = None) -> RolloutOutput:
+                 prompt_ids: list[list[int]] | None = None, forced: list[list[int]] | None = None) -> RolloutOutput:
+        """Sample ``params.n`` responses per prompt. ``forced`` (one token list per response, in output
+        order): each step's token is the given one instead of a draw, so the run replays a sampled batch
+        (:mod:`sparserl.rollout.replay`): the same tokens enter the cache, the compressor sees the same
+        states, rows end where they ended, and ``sampler_logprobs`` are the forced tokens' log-probs."""
         params = params or SamplingParams()
         params.validate()
         if prompt_ids is None:
@@ -198,9 +202,12 @@ class RolloutEngine:
                     f"({self.model.max_positions})"
                 )
         expanded = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(params.n)]
+        if forced is not None and (len(forced) != len(expanded) or any(len(f) == 0 for f in forced)):
+            raise ValueError(f"forced: {len(forced)} token lists for {len(expanded)} responses (each non-empty)")
         gen = torch.Generator().manual_seed(params.seed)  # on the CPU: see sampling.py
         chunk = self.max_batch or len(expanded)
-        outs = [self._generate_batch([e[1] for e in expanded[s : s + chunk]], params, gen)
+        outs = [self._generate_batch([e[1] for e in expanded[s : s + chunk]], params, gen,
+                                     forced[s : s + chunk] if forced is not None else None)
                 for s in range(0, len(expanded), chunk)]
         out = _merge(outs)
         out.prompt_index = [e[0] for e in expanded]
@@ -209,11 +216,18 @@ class RolloutEngine:
         return out
 
     @torch.inference_mode()
-    def _generate_batch(self, prompts: list[list[int]], p: SamplingParams, gen: torch.Generator) -> RolloutOutput:
+    def _generate_batch(self, prompts: list[list[int]], p: SamplingParams, gen: torch.Generator,
+                        forced: list[list[int]] | None = None) -> RolloutOutput:
         m, c, dev = self.model, self.compressor, self.device
         B = len(prompts)
         P = max(len(x) for x in prompts)
         max_new = min(p.max_new_tokens, m.max_positions - P)
+        if forced is not None:  # [B, max_new] tokens to replay, and where each row ends
+            forced_len = torch.tensor([min(len(f), max_new) for f in forced], device=dev)
+            forced_ids = torch.zeros(B, max_new, dtype=torch.long)
+            for b, f in enumerate(forced):
+                forced_ids[b, : forced_len[b]] = torch.tensor(f[:max_new])
+            forced_ids = forced_ids.to(dev)
         t0 = time.perf_counter()
         ids = torch.full((B, P), self.tokenizer.pad_token_id or 0, dtype=torch.long)
         valid = torch.zeros(B, P, dtype=torch.bool)
@@ -248,6 +262,11 @@ class RolloutEngine:
 
         for t in range(max_new):
             tok, lp, full = sample(logits, p, gen)
+            if forced is not None:
+                tok = forced_ids[active, t]
+                lp = full.gather(-1, tok[:, None])[:, 0].float()
+            if self.step_hook is not None:  # the distribution each row's token t was drawn from
+                self.step_hook("sample", t=t, rows=active, logprobs=full)
             tokens_out[active, t] = tok
             logp_out[active, t] = lp
             if top_v is not None:
@@ -257,6 +276,9 @@ class RolloutEngine:
             done = torch.zeros(len(active), dtype=torch.bool, device=dev)
             if eos is not None:
                 done |= torch.isin(tok, eos)
+            stopped = done.clone()  # by EOS or a stop string: finish "stop"
+            if forced is not None:  # a replayed row ends where its forced tokens end
+                done |= forced_len[active] <= t + 1
             if p.stop:
                 for r in range(len(active)):
                     if done[r]:
@@ -269,7 +291,7 @@ class RolloutEngine:
             if last or done.any():  # bookkeeping for the sequences that end here
                 kt = cache.kept_tokens().tolist()
                 dense_tokens_peak = max(dense_tokens_peak, int(true_len.sum()))
-                for r in done.nonzero().flatten().tolist():
+                for r in stopped.nonzero().flatten().tolist():
                     finish[int(active[r])] = "stop"
                 ended = torch.ones_like(done) if last else done
                 for r in ended.nonzero().flatten().tolist():
