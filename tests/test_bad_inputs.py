@@ -118,6 +118,13 @@ MATRIX = [
     case("config", ["train", "rollout.quant=int9"], "rollout.quant", "unknown-quant"),
     case("config", ["train", "rollout.kv_quant=int4"], "rollout.kv_quant", "unknown-kv-quant"),
     case("config", ["train", "rollout.quant_scale=0"], "rollout.quant_scale", "quant-scale-zero"),
+    case("config", ["train", "train.lr=1e300"], "train.lr=1e+300: must lie within float32's finite range",
+         "lr-beyond-float32"),
+    case("config", ["train", "algorithm.kl_coef=1e39"], "algorithm.kl_coef=1e+39", "kl-coef-beyond-float32"),
+    case("config", ["train", "rollout.compressor_options.lam=1e300"], "rollout.compressor_options",
+         "compressor-option-beyond-float32"),
+    case("config", ["train", "train.lr=3e38"], "AdamW's first step size", "lr-step-overflows-float32"),
+    case("config", ["train", "reward.timeout_s=1e10"], "reward.timeout_s", "reward-timeout-beyond-a-day"),
     case("config", ["train", "rollout.quant_smooth=1.5"], "rollout.quant_smooth", "quant-smooth-range"),
     case("config", ["train", "rollout.quant_smooth=0.5"], "rollout.quant_smooth", "quant-smooth-no-int8"),
     case("config", ["train", "rollout.quant_outliers=-1"], "rollout.quant_outliers", "quant-outliers-negative"),
@@ -305,6 +312,69 @@ def test_bad_input_gives_a_clear_error(argv, culprit, workspace, capsys):
     assert after == before
 
 
+#: (variable, value, command line, culprit): a folder variable that names a file, or a folder that
+#: cannot be made, is one error naming the variable and the path, before any model loads
+ENV_MATRIX = [
+    pytest.param("SPARSERL_CACHE", "afile", ["train"], "SPARSERL_CACHE='afile': it is a file", id="cache-is-a-file"),
+    pytest.param("SPARSERL_CACHE", "afile/cache", ["rollout", "--model", "smollm2-135m", *R[3:]],
+                 "SPARSERL_CACHE='afile/cache': afile is a file", id="cache-under-a-file"),
+    pytest.param("SPARSERL_CACHE", "/proc/sparserl-no", ["demo"], "SPARSERL_CACHE='/proc/sparserl-no': cannot create",
+                 id="cache-cannot-be-made"),
+    pytest.param("SPARSERL_DATA_DIR", "afile", [*T, "data.train=gsm8k"], "SPARSERL_DATA_DIR='afile': it is a file",
+                 id="data-dir-is-a-file"),
+    pytest.param("SPARSERL_NATIVE_CACHE", "afile", [*B, "--compressors", "none"],
+                 "SPARSERL_NATIVE_CACHE='afile': it is a file", id="native-cache-is-a-file"),
+]
+
+
+@pytest.mark.parametrize("var, value, argv, culprit", ENV_MATRIX)
+def test_a_bad_folder_variable_gives_a_clear_error(var, value, argv, culprit, workspace, capsys, monkeypatch):
+    from sparserl.rollout import native
+
+    if var == "SPARSERL_NATIVE_CACHE" and native._compiler() is None:
+        pytest.skip("no C compiler: the native kernels (and their cache) are never built here")
+    monkeypatch.setattr("sparserl.models.loading._gguf_to_hf", lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setenv(var, value)
+    native.reset()  # the library is found (in its cache folder) again
+    try:
+        before = sorted(p.relative_to(workspace) for p in workspace.rglob("*"))
+        rc, text = run_cli(argv, capsys)
+        assert rc == 1 and "Traceback" not in text, text
+        assert f"error: {culprit}" in text or f"- {culprit}" in text, text
+        assert sorted(p.relative_to(workspace) for p in workspace.rglob("*")) == before
+    finally:
+        monkeypatch.delenv(var)
+        native.reset()
+
+
+def test_every_float_field_is_checked_against_float32():
+    """Each float field of the config (and floats inside options and lists) refuses a value beyond
+    float32's range with one line naming the key and the value; the largest float32 passes."""
+    import typing
+
+    from sparserl.config import FLOAT32_MAX, SECTIONS, ConfigError
+
+    def has_float(tp) -> bool:
+        return tp is float or any(has_float(a) for a in typing.get_args(tp))
+
+    keys = [f"{sec}.{name}" for sec, cls in SECTIONS.items() for name, f in cls.model_fields.items()
+            if has_float(f.annotation)]
+    assert {"train.lr", "train.eps", "train.betas", "algorithm.clip_eps_high", "rollout.temperature",
+            "eval.temperature", "reward.timeout_s"} <= set(keys)
+    for key in keys:
+        value = "[0.9, 1e39]" if key == "train.betas" else "1e39"
+        with pytest.raises(ConfigError) as e:
+            load_config("default", [f"{key}={value}"])
+        assert f"override: {key}" in str(e.value) and "1e+39" in str(e.value), str(e.value)
+        if "must be <" not in str(e.value):  # a field without a smaller upper bound of its own
+            assert "float32's finite range" in str(e.value), str(e.value)
+            assert load_config("default", [f"{key}={FLOAT32_MAX!r}"])  # the largest float32 is fine
+    for over in ("rollout.compressor_options.lam=-1e39", "algorithm.correction_options.is_cap=.inf",
+                 "algorithm.correction=[[tis, {is_cap: 1e300}]]"):
+        with pytest.raises(ConfigError, match="float32's finite range"):
+            load_config("default", [over])
+
+
 def test_matrix_covers_every_command_and_class():
     ids = [p.id for p in MATRIX]
     assert len(ids) == len(set(ids)) >= 60
@@ -369,6 +439,7 @@ def test_every_user_error_shares_one_base():
     from sparserl.compare.arms import CompareError
     from sparserl.config import ConfigError
     from sparserl.data import DataError, DataFileNotFoundError
+    from sparserl.envpath import EnvPathError
     from sparserl.errors import OptionError, SparserlError
     from sparserl.models.loading import ModelLoadError
     from sparserl.registry import UnknownNameError
@@ -379,7 +450,7 @@ def test_every_user_error_shares_one_base():
 
     for cls in (CompareError, ConfigError, DataError, DataFileNotFoundError, OptionError, ModelLoadError,
                 UnknownNameError, RewardSpecError, CompressorOptionError, CheckpointError, CheckpointWriteError,
-                ResumeError):
+                ResumeError, EnvPathError):
         assert issubclass(cls, SparserlError), cls
     assert issubclass(DataFileNotFoundError, FileNotFoundError) and issubclass(DataError, ValueError)
 

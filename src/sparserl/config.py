@@ -24,6 +24,7 @@ into one ``ConfigError`` (a ``SparserlError`` and a ``ValueError``), a line each
 """
 from __future__ import annotations
 
+import math
 import re
 import typing
 import warnings
@@ -32,7 +33,8 @@ from typing import Annotated, Any, Callable, Iterable, Literal, Optional, Union
 
 import torch
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
+                      field_validator)
 
 from .correct.presets import apply_corrections, resolve
 from .errors import SparserlError
@@ -110,6 +112,32 @@ Betas = Annotated[tuple[Beta, Beta], BeforeValidator(lambda v: tuple(v) if isins
 NoLora = Annotated[int, _check(lambda v: v == 0, "LoRA training is not implemented yet; use 0 (full fine-tuning)")]
 
 
+#: the largest finite float32: every number of the config reaches torch as float32
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _floats(v: Any) -> Iterable[float]:
+    """The floats in a field's value, inside lists, tuples and mappings too."""
+    if isinstance(v, float):
+        yield v
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            yield from _floats(x)
+    elif isinstance(v, dict):
+        for x in v.values():
+            yield from _floats(x)
+
+
+def _within_float32(v: Any) -> Any:
+    """Every field's check: each float of the value is finite and within float32's range."""
+    for x in _floats(v):
+        if not (math.isfinite(x) and abs(x) <= FLOAT32_MAX):
+            which = "" if x is v else f"{x!r} "
+            raise ValueError(f"{which}must lie within float32's finite range, ±{FLOAT32_MAX:.8g} (numbers "
+                             "reach torch as float32)")
+    return v
+
+
 def F(default: Any = None, help: str = "", factory: Any = None, **bounds: Any) -> Any:  # noqa: A002
     """A field with its help text (``description``), bounds (ge/gt/le/lt) and default or factory."""
     if factory is not None:
@@ -118,9 +146,12 @@ def F(default: Any = None, help: str = "", factory: Any = None, **bounds: Any) -
 
 
 class _Section(BaseModel):
-    """Unknown keys, wrong types and out-of-range values are errors, also on assignment."""
+    """Unknown keys, wrong types and out-of-range values are errors, also on assignment; every
+    float anywhere in a section lies within float32's finite range."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True, strict=True)
+
+    _float32 = field_validator("*")(_within_float32)
 
     def __setattr__(self, name: str, value: Any) -> None:
         try:
@@ -233,7 +264,8 @@ class RewardConfig(_Section):
     fn: NonEmpty = F("math", "Reward function: a built-in name ('math': 1 if the final / boxed answer equals "
                      "the label, else 0) or 'module:function' taking (response, label[, prompt]).")
     timeout_s: float = F(5.0, "Seconds allowed to verify one response (in a checker process) before "
-                         "it scores 0.", gt=0)
+                         "it scores 0 (at most a day: the checker's timer takes no more than ~1e9 s).",
+                         gt=0, le=86400)
 
 
 class AlgorithmConfig(_Section):
@@ -625,6 +657,9 @@ def validate(cfg: Config) -> Config:
     """
     r, a, t = cfg.rollout, cfg.algorithm, cfg.train
     errors: list[str] = []
+    if (first_step := t.lr / (1 - t.betas[0])) > FLOAT32_MAX:  # AdamW's bias-corrected step size, in float32
+        errors.append(f"train.lr={t.lr!r}: AdamW's first step size, lr / (1 - train.betas[0]) = {first_step:.4g}, "
+                      f"overflows float32 (at most {FLOAT32_MAX:.8g}); lower train.lr")
     if r.compressor != "none" and r.kv_budget <= r.window:
         errors.append(f"rollout.kv_budget={r.kv_budget} must be larger than rollout.window={r.window} "
                       "(the window's tokens are always kept)")

@@ -12,7 +12,8 @@ The subclasses live next to what they are about: ``ConfigError`` (``sparserl.con
 ``RewardSpecError`` (``sparserl.reward.registry``), ``CompressorOptionError`` and
 ``UnknownNameError`` (``sparserl.rollout.kv`` / ``sparserl.registry``), ``OutlierCountError``
 (``sparserl.rollout.quant.outliers``), ``NativeArchError`` (``sparserl.rollout.native``), ``CompareError``
-(``sparserl.compare``), and :class:`OptionError` here (a command's own options).
+(``sparserl.compare``), ``EnvPathError`` (``sparserl.envpath``: a folder variable such as
+``SPARSERL_CACHE``), and :class:`OptionError` here (a command's own options).
 """
 from __future__ import annotations
 

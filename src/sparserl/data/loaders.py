@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from ..envpath import env_dir
 from ..errors import SparserlError
 from .arith import make_arith
 from .example import Example
@@ -135,12 +136,14 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None,
 
     Order: ``data_dir`` if given; else ``$SPARSERL_DATA_DIR``; else ``../shared/data`` relative
     to the current directory; else ``<repo>/../shared/data``. With ``relpath``, the first folder
-    that holds that file wins. Raises ``FileNotFoundError`` naming every place it looked.
+    that holds that file wins. Raises ``FileNotFoundError`` naming every place it looked, and
+    :class:`~sparserl.envpath.EnvPathError` when ``$SPARSERL_DATA_DIR`` is a file.
     """
+    env = env_dir(DATA_DIR_ENV, create=False) if data_dir is None else None
     if data_dir is not None:
         candidates = [Path(data_dir)]
-    elif os.environ.get(DATA_DIR_ENV):
-        candidates = [Path(os.environ[DATA_DIR_ENV])]
+    elif env is not None:
+        candidates = [env]
     else:
         candidates = [Path.cwd() / ".." / "shared" / "data", _REPO_ROOT.parent / "shared" / "data"]
     tried = []
@@ -150,7 +153,7 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None,
         if target.exists():
             return c.resolve()
     how = ("data_dir argument" if data_dir is not None else
-           f"${DATA_DIR_ENV}" if os.environ.get(DATA_DIR_ENV) else
+           f"${DATA_DIR_ENV}" if env is not None else
            f"default locations (set ${DATA_DIR_ENV} or pass data_dir=)")
     raise DataFileNotFoundError(f"data set file not found; looked in ({how}): {', '.join(tried)}")
 
