@@ -357,10 +357,20 @@ class EvalConfig(_Section):
                                          "and trigger too), 'none' = dense.")
 
 
+class MismatchConfig(_Section):
+    """Sparrow's acceptance α between the sampler and the dense old policy (sparserl.train.alpha)."""
+
+    alpha: Literal["exact", "topk", "off"] = F(
+        "topk", "α per token: exact (the sampler replayed on its tokens, whole vocabulary; about one more "
+        "rollout) | topk (Sparrow's approximation from the sampler's top-k log-probs: no replay) | off.")
+    alpha_bin: int = F(128, "Width in tokens of the sequence-length bins of mismatch/alpha_p5_bin/<start>.", ge=1)
+    alpha_topk: int = F(20, "k of the topk mode (log-probs kept per sampled token).", ge=1)
+
+
 SECTIONS: dict[str, type[_Section]] = {
     "model": ModelConfig, "rollout": RolloutConfig, "data": DataConfig, "reward": RewardConfig,
     "algorithm": AlgorithmConfig, "train": TrainConfig, "log": LogConfig, "checkpoint": CheckpointConfig,
-    "eval": EvalConfig}
+    "eval": EvalConfig, "mismatch": MismatchConfig}
 
 
 class Config(_Section):
@@ -376,6 +386,7 @@ class Config(_Section):
     log: LogConfig = F(help="Logging.", factory=LogConfig)
     checkpoint: CheckpointConfig = F(help="Checkpoints.", factory=CheckpointConfig)
     eval: EvalConfig = F(help="Evaluation.", factory=EvalConfig)
+    mismatch: MismatchConfig = F(help="Mismatch measurement (Sparrow's α).", factory=MismatchConfig)
 
     @classmethod
     def from_dict(cls, data: dict | None, source: str = "dict") -> "Config":

@@ -58,6 +58,10 @@ MISMATCH_LOG_RATIO = "mismatch/log_ratio_abs_mean"
 # rollout.mismatch_split (sparserl.rollout.teacher_forced): k3 of the quantized weights' part and of the cache's part
 MISMATCH_K3_WEIGHTS = "mismatch/k3_kl_weights"
 MISMATCH_K3_CACHE = "mismatch/k3_kl_cache"
+MISMATCH_ALPHA_MEAN = "mismatch/alpha_mean"  # Sparrow's acceptance α = Σ_x min(p, q), mean over tokens
+MISMATCH_ALPHA_P5 = "mismatch/alpha_p5"  # its 5th percentile over the step's tokens
+MISMATCH_ALPHA_P5_BIN = "mismatch/alpha_p5_bin/"  # + bin start: the 5th percentile per sequence-length bin
+MISMATCH_REPLAY_ERR = "mismatch/replay_err"  # exact α: largest |replayed - recorded| sampler log-prob
 MASKED_FRAC = "rs/masked_frac"
 TOKEN_MASKED_FRAC = "rs/token_masked_frac"
 SEQ_VETOED_FRAC = "rs/seq_vetoed_frac"
@@ -79,6 +83,7 @@ TIME_SCORE = "time/score_s"
 TIME_UPDATE = "time/update_s"
 STATIONS = (TIME_ROLLOUT, TIME_REWARD, TIME_SCORE, TIME_UPDATE)
 ROLLOUT_TOKENS_PER_S = "throughput/rollout_tokens_per_s"
+TIME_ALPHA = "time/alpha_s"  # measuring α (mismatch.alpha): replay and/or the dense forward
 TIME_QUANTIZE = "time/quantize_s"  # part of time/update_s: re-quantizing the sampler's weights after the push
 
 # quantized sampler (QuRL): of the weight elements the last optimizer step changed, the fraction whose

@@ -36,6 +36,7 @@ from .checkpoint import latest_checkpoint, load_latest, remove_debris, save_chec
 from .update_visible import quantized_weight_snapshot, update_visible_frac
 from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
 from .metrics import MetricsLogger
+from .alpha import measure_alpha
 from .run_folder import (CONFIG_FILE, ResumeError, check_resume_config, checkpoint_step, find_resume_folder,
                          holds_run, naming_data_key, preflight, record_config, resolve_run_dir)
 
@@ -93,7 +94,8 @@ def build_trainer(cfg: Config) -> Trainer:
 def sampling_params(cfg: Config, step: int) -> SamplingParams:
     r = cfg.rollout
     return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                          max_new_tokens=r.max_new_tokens, stop=list(r.stop), seed=cfg.train.seed * 1_000_003 + step)
+                          max_new_tokens=r.max_new_tokens, stop=list(r.stop), seed=cfg.train.seed * 1_000_003 + step,
+                          logprobs_topk=cfg.mismatch.alpha_topk if cfg.mismatch.alpha == "topk" else 0)
 
 
 def train_step(trainer: Trainer, step: int) -> dict:
@@ -125,6 +127,8 @@ def train_step(trainer: Trainer, step: int) -> dict:
         batch.ref_logprobs = score_logprobs(trainer.ref, batch, cfg.train.micro_batch_size, temp, shared)
     split = mismatch_split(trainer, batch) if cfg.rollout.mismatch_split else {}
     lap(names.TIME_SCORE)
+    alpha = measure_alpha(trainer, batch, ro, sampling_params(cfg, step), cfg.mismatch.alpha, cfg.mismatch.alpha_bin)
+    clock = time.perf_counter()  # time/alpha_s is its own, not the next station's
     a = cfg.algorithm
     corr = apply_corrections(a.correction, batch.sampler_logprobs, batch.old_logprobs, batch.response_mask,
                              a.correction_options or None)
@@ -135,7 +139,7 @@ def train_step(trainer: Trainer, step: int) -> dict:
     if trainer.engine.model.quantizer.quantizes:
         update_metrics[names.TIME_QUANTIZE] = trainer.engine.model.last_quantize_s
     lap(names.TIME_UPDATE)
-    return {**rollout_metrics(ro, batch, n_reward_errors, cfg), **corr.metrics, **split, **update_metrics, **times,
+    return {**rollout_metrics(ro, batch, n_reward_errors, cfg), **corr.metrics, **split, **alpha, **update_metrics, **times,
             names.ROLLOUT_TOKENS_PER_S: ro.tokens_generated / max(times[names.TIME_ROLLOUT], 1e-9)}
 
 

@@ -1,0 +1,46 @@
+"""Sparrow's per-token acceptance α between the dense policy ``p`` and the sampler ``q`` (Zhou et al.,
+2026, arXiv 2606.08446, §3 of ALGORITHMS.md), and its tail by length bin.
+
+    α_t = Σ_x min(p_t(x), q_t(x)) = 1 − TV(p_t, q_t)        (1: the same distribution)
+
+over the whole vocabulary, both at the sampling temperature. The mean hides a collapse; the 5th
+percentile of α in each bin of sequence lengths predicts it (training stayed stable above ~0.86).
+
+``topk`` is Sparrow's own approximation from the sampler's top-k log-probs (k = 20): the sum over the
+sampler's k most likely tokens only, ``Σ_{x ∈ top_k(q)} min(p(x), q(x))``, a lower bound of α that
+misses the overlap in the tail.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def acceptance(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """α over the last dimension (the vocabulary) of two log-distributions: [..., V] -> [...]."""
+    return torch.minimum(logp.float(), logq.float()).exp().sum(-1)
+
+
+def acceptance_topk(logp: torch.Tensor, top_logq: torch.Tensor, top_idx: torch.Tensor) -> torch.Tensor:
+    """α summed over the sampler's top-k tokens only: ``logp`` [..., V], ``top_logq`` / ``top_idx`` [..., k]."""
+    return torch.minimum(logp.float().gather(-1, top_idx), top_logq.float()).exp().sum(-1)
+
+
+def tail_by_bin(alpha: torch.Tensor, seq_len: torch.Tensor, mask: torch.Tensor, bin_width: int,
+                q: float = 0.05) -> dict[int, tuple[float, int]]:
+    """{bin start: (q-quantile of α, tokens)} over the tokens where ``mask`` holds, binned by the
+    sequence length at which each token was drawn (``seq_len``, same shape as ``alpha``)."""
+    valid = mask.bool()
+    a, lengths = alpha[valid].double(), seq_len[valid]
+    out = {}
+    for start in sorted(set((lengths // bin_width * bin_width).tolist())):
+        sel = a[(lengths >= start) & (lengths < start + bin_width)]
+        out[int(start)] = (float(torch.quantile(sel, q)), int(sel.numel()))
+    return out
+
+
+def summary(alpha: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
+    """(mean, 5th percentile) of α over the tokens where ``mask`` holds (nan, nan when there are none)."""
+    a = alpha[mask.bool()].double()
+    if a.numel() == 0:
+        return float("nan"), float("nan")
+    return float(a.mean()), float(torch.quantile(a, 0.05))

@@ -1,0 +1,73 @@
+"""Sparrow's acceptance α: exact on hand-built distributions, its top-k approximation a lower bound,
+the tail by length bin; in training, the exact mode's replay reproduces the sampler and gives α = 1
+when the sampler is the dense policy itself."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sparserl.score.acceptance import acceptance, acceptance_topk, summary, tail_by_bin
+
+
+def test_alpha_on_a_hand_built_pair():
+    p = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    q = torch.tensor([0.2, 0.3, 0.4, 0.1])
+    # min: 0.2 + 0.3 + 0.2 + 0 = 0.7 = 1 - TV, TV = (0.3 + 0 + 0.2 + 0.1) / 2 = 0.3
+    assert float(acceptance(p.log(), q.log())) == pytest.approx(0.7)
+    assert float(acceptance(q.log(), q.log())) == pytest.approx(1.0)
+    disjoint = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    assert float(acceptance(p.log(), disjoint.log())) == pytest.approx(0.0)
+    # top-2 of q: tokens 2 and 1 -> min(0.2, 0.4) + min(0.3, 0.3) = 0.5 <= 0.7
+    top_q, idx = q.log().topk(2)
+    assert float(acceptance_topk(p.log(), top_q, idx)) == pytest.approx(0.5)
+    top_q, idx = q.log().topk(4)
+    assert float(acceptance_topk(p.log(), top_q, idx)) == pytest.approx(0.7)  # all of them: exact
+
+
+def test_tail_by_bin_and_summary():
+    alpha = torch.tensor([[1.0, 0.9, 0.5, 0.8], [0.95, 0.7, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    seq_len = torch.tensor([[10, 11, 12, 13], [20, 21, 22, 23]])
+    bins = tail_by_bin(alpha, seq_len, mask, bin_width=12)
+    assert set(bins) == {0, 12}
+    assert bins[0][1] == 2 and bins[12][1] == 4  # 10, 11 | 12, 13, 20, 21
+    assert bins[0][0] == pytest.approx(torch.quantile(torch.tensor([1.0, 0.9], dtype=torch.float64), 0.05).item())
+    assert bins[12][0] == pytest.approx(torch.quantile(torch.tensor([0.5, 0.8, 0.95, 0.7], dtype=torch.float64), 0.05).item())
+    mean, p5 = summary(alpha, mask)
+    assert mean == pytest.approx((1.0 + 0.9 + 0.5 + 0.8 + 0.95 + 0.7) / 6) and p5 < 0.6
+    assert all(math.isnan(x) for x in summary(alpha, torch.zeros_like(mask)))
+
+
+@pytest.mark.parametrize("mode", ["exact", "topk"])
+def test_alpha_in_training_is_logged_and_exact_replay_reproduces_the_sampler(tmp_path, mode):
+    from sparserl import runlog as names
+    from sparserl.config import load_config, validate
+    from sparserl.train.trainer import build_trainer, train_step
+    from test_train import TINY
+
+    cfg = validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", f"mismatch.alpha={mode}",
+                                           "mismatch.alpha_bin=64", "rollout.max_new_tokens=24"]))
+    trainer = build_trainer(cfg)
+    m = train_step(trainer, 1)
+    assert 0.0 < m[names.MISMATCH_ALPHA_P5] <= m[names.MISMATCH_ALPHA_MEAN] <= 1.0 + 1e-6
+    bins = {k: v for k, v in m.items() if k.startswith(names.MISMATCH_ALPHA_P5_BIN)}
+    assert bins and all(int(k.rsplit("/", 1)[1]) % 64 == 0 for k in bins)
+    assert m[names.TIME_ALPHA] > 0
+    if mode == "exact":
+        assert m[names.MISMATCH_REPLAY_ERR] <= 1e-5  # the replay reproduced the sampler's log-probs
+
+
+def test_exact_alpha_is_one_when_the_sampler_is_the_dense_policy(tmp_path):
+    """A dense float32 sampler of the learner's own weights: p = q at every token, α = 1."""
+    from sparserl import runlog as names
+    from sparserl.config import load_config, validate
+    from sparserl.train.trainer import build_trainer, train_step
+    from test_train import TINY
+
+    cfg = validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", "mismatch.alpha=exact",
+                                           "rollout.compressor=none", "rollout.max_new_tokens=12"]))
+    m = train_step(build_trainer(cfg), 1)
+    assert m[names.MISMATCH_ALPHA_P5] == pytest.approx(1.0, abs=1e-4)
+    assert m[names.MISMATCH_ALPHA_MEAN] == pytest.approx(1.0, abs=1e-5)
