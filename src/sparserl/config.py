@@ -361,8 +361,9 @@ class MismatchConfig(_Section):
     """Sparrow's acceptance α between the sampler and the dense old policy (sparserl.train.alpha)."""
 
     alpha: Literal["exact", "topk", "off"] = F(
-        "topk", "α per token: exact (the sampler replayed on its tokens, whole vocabulary; about one more "
-        "rollout) | topk (Sparrow's approximation from the sampler's top-k log-probs: no replay) | off.")
+        "exact", "α per token: exact (the sampler replayed on its tokens, whole vocabulary; about one more "
+        "rollout) | topk (Sparrow's approximation from the sampler's top-k log-probs: no replay, but on the "
+        "default task it read 0.087 low per token and its p5 0.43 for 0.60: docs/results/alpha_topk_error.md) | off.")
     alpha_bin: int = F(128, "Width in tokens of the sequence-length bins of mismatch/alpha_p5_bin/<start>.", ge=1)
     alpha_topk: int = F(20, "k of the topk mode (log-probs kept per sampled token).", ge=1)
 

@@ -28,6 +28,7 @@ PROGRESS_FIELDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("reward", (names.REWARD_MEAN,), "{:.3f}"),
     ("acc", (names.ACCURACY,), "{:.3f}"),
     ("k3", (names.MISMATCH_K3,), "{:.2g}"),
+    ("α p5", (names.MISMATCH_ALPHA_P5,), "{:.3f}"),
     ("masked", (names.MASKED_FRAC,), "{:.1%}"),
     ("kv kept", (names.KV_KEPT_FRAC,), "{:.0%}"),
     ("kv alloc", (names.KV_ALLOC_REDUCTION,), "1/{:.1f}"),

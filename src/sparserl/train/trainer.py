@@ -25,7 +25,7 @@ from ..reward import load_reward, score_responses
 from ..rollout.engine import RolloutEngine, RolloutOutput
 from ..eval.evaluate import evaluate, write_eval_record
 from ..eval.report import make_report
-from ..models.invariant_scaling import apply_invariant_scaling, refold_after_load, unscaled_state_dict
+from ..models.invariant_scaling import apply_invariant_scaling, refold_after_load
 from ..rollout.kv import compressor_from_fields, get_compressor
 from ..rollout.sampling import SamplingParams
 from ..rollout.teacher_forced import teacher_forced_logprobs
