@@ -276,9 +276,6 @@ class RolloutEngine:
             done = torch.zeros(len(active), dtype=torch.bool, device=dev)
             if eos is not None:
                 done |= torch.isin(tok, eos)
-            stopped = done.clone()  # by EOS or a stop string: finish "stop"
-            if forced is not None:  # a replayed row ends where its forced tokens end
-                done |= forced_len[active] <= t + 1
             if p.stop:
                 for r in range(len(active)):
                     if done[r]:
@@ -287,6 +284,9 @@ class RolloutEngine:
                     tail = self.tokenizer.decode(tokens_out[row, max(0, t + 1 - stop_tail) : t + 1].tolist())
                     if any(s in tail for s in p.stop):
                         done[r] = True
+            stopped = done.clone()  # by EOS or a stop string: finish "stop"
+            if forced is not None:  # a replayed row ends where its forced tokens end
+                done |= forced_len[active] <= t + 1
             last = t == max_new - 1
             if last or done.any():  # bookkeeping for the sequences that end here
                 kt = cache.kept_tokens().tolist()
