@@ -266,7 +266,7 @@ class RolloutEngine:
                 tok = forced_ids[active, t]
                 lp = full.gather(-1, tok[:, None])[:, 0].float()
             if self.step_hook is not None:  # the distribution each row's token t was drawn from
-                self.step_hook("sample", t=t, rows=active, logprobs=full)
+                self.step_hook("sample", t=t, cache=cache, rows=active, logprobs=full)
             tokens_out[active, t] = tok
             logp_out[active, t] = lp
             if top_v is not None:
