@@ -453,3 +453,14 @@ def test_bench_quantized_rows_run_the_first_kernels(tiny, fast_machine, monkeypa
     assert {r["kernels"] for r in report["results"]} == {"torch"}
     from sparserl.rollout.quant.int8 import fbgemm_available
     assert all(ready) or not fbgemm_available("cpu")
+
+
+def test_export_python_that_is_not_a_python_is_named(monkeypatch, tmp_path):
+    from sparserl.bench.openvino_setup import exporter_python
+
+    fake = tmp_path / "not-python"
+    fake.write_text("this is not a program\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("SPARSERL_OPENVINO_EXPORT_PYTHON", str(fake))
+    with pytest.raises(OpenVINOSetupError, match="not a Python that imports optimum.intel"):
+        exporter_python()

@@ -101,6 +101,13 @@ def exporter_python() -> Path:
         if not path.is_file() or not os.access(path, os.X_OK):
             raise OpenVINOSetupError(f"{EXPORT_PYTHON_ENV}={given!r} is not an executable file; point it at a "
                                      f"Python with optimum-intel, or unset it and run `{SETUP_COMMAND}`")
+        try:
+            ok = subprocess.run([str(path), "-c", "import optimum.intel"], capture_output=True, timeout=300).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        if not ok:
+            raise OpenVINOSetupError(f"{EXPORT_PYTHON_ENV}={given!r} is not a Python that imports optimum.intel; "
+                                     f"point it at one, or unset it and run `{SETUP_COMMAND}`")
         return path
     venv = exporter_dir()
     python = _venv_python(venv)

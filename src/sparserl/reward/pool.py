@@ -106,15 +106,20 @@ class _Deadline(BaseException):
     ``Exception`` cannot swallow it)."""
 
 
-def _die_with_parent() -> None:
-    """Linux: have the kernel SIGKILL this worker when the parent dies (even mid-check)."""
-    try:
-        import ctypes
+def _die_with_parent(poll_s: float = 0.5) -> None:
+    """End this worker when the parent process dies, even mid-check: a daemon thread watches the
+    parent pid. (Not PR_SET_PDEATHSIG: it fires when the parent *thread* that started the worker
+    ends, which killed workers started from a short-lived thread.)"""
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - best effort; the closed socket ends an idle worker anyway
-        pass
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _run_one(ref: str, args: tuple, timeout: float | None) -> Outcome:
