@@ -124,7 +124,8 @@ def round_ratios(a_runs: list[float], b_runs: list[float]) -> list[float]:
 
 def median_of_round_ratios(a_runs: list[float], b_runs: list[float]) -> float:
     """The median of the per-round ratios (not median(a) / median(b)): the bench's own rule."""
-    round_ratios(a_runs, b_runs)  # the same checks, with this script's message
+    if len(a_runs) != len(b_runs) or not a_runs:
+        raise ValueError(f"rows of {len(a_runs)} and {len(b_runs)} rounds: no round-by-round ratio")
     return median_round_ratio(a_runs, b_runs)
 
 

@@ -110,6 +110,8 @@ MATRIX = [
     case("config", ["train", "rollout.top_p=0"], "rollout.top_p", "top-p-zero"),
     case("config", ["train", "rollout.temperature=-1"], "rollout.temperature", "temperature-negative"),
     case("config", ["train", "rollout.compressor=nope"], "rollout.compressor", "unknown-compressor"),
+    case("config", ["train", "mismatch.alpha=exakt"], "mismatch.alpha", "unknown-alpha-mode"),
+    case("config", ["train", "mismatch.alpha_bin=0"], "mismatch.alpha_bin", "alpha-bin-zero"),
     case("config", ["train", "rollout.compressor_options.lamda=0.1"], "lamda", "unknown-compressor-option"),
     case("config", ["train", "algorithm.correction=nope"], "algorithm.correction", "unknown-correction"),
     case("config", ["train", "algorithm.correction_options.normalize_over=bogus"], "normalize_over",
@@ -269,6 +271,7 @@ MATRIX = [
     case("model", [*B, "--model", "x.gguf"], "not a GGUF file", "corrupt-gguf"),
     case("output", [*B, "--json", "afile/b.json"], "afile", "json-under-file"),
     case("output", [*B, "--json", "/proc/sparserl-no/b.json"], "cannot write", "json-unwritable"),
+    case("output", ["bench", "setup-openvino", "--venv", "afile"], "afile", "setup-venv-is-file"),
     # --- report, demo, compare ------------------------------------------------------------------
     case("output", ["report", "no_such_run"], "no_such_run", "missing-folder"),
     case("output", ["report", "notrun"], "not a run folder", "not-a-run"),

@@ -284,9 +284,9 @@ class RolloutEngine:
                     tail = self.tokenizer.decode(tokens_out[row, max(0, t + 1 - stop_tail) : t + 1].tolist())
                     if any(s in tail for s in p.stop):
                         done[r] = True
-            stopped = done.clone()  # by EOS or a stop string: finish "stop"
-            if forced is not None:  # a replayed row ends where its forced tokens end
-                done |= forced_len[active] <= t + 1
+            stopped = done  # by EOS or a stop string: finish "stop"
+            if forced is not None:  # a replayed row ends where its forced tokens end too
+                done = done | (forced_len[active] <= t + 1)
             last = t == max_new - 1
             if last or done.any():  # bookkeeping for the sequences that end here
                 kt = cache.kept_tokens().tolist()
