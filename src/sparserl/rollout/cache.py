@@ -247,10 +247,12 @@ class CompressedKVCache:
             self.q_count = min(self.q_count + 1, self.window)
 
     # --- compression ---------------------------------------------------------------------------
-    def due(self, newline: torch.Tensor | None = None, remaining: int | None = None) -> torch.Tensor:
+    def due(self, newline: torch.Tensor | None = None, remaining: int | None = None,
+            seq_len: torch.Tensor | None = None) -> torch.Tensor:
         """Bool [B]: sequences whose cache must be compressed now (the compressor's rule, skip rule
-        included: ``remaining`` = tokens still to be written into the cache after this step)."""
-        return self.compressor.due(self.region_len(), newline, remaining)
+        included: ``remaining`` = tokens still to be written into the cache after this step;
+        ``seq_len`` [B]: each sequence's length so far, for a schedule's budget)."""
+        return self.compressor.due(self.region_len(), newline, remaining, seq_len)
 
     def _layer_chunks(self, n: int, L: int) -> list[slice]:
         """Slices of layers scored together: as many as keep the scoring temporaries of ``n``
@@ -272,30 +274,38 @@ class CompressedKVCache:
             q = q[:, :, :, w - self.q_count :]
         return q.flatten(0, 1)
 
-    def compress(self, due: torch.Tensor) -> None:
-        """Compress every due sequence down to the budget (groups of equal length at a time)."""
+    def compress(self, due: torch.Tensor, seq_len: torch.Tensor | None = None) -> None:
+        """Compress every due sequence down to its budget (``budget_for(seq_len)``: a schedule's, else
+        the fixed one), groups of equal cache length and budget at a time."""
         rows_all = due.nonzero().flatten()
         if rows_all.numel() == 0:
             return
         self._account()  # the peak is right before an eviction
-        if rows_all.numel() == self.batch and self._uniform_len is not None:
-            self._compress_rows(None, self._uniform_len)  # the common case: every row, plain slices
+        c = self.compressor
+        if seq_len is None or c.schedule is None:
+            keeps = torch.full((self.batch,), c.budget, dtype=torch.long, device=self.device)
         else:
-            lens = self.lens[rows_all]
-            for L in lens.unique().tolist():
-                self._compress_rows(rows_all[lens == L], int(L))
+            keeps = c.budget_for(seq_len).to(self.device)
+        if rows_all.numel() == self.batch and self._uniform_len is not None and bool((keeps == keeps[0]).all()):
+            self._compress_rows(None, self._uniform_len, int(keeps[0]))  # the common case: all rows, plain slices
+        else:
+            lens, keep_of = self.lens[rows_all], keeps[rows_all]
+            for L, keep in torch.stack([lens, keep_of], 1).unique(dim=0).tolist():
+                self._compress_rows(rows_all[(lens == L) & (keep_of == keep)], int(L), int(keep))
         self.n_compressions += 1
         u = self.lens.unique()
         self._uniform_len = int(u[0]) if u.numel() == 1 else None
 
-    def _compress_rows(self, rows: torch.Tensor | None, L: int) -> None:
-        """Compress ``rows`` (None: all of them), all of length ``L``, over every layer: the layers
+    def _compress_rows(self, rows: torch.Tensor | None, L: int, keep: int) -> None:
+        """Compress ``rows`` (None: all of them), all of length ``L``, to ``keep`` slots each (a
+        region already within ``keep`` is left as it is), over every layer: the layers
         are folded into the batch of one :class:`ScoreInputs` per chunk of layers, and the kept
         slots are moved with one row copy (``index_select`` on the flattened buffer; ~8x faster on
         CPU than a ``gather`` with an index expanded over the head dim)."""
         c = self.compressor
         rs = self.region_start
-        keep = c.budget_for(L)
+        if L - rs <= keep:
+            return
         B, hkv, cap = self.batch, self.n_kv, self.capacity
         start = self.start if rows is None else self.start[rows]
         valid = torch.arange(L, device=self.device)[None, :] >= start[:, None]
@@ -351,7 +361,7 @@ class CompressedKVCache:
         tensors; only the kept slots are copied into the (budget-sized) buffers."""
         c = self.compressor
         B, P = valid.shape
-        keep = c.budget_for(P)
+        keep = int(c.budget_for(int(valid.sum(-1).max())))
         n_valid = valid.sum(-1)
         D = self.head_dim
         for layers in self._layer_chunks(B, P):

@@ -284,6 +284,8 @@ class RolloutEngine:
                     tail = self.tokenizer.decode(tokens_out[row, max(0, t + 1 - stop_tail) : t + 1].tolist())
                     if any(s in tail for s in p.stop):
                         done[r] = True
+            if t + 1 < p.min_new_tokens:  # too short to end yet: EOS and stop strings are tokens like others
+                done = torch.zeros_like(done)
             stopped = done  # by EOS or a stop string: finish "stop"
             if forced is not None:  # a replayed row ends where its forced tokens end too
                 done = done | (forced_len[active] <= t + 1)
@@ -310,10 +312,10 @@ class RolloutEngine:
             if self.step_hook is not None:
                 self.step_hook("after_decode", t=t, cache=cache, logits=logits)
             true_len = true_len + 1
-            due = cache.due(newline[tok] if newline is not None else None, remaining=max_new - 2 - t)
+            due = cache.due(newline[tok] if newline is not None else None, remaining=max_new - 2 - t, seq_len=true_len)
             if due.any():
                 dense_tokens_peak = max(dense_tokens_peak, int(true_len.sum()))
-                cache.compress(due)
+                cache.compress(due, seq_len=true_len)
         cache._account()
         seconds = time.perf_counter() - t0
         lens = lengths.tolist()

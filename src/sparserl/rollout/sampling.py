@@ -23,6 +23,7 @@ class SamplingParams:
     max_new_tokens: int = 256
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False  # generate exactly max_new_tokens (benchmarks)
+    min_new_tokens: int = 0  # EOS and stop strings do not end a response shorter than this (calibration)
     seed: int = 0
     logprobs_topk: int = 0  # also return the top-k log-probs of each position
 
@@ -37,6 +38,9 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
+                             f"got {self.min_new_tokens}")
 
 
 def sampling_logprobs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from ...errors import SparserlError
 from ...registry import Registry, did_you_mean
 from .. import native
+from .schedule import KVSchedule, ScheduleError, load_schedule
 
 TRIGGERS = ("step_length", "newline")
 
@@ -88,6 +89,7 @@ class KVCompressor:
     compress_prompt: bool = False
     window: int = 8
     tail_slack: int = 0
+    schedule: KVSchedule | None = None
 
     name = "base"
     needs_queries = False  # keep a ring of the last `window` queries per layer
@@ -95,7 +97,22 @@ class KVCompressor:
     per_head = True  # one index set per KV head (False: one per layer)
 
     def __post_init__(self):
+        self._resolve_schedule()
         self.validate()
+
+    def _resolve_schedule(self) -> None:
+        """Turn ``schedule`` into a :class:`KVSchedule` and ``budget`` into its largest (idempotent)."""
+        if self.schedule is not None:
+            try:
+                self.schedule = load_schedule(self.schedule, self.name, source=f"{self.name}: schedule")
+            except ScheduleError as e:
+                raise CompressorOptionError(str(e)) from None
+            self.budget = self.schedule.max_budget
+
+    @property
+    def smallest_budget(self) -> int:
+        """The smallest budget the compressor may keep (the schedule's smallest, else ``budget``)."""
+        return self.schedule.min_budget if self.schedule is not None else self.budget
 
     def validate(self) -> None:
         if self.budget < 1:
@@ -108,9 +125,9 @@ class KVCompressor:
             raise CompressorOptionError(f"{self.name}: window must be >= 0, got {self.window}")
         if self.tail_slack < 0:
             raise CompressorOptionError(f"{self.name}: tail_slack must be >= 0, got {self.tail_slack}")
-        if self.window >= self.budget:
+        if self.window >= self.smallest_budget:
             raise CompressorOptionError(
-                f"{self.name}: kv budget ({self.budget}) must be larger than the observation window "
+                f"{self.name}: kv budget ({self.smallest_budget}) must be larger than the observation window "
                 f"({self.window})"
             )
 
@@ -136,9 +153,11 @@ class KVCompressor:
         return prompt_len + min(max_new, period)
 
     def due(self, region_len: torch.Tensor, newline: torch.Tensor | None = None,
-            remaining: int | None = None) -> torch.Tensor:
+            remaining: int | None = None, seq_len: torch.Tensor | None = None) -> torch.Tensor:
         """Bool [B]: sequences to compress now, given the length of their compressible region and
-        (``newline`` trigger) whether the token just written holds a newline.
+        (``newline`` trigger) whether the token just written holds a newline. ``seq_len`` [B] (each
+        sequence's length so far) gives a schedule's budget (:meth:`budget_for`); without it, or
+        without a schedule, the budget is ``budget``.
 
         Skip rule (``remaining`` = tokens the engine will still write into the cache after this
         step, at most): a compression is skipped when the rest of the generation fits in the
@@ -151,9 +170,10 @@ class KVCompressor:
         trigger's compressions before the buffer is full are the method's definition (cut at a
         thought boundary), not a need for room: they are kept while more than ``tail_slack``
         tokens follow."""
-        due = region_len >= self.budget + self.step_length
+        budget = self.budget if seq_len is None else self.budget_for(seq_len)
+        due = region_len >= budget + self.step_length
         if self.trigger == "newline" and newline is not None:
-            due |= newline & (region_len > self.budget)
+            due |= newline & (region_len > budget)
         if remaining is not None and remaining <= self.tail_slack:
             due = torch.zeros_like(due)
         return due
@@ -167,9 +187,13 @@ class KVCompressor:
             per += 12 * n_heads * self.window * length
         return n * per
 
-    def budget_for(self, seq_len: int) -> int:
-        """Budget at a given sequence length. Constant here; a sparsity schedule (Sparrow) overrides
-        it. The cache sizes its buffer from the largest budget it will need."""
+    def budget_for(self, seq_len: int | torch.Tensor) -> int | torch.Tensor:
+        """Budget at sequence length ``seq_len`` (prompt + tokens generated; an int or a [B] tensor):
+        the schedule's (Sparrow), else the fixed ``budget``. The buffers hold the largest."""
+        if self.schedule is not None:
+            return self.schedule.budget_for(seq_len)
+        if isinstance(seq_len, torch.Tensor):
+            return torch.full_like(seq_len, self.budget)
         return self.budget
 
     # --- the method's definition -------------------------------------------------------------

@@ -26,8 +26,9 @@ class H2O(KVCompressor):
     needs_attention = True
 
     def __post_init__(self):
+        self._resolve_schedule()
         if self.window == -1:
-            self.window = self.budget // 2
+            self.window = self.smallest_budget // 2
         super().__post_init__()
 
     def score(self, inp: ScoreInputs) -> torch.Tensor:

@@ -28,7 +28,7 @@ class Dense(KVCompressor):
         return prompt_len + max_new
 
     def due(self, region_len: torch.Tensor, newline: torch.Tensor | None = None,
-            remaining: int | None = None) -> torch.Tensor:
+            remaining: int | None = None, seq_len: torch.Tensor | None = None) -> torch.Tensor:
         return torch.zeros_like(region_len, dtype=torch.bool)
 
     def score(self, inp: ScoreInputs) -> torch.Tensor:

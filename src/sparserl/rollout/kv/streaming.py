@@ -22,8 +22,8 @@ class StreamingLLM(KVCompressor):
 
     def validate(self) -> None:
         super().validate()
-        if self.sinks < 0 or self.sinks >= self.budget:
-            raise CompressorOptionError(f"streaming: sinks ({self.sinks}) must be in [0, budget={self.budget})")
+        if self.sinks < 0 or self.sinks >= self.smallest_budget:
+            raise CompressorOptionError(f"streaming: sinks ({self.sinks}) must be in [0, budget={self.smallest_budget})")
 
     def score(self, inp: ScoreInputs) -> torch.Tensor:
         return inp.positions[:, :, inp.region].float()
