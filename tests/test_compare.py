@@ -121,9 +121,66 @@ def test_summarize_arm_and_versus_dense():
     assert sparse["n_collapsed"] == 1 and sparse["collapsed"]["s-seed1"]["collapsed"]
     assert sparse["k3"]["max"] == 5.0
     assert sparse["kv"]["alloc_reduction"] == pytest.approx(4.0) and sparse["kv"]["tokens_saved_frac"] == 0.75
+    assert sparse["alpha"]["mean"] == {"mean": None, "std": None, "per_seed": {"s-seed0": None, "s-seed1": None},
+                                       "seeds": 0}  # no α logged
     sums = {"s": sparse, "d": dense}
     agg.versus_dense(sums, "d")
     assert sparse["kv"]["vs_dense_arm"] == pytest.approx(4.0) and dense["kv"]["vs_dense_arm"] == 1.0
+
+
+def _table(md: str, header_cell: str) -> dict[str, dict[str, str]]:
+    """The markdown table whose header has ``header_cell``: {first cell: {header: cell}}."""
+    lines = md.splitlines()
+    i = next(j for j, line in enumerate(lines) if line.startswith("|") and f"| {header_cell} |" in line)
+    head = [c.strip() for c in lines[i].strip("|").split("|")]
+    rows = {}
+    for line in lines[i + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = dict(zip(head, cells))
+    return rows
+
+
+def test_compare_table_has_alpha_columns(tmp_path):
+    """α mean and α p5 per arm: each seed's mean of its last k = steps // 4 steps, mean ± std over the
+    seeds that logged α; – for an arm that did not (mismatch.alpha=off)."""
+    from sparserl.compare.report import write_comparison
+    from sparserl.runlog import MISMATCH_ALPHA_MEAN, MISMATCH_ALPHA_P5, MISMATCH_ALPHA_P5_BIN
+
+    steps = 8  # k = 2 last steps
+    specs = expand("default", [], "dense,sparse_rl,tight=rollout.kv_budget=16", 2, steps=steps,
+                   runs_dir=tmp_path / "runs")
+    # the last two steps' α (mean, p5) per run; None: the run measured no α
+    tails = {"dense-seed0": None, "dense-seed1": None,
+             "sparse_rl-seed0": ((0.96, 0.94), (0.86, 0.84)), "sparse_rl-seed1": ((0.92, 0.90), (0.80, 0.78)),
+             "tight-seed0": ((0.90, 0.88), (0.70, 0.66)), "tight-seed1": None}
+    for spec in specs:
+        rows = []
+        for step in range(1, steps + 1):
+            row = {"step": step, REWARD_MEAN: 0.1 * step}
+            if tails[spec.name] is not None:
+                (m7, m8), (p7, p8) = tails[spec.name]
+                row[MISMATCH_ALPHA_MEAN] = {7: m7, 8: m8}.get(step, 0.5)  # earlier steps are outside the tail
+                row[MISMATCH_ALPHA_P5] = {7: p7, 8: p8}.get(step, 0.1)
+                row[f"{MISMATCH_ALPHA_P5_BIN}0"] = 0.9  # read by the run report, not the comparison
+            rows.append(row)
+        spec.run_dir.mkdir(parents=True)
+        (spec.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    md = write_comparison(out, specs, {}, config="default", overrides=[], seeds=[0, 1], collapse_k3=1.0).read_text()
+    table = _table(md, "α mean")
+    assert table["sparse_rl"]["α mean"] == "0.930 ± 0.028"  # seeds 0.95 and 0.91
+    assert table["sparse_rl"]["α p5"] == "0.820 ± 0.042"    # seeds 0.85 and 0.79
+    assert table["tight"]["α mean"] == "0.890 ± 0.000" and table["tight"]["α p5"] == "0.680 ± 0.000"  # one seed
+    assert table["dense"]["α mean"] == "–" and table["dense"]["α p5"] == "–"
+    assert table["sparse_rl"]["seeds"] == "2" and table["sparse_rl"]["final reward"] == "0.750 ± 0.000"
+    alpha = json.loads((out / "comparison.json").read_text())["arms"]["sparse_rl"]["alpha"]
+    assert alpha["mean"]["mean"] == pytest.approx(0.93) and alpha["mean"]["std"] == pytest.approx(0.0282843, rel=1e-5)
+    assert alpha["p5"]["per_seed"] == {"sparse_rl-seed0": pytest.approx(0.85), "sparse_rl-seed1": pytest.approx(0.79)}
+    assert alpha["p5"]["seeds"] == 2
+    tight = json.loads((out / "comparison.json").read_text())["arms"]["tight"]["alpha"]["p5"]
+    assert tight["seeds"] == 1 and tight["per_seed"]["tight-seed1"] is None
 
 
 # ------------------------------------------------------------------------------ end to end

@@ -79,6 +79,59 @@ def test_make_report_writes_plots_and_numbers(tmp_path):
     assert "| 5 | 64 | 0.625 | 0.625 | 0.5 | 0.625 |" in md
     assert "| compressor | rkv |" in md and "| KV budget | 64 |" in md
     assert "![reward](reward.png)" in md and "(time.png)" in md
+    # no α logged (mismatch.alpha=off): no α plot, no α rows
+    assert not (run / "alpha.png").exists() and "alpha.png" not in md and "mismatch/alpha" not in md
+
+
+def _alpha_rows(n: int = 4) -> list[dict]:
+    """Rows of a run that measured α: bins 0 and 128 every step, bin 256 from step 3 (longer responses)."""
+    rows = _rows(n)
+    for r in rows:
+        s = r["step"]
+        r.update({"mismatch/alpha_mean": round(0.95 - 0.01 * s, 4), "mismatch/alpha_p5": round(0.9 - 0.02 * s, 4),
+                  "mismatch/alpha_p5_bin/0": round(0.92 - 0.01 * s, 4),
+                  "mismatch/alpha_p5_bin/128": round(0.88 - 0.03 * s, 4), "mismatch/replay_err": 0.0,
+                  "time/alpha_s": 0.5})
+        if s >= 3:
+            r["mismatch/alpha_p5_bin/256"] = round(0.8 - 0.01 * s, 4)
+    return rows
+
+
+def test_report_plots_alpha_tail_per_bin(tmp_path):
+    from sparserl.eval.report import SPARROW_ALPHA_P5_THRESHOLD, alpha_figure
+
+    run = _write_run(tmp_path / "alpha", _alpha_rows(), truncated_tail=False,
+                     config="mismatch:\n  alpha: exact\n  alpha_bin: 128\n")
+    md = make_report(run).read_text()
+    data = (run / "alpha.png").read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 2000
+    assert "![alpha](alpha.png)" in md
+    # the summary table: first, last, best (step), mean of the last 5
+    assert "| mismatch/alpha_mean | 0.94 | 0.91 | 0.94 (1) | 0.925 |" in md
+    assert "| mismatch/alpha_p5 | 0.88 | 0.82 | 0.88 (1) | 0.85 |" in md
+    # the tail against Sparrow's threshold: last, worst (step), steps below 0.86
+    assert "| metric | last | worst (step) | steps below 0.86 |" in md
+    assert "| mismatch/alpha_p5 | 0.82 | 0.82 (4) | 2/4 |" in md
+    assert "| mismatch/alpha_p5_bin/0 | 0.88 | 0.88 (4) | 0/4 |" in md
+    assert "| mismatch/alpha_p5_bin/128 | 0.76 | 0.76 (4) | 4/4 |" in md
+    assert "| mismatch/alpha_p5_bin/256 | 0.76 | 0.76 (4) | 2/2 |" in md
+    # α is not repeated in the mismatch table (its replay error is); its time is a station
+    mismatch = md.split("## Mismatch and correction")[1].split("##")[0]
+    assert "mismatch/replay_err" in mismatch and "alpha" not in mismatch
+    assert "| alpha |" in md
+
+    fig = alpha_figure(load_run(run))
+    (ax,) = fig.axes
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels == ["mismatch/alpha_p5_bin/0", "mismatch/alpha_p5_bin/128", "mismatch/alpha_p5_bin/256",
+                      "mismatch/alpha_p5", "mismatch/alpha_mean", "Sparrow's threshold 0.86"]
+    threshold = ax.get_lines()[-1]
+    assert SPARROW_ALPHA_P5_THRESHOLD == 0.86
+    assert list(threshold.get_ydata()) == [0.86, 0.86] and threshold.get_linestyle() == "--"
+    bin256 = ax.get_lines()[2]
+    assert list(bin256.get_xdata()) == [3, 4] and list(bin256.get_ydata()) == pytest.approx([0.77, 0.76])
+    assert "per length bin (128 tokens)" in ax.get_title()
+    assert alpha_figure(load_run(_write_run(tmp_path / "off", _rows(), truncated_tail=False))) is None
 
 
 def test_report_skips_plots_without_data(tmp_path):
@@ -86,7 +139,7 @@ def test_report_skips_plots_without_data(tmp_path):
     run = _write_run(tmp_path / "bare", rows, truncated_tail=False)
     md = make_report(run).read_text()
     assert (run / "reward.png").exists()
-    for png in ("mismatch.png", "kv_memory.png", "time.png", "loss.png"):
+    for png in ("mismatch.png", "alpha.png", "kv_memory.png", "time.png", "loss.png"):
         assert not (run / png).exists() and png not in md
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -11,9 +11,11 @@ Pure functions on curves (``{step: value}`` per seed); nothing here reads files.
   below the mean of its first third by more than ``drop`` (0.05; a third = ``max(1, n // 3)``
   steps, so a one-step run never collapses by this rule), or when any step's k3 KL between the
   sampler and the dense policy (``mismatch/k3_kl``) is above ``k3_threshold`` (1.0, ``--collapse-k3``).
-- :func:`summarize_arm`: all of that for one arm, plus mismatch, KV (allocation against allocation,
-  kept tokens against dense tokens) and time means; :func:`versus_dense` adds each arm's KV
-  allocation against the dense arm's measured one.
+- :func:`summarize_arm`: all of that for one arm, plus mismatch, Sparrow's acceptance α (mean and 5th
+  percentile: each seed's final value as the reward's, then mean ± std over the seeds that logged it;
+  None when none did, ``mismatch.alpha=off``), KV (allocation against allocation, kept tokens against
+  dense tokens) and time means; :func:`versus_dense` adds each arm's KV allocation against the dense
+  arm's measured one.
 """
 from __future__ import annotations
 
@@ -164,6 +166,11 @@ def summarize_arm(seeds: Mapping[str, Mapping[str, Curve]], k3_threshold: float 
     k = tail_k(n_steps) if k is None else k
     finals = {r: final_value(seeds[r].get(names.REWARD_MEAN), k) for r in runs}
     fmean, fstd = mean_std([v for v in finals.values() if v is not None])
+
+    def final_over_seeds(key: str) -> dict:
+        per_seed = {r: final_value(seeds[r].get(key), k) for r in runs}
+        m, s = mean_std([v for v in per_seed.values() if v is not None])
+        return {"mean": m, "std": s, "per_seed": per_seed, "seeds": sum(v is not None for v in per_seed.values())}
     rb = band(rewards)
     bstep, bval = best_step(rb)
     coll = {r: collapse(seeds[r].get(names.REWARD_MEAN), seeds[r].get(names.MISMATCH_K3), k3_threshold, drop)
@@ -181,6 +188,7 @@ def summarize_arm(seeds: Mapping[str, Mapping[str, Curve]], k3_threshold: float 
         "n_collapsed": sum(c.collapsed for c in coll.values()),
         "k3": {"mean": _mean_over(curves(names.MISMATCH_K3)), "max": _max_over(curves(names.MISMATCH_K3))},
         "masked_frac": _mean_over(curves(names.MASKED_FRAC)),
+        "alpha": {"mean": final_over_seeds(names.MISMATCH_ALPHA_MEAN), "p5": final_over_seeds(names.MISMATCH_ALPHA_P5)},
         "kv": {
             "sampler_alloc_bytes": alloc,
             "dense_alloc_bytes": dense_alloc,

@@ -3,7 +3,7 @@
     compare_reward.png     reward per arm: mean over seeds, min-max band
     compare_mismatch.png   k3 KL (sampler vs dense) and the fraction masked by the correction, same way
     compare_kv.png         KV tokens kept vs a dense cache, and KV bytes the sampler allocated
-    comparison.md          the tables (reward and stability, KV and time, held-out), the definitions,
+    comparison.md          the tables (reward, stability and acceptance α, KV and time, held-out), the definitions,
                            the command, links to the plots and run folders
     comparison.json        every number of the tables, per arm and per run
 
@@ -24,9 +24,9 @@ from .arms import RunSpec
 __all__ = ["CURVE_KEYS", "arm_curves", "write_comparison"]
 
 #: the metrics read from each run for the comparison
-CURVE_KEYS = (names.REWARD_MEAN, names.ACCURACY, names.MISMATCH_K3, names.MASKED_FRAC, names.KV_SAMPLER_ALLOC,
-              names.KV_DENSE_ALLOC, names.KV_KEPT_FRAC, names.KV_KEPT_TOKENS, names.KV_DENSE_TOKENS,
-              names.TIME_ROLLOUT)
+CURVE_KEYS = (names.REWARD_MEAN, names.ACCURACY, names.MISMATCH_K3, names.MASKED_FRAC, names.MISMATCH_ALPHA_MEAN,
+              names.MISMATCH_ALPHA_P5, names.KV_SAMPLER_ALLOC, names.KV_DENSE_ALLOC, names.KV_KEPT_FRAC,
+              names.KV_KEPT_TOKENS, names.KV_DENSE_TOKENS, names.TIME_ROLLOUT)
 
 
 def arm_curves(specs: list[RunSpec]) -> dict[str, dict[str, dict[str, dict[int, float]]]]:
@@ -142,9 +142,13 @@ def write_comparison(out: Path, specs: list[RunSpec], statuses: Mapping[str, str
     md += ["", "## Reward and stability", "",
            f"Final reward: per seed the mean `{names.REWARD_MEAN}` of its last k = max(1, steps // 4) = {k} "
            f"steps, then mean ± sample std over the seeds. Best step: where the mean-over-seeds curve is highest. "
-           f"Collapse: {collapse_rule(collapse_k3)}.", "",
-           "| arm | seeds | final reward | best step (mean reward) | collapsed seeds | k3 KL mean / max | masked |",
-           "|---|---|---|---|---|---|---|"]
+           f"Collapse: {collapse_rule(collapse_k3)}. α mean, α p5: Sparrow's acceptance α "
+           f"(`{names.MISMATCH_ALPHA_MEAN}`, `{names.MISMATCH_ALPHA_P5}`), per seed the mean of the same last k "
+           f"steps, then mean ± sample std over the seeds that logged it; – where the arm did not measure α "
+           f"(`mismatch.alpha=off`).", "",
+           "| arm | seeds | final reward | best step (mean reward) | collapsed seeds | k3 KL mean / max | masked | "
+           "α mean | α p5 |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for a in arms:
         s = sums[a]
         coll = [f"{r.removeprefix(a + '-')}: {'; '.join(c['reasons'])}" for r, c in s["collapsed"].items()
@@ -152,7 +156,9 @@ def write_comparison(out: Path, specs: list[RunSpec], statuses: Mapping[str, str
         md.append(f"| {a} | {s['seeds']} | {_pm(s['final_reward']['mean'], s['final_reward']['std'])} | "
                   f"{_fmt(s['best']['step'])} ({_fmt(s['best']['mean_reward'], 3)}) | "
                   f"{s['n_collapsed']}/{s['seeds']}{' (' + '; '.join(coll) + ')' if coll else ''} | "
-                  f"{_fmt(s['k3']['mean'], 3)} / {_fmt(s['k3']['max'], 3)} | {_pct(s['masked_frac'])} |")
+                  f"{_fmt(s['k3']['mean'], 3)} / {_fmt(s['k3']['max'], 3)} | {_pct(s['masked_frac'])} | "
+                  f"{_pm(s['alpha']['mean']['mean'], s['alpha']['mean']['std'])} | "
+                  f"{_pm(s['alpha']['p5']['mean'], s['alpha']['p5']['std'])} |")
     md += ["", "## KV memory and time", "",
            "Like with like: bytes the sampler allocated against what the dense engine allocates for the same "
            "batches (prompt + max_new_tokens per sequence); tokens the cache held at each response's end "

@@ -4,7 +4,9 @@
 ``eval*.json`` of a run folder and writes into it::
 
     reward.png     reward/mean ± reward/std, accuracy (and held-out pass@1 points, dense and sparse)
-    mismatch.png   sampler-vs-dense mismatch (mismatch/*), IS weights (is/*), rejection (rs/*)
+    mismatch.png   sampler-vs-dense mismatch (mismatch/* but α), IS weights (is/*), rejection (rs/*)
+    alpha.png      Sparrow's acceptance α over steps: its 5th percentile per length bin, overall, and
+                   its mean, against Sparrow's stability threshold (only when the run measured α)
     kv_memory.png  KV bytes allocated, sampler vs dense engine; tokens kept vs dense at each end
     time.png       seconds per station per step, stacked (time/*_s)
     loss.png       policy/loss, grad_norm, policy/entropy, policy/kl_ref
@@ -30,9 +32,13 @@ import yaml
 from .. import runlog as names
 from ..runlog import STATIONS, read_metrics
 
-__all__ = ["make_report", "load_run", "RunData", "summarize"]
+__all__ = ["make_report", "load_run", "RunData", "summarize", "alpha_figure", "SPARROW_ALPHA_P5_THRESHOLD"]
 
 MISMATCH_NAMED = (names.MISMATCH_LOG_RATIO, names.MISMATCH_K3)
+ALPHA_NAMED = (names.MISMATCH_ALPHA_MEAN, names.MISMATCH_ALPHA_P5)
+#: Sparrow (Zhou et al., 2026, arXiv 2606.08446): training stayed stable while the 5th percentile of
+#: the acceptance α in every sequence-length bin stayed above this (``sparserl.score.acceptance``)
+SPARROW_ALPHA_P5_THRESHOLD = 0.86
 IS_NAMED = (names.IS_WEIGHT_MIN, names.IS_WEIGHT_MAX)
 RS_NAMED = (names.TOKEN_MASKED_FRAC, names.SEQ_VETOED_FRAC)
 MiB = 1 / 2**20
@@ -172,7 +178,9 @@ def _mean(v: Sequence[float]) -> float | None:
 
 def summarize(run: RunData, tail: int = 5) -> dict[str, Any]:
     """Headline figures of a run: reward/accuracy first, last, best,
-    tail mean; mean seconds per step and per station; KV and mismatch means; final eval accuracy."""
+    tail mean; the same of α's mean and 5th percentile, and the 5th percentile's (overall and per length bin)
+    last, worst and steps below Sparrow's threshold; mean seconds per step and per station; KV and mismatch
+    means; final eval accuracy."""
     out: dict[str, Any] = {"name": run.name, "steps": len(run.rows),
                            "first_step": run.rows[0]["step"] if run.rows else None,
                            "last_step": run.rows[-1]["step"] if run.rows else None}
@@ -190,9 +198,23 @@ def summarize(run: RunData, tail: int = 5) -> dict[str, Any]:
                 names.KV_DENSE_TOKENS):
         ys = run.series(key)[1]
         out[key] = {"mean": _mean(ys), "min": min(ys, default=None), "max": max(ys, default=None)}
+    # Sparrow's acceptance α (higher is closer to dense): its mean and 5th percentile like the reward,
+    # and per bin the worst step and how many steps were below Sparrow's threshold
+    for key in ALPHA_NAMED:
+        xs, ys = run.series(key)
+        if ys:
+            i = max(range(len(ys)), key=lambda j: ys[j])
+            out[key] = {"first": ys[0], "last": ys[-1], "best": ys[i], "best_step": xs[i],
+                        "tail_mean": _mean(ys[-tail:]), "key": key}
+    out["alpha_tail"] = {}
+    for key in [names.MISMATCH_ALPHA_P5] + alpha_bin_keys(run):
+        xs, ys = run.series(key)
+        if ys:
+            i = min(range(len(ys)), key=lambda j: ys[j])
+            out["alpha_tail"][key] = {"last": ys[-1], "worst": ys[i], "worst_step": xs[i], "steps": len(ys),
+                                      "below": sum(y < SPARROW_ALPHA_P5_THRESHOLD for y in ys)}
     out["mismatch"] = {}
-    for k in _group_keys(run, "mismatch/", MISMATCH_NAMED) + _group_keys(run, "is/", IS_NAMED) + \
-            _group_keys(run, "rs/", RS_NAMED):
+    for k in _mismatch_keys(run) + _group_keys(run, "is/", IS_NAMED) + _group_keys(run, "rs/", RS_NAMED):
         ys = run.series(k)[1]
         out["mismatch"][k] = {"mean": _mean(ys), "last": ys[-1], "max": max(ys)}
     # held-out pass@1 of the last evaluation, dense and sparse inference
@@ -204,6 +226,22 @@ def summarize(run: RunData, tail: int = 5) -> dict[str, Any]:
 def _group_keys(run: RunData, prefix: str, named: Sequence[str]) -> list[str]:
     present = {k for k in run.keys() if k.startswith(prefix) and run.series(k)[0]}
     return [k for k in named if k in present] + sorted(present - set(named))
+
+
+def _is_alpha(key: str) -> bool:
+    return key in ALPHA_NAMED or key.startswith(names.MISMATCH_ALPHA_P5_BIN)
+
+
+def _mismatch_keys(run: RunData) -> list[str]:
+    """``mismatch/*`` keys with values, α's left out (α has its own plot and rows)."""
+    return [k for k in _group_keys(run, "mismatch/", MISMATCH_NAMED) if not _is_alpha(k)]
+
+
+def alpha_bin_keys(run: RunData) -> list[str]:
+    """The ``mismatch/alpha_p5_bin/<start>`` keys with values, by bin start."""
+    prefix = names.MISMATCH_ALPHA_P5_BIN
+    keys = [k for k in run.keys() if k.startswith(prefix) and k[len(prefix):].isdigit() and run.series(k)[0]]
+    return sorted(keys, key=lambda k: int(k[len(prefix):]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,6 +323,39 @@ def _plot_panels(run: RunData, panels: list[tuple[str, list[str], str | None]], 
     return _save(fig, path)
 
 
+def alpha_figure(run: RunData):
+    """The α plot's figure (None when the run measured no α, ``mismatch.alpha=off``): one line per
+    length bin's 5th percentile (short to long, dark to light), the 5th percentile over all tokens, the
+    mean, and Sparrow's threshold as a dashed horizontal line."""
+    bins = alpha_bin_keys(run)
+    overall = [k for k in ALPHA_NAMED if run.series(k)[0]]
+    if not bins and not overall:
+        return None
+    from matplotlib import colormaps
+
+    fig, (ax,) = _figure(1, width=8.0, height=4.2)
+    cmap = colormaps["viridis"]
+    for i, key in enumerate(bins):
+        _line(ax, run, key, color=cmap(0.85 * i / max(1, len(bins) - 1)), linewidth=1.2)
+    _line(ax, run, names.MISMATCH_ALPHA_P5, color="black", linewidth=2.2)
+    _line(ax, run, names.MISMATCH_ALPHA_MEAN, color="tab:orange", linewidth=2.2)
+    thr = SPARROW_ALPHA_P5_THRESHOLD
+    ax.axhline(thr, color="tab:red", linestyle="--", linewidth=1.5, label=f"Sparrow's threshold {thr:g}")
+    lo = min([thr] + [y for k in bins + overall for y in run.series(k)[1]])
+    ax.set_ylim(max(0.0, lo - 0.05), 1.01)
+    width = _dig(run.config or {}, "mismatch.alpha_bin")
+    bin_words = f" ({width} tokens)" if _is_num(width) else ""
+    _finish(ax, f"Acceptance α: 5th percentile per length bin{bin_words}, overall; mean — {run.name}", "α")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+              ncols=2 if len(bins) > 16 else 1)
+    return fig
+
+
+def _plot_alpha(run: RunData, out: Path) -> Path | None:
+    fig = alpha_figure(run)
+    return _save(fig, out / "alpha.png") if fig is not None else None
+
+
 def _plot_time(run: RunData, out: Path) -> Path | None:
     keys = run.station_keys()
     if not keys:
@@ -304,10 +375,11 @@ def _run_plots(run: RunData, out: Path) -> dict[str, Path]:
     plots: dict[str, Path | None] = {}
     plots["reward"] = _plot_reward(run, out)
     plots["mismatch"] = _plot_panels(run, [
-        ("sampler vs dense", _group_keys(run, "mismatch/", MISMATCH_NAMED), None),
+        ("sampler vs dense", _mismatch_keys(run), None),
         ("importance weights", _group_keys(run, "is/", IS_NAMED), None),
         ("rejection", _group_keys(run, "rs/", RS_NAMED), "fraction"),
     ], "Mismatch and correction", out / "mismatch.png")
+    plots["alpha"] = _plot_alpha(run, out)
     plots["kv_memory"] = _plot_panels(run, [
         ("KV bytes allocated: sampler vs dense engine", [names.KV_SAMPLER_ALLOC, names.KV_DENSE_ALLOC], "MiB"),
         ("tokens held at each response's end", [names.KV_KEPT_TOKENS, names.KV_DENSE_TOKENS], "tokens"),
@@ -365,6 +437,20 @@ def _kv_lines(s: dict) -> list[str]:
     return md + [""]
 
 
+def _alpha_lines(s: dict) -> list[str]:
+    """α's tail against Sparrow's threshold: per length bin (and overall), last, worst and steps below."""
+    tail = s["alpha_tail"]
+    if not tail:
+        return []
+    thr = SPARROW_ALPHA_P5_THRESHOLD
+    md = [f"Acceptance α's 5th percentile against Sparrow's threshold {thr:g} (Sparrow's training stayed "
+          "stable while every length bin's stayed above it):", "",
+          f"| metric | last | worst (step) | steps below {thr:g} |", "|---|---|---|---|"]
+    for k, v in tail.items():
+        md.append(f"| {k} | {_fmt(v['last'])} | {_fmt(v['worst'])} ({v['worst_step']}) | {v['below']}/{v['steps']} |")
+    return md + [""]
+
+
 def _eval_table(evals: list[tuple[str, dict]]) -> list[str]:
     """One row per evaluation: held-out pass@1 (and avg@n, pass@n) under dense and sparse inference."""
     stats: list[str] = []
@@ -412,14 +498,15 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
         if s["total_time_s"] is not None:
             md.append(f"Total time {_fmt(s['total_time_s'], 3)} s, {_fmt(s['time_per_step_s'], 3)} s per step.")
         md.append("")
-        if "reward" in s or "accuracy" in s:
+        rows = [label for label in ("reward", "accuracy", *ALPHA_NAMED) if label in s]
+        if rows:
             md += ["| metric | first | last | best (step) | mean of last 5 |", "|---|---|---|---|---|"]
-            for label in ("reward", "accuracy"):
-                if label in s:
-                    r = s[label]
-                    md.append(f"| {r['key']} | {_fmt(r['first'])} | {_fmt(r['last'])} | "
-                              f"{_fmt(r['best'])} ({r['best_step']}) | {_fmt(r['tail_mean'])} |")
+            for label in rows:
+                r = s[label]
+                md.append(f"| {r['key']} | {_fmt(r['first'])} | {_fmt(r['last'])} | "
+                          f"{_fmt(r['best'])} ({r['best_step']}) | {_fmt(r['tail_mean'])} |")
             md.append("")
+        md += _alpha_lines(s)
 
     if s["stations"]:
         total = sum(v for v in s["stations"].values() if v) or 1.0
