@@ -42,13 +42,14 @@ from .registry import did_you_mean
 from .models.loading import parse_dtype
 from .rollout.dtype_auto import resolve_dtype
 from .rollout.kv import available_compressors, compressor_from_fields
+from .rollout.kv.schedule import ScheduleError, load_schedule, parse_pairs
 from .rollout.kv_quant import available_kv_quants
 from .rollout.quant import available_quants, build_quant
 from .rollout.quant.int8_group import GROUP as QUANT_GROUP
 from .score.old_policy import old_logprobs_source
 from .train.advantages import available_adv_ests, get_adv_est
 
-__all__ = ["ConfigError", "ModelConfig", "RolloutConfig", "DataConfig", "RewardConfig", "AlgorithmConfig",
+__all__ = ["ConfigError", "ModelConfig", "KVControllerConfig", "RolloutConfig", "DataConfig", "RewardConfig", "AlgorithmConfig",
            "TrainConfig", "LogConfig", "CheckpointConfig", "EvalConfig", "Config", "load_config",
            "apply_overrides", "validate", "config_to_dict", "save_config", "list_presets", "preset_path",
            "config_help"]
@@ -173,6 +174,36 @@ class ModelConfig(_Section):
     device: Device = F("auto", "Device: auto (cuda if available, else cpu) | cpu | cuda | cuda:N.")
 
 
+def _schedule_pairs(v: Any) -> Any:
+    """A schedule given inline is checked here (a file is read by ``validate``)."""
+    if isinstance(v, list):
+        try:
+            parse_pairs(v, "kv_schedule")
+        except ScheduleError as e:
+            raise ValueError(str(e).removeprefix("kv_schedule")) from None
+    return v
+
+
+Schedule = Annotated[Optional[Union[Str, list]], AfterValidator(_schedule_pairs)]
+
+
+class KVControllerConfig(_Section):
+    """The online budget controller (sparserl.train.kv_controller): each length bin's KV budget is raised
+    or lowered between training steps from the measured α tail (mismatch/alpha_p5_bin/<start>)."""
+
+    threshold: float = F(0.86, "Sparrow's threshold on the 5th percentile of α per length bin: a bin below it gets "
+                         "more KV (Sparrow: training stayed stable above ~0.86).", gt=0, le=1)
+    margin: float = F(0.04, "Hysteresis: a bin's budget is lowered only while its α tail stays at or above "
+                      "threshold + margin.", ge=0, lt=1)
+    patience: int = F(2, "Steps in a row a bin's α tail must clear threshold + margin before its budget is lowered.",
+                      ge=1)
+    bin: Optional[int] = F(None, "Width in tokens of the sequence-length bins; None = mismatch.alpha_bin (the bins "
+                           "α is measured on; another width is an error).", ge=1)
+    min_budget: int = F(16, "Smallest budget a bin may get.", ge=1)
+    max_budget: int = F(256, "Largest budget a bin may get (sizes the sampler's buffers).", ge=1)
+    step: int = F(8, "Tokens a bin's budget moves by at one adjustment.", ge=1)
+
+
 class RolloutConfig(_Section):
     """The sampler: how responses are generated and how its KV cache is compressed."""
 
@@ -191,6 +222,13 @@ class RolloutConfig(_Section):
                         "buffer is exactly kv_budget + step_length.", ge=0)
     compressor_options: Options = F(help="Method-specific options, passed to the compressor as keyword "
                                     "arguments: e.g. lam, kernel, threshold, per_head, sinks.", factory=dict)
+    kv_schedule: Schedule = F(None, "Sparrow's sparsity schedule: the KV budget as a function of the sequence length "
+                              "(prompt + tokens generated), [[length, budget], ...] with lengths increasing, or a JSON "
+                              "file (such pairs, or `sparserl calibrate`'s output: the schedule of rollout.compressor). "
+                              "Replaces kv_budget; the buffers hold the largest budget. None = the fixed kv_budget.")
+    kv_controller: Optional[KVControllerConfig] = F(None, "The online budget controller (threshold, margin, patience, "
+                                                   "bin, min_budget, max_budget, step); it starts from kv_schedule, "
+                                                   "else kv_budget in every bin. None = off.")
     n: int = F(8, "Samples (responses) per prompt; GRPO needs n >= 2.", ge=1)
     temperature: float = F(1.0, "Sampling temperature (0 = greedy).", ge=0)
     top_p: float = F(1.0, "Nucleus sampling: keep the smallest set of tokens with this mass (1 = off).",
@@ -433,10 +471,25 @@ def _type_name(tp: Any) -> str:
 
 
 def _field(loc: tuple) -> Any:
-    """The FieldInfo at ``(section, key)`` or ``(top_key,)``; None if there is none."""
+    """The FieldInfo at ``(section, key)``, ``(section, key, subkey)`` of a sub-section
+    (``rollout.kv_controller.threshold``) or ``(top_key,)``; None if there is none."""
     if len(loc) > 1 and loc[0] in SECTIONS:
-        return SECTIONS[loc[0]].model_fields.get(str(loc[1]))
+        info = SECTIONS[loc[0]].model_fields.get(str(loc[1]))
+        sub = _subsection(info)
+        if len(loc) > 2 and sub is not None:
+            return sub.model_fields.get(str(loc[2]))
+        return info
     return Config.model_fields.get(str(loc[0])) if loc else None
+
+
+def _subsection(info: Any) -> type[_Section] | None:
+    """The section class a field holds (``Optional[KVControllerConfig]``), else None."""
+    if info is None:
+        return None
+    for tp in (info.annotation, *typing.get_args(info.annotation)):
+        if isinstance(tp, type) and issubclass(tp, _Section):
+            return tp
+    return None
 
 
 def _messages(err: ValidationError, source_of: Callable[[str], str], data: dict, prefix: tuple = ()) -> list[str]:
@@ -445,12 +498,14 @@ def _messages(err: ValidationError, source_of: Callable[[str], str], data: dict,
     for e in err.errors():
         loc = (*prefix, *e["loc"])
         n = 2 if len(loc) > 1 and loc[0] in SECTIONS else 1
+        if n == 2 and len(loc) > 2 and isinstance(loc[2], str) and _subsection(_field(loc[:2])) is not None:
+            n = 3  # a sub-section's key: rollout.kv_controller.threshold
         key = ".".join(map(str, loc[:n]))
         full = key + "".join(f"[{p}]" for p in loc[n:] if isinstance(p, int))
         src, kind, value, info = source_of(key), e["type"], e["input"], _field(loc[:n])
         if kind == "extra_forbidden":
-            sec = loc[0] if n == 2 else None
-            valid = list((SECTIONS[sec] if sec else Config).model_fields)
+            sec = ".".join(map(str, loc[: n - 1])) if n >= 2 else None
+            valid = list((_subsection(_field(loc[:2])) if n == 3 else SECTIONS[sec] if sec else Config).model_fields)
             hint = did_you_mean(loc[n - 1], valid)
             hint = hint.replace("'", f"'{sec}.", 1) if hint and sec else hint  # the dotted key
             out.append(f"{src}: unknown {'key' if sec else 'section'} '{key}'"
@@ -613,8 +668,12 @@ def _with_overrides(data: dict, overrides: Iterable[str], source: str | None) ->
             touched.add(_apply_override(data, item))
         except ConfigError as e:
             errors.append(str(e))
-    return _build(data, lambda key: "override" if source is None or key in touched
-                  or key.split(".")[0] in touched else source, errors)
+    def source_of(key: str) -> str:  # an override of the key or of a section holding it
+        parts = key.split(".")
+        overridden = any(".".join(parts[:i]) in touched for i in range(1, len(parts) + 1))
+        return "override" if source is None or overridden else source
+
+    return _build(data, source_of, errors)
 
 
 def load_config(path_or_name: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
@@ -672,9 +731,27 @@ def validate(cfg: Config) -> Config:
     if (first_step := t.lr / (1 - t.betas[0])) > FLOAT32_MAX:  # AdamW's bias-corrected step size, in float32
         errors.append(f"train.lr={t.lr!r}: AdamW's first step size, lr / (1 - train.betas[0]) = {first_step:.4g}, "
                       f"overflows float32 (at most {FLOAT32_MAX:.8g}); lower train.lr")
-    if r.compressor != "none" and r.kv_budget <= r.window:
+    if r.compressor != "none" and r.kv_budget <= r.window and r.kv_schedule is None:
         errors.append(f"rollout.kv_budget={r.kv_budget} must be larger than rollout.window={r.window} "
                       "(the window's tokens are always kept)")
+    if isinstance(r.kv_schedule, str):
+        try:
+            load_schedule(r.kv_schedule, r.compressor)
+        except ScheduleError as e:
+            errors.append(str(e) if str(e).startswith("rollout.kv_schedule") else f"rollout.kv_schedule: {e}")
+    if (kc := r.kv_controller) is not None:
+        if r.compressor == "none":
+            errors.append("rollout.kv_controller needs a compressor (rollout.compressor='none' keeps every token)")
+        if cfg.mismatch.alpha == "off":
+            errors.append("rollout.kv_controller steers by the measured α tail: set mismatch.alpha to exact or topk")
+        if kc.bin is not None and kc.bin != cfg.mismatch.alpha_bin:
+            errors.append(f"rollout.kv_controller.bin={kc.bin} must equal mismatch.alpha_bin="
+                          f"{cfg.mismatch.alpha_bin} (the bins α is measured on), or be left out")
+        if kc.min_budget > kc.max_budget:
+            errors.append(f"rollout.kv_controller.min_budget={kc.min_budget} is above max_budget={kc.max_budget}")
+        if r.compressor != "none" and kc.min_budget <= r.window:
+            errors.append(f"rollout.kv_controller.min_budget={kc.min_budget} must be larger than rollout.window="
+                          f"{r.window} (the window's tokens are always kept)")
     if getattr(get_adv_est(a.adv_estimator), "needs_group", True) and r.n < 2:
         errors.append(f"rollout.n={r.n}: algorithm.adv_estimator={a.adv_estimator!r} compares the samples "
                       "of a prompt with each other and needs rollout.n >= 2")

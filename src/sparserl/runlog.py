@@ -51,6 +51,7 @@ KV_KEPT_FRAC = "kv/kept_frac_final"
 KV_KEPT_TOKENS = "kv/kept_tokens_final"
 KV_DENSE_TOKENS = "kv/dense_tokens_final"
 KV_COMPRESSIONS = "kv/compressions"
+KV_BUDGET_BIN = "kv/budget_bin/"  # + bin start: the budget the step's rollout kept in that sequence-length bin
 
 # mismatch and correction (computed by sparserl.correct)
 MISMATCH_K3 = "mismatch/k3_kl"

@@ -37,6 +37,7 @@ from .update_visible import quantized_weight_snapshot, update_visible_frac
 from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
 from .metrics import MetricsLogger
 from .alpha import measure_alpha
+from .kv_controller import KVController
 from .run_folder import (CONFIG_FILE, ResumeError, check_resume_config, checkpoint_step, find_resume_folder,
                          holds_run, naming_data_key, preflight, record_config, resolve_run_dir)
 
@@ -54,6 +55,7 @@ class Trainer:
     data: PromptSampler
     reward_fn: object
     ref: torch.nn.Module | None = None
+    kv_controller: KVController | None = None
 
     @property
     def device(self) -> torch.device:
@@ -87,8 +89,13 @@ def build_trainer(cfg: Config) -> Trainer:
     ref = None
     if cfg.algorithm.kl_coef > 0:
         ref = copy.deepcopy(learner).eval().requires_grad_(False)
+    controller = None
+    if r.kv_controller is not None:  # it starts from the configured schedule or budget
+        controller = KVController.from_config(r.kv_controller, cfg.mismatch.alpha_bin,
+                                              engine.compressor.schedule or r.kv_budget)
+        engine.compressor.set_schedule(controller.schedule())
     return Trainer(cfg, learner, lm.tokenizer, engine, opt, sched,
-                   PromptSampler(list(data), t.prompts_per_step, seed=t.seed), reward_fn, ref)
+                   PromptSampler(list(data), t.prompts_per_step, seed=t.seed), reward_fn, ref, controller)
 
 
 def sampling_params(cfg: Config, step: int) -> SamplingParams:
@@ -128,6 +135,8 @@ def train_step(trainer: Trainer, step: int) -> dict:
     split = mismatch_split(trainer, batch) if cfg.rollout.mismatch_split else {}
     lap(names.TIME_SCORE)
     alpha = measure_alpha(trainer, batch, ro, sampling_params(cfg, step), cfg.mismatch.alpha, cfg.mismatch.alpha_bin)
+    if trainer.kv_controller is not None:  # the next rollout's budgets, from this step's α tail
+        alpha.update(trainer.kv_controller.steer(trainer.engine.compressor, alpha))
     clock = time.perf_counter()  # time/alpha_s is its own, not the next station's
     a = cfg.algorithm
     corr = apply_corrections(a.correction, batch.sampler_logprobs, batch.old_logprobs, batch.response_mask,
@@ -294,6 +303,9 @@ def train(cfg: Config, resume: bool = False, run_dir: str | Path | None = None, 
             raise ResumeError(f"{ckpt / 'trainer.json'}: the saved data position does not fit data.train="
                               f"{cfg.data.train!r} ({e})") from None
         set_rng_state(state["rng"])
+        if trainer.kv_controller is not None and "kv_controller" in state:
+            trainer.kv_controller.load_state_dict(state["kv_controller"])
+            trainer.engine.compressor.set_schedule(trainer.kv_controller.schedule())
         refold_after_load(trainer.learner)  # checkpoints hold the original form (QuRL's s taken out)
         trainer.engine.update_weights(trainer.learner)
         start = int(state["step"])
@@ -319,13 +331,21 @@ def train(cfg: Config, resume: bool = False, run_dir: str | Path | None = None, 
             every = cfg.checkpoint.every  # 0 = only at the end
             if (every and step % every == 0) or step == cfg.train.steps:
                 save_checkpoint(run, step, trainer.learner, trainer.tokenizer, trainer.optimizer, trainer.scheduler,
-                                {"data": trainer.data.state_dict()}, keep_last=cfg.checkpoint.keep_last)
+                                trainer_state(trainer), keep_last=cfg.checkpoint.keep_last)
     finally:
         logger.close()
     report = make_report(run)
     last = latest_checkpoint(run)
     log(run_summary(read_metrics(run), run, report, last))
     return run
+
+
+def trainer_state(trainer: Trainer) -> dict:
+    """What a checkpoint keeps besides the weights and optimizer: the data position, the controller's state."""
+    state = {"data": trainer.data.state_dict()}
+    if trainer.kv_controller is not None:
+        state["kv_controller"] = trainer.kv_controller.state_dict()
+    return state
 
 
 def held_out_eval(trainer: Trainer, step: int, run: Path, log=print) -> dict:
@@ -338,6 +358,8 @@ def held_out_eval(trainer: Trainer, step: int, run: Path, log=print) -> dict:
     params = SamplingParams(n=e.n, temperature=e.temperature, seed=cfg.train.seed,
                             max_new_tokens=e.max_new_tokens or cfg.rollout.max_new_tokens)
     sparse = compressor_from_fields(cfg.rollout, name=e.compressor)
+    if trainer.kv_controller is not None and sparse.name == cfg.rollout.compressor:
+        sparse.set_schedule(trainer.engine.compressor.schedule)  # the budgets training has reached
     results = {}
     for mode, compressor in (("dense", get_compressor("none")), ("sparse", sparse)):
         if mode == "sparse" and not compressor.compresses:

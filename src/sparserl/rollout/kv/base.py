@@ -109,6 +109,12 @@ class KVCompressor:
                 raise CompressorOptionError(str(e)) from None
             self.budget = self.schedule.max_budget
 
+    def set_schedule(self, schedule) -> None:
+        """Replace the schedule (between rollouts: the online controller); checked like a new one."""
+        self.schedule = schedule
+        self._resolve_schedule()
+        self.validate()
+
     @property
     def smallest_budget(self) -> int:
         """The smallest budget the compressor may keep (the schedule's smallest, else ``budget``)."""

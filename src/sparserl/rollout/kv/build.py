@@ -2,6 +2,7 @@
 section), ``sparserl rollout`` / ``sparserl eval`` (command options), eval and the benchmark.
 
     build_compressor("rkv", kv_budget=64, window=8, options={"lam": 0.1})
+    build_compressor("rkv", kv_schedule=[[0, 32], [256, 64]])  # Sparrow's schedule (kv/schedule.py)
     compressor_from_fields(cfg.rollout)            # the config's rollout fields
     compressor_from_fields(args, name="snapkv")    # parsed command options, another method
 
@@ -37,13 +38,13 @@ def _parse_options(name: str, options: Mapping[str, Any] | str | None) -> dict:
 def build_compressor(name: str, *, kv_budget: int | None = None, trigger: str | None = None,
                      step_length: int | None = None, window: int | None = None,
                      compress_prompt: bool | None = None, tail_slack: int | None = None,
-                     options: Mapping[str, Any] | str | None = None) -> KVCompressor:
+                     kv_schedule: Any = None, options: Mapping[str, Any] | str | None = None) -> KVCompressor:
     """A compressor by name (``none`` = dense) from the common options and the method's own.
 
     Raises :class:`~sparserl.registry.UnknownNameError` for an unknown name and
     :class:`CompressorOptionError` naming the compressor, the bad option and the valid ones."""
     common = dict(budget=kv_budget, trigger=trigger, step_length=step_length, window=window,
-                  compress_prompt=compress_prompt, tail_slack=tail_slack)
+                  compress_prompt=compress_prompt, tail_slack=tail_slack, schedule=kv_schedule)
     kw = {k: v for k, v in common.items() if v is not None}
     kw.update(_parse_options(name, options))
     return get_compressor(name, **kw)
@@ -52,12 +53,12 @@ def build_compressor(name: str, *, kv_budget: int | None = None, trigger: str | 
 def compressor_from_fields(src: Any, name: str | None = None) -> KVCompressor:
     """:func:`build_compressor` from anything holding the rollout fields as attributes: the config's
     ``rollout`` section or a command's parsed options (``compressor``, ``kv_budget``, ``trigger``,
-    ``step_length``, ``window``, ``compress_prompt``, ``tail_slack``, ``compressor_options``; missing
+    ``step_length``, ``window``, ``compress_prompt``, ``tail_slack``, ``kv_schedule``, ``compressor_options``; missing
     ones keep the method's default). ``name`` overrides ``src.compressor``."""
     return build_compressor(
         name or src.compressor,
         kv_budget=getattr(src, "kv_budget", None), trigger=getattr(src, "trigger", None),
         step_length=getattr(src, "step_length", None), window=getattr(src, "window", None),
         compress_prompt=getattr(src, "compress_prompt", None), tail_slack=getattr(src, "tail_slack", None),
-        options=getattr(src, "compressor_options", None),
+        kv_schedule=getattr(src, "kv_schedule", None), options=getattr(src, "compressor_options", None),
     )
