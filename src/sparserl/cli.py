@@ -343,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", required=True, help="folder of the runs (runs/) and the comparison")
     c.set_defaults(fn=cmd_compare)
 
+    from .calibrate.command import add_parser as add_calibrate_parser
+    add_calibrate_parser(sub, parents=[common])  # sparserl calibrate: its options and run live in sparserl.calibrate
+
     b = command("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
     br = bsub.add_parser("rollout", parents=[common], help="rollout speed and KV memory vs transformers' generate")

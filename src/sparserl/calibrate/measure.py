@@ -1,0 +1,107 @@
+"""Exact α per (compressor, budget, sequence-length bin): the rows ``sparserl calibrate`` searches.
+
+Two ways to get the tokens α is measured on (``tokens``):
+
+- ``sampler`` (Sparrow's): each sparse sampler samples its own responses; its replay on them
+  (:func:`sparserl.score.alpha.exact_alpha`) hands over ``q`` and is checked against the log-probs it
+  recorded while sampling (``replay_err``, 0 when the replay reproduced it). The dense policy's
+  ``p`` comes from one forward over each sampler's responses.
+- ``dense``: the dense policy samples once; every sparse sampler is replayed forced on those tokens
+  (one dense forward in all). Every sampler is judged on the same text, at the price of judging it off
+  its own path; there is no recorded log-prob to check the replay against (``replay_err`` null).
+
+A token drawn after ``L`` tokens of prompt and response (:func:`~sparserl.score.alpha.token_seq_len`) falls
+in bin ``[k·W, (k+1)·W)`` with ``k = L // W``: the axis of a schedule's lengths.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..batch import RolloutBatch
+from ..rollout.engine import RolloutEngine, RolloutOutput
+from ..rollout.kv.base import KVCompressor
+from ..rollout.sampling import SamplingParams
+from ..score.acceptance import tail_by_bin
+from ..score.alpha import dense_hidden, exact_alpha, token_seq_len
+from ..score.shared_prompt import lm_head_weight
+
+TOKENS = ("sampler", "dense")
+
+
+@dataclass
+class Measurement:
+    """What :func:`measure` found: the α rows, and per sampler its replay check and sampling speed."""
+
+    rows: list[dict] = field(default_factory=list)
+    samplers: list[dict] = field(default_factory=list)
+
+    @property
+    def replay_err_max(self) -> float | None:
+        errs = [s["replay_err"] for s in self.samplers if s["replay_err"] is not None]
+        return max(errs) if errs else None
+
+
+def bin_rows(alpha: torch.Tensor, seq_len: torch.Tensor, mask: torch.Tensor, bin_width: int) -> list[dict]:
+    """One row per length bin that holds tokens: ``bin_start``, ``bin_end`` (exclusive), ``alpha_mean``,
+    ``alpha_p5`` (5th percentile) and ``n_tokens``, over the tokens where ``mask`` holds."""
+    valid = mask.bool()
+    a, lengths = alpha[valid].double(), seq_len[valid]
+    rows = []
+    for start, (p5, n) in tail_by_bin(alpha, seq_len, mask, bin_width).items():
+        sel = a[(lengths >= start) & (lengths < start + bin_width)]
+        rows.append({"bin_start": start, "bin_end": start + bin_width, "alpha_mean": float(sel.mean()),
+                     "alpha_p5": p5, "n_tokens": n})
+    return rows
+
+
+def _alpha_of(engine: RolloutEngine, model, out: RolloutOutput, params: SamplingParams, recorded: bool,
+              micro_batch_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float | None]:
+    """(α [N, T], seq_len [N, T], mask [N, T], replay error) of ``engine`` replayed on ``out``'s tokens."""
+    dev = next(model.parameters()).device
+    pad = engine.tokenizer.pad_token_id or 0
+    batch = RolloutBatch.from_rollout(out.prompt_ids, out.response_ids, out.sampler_logprobs, out.prompt_index,
+                                      pad_id=pad).to(dev)
+    T = batch.response_ids.shape[1]
+    hidden = dense_hidden(model, batch.input_ids, batch.attention_mask, batch.position_ids, T, micro_batch_size)
+    tau = params.temperature if params.temperature > 0 else 1.0
+    alpha, err = exact_alpha(engine, out.prompt_ids, out.response_ids, params, hidden, lm_head_weight(model), tau,
+                             recorded=batch.sampler_logprobs if recorded else None)
+    return alpha, token_seq_len(out.prompt_ids, T), batch.response_mask.cpu(), err
+
+
+@torch.no_grad()
+def measure(dense_engine: RolloutEngine, model, samplers: list[tuple[str, int, KVCompressor]],
+            prompt_ids: list[list[int]], params: SamplingParams, bin_width: int, tokens: str = "sampler",
+            micro_batch_size: int = 16, log: Callable[[str], None] = print) -> Measurement:
+    """α rows of every ``(compressor name, budget, compressor)`` in ``samplers`` against the dense
+    ``model`` (a transformers causal LM, the policy ``p``), on ``params.n`` responses to each of
+    ``prompt_ids``. ``dense_engine``: the dense sampler over the same weights (the others share them,
+    :meth:`RolloutEngine.from_engine`). ``tokens``: ``sampler`` or ``dense`` (module docstring)."""
+    if tokens not in TOKENS:
+        raise ValueError(f"tokens={tokens!r}; expected one of {', '.join(TOKENS)}")
+    result = Measurement()
+    dense_out = None
+    if tokens == "dense":
+        dense_out = dense_engine.generate([], params, prompt_ids=prompt_ids)
+        log(f"dense: {dense_out.tokens_generated} tokens sampled ({dense_out.tokens_per_s:.1f} tok/s)")
+    for name, budget, comp in samplers:
+        t0 = time.perf_counter()
+        engine = RolloutEngine.from_engine(dense_engine, comp)
+        out = dense_out if dense_out is not None else engine.generate([], params, prompt_ids=prompt_ids)
+        alpha, seq_len, mask, err = _alpha_of(engine, model, out, params, recorded=dense_out is None,
+                                              micro_batch_size=micro_batch_size)
+        rows = [{"compressor": name, "budget": budget, **r} for r in bin_rows(alpha, seq_len, mask, bin_width)]
+        result.rows += rows
+        a = alpha[mask.bool()]
+        p5 = float(torch.quantile(a, 0.05)) if a.numel() else float("nan")
+        result.samplers.append({"compressor": name, "budget": budget, "tokens": int(mask.sum()), "replay_err": err,
+                                "tokens_per_s": out.tokens_per_s if dense_out is None else None,
+                                "kv_compressions": out.kv.compressions if dense_out is None else None,
+                                "seconds": time.perf_counter() - t0})
+        log(f"{name} budget {budget}: {int(mask.sum())} tokens, α mean {float(a.mean()):.4f} p5 {p5:.4f}"
+            + (f", replay err {err:.2e}" if err is not None else "") + f" ({time.perf_counter() - t0:.1f}s)")
+    return result

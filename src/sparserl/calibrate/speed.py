@@ -1,0 +1,66 @@
+"""A calibrated schedule's cost against dense: predicted by the cost model, and measured.
+
+- :func:`predicted_cost`: the cost model's ratio (:mod:`sparserl.cost`, ``predicted_cost_vs_dense``;
+  Sparrow's, after Kinetics: ALGORITHMS.md §3), or None while that model is not there.
+- :func:`measured_speedup`: one generation with the schedule and one dense (timed once, before), the
+  same prompts and sampling settings: the ratio of their tokens/s. **One round**: machines drift, so
+  it is an indication, not a benchmark (``sparserl bench rollout --repeat`` is).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..rollout.engine import RolloutEngine, RolloutOutput
+from ..rollout.kv.base import KVCompressor
+from ..rollout.sampling import SamplingParams
+
+ROUNDS = 1  # generations per measured ratio: one each, schedule and dense
+
+
+def predicted_cost(engine: RolloutEngine, model_config, compressor: str, budget_by_bin: list[list[int]], n: int,
+                   prompt_len: float, response_len: float, step_length: int, window: int | None,
+                   compress_prompt: bool, cache: dict | None = None,
+                   log: Callable[[str], None] = print) -> float | None:
+    """The cost model's predicted time of sampling with the schedule ``budget_by_bin`` over dense
+    (:func:`sparserl.cost.predicted_cost_vs_dense`; < 1: cheaper), for ``n`` sequences at once of
+    ``response_len`` tokens after ``prompt_len`` (means, rounded) on ``engine``'s machine: the model's
+    shape from ``model_config`` at the sampler's dtype, the machine's rates measured once (kept in
+    ``cache``, about two seconds). None while the cost model (the module or its function) is not
+    there, or when it refuses these arguments (said through ``log``, e.g. a compressor it has no terms
+    for)."""
+    try:
+        from .. import cost  # imported here: calibrate runs without the cost model
+    except ModuleNotFoundError as e:
+        if e.name not in ("sparserl.cost", f"{__package__.rpartition('.')[0]}.cost"):
+            raise
+        return None
+    fn = getattr(cost, "predicted_cost_vs_dense", None)
+    if fn is None:
+        return None
+    cache = {} if cache is None else cache
+    try:
+        if "rates" not in cache:
+            cache["rates"] = cost.MachineRates.measure(engine, rows=n)
+        shape = cost.ModelShape.from_config(model_config, engine.dtype)
+        value = fn(shape, cache["rates"], n, max(1, round(prompt_len)), max(1, round(response_len)),
+                   schedule=budget_by_bin, compressor=compressor, step_length=step_length, window=window,
+                   compress_prompt=compress_prompt)
+    except (AttributeError, TypeError, ValueError) as e:  # not (yet) this interface, or no terms for it
+        log(f"cost model: no prediction for {compressor} ({type(e).__name__}: {e}); predicted_cost_vs_dense null")
+        return None
+    return None if value is None else float(value)
+
+
+def generate_timed(engine: RolloutEngine, prompt_ids: list[list[int]], params: SamplingParams) -> RolloutOutput:
+    """One generation of ``params.n`` responses to each of ``prompt_ids`` (its ``tokens_per_s`` is the speed)."""
+    return engine.generate([], params, prompt_ids=prompt_ids)
+
+
+def measured_speedup(dense_engine: RolloutEngine, schedule_compressor: KVCompressor, prompt_ids: list[list[int]],
+                     params: SamplingParams, dense_tokens_per_s: float) -> dict:
+    """``{"tokens_per_s", "measured_tokens_per_s_vs_dense"}`` of one generation with
+    ``schedule_compressor`` (its ``schedule`` set) over the same weights as ``dense_engine``, against
+    ``dense_tokens_per_s`` (:func:`generate_timed` on ``dense_engine``)."""
+    out = generate_timed(RolloutEngine.from_engine(dense_engine, schedule_compressor), prompt_ids, params)
+    ratio = out.tokens_per_s / dense_tokens_per_s if dense_tokens_per_s > 0 else None
+    return {"tokens_per_s": out.tokens_per_s, "measured_tokens_per_s_vs_dense": ratio}

@@ -1,0 +1,88 @@
+"""Exact acceptance α (Sparrow; :mod:`.acceptance` has the formula) of a sampled batch: the one home of
+the computation that training (``mismatch.alpha=exact``, :mod:`sparserl.train.alpha`) and ``sparserl
+calibrate`` (:mod:`sparserl.calibrate.measure`) share.
+
+- ``p``: the dense policy's next-token distribution at each response position, from its final hidden
+  states (:func:`dense_hidden`, one no-grad forward over ``[prompt | response]``) through its LM head,
+  at the sampling temperature (:func:`dense_logprobs`);
+- ``q``: the sampler's whole distribution at the same positions, handed over step by step by a replay
+  of the sampler forced on the responses (:mod:`sparserl.rollout.replay`: the same compressor decisions,
+  KV and weight rounding);
+- ``α_t = Σ_x min(p_t(x), q_t(x))`` over the whole vocabulary (:func:`exact_alpha`).
+
+When the responses are the sampler's own (``recorded`` given: its ``sampler_logprobs``), the replay is
+checked: the replayed log-prob of each sampled token must equal the recorded one, and the largest
+difference comes back (0 when the replay reproduced the sampler).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..rollout.replay import replay
+from .acceptance import acceptance
+
+__all__ = ["dense_hidden", "dense_logprobs", "exact_alpha", "token_seq_len"]
+
+
+@torch.no_grad()
+def dense_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                 response_len: int, micro_batch_size: int = 16) -> torch.Tensor:
+    """[N, T, H]: ``model``'s final hidden state at each position that predicts a response token, for
+    rows laid out as ``[left pad | prompt | response | right pad]`` with the response's ``T =
+    response_len`` columns last (:class:`sparserl.batch.RolloutBatch`). Eval mode for the forward."""
+    T = response_len
+    was_training = model.training
+    model.eval()
+    decoder = model.get_decoder()
+    parts = []
+    try:
+        for s in range(0, input_ids.shape[0], micro_batch_size):
+            rows = slice(s, s + micro_batch_size)
+            out = decoder(input_ids=input_ids[rows], attention_mask=attention_mask[rows],
+                          position_ids=position_ids[rows], use_cache=False)
+            parts.append(out.last_hidden_state[:, -T - 1 : -1])  # position j predicts token j + 1
+    finally:
+        model.train(was_training)
+    return torch.cat(parts)
+
+
+def token_seq_len(prompt_ids: list[list[int]], response_len: int) -> torch.Tensor:
+    """[N, T] long: the sequence length (prompt + tokens generated before it) at which response token
+    ``t`` of row ``i`` was drawn, ``len(prompt_ids[i]) + t``: the axis of α's length bins and of a
+    :class:`~sparserl.rollout.kv.schedule.KVSchedule`'s lengths."""
+    return torch.tensor([len(p) for p in prompt_ids], dtype=torch.long)[:, None] + torch.arange(response_len)[None]
+
+
+def dense_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tau: float) -> torch.Tensor:
+    """log p [..., V] (float32) at temperature ``tau`` from hidden states [..., H] and the LM head [V, H]."""
+    return torch.log_softmax((hidden @ weight.t()).float() / tau, dim=-1)
+
+
+@torch.no_grad()
+def exact_alpha(engine, prompt_ids: list[list[int]], response_ids: list[list[int]], params,
+                hidden: torch.Tensor, lm_weight: torch.Tensor, tau: float,
+                recorded: torch.Tensor | None = None) -> tuple[torch.Tensor, float | None]:
+    """(α [N, T] float64 on the CPU, replay error): ``engine`` replayed on ``prompt_ids[i]`` forced to
+    ``response_ids[i]`` with the sampling ``params`` (:func:`~sparserl.rollout.replay.replay`), each
+    step's ``q`` against ``p`` from ``hidden`` [N, T, H] (:func:`dense_hidden`) and ``lm_weight`` at
+    temperature ``tau``. α is 0 past each response's end. ``recorded`` [N, T]: the sampler's log-probs of
+    its tokens; the error is then the largest difference from the replayed ones, else None."""
+    N = len(response_ids)
+    T = max((len(r) for r in response_ids), default=0)
+    alpha = torch.zeros(N, T, dtype=torch.float64)
+    tokens = torch.zeros(N, T, dtype=torch.long)
+    for i, r in enumerate(response_ids):
+        tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    recorded = recorded.detach().float().cpu() if recorded is not None else None
+    err = [0.0]
+
+    def on_step(t, rows, logq):
+        rows = rows.cpu()
+        logp = dense_logprobs(hidden[rows.to(hidden.device), t], lm_weight, tau).to(logq.device)
+        alpha[rows, t] = acceptance(logp, logq).double().cpu()
+        if recorded is not None:
+            replayed = logq.gather(-1, tokens[rows, t].to(logq.device)[:, None])[:, 0].float().cpu()
+            err[0] = max(err[0], float((replayed - recorded[rows, t]).abs().max()))
+
+    replay(engine, prompt_ids, response_ids, params, on_step)
+    return alpha, (err[0] if recorded is not None else None)
