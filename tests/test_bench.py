@@ -180,6 +180,27 @@ def test_bench_compress_prompt_bounds_the_buffer_to_budget_plus_period(tiny, fas
     assert peaks[False] == (len(engine.encode(rollout.BENCH_PROMPT)) + 8 + 2) * per_slot
 
 
+def test_bench_kv_schedule_adds_a_row_per_compressor_it_fits(tiny, fast_machine, monkeypatch, tmp_path, capsys):
+    """``--kv-schedule FILE``: calibrate's output gives a row for each compressor it calibrated, with the
+    schedule's largest budget sizing the buffer; a file that fits none of --compressors fails first."""
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
+    sched = tmp_path / "calib.json"
+    sched.write_text(json.dumps({"schedules": [{"compressor": "rkv", "budget_by_bin": [[0, 4], [30, 6]]}]}))
+    out = tmp_path / "b.json"
+    argv = [*TINY_BENCH, "--max-new-tokens", "12", "--compressors", "rkv,snapkv", "--compress-prompt"]
+    assert cli.main([*argv, "--kv-schedule", str(sched), "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    scheduled = [r for r in rows if r.get("kv_schedule")]
+    assert [(r["compressor"], r["kv_schedule"], r["kv_budget"]) for r in scheduled] == [("rkv", [[0, 4], [30, 6]], 6)]
+    fixed = next(r for r in rows if r["compressor"] == "rkv" and not r.get("kv_schedule"))
+    assert scheduled[0]["kv_bytes_peak"] < fixed["kv_bytes_peak"]  # budget 6 + 2 slots against 8 + 2
+    assert scheduled[0]["ratio_vs_sparserl_dense"] > 0
+    capsys.readouterr()
+    assert cli.main([*TINY_BENCH, "--compressors", "h2o", "--kv-schedule", str(sched)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--kv-schedule: " in err[0] and "no schedule for compressor 'h2o'; it has: rkv" in err[0]
+
+
 # --- options ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("option,value", [("--batch", "0"), ("--batch", "-3"), ("--repeat", "0"),
                                           ("--repeat", "-1"), ("--peers", "vllm")])

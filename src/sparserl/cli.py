@@ -162,6 +162,14 @@ def cmd_bench_rollout(args) -> int:
     comps = [c.strip() for c in args.compressors.split(",") if c.strip() and c.strip() != "none"]
     for name in comps:  # every row's compressor builds (an unknown name fails now, not after the others ran)
         bench_compressor(name, args.kv_budget, args.step_length, args.compress_prompt or None, args.tail_slack)
+    if args.kv_schedule:
+        from .bench.rollout import scheduled_compressors
+        from .rollout.kv.schedule import ScheduleError
+        try:
+            scheduled_compressors(args.kv_schedule, comps, args.step_length, args.compress_prompt or None,
+                                  args.tail_slack)
+        except (ScheduleError, ValueError) as e:
+            raise OptionError(f"--kv-schedule: {e}") from None
     if args.json:
         check_output_file(args.json, "--json")
     check_model(args.model)
@@ -174,7 +182,7 @@ def cmd_bench_rollout(args) -> int:
                        compress_prompt=args.compress_prompt or None, quant_smooth=args.quant_smooth,
                        quant_group=args.quant_group, quant_outliers=args.quant_outliers,
                        quant_head=args.quant_head, tail_slack=args.tail_slack,
-                       kernels=kernels, device=args.device)
+                       kernels=kernels, device=args.device, kv_schedule=args.kv_schedule)
     if args.json:
         write_json(report, args.json)
         print(f"wrote {args.json}")
@@ -355,6 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--kv-budget", type=int, default=256)
     br.add_argument("--step-length", type=int, default=128)
     br.add_argument("--compressors", default="none,rkv,snapkv,streaming,h2o")
+    br.add_argument("--kv-schedule", default=None, metavar="FILE", help="a sparsity schedule (JSON: [[length, "
+                    "budget], ...], or `sparserl calibrate`'s output): adds a row per compressor of --compressors "
+                    "it fits, with the budget following the sequence length")
     br.add_argument("--compress-prompt", action="store_true", help="the prompt is compressible too: every "
                     "compressing row's buffer is budget + step length (like OpenVINO's eviction, which "
                     "evicts over the whole sequence)")

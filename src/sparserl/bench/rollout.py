@@ -41,6 +41,7 @@ from ..rollout import fused, native
 from ..rollout.dtype_auto import choose, resolve_dtype
 from ..rollout.engine import RolloutEngine
 from ..rollout.kv import CompressorOptionError, KVCompressor, build_compressor
+from ..rollout.kv.schedule import ScheduleError, load_schedule
 from ..rollout.kv_quant import get_kv_quantizer, kv_bytes_per_token
 from ..rollout.profile import BENCH_PROMPT
 from ..rollout.quant import build_quant
@@ -102,6 +103,44 @@ def bench_compressor(name: str, kv_budget: int, step_length: int, compress_promp
     return comp
 
 
+def scheduled_compressors(path: str, names: list[str], step_length: int, compress_prompt: bool | None,
+                          tail_slack: int) -> list[KVCompressor]:
+    """One compressor per name in ``names`` that ``path`` holds a schedule for (a plain schedule: every
+    name; ``sparserl calibrate``'s output: the names it calibrated), with the bench's other options.
+    The observation window is cut to a quarter of the smallest budget where the method's own does not
+    fit. Raises :class:`ScheduleError` when the file is bad or fits none of them."""
+    out, misses = [], []
+    for name in names:
+        try:
+            schedule = load_schedule(path, name, source=path)
+        except ScheduleError as e:
+            if "no schedule for compressor" not in str(e):
+                raise
+            misses.append(str(e))
+            continue
+        common = dict(kv_schedule=schedule, step_length=step_length, compress_prompt=compress_prompt,
+                      tail_slack=tail_slack)
+        try:
+            comp = build_compressor(name, **common)
+        except CompressorOptionError:  # the method's window does not fit the smallest budget: as bench_compressor
+            comp = build_compressor(name, window=max(1, schedule.min_budget // 4), **common)
+        out.append(comp)
+    if not out:
+        raise ScheduleError(misses[0] if misses else f"{path}: no compressor to schedule (--compressors is empty)")
+    return out
+
+
+def mean_scheduled_kv_tokens(comp: KVCompressor, prompt_tokens: int, new_tokens: int) -> float:
+    """Mean cached tokens per sequence over the decode steps under a schedule: at each length the
+    cache holds at most the prompt (unless compressible) + that length's budget + half a period."""
+    fixed = 0 if comp.compress_prompt else prompt_tokens
+    total = 0.0
+    for t in range(new_tokens):
+        length = prompt_tokens + t
+        total += min(length, fixed + comp.budget_for(length) + comp.step_length / 2)
+    return total / max(1, new_tokens)
+
+
 def mean_kept_cap(comp: KVCompressor, prompt_tokens: int, kv_budget: int, step_length: int) -> float | None:
     """The mean number of kept tokens per sequence once a compressing cache is full (None: dense):
     it cycles between ``budget`` and ``budget + step_length`` compressible tokens, after the whole
@@ -146,7 +185,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
               mismatch_rows: int = 4, compress_prompt: bool | None = None, quant_smooth: float = 0.0,
               quant_group: int | None = None, quant_outliers: int = 0, quant_head: bool = False,
               kernels: list[str] | tuple = ("native",), tail_slack: int = 0, device: str = "auto",
-              log=print) -> dict:
+              kv_schedule: str | None = None, log=print) -> dict:
     """``device``: where every sparserl row and the transformers baseline run (``auto``: CUDA when
     available, else the CPU; a peer engine that cannot run there is skipped with its reason).
     ``kernels``: the decode-step kernels to time (:data:`KERNELS`); each one after the first adds
@@ -154,7 +193,8 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
     attention and oneDNN's packed products for the weights, in the same process); the quantized rows
     run with the first. Every sparserl row carries ``kernels``, what ran (``native`` falls back to
     ``torch`` where the C kernels do not apply: GPU, bfloat16), and ``fused``, whether its decode
-    layers ran as the fused native step (:mod:`sparserl.rollout.fused`)."""
+    layers ran as the fused native step (:mod:`sparserl.rollout.fused`). ``kv_schedule``: a schedule
+    file (:func:`scheduled_compressors`) adding a row per compressor it fits, with ``kv_schedule`` set."""
     for kernel in kernels:
         if kernel not in KERNELS:
             raise ValueError(f"kernels {kernel!r}; known: {', '.join(KERNELS)}")
@@ -220,6 +260,15 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
                              **quant_fields(engine, "none", kernel)},
                             lambda engine=engine, kernel=kernel: _sparserl_run(engine, params, kernel),
                             mean_kv_tokens(P, L, cap)))
+    scheduled = [c for c in compressors if c != "none"]
+    for comp in (scheduled_compressors(kv_schedule, scheduled, step_length, compress_prompt, tail_slack)
+                 if kv_schedule else ()):
+        engine = RolloutEngine.from_engine(dense_engine, comp)
+        rows.append(Row({"engine": "sparserl", "compressor": comp.name, "kv_budget": comp.budget,
+                         "kv_schedule": comp.schedule.pairs, "compress_prompt": comp.compress_prompt,
+                         "tail_slack": comp.tail_slack, "compiled": False, **quant_fields(engine, "none")},
+                        lambda engine=engine: _sparserl_run(engine, params, kernels[0]),
+                        mean_scheduled_kv_tokens(comp, P, L)))
     quant_engines = {}
     for q, kq in itertools.product(quants, kv_quants):
         if (q, kq) == ("none", "none"):
