@@ -15,6 +15,16 @@ from sparserl.calibrate.search import cheapest_schedule
 from sparserl.rollout.kv.schedule import load_schedule
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The tiny model gains nothing from a second thread, and on a shared 2-core machine two threads
+    wait on each other (about 40x slower decode steps here): one thread while these tests run."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _rows(table: dict, compressor: str = "rkv", width: int = 100) -> list[dict]:
     """Rows from ``{budget: [p5 per bin, or None for no row]}``, bins of ``width`` from 0."""
     rows = []
@@ -138,6 +148,7 @@ def _check_document(doc: dict, out, threshold: float, compressors=("rkv", "strea
         assert set(s) >= {"compressor", "threshold", "budget_by_bin", "unmet_bins", "predicted_cost_vs_dense",
                           "measured_tokens_per_s_vs_dense", "measured_rounds"}
         assert s["measured_rounds"] == 1 and s["measured_tokens_per_s_vs_dense"] > 0
+        assert s["measured_tokens_per_s"] > 0 and s["measured_dense_tokens_per_s"] > 0
         assert s["predicted_cost_vs_dense"] is None or s["predicted_cost_vs_dense"] > 0
         pairs = s["budget_by_bin"]
         starts = sorted({r["bin_start"] for r in rows if r["compressor"] == s["compressor"]})
@@ -157,9 +168,11 @@ def _check_document(doc: dict, out, threshold: float, compressors=("rkv", "strea
 
 def test_calibrate_end_to_end_sampler_tokens(tmp_path, data_file, capsys):
     out = tmp_path / "calib" / "out.json"
-    assert cli.main(_argv(data_file, out, "--threshold", "0.999")) == 0
+    every = ("rkv", "snapkv", "streaming", "h2o")
+    assert cli.main(_argv(data_file, out, "--threshold", "0.999", "--compressors", ",".join(every))) == 0
     doc = json.loads(out.read_text())
-    _check_document(doc, out, 0.999)
+    _check_document(doc, out, 0.999, compressors=every)
+    assert any(s["predicted_cost_vs_dense"] is not None for s in doc["schedules"])  # sparserl.cost is wired
     assert doc["meta"]["tokens"] == "sampler" and doc["meta"]["replay_err_max"] <= 1e-5
     assert all(s["replay_err"] <= 1e-5 for s in doc["samplers"])
     printed = capsys.readouterr().out
@@ -171,14 +184,23 @@ def test_calibrate_end_to_end_sampler_tokens(tmp_path, data_file, capsys):
             assert f"{s['compressor']}: no measured budget" in printed
 
 
-def test_calibrate_end_to_end_dense_tokens(tmp_path, data_file):
+def test_calibrate_end_to_end_dense_tokens_with_bins_no_budget_meets(tmp_path, data_file, capsys):
+    """Threshold 1: every bin where the samplers evicted is unmet (both budgets evict before the end)."""
     out = tmp_path / "dense.json"
-    assert cli.main(_argv(data_file, out, "--tokens", "dense", "--compressors", "rkv")) == 0
+    argv = _argv(data_file, out, "--tokens", "dense", "--compressors", "rkv", "--budgets", "6,8", "--threshold", "1")
+    assert cli.main(argv) == 0
     doc = json.loads(out.read_text())
-    _check_document(doc, out, 0.86, compressors=("rkv",))
+    _check_document(doc, out, 1.0, compressors=("rkv",), budgets=(6, 8))
     assert doc["meta"]["tokens"] == "dense" and doc["meta"]["replay_err_max"] is None
     assert all(s["replay_err"] is None for s in doc["samplers"])
-    assert not any(math.isnan(r["alpha_mean"]) for r in doc["rows"])
+    (s,) = doc["schedules"]
+    assert s["unmet_bins"], s
+    pairs = dict(s["budget_by_bin"])
+    assert all(pairs[b] == 8 for b in s["unmet_bins"])
+    assert all(b == 8 for start, b in s["budget_by_bin"] if start >= s["unmet_bins"][0])  # non-decreasing after
+    printed = capsys.readouterr().out
+    assert "rkv: no measured budget keeps the p5 of α >= 1" in printed and "(unmet_bins)" in printed
+    assert "replay check: none" in printed
 
 
 # --- bad input: one error line, before any work ------------------------------------------------------

@@ -6,10 +6,11 @@ The JSON (``sparserl calibrate --json OUT``)::
      "schedules": [{"compressor", "threshold", "budget_by_bin": [[start, budget], ...], "unmet_bins": [...],
                     "nonmonotone_bins": [...],
                     "alpha_p5_by_bin": [[start, p5], ...], "predicted_cost_vs_dense",
-                    "measured_tokens_per_s_vs_dense", "measured_tokens_per_s", "measured_rounds"}, ...],
+                    "measured_tokens_per_s_vs_dense", "measured_tokens_per_s", "measured_dense_tokens_per_s",
+                    "measured_rounds"}, ...],
      "samplers": [{"compressor", "budget", "tokens", "replay_err", "tokens_per_s", ...}, ...],
      "meta": {"command", "model", "data", "limit", "prompts", "cpu", "device", "sampling", "tokens",
-              "bin", "threshold", "seed", "replay_err_max", "dense_tokens_per_s", "seconds", ...}}
+              "bin", "threshold", "seed", "replay_err_max", "measured_rounds", "seconds", ...}}
 
 ``schedules`` loads as a sampler's schedule: ``load_schedule(OUT, compressor)``
 (:mod:`sparserl.rollout.kv.schedule`).
@@ -70,7 +71,7 @@ def print_tables(rows: list[dict], schedules: list[dict], threshold: float, cons
                 if r is None:
                     out.append("")
                     continue
-                text = _fmt(r["alpha_p5"])
+                text = _fmt(r["alpha_p5"], ".4f")
                 style = "red" if not (r["alpha_p5"] is not None and r["alpha_p5"] >= threshold) else ""
                 if chosen.get((name, s)) == budget:
                     style = (style + " bold").strip()

@@ -2,9 +2,9 @@
 
 - :func:`predicted_cost`: the cost model's ratio (:mod:`sparserl.cost`, ``predicted_cost_vs_dense``;
   Sparrow's, after Kinetics: ALGORITHMS.md §3), or None while that model is not there.
-- :func:`measured_speedup`: one generation with the schedule and one dense (timed once, before), the
-  same prompts and sampling settings: the ratio of their tokens/s. **One round**: machines drift, so
-  it is an indication, not a benchmark (``sparserl bench rollout --repeat`` is).
+- :func:`measured_speedup`: one dense generation and right after it one with the schedule, the same
+  prompts and sampling settings: the ratio of their tokens/s. **One round**: machines drift, so it is
+  an indication, not a benchmark (``sparserl bench rollout --repeat`` is).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ..rollout.engine import RolloutEngine, RolloutOutput
 from ..rollout.kv.base import KVCompressor
 from ..rollout.sampling import SamplingParams
 
-ROUNDS = 1  # generations per measured ratio: one each, schedule and dense
+ROUNDS = 1  # generations per measured ratio: one dense, then one with the schedule
 
 
 def predicted_cost(engine: RolloutEngine, model_config, compressor: str, budget_by_bin: list[list[int]], n: int,
@@ -57,10 +57,13 @@ def generate_timed(engine: RolloutEngine, prompt_ids: list[list[int]], params: S
 
 
 def measured_speedup(dense_engine: RolloutEngine, schedule_compressor: KVCompressor, prompt_ids: list[list[int]],
-                     params: SamplingParams, dense_tokens_per_s: float) -> dict:
-    """``{"tokens_per_s", "measured_tokens_per_s_vs_dense"}`` of one generation with
-    ``schedule_compressor`` (its ``schedule`` set) over the same weights as ``dense_engine``, against
-    ``dense_tokens_per_s`` (:func:`generate_timed` on ``dense_engine``)."""
+                     params: SamplingParams) -> dict:
+    """``{"tokens_per_s", "dense_tokens_per_s", "measured_tokens_per_s_vs_dense"}``: one dense generation
+    on ``dense_engine`` and, right after it (the two close in time: a shared machine drifts), one with
+    ``schedule_compressor`` (its ``schedule`` set) over the same weights; the ratio of their tokens/s."""
+    dense = generate_timed(dense_engine, prompt_ids, params)
     out = generate_timed(RolloutEngine.from_engine(dense_engine, schedule_compressor), prompt_ids, params)
-    ratio = out.tokens_per_s / dense_tokens_per_s if dense_tokens_per_s > 0 else None
-    return {"tokens_per_s": out.tokens_per_s, "measured_tokens_per_s_vs_dense": ratio}
+    ratio = out.tokens_per_s / dense.tokens_per_s if dense.tokens_per_s > 0 else None
+    return {"tokens_per_s": out.tokens_per_s, "dense_tokens_per_s": dense.tokens_per_s,
+            "measured_tokens_per_s_vs_dense": ratio, "dense_tokens": dense.tokens_generated,
+            "dense_responses": len(dense.response_ids)}
