@@ -345,7 +345,7 @@ def alpha_figure(run: RunData):
     ax.set_ylim(max(0.0, lo - 0.05), 1.01)
     width = _dig(run.config or {}, "mismatch.alpha_bin")
     bin_words = f" ({width} tokens)" if _is_num(width) else ""
-    _finish(ax, f"Acceptance α: 5th percentile per length bin{bin_words}, overall; mean — {run.name}", "α")
+    _finish(ax, f"α: p5 per length bin{bin_words}, p5, mean\n{run.name}", "α")  # two lines: the legend takes the right
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
               ncols=2 if len(bins) > 16 else 1)
     return fig
