@@ -33,26 +33,16 @@ from pathlib import Path
 import torch
 
 from sparserl.bench.machine import machine_info
-from sparserl.bench.rollout import _commit, bench_compressor
+from sparserl.bench.rollout import bench_compressor, sparserl_commit
 from sparserl.cost import MachineRates, ModelShape, rollout_cost
 from sparserl.models.loading import LoadedModel, load_model, resolve_device
-from sparserl.rollout.dtype_auto import _probe_model, resolve_dtype
+from sparserl.rollout.dtype_auto import probe_model, resolve_dtype
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import build_compressor
 from sparserl.rollout.profile import BENCH_PROMPT
 from sparserl.rollout.sampling import SamplingParams
 
 PREFILL_ROWS = 256  # the prefill's GEMM rate is measured at N · L_in rows, at most this many (it saturates)
-
-
-class _IdsOnly:
-    """The tokenizer the random model's engine needs: prompts come as ids, responses are not read."""
-    pad_token_id = 0
-    eos_token_id = None
-    chat_template = None
-
-    def decode(self, ids, skip_special_tokens=True):
-        return ""
 
 
 def _ints(text: str) -> list[int]:
@@ -101,9 +91,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def _model(args, device: torch.device, dtype: torch.dtype) -> tuple[LoadedModel, list[int] | None]:
     """The model and, for the random one, its prompt ids (None: encode the bench's prompt)."""
     if args.model == "random":
-        probe = _probe_model(device)
+        probe = probe_model(device)
         ids = [(7 * i) % 1000 + 10 for i in range(args.prompt_len)]
-        return LoadedModel(probe.model, _IdsOnly(), "smollm2-135m shape, random weights", None), ids
+        return LoadedModel(probe.model, probe.tokenizer, "smollm2-135m shape, random weights", None), ids
     return load_model(args.model, dtype=dtype, device=device), None
 
 
@@ -160,7 +150,7 @@ def run(args) -> dict:
             })
     info = machine_info(rates.bandwidth, rates.gemm_flops, N, device=dev)
     info.update(dtype=str(dense.model.dtype).replace("torch.", ""), model=lm.name, prompt_tokens=P,
-                sparserl_commit=_commit())
+                sparserl_commit=sparserl_commit())
     return {"command": shlex.join([Path(sys.executable).name, *sys.argv]),
             "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": info,
             "shape": {**asdict(shape), "decode_weights": shape.decode_weights, "params": shape.params},

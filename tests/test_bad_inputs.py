@@ -67,6 +67,8 @@ def make_workspace(root: Path) -> Path:
     _write(root / "gpt2/config.json", '{"model_type": "gpt2"}')
     _write(root / "badcfg/config.json", "{not json")
     _write(root / "afile", "a regular file\n")
+    _write(root / "sched_broken.json", "[[0, 16],\n [64 32]]")
+    _write(root / "sched_calib.json", json.dumps({"schedules": [{"compressor": "snapkv", "budget_by_bin": [[0, 16]]}]}))
     (root / "notrun").mkdir()
     _write(root / "bad.yaml", "train: [unclosed\n")
     _write(root / "list.yaml", "- 1\n- 2\n")
@@ -89,6 +91,7 @@ def make_workspace(root: Path) -> Path:
 T = ["train", *TINY, "train.steps=1"]  # a train command line that would run if nothing were wrong
 R = ["rollout", "--model", "tiny", "--prompts", "prompts.jsonl", "--out", "out/r.jsonl"]
 E = ["eval", "--model", "tiny", "--data", "good.jsonl", "--out", "out/e.json"]
+C = ["calibrate", "--model", "tiny", "--data", "good.jsonl", "--json", "c.json"]
 B = ["bench", "rollout", "--model", "tiny", "--no-hf", "--max-new-tokens", "4", "--batch", "2"]
 RESUME = ["train", "--resume", "--run-dir", "runs/r1"]
 
@@ -112,6 +115,20 @@ MATRIX = [
     case("config", ["train", "rollout.compressor=nope"], "rollout.compressor", "unknown-compressor"),
     case("config", ["train", "mismatch.alpha=exakt"], "mismatch.alpha", "unknown-alpha-mode"),
     case("config", ["train", "mismatch.alpha_bin=0"], "mismatch.alpha_bin", "alpha-bin-zero"),
+    case("config", ["train", "rollout.kv_schedule=[[64, 16], [32, 24]]"], "rollout.kv_schedule", "schedule-not-increasing"),
+    case("config", ["train", "rollout.kv_schedule=[[0, 0]]"], "budget 0", "schedule-budget-zero"),
+    case("config", ["train", "rollout.kv_schedule=missing_sched.json"], "missing_sched.json", "schedule-missing-file"),
+    case("config", ["train", "rollout.kv_schedule=sched_broken.json"], "sched_broken.json:2", "schedule-bad-json"),
+    case("config", ["train", "rollout.kv_schedule=sched_calib.json"], "no schedule for compressor 'rkv'",
+         "schedule-other-compressor"),
+    case("config", ["train", "rollout.kv_controller={threshold: 0}"], "rollout.kv_controller.threshold",
+         "controller-threshold-zero"),
+    case("config", ["train", "rollout.kv_controller={treshold: 0.9}"], "rollout.kv_controller.treshold",
+         "controller-unknown-key"),
+    case("config", ["train", "rollout.kv_controller={min_budget: 80, max_budget: 40}"], "min_budget=80",
+         "controller-min-above-max"),
+    case("config", ["train", "rollout.kv_controller={}", "mismatch.alpha=off"], "mismatch.alpha",
+         "controller-without-alpha"),
     case("config", ["train", "rollout.compressor_options.lamda=0.1"], "lamda", "unknown-compressor-option"),
     case("config", ["train", "algorithm.correction=nope"], "algorithm.correction", "unknown-correction"),
     case("config", ["train", "algorithm.correction_options.normalize_over=bogus"], "normalize_over",
@@ -253,6 +270,10 @@ MATRIX = [
     case("numbers", [*B, "--batch", "0"], "--batch", "batch-zero"),
     case("numbers", [*B, "--max-new-tokens", "0"], "--max-new-tokens", "max-new-tokens-zero"),
     case("numbers", [*B, "--kv-budget", "0"], "--kv-budget", "kv-budget-zero"),
+    case("data", [*B, "--kv-schedule", "missing_sched.json"], "--kv-schedule", "kv-schedule-missing"),
+    case("data", [*B, "--kv-schedule", "sched_broken.json"], "sched_broken.json:2", "kv-schedule-bad-json"),
+    case("data", [*B, "--compressors", "rkv", "--kv-schedule", "sched_calib.json"], "no schedule for compressor 'rkv'",
+         "kv-schedule-other-compressor"),
     case("numbers", [*B, "--step-length", "-1"], "--step-length", "step-length-negative"),
     case("numbers", [*B, "--tail-slack", "-2"], "--tail-slack", "bench-tail-slack-negative"),
     case("flags", [*B, "--compressors", "rkv,nope"], "nope", "unknown-compressor"),
@@ -281,6 +302,17 @@ MATRIX = [
     case("numbers", ["compare", "--seeds", "0", "--out", "cmp"], "seeds", "seeds-zero"),
     case("output", ["compare", "--out", "afile"], "afile", "out-is-file"),
     case("flags", ["compare", "--arms", "nope", "--out", "cmp"], "nope", "unknown-arm"),
+    # --- calibrate ------------------------------------------------------------------------------
+    case("numbers", [*C, "--threshold", "1.5"], "--threshold", "threshold-above-one"),
+    case("numbers", [*C, "--threshold", "0"], "--threshold", "threshold-zero"),
+    case("numbers", [*C, "--budgets", ""], "--budgets", "budgets-empty"),
+    case("numbers", [*C, "--budgets", "32,-8"], "--budgets", "budgets-negative"),
+    case("numbers", [*C, "--bin", "0"], "--bin", "bin-zero"),
+    case("numbers", [*C, "--max-new-tokens", "8", "--min-new-tokens", "16"], "--min-new-tokens", "min-above-max"),
+    case("flags", [*C, "--compressors", "rkvv"], "rkvv", "unknown-compressor"),
+    case("data", ["calibrate", "--model", "tiny", "--data", "missing.jsonl", "--json", "c.json"], "missing.jsonl",
+         "data-missing"),
+    case("output", [*C, "--json", "afile/c.json"], "afile", "json-under-file"),
 ]
 
 

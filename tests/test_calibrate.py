@@ -251,3 +251,22 @@ def test_calibrate_imports_neither_train_nor_cli():
         bad = refers_to(names, "sparserl.train") | refers_to(names, "sparserl.cli")
         assert not bad, f"{module_name(path)} imports {sorted(bad)}"
     assert files("calibrate")
+
+
+def test_the_default_compressors_and_budgets_fit_together(tmp_path):
+    """SnapKV's own 32-query window does not fit under the default smallest budget (32): without --window it is
+    cut to a quarter of it, one window per compressor; the others keep their own."""
+    import argparse
+
+    from sparserl.calibrate.command import add_parser, check, sampler, window_for
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["calibrate", "--data", "gsm8k", "--json", str(tmp_path / "c.json")])
+    plan = check(args)
+    assert plan.compressors == ["rkv", "snapkv", "streaming", "h2o"] and plan.budgets == [32, 64, 128, 256]
+    assert window_for("snapkv", args) == 8 and window_for("rkv", args) is None
+    assert {sampler("snapkv", b, args).window for b in plan.budgets} == {8}
+    assert sampler("rkv", 256, args).window == 8  # R-KV's own
+    args.window = 16
+    assert sampler("snapkv", 64, args).window == 16

@@ -237,24 +237,14 @@ SMOL_CONFIG = {"num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads
                "intermediate_size": 1536, "vocab_size": 49152}
 
 
-class _IdsOnly:
-    """What the engine asks of a tokenizer when prompts come as ids."""
-    pad_token_id = 0
-    eos_token_id = None
-    chat_template = None
-
-    def decode(self, ids, skip_special_tokens=True):
-        return ""
-
-
 @pytest.fixture(scope="module")
 def tiny_lm():
     """A 2-layer random Llama with a 64-token vocabulary (built in milliseconds, no tokenizer load)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from sparserl.models.loading import LoadedModel
+    from sparserl.models.loading import IdsOnlyTokenizer, LoadedModel
 
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=8, max_position_embeddings=256, tie_word_embeddings=True)
     torch.manual_seed(0)
-    return LoadedModel(LlamaForCausalLM(cfg).eval(), _IdsOnly(), "cost-test", None)
+    return LoadedModel(LlamaForCausalLM(cfg).eval(), IdsOnlyTokenizer(), "cost-test", None)

@@ -130,3 +130,17 @@ def test_config_schedule_inline_and_from_file(tmp_path):
         validate(load_config("default", [f"rollout.kv_schedule={tmp_path / 'nope.json'}"]))
     with pytest.raises(ConfigError, match="must be larger than the observation window"):
         validate(load_config("default", ["rollout.kv_schedule=[[0, 4], [96, 40]]"]))
+
+
+def test_min_new_tokens_keeps_generating_past_eos(tiny):
+    """``min_new_tokens`` (calibrate's long bins): EOS does not end a response shorter than it."""
+    engine = RolloutEngine(tiny, build_compressor("none"), dtype="float32")
+    greedy = SamplingParams(n=1, max_new_tokens=10, temperature=0.0)
+    first = engine.generate([], greedy, prompt_ids=[list(range(5, 15))]).response_ids[0][0]
+    engine.eos_ids = {first}  # the greedy first token ends the response at once
+    assert engine.generate([], greedy, prompt_ids=[list(range(5, 15))]).response_ids[0] == [first]
+    longer = SamplingParams(n=1, max_new_tokens=10, temperature=0.0, min_new_tokens=6)
+    out = engine.generate([], longer, prompt_ids=[list(range(5, 15))])
+    assert len(out.response_ids[0]) >= 6 and out.response_ids[0][0] == first
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        SamplingParams(max_new_tokens=4, min_new_tokens=5).validate()

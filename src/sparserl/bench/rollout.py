@@ -163,7 +163,7 @@ def _peer_rows(peer: str, **kw) -> list[Row]:
     raise ValueError(f"unknown peer {peer!r}; known: {', '.join(PEERS)}")
 
 
-def _commit() -> str | None:
+def sparserl_commit() -> str | None:
     """The sparserl commit measured (``+dirty`` when the work tree differs), when run from a checkout."""
     here = Path(__file__).resolve().parent
     try:
@@ -349,7 +349,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
             if r["engine"] == "sparserl" and r["compressor"] == "none" and (r["quant"], r["kv_quant"]) == (q, kq):
                 r.update(mm)
     info = machine_info(bw, gemm, batch, device=dev)
-    info.update(dtype=dtype_name, dtype_auto=choice.to_dict() if choice else None, model=model, prompt_tokens=P, repeat=repeat, sparserl_commit=_commit())
+    info.update(dtype=dtype_name, dtype_auto=choice.to_dict() if choice else None, model=model, prompt_tokens=P, repeat=repeat, sparserl_commit=sparserl_commit())
     info["gemm_flops_per_s_by_quant"] = {f"{q}/{kq}": c[2] for (q, kq), c in ceilings.items()}
     report = {"machine": info, "results": results}
     if skipped:

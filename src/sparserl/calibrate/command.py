@@ -42,7 +42,8 @@ def add_parser(subparsers, parents=()) -> argparse.ArgumentParser:
     p.add_argument("--tokens", default="sampler", help="sampler: each sparse sampler samples its own responses "
                    "(Sparrow); dense: the dense policy samples once and every sampler is replayed on its tokens")
     p.add_argument("--step-length", type=int, default=128, help="decode steps between compressions")
-    p.add_argument("--window", type=int, default=None, help="recent tokens always kept (default: the compressor's)")
+    p.add_argument("--window", type=int, default=None, help="recent tokens always kept (default: the compressor's, or a quarter of the smallest budget where it "
+                   "does not fit under it)")
     p.add_argument("--compress-prompt", action="store_true", help="the prompt is compressible too")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (α at that temperature)")
     p.add_argument("--dtype", default="float32", help="the sampler's dtype (auto, float32, bfloat16, float16); the "
@@ -90,13 +91,28 @@ def parse_budgets(text: str) -> list[int]:
     return sorted(set(out))
 
 
+def window_for(name: str, args) -> int | None:
+    """``--window``, else the compressor's own window where it fits under the smallest budget measured (None),
+    else a quarter of that budget (as ``bench rollout`` does: SnapKV's 32-query window at budget 32). One
+    window per compressor, whatever the budget, so that its rows differ by the budget alone."""
+    from ..rollout.kv import CompressorOptionError, build_compressor
+
+    if args.window is not None:
+        return args.window
+    smallest = min(parse_budgets(args.budgets))
+    try:
+        build_compressor(name, kv_budget=smallest, step_length=args.step_length)
+    except CompressorOptionError:
+        return max(1, smallest // 4)
+    return None
+
+
 def sampler(name: str, budget: int | None, args, schedule: list[list[int]] | None = None):
     """The compressor ``name`` at ``budget`` (or with ``schedule``) and the command's common options."""
     from ..rollout.kv import build_compressor
 
-    return build_compressor(name, kv_budget=budget, step_length=args.step_length, window=args.window,
-                            compress_prompt=args.compress_prompt or None,
-                            options={"schedule": schedule} if schedule is not None else None)
+    return build_compressor(name, kv_budget=budget, step_length=args.step_length, window=window_for(name, args),
+                            compress_prompt=args.compress_prompt or None, kv_schedule=schedule)
 
 
 def check(args) -> Plan:
@@ -213,7 +229,7 @@ def run(args) -> int:
             dense_engine, lm.model.config, name, entry["budget_by_bin"], n=timed["dense_responses"],
             prompt_len=sum(map(len, prompt_ids)) / len(prompt_ids),
             response_len=timed["dense_tokens"] / max(1, timed["dense_responses"]), step_length=args.step_length,
-            window=args.window, compress_prompt=bool(args.compress_prompt), cache=cost_cache)
+            window=window_for(name, args), compress_prompt=bool(args.compress_prompt), cache=cost_cache)
         entry["measured_tokens_per_s_vs_dense"] = timed["measured_tokens_per_s_vs_dense"]
         entry["measured_tokens_per_s"] = timed["tokens_per_s"]
         entry["measured_dense_tokens_per_s"] = timed["dense_tokens_per_s"]
@@ -228,7 +244,8 @@ def run(args) -> int:
         "torch": torch.__version__, "sampler_dtype": str(dtype).replace("torch.", ""), "dense_dtype": "float32",
         "sampling": {"n": args.n, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
                      "min_new_tokens": args.min_new_tokens, "top_p": params.top_p, "top_k": params.top_k},
-        "compressor_options": {"step_length": args.step_length, "window": args.window,
+        "compressor_options": {"step_length": args.step_length,
+                               "window": {name: window_for(name, args) for name in plan.compressors},
                                "compress_prompt": bool(args.compress_prompt)},
         "tokens": args.tokens, "bin": args.bin, "threshold": args.threshold, "budgets": plan.budgets,
         "compressors": plan.compressors, "seed": args.seed,

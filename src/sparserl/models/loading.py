@@ -37,6 +37,18 @@ class ModelLoadError(SparserlError, ValueError):
     """A model name or path that cannot be loaded (or a device that cannot hold it), with the reason."""
 
 
+class IdsOnlyTokenizer:
+    """The tokenizer an engine needs when prompts are given as ids (probes, benchmarks, tests on random
+    weights): padding id 0, no EOS, nothing to decode."""
+
+    pad_token_id = 0
+    eos_token_id = None
+    chat_template = None
+
+    def decode(self, ids, skip_special_tokens=True) -> str:  # noqa: ARG002
+        return ""
+
+
 @dataclass
 class LoadedModel:
     model: torch.nn.Module  # a transformers *ForCausalLM

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ..models.loading import DTYPES, LoadedModel, ModelLoadError, resolve_device
+from ..models.loading import DTYPES, IdsOnlyTokenizer, LoadedModel, ModelLoadError, resolve_device
 from . import native
 
 #: bump when the measurement or the kernels it times change enough to redo every cached answer
@@ -97,13 +97,7 @@ def _write_cache(data: dict) -> None:
         print(f"dtype auto: cannot cache the measurement in {path} ({e})")
 
 
-class _IdsOnly:
-    """The tokenizer the timed engine needs: prompts are given as ids, nothing is decoded."""
-    pad_token_id = 0
-    eos_token_id = None
-
-
-def _probe_model(device: torch.device) -> LoadedModel:
+def probe_model(device: torch.device) -> LoadedModel:
     """A model of SmolLM2-135M's shape with seeded random weights (no load, no download; built on the
     meta device and filled directly: transformers' own initialisation takes seconds longer)."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -125,7 +119,7 @@ def _probe_model(device: torch.device) -> LoadedModel:
             if "inv_freq" in name:
                 dim = buf.numel() * 2
                 buf.copy_(1.0 / 100000.0 ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
-    return LoadedModel(model, _IdsOnly(), "dtype-auto-probe", None)
+    return LoadedModel(model, IdsOnlyTokenizer(), "dtype-auto-probe", None)
 
 
 def decode_step_seconds(engine) -> float:
@@ -165,7 +159,7 @@ def _engine_timer(device: torch.device):
     from .engine import RolloutEngine
     from .kv import build_compressor
 
-    lm = _probe_model(device)
+    lm = probe_model(device)
     engines = {}
     for name in CANDIDATES:
         engines[name] = RolloutEngine(lm, build_compressor("none"), dtype=DTYPES[name])

@@ -176,7 +176,7 @@ class KVCompressor:
         trigger's compressions before the buffer is full are the method's definition (cut at a
         thought boundary), not a need for room: they are kept while more than ``tail_slack``
         tokens follow."""
-        budget = self.budget if seq_len is None else self.budget_for(seq_len)
+        budget = self.budget_for(seq_len) if seq_len is not None and self.schedule is not None else self.budget
         due = region_len >= budget + self.step_length
         if self.trigger == "newline" and newline is not None:
             due |= newline & (region_len > budget)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -48,6 +49,10 @@ class KVSchedule:
     def pairs(self) -> list[list[int]]:
         return [[length, budget] for length, budget in zip(self.lengths, self.budgets)]
 
+    @cached_property
+    def _tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor(self.lengths), torch.tensor(self.budgets)
+
     @property
     def max_budget(self) -> int:
         return max(self.budgets)
@@ -58,10 +63,10 @@ class KVSchedule:
 
     def budget_for(self, seq_len: int | torch.Tensor) -> int | torch.Tensor:
         """The budget at sequence length ``seq_len`` (an int, or a tensor of lengths → a long tensor)."""
-        if isinstance(seq_len, torch.Tensor):
-            bounds = torch.tensor(self.lengths, device=seq_len.device)
+        if isinstance(seq_len, torch.Tensor):  # every decode step: the tables are built once
+            bounds, budgets = (t.to(seq_len.device) for t in self._tables)
             idx = (torch.bucketize(seq_len, bounds, right=True) - 1).clamp_(min=0)
-            return torch.tensor(self.budgets, device=seq_len.device)[idx]
+            return budgets[idx]
         i = 0
         for k, length in enumerate(self.lengths):
             if seq_len >= length:
