@@ -41,16 +41,30 @@ def test_tail_by_bin_and_summary():
 
 
 @pytest.mark.parametrize("mode", ["exact", "topk"])
-def test_alpha_in_training_is_logged_and_exact_replay_reproduces_the_sampler(tmp_path, mode):
+def test_alpha_in_training_is_logged_and_exact_replay_reproduces_the_sampler(tmp_path, monkeypatch, mode):
     from sparserl import runlog as names
     from sparserl.config import load_config, validate
     from sparserl.train.trainer import build_trainer, train_step
     from test_train import TINY
 
+    from sparserl.train import trainer as trainer_module
+
     cfg = validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", f"mismatch.alpha={mode}",
                                            "mismatch.alpha_bin=64", "rollout.max_new_tokens=24"]))
     trainer = build_trainer(cfg)
+    seen = []
+
+    def both_ways(*args):  # α from the scoring forward's hidden states == α from a forward of its own
+        shared, own = measure_alpha(*args), measure_alpha(*args[:-1], None)
+        seen.append(args[-1])
+        for key in shared.keys() - {names.TIME_ALPHA}:
+            assert shared[key] == pytest.approx(own[key], abs=1e-6), key
+        return shared
+
+    measure_alpha = trainer_module.measure_alpha
+    monkeypatch.setattr(trainer_module, "measure_alpha", both_ways)
     m = train_step(trainer, 1)
+    assert seen and seen[0] is not None and seen[0].dim() == 3  # the scoring forward's hidden states were used
     assert 0.0 < m[names.MISMATCH_ALPHA_P5] <= m[names.MISMATCH_ALPHA_MEAN] <= 1.0 + 1e-6
     bins = {k: v for k, v in m.items() if k.startswith(names.MISMATCH_ALPHA_P5_BIN)}
     assert bins and all(int(k.rsplit("/", 1)[1]) % 64 == 0 for k in bins)

@@ -221,7 +221,26 @@ BAD = [
     (["--budgets", "2"], "must be larger than the observation window"),
     (["--data", "MISSING"], "--data"),
     (["--dtype", "fp64"], "--dtype 'fp64'"),
+    (["--template", "Solve it."], "--template 'Solve it.': must contain '{problem}'"),
 ]
+
+
+def test_calibrate_measures_the_prompts_training_sees(tmp_path, data_file):
+    """--template and --system-prompt shape the prompts as data.template / data.system_prompt do in a run:
+    the sequences start later (the bins are by prompt + response length) and the JSON records both."""
+    firsts = {}
+    system = "You are a careful math tutor. Read the problem and reply with one short sentence. " * 2
+    for label, extra in (("plain", ("--template", "Problem: {problem}")),
+                         ("run", ("--template", "Problem: {problem}", "--system-prompt", system))):
+        out = tmp_path / f"{label}.json"
+        argv = _argv(data_file, out, "--tokens", "dense", "--compressors", "rkv", "--budgets", "6", *extra)
+        assert cli.main(argv) == 0
+        doc = json.loads(out.read_text())
+        firsts[label] = min(r["bin_start"] for r in doc["rows"])
+        meta = doc["meta"]
+    assert firsts["run"] > firsts["plain"]
+    assert meta["system_prompt"] == system and meta["template"] == "Problem: {problem}"
+    assert "--template 'Problem: {problem}' --system-prompt 'You are a careful" in meta["command"]
 
 
 @pytest.mark.parametrize("extra,message", BAD, ids=[" ".join(b[0]) or "empty" for b in BAD])

@@ -155,6 +155,25 @@ def test_shared_prompt_scoring_on_the_tiny_default_model(tiny):
         assert (got - ref).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_scoring_that_keeps_the_hidden_states_for_alpha(shared):
+    """score_logprobs_keep_hidden: the old-policy log-probs of score_logprobs and the hidden states α's own
+    forward (score.alpha.dense_hidden) would make, from one forward."""
+    from sparserl.score import score_logprobs_keep_hidden
+    from sparserl.score.alpha import dense_hidden
+
+    model = tiny_family("llama")
+    batch = grouped_batch()
+    for temperature in (1.0, 0.7):
+        lp, hidden = score_logprobs_keep_hidden(model, batch, 5, temperature, shared_prompt=shared)
+        assert (lp - score_logprobs(model, batch, 5, temperature)).abs().max() <= 1e-5
+        ref = dense_hidden(model, batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_ids.shape[1])
+        assert hidden.shape == ref.shape
+        mask = batch.response_mask.bool()
+        assert (hidden[mask] - ref[mask]).abs().max() <= 1e-5
+    assert model.training  # the caller's mode is given back
+
+
 def test_identical_prompts_in_different_groups_share_one_forward():
     from sparserl.score.shared_prompt import distinct_prompts
 

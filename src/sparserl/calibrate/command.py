@@ -31,6 +31,9 @@ def add_parser(subparsers, parents=()) -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m", help="a name, HF folder or .gguf file")
     p.add_argument("--data", required=True, help="a data set name (gsm8k, math500, ...), file or folder")
     p.add_argument("--limit", type=int, default=None, help="prompts taken from --data (the first ones)")
+    p.add_argument("--template", default=None, help="as data.template: the text around a problem, with {problem}")
+    p.add_argument("--system-prompt", default=None, help="as data.system_prompt: a system message put first (give "
+                   "the run's own, e.g. the default job's, so that the sampler compresses what it will in training)")
     p.add_argument("--n", type=int, default=8, help="responses per prompt")
     p.add_argument("--compressors", default=DEFAULT_COMPRESSORS, help="comma-separated compressors to calibrate")
     p.add_argument("--budgets", default=DEFAULT_BUDGETS, help="comma-separated KV budgets measured (tokens)")
@@ -134,6 +137,9 @@ def check(args) -> Plan:
     check_int(args.step_length, "--step-length", 1, what="decode steps between compressions")
     check_int(args.window, "--window", 0, allow_none=True)
     check_choice(args.tokens, "--tokens", TOKENS)
+    if getattr(args, "template", None) is not None and "{problem}" not in args.template \
+            and "{prompt}" not in args.template:
+        raise OptionError(f"--template {args.template!r}: must contain '{{problem}}' (where the problem goes)")
     check_choice(args.dtype, "--dtype", DTYPES)
     budgets = parse_budgets(args.budgets)
     names = list(dict.fromkeys(_split(args.compressors, "--compressors")))
@@ -157,7 +163,7 @@ def check(args) -> Plan:
 def command_line(args) -> str:
     """The command as it would be typed again (every option, defaults included)."""
     parts = ["sparserl", "calibrate"]
-    for key in ("model", "data", "limit", "n", "compressors", "budgets", "max_new_tokens", "min_new_tokens", "bin",
+    for key in ("model", "data", "limit", "template", "system_prompt", "n", "compressors", "budgets", "max_new_tokens", "min_new_tokens", "bin",
                 "threshold", "tokens", "step_length", "window", "temperature", "dtype", "device", "seed", "json"):
         value = getattr(args, key, None)
         if value is not None:
@@ -171,7 +177,8 @@ def _load_prompts(args):
     from ..data import DataError, load_dataset
 
     try:
-        return load_dataset(args.data, limit=args.limit)
+        return load_dataset(args.data, limit=args.limit, template=getattr(args, "template", None),
+                            system_prompt=getattr(args, "system_prompt", None))
     except DataError as e:
         raise type(e)(f"--data {args.data}: {e}") from None
 
@@ -238,6 +245,7 @@ def run(args) -> int:
 
     meta = {
         "command": command_line(args), "model": args.model, "data": args.data, "limit": args.limit,
+        "template": getattr(args, "template", None), "system_prompt": getattr(args, "system_prompt", None),
         "prompts": len(prompt_ids), "responses": len(prompt_ids) * args.n,
         "cpu": cpu_name(), "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,

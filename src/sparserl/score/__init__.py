@@ -1,8 +1,9 @@
 """Dense scoring of finished rollouts (old-policy and reference log-probs)."""
 from .chunked_head import head_logprobs, token_logprobs
-from .dense import forward_response, score_logprobs
+from .dense import forward_response, score_logprobs, score_logprobs_keep_hidden
 from .old_policy import OLD_LOGPROBS_SOURCES, old_logprobs_source, sampler_is_old_policy
 from .shared_prompt import forward_response_shared
 
 __all__ = ["OLD_LOGPROBS_SOURCES", "forward_response", "forward_response_shared", "head_logprobs",
-           "old_logprobs_source", "sampler_is_old_policy", "score_logprobs", "token_logprobs"]
+           "old_logprobs_source", "sampler_is_old_policy", "score_logprobs",
+           "score_logprobs_keep_hidden", "token_logprobs"]

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 from ..batch import RolloutBatch
-from .chunked_head import token_logprobs
-from .shared_prompt import forward_response_shared
+from .alpha import dense_hidden
+from .chunked_head import head_logprobs, token_logprobs
+from .shared_prompt import forward_response_shared, lm_head_weight, response_hidden_shared
 
 
 def forward_response(model, batch: RolloutBatch, rows: slice | torch.Tensor, return_entropy: bool = False,
@@ -50,3 +51,32 @@ def score_logprobs(model, batch: RolloutBatch, micro_batch_size: int = 16, tempe
         parts.append(lp)
     model.train(was_training)
     return torch.cat(parts) * batch.response_mask
+
+
+@torch.no_grad()
+def score_logprobs_keep_hidden(model, batch: RolloutBatch, micro_batch_size: int = 16, temperature: float = 1.0,
+                               shared_prompt: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p [N, T], hidden [N, T, H]): :func:`score_logprobs`'s log-probs (equal up to float rounding),
+    computed from the final hidden states at the response positions, which come back too, so that
+    the exact acceptance α (:mod:`sparserl.train.alpha`) reads ``p`` from this forward instead of a
+    second one. Positions past a micro-batch's longest response hold 0 in both (shared prompt)."""
+    weight = lm_head_weight(model)
+    T = batch.response_ids.shape[1]
+    was_training = model.training
+    model.eval()
+    lps, hiddens = [], []
+    try:
+        for s in range(0, batch.size, micro_batch_size):
+            rows = slice(s, s + micro_batch_size)
+            if shared_prompt:
+                hidden = response_hidden_shared(model, batch, rows)
+                hidden = torch.nn.functional.pad(hidden, (0, 0, 0, T - hidden.shape[1]))
+            else:
+                hidden = dense_hidden(model, batch.input_ids[rows], batch.attention_mask[rows],
+                                      batch.position_ids[rows], T, micro_batch_size)
+            lp, _ = head_logprobs(hidden, weight, batch.response_ids[rows], temperature)
+            lps.append(lp)
+            hiddens.append(hidden)
+    finally:
+        model.train(was_training)
+    return torch.cat(lps) * batch.response_mask, torch.cat(hiddens)

@@ -52,16 +52,12 @@ def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tup
     return first[order], rank[inverse]
 
 
-def forward_response_shared(model, batch: RolloutBatch, rows: slice | torch.Tensor, return_entropy: bool = False,
-                            entropy_grad: bool = False, temperature: float = 1.0,
-                            chunk_size: int | None = DEFAULT_CHUNK):
-    """Per-token log-probs [n, T] (and entropies) of the responses in ``rows``, as
-    :func:`sparserl.score.forward_response` (same arguments, same values up to float rounding), with
-    each distinct prompt forwarded once (see the module docstring). Positions past the rows' longest
-    response hold 0. Runs with whatever grad mode the caller set."""
+def response_hidden_shared(model, batch: RolloutBatch, rows: slice | torch.Tensor) -> torch.Tensor:
+    """[n, T_used, H]: the final hidden state at each position that predicts a response token of ``rows``,
+    each distinct prompt forwarded once (see the module docstring); ``T_used`` is the rows' longest
+    response. Runs with whatever grad mode the caller set."""
     ids, att, pos = batch.input_ids[rows], batch.attention_mask[rows], batch.position_ids[rows]
-    targets_full = batch.response_ids[rows]
-    n, T = targets_full.shape
+    n, T = batch.response_ids[rows].shape
     P = ids.shape[1] - T
     # columns that matter: from the first prompt column any row uses, to the longest response
     T_used = max(1, int(batch.response_mask[rows].sum(-1).max()) if n else 1)
@@ -81,6 +77,20 @@ def forward_response_shared(model, batch: RolloutBatch, rows: slice | torch.Tens
                        position_ids=pos[:, P:P + T_used - 1], past_key_values=cache, use_cache=True)
         hidden = torch.cat([hidden, resp.last_hidden_state], dim=1)  # [n, T_used, H]
     del cache
+    return hidden
+
+
+def forward_response_shared(model, batch: RolloutBatch, rows: slice | torch.Tensor, return_entropy: bool = False,
+                            entropy_grad: bool = False, temperature: float = 1.0,
+                            chunk_size: int | None = DEFAULT_CHUNK):
+    """Per-token log-probs [n, T] (and entropies) of the responses in ``rows``, as
+    :func:`sparserl.score.forward_response` (same arguments, same values up to float rounding), with
+    each distinct prompt forwarded once (see the module docstring). Positions past the rows' longest
+    response hold 0. Runs with whatever grad mode the caller set."""
+    targets_full = batch.response_ids[rows]
+    T = targets_full.shape[1]
+    hidden = response_hidden_shared(model, batch, rows)
+    T_used = hidden.shape[1]
     targets = targets_full[:, :T_used]
     weight = lm_head_weight(model)
     if chunk_size is None:  # the plain head: every position's logits at once

@@ -5,12 +5,14 @@ formula).
 - ``exact`` (:func:`sparserl.score.alpha.exact_alpha`, shared with ``sparserl calibrate``): the
   sampler is replayed on its own tokens (:mod:`sparserl.rollout.replay`: the same
   compressor decisions, KV and weight rounding), handing over each step's whole distribution ``q``;
-  the dense learner's hidden states (one no-grad forward) give ``p`` at the same positions through its
-  LM head. Exact over the vocabulary; costs about one more rollout. ``mismatch/replay_err`` is the
+  the dense learner's hidden states give ``p`` at the same positions through its LM head. They are the
+  old-policy scoring forward's (:func:`sparserl.score.score_logprobs_keep_hidden`, counted in
+  ``time/score_s``); only where no scoring forward runs (the sampler's log-probs are the old policy's)
+  does α make its own no-grad forward. Exact over the vocabulary; costs about one more rollout. ``mismatch/replay_err`` is the
   largest difference between the replayed and the recorded log-probs of the sampled tokens (0 when
   the replay reproduced the sampler).
 - ``topk``: Sparrow's approximation from the sampler's top-k log-probs, recorded while sampling
-  (``mismatch.alpha_topk``, 20): no replay, one no-grad forward of the learner.
+  (``mismatch.alpha_topk``, 20): no replay; ``p`` as for ``exact``.
 - ``off``: nothing measured.
 
 Runs before the update: the sampler and the learner still hold the weights that sampled.
@@ -38,13 +40,17 @@ def dense_hidden(model, batch: RolloutBatch, micro_batch_size: int = 16) -> torc
 
 
 @torch.no_grad()
-def measure_alpha(trainer, batch: RolloutBatch, ro, params, mode: str, bin_width: int) -> dict:
-    """The step's α metrics (mean, 5th percentile, 5th percentile per length bin, time) in ``mode``."""
+def measure_alpha(trainer, batch: RolloutBatch, ro, params, mode: str, bin_width: int,
+                  hidden: torch.Tensor | None = None) -> dict:
+    """The step's α metrics (mean, 5th percentile, 5th percentile per length bin, time) in ``mode``.
+    ``hidden`` [N, T, H]: the learner's final hidden states at the response positions when the scoring
+    forward kept them (else one forward here)."""
     if mode == "off":
         return {}
     start = time.perf_counter()
     tau = params.temperature if params.temperature > 0 else 1.0
-    hidden = dense_hidden(trainer.learner, batch, trainer.cfg.train.micro_batch_size)
+    if hidden is None:
+        hidden = dense_hidden(trainer.learner, batch, trainer.cfg.train.micro_batch_size)
     weight = lm_head_weight(trainer.learner)
     N, T = batch.response_ids.shape
     alpha = torch.zeros(N, T, dtype=torch.float64)

@@ -29,7 +29,8 @@ from ..models.invariant_scaling import apply_invariant_scaling, refold_after_loa
 from ..rollout.kv import compressor_from_fields, get_compressor
 from ..rollout.sampling import SamplingParams
 from ..rollout.teacher_forced import teacher_forced_logprobs
-from ..score import forward_response, forward_response_shared, old_logprobs_source, score_logprobs
+from ..score import (forward_response, forward_response_shared, old_logprobs_source, score_logprobs,
+                     score_logprobs_keep_hidden)
 from .advantages import compute_advantages, frac_zero_std_groups
 from ..batch import RolloutBatch
 from .checkpoint import latest_checkpoint, load_latest, remove_debris, save_checkpoint, set_rng_state
@@ -125,16 +126,20 @@ def train_step(trainer: Trainer, step: int) -> dict:
     batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index,
                                       pad_id=trainer.tokenizer.pad_token_id or 0).to(trainer.device)
     batch.rewards = torch.tensor(rewards, dtype=torch.float32, device=trainer.device)
-    temp, shared = cfg.rollout.temperature, cfg.train.shared_prompt
+    temp, shared, hidden = cfg.rollout.temperature, cfg.train.shared_prompt, None
     if old_logprobs_from(trainer) == "sampler":  # the sampler ran the old policy exactly: no scoring forward
         batch.old_logprobs = batch.sampler_logprobs * batch.response_mask
-    else:
+    elif cfg.mismatch.alpha == "off":
         batch.old_logprobs = score_logprobs(trainer.learner, batch, cfg.train.micro_batch_size, temp, shared)
+    else:  # α reads p from this forward's hidden states
+        batch.old_logprobs, hidden = score_logprobs_keep_hidden(trainer.learner, batch, cfg.train.micro_batch_size,
+                                                                temp, shared)
     if trainer.ref is not None:
         batch.ref_logprobs = score_logprobs(trainer.ref, batch, cfg.train.micro_batch_size, temp, shared)
     split = mismatch_split(trainer, batch) if cfg.rollout.mismatch_split else {}
     lap(names.TIME_SCORE)
-    alpha = measure_alpha(trainer, batch, ro, sampling_params(cfg, step), cfg.mismatch.alpha, cfg.mismatch.alpha_bin)
+    alpha = measure_alpha(trainer, batch, ro, sampling_params(cfg, step), cfg.mismatch.alpha, cfg.mismatch.alpha_bin,
+                          hidden)
     if trainer.kv_controller is not None:  # the next rollout's budgets, from this step's α tail
         alpha.update(trainer.kv_controller.steer(trainer.engine.compressor, alpha))
     clock = time.perf_counter()  # time/alpha_s is its own, not the next station's
