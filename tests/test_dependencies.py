@@ -2,6 +2,7 @@
 
 - nothing imports ``sparserl.cli`` (the command line sits on top of everything);
 - ``sparserl.train`` may use ``sparserl.eval``, never the reverse;
+- ``sparserl.cluster`` (the rollout workers) sits under ``sparserl.train``, which alone starts it;
 - ``sparserl.data.arith`` and ``sparserl.data.loaders`` do not import each other both ways (the
   loaders build the arithmetic task; both share ``sparserl.data.example``).
 """
@@ -93,3 +94,14 @@ def test_stations_never_import_train_eval_or_cli(station):
         names = imports_of(path)
         bad = refers_to(names, "sparserl.train") | refers_to(names, "sparserl.eval") | refers_to(names, "sparserl.cli")
         assert not bad, f"{module_name(path)} imports {sorted(bad)}"
+
+
+def test_cluster_sits_under_train():
+    """train -> cluster -> rollout / models: the rollout workers never reach up into the training loop,
+    and only the trainer starts them."""
+    for path in files("cluster"):
+        bad = {n for pkg in ("sparserl.train", "sparserl.compare", "sparserl.cli") for n in refers_to(imports_of(path), pkg)}
+        assert not bad, f"{module_name(path)} imports {sorted(bad)}"
+    users = {module_name(p) for p in files() if refers_to(imports_of(p), "sparserl.cluster")
+             and not module_name(p).startswith("sparserl.cluster")}
+    assert users == {"sparserl.train.trainer"}, users

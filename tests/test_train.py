@@ -234,8 +234,9 @@ def test_old_logprobs_come_from_the_sampler_only_where_it_runs_the_old_policy(tm
     from sparserl.train import trainer as trainer_module
 
     calls = []
-    real = trainer_module.score_logprobs
-    monkeypatch.setattr(trainer_module, "score_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for name in ("score_logprobs", "score_logprobs_keep_hidden"):  # the latter when α reads the same forward
+        real = getattr(trainer_module, name)
+        monkeypatch.setattr(trainer_module, name, lambda *a, real=real, **k: calls.append(1) or real(*a, **k))
     for mode, scored in (("auto", 0), ("score", 1)):
         cfg = cfg_for(tmp_path, "rollout.compressor=none", "rollout.dtype=float32", "algorithm.correction=none",
                       f"algorithm.old_logprobs={mode}")

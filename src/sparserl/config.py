@@ -406,10 +406,22 @@ class MismatchConfig(_Section):
     alpha_topk: int = F(20, "k of the topk mode (log-probs kept per sampled token).", ge=1)
 
 
+class ClusterConfig(_Section):
+    """Scaling out on Ray (sparserl.cluster): rollout workers as Ray actors."""
+
+    rollout_workers: Optional[int] = F(None, "Rollout workers, each a Ray actor holding the run's sampler; a step's "
+                                       "prompts are split across them. None = the sampler runs in the training "
+                                       "process (no Ray).", ge=1)
+    address: Optional[Str] = F(None, "Ray to use: None = a local Ray started for the run and shut down after it; "
+                               "auto = the cluster this machine has joined (`ray start`); host:port = that head.")
+    worker_cpus: float = F(1.0, "Ray CPUs per rollout worker (also its torch threads).", gt=0)
+    worker_gpus: float = F(0.0, "Ray GPUs per rollout worker (a fraction shares a GPU).", ge=0)
+
+
 SECTIONS: dict[str, type[_Section]] = {
     "model": ModelConfig, "rollout": RolloutConfig, "data": DataConfig, "reward": RewardConfig,
     "algorithm": AlgorithmConfig, "train": TrainConfig, "log": LogConfig, "checkpoint": CheckpointConfig,
-    "eval": EvalConfig, "mismatch": MismatchConfig}
+    "eval": EvalConfig, "mismatch": MismatchConfig, "cluster": ClusterConfig}
 
 
 class Config(_Section):
@@ -426,6 +438,7 @@ class Config(_Section):
     checkpoint: CheckpointConfig = F(help="Checkpoints.", factory=CheckpointConfig)
     eval: EvalConfig = F(help="Evaluation.", factory=EvalConfig)
     mismatch: MismatchConfig = F(help="Mismatch measurement (Sparrow's α).", factory=MismatchConfig)
+    cluster: ClusterConfig = F(help="Scaling out on Ray.", factory=ClusterConfig)
 
     @classmethod
     def from_dict(cls, data: dict | None, source: str = "dict") -> "Config":
@@ -752,6 +765,13 @@ def validate(cfg: Config) -> Config:
         if r.compressor != "none" and kc.min_budget <= r.window:
             errors.append(f"rollout.kv_controller.min_budget={kc.min_budget} must be larger than rollout.window="
                           f"{r.window} (the window's tokens are always kept)")
+    c = cfg.cluster
+    if c.rollout_workers is None and c.address is not None:
+        errors.append(f"cluster.address={c.address!r} needs cluster.rollout_workers (the sampler runs in the training "
+                      "process without it)")
+    if c.rollout_workers is not None and c.rollout_workers > t.prompts_per_step:
+        errors.append(f"cluster.rollout_workers={c.rollout_workers} is more than train.prompts_per_step="
+                      f"{t.prompts_per_step}: a worker would get no prompt")
     if getattr(get_adv_est(a.adv_estimator), "needs_group", True) and r.n < 2:
         errors.append(f"rollout.n={r.n}: algorithm.adv_estimator={a.adv_estimator!r} compares the samples "
                       "of a prompt with each other and needs rollout.n >= 2")

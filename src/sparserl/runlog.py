@@ -29,7 +29,7 @@ METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
 #: config keys that may change when a run is resumed, since they cannot change what it already did
 #: (``section.*``: every key of the section); any other change needs ``--allow-config-change``
-RESUME_FREE_KEYS = ("name", "train.steps", "log.*", "checkpoint.*", "eval.every")
+RESUME_FREE_KEYS = ("name", "train.steps", "log.*", "checkpoint.*", "eval.every", "cluster.*")
 
 # reward station
 REWARD_MEAN = "reward/mean"
@@ -78,6 +78,8 @@ LR = "lr"
 OPTIMIZER_STEPS = "optimizer_steps"
 
 # time per station, and throughput
+CLUSTER_WORKER_RESTARTS = "cluster/worker_restarts"  # rollout workers replaced so far (cluster.rollout_workers)
+
 TIME_ROLLOUT = "time/rollout_s"
 TIME_REWARD = "time/reward_s"
 TIME_SCORE = "time/score_s"

@@ -34,7 +34,7 @@ from .kv.none import Dense
 from .kv_quant import get_kv_quantizer
 from .quant.smooth import CALIBRATION_TEXT, CALIBRATION_TOKENS
 from .model import SamplerModel
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams, row_uniforms, sample
 
 Prompt = str | list[dict]
 DENSE = Dense()  # the dense engine's buffer rule, for KVStats.bytes_dense_alloc
@@ -182,11 +182,15 @@ class RolloutEngine:
 
     # --- generation ----------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt], params: SamplingParams | None = None,
-                 prompt_ids: list[list[int]] | None = None, forced: list[list[int]] | None = None) -> RolloutOutput:
+                 prompt_ids: list[list[int]] | None = None, forced: list[list[int]] | None = None,
+                 first_prompt: int = 0) -> RolloutOutput:
         """Sample ``params.n`` responses per prompt. ``forced`` (one token list per response, in output
         order): each step's token is the given one instead of a draw, so the run replays a sampled batch
         (:mod:`sparserl.rollout.replay`): the same tokens enter the cache, the compressor sees the same
-        states, rows end where they ended, and ``sampler_logprobs`` are the forced tokens' log-probs."""
+        states, rows end where they ended, and ``sampler_logprobs`` are the forced tokens' log-probs.
+        ``first_prompt``: the global index of the first prompt when this call samples a shard of a larger
+        batch; response ``j`` of prompt ``i`` draws from row ``(first_prompt + i)·n + j``'s stream
+        (:func:`~sparserl.rollout.sampling.row_uniforms`), so a shard samples what the whole batch would."""
         params = params or SamplingParams()
         params.validate()
         if prompt_ids is None:
@@ -204,9 +208,9 @@ class RolloutEngine:
         expanded = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(params.n)]
         if forced is not None and (len(forced) != len(expanded) or any(len(f) == 0 for f in forced)):
             raise ValueError(f"forced: {len(forced)} token lists for {len(expanded)} responses (each non-empty)")
-        gen = torch.Generator().manual_seed(params.seed)  # on the CPU: see sampling.py
+        rows = torch.arange(len(expanded), dtype=torch.long) + first_prompt * params.n  # global row ids
         chunk = self.max_batch or len(expanded)
-        outs = [self._generate_batch([e[1] for e in expanded[s : s + chunk]], params, gen,
+        outs = [self._generate_batch([e[1] for e in expanded[s : s + chunk]], params, rows[s : s + chunk],
                                      forced[s : s + chunk] if forced is not None else None)
                 for s in range(0, len(expanded), chunk)]
         out = _merge(outs)
@@ -216,9 +220,11 @@ class RolloutEngine:
         return out
 
     @torch.inference_mode()
-    def _generate_batch(self, prompts: list[list[int]], p: SamplingParams, gen: torch.Generator,
+    def _generate_batch(self, prompts: list[list[int]], p: SamplingParams, row_ids: torch.Tensor,
                         forced: list[list[int]] | None = None) -> RolloutOutput:
+        """One batch; ``row_ids`` [B] (int64): each response's random stream."""
         m, c, dev = self.model, self.compressor, self.device
+        row_ids = row_ids.to(dev)
         B = len(prompts)
         P = max(len(x) for x in prompts)
         max_new = min(p.max_new_tokens, m.max_positions - P)
@@ -261,7 +267,7 @@ class RolloutEngine:
         dense_tokens_peak = 0
 
         for t in range(max_new):
-            tok, lp, full = sample(logits, p, gen)
+            tok, lp, full = sample(logits, p, row_uniforms(p.seed, row_ids[active], t))
             if forced is not None:
                 tok = forced_ids[active, t]
                 lp = full.gather(-1, tok[:, None])[:, 0].float()

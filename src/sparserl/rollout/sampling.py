@@ -1,9 +1,12 @@
 """Token sampling with the log-probability of each sampled token under the distribution actually
 sampled from (temperature, then top-k, then top-p), as RL corrections need ``log q``.
 
-Randomness: one uniform per row per step, drawn on the CPU from the seeded ``torch.Generator`` and
-moved to the logits' device. The same seed thus gives the same uniforms on every device (a CPU run
-and a GPU run differ only by the arithmetic of the logits), and the copy is a few bytes a step."""
+Randomness: one uniform per response per step, a counter-based draw (:func:`row_uniforms`: SplitMix64 of
+the seed, the response's row id and the step), integer arithmetic with the same bits on every device.
+A response's draws depend on nothing else: not on the device (a CPU run and a GPU run differ only by the
+arithmetic of the logits), not on which other responses share its batch, how the batch is chunked, when
+its neighbours end, or which rollout worker runs it (``sparserl.cluster`` shards a step's prompts and
+passes their global row ids). """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -61,18 +64,53 @@ def sampling_logprobs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1)
 
 
-def sample(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator):
-    """Returns (tokens [B], logprob of each token [B], log-probs [B, V] of the sampled distribution)."""
+_MASK64 = (1 << 64) - 1
+
+
+def _int64(x: int) -> int:
+    """An unsigned 64-bit constant as the int64 with the same bits."""
+    x &= _MASK64
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_GOLDEN, _MIX1, _MIX2 = _int64(0x9E3779B97F4A7C15), _int64(0xBF58476D1CE4E5B9), _int64(0x94D049BB133111EB)
+
+
+def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (torch's ``>>`` is arithmetic)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def _splitmix64(z: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser (Steele, Lea & Flood 2014) on int64 tensors (multiplication wraps mod 2^64)."""
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    return z ^ _shr(z, 31)
+
+
+def row_uniforms(seed: int, rows: torch.Tensor, step: int) -> torch.Tensor:
+    """Uniforms in [0, 1) (float32, 24 random bits, as ``torch.rand``), one per entry of ``rows`` (int64
+    row ids): ``mix(mix(seed + γ·(row + 1)) + γ·(step + 1))`` with SplitMix64's ``mix`` and increment γ.
+    A pure function of (seed, row, step): the counter-based draw that makes a response's tokens
+    independent of its batch."""
+    base = _splitmix64(rows.to(torch.long) * _GOLDEN + _int64(seed + _GOLDEN))
+    z = _splitmix64(base + _int64((step + 1) * _GOLDEN))
+    return _shr(z, 40).to(torch.float32) * (2.0 ** -24)
+
+
+def sample(logits: torch.Tensor, p: SamplingParams, uniforms: torch.Tensor):
+    """Returns (tokens [B], logprob of each token [B], log-probs [B, V] of the sampled distribution).
+    ``uniforms`` [B]: each row's draw in [0, 1) (:func:`row_uniforms`)."""
     if p.temperature == 0:
         tokens = logits.argmax(dim=-1)
         logp = torch.zeros(tokens.shape, dtype=torch.float32, device=logits.device)
         full = torch.log_softmax(logits.float(), -1)
         return tokens, logp, full
     logprobs = sampling_logprobs(logits, p)
-    # inverse-CDF sampling with one uniform draw per row from the seeded generator
+    # inverse-CDF sampling with one uniform draw per row
     # (torch.multinomial draws an exponential per vocabulary entry: ~10x slower here)
     cdf = logprobs.exp().cumsum_(dim=-1)
-    u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=cdf.dtype).to(cdf.device) * cdf[:, -1:]
+    u = uniforms.to(device=cdf.device, dtype=cdf.dtype)[:, None] * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, u, right=True)[:, 0].clamp_(max=cdf.shape[-1] - 1)
     # a token of probability 0 has a flat CDF step and can never be hit by `right=True`
     return tokens, logprobs.gather(-1, tokens[:, None])[:, 0], logprobs

@@ -26,6 +26,7 @@ from ..rollout.engine import RolloutEngine, RolloutOutput
 from ..eval.evaluate import evaluate, write_eval_record
 from ..eval.report import make_report
 from ..models.invariant_scaling import apply_invariant_scaling, refold_after_load
+from ..rollout.build import engine_from_fields
 from ..rollout.kv import compressor_from_fields, get_compressor
 from ..rollout.sampling import SamplingParams
 from ..rollout.teacher_forced import teacher_forced_logprobs
@@ -57,6 +58,7 @@ class Trainer:
     reward_fn: object
     ref: torch.nn.Module | None = None
     kv_controller: KVController | None = None
+    pool: object | None = None  # sparserl.cluster.pool.RolloutPool: the rollout workers, when there are
 
     @property
     def device(self) -> torch.device:
@@ -77,12 +79,14 @@ def build_trainer(cfg: Config) -> Trainer:
         print(f"data: {len(data)} examples from {data.source}, {data.skipped} bad rows skipped")
     check_model(cfg.model.name)
     reward_fn = load_reward(cfg.reward.fn, timeout_s=cfg.reward.timeout_s)
+    if cfg.cluster.rollout_workers is not None:  # Ray installed, its address answering: before the weights load
+        from ..cluster.pool import preflight as cluster_preflight
+
+        cluster_preflight(cfg.cluster)
     r = cfg.rollout
     lm = load_model(cfg.model.name, dtype=cfg.model.dtype, seed=cfg.model.seed, device=cfg.model.device)
     learner = apply_invariant_scaling(lm.model, r.quant_scale).train()  # QuRL: before the sampler copies it
-    engine = RolloutEngine(lm, compressor_from_fields(r), dtype=r.dtype, compile=r.compile, quant=r.quant,
-                           kv_quant=r.kv_quant, quant_smooth=r.quant_smooth, quant_group=r.quant_group,
-                           quant_outliers=r.quant_outliers, quant_head=r.quant_head)
+    engine = engine_from_fields(lm, r)
     t = cfg.train
     opt = torch.optim.AdamW(learner.parameters(), lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay)
     warm = max(1, t.warmup_steps)
@@ -95,8 +99,32 @@ def build_trainer(cfg: Config) -> Trainer:
         controller = KVController.from_config(r.kv_controller, cfg.mismatch.alpha_bin,
                                               engine.compressor.schedule or r.kv_budget)
         engine.compressor.set_schedule(controller.schedule())
+    pool = None
+    if cfg.cluster.rollout_workers is not None:  # Ray imported only here
+        from ..cluster.pool import RolloutPool
+
+        pool = RolloutPool(cfg, learner)
     return Trainer(cfg, learner, lm.tokenizer, engine, opt, sched,
-                   PromptSampler(list(data), t.prompts_per_step, seed=t.seed), reward_fn, ref, controller)
+                   PromptSampler(list(data), t.prompts_per_step, seed=t.seed), reward_fn, ref, controller, pool)
+
+
+def generate(trainer: Trainer, prompts: list, params: SamplingParams) -> RolloutOutput:
+    """The step's rollout: on the rollout workers with the budgets the controller has reached
+    (``cluster.rollout_workers``), else on the engine here; the same samples either way."""
+    if trainer.pool is None:
+        return trainer.engine.generate(prompts, params)
+    return trainer.pool.generate(prompts, params, trainer.engine.compressor.schedule)
+
+
+def push_weights(trainer: Trainer) -> None:
+    """The learner's weights into the sampler here (α's replay, evaluation) and into every rollout worker."""
+    trainer.engine.update_weights(trainer.learner)
+    if trainer.pool is not None:
+        trainer.pool.update_weights(trainer.learner)
+
+
+def pool_metrics(trainer: Trainer) -> dict:
+    return {} if trainer.pool is None else {names.CLUSTER_WORKER_RESTARTS: trainer.pool.restarts}
 
 
 def sampling_params(cfg: Config, step: int) -> SamplingParams:
@@ -118,7 +146,7 @@ def train_step(trainer: Trainer, step: int) -> dict:
         clock = now
 
     examples = trainer.data.next_batch()
-    ro = trainer.engine.generate([e.prompt for e in examples], sampling_params(cfg, step))
+    ro = generate(trainer, [e.prompt for e in examples], sampling_params(cfg, step))
     lap(names.TIME_ROLLOUT)
     labels = [examples[i].label for i in ro.prompt_index]
     rewards, n_reward_errors = score_responses(trainer.reward_fn, ro.texts, labels)
@@ -149,11 +177,12 @@ def train_step(trainer: Trainer, step: int) -> dict:
     adv_options = {"scale_rewards": a.scale_rewards} if a.adv_estimator == "grpo" else {}
     batch.advantages = compute_advantages(a.adv_estimator, batch.rewards, batch.group_ids, **adv_options)
     update_metrics = update_policy(trainer, batch, corr)
-    trainer.engine.update_weights(trainer.learner)
+    push_weights(trainer)
     if trainer.engine.model.quantizer.quantizes:
         update_metrics[names.TIME_QUANTIZE] = trainer.engine.model.last_quantize_s
     lap(names.TIME_UPDATE)
-    return {**rollout_metrics(ro, batch, n_reward_errors, cfg), **corr.metrics, **split, **alpha, **update_metrics, **times,
+    return {**rollout_metrics(ro, batch, n_reward_errors, cfg), **corr.metrics, **split, **alpha, **update_metrics,
+            **times, **pool_metrics(trainer),
             names.ROLLOUT_TOKENS_PER_S: ro.tokens_generated / max(times[names.TIME_ROLLOUT], 1e-9)}
 
 
@@ -293,6 +322,17 @@ def train(cfg: Config, resume: bool = False, run_dir: str | Path | None = None, 
                               "continue it with --resume, or choose another run folder")
     preflight(cfg, run, option)
     trainer = build_trainer(cfg)
+    try:
+        return run_steps(trainer, run, resume, changes, log)
+    finally:
+        if trainer.pool is not None:  # the rollout workers (and a Ray started for the run) stop with it
+            trainer.pool.close()
+
+
+def run_steps(trainer: Trainer, run: Path, resume: bool, changes: list, log=print) -> Path:
+    """:func:`train` once the trainer is built: resume from the newest checkpoint, then step, evaluate,
+    log and checkpoint to the end; returns the run folder."""
+    cfg = trainer.cfg
     if resume:
         remove_debris(run)
     run.mkdir(parents=True, exist_ok=True)
@@ -312,7 +352,7 @@ def train(cfg: Config, resume: bool = False, run_dir: str | Path | None = None, 
             trainer.kv_controller.load_state_dict(state["kv_controller"])
             trainer.engine.compressor.set_schedule(trainer.kv_controller.schedule())
         refold_after_load(trainer.learner)  # checkpoints hold the original form (QuRL's s taken out)
-        trainer.engine.update_weights(trainer.learner)
+        push_weights(trainer)
         start = int(state["step"])
         log(f"resumed from {ckpt} (step {start})")
     choice = trainer.engine.dtype_choice

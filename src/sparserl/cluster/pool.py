@@ -1,0 +1,186 @@
+"""The driver's side of the rollout workers (``cluster.rollout_workers``): a pool of Ray actors that
+samples a step as one engine would.
+
+- **Ray**: ``cluster.address`` unset starts a local Ray for the run (its logical CPUs at least the
+  workers' ``cluster.worker_cpus`` in all) and shuts it down after; ``auto`` or ``host:port`` joins a
+  running cluster (an address that does not answer fails within seconds, before Ray is asked). A Ray
+  already initialised in the process (a test, a user's script) is used as it is and left running.
+- **Weights**: :meth:`RolloutPool.update_weights` puts the learner's state dict into the object store
+  once and every worker loads it (quantized samplers quantize on their side); pushes are numbered and
+  a worker refuses to sample with an older one.
+- **A step**: :meth:`RolloutPool.generate` splits the prompts (:func:`.shard.shard_prompts`), sends each
+  shard with the driver's current KV schedule, and joins the outputs (:func:`.shard.merge_shards`).
+- **Faults**: a worker that dies (``kill -9``, a lost node) is replaced by a new actor that loads the
+  latest weights, and its shard runs again; ``restarts`` counts them (``cluster/worker_restarts``). A
+  shard that kills :data:`MAX_ATTEMPTS` workers in a row stops the run with an error naming it: a step
+  never goes on without a sample.
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+
+from ..errors import SparserlError
+from .shard import merge_shards, shard_prompts
+from .worker import RolloutWorker
+
+MAX_ATTEMPTS = 3
+CONNECT_TIMEOUT_S = 3.0
+
+
+class ClusterError(SparserlError, RuntimeError):
+    """Ray could not be reached or a rollout worker could not be kept alive."""
+
+
+#: an HTTP/2 client's connection preface and an empty SETTINGS frame: a gRPC server (Ray's GCS) answers
+#: with a SETTINGS frame of its own (RFC 9113 §3.4)
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def check_address(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """``cluster.address`` ``host:port`` answers like a Ray head within ``timeout_s``: it accepts a TCP
+    connection and speaks gRPC (HTTP/2 SETTINGS in reply to a client preface). Ray's own client waits
+    far longer on an address that does not answer, and a proxy in the way accepts any connection.
+    Unset and ``auto`` pass (Ray finds or starts its own)."""
+    if address in (None, "auto", "local"):
+        return
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ClusterError(f"cluster.address={address!r}: expected auto or host:port (e.g. 10.0.0.5:6379)")
+    hint = ("start one with `ray start --head` on that machine, or leave cluster.address unset for a local Ray")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+            sock.settimeout(timeout_s)
+            sock.sendall(_H2_PREFACE)
+            reply = sock.recv(9)
+    except OSError as e:
+        raise ClusterError(f"cluster.address={address!r}: no Ray head answers there within {timeout_s:g} s ({e}); "
+                           f"{hint}") from None
+    if len(reply) < 4 or reply[3] != 4:
+        raise ClusterError(f"cluster.address={address!r}: something answers there, but not a Ray head (no gRPC "
+                           f"reply: {reply[:16]!r}); {hint}")
+
+
+def preflight(cluster) -> None:
+    """What a run with rollout workers needs, checked before any weights load: Ray installed, and
+    ``cluster.address`` answering (a ``cluster`` config section)."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ClusterError(f"cluster.rollout_workers={cluster.rollout_workers} needs Ray: pip install 'sparserl[ray]' "
+                           "(./install.sh installs it)") from None
+    check_address(cluster.address)
+
+
+def connect(address: str | None, cpus_needed: float) -> bool:
+    """Initialise Ray for a run; True when this call started it (and the pool shuts it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    check_address(address)
+    try:
+        if address is None:
+            ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_needed)), include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)
+        else:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+    except ConnectionError as e:
+        raise ClusterError(f"cluster.address={address!r}: {e}") from None
+    return True
+
+
+class RolloutPool:
+    """``cfg.cluster.rollout_workers`` rollout workers, started with ``learner``'s weights."""
+
+    def __init__(self, cfg, learner, log=print):
+        import ray
+
+        c = cfg.cluster
+        self.cfg, self.log = cfg, log
+        self.started_ray = connect(c.address, c.rollout_workers * c.worker_cpus)
+        self._actor = ray.remote(RolloutWorker).options(num_cpus=c.worker_cpus, num_gpus=c.worker_gpus,
+                                                        max_restarts=0)
+        self.workers = [self._actor.remote(cfg, k) for k in range(c.rollout_workers)]
+        self.restarts = 0
+        self.version = 0
+        self._weights = None
+        self.update_weights(learner)
+
+    # --- weights ---------------------------------------------------------------------------------
+    def update_weights(self, source) -> None:
+        """The learner's weights (a model or a state dict) to every worker, through one object."""
+        import ray
+
+        state = source.state_dict() if hasattr(source, "state_dict") else source
+        self.version += 1
+        self._weights = ray.put({k: v.detach().cpu() for k, v in state.items()})
+        refs = {k: w.load_weights.remote(self._weights, self.version) for k, w in enumerate(self.workers)}
+        for k, ref in refs.items():  # a replaced worker loads the latest weights first: nothing to resend
+            self._get(k, ref, lambda load_ref: load_ref, what="loading weights")
+
+    # --- a step ----------------------------------------------------------------------------------
+    def generate(self, prompts: list, params, schedule=None):
+        """Every prompt's ``params.n`` responses, as one engine's ``generate`` would give them;
+        ``schedule``: the driver's current KV schedule (the online controller's budgets)."""
+        busy = [(k, s) for k, s in enumerate(shard_prompts(len(prompts), len(self.workers))) if len(s)]
+
+        def submit(k, s):
+            return self.workers[k].generate.remote(prompts[s.start:s.stop], params, s.start, self.version, schedule)
+
+        refs = {k: submit(k, s) for k, s in busy}
+        outs = [self._get(k, refs[k], lambda _load, k=k, s=s: submit(k, s), what=f"prompts {s.start}-{s.stop - 1}")
+                for k, s in busy]
+        return merge_shards(outs, [s for _, s in busy])
+
+    def _get(self, k: int, ref, resubmit, what: str):
+        """``ray.get(ref)`` of worker ``k``. When the worker has died: a new actor in its place, which
+        loads the latest weights, then ``resubmit(load_ref)`` gives the call to wait for instead (actor
+        calls run in the order sent); at most :data:`MAX_ATTEMPTS` workers for one piece of work."""
+        import ray
+        from ray.exceptions import RayActorError, WorkerCrashedError
+
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            try:
+                return ray.get(ref)
+            except (RayActorError, WorkerCrashedError) as e:
+                if attempt == MAX_ATTEMPTS:
+                    raise ClusterError(f"rollout worker {k} died {MAX_ATTEMPTS} times in a row ({what}): "
+                                       f"{type(e).__name__}; the step cannot complete") from None
+                self.log(f"cluster: rollout worker {k} died ({what}); restarting it and running its work again")
+                ref = resubmit(self._replace(k))
+        raise AssertionError("unreachable")
+
+    def _replace(self, k: int):
+        """A new worker ``k`` in place of a dead one; returns the ref of its loading the latest weights."""
+        import ray
+
+        try:
+            ray.kill(self.workers[k], no_restart=True)
+        except Exception:  # noqa: BLE001 - it is dead already
+            pass
+        self.workers[k] = self._actor.remote(self.cfg, k)
+        self.restarts += 1
+        return self.workers[k].load_weights.remote(self._weights, self.version)
+
+    # --- the end ---------------------------------------------------------------------------------
+    def info(self) -> list[dict]:
+        """Each worker's process id, device, dtype and threads."""
+        import ray
+
+        return ray.get([w.info.remote() for w in self.workers])
+
+    def close(self) -> None:
+        """Stop the workers, and Ray when the pool started it."""
+        import ray
+
+        for w in self.workers:
+            try:
+                ray.kill(w, no_restart=True)
+            except Exception:  # noqa: BLE001 - gone already
+                pass
+        self.workers = []
+        if self.started_ray and ray.is_initialized():
+            ray.shutdown()

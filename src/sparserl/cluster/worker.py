@@ -1,0 +1,58 @@
+"""A rollout worker: the run's sampler in a Ray actor (``cluster.rollout_workers``).
+
+It loads the run's model and builds its sampler with the trainer's own builder
+(:func:`sparserl.rollout.build.engine_from_fields`): the same compressor, schedule, dtype, weight and KV
+quantization. The driver then pushes the learner's weights (one object in Ray's object store per
+update, read by every worker); a quantized sampler quantizes them here, on the worker's side. Each
+step the worker samples its shard of the prompts (:mod:`.shard`) with the budgets the driver's
+controller has reached, and refuses to sample with weights other than the ones the driver pushed last.
+
+The class is plain Python (Ray wraps it in :mod:`.pool`), so it runs and tests without Ray too.
+"""
+from __future__ import annotations
+
+import os
+
+from ..errors import SparserlError
+
+
+class WorkerStateError(SparserlError, RuntimeError):
+    """A worker asked to sample with weights other than the ones the driver pushed last."""
+
+
+class RolloutWorker:
+    """One sampler. ``cfg``: the run's validated config; ``index``: the worker's place in the pool."""
+
+    def __init__(self, cfg, index: int):
+        from ..models.loading import load_model
+        from ..rollout.build import engine_from_fields
+
+        self.index = index
+        lm = load_model(cfg.model.name, dtype=cfg.model.dtype, seed=cfg.model.seed, device=cfg.model.device)
+        self.engine = engine_from_fields(lm, cfg.rollout)
+        self.version = -1  # no weights pushed yet
+
+    def info(self) -> dict:
+        """Where the worker runs: its process id, device, sampler dtype and the threads torch uses."""
+        import torch
+
+        return {"index": self.index, "pid": os.getpid(), "device": str(self.engine.device),
+                "dtype": str(self.engine.model.dtype).removeprefix("torch."), "threads": torch.get_num_threads()}
+
+    def load_weights(self, state: dict, version: int) -> int:
+        """The learner's state dict (``version``: the driver's push count) into the sampler; a quantized
+        sampler quantizes it here. Returns ``version``."""
+        self.engine.update_weights(state)
+        self.version = version
+        return version
+
+    def generate(self, prompts: list, params, first_prompt: int, version: int, schedule=None):
+        """Sample ``params.n`` responses for each of ``prompts`` (global prompts ``first_prompt`` on) with the
+        weights of push ``version`` and, when given, the driver's current KV schedule (a
+        :class:`~sparserl.rollout.kv.schedule.KVSchedule`)."""
+        if version != self.version:
+            raise WorkerStateError(f"rollout worker {self.index} holds weights of push {self.version}, "
+                                   f"asked to sample with push {version}")
+        if schedule is not None and schedule != self.engine.compressor.schedule:
+            self.engine.compressor.set_schedule(schedule)
+        return self.engine.generate(prompts, params, first_prompt=first_prompt)

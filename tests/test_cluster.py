@@ -1,0 +1,229 @@
+"""Scaling out on Ray (issue 31): the sharding rule, rollout workers that sample what one engine samples,
+the weight push reaching every worker, a killed worker replaced with no sample lost, a training step on
+workers equal to the single-process step, and the cluster options' bad inputs.
+
+One local Ray for the module (``num_cpus=2``): the pools find it running and leave it so."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from sparserl.cluster import merge_shards, shard_prompts
+
+ray = pytest.importorskip("ray")
+
+PROMPTS = ["hello there", "What is 3 + 4?", "one two three", "Tell me a story.", "What is 2 + 2?"]
+
+
+def test_shards_are_contiguous_balanced_and_cover_every_prompt():
+    for n_prompts in range(0, 12):
+        for n_workers in range(1, 6):
+            shards = shard_prompts(n_prompts, n_workers)
+            assert len(shards) == n_workers
+            assert [i for s in shards for i in s] == list(range(n_prompts))
+            sizes = [len(s) for s in shards]
+            assert max(sizes) - min(sizes) <= 1
+    assert shard_prompts(5, 2) == [range(0, 2), range(2, 5)]
+    with pytest.raises(ValueError, match="n_workers"):
+        shard_prompts(4, 0)
+
+
+def _cfg(tmp_path, *extra):
+    from sparserl.config import load_config, validate
+    from test_train import TINY
+
+    return validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", *extra]))
+
+
+def test_a_worker_without_ray_samples_its_shard_as_the_engine_does(tmp_path, tiny):
+    """The worker class itself: the trainer's builder, the pushed weights, the global rows of its shard."""
+    from sparserl.cluster.worker import RolloutWorker, WorkerStateError
+    from sparserl.rollout.build import engine_from_fields
+    from sparserl.rollout.sampling import SamplingParams
+
+    cfg = _cfg(tmp_path)
+    worker = RolloutWorker(cfg, 0)
+    params = SamplingParams(n=3, max_new_tokens=12, seed=5)
+    with pytest.raises(WorkerStateError, match="push -1"):
+        worker.generate(PROMPTS[2:], params, 2, version=1)
+    worker.load_weights(tiny.model.state_dict(), 1)
+    whole = engine_from_fields(tiny, cfg.rollout).generate(PROMPTS, params)
+    shard = worker.generate(PROMPTS[2:], params, 2, version=1)
+    assert shard.response_ids == whole.response_ids[6:]
+    assert worker.info()["index"] == 0 and worker.info()["pid"] == os.getpid()
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+def _same_samples(a, b, tol=1e-5):
+    assert a.prompt_index == b.prompt_index and a.prompt_ids == b.prompt_ids
+    assert a.response_ids == b.response_ids and a.finish_reason == b.finish_reason
+    for x, y in zip(a.sampler_logprobs, b.sampler_logprobs):
+        assert len(x) == len(y) and (not x or (torch.tensor(x) - torch.tensor(y)).abs().max() <= tol)
+
+
+def test_workers_sample_what_one_engine_samples_and_get_every_push(tmp_path, tiny, local_ray):
+    from sparserl.cluster.pool import RolloutPool
+    from sparserl.rollout.build import engine_from_fields
+    from sparserl.rollout.sampling import SamplingParams
+
+    cfg = _cfg(tmp_path, "cluster.rollout_workers=2", "train.prompts_per_step=5")
+    model = tiny.model
+    engine = engine_from_fields(tiny, cfg.rollout)
+    pool = RolloutPool(cfg, model, log=lambda *_: None)
+    try:
+        infos = pool.info()
+        assert [i["index"] for i in infos] == [0, 1] and len({i["pid"] for i in infos}) == 2
+        assert all(i["pid"] != os.getpid() for i in infos)
+        params = SamplingParams(n=3, max_new_tokens=12, seed=9)
+        ref = engine.generate(PROMPTS, params)
+        got = pool.generate(PROMPTS, params)
+        _same_samples(got, ref)
+        assert got.kv.compressions == ref.kv.compressions and got.tokens_generated == ref.tokens_generated
+        # the push reaches every worker: changed weights change their log-probs, to the engine's new ones
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        state["model.norm.weight"] *= 1.5  # sharper logits everywhere
+        pool.update_weights(state)
+        engine.update_weights(state)
+        assert pool.version == 2
+        forced = pool.generate(PROMPTS, params)
+        _same_samples(forced, engine.generate(PROMPTS, params))
+        assert forced.sampler_logprobs != got.sampler_logprobs
+        # the controller's schedule travels with the step
+        from sparserl.rollout.kv.schedule import KVSchedule
+
+        schedule = KVSchedule.from_pairs([[0, 6], [16, 10]])
+        engine.compressor.set_schedule(schedule)
+        _same_samples(pool.generate(PROMPTS, params, schedule), engine.generate(PROMPTS, params))
+    finally:
+        pool.close()
+    assert ray.is_initialized()  # the module's Ray: the pool did not start it, so it leaves it running
+
+
+def test_a_killed_worker_is_replaced_and_its_prompts_run_again(tmp_path, tiny, local_ray):
+    from sparserl.cluster.pool import RolloutPool
+    from sparserl.rollout.build import engine_from_fields
+    from sparserl.rollout.sampling import SamplingParams
+
+    cfg = _cfg(tmp_path, "cluster.rollout_workers=2", "train.prompts_per_step=5")
+    messages = []
+    pool = RolloutPool(cfg, tiny.model, log=messages.append)
+    try:
+        params = SamplingParams(n=2, max_new_tokens=10, seed=4)
+        ref = engine_from_fields(tiny, cfg.rollout).generate(PROMPTS, params)
+        victim = pool.info()[1]["pid"]
+        os.kill(victim, signal.SIGKILL)  # kill -9, between steps: the next step finds it dead
+        _same_samples(pool.generate(PROMPTS, params), ref)
+        assert pool.restarts == 1 and any("rollout worker 1 died" in m for m in messages)
+        assert pool.info()[1]["pid"] != victim
+        # and mid-step: killed while its shard is being sampled
+        victim = pool.info()[0]["pid"]
+        slow = SamplingParams(n=2, max_new_tokens=400, seed=4, ignore_eos=True)  # a shard takes well over 50 ms
+        ref = engine_from_fields(tiny, cfg.rollout).generate(PROMPTS, slow)
+        import threading
+
+        threading.Timer(0.05, os.kill, (victim, signal.SIGKILL)).start()
+        _same_samples(pool.generate(PROMPTS, slow), ref)
+        assert pool.restarts == 2
+    finally:
+        pool.close()
+
+
+def test_a_training_step_on_workers_equals_the_single_process_step(tmp_path, local_ray):
+    """cluster.rollout_workers=2: the same first-step metrics and the same weights after the step."""
+    from sparserl import runlog as names
+    from sparserl.train.trainer import build_trainer, train_step
+
+    out, weights = {}, {}
+    for label, extra in (("one", ()), ("workers", ("cluster.rollout_workers=2",))):
+        cfg = _cfg(tmp_path / label, "mismatch.alpha=exact", *extra)
+        trainer = build_trainer(cfg)
+        try:
+            out[label] = train_step(trainer, 1)
+            weights[label] = {k: v.clone() for k, v in trainer.learner.state_dict().items()}
+        finally:
+            if trainer.pool is not None:
+                trainer.pool.close()
+    for key in (names.REWARD_MEAN, names.LENGTH_MEAN, names.MISMATCH_K3, names.MISMATCH_ALPHA_MEAN,
+                names.POLICY_LOSS, names.GRAD_NORM):
+        assert out["workers"][key] == pytest.approx(out["one"][key], rel=1e-4, abs=1e-6), key
+    assert out["workers"][names.CLUSTER_WORKER_RESTARTS] == 0 and names.CLUSTER_WORKER_RESTARTS not in out["one"]
+    # AdamW's first step moves each weight by lr·g/|g|: where a gradient is ~0, the float rounding of other
+    # batch shapes can flip its sign (3 of 6.4M weights here). Every other weight is equal to 1e-6; other
+    # samples (another seed) would move most of them differently.
+    lr = 1e-3
+    moved = sum(int(((weights["workers"][k] - weights["one"][k]).abs() > 1e-6).sum()) for k in weights["one"])
+    total = sum(v.numel() for v in weights["one"].values())
+    assert moved <= 1e-5 * total, (moved, total)
+    for k in weights["one"]:
+        assert (weights["workers"][k] - weights["one"][k]).abs().max() <= 2 * lr + 1e-6, k
+
+
+@pytest.mark.parametrize("override,message", [
+    ("cluster.rollout_workers=0", "cluster.rollout_workers=0: must be >= 1"),
+    ("cluster.rollout_workers=3", "more than train.prompts_per_step=2"),
+    ("cluster.address=auto", "needs cluster.rollout_workers"),
+    ("cluster.worker_cpus=0", "cluster.worker_cpus=0"),
+])
+def test_bad_cluster_options_fail_before_any_work(tmp_path, override, message):
+    from sparserl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        _cfg(tmp_path, override)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # closed again on return: nothing listens there
+
+
+def test_an_address_that_is_not_a_ray_head_fails_within_seconds(local_ray):
+    """Refused, silent, or answering without gRPC (an HTTP server, a proxy): one error in seconds. The
+    module's own Ray head passes."""
+    import socket
+    import threading
+
+    from sparserl.cluster.pool import ClusterError, check_address
+
+    start = time.perf_counter()
+    with pytest.raises(ClusterError, match=r"127.0.0.1:\d+'?: no Ray head answers.*ray start --head"):
+        check_address(f"127.0.0.1:{_closed_port()}", timeout_s=1.0)
+    with socket.socket() as server:  # listens, then answers like an HTTP/1 server
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+
+        def answer():
+            conn, _ = server.accept()
+            conn.recv(64)
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.close()
+
+        threading.Thread(target=answer, daemon=True).start()
+        with pytest.raises(ClusterError, match="not a Ray head"):
+            check_address(f"127.0.0.1:{server.getsockname()[1]}", timeout_s=1.0)
+    with socket.socket() as server:  # listens and never answers
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        with pytest.raises(ClusterError, match="within 1 s"):
+            check_address(f"127.0.0.1:{server.getsockname()[1]}", timeout_s=1.0)
+    with pytest.raises(ClusterError, match="expected auto or host:port"):
+        check_address("nowhere")
+    assert time.perf_counter() - start < 10
+    check_address(ray.get_runtime_context().gcs_address)  # a real Ray head
+    check_address(None)
+    check_address("auto")
