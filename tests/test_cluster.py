@@ -2,7 +2,7 @@
 the weight push reaching every worker, a killed worker replaced with no sample lost, a training step on
 workers equal to the single-process step, and the cluster options' bad inputs.
 
-One local Ray for the module (``num_cpus=2``): the pools find it running and leave it so."""
+One local Ray for the module (4 logical CPUs on the 2 cores): the pools find it running and leave it so."""
 from __future__ import annotations
 
 import os
@@ -61,7 +61,8 @@ def test_a_worker_without_ray_samples_its_shard_as_the_engine_does(tmp_path, tin
 def local_ray():
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # logical CPUs for 2 rollout workers and a second learner (Ray's resources are bookkeeping)
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     if started:
         ray.shutdown()
@@ -141,40 +142,66 @@ def test_a_killed_worker_is_replaced_and_its_prompts_run_again(tmp_path, tiny, l
         pool.close()
 
 
-def test_a_training_step_on_workers_equals_the_single_process_step(tmp_path, local_ray):
-    """cluster.rollout_workers=2: the same first-step metrics and the same weights after the step."""
+def test_a_training_step_on_workers_and_learners_equals_the_single_process_step(tmp_path, local_ray):
+    """cluster.rollout_workers=2, then also cluster.learners=2: the same first-step metrics and the same
+    weights after the step as one process; the peer learner holds the same weights as the driver."""
     from sparserl import runlog as names
-    from sparserl.train.trainer import build_trainer, train_step
+    from sparserl.train.trainer import build_trainer, close_cluster, train_step
 
     out, weights = {}, {}
-    for label, extra in (("one", ()), ("workers", ("cluster.rollout_workers=2",))):
+    for label, extra in (("one", ()), ("workers", ("cluster.rollout_workers=2",)),
+                         ("learners", ("cluster.rollout_workers=2", "cluster.learners=2"))):
         cfg = _cfg(tmp_path / label, "mismatch.alpha=exact", *extra)
         trainer = build_trainer(cfg)
         try:
             out[label] = train_step(trainer, 1)
             weights[label] = {k: v.clone() for k, v in trainer.learner.state_dict().items()}
+            if trainer.learners is not None:
+                peer = ray.get(trainer.learners.peers[0].state.remote())
+                assert all(torch.equal(peer[k], weights[label][k]) for k in peer)  # replicas stay equal
         finally:
-            if trainer.pool is not None:
-                trainer.pool.close()
-    for key in (names.REWARD_MEAN, names.LENGTH_MEAN, names.MISMATCH_K3, names.MISMATCH_ALPHA_MEAN,
-                names.POLICY_LOSS, names.GRAD_NORM):
-        assert out["workers"][key] == pytest.approx(out["one"][key], rel=1e-4, abs=1e-6), key
+            close_cluster(trainer)
+    for label in ("workers", "learners"):
+        for key in (names.REWARD_MEAN, names.LENGTH_MEAN, names.MISMATCH_K3, names.MISMATCH_ALPHA_MEAN,
+                    names.POLICY_LOSS, names.GRAD_NORM, names.ENTROPY):
+            assert out[label][key] == pytest.approx(out["one"][key], rel=1e-4, abs=1e-6), (label, key)
+        _same_weights(weights[label], weights["one"])
     assert out["workers"][names.CLUSTER_WORKER_RESTARTS] == 0 and names.CLUSTER_WORKER_RESTARTS not in out["one"]
-    # AdamW's first step moves each weight by lr·g/|g|: where a gradient is ~0, the float rounding of other
-    # batch shapes can flip its sign (3 of 6.4M weights here). Every other weight is equal to 1e-6; other
-    # samples (another seed) would move most of them differently.
+
+
+def _same_weights(got: dict, ref: dict) -> None:
+    """AdamW's first step moves each weight by lr·g/|g|: where a gradient is ~0, the float rounding of other
+    batch shapes (or of a sum over learners) can flip its sign (3 of 6.4M weights with 2 workers). Every
+    other weight is equal to 1e-6; other samples (another seed) would move most of them differently."""
     lr = 1e-3
-    moved = sum(int(((weights["workers"][k] - weights["one"][k]).abs() > 1e-6).sum()) for k in weights["one"])
-    total = sum(v.numel() for v in weights["one"].values())
+    moved = sum(int(((got[k] - ref[k]).abs() > 1e-6).sum()) for k in ref)
+    total = sum(v.numel() for v in ref.values())
     assert moved <= 1e-5 * total, (moved, total)
-    for k in weights["one"]:
-        assert (weights["workers"][k] - weights["one"][k]).abs().max() <= 2 * lr + 1e-6, k
+    for k in ref:
+        assert (got[k] - ref[k]).abs().max() <= 2 * lr + 1e-6, k
+
+
+def test_a_learner_that_dies_stops_the_step_with_an_error_naming_it(tmp_path, local_ray):
+    from sparserl.train.data_parallel import LearnerError
+    from sparserl.train.trainer import build_trainer, close_cluster, train_step
+
+    trainer = build_trainer(_cfg(tmp_path, "cluster.learners=2", "mismatch.alpha=off"))
+    try:
+        os.kill(ray.get(trainer.learners.peers[0].pid.remote()), signal.SIGKILL)
+        start = time.perf_counter()
+        with pytest.raises(LearnerError, match="learner 1 of 2 died.*--resume"):
+            train_step(trainer, 1)
+        assert time.perf_counter() - start < 60
+    finally:
+        close_cluster(trainer)
 
 
 @pytest.mark.parametrize("override,message", [
     ("cluster.rollout_workers=0", "cluster.rollout_workers=0: must be >= 1"),
     ("cluster.rollout_workers=3", "more than train.prompts_per_step=2"),
     ("cluster.address=auto", "needs cluster.rollout_workers"),
+    ("cluster.learners=9", "more than the 8 samples per step"),
+    ("cluster.learners=3", "more than the 2 micro-batches of an optimizer step"),
     ("cluster.worker_cpus=0", "cluster.worker_cpus=0"),
 ])
 def test_bad_cluster_options_fail_before_any_work(tmp_path, override, message):
@@ -227,3 +254,34 @@ def test_an_address_that_is_not_a_ray_head_fails_within_seconds(local_ray):
     check_address(ray.get_runtime_context().gcs_address)  # a real Ray head
     check_address(None)
     check_address("auto")
+
+
+def test_resume_with_workers_and_learners_continues_exactly(tmp_path, local_ray):
+    """A run stopped after step 1 (the driver killed, a learner lost: either way the run ends there) and
+    resumed to step 2 equals the run that went through: byte-equal weights, the same step-2 metrics."""
+    from sparserl import runlog as names
+    from sparserl.runlog import read_metrics
+    from sparserl.train.checkpoint import latest_checkpoint
+    from sparserl.train.trainer import train
+
+    extra = ("cluster.rollout_workers=2", "cluster.learners=2", "mismatch.alpha=off", "checkpoint.every=1")
+    quiet = lambda *_: None  # noqa: E731
+    through = train(_cfg(tmp_path, "train.steps=2", *extra), run_dir=tmp_path / "through", log=quiet)
+    stopped = train(_cfg(tmp_path, "train.steps=1", *extra), run_dir=tmp_path / "stopped", log=quiet)
+    train(_cfg(tmp_path, "train.steps=2", *extra), resume=True, run_dir=stopped, log=quiet)
+    from safetensors.torch import load_file
+
+    a = load_file(str(next((latest_checkpoint(through) / "model").glob("*.safetensors"))))
+    b = load_file(str(next((latest_checkpoint(stopped) / "model").glob("*.safetensors"))))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    m_through, m_resumed = read_metrics(through)[-1], read_metrics(stopped)[-1]
+    for key in (names.REWARD_MEAN, names.LENGTH_MEAN, names.POLICY_LOSS, names.GRAD_NORM):
+        assert m_resumed[key] == m_through[key], key
+
+
+def test_more_ray_resources_than_the_cluster_has_is_an_error_not_a_wait(tmp_path, tiny, local_ray):
+    from sparserl.cluster.pool import ClusterError, RolloutPool
+
+    cfg = _cfg(tmp_path, "cluster.rollout_workers=2", "cluster.worker_cpus=3")
+    with pytest.raises(ClusterError, match="2 rollout workers need 6 Ray CPUs and the cluster has 4 free"):
+        RolloutPool(cfg, tiny.model)

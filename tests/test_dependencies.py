@@ -104,4 +104,4 @@ def test_cluster_sits_under_train():
         assert not bad, f"{module_name(path)} imports {sorted(bad)}"
     users = {module_name(p) for p in files() if refers_to(imports_of(p), "sparserl.cluster")
              and not module_name(p).startswith("sparserl.cluster")}
-    assert users == {"sparserl.train.trainer"}, users
+    assert users and all(u.startswith("sparserl.train.") for u in users), users

@@ -407,7 +407,8 @@ class MismatchConfig(_Section):
 
 
 class ClusterConfig(_Section):
-    """Scaling out on Ray (sparserl.cluster): rollout workers as Ray actors."""
+    """Scaling out on Ray: rollout workers as Ray actors (sparserl.cluster), data-parallel learners
+    (sparserl.train.data_parallel)."""
 
     rollout_workers: Optional[int] = F(None, "Rollout workers, each a Ray actor holding the run's sampler; a step's "
                                        "prompts are split across them. None = the sampler runs in the training "
@@ -416,6 +417,11 @@ class ClusterConfig(_Section):
                                "auto = the cluster this machine has joined (`ray start`); host:port = that head.")
     worker_cpus: float = F(1.0, "Ray CPUs per rollout worker (also its torch threads).", gt=0)
     worker_gpus: float = F(0.0, "Ray GPUs per rollout worker (a fraction shares a GPU).", ge=0)
+    learners: int = F(1, "Data-parallel learners: the training process and learners - 1 Ray actors in one "
+                      "torch.distributed group (gloo on CPU, NCCL on GPU); gradients summed, loss normalised over "
+                      "the whole batch.", ge=1)
+    learner_cpus: float = F(1.0, "Ray CPUs per learner actor (also its torch threads).", gt=0)
+    learner_gpus: float = F(0.0, "Ray GPUs per learner actor.", ge=0)
 
 
 SECTIONS: dict[str, type[_Section]] = {
@@ -766,9 +772,20 @@ def validate(cfg: Config) -> Config:
             errors.append(f"rollout.kv_controller.min_budget={kc.min_budget} must be larger than rollout.window="
                           f"{r.window} (the window's tokens are always kept)")
     c = cfg.cluster
-    if c.rollout_workers is None and c.address is not None:
-        errors.append(f"cluster.address={c.address!r} needs cluster.rollout_workers (the sampler runs in the training "
-                      "process without it)")
+    if c.rollout_workers is None and c.learners == 1 and c.address is not None:
+        errors.append(f"cluster.address={c.address!r} needs cluster.rollout_workers or cluster.learners > 1 (without "
+                      "them everything runs in the training process)")
+    if c.learners > 1:
+        samples = t.prompts_per_step * r.n
+        mini = (t.mini_batch_prompts or t.prompts_per_step) * r.n
+        micro = -(-mini // t.micro_batch_size)
+        if c.learners > samples:
+            errors.append(f"cluster.learners={c.learners} is more than the {samples} samples per step "
+                          f"(train.prompts_per_step={t.prompts_per_step} x rollout.n={r.n})")
+        elif c.learners > micro:
+            errors.append(f"cluster.learners={c.learners} is more than the {micro} micro-batches of an optimizer step "
+                          f"({mini} samples / train.micro_batch_size={t.micro_batch_size}): a learner would get none; "
+                          "lower train.micro_batch_size")
     if c.rollout_workers is not None and c.rollout_workers > t.prompts_per_step:
         errors.append(f"cluster.rollout_workers={c.rollout_workers} is more than train.prompts_per_step="
                       f"{t.prompts_per_step}: a worker would get no prompt")

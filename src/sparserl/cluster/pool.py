@@ -74,8 +74,27 @@ def preflight(cluster) -> None:
     check_address(cluster.address)
 
 
+def resources_needed(cluster) -> dict[str, float]:
+    """Ray CPUs and GPUs the run's actors take: the rollout workers and the learners beyond the first."""
+    workers, peers = cluster.rollout_workers or 0, cluster.learners - 1
+    return {"CPU": workers * cluster.worker_cpus + peers * cluster.learner_cpus,
+            "GPU": workers * cluster.worker_gpus + peers * cluster.learner_gpus}
+
+
+def require_resources(needed: dict[str, float], what: str) -> None:
+    """Ray has ``needed`` free now; an actor asking for more would wait forever, so say so at once."""
+    import ray
+
+    free = ray.available_resources()
+    for kind, amount in needed.items():
+        if amount > 0 and free.get(kind, 0.0) + 1e-9 < amount:
+            raise ClusterError(f"{what} need {amount:g} Ray {kind}s and the cluster has {free.get(kind, 0.0):g} free "
+                               f"({ray.cluster_resources().get(kind, 0.0):g} in all): lower cluster.worker_cpus / "
+                               "learner_cpus (or the GPU options), or add machines")
+
+
 def connect(address: str | None, cpus_needed: float) -> bool:
-    """Initialise Ray for a run; True when this call started it (and the pool shuts it down)."""
+    """Initialise Ray for a run; True when this call started it (and the run shuts it down after)."""
     import ray
 
     if ray.is_initialized():
@@ -100,7 +119,9 @@ class RolloutPool:
 
         c = cfg.cluster
         self.cfg, self.log = cfg, log
-        self.started_ray = connect(c.address, c.rollout_workers * c.worker_cpus)
+        self.started_ray = connect(c.address, resources_needed(c)["CPU"])
+        require_resources({"CPU": c.rollout_workers * c.worker_cpus, "GPU": c.rollout_workers * c.worker_gpus},
+                          f"{c.rollout_workers} rollout workers")
         self._actor = ray.remote(RolloutWorker).options(num_cpus=c.worker_cpus, num_gpus=c.worker_gpus,
                                                         max_restarts=0)
         self.workers = [self._actor.remote(cfg, k) for k in range(c.rollout_workers)]

@@ -59,11 +59,29 @@ class Trainer:
     ref: torch.nn.Module | None = None
     kv_controller: KVController | None = None
     pool: object | None = None  # sparserl.cluster.pool.RolloutPool: the rollout workers, when there are
+    learners: object | None = None  # .data_parallel.LearnerGroup: the other learners, when cluster.learners > 1
+
+    @property
+    def ranks(self):
+        """This process's :class:`.data_parallel.Ranks` among the learners (None: it is the only one)."""
+        return self.learners.ranks if self.learners is not None else None
 
     @property
     def device(self) -> torch.device:
         """Where the learner lives (``model.device``): the batch moves there to be scored and trained."""
         return next(self.learner.parameters()).device
+
+
+def build_learner(cfg: Config):
+    """(loaded model, learner, AdamW, warm-up schedule): the one builder of a learner, the training
+    process's and every data-parallel peer's (:mod:`.data_parallel`)."""
+    t = cfg.train
+    lm = load_model(cfg.model.name, dtype=cfg.model.dtype, seed=cfg.model.seed, device=cfg.model.device)
+    learner = apply_invariant_scaling(lm.model, cfg.rollout.quant_scale).train()  # QuRL: before the sampler copies it
+    opt = torch.optim.AdamW(learner.parameters(), lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay)
+    warm = max(1, t.warmup_steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
+    return lm, learner, opt, sched
 
 
 def build_trainer(cfg: Config) -> Trainer:
@@ -79,18 +97,13 @@ def build_trainer(cfg: Config) -> Trainer:
         print(f"data: {len(data)} examples from {data.source}, {data.skipped} bad rows skipped")
     check_model(cfg.model.name)
     reward_fn = load_reward(cfg.reward.fn, timeout_s=cfg.reward.timeout_s)
-    if cfg.cluster.rollout_workers is not None:  # Ray installed, its address answering: before the weights load
+    if cfg.cluster.rollout_workers is not None or cfg.cluster.learners > 1:  # Ray there, its address answering
         from ..cluster.pool import preflight as cluster_preflight
 
         cluster_preflight(cfg.cluster)
-    r = cfg.rollout
-    lm = load_model(cfg.model.name, dtype=cfg.model.dtype, seed=cfg.model.seed, device=cfg.model.device)
-    learner = apply_invariant_scaling(lm.model, r.quant_scale).train()  # QuRL: before the sampler copies it
+    r, t = cfg.rollout, cfg.train
+    lm, learner, opt, sched = build_learner(cfg)
     engine = engine_from_fields(lm, r)
-    t = cfg.train
-    opt = torch.optim.AdamW(learner.parameters(), lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay)
-    warm = max(1, t.warmup_steps)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
     ref = None
     if cfg.algorithm.kl_coef > 0:
         ref = copy.deepcopy(learner).eval().requires_grad_(False)
@@ -104,8 +117,21 @@ def build_trainer(cfg: Config) -> Trainer:
         from ..cluster.pool import RolloutPool
 
         pool = RolloutPool(cfg, learner)
-    return Trainer(cfg, learner, lm.tokenizer, engine, opt, sched,
-                   PromptSampler(list(data), t.prompts_per_step, seed=t.seed), reward_fn, ref, controller, pool)
+    trainer = Trainer(cfg, learner, lm.tokenizer, engine, opt, sched,
+                      PromptSampler(list(data), t.prompts_per_step, seed=t.seed), reward_fn, ref, controller, pool)
+    if cfg.cluster.learners > 1:
+        from .data_parallel import LearnerGroup
+
+        trainer.learners = LearnerGroup(cfg, trainer)
+    return trainer
+
+
+def close_cluster(trainer: Trainer) -> None:
+    """Stop the rollout workers and the other learners (and a Ray started for the run)."""
+    if trainer.learners is not None:
+        trainer.learners.close()
+    if trainer.pool is not None:
+        trainer.pool.close()
 
 
 def generate(trainer: Trainer, prompts: list, params: SamplingParams) -> RolloutOutput:
@@ -176,7 +202,7 @@ def train_step(trainer: Trainer, step: int) -> dict:
                              a.correction_options or None)
     adv_options = {"scale_rewards": a.scale_rewards} if a.adv_estimator == "grpo" else {}
     batch.advantages = compute_advantages(a.adv_estimator, batch.rewards, batch.group_ids, **adv_options)
-    update_metrics = update_policy(trainer, batch, corr)
+    update_metrics = update(trainer, batch, corr)
     push_weights(trainer)
     if trainer.engine.model.quantizer.quantizes:
         update_metrics[names.TIME_QUANTIZE] = trainer.engine.model.last_quantize_s
@@ -211,9 +237,25 @@ def old_logprobs_from(trainer: Trainer) -> str:
                                temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, quantized=r.quantized)
 
 
-def update_policy(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
+def update(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
+    """The step's update: here alone, or with the other learners computing their share at the same time."""
+    if trainer.learners is None:
+        return update_policy(trainer, batch, corr)
+    peers = trainer.learners.start_update(batch, corr)
+    try:
+        out = update_policy(trainer, batch, corr)
+    except RuntimeError:  # a collective failed: name the learner that died, if one did
+        trainer.learners.finish_update(peers)
+        raise
+    trainer.learners.finish_update(peers)
+    return out
+
+
+def update_policy(trainer, batch: RolloutBatch, corr) -> dict:
     """PPO-clip updates: mini-batches of whole groups (several optimizer steps when the mini-batch is
-    smaller than the rollout batch), micro-batches with gradient accumulation, grad-norm clipping."""
+    smaller than the rollout batch), micro-batches with gradient accumulation, grad-norm clipping.
+    ``trainer``: a :class:`Trainer` or a data-parallel peer; with ``trainer.ranks``, this process computes
+    its micro-batches only and the gradients and metric sums are summed over the learners."""
     cfg, a, t = trainer.cfg, trainer.cfg.algorithm, trainer.cfg.train
     N, T = batch.response_ids.shape
     mini = (t.mini_batch_prompts or t.prompts_per_step) * cfg.rollout.n
@@ -221,15 +263,18 @@ def update_policy(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
     sums: dict[str, float] = {}
     count, grad_norms = 0, []
     forward = forward_response_shared if t.shared_prompt else forward_response
-    quantizer = trainer.engine.model.quantizer  # QuRL's metric on the grid the sampler uses
-    codes = quantizer.codes if quantizer.quantizes else None
+    quantizer = trainer.engine.model.quantizer if trainer.engine is not None else None  # QuRL's metric's grid
+    codes = quantizer.codes if quantizer is not None and quantizer.quantizes else None
+    ranks = trainer.ranks
     trainer.learner.train()
     for _epoch in range(t.ppo_epochs):
         for ms in range(0, N, mini):
             rows = slice(ms, min(ms + mini, N))
             norms = loss_normalizers(corr.mask[rows], a.loss_agg, max_len=cfg.rollout.max_new_tokens)
             trainer.optimizer.zero_grad(set_to_none=True)
-            for mb in range(rows.start, rows.stop, t.micro_batch_size):
+            for i, mb in enumerate(range(rows.start, rows.stop, t.micro_batch_size)):
+                if ranks is not None and not ranks.mine(i):
+                    continue
                 r = slice(mb, min(mb + t.micro_batch_size, rows.stop))
                 lp, ent = forward(trainer.learner, batch, r, return_entropy=True, entropy_grad=bool(a.entropy_coef),
                                   temperature=cfg.rollout.temperature)
@@ -250,6 +295,8 @@ def update_policy(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
                 for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + v * (1.0 if k == names.POLICY_LOSS else w)
                 count += w
+            if ranks is not None:
+                ranks.sum_grads(trainer.learner)
             gn = torch.nn.utils.clip_grad_norm_(trainer.learner.parameters(), t.grad_clip or float("inf"))
             grad_norms.append(float(gn))
             before = quantized_weight_snapshot(trainer.learner) if codes else None
@@ -257,6 +304,10 @@ def update_policy(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
             if codes:  # QuRL: how much of this step the quantized sampler can see
                 out_visible = update_visible_frac(before, dict(trainer.learner.named_parameters()), codes)
             trainer.scheduler.step()  # the schedule (warm-up) counts optimizer updates
+    if ranks is not None:  # every learner's share (each computed at least one micro-batch: config check)
+        keys = sorted(sums)
+        *values, count = ranks.sum_floats([sums[k] for k in keys] + [count])
+        sums = dict(zip(keys, values))
     # micro-batch losses add up to each optimizer step's loss; report the mean over optimizer steps
     out = {k: (v / max(1, len(grad_norms)) if k == names.POLICY_LOSS else v / max(count, 1.0))
            for k, v in sums.items()}
@@ -324,9 +375,8 @@ def train(cfg: Config, resume: bool = False, run_dir: str | Path | None = None, 
     trainer = build_trainer(cfg)
     try:
         return run_steps(trainer, run, resume, changes, log)
-    finally:
-        if trainer.pool is not None:  # the rollout workers (and a Ray started for the run) stop with it
-            trainer.pool.close()
+    finally:  # the rollout workers, the other learners and a Ray started for the run stop with it
+        close_cluster(trainer)
 
 
 def run_steps(trainer: Trainer, run: Path, resume: bool, changes: list, log=print) -> Path:
@@ -353,6 +403,8 @@ def run_steps(trainer: Trainer, run: Path, resume: bool, changes: list, log=prin
             trainer.engine.compressor.set_schedule(trainer.kv_controller.schedule())
         refold_after_load(trainer.learner)  # checkpoints hold the original form (QuRL's s taken out)
         push_weights(trainer)
+        if trainer.learners is not None:
+            trainer.learners.sync(trainer)
         start = int(state["step"])
         log(f"resumed from {ckpt} (step {start})")
     choice = trainer.engine.dtype_choice
