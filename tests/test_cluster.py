@@ -285,4 +285,4 @@ def test_more_ray_resources_than_the_cluster_has_is_an_error_not_a_wait(tmp_path
     cfg = _cfg(tmp_path, "cluster.rollout_workers=2", "cluster.worker_cpus=3")
     # what is free depends on the actors earlier tests left being released (asynchronously): 4 in all
     with pytest.raises(ClusterError, match=r"2 rollout workers need 6 Ray CPUs and the cluster has [0-4] free \(4 in all\)"):
-        RolloutPool(cfg, tiny.model)
+        RolloutPool(cfg, tiny.model)  # after waiting up to 15 s for resources being released

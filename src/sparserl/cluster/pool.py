@@ -81,13 +81,23 @@ def resources_needed(cluster) -> dict[str, float]:
             "GPU": workers * cluster.worker_gpus + peers * cluster.learner_gpus}
 
 
-def require_resources(needed: dict[str, float], what: str) -> None:
-    """Ray has ``needed`` free now; an actor asking for more would wait forever, so say so at once."""
+def require_resources(needed: dict[str, float], what: str, wait_s: float = 15.0) -> None:
+    """Ray has ``needed`` free (within ``wait_s``: actors just stopped release theirs asynchronously); an
+    actor asking for more would wait forever, so say so instead."""
+    import time
+
     import ray
 
+    def short(free):
+        return [kind for kind, amount in needed.items() if amount > 0 and free.get(kind, 0.0) + 1e-9 < amount]
+
+    deadline = time.monotonic() + wait_s
     free = ray.available_resources()
+    while short(free) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        free = ray.available_resources()
     for kind, amount in needed.items():
-        if amount > 0 and free.get(kind, 0.0) + 1e-9 < amount:
+        if kind in short(free):
             raise ClusterError(f"{what} need {amount:g} Ray {kind}s and the cluster has {free.get(kind, 0.0):g} free "
                                f"({ray.cluster_resources().get(kind, 0.0):g} in all): lower cluster.worker_cpus / "
                                "learner_cpus (or the GPU options), or add machines")
