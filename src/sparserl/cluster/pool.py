@@ -43,7 +43,7 @@ def check_address(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> 
     connection and speaks gRPC (HTTP/2 SETTINGS in reply to a client preface). Ray's own client waits
     far longer on an address that does not answer, and a proxy in the way accepts any connection.
     Unset and ``auto`` pass (Ray finds or starts its own)."""
-    if address in (None, "auto", "local"):
+    if address in (None, "auto"):
         return
     hostport = address.removeprefix("ray://")
     host, sep, port = hostport.rpartition(":")
@@ -186,12 +186,7 @@ class RolloutPool:
 
     def _replace(self, k: int):
         """A new worker ``k`` in place of a dead one; returns the ref of its loading the latest weights."""
-        import ray
-
-        try:
-            ray.kill(self.workers[k], no_restart=True)
-        except Exception:  # noqa: BLE001 - it is dead already
-            pass
+        stop_actors([self.workers[k]], shutdown_ray=False)
         self.workers[k] = self._actor.remote(self.cfg, k)
         self.restarts += 1
         return self.workers[k].load_weights.remote(self._weights, self.version)
@@ -205,13 +200,18 @@ class RolloutPool:
 
     def close(self) -> None:
         """Stop the workers, and Ray when the pool started it."""
-        import ray
-
-        for w in self.workers:
-            try:
-                ray.kill(w, no_restart=True)
-            except Exception:  # noqa: BLE001 - gone already
-                pass
+        stop_actors(self.workers, self.started_ray)
         self.workers = []
-        if self.started_ray and ray.is_initialized():
-            ray.shutdown()
+
+
+def stop_actors(actors: list, shutdown_ray: bool) -> None:
+    """Kill ``actors`` (dead ones are skipped), then shut Ray down when the caller started it."""
+    import ray
+
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - gone already
+            pass
+    if shutdown_ray and ray.is_initialized():
+        ray.shutdown()

@@ -15,6 +15,7 @@ same way. A learner that dies breaks the group: the step fails with an error nam
 """
 from __future__ import annotations
 
+import copy
 import datetime
 import socket
 
@@ -61,6 +62,16 @@ class Ranks:
         t = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(t)
         return t.tolist()
+
+
+def _on(record, device):
+    """A shallow copy of ``record`` (a batch, a correction) with its tensors on ``device``; ``record``
+    itself is left where it is (the driver keeps using it)."""
+    out = copy.copy(record)
+    for name, value in vars(record).items():
+        if isinstance(value, torch.Tensor):
+            setattr(out, name, value.to(device))
+    return out
 
 
 def _free_port(host: str) -> int:
@@ -111,7 +122,8 @@ class LearnerPeer:
         """This rank's share of the step's update (``payload``: the driver's batch and corrections)."""
         from .trainer import update_policy
 
-        batch, corr = payload
+        device = next(self.learner.parameters()).device
+        batch, corr = (_on(record, device) for record in payload)
         update_policy(self, batch, corr)
 
     def state(self) -> dict:
@@ -153,7 +165,7 @@ class LearnerGroup:
         """The peers start their share of this step's update (they meet the driver in its collectives)."""
         import ray
 
-        refs = ray.put((batch.to("cpu"), corr))
+        refs = ray.put((_on(batch, "cpu"), _on(corr, "cpu")))
         return [p.update.remote(refs) for p in self.peers]
 
     def finish_update(self, refs: list) -> None:
@@ -172,16 +184,12 @@ class LearnerGroup:
                                    "here: `sparserl train --resume` continues from the last checkpoint") from None
 
     def close(self) -> None:
-        import ray
+        """Stop the peers, leave the process group, and stop Ray when this group started it."""
         import torch.distributed as dist
 
-        for p in self.peers:
-            try:
-                ray.kill(p, no_restart=True)
-            except Exception:  # noqa: BLE001 - gone already
-                pass
-        self.peers = []
+        from ..cluster.pool import stop_actors
+
         if dist.is_initialized():
             dist.destroy_process_group()
-        if self.started_ray and ray.is_initialized():
-            ray.shutdown()
+        stop_actors(self.peers, self.started_ray)
+        self.peers = []
