@@ -196,6 +196,90 @@ def test_a_learner_that_dies_stops_the_step_with_an_error_naming_it(tmp_path, lo
         close_cluster(trainer)
 
 
+def test_async_rollouts_lag_one_step_split_the_mismatch_and_survive_a_killed_worker(tmp_path, tiny, local_ray):
+    """rollout.async: step 1 samples with the first weights (lag 0); step 2's rollout, sent before step 1's
+    update, is what the first weights sample for step 2's prompts (lag 1), even though a worker is killed
+    while it samples; the learner scores the old policy itself; the lag shows in k3 and α's lag parts."""
+    from sparserl import runlog as names
+    from sparserl.rollout.build import engine_from_fields
+    from sparserl.train.trainer import build_trainer, close_cluster, old_logprobs_from, sampling_params, train_step
+
+    cfg = _cfg(tmp_path, "cluster.rollout_workers=2", "rollout.async=true", "mismatch.alpha=topk",
+               "checkpoint.every=0", "train.steps=3", "rollout.max_new_tokens=48")
+    first = engine_from_fields(tiny, cfg.rollout)  # the weights before any update
+    trainer = build_trainer(cfg)
+    collected, metrics = [], []
+    collect, submit = trainer.pool.collect, trainer.pool.submit
+    trainer.pool.collect = lambda pending: collected.append((pending.prompts, collect(pending))) or collected[-1][1]
+    victim = trainer.pool.info()[0]["pid"]
+
+    def submit_then_kill(*args):  # kill -9 worker 0 as soon as step 2's rollout is sent to it
+        pending = submit(*args)
+        if pending.refs and len(collected) == 1:
+            os.kill(victim, signal.SIGKILL)
+        return pending
+
+    trainer.pool.submit = submit_then_kill
+    try:
+        assert old_logprobs_from(trainer) == "score"
+        metrics.append(train_step(trainer, 1))
+        assert trainer.pending is not None and trainer.pending[1].version == 1  # step 2's, sent before the update
+        metrics.append(train_step(trainer, 2))
+        metrics.append(train_step(trainer, 3))
+        assert trainer.pending is None  # nothing sent past the last step
+        assert trainer.pool.restarts == 1 and trainer.pool.info()[0]["pid"] != victim
+    finally:
+        close_cluster(trainer)
+    prompts, ro = collected[1]
+    expected = first.generate(prompts, sampling_params(cfg, 2))
+    _same_samples(ro, expected)
+    assert [m[names.MISMATCH_POLICY_LAG] for m in metrics] == [0, 1, 1]
+    assert [m[names.CLUSTER_WORKER_RESTARTS] for m in metrics] == [0, 1, 1]
+    # step 1: the sampler's weights are the learner's (float32, a dense cache): no lag, the cache's k3 alone
+    assert metrics[0][names.MISMATCH_K3_LAG] < 1e-6 < metrics[0][names.MISMATCH_K3_CACHE]
+    for m in metrics[1:]:  # a step of lag (lr 1e-3 on a random model) is now most of it
+        assert m[names.MISMATCH_K3_LAG] > 100 * metrics[0][names.MISMATCH_K3_LAG] + 1e-5
+        assert m[names.MISMATCH_ALPHA_LAG_MEAN] < metrics[0][names.MISMATCH_ALPHA_LAG_MEAN]
+    for m in metrics:
+        assert 0 < m[names.MISMATCH_ALPHA_CACHE_P5] <= m[names.MISMATCH_ALPHA_CACHE_MEAN] <= 1
+        assert m[names.TIME_GENERATE] > 0
+
+
+def test_async_resume_continues_exactly(tmp_path, local_ray):
+    """rollout.async with a checkpoint every 2 steps: stopped at step 2 and resumed to 4, the run equals the run
+    that went through (the step after a checkpoint samples with fresh weights in both: lags 0, 1, 0, 1)."""
+    from sparserl import runlog as names
+    from sparserl.train.trainer import train
+
+    extra = ("cluster.rollout_workers=2", "rollout.async=true", "mismatch.alpha=off", "checkpoint.every=2")
+    through = train(_cfg(tmp_path, "train.steps=4", *extra), run_dir=tmp_path / "through", log=_quiet)
+    stopped = train(_cfg(tmp_path, "train.steps=2", *extra), run_dir=tmp_path / "stopped", log=_quiet)
+    train(_cfg(tmp_path, "train.steps=4", *extra), resume=True, run_dir=stopped, log=_quiet)
+    rows = _same_run(stopped, through, names.MISMATCH_K3_LAG)
+    assert [r[names.MISMATCH_POLICY_LAG] for r in rows] == [0, 1, 0, 1]
+
+
+def _quiet(*_):
+    pass
+
+
+def _same_run(resumed, through, *keys) -> list[dict]:
+    """The two runs end with byte-equal weights and log the same metrics at every step; returns the rows."""
+    from safetensors.torch import load_file
+
+    from sparserl import runlog as names
+    from sparserl.runlog import read_metrics
+    from sparserl.train.checkpoint import latest_checkpoint
+
+    a, b = (load_file(str(next((latest_checkpoint(run) / "model").glob("*.safetensors")))) for run in (through, resumed))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    rows_through, rows_resumed = read_metrics(through), read_metrics(resumed)
+    assert [r["step"] for r in rows_resumed] == [r["step"] for r in rows_through]
+    for key in (names.REWARD_MEAN, names.LENGTH_MEAN, names.POLICY_LOSS, names.GRAD_NORM, *keys):
+        assert [r[key] for r in rows_resumed] == [r[key] for r in rows_through], key
+    return rows_through
+
+
 @pytest.mark.parametrize("override,message", [
     ("cluster.rollout_workers=0", "cluster.rollout_workers=0: must be >= 1"),
     ("cluster.rollout_workers=3", "more than train.prompts_per_step=2"),
@@ -203,12 +287,19 @@ def test_a_learner_that_dies_stops_the_step_with_an_error_naming_it(tmp_path, lo
     ("cluster.learners=9", "more than the 8 samples per step"),
     ("cluster.learners=3", "more than the 2 micro-batches of an optimizer step"),
     ("cluster.worker_cpus=0", "cluster.worker_cpus=0"),
+    ("rollout.async=true", "rollout.async=true needs cluster.rollout_workers"),
+    ("cluster.rollout_workers=1 rollout.async=true", "mismatch.alpha=exact: the exact α replays"),
+    ("cluster.rollout_workers=1 rollout.async=true mismatch.alpha=off rollout.quant=int8 rollout.mismatch_split=true",
+     "rollout.mismatch_split=true: the asynchronous split"),
+    ("cluster.rollout_workers=1 rollout.async=true mismatch.alpha=off algorithm.old_logprobs=sampler "
+     "rollout.compressor=none", "rollout.async samples with the weights of the step before"),
+    ("rollout.asynch=true", "did you mean 'rollout.async'"),
 ])
 def test_bad_cluster_options_fail_before_any_work(tmp_path, override, message):
     from sparserl.config import ConfigError
 
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        _cfg(tmp_path, override)
+        _cfg(tmp_path, *override.split())
 
 
 def _closed_port() -> int:
@@ -257,26 +348,45 @@ def test_an_address_that_is_not_a_ray_head_fails_within_seconds(local_ray):
 
 
 def test_resume_with_workers_and_learners_continues_exactly(tmp_path, local_ray):
-    """A run stopped after step 1 (the driver killed, a learner lost: either way the run ends there) and
-    resumed to step 2 equals the run that went through: byte-equal weights, the same step-2 metrics."""
-    from sparserl import runlog as names
-    from sparserl.runlog import read_metrics
-    from sparserl.train.checkpoint import latest_checkpoint
+    """A run stopped after step 1 (a learner lost: the run ends there) and resumed to step 2 equals the run
+    that went through: byte-equal weights, the same metrics."""
     from sparserl.train.trainer import train
 
     extra = ("cluster.rollout_workers=2", "cluster.learners=2", "mismatch.alpha=off", "checkpoint.every=1")
-    quiet = lambda *_: None  # noqa: E731
-    through = train(_cfg(tmp_path, "train.steps=2", *extra), run_dir=tmp_path / "through", log=quiet)
-    stopped = train(_cfg(tmp_path, "train.steps=1", *extra), run_dir=tmp_path / "stopped", log=quiet)
-    train(_cfg(tmp_path, "train.steps=2", *extra), resume=True, run_dir=stopped, log=quiet)
-    from safetensors.torch import load_file
+    through = train(_cfg(tmp_path, "train.steps=2", *extra), run_dir=tmp_path / "through", log=_quiet)
+    stopped = train(_cfg(tmp_path, "train.steps=1", *extra), run_dir=tmp_path / "stopped", log=_quiet)
+    train(_cfg(tmp_path, "train.steps=2", *extra), resume=True, run_dir=stopped, log=_quiet)
+    _same_run(stopped, through)
 
-    a = load_file(str(next((latest_checkpoint(through) / "model").glob("*.safetensors"))))
-    b = load_file(str(next((latest_checkpoint(stopped) / "model").glob("*.safetensors"))))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    m_through, m_resumed = read_metrics(through)[-1], read_metrics(stopped)[-1]
-    for key in (names.REWARD_MEAN, names.LENGTH_MEAN, names.POLICY_LOSS, names.GRAD_NORM):
-        assert m_resumed[key] == m_through[key], key
+
+def test_a_driver_killed_mid_run_resumes_exactly(tmp_path, local_ray):
+    """`sparserl train` with rollout workers on this Ray (cluster.address), killed with SIGKILL once its first
+    checkpoint is on disk: Ray stops its workers with it, and --resume continues to the run that went through."""
+    import subprocess
+    import sys
+
+    from sparserl.train.checkpoint import latest_checkpoint
+    from sparserl.train.trainer import train
+    from test_train import TINY
+
+    steps = ("train.steps=6", "cluster.rollout_workers=2", "rollout.async=true", "mismatch.alpha=off")
+    through = train(_cfg(tmp_path, *steps), run_dir=tmp_path / "through", log=_quiet)
+    killed = tmp_path / "killed"
+    address = ray.get_runtime_context().gcs_address
+    tests = os.path.dirname(__file__)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "sparserl.cli", "train", "default", *TINY, *steps, f"cluster.address={address}",
+           "--run-dir", str(killed)]
+    driver = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while latest_checkpoint(killed) is None and driver.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    driver.kill()  # SIGKILL: no finally, no close
+    err = driver.communicate()[1]
+    assert driver.returncode == -signal.SIGKILL, err[-2000:]  # killed, not finished or failed
+    assert latest_checkpoint(killed).name != "step-000006"
+    train(_cfg(tmp_path, *steps, f"cluster.address={address}"), resume=True, run_dir=killed, log=_quiet)
+    _same_run(killed, through)
 
 
 def test_more_ray_resources_than_the_cluster_has_is_an_error_not_a_wait(tmp_path, tiny, local_ray):

@@ -40,6 +40,13 @@ class RolloutBatch:
     def size(self) -> int:
         return self.input_ids.shape[0]
 
+    def padded(self, rows: list[torch.Tensor]) -> torch.Tensor:
+        """[N, T] float32 on the batch's device from one 1-D tensor per response (its tokens' values), 0 on padding."""
+        out = torch.zeros(self.response_ids.shape, dtype=torch.float32)
+        for i, row in enumerate(rows):
+            out[i, : len(row)] = row.float()
+        return out.to(self.response_ids.device)
+
     @classmethod
     def from_rollout(cls, prompt_ids: list[list[int]], response_ids: list[list[int]],
                      sampler_logprobs: list[list[float]], group_ids: list[int], pad_id: int = 0) -> "RolloutBatch":

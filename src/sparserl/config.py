@@ -268,6 +268,13 @@ class RolloutConfig(_Section):
                              "full-precision cache and log the mismatch's two parts: mismatch/k3_kl_weights "
                              "(quantization) and mismatch/k3_kl_cache (eviction, KV rounding). Needs rollout.quant; "
                              "costs one teacher-forced forward of the sampler per step.")
+    async_: bool = Field(False, alias="async", description=(
+        "One-step-asynchronous rollouts (verl's one-step-off): the rollout workers sample step k + 1 with the "
+        "weights before step k's update while the learner updates on step k; the learner scores the old "
+        "policy itself and the corrections treat the one step of lag like any other mismatch "
+        "(mismatch/policy_lag_steps; k3 and α split into mismatch/k3_kl_lag and mismatch/k3_kl_cache, "
+        "mismatch/alpha_lag_* and mismatch/alpha_cache_*). The step after a checkpoint samples with fresh "
+        "weights, so that a resumed run is exact. Needs cluster.rollout_workers."))
     compile: bool = F(False, "torch.compile the sampler's decode step (inductor: C++ on CPU, Triton on CUDA; "
                       "the first step compiles, ~20 s per graph on 2 cores); measure with `sparserl bench "
                       "rollout --compile` before turning it on.")
@@ -489,16 +496,22 @@ def _type_name(tp: Any) -> str:
     return "str" if origin is Literal else getattr(tp, "__name__", str(tp))
 
 
+def fields_of(cls: type[BaseModel]) -> dict[str, Any]:
+    """A section's fields by the key a config file uses (the alias of a field whose name is a Python
+    keyword: ``rollout.async`` is ``RolloutConfig.async_``)."""
+    return {f.alias or name: f for name, f in cls.model_fields.items()}
+
+
 def _field(loc: tuple) -> Any:
     """The FieldInfo at ``(section, key)``, ``(section, key, subkey)`` of a sub-section
     (``rollout.kv_controller.threshold``) or ``(top_key,)``; None if there is none."""
     if len(loc) > 1 and loc[0] in SECTIONS:
-        info = SECTIONS[loc[0]].model_fields.get(str(loc[1]))
+        info = fields_of(SECTIONS[loc[0]]).get(str(loc[1]))
         sub = _subsection(info)
         if len(loc) > 2 and sub is not None:
-            return sub.model_fields.get(str(loc[2]))
+            return fields_of(sub).get(str(loc[2]))
         return info
-    return Config.model_fields.get(str(loc[0])) if loc else None
+    return fields_of(Config).get(str(loc[0])) if loc else None
 
 
 def _subsection(info: Any) -> type[_Section] | None:
@@ -524,7 +537,7 @@ def _messages(err: ValidationError, source_of: Callable[[str], str], data: dict,
         src, kind, value, info = source_of(key), e["type"], e["input"], _field(loc[:n])
         if kind == "extra_forbidden":
             sec = ".".join(map(str, loc[: n - 1])) if n >= 2 else None
-            valid = list((_subsection(_field(loc[:2])) if n == 3 else SECTIONS[sec] if sec else Config).model_fields)
+            valid = list(fields_of(_subsection(_field(loc[:2])) if n == 3 else SECTIONS[sec] if sec else Config))
             hint = did_you_mean(loc[n - 1], valid)
             hint = hint.replace("'", f"'{sec}.", 1) if hint and sec else hint  # the dotted key
             out.append(f"{src}: unknown {'key' if sec else 'section'} '{key}'"
@@ -725,7 +738,7 @@ def apply_overrides(cfg: Config, overrides: Iterable[str]) -> Config:
 # --- saving --------------------------------------------------------------------------------------
 def config_to_dict(cfg: Config) -> dict:
     """The config as nested plain dicts (tuples become lists): ``Config.from_dict`` reads it back."""
-    return cfg.model_dump(mode="json")
+    return cfg.model_dump(mode="json", by_alias=True)
 
 
 def save_config(cfg: Config, path: str | Path, notes: list[str] | tuple = ()) -> Path:
@@ -786,6 +799,18 @@ def validate(cfg: Config) -> Config:
             errors.append(f"cluster.learners={c.learners} is more than the {micro} micro-batches of an optimizer step "
                           f"({mini} samples / train.micro_batch_size={t.micro_batch_size}): a learner would get none; "
                           "lower train.micro_batch_size")
+    if r.async_:
+        if c.rollout_workers is None:
+            errors.append("rollout.async=true needs cluster.rollout_workers (the workers sample the next step while "
+                          "the training process updates on this one)")
+        if cfg.mismatch.alpha == "exact":
+            errors.append("rollout.async=true with mismatch.alpha=exact: the exact α replays the sampler in the "
+                          "training process, whose weights are a step newer than the rollout's; use "
+                          "mismatch.alpha=topk (α with its lag and cache parts) or off")
+        if r.mismatch_split:
+            errors.append("rollout.async=true with rollout.mismatch_split=true: the asynchronous split "
+                          "(mismatch/k3_kl_lag, mismatch/k3_kl_cache, read on the workers) replaces it; leave "
+                          "mismatch_split out")
     if c.rollout_workers is not None and c.rollout_workers > t.prompts_per_step:
         errors.append(f"cluster.rollout_workers={c.rollout_workers} is more than train.prompts_per_step="
                       f"{t.prompts_per_step}: a worker would get no prompt")
@@ -818,7 +843,7 @@ def validate(cfg: Config) -> Config:
             try:
                 old_logprobs_source(a.old_logprobs, compresses=compressor.compresses, sampler_dtype=resolve_dtype(r.dtype, cfg.model.device),
                                     learner_dtype=parse_dtype(cfg.model.dtype), temperature=r.temperature,
-                                    top_p=r.top_p, top_k=r.top_k, quantized=r.quantized)
+                                    top_p=r.top_p, top_k=r.top_k, quantized=r.quantized, lagged=r.async_)
             except SparserlError as e:
                 errors.append(str(e))
     if r.quant_smooth and not build_quant(r.quant).quantizes_activations:
@@ -855,7 +880,7 @@ def config_help() -> str:
     lines, defaults = [], config_to_dict(Config())
     for sec, cls in SECTIONS.items():
         lines.append(f"{sec}:  {(cls.__doc__ or '').strip()}")
-        for key, f in cls.model_fields.items():
+        for key, f in fields_of(cls).items():
             dflt = yaml.safe_dump(defaults[sec][key], default_flow_style=True).strip().removesuffix("...").strip()
             names = [m.func.names() for m in f.metadata if isinstance(getattr(m, "func", None), _Registered)]
             extra = f" Registered: {', '.join(names[0])}." if names else ""

@@ -63,6 +63,14 @@ MISMATCH_ALPHA_MEAN = "mismatch/alpha_mean"  # Sparrow's acceptance α = Σ_x mi
 MISMATCH_ALPHA_P5 = "mismatch/alpha_p5"  # its 5th percentile over the step's tokens
 MISMATCH_ALPHA_P5_BIN = "mismatch/alpha_p5_bin/"  # + bin start: the 5th percentile per sequence-length bin
 MISMATCH_REPLAY_ERR = "mismatch/replay_err"  # exact α: largest |replayed - recorded| sampler log-prob
+# rollout.async: the sampler holds the weights of a step before; the mismatch's lag and cache parts, read
+# against the sampler's own weights on a dense cache (sparserl.rollout.teacher_forced.DenseCacheReading)
+MISMATCH_POLICY_LAG = "mismatch/policy_lag_steps"  # weight pushes between the sampler's weights and the learner's
+MISMATCH_K3_LAG = "mismatch/k3_kl_lag"  # k3 of the learner against the sampler's weights on a dense cache
+MISMATCH_ALPHA_LAG_MEAN = "mismatch/alpha_lag_mean"  # α of the same two, over the sampler's weights' top-k
+MISMATCH_ALPHA_LAG_P5 = "mismatch/alpha_lag_p5"
+MISMATCH_ALPHA_CACHE_MEAN = "mismatch/alpha_cache_mean"  # α of the sampler that ran against its weights on a dense cache
+MISMATCH_ALPHA_CACHE_P5 = "mismatch/alpha_cache_p5"
 MASKED_FRAC = "rs/masked_frac"
 TOKEN_MASKED_FRAC = "rs/token_masked_frac"
 SEQ_VETOED_FRAC = "rs/seq_vetoed_frac"
@@ -88,6 +96,9 @@ STATIONS = (TIME_ROLLOUT, TIME_REWARD, TIME_SCORE, TIME_UPDATE)
 ROLLOUT_TOKENS_PER_S = "throughput/rollout_tokens_per_s"
 TIME_ALPHA = "time/alpha_s"  # measuring α (mismatch.alpha): replay and/or the dense forward
 TIME_QUANTIZE = "time/quantize_s"  # part of time/update_s: re-quantizing the sampler's weights after the push
+# rollout workers: their sampling itself (the slowest worker's); time/rollout_s is the training process's wait
+# for it, less than this under rollout.async (the sampling overlaps the step before's update)
+TIME_GENERATE = "time/generate_s"
 
 # quantized sampler (QuRL): of the weight elements the last optimizer step changed, the fraction whose
 # quantized code changed too (sparserl.train.update_visible)

@@ -8,10 +8,14 @@ samples a step as one engine would.
 - **Weights**: :meth:`RolloutPool.update_weights` puts the learner's state dict into the object store
   once and every worker loads it (quantized samplers quantize on their side); pushes are numbered and
   a worker refuses to sample with an older one.
-- **A step**: :meth:`RolloutPool.generate` splits the prompts (:func:`.shard.shard_prompts`), sends each
-  shard with the driver's current KV schedule, and joins the outputs (:func:`.shard.merge_shards`).
+- **A step**: :meth:`RolloutPool.submit` splits the prompts (:func:`.shard.shard_prompts`) and sends each
+  shard with the driver's current KV schedule; :meth:`RolloutPool.collect` joins the outputs
+  (:func:`.shard.merge_shards`). Between the two the driver is free: one-step-asynchronous training
+  (``rollout.async``) updates on step k while the workers sample step k + 1 with the weights before that
+  update, and pushes the new weights without waiting (each worker loads them after its sampling).
 - **Faults**: a worker that dies (``kill -9``, a lost node) is replaced by a new actor that loads the
-  latest weights, and its shard runs again; ``restarts`` counts them (``cluster/worker_restarts``). A
+  weights its shard was sampled with (the previous push, for a pending asynchronous rollout), its shard
+  runs again, and it then loads the latest weights; ``restarts`` counts them (``cluster/worker_restarts``). A
   shard that kills :data:`MAX_ATTEMPTS` workers in a row stops the run with an error naming it: a step
   never goes on without a sample.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+from dataclasses import dataclass, field
 
 from ..errors import SparserlError
 from .shard import merge_shards, shard_prompts
@@ -121,6 +126,19 @@ def connect(address: str | None, cpus_needed: float) -> bool:
     return True
 
 
+@dataclass
+class PendingRollout:
+    """A step's rollout sent to the workers and not yet collected (:meth:`RolloutPool.submit`)."""
+
+    prompts: list
+    params: object
+    schedule: object
+    read_dense_cache: int | None
+    version: int  # the weight push it samples with
+    shards: list  # (worker, range of prompts) for each busy worker
+    refs: dict = field(default_factory=dict)  # worker -> the ref of its generate call
+
+
 class RolloutPool:
     """``cfg.cluster.rollout_workers`` rollout workers, started with ``learner``'s weights."""
 
@@ -137,39 +155,64 @@ class RolloutPool:
         self.workers = [self._actor.remote(cfg, k) for k in range(c.rollout_workers)]
         self.restarts = 0
         self.version = 0
-        self._weights = None
+        self._weights: dict[int, object] = {}  # push -> its object in the store (the latest two)
+        self._loads: dict[int, object] = {}  # worker -> its call loading the latest push, not yet waited for
         self.update_weights(learner)
 
     # --- weights ---------------------------------------------------------------------------------
-    def update_weights(self, source) -> None:
-        """The learner's weights (a model or a state dict) to every worker, through one object."""
+    def update_weights(self, source, wait: bool = True) -> None:
+        """The learner's weights (a model or a state dict) to every worker, through one object. Each
+        worker loads them after the work sent to it before; ``wait=False`` returns at once (the loads
+        are waited for before the next :meth:`submit`)."""
         import ray
 
         state = source.state_dict() if hasattr(source, "state_dict") else source
         self.version += 1
-        self._weights = ray.put({k: v.detach().cpu() for k, v in state.items()})
-        refs = {k: w.load_weights.remote(self._weights, self.version) for k, w in enumerate(self.workers)}
-        for k, ref in refs.items():  # a replaced worker loads the latest weights first: nothing to resend
-            self._get(k, ref, lambda load_ref: load_ref, what="loading weights")
+        self._weights[self.version] = ray.put({k: v.detach().cpu() for k, v in state.items()})
+        self._weights.pop(self.version - 2, None)  # a pending rollout samples with the one before at most
+        self._loads = {k: w.load_weights.remote(self._weights[self.version], self.version)
+                       for k, w in enumerate(self.workers)}
+        if wait:
+            self._settle_loads()
+
+    def _settle_loads(self) -> None:
+        """Wait for the workers' loading of the latest push (a dead worker is replaced: its successor loads it)."""
+        loads, self._loads = self._loads, {}
+        for k, ref in loads.items():
+            self._get(k, ref, self.version, lambda: None, what="loading weights")
 
     # --- a step ----------------------------------------------------------------------------------
-    def generate(self, prompts: list, params, schedule=None):
-        """Every prompt's ``params.n`` responses, as one engine's ``generate`` would give them;
-        ``schedule``: the driver's current KV schedule (the online controller's budgets)."""
+    def submit(self, prompts: list, params, schedule=None, read_dense_cache: int | None = None) -> PendingRollout:
+        """Send every prompt's ``params.n`` responses to the workers with the latest weights and return at once;
+        ``schedule``: the driver's current KV schedule (the online controller's budgets); ``read_dense_cache``:
+        see :meth:`.worker.RolloutWorker.generate`."""
+        self._settle_loads()
         busy = [(k, s) for k, s in enumerate(shard_prompts(len(prompts), len(self.workers))) if len(s)]
+        pending = PendingRollout(prompts, params, schedule, read_dense_cache, self.version, busy)
+        for k, s in busy:
+            pending.refs[k] = self._send(pending, k, s)
+        return pending
 
-        def submit(k, s):
-            return self.workers[k].generate.remote(prompts[s.start:s.stop], params, s.start, self.version, schedule)
+    def collect(self, pending: PendingRollout):
+        """The output of a :meth:`submit`, as one engine's ``generate`` would give it: waits for every shard,
+        running again on a new worker any shard whose worker died."""
+        outs = [self._get(k, pending.refs[k], pending.version, lambda k=k, s=s: self._send(pending, k, s),
+                          what=f"prompts {s.start}-{s.stop - 1}") for k, s in pending.shards]
+        return merge_shards(outs, [s for _, s in pending.shards])
 
-        refs = {k: submit(k, s) for k, s in busy}
-        outs = [self._get(k, refs[k], lambda _load, k=k, s=s: submit(k, s), what=f"prompts {s.start}-{s.stop - 1}")
-                for k, s in busy]
-        return merge_shards(outs, [s for _, s in busy])
+    def generate(self, prompts: list, params, schedule=None, read_dense_cache: int | None = None):
+        """:meth:`submit` then :meth:`collect`."""
+        return self.collect(self.submit(prompts, params, schedule, read_dense_cache))
 
-    def _get(self, k: int, ref, resubmit, what: str):
-        """``ray.get(ref)`` of worker ``k``. When the worker has died: a new actor in its place, which
-        loads the latest weights, then ``resubmit(load_ref)`` gives the call to wait for instead (actor
-        calls run in the order sent); at most :data:`MAX_ATTEMPTS` workers for one piece of work."""
+    def _send(self, pending: PendingRollout, k: int, s: range):
+        return self.workers[k].generate.remote(pending.prompts[s.start:s.stop], pending.params, s.start,
+                                               pending.version, pending.schedule, pending.read_dense_cache)
+
+    def _get(self, k: int, ref, version: int, resend, what: str):
+        """``ray.get(ref)`` of worker ``k``, a call made with the weights of push ``version``. When the worker
+        has died: a new actor in its place loads that push, ``resend()`` gives the call to wait for instead
+        (actor calls run in the order sent), and the new actor then loads the latest push; at most
+        :data:`MAX_ATTEMPTS` workers for one piece of work."""
         import ray
         from ray.exceptions import RayActorError, WorkerCrashedError
 
@@ -181,15 +224,19 @@ class RolloutPool:
                     raise ClusterError(f"rollout worker {k} died {MAX_ATTEMPTS} times in a row ({what}): "
                                        f"{type(e).__name__}; the step cannot complete") from None
                 self.log(f"cluster: rollout worker {k} died ({what}); restarting it and running its work again")
-                ref = resubmit(self._replace(k))
+                load = self._replace(k, version)
+                ref = resend() or load
+                if version != self.version:  # it sampled a pending rollout: now the latest weights
+                    self._loads[k] = self.workers[k].load_weights.remote(self._weights[self.version], self.version)
         raise AssertionError("unreachable")
 
-    def _replace(self, k: int):
-        """A new worker ``k`` in place of a dead one; returns the ref of its loading the latest weights."""
+    def _replace(self, k: int, version: int):
+        """A new worker ``k`` in place of a dead one; returns the ref of its loading push ``version``."""
         stop_actors([self.workers[k]], shutdown_ray=False)
         self.workers[k] = self._actor.remote(self.cfg, k)
         self.restarts += 1
-        return self.workers[k].load_weights.remote(self._weights, self.version)
+        self._loads.pop(k, None)  # the dead worker's load: the new one loads what it needs
+        return self.workers[k].load_weights.remote(self._weights[version], version)
 
     # --- the end ---------------------------------------------------------------------------------
     def info(self) -> list[dict]:

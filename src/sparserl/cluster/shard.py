@@ -9,6 +9,7 @@ same samples whatever ``N`` is, up to the float rounding of different batch shap
 from __future__ import annotations
 
 from ..rollout.engine import KVStats, RolloutOutput
+from ..rollout.teacher_forced import DenseCacheReading
 
 
 def shard_prompts(n_prompts: int, n_workers: int) -> list[range]:
@@ -22,9 +23,13 @@ def shard_prompts(n_prompts: int, n_workers: int) -> list[range]:
 def merge_shards(outs: list[RolloutOutput], shards: list[range]) -> RolloutOutput:
     """One output for the whole step from the workers' outputs (``outs[k]`` sampled ``shards[k]``),
     prompt-major as a single engine's. ``prompt_index`` becomes global. The workers ran side by side,
-    so their KV bytes add up (each holds its own buffers at once) and the time is the slowest's."""
+    so their KV bytes add up (each holds its own buffers at once) and the time is the slowest's. All
+    must have sampled with the same weights (``weights_version``)."""
     if len(outs) != len(shards) or not outs:
         raise ValueError(f"{len(outs)} outputs for {len(shards)} shards")
+    versions = {out.weights_version for out in outs}
+    if len(versions) > 1:
+        raise ValueError(f"shards sampled with different weight pushes {sorted(versions, key=str)}")
     kv = KVStats()
     merged = RolloutOutput(prompt_index=[], prompt_ids=[], response_ids=[], sampler_logprobs=[], finish_reason=[],
                            kv_tokens_kept=[], kv=kv)
@@ -43,4 +48,7 @@ def merge_shards(outs: list[RolloutOutput], shards: list[range]) -> RolloutOutpu
         merged.tokens_generated += out.tokens_generated
         merged.seconds = max(merged.seconds, out.seconds)
         merged.prefill_seconds = max(merged.prefill_seconds, out.prefill_seconds)
+    merged.weights_version = outs[0].weights_version
+    if all(out.dense_cache is not None for out in outs):
+        merged.dense_cache = DenseCacheReading.concat([out.dense_cache for out in outs])
     return merged

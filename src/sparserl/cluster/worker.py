@@ -30,6 +30,7 @@ class RolloutWorker:
         self.index = index
         lm = load_model(cfg.model.name, dtype=cfg.model.dtype, seed=cfg.model.seed, device=cfg.model.device)
         self.engine = engine_from_fields(lm, cfg.rollout)
+        self.micro_batch_size = cfg.train.micro_batch_size
         self.version = -1  # no weights pushed yet
 
     def info(self) -> dict:
@@ -46,13 +47,23 @@ class RolloutWorker:
         self.version = version
         return version
 
-    def generate(self, prompts: list, params, first_prompt: int, version: int, schedule=None):
+    def generate(self, prompts: list, params, first_prompt: int, version: int, schedule=None,
+                 read_dense_cache: int | None = None):
         """Sample ``params.n`` responses for each of ``prompts`` (global prompts ``first_prompt`` on) with the
         weights of push ``version`` and, when given, the driver's current KV schedule (a
-        :class:`~sparserl.rollout.kv.schedule.KVSchedule`)."""
+        :class:`~sparserl.rollout.kv.schedule.KVSchedule`). ``read_dense_cache`` (top-k, 0 for none): also
+        read the responses with these weights on a dense cache
+        (:func:`sparserl.rollout.teacher_forced.read_dense_cache`), before newer weights arrive."""
+        from ..rollout.teacher_forced import read_dense_cache as read
+
         if version != self.version:
             raise WorkerStateError(f"rollout worker {self.index} holds weights of push {self.version}, "
                                    f"asked to sample with push {version}")
         if schedule is not None and schedule != self.engine.compressor.schedule:
             self.engine.compressor.set_schedule(schedule)
-        return self.engine.generate(prompts, params, first_prompt=first_prompt)
+        out = self.engine.generate(prompts, params, first_prompt=first_prompt)
+        out.weights_version = version
+        if read_dense_cache is not None:
+            out.dense_cache = read(self.engine.model, out, params.temperature, read_dense_cache,
+                                   self.micro_batch_size, self.engine.tokenizer.pad_token_id or 0)
+        return out

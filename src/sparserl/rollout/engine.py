@@ -66,6 +66,10 @@ class RolloutOutput:
     top_logprobs: list[torch.Tensor] | None = None  # per response [T, k] values
     top_indices: list[torch.Tensor] | None = None  # per response [T, k] token ids
     texts: list[str] = field(default_factory=list)
+    #: the sampler's own weights on a dense cache, read where it sampled
+    #: (:class:`~sparserl.rollout.teacher_forced.DenseCacheReading`; rollout workers under rollout.async)
+    dense_cache: object | None = None
+    weights_version: int | None = None  # the weight push the sampler held (rollout workers), None: here
 
     @property
     def tokens_per_s(self) -> float:

@@ -13,27 +13,86 @@ Each part's k3 (``ρ - 1 - log ρ``) is averaged over the sampled tokens. The to
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..batch import RolloutBatch
+from ..score.acceptance import acceptance_topk
 from .model import SamplerModel
 
 
 @torch.inference_mode()
-def teacher_forced_logprobs(model: SamplerModel, batch: RolloutBatch, temperature: float = 1.0,
-                            micro_batch_size: int = 16) -> torch.Tensor:
-    """[N, T] float32 ``log softmax(logits / τ)`` of each response token under ``model``, teacher
-    forced on ``batch`` (``[left pad | prompt | response | right pad]``), 0 where the response mask is 0."""
+def teacher_forced_logsoftmax(model: SamplerModel, batch: RolloutBatch, temperature: float = 1.0,
+                              micro_batch_size: int = 16):
+    """Yields ``(rows, log_q)`` per micro-batch: ``log_q`` [n, T, V] float32 ``log softmax(logits / τ)`` of
+    ``model`` at the positions that predict each response token, teacher forced on ``batch``
+    (``[left pad | prompt | response | right pad]``), on the model's device."""
     N, T = batch.response_ids.shape
     P = batch.input_ids.shape[1] - T
     tau = temperature if temperature > 0 else 1.0
-    out = torch.zeros(N, T, dtype=torch.float32, device=batch.response_ids.device)
     dev = model.device
     for s in range(0, N, micro_batch_size):
         rows = slice(s, min(N, s + micro_batch_size))
         h = model.hidden_states(batch.input_ids[rows].to(dev), batch.attention_mask[rows].to(dev).bool(),
                                 batch.position_ids[rows].to(dev))
         logits = model.logits(h[:, P - 1 : P + T - 1]).float() / tau  # position t predicts token t + 1
-        lp = torch.log_softmax(logits, dim=-1).gather(-1, batch.response_ids[rows, :, None].to(dev))[..., 0]
+        yield rows, torch.log_softmax(logits, dim=-1)
+
+
+def teacher_forced_logprobs(model: SamplerModel, batch: RolloutBatch, temperature: float = 1.0,
+                            micro_batch_size: int = 16) -> torch.Tensor:
+    """[N, T] float32 log-prob of each response token under ``model`` (:func:`teacher_forced_logsoftmax`),
+    0 where the response mask is 0."""
+    out = torch.zeros(batch.response_ids.shape, dtype=torch.float32, device=batch.response_ids.device)
+    for rows, log_q in teacher_forced_logsoftmax(model, batch, temperature, micro_batch_size):
+        lp = log_q.gather(-1, batch.response_ids[rows, :, None].to(log_q.device))[..., 0]
         out[rows] = lp.to(out.device) * batch.response_mask[rows]
+    return out
+
+
+@dataclass
+class DenseCacheReading:
+    """What a sampler's own weights say on a dense full-precision cache (``q_w``) about the responses it
+    sampled, read where it sampled, before newer weights arrive (a rollout worker under ``rollout.async``).
+    Per response, lists of length N: ``logprobs`` [T] of the sampled tokens; with top-k asked,
+    ``top_logprobs`` / ``top_indices`` [T, k] (``q_w``'s own top-k) and ``alpha`` [T], Sparrow's acceptance
+    of the sampler that ran against ``q_w`` over the sampler's recorded top-k
+    (:func:`sparserl.score.acceptance.acceptance_topk`): the cache's part of α."""
+
+    logprobs: list[torch.Tensor]
+    top_logprobs: list[torch.Tensor] | None = None
+    top_indices: list[torch.Tensor] | None = None
+    alpha: list[torch.Tensor] | None = None
+
+    @staticmethod
+    def concat(readings: list["DenseCacheReading"]) -> "DenseCacheReading":
+        """One reading of the responses of ``readings`` in order (the shards of a step)."""
+        def joined(name):
+            parts = [getattr(r, name) for r in readings]
+            return None if any(p is None for p in parts) else [x for p in parts for x in p]
+
+        return DenseCacheReading(*(joined(name) for name in ("logprobs", "top_logprobs", "top_indices", "alpha")))
+
+
+def read_dense_cache(model: SamplerModel, ro, temperature: float, topk: int = 0, micro_batch_size: int = 16,
+                     pad_id: int = 0) -> DenseCacheReading:
+    """The :class:`DenseCacheReading` of rollout ``ro`` (a :class:`~sparserl.rollout.engine.RolloutOutput`)
+    under ``model``; ``topk`` > 0 also keeps ``q_w``'s top-k and, when ``ro`` recorded the sampler's
+    top-k, α against it."""
+    batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index, pad_id)
+    lengths = [len(r) for r in ro.response_ids]
+    with_alpha = topk > 0 and ro.top_logprobs is not None
+    out = DenseCacheReading([], [] if topk else None, [] if topk else None, [] if with_alpha else None)
+    for rows, log_q in teacher_forced_logsoftmax(model, batch, temperature, micro_batch_size):
+        for j, i in enumerate(range(rows.start, rows.stop)):
+            n, row = lengths[i], log_q[j, : lengths[i]]
+            out.logprobs.append(row.gather(-1, batch.response_ids[i, :n, None].to(row.device))[:, 0].cpu())
+            if topk:
+                values, idx = row.topk(min(topk, row.shape[-1]), dim=-1)
+                out.top_logprobs.append(values.cpu())
+                out.top_indices.append(idx.cpu())
+            if with_alpha:
+                dev = row.device
+                out.alpha.append(acceptance_topk(row, ro.top_logprobs[i].to(dev), ro.top_indices[i].to(dev)).cpu())
     return out

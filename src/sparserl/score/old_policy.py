@@ -10,7 +10,8 @@ the same number, up to float32 rounding (~1e-6 in log p), when
 1. the sampler keeps a dense KV cache (no compressor evicts anything);
 2. it samples from the full tempered distribution: ``temperature > 0`` (greedy reports log q = 0),
    ``top_p = 1`` and ``top_k = 0`` (a filter renormalises q over fewer tokens);
-3. neither its weights nor its KV cache are quantized;
+3. neither its weights nor its KV cache are quantized, and it holds the learner's current weights
+   (not those of a step before: ``rollout.async``);
 4. sampler and learner both compute in float32. In 16-bit the sampler's fused kernels and the
    learner's forward round differently (log p differs by ~1e-2 per token): that difference is the
    training-inference mismatch the corrections of :mod:`sparserl.correct` exist for, so it is scored.
@@ -35,9 +36,12 @@ def _dtype_name(dtype) -> str:
 
 
 def why_sampler_is_not_old_policy(*, compresses: bool, sampler_dtype, learner_dtype, temperature: float,
-                                  top_p: float, top_k: int, quantized: bool = False) -> str | None:
+                                  top_p: float, top_k: int, quantized: bool = False, lagged: bool = False) -> str | None:
     """The first reason (a phrase naming the option) why the sampler's log-probs are not the old
-    policy's, or None when they are (see the module docstring). Dtypes as torch dtypes or names."""
+    policy's, or None when they are (see the module docstring). Dtypes as torch dtypes or names;
+    ``lagged``: the sampler holds the weights of a step before (``rollout.async``)."""
+    if lagged:
+        return "rollout.async samples with the weights of the step before (the learner scores the old policy)"
     if compresses:
         return "the sampler compresses its KV cache (rollout.compressor is not none)"
     if temperature <= 0:

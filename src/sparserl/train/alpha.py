@@ -12,7 +12,10 @@ formula).
   largest difference between the replayed and the recorded log-probs of the sampled tokens (0 when
   the replay reproduced the sampler).
 - ``topk``: Sparrow's approximation from the sampler's top-k log-probs, recorded while sampling
-  (``mismatch.alpha_topk``, 20): no replay; ``p`` as for ``exact``.
+  (``mismatch.alpha_topk``, 20): no replay; ``p`` as for ``exact``. Under ``rollout.async`` also its two
+  parts, with ``q_w`` the sampler's weights (a step old) on a dense cache, read on the workers
+  (:class:`sparserl.rollout.teacher_forced.DenseCacheReading`): the lag, α(p, q_w) over ``q_w``'s top-k,
+  and the cache, α(q_w, q) over the sampler's top-k.
 - ``off``: nothing measured.
 
 Runs before the update: the sampler and the learner still hold the weights that sampled.
@@ -60,10 +63,21 @@ def measure_alpha(trainer, batch: RolloutBatch, ro, params, mode: str, bin_width
                                              tau, recorded=batch.sampler_logprobs)
         metrics[names.MISMATCH_REPLAY_ERR] = err
     elif mode == "topk":
+        reading = ro.dense_cache if ro.dense_cache is not None and ro.dense_cache.top_logprobs is not None else None
+        lag = torch.zeros(N, T, dtype=torch.float64) if reading is not None else None
         for i, (values, idx) in enumerate(zip(ro.top_logprobs, ro.top_indices)):
             n = len(values)
             logp = score_alpha.dense_logprobs(hidden[i, :n], weight, tau)
             alpha[i, :n] = acceptance_topk(logp, values.to(logp.device), idx.to(logp.device)).double().cpu()
+            if reading is not None:  # the learner against the sampler's weights on a dense cache
+                dev = logp.device
+                lag[i, :n] = acceptance_topk(logp, reading.top_logprobs[i].to(dev),
+                                             reading.top_indices[i].to(dev)).double().cpu()
+        if reading is not None:
+            mask = batch.response_mask.cpu()
+            metrics[names.MISMATCH_ALPHA_LAG_MEAN], metrics[names.MISMATCH_ALPHA_LAG_P5] = summary(lag, mask)
+            cache = batch.padded(reading.alpha).cpu().double()
+            metrics[names.MISMATCH_ALPHA_CACHE_MEAN], metrics[names.MISMATCH_ALPHA_CACHE_P5] = summary(cache, mask)
     else:
         raise ValueError(f"mismatch.alpha={mode!r}; expected one of {', '.join(MODES)}")
     mask = batch.response_mask.cpu()

@@ -60,6 +60,7 @@ class Trainer:
     kv_controller: KVController | None = None
     pool: object | None = None  # sparserl.cluster.pool.RolloutPool: the rollout workers, when there are
     learners: object | None = None  # .data_parallel.LearnerGroup: the other learners, when cluster.learners > 1
+    pending: tuple | None = None  # (examples, PendingRollout): the next step's rollout, sent before this step's update
 
     @property
     def ranks(self):
@@ -134,23 +135,57 @@ def close_cluster(trainer: Trainer) -> None:
         trainer.pool.close()
 
 
-def generate(trainer: Trainer, prompts: list, params: SamplingParams) -> RolloutOutput:
-    """The step's rollout: on the rollout workers with the budgets the controller has reached
-    (``cluster.rollout_workers``), else on the engine here; the same samples either way."""
+def rollout(trainer: Trainer, step: int) -> tuple[list, RolloutOutput]:
+    """Step ``step``'s examples and their rollout: on the engine here, or on the rollout workers with the
+    budgets the controller has reached (``cluster.rollout_workers``; the same samples either way).
+
+    One-step-asynchronous (``rollout.async``): the rollout sent during the step before is collected (sampled
+    with the weights before that step's update), and the next step's is sent now, to run during this step's
+    update. Not after a checkpoint's step, so that a run resumed there samples what it would have (and
+    not past the last step)."""
+    cfg = trainer.cfg
     if trainer.pool is None:
-        return trainer.engine.generate(prompts, params)
-    return trainer.pool.generate(prompts, params, trainer.engine.compressor.schedule)
+        examples = trainer.data.next_batch()
+        return examples, trainer.engine.generate([e.prompt for e in examples], sampling_params(cfg, step))
+    examples, pending = trainer.pending or send_rollout(trainer, step)
+    trainer.pending = None
+    ro = trainer.pool.collect(pending)
+    if cfg.rollout.async_ and not checkpoint_due(cfg, step):
+        trainer.pending = send_rollout(trainer, step + 1)
+    return examples, ro
+
+
+def send_rollout(trainer: Trainer, step: int) -> tuple[list, object]:
+    """Draw step ``step``'s examples and send their rollout to the workers; under ``rollout.async`` they
+    also read it on a dense cache with the weights that sampled (:func:`lag_split`, α's lag part)."""
+    cfg = trainer.cfg
+    examples = trainer.data.next_batch()
+    read = (cfg.mismatch.alpha_topk if cfg.mismatch.alpha == "topk" else 0) if cfg.rollout.async_ else None
+    return examples, trainer.pool.submit([e.prompt for e in examples], sampling_params(cfg, step),
+                                         trainer.engine.compressor.schedule, read)
+
+
+def checkpoint_due(cfg: Config, step: int) -> bool:
+    """Step ``step`` ends with a checkpoint (``checkpoint.every``; 0 = the last step only)."""
+    every = cfg.checkpoint.every
+    return bool(every and step % every == 0) or step == cfg.train.steps
 
 
 def push_weights(trainer: Trainer) -> None:
-    """The learner's weights into the sampler here (α's replay, evaluation) and into every rollout worker."""
+    """The learner's weights into the sampler here (evaluation, α's replay) and into every rollout worker;
+    under ``rollout.async`` without waiting (they load them after sampling the next step)."""
     trainer.engine.update_weights(trainer.learner)
     if trainer.pool is not None:
-        trainer.pool.update_weights(trainer.learner)
+        trainer.pool.update_weights(trainer.learner, wait=not trainer.cfg.rollout.async_)
 
 
-def pool_metrics(trainer: Trainer) -> dict:
-    return {} if trainer.pool is None else {names.CLUSTER_WORKER_RESTARTS: trainer.pool.restarts}
+def pool_metrics(trainer: Trainer, ro: RolloutOutput) -> dict:
+    """Rollout workers replaced so far and the policy lag of the step's rollout (weight pushes since the
+    one it sampled with: 1 under ``rollout.async``, else 0)."""
+    if trainer.pool is None:
+        return {}
+    return {names.CLUSTER_WORKER_RESTARTS: trainer.pool.restarts,
+            names.MISMATCH_POLICY_LAG: trainer.pool.version - ro.weights_version}
 
 
 def sampling_params(cfg: Config, step: int) -> SamplingParams:
@@ -171,8 +206,8 @@ def train_step(trainer: Trainer, step: int) -> dict:
         times[key] = now - clock
         clock = now
 
-    examples = trainer.data.next_batch()
-    ro = generate(trainer, [e.prompt for e in examples], sampling_params(cfg, step))
+    examples, ro = rollout(trainer, step)
+    lag = pool_metrics(trainer, ro)  # before this step's push
     lap(names.TIME_ROLLOUT)
     labels = [examples[i].label for i in ro.prompt_index]
     rewards, n_reward_errors = score_responses(trainer.reward_fn, ro.texts, labels)
@@ -190,7 +225,8 @@ def train_step(trainer: Trainer, step: int) -> dict:
                                                                 temp, shared)
     if trainer.ref is not None:
         batch.ref_logprobs = score_logprobs(trainer.ref, batch, cfg.train.micro_batch_size, temp, shared)
-    split = mismatch_split(trainer, batch) if cfg.rollout.mismatch_split else {}
+    split = (mismatch_split(trainer, batch) if cfg.rollout.mismatch_split else
+             lag_split(batch, ro.dense_cache) if ro.dense_cache is not None else {})
     lap(names.TIME_SCORE)
     alpha = measure_alpha(trainer, batch, ro, sampling_params(cfg, step), cfg.mismatch.alpha, cfg.mismatch.alpha_bin,
                           hidden)
@@ -208,8 +244,8 @@ def train_step(trainer: Trainer, step: int) -> dict:
         update_metrics[names.TIME_QUANTIZE] = trainer.engine.model.last_quantize_s
     lap(names.TIME_UPDATE)
     return {**rollout_metrics(ro, batch, n_reward_errors, cfg), **corr.metrics, **split, **alpha, **update_metrics,
-            **times, **pool_metrics(trainer),
-            names.ROLLOUT_TOKENS_PER_S: ro.tokens_generated / max(times[names.TIME_ROLLOUT], 1e-9)}
+            **times, **lag, names.TIME_GENERATE: ro.seconds,
+            names.ROLLOUT_TOKENS_PER_S: ro.tokens_generated / max(ro.seconds, 1e-9)}
 
 
 def mismatch_split(trainer: Trainer, batch: RolloutBatch) -> dict:
@@ -217,14 +253,24 @@ def mismatch_split(trainer: Trainer, batch: RolloutBatch) -> dict:
     against the sampler's quantized weights on a dense cache, and of those against the sampler."""
     q_weights = teacher_forced_logprobs(trainer.engine.model, batch, trainer.cfg.rollout.temperature,
                                         trainer.cfg.train.micro_batch_size).to(batch.old_logprobs.device)
+    return {names.MISMATCH_K3_WEIGHTS: k3_mean(q_weights, batch.old_logprobs, batch.response_mask),
+            names.MISMATCH_K3_CACHE: k3_mean(batch.sampler_logprobs, q_weights, batch.response_mask)}
 
-    def k3(log_q, log_p):
-        valid = batch.response_mask.bool()
-        lr = log_ratio(log_q, log_p, batch.response_mask).double()[valid]
-        return float((lr.exp() - 1 - lr).mean()) if lr.numel() else 0.0
 
-    return {names.MISMATCH_K3_WEIGHTS: k3(q_weights, batch.old_logprobs),
-            names.MISMATCH_K3_CACHE: k3(batch.sampler_logprobs, q_weights)}
+def lag_split(batch: RolloutBatch, reading) -> dict:
+    """The mismatch's two parts under ``rollout.async``, with ``q_w`` the sampler's weights of a step before
+    on a dense cache (``reading``, a :class:`~sparserl.rollout.teacher_forced.DenseCacheReading` made on the
+    workers): k3 of the learner against ``q_w`` (the lag, and the sampler's weight rounding when it
+    rounds) and of ``q_w`` against the sampler that ran (the cache)."""
+    q_weights = batch.padded(reading.logprobs)
+    return {names.MISMATCH_K3_LAG: k3_mean(q_weights, batch.old_logprobs, batch.response_mask),
+            names.MISMATCH_K3_CACHE: k3_mean(batch.sampler_logprobs, q_weights, batch.response_mask)}
+
+
+def k3_mean(log_q: torch.Tensor, log_p: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean k3 = ρ - 1 - log ρ, ρ = p / q, over the tokens where ``mask`` holds (0 when none)."""
+    lr = log_ratio(log_q, log_p, mask).double()[mask.bool()]
+    return float((lr.exp() - 1 - lr).mean()) if lr.numel() else 0.0
 
 
 def old_logprobs_from(trainer: Trainer) -> str:
@@ -234,7 +280,8 @@ def old_logprobs_from(trainer: Trainer) -> str:
     r, e = trainer.cfg.rollout, trainer.engine
     return old_logprobs_source(trainer.cfg.algorithm.old_logprobs, compresses=e.compressor.compresses,
                                sampler_dtype=e.dtype, learner_dtype=next(trainer.learner.parameters()).dtype,
-                               temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, quantized=r.quantized)
+                               temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, quantized=r.quantized,
+                               lagged=r.async_)
 
 
 def update(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
@@ -425,8 +472,7 @@ def run_steps(trainer: Trainer, run: Path, resume: bool, changes: list, log=prin
             if cfg.data.eval and ((ev and step % ev == 0) or step == cfg.train.steps):
                 metrics.update(held_out_eval(trainer, step, run, log=logger.message))
             logger.log(step, metrics)
-            every = cfg.checkpoint.every  # 0 = only at the end
-            if (every and step % every == 0) or step == cfg.train.steps:
+            if checkpoint_due(cfg, step):
                 save_checkpoint(run, step, trainer.learner, trainer.tokenizer, trainer.optimizer, trainer.scheduler,
                                 trainer_state(trainer), keep_last=cfg.checkpoint.keep_last)
     finally:
