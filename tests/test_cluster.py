@@ -2,7 +2,8 @@
 the weight push reaching every worker, a killed worker replaced with no sample lost, a training step on
 workers equal to the single-process step, and the cluster options' bad inputs.
 
-One local Ray for the module (4 logical CPUs on the 2 cores): the pools find it running and leave it so."""
+One local Ray for the module (num_cpus=2, the cores; each actor asks for half a CPU): the pools find it
+running and leave it so."""
 from __future__ import annotations
 
 import os
@@ -32,11 +33,28 @@ def test_shards_are_contiguous_balanced_and_cover_every_prompt():
         shard_prompts(4, 0)
 
 
+def test_the_training_process_leaves_the_cores_of_the_actors_computing_beside_it(monkeypatch):
+    from sparserl.cluster.pool import training_threads
+    from sparserl.config import ClusterConfig
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    cluster = ClusterConfig(rollout_workers=2, worker_cpus=1.0, learners=3, learner_cpus=2.0)
+    assert training_threads(cluster, async_rollouts=False, updating=False) is None  # workers wait for it
+    assert training_threads(cluster, async_rollouts=True, updating=False) == 6  # workers sample beside it
+    assert training_threads(cluster, async_rollouts=False, updating=True) == 4  # two other learners update
+    assert training_threads(cluster, async_rollouts=True, updating=True) == 2
+    assert training_threads(ClusterConfig(rollout_workers=9, worker_cpus=1.5), True, False) == 1
+    assert training_threads(ClusterConfig(rollout_workers=2, address="auto"), True, True) is None  # elsewhere
+
+
 def _cfg(tmp_path, *extra):
     from sparserl.config import load_config, validate
     from test_train import TINY
 
-    return validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", *extra]))
+    return validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", *HALF_CPU, *extra]))
+
+
+HALF_CPU = ("cluster.worker_cpus=0.5", "cluster.learner_cpus=0.5")  # 2 workers and a second learner on 2 CPUs
 
 
 def test_a_worker_without_ray_samples_its_shard_as_the_engine_does(tmp_path, tiny):
@@ -61,8 +79,7 @@ def test_a_worker_without_ray_samples_its_shard_as_the_engine_does(tmp_path, tin
 def local_ray():
     started = not ray.is_initialized()
     if started:
-        # logical CPUs for 2 rollout workers and a second learner (Ray's resources are bookkeeping)
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     if started:
         ray.shutdown()
@@ -375,8 +392,8 @@ def test_a_driver_killed_mid_run_resumes_exactly(tmp_path, local_ray):
     address = ray.get_runtime_context().gcs_address
     tests = os.path.dirname(__file__)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "sparserl.cli", "train", "default", *TINY, *steps, f"cluster.address={address}",
-           "--run-dir", str(killed)]
+    cmd = [sys.executable, "-m", "sparserl.cli", "train", "default", *TINY, *HALF_CPU, *steps,
+           f"cluster.address={address}", "--run-dir", str(killed)]
     driver = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     while latest_checkpoint(killed) is None and driver.poll() is None and time.monotonic() < deadline:
@@ -393,6 +410,6 @@ def test_more_ray_resources_than_the_cluster_has_is_an_error_not_a_wait(tmp_path
     from sparserl.cluster.pool import ClusterError, RolloutPool
 
     cfg = _cfg(tmp_path, "cluster.rollout_workers=2", "cluster.worker_cpus=3")
-    # what is free depends on the actors earlier tests left being released (asynchronously): 4 in all
-    with pytest.raises(ClusterError, match=r"2 rollout workers need 6 Ray CPUs and the cluster has [0-4] free \(4 in all\)"):
+    # what is free depends on the actors earlier tests left being released (asynchronously): 2 in all
+    with pytest.raises(ClusterError, match=r"2 rollout workers need 6 Ray CPUs and the cluster has [0-2](\.5)? free \(2 in all\)"):
         RolloutPool(cfg, tiny.model)  # after waiting up to 15 s for resources being released

@@ -2,7 +2,9 @@
 
 A new compressor registered in ``sparserl.rollout.kv`` is picked up automatically; it must add a
 hand-built case to ``HAND_CASES`` (the test fails until it does). ``none`` (the dense cache) runs
-through the same matrix: it never compresses and its buffers hold ``prompt + max_new``.
+through the same matrix: it never compresses and its buffers hold ``prompt + max_new``; so does block
+top-k (``blocktopk``), which keeps every token and reads chosen pages at each step (the matrix checks
+its steps against attention over exactly the slots it read, ``cache.attended``).
 """
 import math
 
@@ -20,6 +22,7 @@ from sparserl.rollout.sampling import SamplingParams
 
 ALL = available_compressors()
 SPARSE = [n for n in ALL if get_compressor(n).compresses]
+EVICTING = [n for n in ALL if get_compressor(n).evicts]
 DENSE = get_compressor("none")
 PROMPTS = ["a b c", [{"role": "user", "content": "Count from one to twenty, slowly please."}]]
 
@@ -27,12 +30,16 @@ PROMPTS = ["a b c", [{"role": "user", "content": "Count from one to twenty, slow
 def make(name, budget=16, step=8, **kw):
     if name in ("snapkv",):
         kw.setdefault("window", 4)
+    if name == "blocktopk":  # whole pages of 16 tokens, at least the 3 always read; the tiny model's layer 1 sparse
+        budget = max(48, -(-budget // 16) * 16)
+        kw.setdefault("dense_layers", 1)
     return get_compressor(name, budget=budget, step_length=step, **kw)
 
 
 def test_registry_has_the_published_methods():
-    assert {"none", "rkv", "snapkv", "streaming", "h2o"} <= set(ALL)
+    assert {"none", "rkv", "snapkv", "streaming", "h2o", "blocktopk"} <= set(ALL)
     assert SPARSE == [n for n in ALL if n != "none"]
+    assert EVICTING == [n for n in SPARSE if n != "blocktopk"]
     dense = get_compressor("none")
     assert dense is not None and isinstance(dense, KVCompressor) and not dense.compresses
     assert all(COMPRESSORS.get(n).name == n for n in ALL)
@@ -62,7 +69,7 @@ def test_budget_respected_and_memory_bounded(tiny, name):
     out = eng.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=60, seed=0, ignore_eos=True))
     P = max(len(p) for p in out.prompt_ids)
     per_tok = eng.model.kv_bytes_per_token()
-    if not comp.compresses:  # dense: never compresses, the buffer holds the whole sequence
+    if not comp.evicts:  # dense, block top-k: never compresses, the buffer holds the whole sequence
         assert out.kv.compressions == 0
         assert {cap for cap, _, _ in caps} == {P + 60} == {comp.capacity(P, 60)}
         assert out.kv.bytes_peak == 4 * per_tok * (P + 60)
@@ -83,7 +90,8 @@ def test_budget_respected_and_memory_bounded(tiny, name):
 def test_budget_at_least_length_equals_dense(tiny, name):
     p = SamplingParams(n=2, max_new_tokens=30, seed=4, ignore_eos=True)
     dense = RolloutEngine(tiny, DENSE).generate(PROMPTS, p)
-    comp = make(name, budget=64, step=8)
+    # block top-k's budget covers the prompt too: 5 pages hold the longest sequence (39 + 30 tokens)
+    comp = make(name, budget=64 if name != "blocktopk" else 80, step=8)
     sparse = RolloutEngine(tiny, comp).generate(PROMPTS, p)
     assert sparse.kv.compressions == 0
     assert sparse.response_ids == dense.response_ids
@@ -96,7 +104,7 @@ def test_unequal_prompt_lengths_match_single_runs(tiny, name):
     comp = make(name, budget=12, step=6)
     eng = RolloutEngine(tiny, comp)
     both = eng.generate(PROMPTS, p)
-    assert (both.kv.compressions > 0) == comp.compresses
+    assert (both.kv.compressions > 0) == comp.evicts
     for i, prompt in enumerate(PROMPTS):
         alone = eng.generate([prompt], p)
         assert alone.response_ids[0] == both.response_ids[i]
@@ -106,7 +114,8 @@ def test_unequal_prompt_lengths_match_single_runs(tiny, name):
 @pytest.mark.parametrize("name", ALL)
 def test_next_step_equals_attention_over_kept_keys(tiny, name):
     """After a compression, recompute the next decode step with transformers' own modules over exactly
-    the kept keys/values (at their stored positions) and the new token at its true position."""
+    the kept keys/values (at their stored positions) and the new token at its true position; over the
+    slots each layer read (``cache.attended``: block top-k's chosen pages)."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     model = tiny.model
@@ -115,7 +124,7 @@ def test_next_step_equals_attention_over_kept_keys(tiny, name):
     snap = {}
 
     def hook(event, t, cache, **kw):
-        ready = cache.n_compressions > 0 if comp.compresses else t >= 20  # dense: any late step
+        ready = cache.n_compressions > 0 if comp.evicts else t >= 20  # dense, block top-k: any late step
         if event == "before_decode" and ready and "k" not in snap:
             L = cache.max_len
             snap.update(t=t, tokens=kw["tokens"].clone(), positions=kw["positions"].clone(),
@@ -123,12 +132,15 @@ def test_next_step_equals_attention_over_kept_keys(tiny, name):
                         pos=cache.pos[:, :, :, :L].clone(), start=cache.start.clone(), lens=cache.lens.clone())
         elif event == "after_decode" and "k" in snap and "logits" not in snap:
             snap["logits"] = kw["logits"].clone()
+            snap["read"] = [cache.attended(li) for li in range(cache.n_layers)]  # [B, Hkv, L + 1] each
 
     eng.step_hook = hook
     eng.generate(PROMPTS, SamplingParams(n=1, max_new_tokens=40, seed=2, ignore_eos=True))
     assert "logits" in snap
+    if comp.selects_per_step:  # it really read fewer slots in its sparse layer, all in the dense one
+        assert snap["read"][1].sum() < snap["read"][0].sum()
     # the true position continues from the length, not from the number of cached slots
-    if comp.compresses:
+    if comp.evicts:
         assert (snap["positions"] > snap["lens"] - snap["start"]).all()
     else:
         assert (snap["positions"] == snap["lens"] - snap["start"]).all()
@@ -152,8 +164,9 @@ def test_next_step_equals_attention_over_kept_keys(tiny, name):
                 heads = []
                 for hh in range(hq):
                     g = hh // (hq // hkv)
-                    K = torch.cat([snap["k"][li][b, g, s0:L], k[b, g]], 0)
-                    V = torch.cat([snap["v"][li][b, g, s0:L], v[b, g]], 0)
+                    read = snap["read"][li][b, g, s0 : L + 1]
+                    K = torch.cat([snap["k"][li][b, g, s0:L], k[b, g]], 0)[read]
+                    V = torch.cat([snap["v"][li][b, g, s0:L], v[b, g]], 0)[read]
                     a = torch.softmax(q[b, hh] @ K.T / math.sqrt(D), -1)
                     heads.append(a @ V)
                 outs.append(torch.cat(heads, -1))
@@ -231,15 +244,36 @@ def case_none():
     return c, None, None, None
 
 
+def case_blocktopk():
+    # 7 pages of 16 equal keys; 5 pages read: pages 0, 5, 6 always, and the 2 best of 1..4 by the max
+    # over the GQA group of q_i · mean key. Query heads point at dims 0 and 1; page 2 (dim 0) and page 3
+    # (dim 1, 0.9) win by the max, page 1 (both dims, 0.6 each) would win by the sum
+    from sparserl.rollout.kv.blocktopk import choose_pages, page_scores
+
+    c = get_compressor("blocktopk", pages=5)
+    mean = torch.zeros(7, 4)
+    mean[1, :2] = 0.6
+    mean[2, 0], mean[3, 1], mean[4, 2] = 1.0, 0.9, 1.0
+    q = torch.zeros(1, 2, 1, 4)
+    q[0, 0, 0, 0] = q[0, 1, 0, 1] = 4.0
+    n = torch.tensor([112])
+    pages = choose_pages(page_scores(q, mean[None, None] * 16, n), n, c.pages_for(n))
+    assert pages[0, 0].tolist() == [0, 2, 3, 5, 6]
+    assert not c.due(torch.tensor([10_000])).any() and c.capacity(7, 5) == 12 and not c.evicts
+    with pytest.raises(RuntimeError, match="never evicts"):
+        c.select(_inputs(), 5)
+    return c, None, None, None
+
+
 HAND_CASES = {"streaming": case_streaming, "h2o": case_h2o, "snapkv": case_snapkv, "rkv": case_rkv,
-              "none": case_none}
+              "none": case_none, "blocktopk": case_blocktopk}
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_hand_built_case_keeps_the_right_tokens(name):
     assert name in HAND_CASES, f"add a hand-built case for compressor {name!r}"
     comp, inp, keep, expected = HAND_CASES[name]()
-    if not comp.compresses:
+    if not comp.evicts:  # its case checked itself
         return
     got = comp.select(inp, keep)[0, 0].tolist()
     assert got == sorted(expected)
@@ -281,7 +315,7 @@ def test_capacity_rule(name, compress_prompt):
     B, step = 16, 8
     c = make(name, B, step, compress_prompt=compress_prompt)
     for P, max_new in [(5, 3), (5, 30), (40, 3), (40, 100)]:
-        if not c.compresses:
+        if not c.evicts:
             expect = P + max_new
         elif compress_prompt:
             expect = min(B + step, P + max_new)
@@ -396,7 +430,7 @@ def test_tail_slack_must_not_be_negative():
         get_compressor("rkv", budget=16, step_length=8, tail_slack=-1)
 
 
-@pytest.mark.parametrize("name", SPARSE)
+@pytest.mark.parametrize("name", EVICTING)
 def test_tail_slack_in_the_engine(tiny, name):
     """A compression due with 8 tokens left is skipped with 8 spare slots: one fewer compression,
     the region within budget + step + slack, and the tokens up to that point the same as without

@@ -20,6 +20,8 @@ PROMPTS = ["a b c", [{"role": "user", "content": "Count from one to twenty, slow
 
 
 def make(name):
+    if name == "blocktopk":  # 3 pages of 16 tokens read in the tiny model's layer 1 (its own kernel, blocktopk.c)
+        return get_compressor(name, budget=48, dense_layers=1)
     return get_compressor(name, budget=12, step_length=6, **({"window": 4} if name == "snapkv" else {}))
 
 
@@ -138,8 +140,9 @@ def _layer0_kv(eng, ids):
 @pytest.mark.parametrize("name", available_compressors())
 def test_attention_over_dequantized_kept_keys(tiny, name, quant):
     """After compressions, the next decode step equals float32 attention (transformers' own modules)
-    over exactly the dequantized kept keys/values, the new token's included; and at the end every
-    kept slot's codes and scales belong to the token at its stored position (layer 0, recomputed)."""
+    over exactly the dequantized kept keys/values (those each layer read: ``cache.attended``), the new
+    token's included; and at the end every kept slot's codes and scales belong to the token at its
+    stored position (layer 0, recomputed)."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     model = tiny.model
@@ -148,14 +151,15 @@ def test_attention_over_dequantized_kept_keys(tiny, name, quant):
     snap, last = {}, {}
 
     def hook(event, t, cache, **kw):
-        ready = cache.n_compressions > 0 if comp.compresses else t >= 20
+        ready = cache.n_compressions > 0 if comp.evicts else t >= 20
         if event == "before_decode" and ready and "tokens" not in snap:
             snap.update(tokens=kw["tokens"].clone(), positions=kw["positions"].clone())
         elif event == "after_decode":
             if "tokens" in snap and "logits" not in snap:
                 L = cache.max_len  # the new token is written (quantized) and attended
                 snap.update(logits=kw["logits"].clone(), start=cache.start.clone(), lens=cache.lens.clone(),
-                            kv=[tuple(x.clone() for x in cache.dequantized(li, L)) for li in range(cache.n_layers)])
+                            kv=[tuple(x.clone() for x in cache.dequantized(li, L)) for li in range(cache.n_layers)],
+                            read=[cache.attended(li) for li in range(cache.n_layers)])
             last.update(pos=cache.pos[0].clone(), start=cache.start.clone(), lens=cache.lens.clone(),
                         kv=cache.dequantized(0), scales=(cache.k_scale[0].clone(), cache.v_scale[0].clone()))
 
@@ -184,8 +188,9 @@ def test_attention_over_dequantized_kept_keys(tiny, name, quant):
                 heads = []
                 for hh in range(hq):
                     g = hh // (hq // hkv)
-                    a = torch.softmax(q[b, hh] @ Kq[b, g, s0:L].T / math.sqrt(D), -1)
-                    heads.append(a @ Vq[b, g, s0:L])
+                    read = snap["read"][li][b, g, s0:L]
+                    a = torch.softmax(q[b, hh] @ Kq[b, g, s0:L][read].T / math.sqrt(D), -1)
+                    heads.append(a @ Vq[b, g, s0:L][read])
                 outs.append(torch.cat(heads, -1))
             h = h + at.o_proj(torch.stack(outs))
             h = h + layer.mlp(layer.post_attention_layernorm(h))

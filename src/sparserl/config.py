@@ -42,6 +42,7 @@ from .registry import did_you_mean
 from .models.loading import parse_dtype
 from .rollout.dtype_auto import resolve_dtype
 from .rollout.kv import available_compressors, compressor_from_fields
+from .rollout.kv.blocktopk import PAGE_TOKENS, k_problems
 from .rollout.kv.schedule import ScheduleError, load_schedule, parse_pairs
 from .rollout.kv_quant import available_kv_quants
 from .rollout.quant import available_quants, build_quant
@@ -110,7 +111,13 @@ Folder = Annotated[Optional[Str], _check(lambda v: v is None or ("/" not in v an
                                          "must be a plain folder name")]
 Beta = Annotated[float, Field(ge=0, lt=1)]
 Betas = Annotated[tuple[Beta, Beta], BeforeValidator(lambda v: tuple(v) if isinstance(v, list) else v)]
-NoLora = Annotated[int, _check(lambda v: v == 0, "LoRA training is not implemented yet; use 0 (full fine-tuning)")]
+def _lora_target(v: Any) -> Any:
+    if v == "all-linear" or (isinstance(v, list) and v and all(isinstance(x, str) and x for x in v)):
+        return v
+    raise ValueError("expected all-linear or a non-empty list of module names (e.g. [q_proj, v_proj])")
+
+
+LoraTarget = Annotated[Any, AfterValidator(_lora_target)]
 
 
 #: the largest finite float32: every number of the config reaches torch as float32
@@ -226,6 +233,10 @@ class RolloutConfig(_Section):
                               "(prompt + tokens generated), [[length, budget], ...] with lengths increasing, or a JSON "
                               "file (such pairs, or `sparserl calibrate`'s output: the schedule of rollout.compressor). "
                               "Replaces kv_budget; the buffers hold the largest budget. None = the fixed kv_budget.")
+    blocktopk_pages: Optional[int] = F(None, "Block top-k (rollout.compressor=blocktopk): pages of 16 tokens each decode "
+                                       "step reads per layer and KV head, the first page and the last 2 among them "
+                                       "(layers 0 and 1 read every page). Wins over kv_budget (tokens read = 16 x "
+                                       "pages); None = kv_budget / 16, or with kv_schedule its budget / 16. At least 3.")
     kv_controller: Optional[KVControllerConfig] = F(None, "The online budget controller (threshold, margin, patience, "
                                                    "bin, min_budget, max_budget, step); it starts from kv_schedule, "
                                                    "else kv_budget in every bin. None = off.")
@@ -367,8 +378,13 @@ class TrainConfig(_Section):
     warmup_steps: int = F(0, "Linear learning-rate warm-up over this many optimizer updates (not RL steps: a "
                           "step makes ppo_epochs x prompts_per_step / mini_batch_prompts); constant after.", ge=0)
     seed: int = F(0, "Seed of data order and sampling.")
-    lora_rank: NoLora = F(0, "LoRA rank; 0 = train all weights.")
+    lora_rank: int = F(0, "LoRA rank r: train peft LoRA adapters (W + alpha/r B A on the lora_target linears, the "
+                       "rest frozen); the sampler receives the merged weights at each push, checkpoints hold the "
+                       "adapter in peft's format. 0 = train all weights.", ge=0)
     lora_alpha: int = F(16, "LoRA alpha (scale = alpha / rank).", gt=0)
+    lora_dropout: float = F(0.0, "Dropout on the LoRA adapters' input.", ge=0, lt=1)
+    lora_target: LoraTarget = F("all-linear", "Linear modules that get adapters: all-linear (peft: every linear but "
+                                "the LM head) or a list of module names, e.g. [q_proj, k_proj, v_proj, o_proj].")
 
 
 class LogConfig(_Section):
@@ -763,7 +779,7 @@ def validate(cfg: Config) -> Config:
     if (first_step := t.lr / (1 - t.betas[0])) > FLOAT32_MAX:  # AdamW's bias-corrected step size, in float32
         errors.append(f"train.lr={t.lr!r}: AdamW's first step size, lr / (1 - train.betas[0]) = {first_step:.4g}, "
                       f"overflows float32 (at most {FLOAT32_MAX:.8g}); lower train.lr")
-    if r.compressor != "none" and r.kv_budget <= r.window and r.kv_schedule is None:
+    if r.compressor not in ("none", "blocktopk") and r.kv_budget <= r.window and r.kv_schedule is None:
         errors.append(f"rollout.kv_budget={r.kv_budget} must be larger than rollout.window={r.window} "
                       "(the window's tokens are always kept)")
     if isinstance(r.kv_schedule, str):
@@ -771,6 +787,30 @@ def validate(cfg: Config) -> Config:
             load_schedule(r.kv_schedule, r.compressor)
         except ScheduleError as e:
             errors.append(str(e) if str(e).startswith("rollout.kv_schedule") else f"rollout.kv_schedule: {e}")
+    if r.blocktopk_pages is not None and r.compressor != "blocktopk":
+        errors.append(f"rollout.blocktopk_pages={r.blocktopk_pages} is an option of rollout.compressor=blocktopk, not "
+                      f"{r.compressor!r}; leave it out (null) or set rollout.compressor=blocktopk")
+    if r.compressor == "blocktopk":  # k in whole pages, at least the 3 always read (rollout/kv/blocktopk.py)
+        try:
+            budgets = None if r.kv_schedule is None else list(load_schedule(r.kv_schedule, r.compressor).budgets)
+        except ScheduleError:
+            budgets = None  # reported above
+        errors += k_problems(r.kv_budget if budgets is None else None, r.blocktopk_pages, budgets,
+                             budget_key="rollout.kv_budget", pages_key="rollout.blocktopk_pages",
+                             schedule_key="rollout.kv_schedule")
+        if r.compile:
+            errors.append("rollout.compile=true with rollout.compressor=blocktopk: the compiled decode step reads the "
+                          "whole cache and cannot choose pages per step; set rollout.compile=false")
+        if (kc := r.kv_controller) is not None:
+            if r.blocktopk_pages is not None:
+                errors.append(f"rollout.blocktopk_pages={r.blocktopk_pages} and rollout.kv_controller both decide "
+                              "the pages block top-k reads; give one")
+            bad = [f"{key}={v}" for key, v in (("min_budget", kc.min_budget), ("max_budget", kc.max_budget),
+                                               ("step", kc.step)) if v % PAGE_TOKENS]
+            if bad or kc.min_budget < 3 * PAGE_TOKENS:
+                errors.append(f"rollout.kv_controller ({', '.join(bad) or f'min_budget={kc.min_budget}'}): with "
+                              f"rollout.compressor=blocktopk the budgets move in whole pages: min_budget, max_budget "
+                              f"and step multiples of {PAGE_TOKENS}, min_budget >= {3 * PAGE_TOKENS} (3 pages)")
     if (kc := r.kv_controller) is not None:
         if r.compressor == "none":
             errors.append("rollout.kv_controller needs a compressor (rollout.compressor='none' keeps every token)")
@@ -781,7 +821,7 @@ def validate(cfg: Config) -> Config:
                           f"{cfg.mismatch.alpha_bin} (the bins α is measured on), or be left out")
         if kc.min_budget > kc.max_budget:
             errors.append(f"rollout.kv_controller.min_budget={kc.min_budget} is above max_budget={kc.max_budget}")
-        if r.compressor != "none" and kc.min_budget <= r.window:
+        if r.compressor not in ("none", "blocktopk") and kc.min_budget <= r.window:
             errors.append(f"rollout.kv_controller.min_budget={kc.min_budget} must be larger than rollout.window="
                           f"{r.window} (the window's tokens are always kept)")
     c = cfg.cluster
@@ -799,6 +839,9 @@ def validate(cfg: Config) -> Config:
             errors.append(f"cluster.learners={c.learners} is more than the {micro} micro-batches of an optimizer step "
                           f"({mini} samples / train.micro_batch_size={t.micro_batch_size}): a learner would get none; "
                           "lower train.micro_batch_size")
+    if t.lora_rank and r.quant_scale != 1.0:
+        errors.append(f"train.lora_rank={t.lora_rank} with rollout.quant_scale={r.quant_scale}: QuRL's invariant scaling "
+                      "folds s into the frozen base weights, which LoRA does not train; use one or the other")
     if r.async_:
         if c.rollout_workers is None:
             errors.append("rollout.async=true needs cluster.rollout_workers (the workers sample the next step while "

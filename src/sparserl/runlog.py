@@ -99,6 +99,7 @@ TIME_QUANTIZE = "time/quantize_s"  # part of time/update_s: re-quantizing the sa
 # rollout workers: their sampling itself (the slowest worker's); time/rollout_s is the training process's wait
 # for it, less than this under rollout.async (the sampling overlaps the step before's update)
 TIME_GENERATE = "time/generate_s"
+TIME_PUSH = "time/push_s"  # part of time/update_s: the new weights into the sampler here and the workers' object
 
 # quantized sampler (QuRL): of the weight elements the last optimizer step changed, the fraction whose
 # quantized code changed too (sparserl.train.update_visible)

@@ -14,6 +14,11 @@ GEMM throughput, ``machine.memory_bandwidth_bytes_per_s`` and ``machine.gemm_flo
 quantized row's from the bytes its weights and KV cache hold and its own products' measured rate,
 ``gemm_flops_per_s_by_quant``).
 A peer that cannot run here is listed under ``peers_skipped`` with the reason and how to install it.
+Every sparserl row of the unquantized sampler also carries ``predicted_ratio_vs_dense``: the cost model's
+(:mod:`sparserl.cost`) dense seconds over the row's, on the measured bandwidth and GEMM rate (None
+for a method it has no terms for, e.g. H2O). Block top-k (``blocktopk``) rows read ``kv_budget / 16``
+pages a step in every layer but the first two; their K/V bytes are the dense row's (nothing is
+evicted; the page key sums, 1/16 of the keys in float32, are not K/V).
 
 Quantized samplers (``quants``, ``kv_quants``: weight and KV quantization, :mod:`sparserl.rollout.quant`
 and :mod:`sparserl.rollout.kv_quant`): every combination other than ``none``/``none`` adds sparserl
@@ -47,6 +52,7 @@ from ..rollout.profile import BENCH_PROMPT
 from ..rollout.quant import build_quant
 from ..rollout.quant.outliers import check_outliers_fit
 from ..rollout.sampling import SamplingParams
+from ..cost import MachineRates, ModelShape, rollout_cost
 from .machine import decode_linear_weights, gemm_flops_per_s, machine_info, memory_bandwidth
 from .measure import Row, Run, RssSampler, median_round_ratio, run_rounds
 from .mismatch import sampler_mismatch
@@ -145,9 +151,34 @@ def mean_kept_cap(comp: KVCompressor, prompt_tokens: int, kv_budget: int, step_l
     """The mean number of kept tokens per sequence once a compressing cache is full (None: dense):
     it cycles between ``budget`` and ``budget + step_length`` compressible tokens, after the whole
     prompt unless the prompt is compressible too."""
-    if not comp.compresses:
+    if not comp.evicts:
         return None
     return (0 if comp.compress_prompt else prompt_tokens) + kv_budget + step_length / 2
+
+
+def cost_model_terms(comp: KVCompressor) -> dict | None:
+    """:func:`sparserl.cost.rollout_cost`'s keyword arguments for a row's compressor ({}: dense), or None
+    where the cost model has no terms for it (H2O's scores, block top-k with a schedule)."""
+    if not comp.compresses:
+        return {}
+    if comp.selects_per_step:
+        return None if comp.schedule is not None else {"blocktopk_pages": comp.budget // 16,
+                                                       "dense_layers": comp.dense_layers}
+    if comp.name in ("rkv", "snapkv", "streaming") and comp.trigger == "step_length":
+        return {"compressor": comp}
+    return None
+
+
+def predicted_ratio(shape: ModelShape, rates: MachineRates, n: int, prompt_tokens: int, new_tokens: int,
+                    comp: KVCompressor) -> tuple[float | None, float | None]:
+    """(the cost model's predicted tokens/s of this row over the dense row, its mean tokens attended per
+    sequence and layer over the decode steps), or (None, None) without cost terms for the method."""
+    terms = cost_model_terms(comp)
+    if terms is None:
+        return None, None
+    row = rollout_cost(shape, rates, n, prompt_tokens, new_tokens, **terms)
+    dense = rollout_cost(shape, rates, n, prompt_tokens, new_tokens)
+    return dense.seconds / row.seconds, row.kv_tokens_mean
 
 
 def _sparserl_run(engine: RolloutEngine, params: SamplingParams, kernels: str = "native") -> Run:
@@ -226,6 +257,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
             dense_engine.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))
     bw = memory_bandwidth(device=dev)
     gemm = gemm_flops_per_s(sm, batch)
+    shape, rates = ModelShape.from_config(lm.model.config, dt), MachineRates(bw, gemm)
     # each row's ceilings: the bytes its sampler's weights and KV cache hold, its own products' rate
     ceilings = {("none", "none"): (weight_bytes, per_tok, gemm)}
 
@@ -248,18 +280,21 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
     for compiled, kernel in variants:  # the compiled step runs torch's attention (the kernel is not traced)
         for name in ["none", *(c for c in compressors if c != "none")]:
             comp = bench_compressor(name, kv_budget, step_length, compress_prompt, tail_slack)
+            if compiled and comp.selects_per_step:  # the compiled step cannot choose pages per step
+                continue
             engine = RolloutEngine.from_engine(dense_engine, comp) if comp.compresses or compiled else dense_engine
             if compiled:  # the same weights, the decode step through torch.compile (inductor)
                 engine.compile = "inductor"
                 engine.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))  # compiles
             # kept tokens grow from P to P + budget + period, then cycle between P + budget and that
             cap = mean_kept_cap(comp, P, kv_budget, step_length)
+            predicted, read = predicted_ratio(shape, rates, batch, P, L, comp)
             rows.append(Row({"engine": "sparserl", "compressor": name, "kv_budget": kv_budget if comp.compresses else None,
-                             "compress_prompt": comp.compresses and comp.compress_prompt,
-                             "tail_slack": comp.tail_slack if comp.compresses else None, "compiled": compiled,
-                             **quant_fields(engine, "none", kernel)},
+                             "compress_prompt": comp.evicts and comp.compress_prompt,
+                             "tail_slack": comp.tail_slack if comp.evicts else None, "compiled": compiled,
+                             "predicted_ratio_vs_dense": predicted, **quant_fields(engine, "none", kernel)},
                             lambda engine=engine, kernel=kernel: _sparserl_run(engine, params, kernel),
-                            mean_kv_tokens(P, L, cap)))
+                            read if comp.selects_per_step else mean_kv_tokens(P, L, cap)))
     scheduled = [c for c in compressors if c != "none"]
     for comp in (scheduled_compressors(kv_schedule, scheduled, step_length, compress_prompt, tail_slack)
                  if kv_schedule else ()):

@@ -86,6 +86,20 @@ def resources_needed(cluster) -> dict[str, float]:
             "GPU": workers * cluster.worker_gpus + peers * cluster.learner_gpus}
 
 
+def training_threads(cluster, async_rollouts: bool, updating: bool) -> int | None:
+    """torch threads for the training process when its Ray actors share this machine with it (a local Ray:
+    ``cluster.address`` unset): the cores the actors computing at the same time as it do not take, at least
+    1. Those are, under ``rollout.async``, the rollout workers (they sample while it scores and updates), and
+    while it updates (``updating``), the other learners; more threads than cores slow every process down
+    many times. None: nothing computes beside it, or the actors are elsewhere."""
+    if cluster.address is not None:
+        return None
+    beside = (cluster.learners - 1) * cluster.learner_cpus if updating else 0.0
+    if async_rollouts and cluster.rollout_workers:
+        beside += cluster.rollout_workers * cluster.worker_cpus
+    return max(1, (os.cpu_count() or 1) - math.ceil(beside)) if beside else None
+
+
 def require_resources(needed: dict[str, float], what: str, wait_s: float = 15.0) -> None:
     """Ray has ``needed`` free (within ``wait_s``: actors just stopped release theirs asynchronously); an
     actor asking for more would wait forever, so say so instead."""

@@ -410,6 +410,17 @@ _CONFIG_SUMMARY = (
 )
 
 
+def _trained_weights(config: dict) -> str:
+    """Which weights the run trained: all, or peft LoRA adapters (rank, alpha, dropout, target modules)."""
+    rank = _dig(config, "train.lora_rank")
+    if not rank:
+        return "all (full fine-tuning)"
+    target = _dig(config, "train.lora_target")
+    target = ", ".join(target) if isinstance(target, list) else target
+    return (f"LoRA adapters only (peft): rank {rank}, alpha {_dig(config, 'train.lora_alpha')}, dropout "
+            f"{_dig(config, 'train.lora_dropout')}, on {target}; base weights frozen")
+
+
 def _dig(d: dict, dotted: str) -> Any:
     cur: Any = d
     for p in dotted.split("."):
@@ -487,6 +498,7 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
             v = _dig(run.config, key)
             if v is not None:
                 md.append(f"| {label} | {_fmt(v)} |")
+        md.append(f"| trained weights | {_trained_weights(run.config)} |")
         md += ["", "<details><summary>full config</summary>", "", "```yaml",
                yaml.safe_dump(run.config, sort_keys=False).rstrip(), "```", "", "</details>", ""]
 

@@ -8,9 +8,10 @@ from .engine import RolloutEngine
 from .kv import compressor_from_fields
 
 
-def engine_from_fields(lm, r: Any) -> RolloutEngine:
+def engine_from_fields(lm, r: Any, weights: dict | None = None) -> RolloutEngine:
     """A :class:`RolloutEngine` over the loaded model ``lm`` with the compressor, dtype, quantization and
-    KV storage of ``r`` (a ``rollout`` section, or anything with its fields)."""
+    KV storage of ``r`` (a ``rollout`` section, or anything with its fields); ``weights``: the state dict it
+    starts from (None: ``lm.model``'s)."""
     return RolloutEngine(lm, compressor_from_fields(r), dtype=r.dtype, compile=r.compile, quant=r.quant,
                          kv_quant=r.kv_quant, quant_smooth=r.quant_smooth, quant_group=r.quant_group,
-                         quant_outliers=r.quant_outliers, quant_head=r.quant_head)
+                         quant_outliers=r.quant_outliers, quant_head=r.quant_head, weights=weights)

@@ -23,6 +23,11 @@ job's ``step_length: 2``).
 When sequences finish, :meth:`select` shrinks every buffer to the sequences still running, so
 finished sequences cost neither compute nor memory.
 
+A method that keeps every token and chooses per step what attention reads (block top-k,
+:mod:`sparserl.rollout.kv.blocktopk`) gives the cache a selector (:meth:`KVCompressor.attention_selector`):
+the cache tells it of each step (:meth:`begin_step`) and of batch shrinks, and a layer it calls
+sparse attends through it (:meth:`attend`); :meth:`attended` says which slots a layer read.
+
 Quantized KV (``kv_quant``: ``int8`` / ``fp8``, :mod:`sparserl.rollout.kv_quant`): the K/V buffers
 hold one-byte codes and two more buffers ``k_scale`` / ``v_scale`` [n_layers, B, Hkv, capacity] hold
 one float32 scale per [token, KV head] vector. Every write quantizes (prefill, decode, the compiled
@@ -114,6 +119,7 @@ class CompressedKVCache:
                 for layer in range(self.n_layers):
                     self.q_ring[layer, :, :, -w:] = queries[layer][:, :, -w:]
                 self.q_count = w
+        self.selector = compressor.attention_selector(self)  # None unless the method selects per step
         self._account()
 
     # --- bookkeeping ---------------------------------------------------------------------------
@@ -192,6 +198,8 @@ class CompressedKVCache:
         valid = (ar[None, :] >= self.start[:, None]) & (ar[None, :] < self.lens[:, None])
         self._valid_step = valid
         bias = torch.zeros(B, L, dtype=torch.float32, device=self.device).masked_fill_(~valid, float("-inf"))
+        if self.selector is not None:
+            self.selector.begin_step(self)
         return bias[:, None, None, :]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -205,6 +213,10 @@ class CompressedKVCache:
         else:
             bidx = torch.arange(B, device=self.device)
             self._write(layer, (bidx, slice(None), self._slot), k[:, :, 0], v[:, :, 0])
+        if self.selector is not None and self.selector.sparse(layer):  # reads the pages it chooses
+            out = self.selector.attend(self, layer, q)
+            self.record_query(layer, q)
+            return out
         if self.k_scale is None:
             out, p = attention(q, self.keys[layer], self.values[layer], bias)
         else:
@@ -214,6 +226,15 @@ class CompressedKVCache:
             self.attn_acc[layer, :, :, : bias.shape[-1]] += p.sum(dim=2)
         self.record_query(layer, q)
         return out
+
+    def attended(self, layer: int) -> torch.Tensor:
+        """Bool [B, Hkv, L] (L = :attr:`max_len`): the slots ``layer`` read at this step (after its
+        attention): every valid slot, or the pages a selector chose."""
+        if self.selector is not None:
+            return self.selector.attended(self, layer)
+        slot = torch.arange(self.max_len, device=self.device)
+        valid = (slot[None, :] >= self.start[:, None]) & (slot[None, :] < self.lens[:, None])
+        return valid[:, None, :].expand(self.batch, self.n_kv, self.max_len).clone()
 
     def _write(self, layer: int, index: tuple, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [..., D] at ``[layer][index]`` (``index`` over batch, head, slot), quantized
@@ -407,6 +428,8 @@ class CompressedKVCache:
             self.attn_acc = self.attn_acc.index_select(1, keep_rows)
         if self.q_ring is not None:
             self.q_ring = self.q_ring.index_select(1, keep_rows)
+        if self.selector is not None:
+            self.selector.select(keep_rows)
         self.lens = self.lens.index_select(0, keep_rows)
         self.start = self.start.index_select(0, keep_rows)
         u = self.lens.unique()

@@ -94,8 +94,9 @@ class RolloutEngine:
                  dtype: str | torch.dtype | None = None, max_batch: int | None = None, compile: bool | str = False,
                  pack_weights: bool | None = None, kv_quant: str = "none", quant: str = "none",
                  quant_smooth: float = 0.0, quant_group: int | None = None, fused: bool = True,
-                 quant_outliers: int = 0, quant_head: bool = False):
-        """``compressor``: a :class:`KVCompressor`; ``get_compressor("none")`` for a dense cache.
+                 quant_outliers: int = 0, quant_head: bool = False, weights: dict | None = None):
+        """``compressor``: a :class:`KVCompressor`; ``get_compressor("none")`` for a dense cache. ``weights``: the
+        state dict the sampler starts from (None: ``loaded.model``'s own; see :class:`SamplerModel`).
         ``compile``: run each decode layer through ``torch.compile`` (:mod:`sparserl.rollout.compiled`;
         the first step compiles, once per model shape and process); True = inductor, a string = that
         ``torch.compile`` backend (e.g. ``"aot_eager"``: the same capture, no code generation). ``pack_weights``: decode with
@@ -112,18 +113,18 @@ class RolloutEngine:
         (:mod:`sparserl.rollout.fused`; the same numbers) where its weights allow; False = the eager
         step, operator by operator (profiling)."""
         self.tokenizer = loaded.tokenizer
-        weights = next(loaded.model.parameters())
+        param = next(loaded.model.parameters())
         #: what ``dtype="auto"`` chose and why (:mod:`sparserl.rollout.dtype_auto`); None for a named dtype
-        self.dtype_choice = choose(weights.device) if dtype == "auto" else None
+        self.dtype_choice = choose(param.device) if dtype == "auto" else None
         self.dtype = (DTYPES[self.dtype_choice.dtype] if self.dtype_choice else
-                      resolve_dtype(dtype) if dtype is not None else weights.dtype)
+                      resolve_dtype(dtype) if dtype is not None else param.dtype)
         calibration_ids = None
         if quant_smooth or quant_outliers:
             ids = self.tokenizer(CALIBRATION_TEXT, add_special_tokens=False)["input_ids"]
             calibration_ids = torch.tensor(ids[:CALIBRATION_TOKENS])[None]
         self.model = SamplerModel(loaded.model, self.dtype, pack_weights, quant=quant, quant_smooth=quant_smooth,
                                   calibration_ids=calibration_ids, quant_group=quant_group,
-                                  quant_outliers=quant_outliers, quant_head=quant_head)
+                                  quant_outliers=quant_outliers, quant_head=quant_head, weights=weights)
         self.device = self.model.device
         self.compressor = _checked(compressor)
         self.max_batch = max_batch
@@ -228,6 +229,9 @@ class RolloutEngine:
                         forced: list[list[int]] | None = None) -> RolloutOutput:
         """One batch; ``row_ids`` [B] (int64): each response's random stream."""
         m, c, dev = self.model, self.compressor, self.device
+        if self.compile and c.selects_per_step:  # the compiled layer step attends over every slot
+            raise ValueError(f"compile={self.compile!r} with compressor {c.name!r}: the compiled decode step reads "
+                             "the whole cache and cannot choose pages per step; use compile=False")
         row_ids = row_ids.to(dev)
         B = len(prompts)
         P = max(len(x) for x in prompts)

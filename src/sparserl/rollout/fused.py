@@ -9,7 +9,8 @@ dispatch before any arithmetic, over 10 ms of a ~100-ms step of SmolLM2-135M at 
 1. ``sparserl_layer_qkv`` (``native/decode_layer.c``): RMSNorm, the fused q/k/v product, RoPE, and
    k, v stored at each row's slot of a float32 cache;
 2. the fused attention over the cache (``decode_attention.c``), called with addresses computed
-   here; a quantized KV cache (``kv_quant``) takes :meth:`CompressedKVCache.attend` instead;
+   here (block top-k's sparse layers: its own kernel, ``blocktopk.c``, through the cache's selector);
+   a quantized KV cache (``kv_quant``) takes :meth:`CompressedKVCache.attend` instead;
 3. ``sparserl_layer_mlp``: ``h += a Woᵀ``, RMSNorm, gate/up, SiLU·up, ``h += act Wdownᵀ``.
 
 The same kernels in the same order as the eager step, so the same numbers to the bit (tested for
@@ -148,8 +149,9 @@ def decode_layers(model: SamplerModel, h: torch.Tensor, cos: torch.Tensor, sin: 
     hp, cp, sp, bp = h.data_ptr(), cos.data_ptr(), sin.data_ptr(), bias.data_ptr()
     L = bias.shape[-1]
     keys, values = cache.keys, cache.values
+    selector = cache.selector
     direct = (keys.dtype == torch.float32 and cache.k_scale is None and keys.stride() == values.stride()
-              and keys.stride(-1) == 1 and L <= keys.shape[3])
+              and keys.stride(-1) == 1 and L <= keys.shape[3] and (selector is None or selector.native_ok(cache)))
     if direct:  # the slot writes and the attention in C, at addresses computed here
         slots = cache.write_slots().to(torch.int64).contiguous()
         p = torch.empty(B, hkv, hq // hkv, L)
@@ -168,8 +170,11 @@ def decode_layers(model: SamplerModel, h: torch.Tensor, cos: torch.Tensor, sin: 
                 qkv = qkv0 + layer * qkv_bytes
             rc = lib.sparserl_layer_qkv(B, hidden, hp, fl.ln1.data_ptr(), eps, fl.qkv, hq, hkv, D, cp, sp, x, qkv,
                                         kp, vp, sb, sh, ss, slots.data_ptr())
-            rc = rc or lib.sparserl_decode_attention(B, hq, hkv, L, D, qkv, plan.width, D, kp, vp, sb, sh, ss, None,
-                                                     None, 0, 0, 0, bp, L, scale, 1.0, a, p.data_ptr())
+            if selector is not None and selector.sparse(layer):  # block top-k: the pages it chooses
+                rc = rc or selector.native_step(lib, layer, cache, qkv, plan.width, D, kp, vp, sb, sh, ss, a)
+            else:
+                rc = rc or lib.sparserl_decode_attention(B, hq, hkv, L, D, qkv, plan.width, D, kp, vp, sb, sh, ss,
+                                                         None, None, 0, 0, 0, bp, L, scale, 1.0, a, p.data_ptr())
             if cache.attn_acc is not None:
                 cache.attn_acc[layer, :, :, :L] += p.sum(dim=2)
             a_ptr = a

@@ -59,8 +59,10 @@ class SamplerModel:
 
     def __init__(self, hf_model: torch.nn.Module, dtype: torch.dtype | None = None, pack_weights: bool | None = None,
                  quant: str = "none", quant_smooth: float = 0.0, calibration_ids: torch.Tensor | None = None,
-                 quant_group: int | None = None, quant_outliers: int = 0, quant_head: bool = False):
-        """``pack_weights``: keep a packed copy of every linear weight for the decode step's
+                 quant_group: int | None = None, quant_outliers: int = 0, quant_head: bool = False,
+                 weights: dict[str, torch.Tensor] | None = None):
+        """``weights``: the state dict to start from (None: ``hf_model``'s own; a learner with LoRA adapters
+        hands its merged weights). ``pack_weights``: keep a packed copy of every linear weight for the decode step's
         products (:func:`pack_weight`); None = when supported (CPU, float32, oneDNN built in); the
         quantized weights are not packed (their kernels pack their own). ``quant``: a name of
         :func:`sparserl.rollout.quant.available_quants` (``none`` = the sampler dtype).
@@ -112,7 +114,7 @@ class SamplerModel:
                                  "measure activations on)")
             self.calibration_ids = torch.as_tensor(calibration_ids, device=self.device).long().reshape(
                 -1, calibration_ids.shape[-1])
-        self.load_weights(hf_model.state_dict())
+        self.load_weights(weights if weights is not None else hf_model.state_dict())
 
     # --- weights -------------------------------------------------------------------------------
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:

@@ -2,7 +2,9 @@
 checked before anything is loaded.
 
     RUN/checkpoints/step-000010/
-        model/                  Hugging Face format (safetensors + config + tokenizer): from_pretrained loads it
+        model/                  Hugging Face format (safetensors + config + tokenizer): from_pretrained loads it;
+                                with LoRA (train.lora_rank) the adapter in peft's format (adapter_config.json,
+                                adapter_model.safetensors): PeftModel.from_pretrained(base model, model/) loads it
         optimizer.safetensors   every tensor of the optimizer state, as ``state.<param index>.<name>``
         optimizer.json          param groups, non-tensor optimizer state, LR-scheduler state
         rng.safetensors         torch CPU RNG state (``torch``) and CUDA RNG states (``cuda.<device>``)
@@ -41,6 +43,7 @@ import torch
 
 from ..errors import SparserlError
 from ..models.invariant_scaling import applied_scale, unscaled_state_dict
+from .lora import adapter_state, has_lora, load_adapter, save_adapter
 
 __all__ = [
     "CheckpointError", "CheckpointWriteError", "FORMAT", "complete_checkpoints", "latest_checkpoint",
@@ -271,8 +274,11 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
             shutil.rmtree(tmp)
         tmp.mkdir()
         scaled = applied_scale(model) != 1.0  # QuRL's invariant scaling: save the original form
-        model.save_pretrained(tmp / "model", safe_serialization=True,
-                              **({"state_dict": unscaled_state_dict(model)} if scaled else {}))
+        if has_lora(model):  # the adapter alone, in peft's format (the base weights are model.name's)
+            save_adapter(model, tmp / "model", _save_tensors)
+        else:
+            model.save_pretrained(tmp / "model", safe_serialization=True,
+                                  **({"state_dict": unscaled_state_dict(model)} if scaled else {}))
         tokenizer.save_pretrained(tmp / "model")
         _save_tensors(opt_tensors, tmp / "optimizer.safetensors")
         _write_json(opt_meta, tmp / "optimizer.json")
@@ -511,9 +517,10 @@ def load_checkpoint(path: str | Path, model, optimizer=None, scheduler=None) -> 
     for rel in sorted(files):
         if rel.startswith("model/") and rel.endswith(".safetensors"):
             weights.update(_load_tensors(path / rel))
-    # validate the weights against the model
-    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
-    expected = model.state_dict()
+    # validate the weights against the model (with LoRA: against its adapter)
+    lora = has_lora(model)
+    tied = not lora and bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    expected = adapter_state(model) if lora else model.state_dict()
     missing = [k for k in expected if k not in weights and not (k == "lm_head.weight" and tied)]
     unexpected = [k for k in weights if k not in expected]
     if missing or unexpected:
@@ -534,7 +541,10 @@ def load_checkpoint(path: str | Path, model, optimizer=None, scheduler=None) -> 
         if scheduler is not None and opt["scheduler"] is None:
             raise CheckpointError(f"{path / 'optimizer.json'}: no scheduler state")
     # apply
-    model.load_state_dict(weights, strict=False)
+    if lora:
+        load_adapter(model, weights)
+    else:
+        model.load_state_dict(weights, strict=False)
     if tied and hasattr(model, "tie_weights"):
         model.tie_weights()
     if optimizer is not None:

@@ -40,6 +40,7 @@ from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
 from .metrics import MetricsLogger
 from .alpha import measure_alpha
 from .kv_controller import KVController
+from .lora import apply_lora, sampler_state
 from .run_folder import (CONFIG_FILE, ResumeError, check_resume_config, checkpoint_step, find_resume_folder,
                          holds_run, naming_data_key, preflight, record_config, resolve_run_dir)
 
@@ -61,6 +62,8 @@ class Trainer:
     pool: object | None = None  # sparserl.cluster.pool.RolloutPool: the rollout workers, when there are
     learners: object | None = None  # .data_parallel.LearnerGroup: the other learners, when cluster.learners > 1
     pending: tuple | None = None  # (examples, PendingRollout): the next step's rollout, sent before this step's update
+    threads_before: int | None = None  # torch's threads before the cluster's actors took cores beside this process
+    engine_stale: bool = False  # the learner changed since ``engine`` last loaded its weights (rollout workers)
 
     @property
     def ranks(self):
@@ -79,7 +82,10 @@ def build_learner(cfg: Config):
     t = cfg.train
     lm = load_model(cfg.model.name, dtype=cfg.model.dtype, seed=cfg.model.seed, device=cfg.model.device)
     learner = apply_invariant_scaling(lm.model, cfg.rollout.quant_scale).train()  # QuRL: before the sampler copies it
-    opt = torch.optim.AdamW(learner.parameters(), lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay)
+    if t.lora_rank:  # peft adapters on the learner; the sampler keeps the merged weights (sampler_state)
+        learner = apply_lora(learner, t.lora_rank, t.lora_alpha, t.lora_dropout, t.lora_target).train()
+    trained = [p for p in learner.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay)
     warm = max(1, t.warmup_steps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
     return lm, learner, opt, sched
@@ -104,7 +110,7 @@ def build_trainer(cfg: Config) -> Trainer:
         cluster_preflight(cfg.cluster)
     r, t = cfg.rollout, cfg.train
     lm, learner, opt, sched = build_learner(cfg)
-    engine = engine_from_fields(lm, r)
+    engine = engine_from_fields(lm, r, sampler_state(learner))
     ref = None
     if cfg.algorithm.kl_coef > 0:
         ref = copy.deepcopy(learner).eval().requires_grad_(False)
@@ -117,13 +123,22 @@ def build_trainer(cfg: Config) -> Trainer:
     if cfg.cluster.rollout_workers is not None:  # Ray imported only here
         from ..cluster.pool import RolloutPool
 
-        pool = RolloutPool(cfg, learner)
+        pool = RolloutPool(cfg, sampler_state(learner))
     trainer = Trainer(cfg, learner, lm.tokenizer, engine, opt, sched,
                       PromptSampler(list(data), t.prompts_per_step, seed=t.seed), reward_fn, ref, controller, pool)
     if cfg.cluster.learners > 1:
         from .data_parallel import LearnerGroup
 
         trainer.learners = LearnerGroup(cfg, trainer)
+    if pool is not None:
+        from ..cluster.pool import training_threads
+
+        threads = training_threads(cfg.cluster, r.async_, updating=False)
+        if threads is not None and threads < torch.get_num_threads():
+            print(f"cluster: {threads} torch thread(s) for the training process, the other cores for the rollout "
+                  "workers sampling beside it")
+            trainer.threads_before = torch.get_num_threads()
+            torch.set_num_threads(threads)
     return trainer
 
 
@@ -133,6 +148,9 @@ def close_cluster(trainer: Trainer) -> None:
         trainer.learners.close()
     if trainer.pool is not None:
         trainer.pool.close()
+    if trainer.threads_before is not None:
+        torch.set_num_threads(trainer.threads_before)
+        trainer.threads_before = None
 
 
 def rollout(trainer: Trainer, step: int) -> tuple[list, RolloutOutput]:
@@ -172,11 +190,24 @@ def checkpoint_due(cfg: Config, step: int) -> bool:
 
 
 def push_weights(trainer: Trainer) -> None:
-    """The learner's weights into the sampler here (evaluation, α's replay) and into every rollout worker;
-    under ``rollout.async`` without waiting (they load them after sampling the next step)."""
-    trainer.engine.update_weights(trainer.learner)
-    if trainer.pool is not None:
-        trainer.pool.update_weights(trainer.learner, wait=not trainer.cfg.rollout.async_)
+    """The learner's weights (with LoRA: merged) into the sampler: the engine here, or every rollout worker
+    (under ``rollout.async`` without waiting: they load them after sampling the next step), the engine here
+    then loading them only when it is used (:func:`local_sampler`)."""
+    weights = sampler_state(trainer.learner)
+    if trainer.pool is None:
+        trainer.engine.update_weights(weights)
+    else:
+        trainer.pool.update_weights(weights, wait=not trainer.cfg.rollout.async_)
+        trainer.engine_stale = True
+
+
+def local_sampler(trainer: Trainer) -> RolloutEngine:
+    """The sampler in this process with the learner's current weights, for what runs here whatever samples
+    the rollouts: the exact α's replay, ``rollout.mismatch_split``, held-out evaluation."""
+    if trainer.engine_stale:
+        trainer.engine.update_weights(sampler_state(trainer.learner))
+        trainer.engine_stale = False
+    return trainer.engine
 
 
 def pool_metrics(trainer: Trainer, ro: RolloutOutput) -> dict:
@@ -225,9 +256,11 @@ def train_step(trainer: Trainer, step: int) -> dict:
                                                                 temp, shared)
     if trainer.ref is not None:
         batch.ref_logprobs = score_logprobs(trainer.ref, batch, cfg.train.micro_batch_size, temp, shared)
-    split = (mismatch_split(trainer, batch) if cfg.rollout.mismatch_split else
+    split = (mismatch_split(local_sampler(trainer), batch, cfg) if cfg.rollout.mismatch_split else
              lag_split(batch, ro.dense_cache) if ro.dense_cache is not None else {})
     lap(names.TIME_SCORE)
+    if cfg.mismatch.alpha == "exact":  # it replays the sampler here
+        local_sampler(trainer)
     alpha = measure_alpha(trainer, batch, ro, sampling_params(cfg, step), cfg.mismatch.alpha, cfg.mismatch.alpha_bin,
                           hidden)
     if trainer.kv_controller is not None:  # the next rollout's budgets, from this step's α tail
@@ -239,8 +272,10 @@ def train_step(trainer: Trainer, step: int) -> dict:
     adv_options = {"scale_rewards": a.scale_rewards} if a.adv_estimator == "grpo" else {}
     batch.advantages = compute_advantages(a.adv_estimator, batch.rewards, batch.group_ids, **adv_options)
     update_metrics = update(trainer, batch, corr)
+    pushed = time.perf_counter()
     push_weights(trainer)
-    if trainer.engine.model.quantizer.quantizes:
+    update_metrics[names.TIME_PUSH] = time.perf_counter() - pushed
+    if trainer.engine.model.quantizer.quantizes and trainer.pool is None:  # the workers quantize on their side
         update_metrics[names.TIME_QUANTIZE] = trainer.engine.model.last_quantize_s
     lap(names.TIME_UPDATE)
     return {**rollout_metrics(ro, batch, n_reward_errors, cfg), **corr.metrics, **split, **alpha, **update_metrics,
@@ -248,11 +283,12 @@ def train_step(trainer: Trainer, step: int) -> dict:
             names.ROLLOUT_TOKENS_PER_S: ro.tokens_generated / max(ro.seconds, 1e-9)}
 
 
-def mismatch_split(trainer: Trainer, batch: RolloutBatch) -> dict:
+def mismatch_split(engine: RolloutEngine, batch: RolloutBatch, cfg: Config) -> dict:
     """The mismatch's two parts (:mod:`sparserl.rollout.teacher_forced`): k3 of the dense learner
-    against the sampler's quantized weights on a dense cache, and of those against the sampler."""
-    q_weights = teacher_forced_logprobs(trainer.engine.model, batch, trainer.cfg.rollout.temperature,
-                                        trainer.cfg.train.micro_batch_size).to(batch.old_logprobs.device)
+    against the sampler's quantized weights on a dense cache (``engine``'s, holding the weights that
+    sampled), and of those against the sampler."""
+    q_weights = teacher_forced_logprobs(engine.model, batch, cfg.rollout.temperature,
+                                        cfg.train.micro_batch_size).to(batch.old_logprobs.device)
     return {names.MISMATCH_K3_WEIGHTS: k3_mean(q_weights, batch.old_logprobs, batch.response_mask),
             names.MISMATCH_K3_CACHE: k3_mean(batch.sampler_logprobs, q_weights, batch.response_mask)}
 
@@ -288,12 +324,19 @@ def update(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
     """The step's update: here alone, or with the other learners computing their share at the same time."""
     if trainer.learners is None:
         return update_policy(trainer, batch, corr)
+    from ..cluster.pool import training_threads
+
+    threads = torch.get_num_threads()
+    beside = training_threads(trainer.cfg.cluster, trainer.cfg.rollout.async_, updating=True)
     peers = trainer.learners.start_update(batch, corr)
     try:
+        torch.set_num_threads(min(threads, beside or threads))  # the other learners' cores stay theirs
         out = update_policy(trainer, batch, corr)
     except RuntimeError:  # a collective failed: name the learner that died, if one did
         trainer.learners.finish_update(peers)
         raise
+    finally:
+        torch.set_num_threads(threads)
     trainer.learners.finish_update(peers)
     return out
 
@@ -349,7 +392,7 @@ def update_policy(trainer, batch: RolloutBatch, corr) -> dict:
             before = quantized_weight_snapshot(trainer.learner) if codes else None
             trainer.optimizer.step()
             if codes:  # QuRL: how much of this step the quantized sampler can see
-                out_visible = update_visible_frac(before, dict(trainer.learner.named_parameters()), codes)
+                out_visible = update_visible_frac(before, sampler_state(trainer.learner), codes)
             trainer.scheduler.step()  # the schedule (warm-up) counts optimizer updates
     if ranks is not None:  # every learner's share (each computed at least one micro-batch: config check)
         keys = sorted(sums)
@@ -507,7 +550,7 @@ def held_out_eval(trainer: Trainer, step: int, run: Path, log=print) -> dict:
     for mode, compressor in (("dense", get_compressor("none")), ("sparse", sparse)):
         if mode == "sparse" and not compressor.compresses:
             continue
-        engine = RolloutEngine.from_engine(trainer.engine, compressor)
+        engine = RolloutEngine.from_engine(local_sampler(trainer), compressor)
         results[mode] = evaluate(engine, examples, params, trainer.reward_fn)
         log(f"eval step {step} {mode}: pass@1 {results[mode]['pass@1']:.3f} on {len(examples)} problems "
             f"of {cfg.data.eval}")

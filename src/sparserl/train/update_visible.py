@@ -60,8 +60,11 @@ def default_quantizer() -> Quantizer:
 
 @torch.no_grad()
 def quantized_weight_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A copy of the weights the sampler quantizes (``before`` of :func:`update_visible_frac`)."""
-    return {n: p.detach().clone() for n, p in model.named_parameters() if is_sampler_quantized(n)}
+    """A copy of the weights the sampler quantizes (``before`` of :func:`update_visible_frac`), as the sampler
+    receives them (:func:`sparserl.train.lora.sampler_state`: merged with LoRA)."""
+    from .lora import sampler_state
+
+    return {n: p.detach().clone() for n, p in sampler_state(model).items() if is_sampler_quantized(n)}
 
 
 @torch.no_grad()

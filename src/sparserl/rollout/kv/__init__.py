@@ -4,7 +4,7 @@
 build one from options; ``get_compressor(name, **fields)`` from its own field names."""
 from .base import (COMPRESSORS, CompressorOptionError, KVCompressor, ScoreInputs, available_compressors,
                    get_compressor, option_names, register)
-from . import h2o, none, rkv, snapkv, streaming  # noqa: F401  (registration)
+from . import blocktopk, h2o, none, rkv, snapkv, streaming  # noqa: F401  (registration)
 from .build import build_compressor, compressor_from_fields
 from .none import Dense
 

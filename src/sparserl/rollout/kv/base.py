@@ -14,6 +14,10 @@ Besides choosing tokens, a compressor decides the two things the cache asks it: 
 (:meth:`~KVCompressor.capacity`). The dense cache is a compressor too (``none``,
 :class:`sparserl.rollout.kv.none.Dense`): never due, capacity ``prompt + max_new``.
 
+A method may instead keep every token and choose, at each decode step, which slots attention reads
+(block top-k, :mod:`sparserl.rollout.kv.blocktopk`): it sets :attr:`KVCompressor.selects_per_step`,
+is never due, sizes the buffers like dense and gives the cache an :meth:`~KVCompressor.attention_selector`.
+
 Adding a method: a dataclass subclass in its own file with a docstring giving the formula and the
 paper, a ``score()`` and ``@register("name")``; the parametrized test matrix in
 ``tests/test_kv_compressors.py`` picks it up.
@@ -95,6 +99,9 @@ class KVCompressor:
     needs_queries = False  # keep a ring of the last `window` queries per layer
     needs_attention = False  # accumulate the attention every slot receives (H2O)
     per_head = True  # one index set per KV head (False: one per layer)
+    #: keeps every token and chooses, at each decode step, which slots attention reads (block top-k:
+    #: :meth:`attention_selector`) instead of evicting
+    selects_per_step = False
 
     def __post_init__(self):
         self._resolve_schedule()
@@ -140,6 +147,20 @@ class KVCompressor:
     @property
     def compresses(self) -> bool:
         return True
+
+    @property
+    def evicts(self) -> bool:
+        """Whether the method removes tokens from the cache (its buffers are then bounded by ``budget +
+        step_length``); False for the dense cache and for methods that select per step."""
+        return self.compresses and not self.selects_per_step
+
+    def attention_selector(self, cache):
+        """The per-generation state of a method that selects per step (:attr:`selects_per_step`), which
+        the cache (:class:`~sparserl.rollout.cache.CompressedKVCache`, once its buffers hold the prompt)
+        consults at every decode step: ``begin_step(cache)``, ``sparse(layer)``, ``attend(cache, layer,
+        q)``, ``native_step(...)`` (the fused step, :mod:`sparserl.rollout.fused`), ``select(rows)``,
+        ``attended(cache, layer)``. None (default): attention reads every cached slot."""
+        return None
 
     @property
     def needs_newlines(self) -> bool:

@@ -1,6 +1,6 @@
 """Native CPU kernels of the sampler, compiled on first use with the machine's C compiler.
 
-Six sources, one library:
+Seven sources, one library:
 
 - ``decode_attention.c``: the fused decode attention, which the cache's
   :func:`sparserl.rollout.cache.attention` uses on CPU for float32 K/V and int8 / fp8 KV codes;
@@ -17,7 +17,9 @@ Six sources, one library:
   ``1/s``); :mod:`sparserl.rollout.fused` runs the decode step on it;
 - ``kv_scores.c``: the compressors' scores without their large temporaries: R-KV's redundancy term
   (:func:`rkv_redundancy`; :func:`sparserl.rollout.kv.rkv.redundancy` uses it) and the
-  observation-window attention (:func:`window_attention`; :func:`sparserl.rollout.kv.base.window_attention`).
+  observation-window attention (:func:`window_attention`; :func:`sparserl.rollout.kv.base.window_attention`);
+- ``blocktopk.c``: block top-k sparse attention (:func:`blocktopk_attention`; :mod:`sparserl.rollout.kv.blocktopk`):
+  the page key sums kept up to date, the pages chosen by query · mean key, attention over their rows only.
 
 All are plain C (AVX2 intrinsics where the compiler targets them, OpenMP), loaded
 with :mod:`ctypes`: no torch headers, so they compile in about a second. The library is built once
@@ -54,7 +56,7 @@ from ...errors import SparserlError
 
 SOURCES = [Path(__file__).with_name(name)
            for name in ("decode_attention.c", "linear.c", "layer_ops.c", "linear_int8.c", "kv_scores.c",
-                        "decode_layer.c")]
+                        "decode_layer.c", "blocktopk.c")]
 HEADERS = [Path(__file__).with_name("simd.h")]
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared"]
 _LIB: list = []  # [ctypes library or None] once loaded
@@ -181,6 +183,9 @@ def load(path: str | Path):
     lib.sparserl_rkv_redundancy.restype = i
     lib.sparserl_window_attention.argtypes = [i, i, i, i, i, i, p, i64, i64, i64, p, i64, i64, i64, p, i64, i, p]
     lib.sparserl_window_attention.restype = i
+    lib.sparserl_blocktopk_attention.argtypes = [i, i, i, i, i, p, i64, i64, p, p, i64, i64, i64, p, i64, i64, p, p,
+                                                 p, i, i, i, fl, p, p, i]
+    lib.sparserl_blocktopk_attention.restype = i
     lib.sparserl_weight_size.restype = i
     if lib.sparserl_weight_size() != ctypes.sizeof(Weight):
         raise RuntimeError("decode_layer.c's sparserl_weight does not match native.Weight")
@@ -327,6 +332,49 @@ def decode_attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, bias: to
         K.stride(1), K.stride(2), ks_ptr, vs_ptr, s_sb, s_sh, kv_type, bias.data_ptr(), L, D**-0.5 * unit, unit,
         out.data_ptr(), p.data_ptr())
     return None if rc != 0 else (out, p)
+
+
+def blocktopk_attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, sums: torch.Tensor, start: torch.Tensor,
+                        lens: torch.Tensor, k_pages: torch.Tensor | None, page: int, sink: int, recent: int,
+                        update: bool = True, attend: bool = True, chosen: torch.Tensor | None = None, lib=None):
+    """``blocktopk.c``: block top-k attention for one decode step of one layer, after the step's k, v
+    are written at slot ``lens - 1`` (the formula in :mod:`sparserl.rollout.kv.blocktopk`). q [B, Hq, 1, D]
+    float32 (unit stride in D); K, V [B, Hkv, capacity, D] float32 with the same strides (a layer's
+    view of the cache); ``sums`` [B, Hkv, pages, D] float32 (the page key sums, unit strides in the last
+    two dims; updated with the new key when ``update``); ``start``, ``lens`` [B] int64 (the first slot and
+    the length after the write) and ``k_pages`` [B] int32 (pages each row reads), contiguous; ``chosen``
+    [B, Hkv, max_k] int32 (contiguous) receives the pages read, ascending, -1 after them. Returns out
+    [B, Hq * D] (with ``attend=False``, True: the update alone ran), or None, with nothing done, when
+    the kernel does not take this input (the caller runs torch: :mod:`sparserl.rollout.page_attention`)."""
+    lib = lib or (None if _OFF else library())
+    if lib is None or torch.compiler.is_compiling():
+        return None
+    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in (q, K, V, sums)):
+        return None
+    B, hq, _, D = q.shape
+    hkv = K.shape[1]
+    if (q.stride(-1) != 1 or K.stride() != V.stride() or K.stride(-1) != 1 or hq % hkv or sums.stride(-1) != 1
+            or sums.stride(-2) != D or sums.shape[:2] != (B, hkv) or sums.shape[-1] != D
+            or K.shape[0] != B or K.shape[-1] != D):
+        return None
+    ints = [(start, torch.int64), (lens, torch.int64)] + ([(k_pages, torch.int32)] if attend else [])
+    if any(t.device.type != "cpu" or t.dtype != dt or not t.is_contiguous() or t.numel() != B for t, dt in ints):
+        return None
+    if chosen is not None and (chosen.dtype != torch.int32 or not chosen.is_contiguous()
+                               or chosen.shape[:2] != (B, hkv)):
+        return None
+    max_k = chosen.shape[2] if chosen is not None else int(k_pages.max()) if attend else 1
+    out = torch.empty(B, hq * D, dtype=torch.float32) if attend else None
+    rc = lib.sparserl_blocktopk_attention(
+        B, hq, hkv, D, page, q.data_ptr(), q.stride(0), q.stride(1), K.data_ptr(), V.data_ptr(), K.stride(0),
+        K.stride(1), K.stride(2), sums.data_ptr(), sums.stride(0), sums.stride(1), start.data_ptr(), lens.data_ptr(),
+        k_pages.data_ptr() if attend else None, int(update), sink, recent, D**-0.5,
+        out.data_ptr() if attend else None, chosen.data_ptr() if chosen is not None else None, max_k)
+    if rc == -2:
+        raise MemoryError("sparserl_blocktopk_attention: out of memory")
+    if rc != 0:
+        return None
+    return out if attend else True
 
 
 def active() -> bool:

@@ -1,0 +1,298 @@
+/* Block top-k sparse attention: one decode step of one layer (Sparrow's Vortex engine; Zhou et al.,
+ * 2026, arXiv 2606.08446; sparserl.rollout.kv.blocktopk holds the method, this is its CPU kernel).
+ *
+ * The KV cache is kept whole. A sequence's tokens are grouped in pages of `page` tokens counted from
+ * its first token (slot start[b]): page j holds slots start + page j .. start + page (j + 1) - 1, the
+ * last page partial. For every sequence b and KV head h, with the g = Hq / Hkv query heads i that
+ * share it:
+ *
+ *   1. (update != 0) the key just written at slot t = lens[b] - 1 enters the running key sum of its
+ *      page j = (t - start) / page:  S_j += K_t  (S_j = K_t when it is the page's first token);
+ *   2. n = ceil((lens - start) / page) pages, k = k_pages[b]. If n <= k every page is read. Else the
+ *      first `sink` and the last `recent` pages, and the k - sink - recent others of largest score
+ *          s_j = max_i q_i . S_j / n_j          (n_j = page: every scored page is full)
+ *      ties going to the later page;
+ *   3. attention over the chosen pages' tokens only, in slot order:
+ *          out_i = sum_t softmax_t(scale q_i . K_t) V_t.
+ *
+ * Only the chosen pages' K and V rows are read, and the page sums of the scored pages (1/page of the
+ * keys' bytes): that is the whole point (Sparrow: it saves attention reads, not memory). Parallel over
+ * (b, h) with OpenMP (torch's libgomp, as decode_attention.c). Layout: q[b, i, d] at b q_sb + i q_sh +
+ * d; K, V float32 element (b, h, s, d) at b kv_sb + h kv_sh + s kv_sl + d; page sums float32 (b, h, j,
+ * d) at b s_sb + h s_sh + j D + d. chosen [B, Hkv, max_k] int32 (when not NULL) receives the pages
+ * read, ascending, -1 after them. out [B, Hq * D] float32 may be NULL: then only the update runs.
+ *
+ * The products run like decode_attention.c's (4 keys at a time, each key row loaded once for up to 4
+ * query heads; the values in register blocks of output columns), on the gathered rows.
+ *
+ * Returns 0; -1 on a bad shape or a k out of [sink + recent, max_k] (nothing done); -2 when out of
+ * memory (some rows may have been updated).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "simd.h"
+
+#if defined(__AVX512F__)
+#define TOPK_VALUE_WIDTH(G) ((G) <= 3 ? 64 : 32)
+#else
+#define TOPK_VALUE_WIDTH(G) ((G) <= 3 ? 32 : 16)
+#endif
+
+static inline float dot(const float *a, const float *b, int D) {
+    int d = 0;
+    float s = 0.0f;
+#ifdef __AVX2__
+    if (D % 8 == 0) {
+        __m256 acc = _mm256_setzero_ps();
+        for (; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+        return hsum256(acc);
+    }
+#endif
+    for (; d < D; d++) s += a[d] * b[d];
+    return s;
+}
+
+/* 1 when (sa, ia) ranks before (sb, ib): larger score, then the later page */
+static inline int ranks_before(float sa, int ia, float sb, int ib) { return sa > sb || (sa == sb && ia > ib); }
+
+/* Reorder (s, idx)[0 .. m-1] so that its first t entries are the t best (quickselect). */
+static void top_t(float *s, int *idx, int m, int t) {
+    int lo = 0, hi = m - 1;
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        float fs = s[mid]; s[mid] = s[hi]; s[hi] = fs;
+        int fi = idx[mid]; idx[mid] = idx[hi]; idx[hi] = fi;
+        int p = lo;
+        for (int i = lo; i < hi; i++)
+            if (ranks_before(s[i], idx[i], s[hi], idx[hi])) {
+                fs = s[i]; s[i] = s[p]; s[p] = fs;
+                fi = idx[i]; idx[i] = idx[p]; idx[p] = fi;
+                p++;
+            }
+        fs = s[p]; s[p] = s[hi]; s[hi] = fs;
+        fi = idx[p]; idx[p] = idx[hi]; idx[hi] = fi;
+        if (p == t - 1 || p == t) return; /* entries before p all rank before it */
+        if (p > t) hi = p - 1;
+        else lo = p + 1;
+    }
+}
+
+/* Scores of the gathered keys for G query heads: p[i * M + m] = scale q_i . K[rows[m]], m < M. */
+static inline __attribute__((always_inline)) void gathered_scores(
+    const int G, const int D, const float *q, const int64_t q_sh, const float *K, const int64_t *rows, const int M,
+    const float scale, float *p) {
+    int m = 0;
+#ifdef __AVX2__
+    if (D % 8 == 0) {
+        for (; m + 4 <= M; m += 4) {
+            const float *k0 = K + rows[m], *k1 = K + rows[m + 1], *k2 = K + rows[m + 2], *k3 = K + rows[m + 3];
+            __m256 a[4][4];
+            for (int i = 0; i < G; i++)
+                for (int t = 0; t < 4; t++) a[i][t] = _mm256_setzero_ps();
+            for (int d = 0; d < D; d += 8) {
+                const __m256 x0 = _mm256_loadu_ps(k0 + d), x1 = _mm256_loadu_ps(k1 + d);
+                const __m256 x2 = _mm256_loadu_ps(k2 + d), x3 = _mm256_loadu_ps(k3 + d);
+                for (int i = 0; i < G; i++) {
+                    const __m256 qv = _mm256_loadu_ps(q + (int64_t)i * q_sh + d);
+                    a[i][0] = _mm256_fmadd_ps(qv, x0, a[i][0]);
+                    a[i][1] = _mm256_fmadd_ps(qv, x1, a[i][1]);
+                    a[i][2] = _mm256_fmadd_ps(qv, x2, a[i][2]);
+                    a[i][3] = _mm256_fmadd_ps(qv, x3, a[i][3]);
+                }
+            }
+            const __m128 vs = _mm_set1_ps(scale);
+            for (int i = 0; i < G; i++) {
+                const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[i][0], a[i][1]), _mm256_hadd_ps(a[i][2], a[i][3]));
+                const __m128 dots = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+                _mm_storeu_ps(p + (int64_t)i * M + m, _mm_mul_ps(dots, vs));
+            }
+        }
+    }
+#endif
+    for (; m < M; m++)
+        for (int i = 0; i < G; i++) p[(int64_t)i * M + m] = dot(q + (int64_t)i * q_sh, K + rows[m], D) * scale;
+}
+
+/* Softmax of each of the G rows of p (M entries each), in place. */
+static inline void softmax_rows(const int G, const int M, float *p) {
+    for (int i = 0; i < G; i++) {
+        float *pi = p + (int64_t)i * M;
+        float mx = -INFINITY;
+        for (int m = 0; m < M; m++) mx = pi[m] > mx ? pi[m] : mx;
+        float sum = 0.0f;
+        int m = 0;
+#ifdef __AVX2__
+        const __m256 vmx = _mm256_set1_ps(mx);
+        __m256 vsum = _mm256_setzero_ps();
+        for (; m + 8 <= M; m += 8) {
+            const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(pi + m), vmx));
+            _mm256_storeu_ps(pi + m, e);
+            vsum = _mm256_add_ps(vsum, e);
+        }
+        sum = hsum256(vsum);
+#endif
+        for (; m < M; m++) {
+            pi[m] = expf(pi[m] - mx);
+            sum += pi[m];
+        }
+        const float inv = 1.0f / sum;
+        for (m = 0; m < M; m++) pi[m] *= inv;
+    }
+}
+
+/* out[i * D + d] = sum_m p[i * M + m] V[rows[m] + d] for the G heads. */
+static inline __attribute__((always_inline)) void gathered_values(
+    const int G, const int D, const float *p, const int M, const float *V, const int64_t *rows, float *out) {
+#ifdef __AVX2__
+    const int W = TOPK_VALUE_WIDTH(G);
+    if (D % W == 0) {
+        for (int c0 = 0; c0 < D; c0 += W) {
+            __m256 o[4][8];
+            for (int i = 0; i < G; i++)
+                for (int v = 0; v < W / 8; v++) o[i][v] = _mm256_setzero_ps();
+            for (int m = 0; m < M; m++) {
+                const float *row = V + rows[m] + c0;
+                __m256 w[4];
+                for (int i = 0; i < G; i++) w[i] = _mm256_set1_ps(p[(int64_t)i * M + m]);
+                for (int v = 0; v < W / 8; v++) {
+                    const __m256 x = _mm256_loadu_ps(row + 8 * v);
+                    for (int i = 0; i < G; i++) o[i][v] = _mm256_fmadd_ps(w[i], x, o[i][v]);
+                }
+            }
+            for (int i = 0; i < G; i++)
+                for (int v = 0; v < W / 8; v++) _mm256_storeu_ps(out + (int64_t)i * D + c0 + 8 * v, o[i][v]);
+        }
+        return;
+    }
+#endif
+    for (int i = 0; i < G; i++) {
+        float *oi = out + (int64_t)i * D;
+        for (int d = 0; d < D; d++) oi[d] = 0.0f;
+        for (int m = 0; m < M; m++) {
+            const float w = p[(int64_t)i * M + m];
+            const float *row = V + rows[m];
+            for (int d = 0; d < D; d++) oi[d] += w * row[d];
+        }
+    }
+}
+
+/* The g query heads of one (sequence, KV head) over the gathered rows, in chunks of at most 4. */
+static void heads_over_rows(const int g, const int D, const float *q, const int64_t q_sh, const float *K,
+                            const float *V, const int64_t *rows, const int M, const float scale, float *p,
+                            float *out) {
+    for (int i0 = 0; i0 < g; i0 += 4) {
+        const float *qc = q + (int64_t)i0 * q_sh;
+        float *oc = out + (int64_t)i0 * D;
+        const int G = g - i0 < 4 ? g - i0 : 4;
+        switch (G) {
+#define CHUNK(GC)                                              \
+    gathered_scores(GC, D, qc, q_sh, K, rows, M, scale, p);    \
+    softmax_rows(GC, M, p);                                    \
+    gathered_values(GC, D, p, M, V, rows, oc);
+            case 1: CHUNK(1) break;
+            case 2: CHUNK(2) break;
+            case 3: CHUNK(3) break;
+            default: CHUNK(4)
+#undef CHUNK
+        }
+    }
+}
+
+int sparserl_blocktopk_attention(int B, int Hq, int Hkv, int D, int page, const float *q, int64_t q_sb,
+                                 int64_t q_sh, const float *K, const float *V, int64_t kv_sb, int64_t kv_sh,
+                                 int64_t kv_sl, float *sums, int64_t s_sb, int64_t s_sh, const int64_t *start,
+                                 const int64_t *lens, const int32_t *k_pages, int update, int sink, int recent,
+                                 float scale, float *out, int32_t *chosen, int max_k) {
+    if (B <= 0 || Hkv <= 0 || Hq % Hkv != 0 || D <= 0 || page <= 0 || sink < 0 || recent < 1 || max_k < 1)
+        return -1;
+    const int g = Hq / Hkv;
+    int max_pages = 0, bad = 0;
+    for (int b = 0; b < B; b++) {
+        const int64_t n_tok = lens[b] - start[b];
+        if (n_tok < 1 || (out && (k_pages[b] < sink + recent || k_pages[b] > max_k))) return -1;
+        const int n = (int)((n_tok + page - 1) / page);
+        max_pages = n > max_pages ? n : max_pages;
+    }
+#pragma omp parallel
+    {
+        /* per thread: scores and page ids of the scored pages, the pages read, their rows, probabilities */
+        const size_t m_max = (size_t)max_k * page;
+        char *work = malloc(sizeof(float) * max_pages + sizeof(int) * 2 * max_pages + sizeof(int64_t) * m_max +
+                            sizeof(float) * 4 * m_max);
+        if (!work) {
+#pragma omp atomic write
+            bad = 1;
+        }
+        float *score = (float *)work;
+        int *idx = (int *)(score + max_pages), *pages = idx + max_pages;
+        int64_t *rows = (int64_t *)(pages + max_pages);
+        float *p = (float *)(rows + m_max);
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < Hkv; h++) {
+                if (!work) continue;
+                const int64_t n_tok = lens[b] - start[b];
+                const int n = (int)((n_tok + page - 1) / page);
+                const int64_t kv_off = (int64_t)b * kv_sb + (int64_t)h * kv_sh;
+                float *S = sums + (int64_t)b * s_sb + (int64_t)h * s_sh;
+                if (update) {
+                    const int64_t t = n_tok - 1; /* the new token, relative to start */
+                    float *Sj = S + (t / page) * D;
+                    const float *k = K + kv_off + (start[b] + t) * kv_sl;
+                    if (t % page == 0) memcpy(Sj, k, sizeof(float) * D);
+                    else
+                        for (int d = 0; d < D; d++) Sj[d] += k[d];
+                }
+                if (!out) continue;
+                const float *qh = q + (int64_t)b * q_sb + (int64_t)h * g * q_sh;
+                const int k = k_pages[b];
+                int count = 0;
+                if (n <= k) {
+                    for (int j = 0; j < n; j++) pages[count++] = j;
+                } else {
+                    /* score the pages between the always-read ones, keep the best k - sink - recent */
+                    const int m = n - sink - recent, t = k - sink - recent;
+                    const float inv = 1.0f / (float)page;
+                    for (int c = 0; c < m; c++) {
+                        const float *Sj = S + (int64_t)(sink + c) * D;
+                        float best = -INFINITY;
+                        for (int i = 0; i < g; i++) {
+                            const float s = dot(qh + (int64_t)i * q_sh, Sj, D) * inv;
+                            best = s > best ? s : best;
+                        }
+                        score[c] = best;
+                        idx[c] = sink + c;
+                    }
+                    if (t > 0 && t < m) top_t(score, idx, m, t);
+                    /* ascending: the sinks, the chosen ones sorted (insertion: t is small), the recent */
+                    for (int j = 0; j < sink; j++) pages[count++] = j;
+                    for (int c = 0; c < t; c++) {
+                        int at = count++;
+                        while (at > sink && pages[at - 1] > idx[c]) {
+                            pages[at] = pages[at - 1];
+                            at--;
+                        }
+                        pages[at] = idx[c];
+                    }
+                    for (int j = n - recent; j < n; j++) pages[count++] = j;
+                }
+                int M = 0;
+                for (int c = 0; c < count; c++) {
+                    const int64_t first = start[b] + (int64_t)pages[c] * page;
+                    const int64_t last = first + page < lens[b] ? first + page : lens[b];
+                    for (int64_t s = first; s < last; s++) rows[M++] = kv_off + s * kv_sl;
+                }
+                heads_over_rows(g, D, qh, q_sh, K, V, rows, M, scale, p, out + ((int64_t)b * Hkv + h) * g * D);
+                if (chosen) {
+                    int32_t *ch = chosen + ((int64_t)b * Hkv + h) * max_k;
+                    for (int c = 0; c < max_k; c++) ch[c] = c < count ? pages[c] : -1;
+                }
+            }
+        }
+        free(work);
+    }
+    return bad ? -2 : 0;
+}
