@@ -378,3 +378,28 @@ def test_compressor_and_engine_errors(tiny):
     engine = RolloutEngine(tiny, get_compressor("blocktopk", budget=48), compile="aot_eager")
     with pytest.raises(ValueError, match="cannot choose pages per step"):
         engine.generate(["a b c"], SamplingParams(n=1, max_new_tokens=2))
+
+
+# ---- bench rows -----------------------------------------------------------------------------------
+def test_bench_rows(tiny4, monkeypatch):
+    """``sparserl bench rollout --compressors rkv,blocktopk``: a block top-k row beside dense and R-KV,
+    its K/V bytes the dense row's, the cost model's prediction on every row it has terms for."""
+    from sparserl.bench import rollout
+    from sparserl.cost import MachineRates, ModelShape, rollout_cost
+
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny4)
+    monkeypatch.setattr(rollout, "memory_bandwidth", lambda **kw: 20e9)
+    report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=60, kv_budget=48, step_length=8,
+                               compressors=["rkv", "blocktopk", "h2o"], dtype="float32", hf_baseline=False)
+    rows = {r["compressor"]: r for r in report["results"]}
+    assert set(rows) == {"none", "rkv", "blocktopk", "h2o"}
+    top, dense = rows["blocktopk"], rows["none"]
+    assert top["kv_bytes_peak"] == dense["kv_bytes_peak"] and top["compressions"] == 0 and top["kv_budget"] == 48
+    assert dense["predicted_ratio_vs_dense"] == 1.0 and rows["h2o"]["predicted_ratio_vs_dense"] is None
+    m = report["machine"]
+    shape, rates = ModelShape.from_config(tiny4.model.config, "float32"), MachineRates.from_machine_info(m)
+    P = m["prompt_tokens"]
+    expect = rollout_cost(shape, rates, 2, P, 60).seconds / rollout_cost(
+        shape, rates, 2, P, 60, blocktopk_pages=3, dense_layers=2).seconds
+    assert top["predicted_ratio_vs_dense"] == pytest.approx(expect) and expect > 1
+    assert rows["rkv"]["predicted_ratio_vs_dense"] > 1

@@ -364,16 +364,29 @@ def test_an_address_that_is_not_a_ray_head_fails_within_seconds(local_ray):
     check_address("auto")
 
 
-def test_resume_with_workers_and_learners_continues_exactly(tmp_path, local_ray):
-    """A run stopped after step 1 (a learner lost: the run ends there) and resumed to step 2 equals the run
-    that went through: byte-equal weights, the same metrics."""
+def test_a_learner_killed_mid_run_stops_it_and_resume_continues_exactly(tmp_path, local_ray, monkeypatch):
+    """cluster.learners=2 with rollout workers: the other learner killed with SIGKILL before step 2 stops the run
+    with an error naming it and --resume; resumed (a new learner), the run equals the run that went through."""
+    from sparserl.train import trainer as trainer_module
+    from sparserl.train.data_parallel import LearnerError
     from sparserl.train.trainer import train
 
-    extra = ("cluster.rollout_workers=2", "cluster.learners=2", "mismatch.alpha=off", "checkpoint.every=1")
-    through = train(_cfg(tmp_path, "train.steps=2", *extra), run_dir=tmp_path / "through", log=_quiet)
-    stopped = train(_cfg(tmp_path, "train.steps=1", *extra), run_dir=tmp_path / "stopped", log=_quiet)
-    train(_cfg(tmp_path, "train.steps=2", *extra), resume=True, run_dir=stopped, log=_quiet)
-    _same_run(stopped, through)
+    extra = ("cluster.rollout_workers=2", "cluster.learners=2", "mismatch.alpha=off", "checkpoint.every=1",
+             "train.steps=3")
+    through = train(_cfg(tmp_path, *extra), run_dir=tmp_path / "through", log=_quiet)
+    step = trainer_module.train_step
+
+    def kill_the_other_learner_before_step_2(trainer, k):
+        if k == 2:
+            os.kill(ray.get(trainer.learners.peers[0].pid.remote()), signal.SIGKILL)
+        return step(trainer, k)
+
+    monkeypatch.setattr(trainer_module, "train_step", kill_the_other_learner_before_step_2)
+    with pytest.raises(LearnerError, match="learner 1 of 2 died.*--resume"):
+        train(_cfg(tmp_path, *extra), run_dir=tmp_path / "killed", log=_quiet)
+    monkeypatch.setattr(trainer_module, "train_step", step)
+    train(_cfg(tmp_path, *extra), resume=True, run_dir=tmp_path / "killed", log=_quiet)
+    _same_run(tmp_path / "killed", through)
 
 
 def test_a_driver_killed_mid_run_resumes_exactly(tmp_path, local_ray):

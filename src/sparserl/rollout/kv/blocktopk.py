@@ -220,6 +220,9 @@ class PageSelector:
             self.k_pages = k.to(torch.int32).contiguous()
             self.chosen = torch.empty(self.n_sparse, cache.batch, self.n_kv, int(k.max()), dtype=torch.int32,
                                       device=cache.device)
+            # the fused step's addresses, once a step: (sums, its layer stride, chosen, its layer stride)
+            self._addresses = (self.sums.data_ptr(), self.sums.stride(0) * 4, self.chosen.data_ptr(),
+                               self.chosen.stride(0) * 4)
 
     def _sums_of_cached_keys(self, cache) -> torch.Tensor:
         """S_j of every sparse layer over the tokens cached before this step's (slots start .. lens - 2)."""
@@ -273,12 +276,13 @@ class PageSelector:
         """:meth:`attend` on the C kernel at raw addresses (the fused step: q inside its q/k/v buffer, K/V
         float32 with element strides); returns the kernel's code (0: done)."""
         i = layer - self.first_sparse
-        sums, chosen = self.sums[i], self.chosen[i]
+        sums0, sums_layer, chosen0, chosen_layer = self._addresses
+        _, B, hkv, pages, D = self.sums.shape
         return lib.sparserl_blocktopk_attention(
-            cache.batch, self.n_heads, self.n_kv, self.head_dim, PAGE_TOKENS, q_ptr, q_sb, q_sh, k_ptr, v_ptr,
-            kv_sb, kv_sh, kv_sl, sums.data_ptr(), sums.stride(0), sums.stride(1), cache.start.data_ptr(),
-            cache.lens.data_ptr(), self.k_pages.data_ptr(), 1, SINK_PAGES, RECENT_PAGES, self.scale, out_ptr,
-            chosen.data_ptr(), chosen.shape[-1])
+            B, self.n_heads, hkv, D, PAGE_TOKENS, q_ptr, q_sb, q_sh, k_ptr, v_ptr, kv_sb, kv_sh, kv_sl,
+            sums0 + i * sums_layer, hkv * pages * D, pages * D, cache.start.data_ptr(), cache.lens.data_ptr(),
+            self.k_pages.data_ptr(), 1, SINK_PAGES, RECENT_PAGES, self.scale, out_ptr, chosen0 + i * chosen_layer,
+            self.chosen.shape[-1])
 
     def native_ok(self, cache) -> bool:
         """Whether :meth:`native_step` takes this cache's bookkeeping (CPU int64 start / lens)."""
