@@ -114,3 +114,27 @@ def test_bad_lora_options(tmp_path, override, message):
 
     with pytest.raises(ConfigError, match=message):
         _cfg(tmp_path, *override.split())
+
+
+def test_a_quantized_sampler_quantizes_the_merged_weights(tmp_path):
+    """rollout.quant=int8: after a LoRA step the sampler holds int8(W + (alpha / r) B A), the same sampler as one
+    built from the merged weights, and QuRL's metric sees the adapters' change."""
+    from sparserl import runlog as names
+    from sparserl.models.loading import load_model
+    from sparserl.rollout.build import engine_from_fields
+    from sparserl.rollout.sampling import SamplingParams
+    from sparserl.train.lora import sampler_state
+    from sparserl.train.trainer import build_trainer, train_step
+
+    cfg = _cfg(tmp_path, *LORA, "rollout.quant=int8", "rollout.compressor=none")
+    trainer = build_trainer(cfg)
+    metrics = train_step(trainer, 1)
+    assert metrics[names.QUANT_UPDATE_VISIBLE] > 0
+    params = SamplingParams(n=2, max_new_tokens=10, seed=1)
+    ro = trainer.engine.generate(["What is 2 + 3?"], params)
+    fresh = engine_from_fields(load_model("tiny", dtype="float32", seed=0), cfg.rollout, sampler_state(trainer.learner))
+    again = fresh.generate(["What is 2 + 3?"], params, forced=ro.response_ids)
+    assert again.sampler_logprobs == ro.sampler_logprobs
+    base = engine_from_fields(load_model("tiny", dtype="float32", seed=0), cfg.rollout)
+    other = base.generate(["What is 2 + 3?"], params, forced=ro.response_ids)
+    assert other.sampler_logprobs != ro.sampler_logprobs
