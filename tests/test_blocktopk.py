@@ -67,10 +67,10 @@ def torch_path(q, K, V, sums, start, lens, k_pages):
         return gathered_attention(q, K, V, pages, start, lens, PAGE_TOKENS), pages
 
 
-def native_path(q, K, V, sums, start, lens, k_pages, width=None):
+def native_path(q, K, V, sums, start, lens, k_pages, width=None, lib=None):
     chosen = torch.empty(K.shape[0], K.shape[1], width or int(k_pages.max()), dtype=torch.int32)
     out = native.blocktopk_attention(q, K, V, sums, start, lens, k_pages.to(torch.int32), PAGE_TOKENS, 1, 2,
-                                     update=False, chosen=chosen)
+                                     update=False, chosen=chosen, lib=lib)
     assert out is not None
     return out, chosen
 
@@ -149,6 +149,25 @@ def test_attention_is_dense_attention_over_exactly_the_chosen_pages(k):
             bias[b, : int(start[b])] = bias[b, int(lens[b]):] = float("-inf")
         dense = attention(q, K, V, bias[:, None, None, :])[0]
         torch.testing.assert_close(out_n, dense, atol=1e-6, rtol=1e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("build", ["portable", "avx2"])
+def test_other_builds_choose_and_attend_the_same(build, avx2_build, tmp_path, monkeypatch):
+    """The plain C loops (no -march) and a plain AVX2 build: the same pages, the same attention."""
+    if build == "portable":
+        monkeypatch.setenv("SPARSERL_NATIVE_CACHE", str(tmp_path))
+        lib = native.load(native.build(flags=native.flags_for("")))
+    else:
+        lib = avx2_build
+    for D in (64, 24):  # the vector paths, and a head size they leave to the loops
+        q, K, V, sums, start, lens = random_case(seed=2, D=D)
+        k_pages = torch.tensor([4, 5, 3])
+        out, chosen = native_path(q, K, V, sums, start, lens, k_pages)
+        out_b, chosen_b = native_path(q, K, V, sums, start, lens, k_pages, lib=lib)
+        assert torch.equal(chosen, chosen_b)
+        torch.testing.assert_close(out_b, out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out_b, attention_over(q, K, V, chosen_b, start, lens), atol=1e-5, rtol=1e-5)
 
 
 @needs_native

@@ -23,7 +23,11 @@
  * read, ascending, -1 after them. out [B, Hq * D] float32 may be NULL: then only the update runs.
  *
  * The products run like decode_attention.c's (4 keys at a time, each key row loaded once for up to 4
- * query heads; the values in register blocks of output columns), on the gathered rows.
+ * query heads; the values in register blocks of output columns), on the gathered rows. Each thread
+ * takes a contiguous range of (b, h) pairs and plans a pair (update, scores, choice, row list) and
+ * prefetches its rows LOOKAHEAD pairs before attending over it: the chosen pages are scattered 4 KB
+ * runs that the hardware prefetchers do not enter (on the 2-core EPYC: 852 -> ~690 us a layer at
+ * 2,091 cached tokens, batch 16, cold; docs/results/blocktopk.md).
  *
  * Returns 0; -1 on a bad shape or a k out of [sink + recent, max_k] (nothing done); -2 when out of
  * memory (some rows may have been updated).
@@ -34,6 +38,14 @@
 #include <string.h>
 
 #include "simd.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#ifndef LOOKAHEAD
+#define LOOKAHEAD 2 /* pairs planned ahead of their attention */
+#endif
 
 #if defined(__AVX512F__)
 #define TOPK_VALUE_WIDTH(G) ((G) <= 3 ? 64 : 32)
@@ -201,6 +213,83 @@ static void heads_over_rows(const int g, const int D, const float *q, const int6
     }
 }
 
+/* Everything of one (sequence, KV head) before its attention: the sum update, the choice of pages
+ * (written to pages[0 .. count-1], ascending) and the element offsets of their rows in K and V
+ * (rows[0 .. M-1]); returns M (0: nothing to attend). score and idx: scratch for the scored pages. */
+static int plan_pair(const int b, const int h, const int g, const int D, const int page, const float *q,
+                     const int64_t q_sb, const int64_t q_sh, const float *K, const int64_t kv_sb,
+                     const int64_t kv_sh, const int64_t kv_sl, float *sums, const int64_t s_sb, const int64_t s_sh,
+                     const int64_t *start, const int64_t *lens, const int32_t *k_pages, const int update,
+                     const int sink, const int recent, const int attend, float *score, int *idx, int *pages,
+                     int *count_out, int64_t *rows) {
+    const int64_t n_tok = lens[b] - start[b];
+    const int n = (int)((n_tok + page - 1) / page);
+    const int64_t kv_off = (int64_t)b * kv_sb + (int64_t)h * kv_sh;
+    float *S = sums + (int64_t)b * s_sb + (int64_t)h * s_sh;
+    if (update) {
+        const int64_t t = n_tok - 1; /* the new token, relative to start */
+        float *Sj = S + (t / page) * D;
+        const float *k = K + kv_off + (start[b] + t) * kv_sl;
+        if (t % page == 0) memcpy(Sj, k, sizeof(float) * D);
+        else
+            for (int d = 0; d < D; d++) Sj[d] += k[d];
+    }
+    *count_out = 0;
+    if (!attend) return 0;
+    const float *qh = q + (int64_t)b * q_sb + (int64_t)h * g * q_sh;
+    const int k = k_pages[b];
+    int count = 0;
+    if (n <= k) {
+        for (int j = 0; j < n; j++) pages[count++] = j;
+    } else {
+        /* score the pages between the always-read ones, keep the best k - sink - recent */
+        const int m = n - sink - recent, t = k - sink - recent;
+        const float inv = 1.0f / (float)page;
+        for (int c = 0; c < m; c++) {
+            const float *Sj = S + (int64_t)(sink + c) * D;
+            float best = -INFINITY;
+            for (int i = 0; i < g; i++) {
+                const float s = dot(qh + (int64_t)i * q_sh, Sj, D) * inv;
+                best = s > best ? s : best;
+            }
+            score[c] = best;
+            idx[c] = sink + c;
+        }
+        if (t > 0 && t < m) top_t(score, idx, m, t);
+        /* ascending: the sinks, the chosen ones sorted (insertion: t is small), the recent */
+        for (int j = 0; j < sink; j++) pages[count++] = j;
+        for (int c = 0; c < t; c++) {
+            int at = count++;
+            while (at > sink && pages[at - 1] > idx[c]) {
+                pages[at] = pages[at - 1];
+                at--;
+            }
+            pages[at] = idx[c];
+        }
+        for (int j = n - recent; j < n; j++) pages[count++] = j;
+    }
+    int M = 0;
+    for (int c = 0; c < count; c++) {
+        const int64_t first = start[b] + (int64_t)pages[c] * page;
+        const int64_t last = first + page < lens[b] ? first + page : lens[b];
+        for (int64_t s = first; s < last; s++) rows[M++] = kv_off + s * kv_sl;
+    }
+    *count_out = count;
+    return M;
+}
+
+/* Ask for every line of the planned rows of K and V. The chosen rows are scattered runs of a page
+ * each (4 KB for 16 float32 rows of 64), each on a memory page of its own that the hardware
+ * prefetchers do not enter; issued one (sequence, head) ahead of its attention, they arrive while the
+ * core computes the previous one. */
+static inline void prefetch_rows(const float *K, const float *V, const int64_t *rows, const int M, const int D) {
+    for (int m = 0; m < M; m++)
+        for (int c = 0; c < D; c += 16) {
+            __builtin_prefetch(K + rows[m] + c, 0, 3);
+            __builtin_prefetch(V + rows[m] + c, 0, 3);
+        }
+}
+
 int sparserl_blocktopk_attention(int B, int Hq, int Hkv, int D, int page, const float *q, int64_t q_sb,
                                  int64_t q_sh, const float *K, const float *V, int64_t kv_sb, int64_t kv_sh,
                                  int64_t kv_sl, float *sums, int64_t s_sb, int64_t s_sh, const int64_t *start,
@@ -208,91 +297,68 @@ int sparserl_blocktopk_attention(int B, int Hq, int Hkv, int D, int page, const 
                                  float scale, float *out, int32_t *chosen, int max_k) {
     if (B <= 0 || Hkv <= 0 || Hq % Hkv != 0 || D <= 0 || page <= 0 || sink < 0 || recent < 1 || max_k < 1)
         return -1;
-    const int g = Hq / Hkv;
+    const int g = Hq / Hkv, pairs = B * Hkv, attend = out != 0;
     int max_pages = 0, bad = 0;
     for (int b = 0; b < B; b++) {
         const int64_t n_tok = lens[b] - start[b];
-        if (n_tok < 1 || (out && (k_pages[b] < sink + recent || k_pages[b] > max_k))) return -1;
+        if (n_tok < 1 || (attend && (k_pages[b] < sink + recent || k_pages[b] > max_k))) return -1;
         const int n = (int)((n_tok + page - 1) / page);
         max_pages = n > max_pages ? n : max_pages;
     }
 #pragma omp parallel
     {
-        /* per thread: scores and page ids of the scored pages, the pages read, their rows, probabilities */
+        /* per thread, a contiguous range of (sequence, head) pairs, each planned (and its rows asked for)
+         * LOOKAHEAD pairs ahead of its attention: LOOKAHEAD + 1 plans of pages and rows in a ring */
+        int threads = 1, me = 0;
+#ifdef _OPENMP
+        threads = omp_get_num_threads();
+        me = omp_get_thread_num();
+#endif
+        const int lo = (int)((int64_t)pairs * me / threads), hi = (int)((int64_t)pairs * (me + 1) / threads);
         const size_t m_max = (size_t)max_k * page;
-        char *work = malloc(sizeof(float) * max_pages + sizeof(int) * 2 * max_pages + sizeof(int64_t) * m_max +
-                            sizeof(float) * 4 * m_max);
+        enum { RING = LOOKAHEAD + 1 };
+        char *work = malloc(sizeof(float) * max_pages + sizeof(int) * (1 + RING) * max_pages +
+                            RING * sizeof(int64_t) * m_max + sizeof(float) * 4 * m_max);
         if (!work) {
 #pragma omp atomic write
             bad = 1;
-        }
-        float *score = (float *)work;
-        int *idx = (int *)(score + max_pages), *pages = idx + max_pages;
-        int64_t *rows = (int64_t *)(pages + max_pages);
-        float *p = (float *)(rows + m_max);
-#pragma omp for collapse(2) schedule(static)
-        for (int b = 0; b < B; b++) {
-            for (int h = 0; h < Hkv; h++) {
-                if (!work) continue;
-                const int64_t n_tok = lens[b] - start[b];
-                const int n = (int)((n_tok + page - 1) / page);
-                const int64_t kv_off = (int64_t)b * kv_sb + (int64_t)h * kv_sh;
-                float *S = sums + (int64_t)b * s_sb + (int64_t)h * s_sh;
-                if (update) {
-                    const int64_t t = n_tok - 1; /* the new token, relative to start */
-                    float *Sj = S + (t / page) * D;
-                    const float *k = K + kv_off + (start[b] + t) * kv_sl;
-                    if (t % page == 0) memcpy(Sj, k, sizeof(float) * D);
-                    else
-                        for (int d = 0; d < D; d++) Sj[d] += k[d];
+        } else {
+            float *score = (float *)work;
+            int *idx = (int *)(score + max_pages), *pages[RING];
+            int64_t *rows[RING];
+            int M[RING], count[RING];
+            for (int r = 0; r < RING; r++) {
+                pages[r] = idx + (1 + r) * max_pages;
+                rows[r] = (int64_t *)(idx + (1 + RING) * max_pages) + r * m_max;
+            }
+            float *p = (float *)(rows[RING - 1] + m_max);
+            for (int i = lo; i < hi && i < lo + LOOKAHEAD; i++) {
+                const int r = (i - lo) % RING;
+                M[r] = plan_pair(i / Hkv, i % Hkv, g, D, page, q, q_sb, q_sh, K, kv_sb, kv_sh, kv_sl, sums, s_sb, s_sh,
+                                 start, lens, k_pages, update, sink, recent, attend, score, idx, pages[r], &count[r],
+                                 rows[r]);
+                prefetch_rows(K, V, rows[r], M[r], D);
+            }
+            for (int i = lo; i < hi; i++) {
+                const int now = (i - lo) % RING, ahead = i + LOOKAHEAD;
+                if (ahead < hi) {
+                    const int r = (ahead - lo) % RING;
+                    M[r] = plan_pair(ahead / Hkv, ahead % Hkv, g, D, page, q, q_sb, q_sh, K, kv_sb, kv_sh, kv_sl, sums,
+                                     s_sb, s_sh, start, lens, k_pages, update, sink, recent, attend, score, idx,
+                                     pages[r], &count[r], rows[r]);
+                    prefetch_rows(K, V, rows[r], M[r], D);
                 }
-                if (!out) continue;
-                const float *qh = q + (int64_t)b * q_sb + (int64_t)h * g * q_sh;
-                const int k = k_pages[b];
-                int count = 0;
-                if (n <= k) {
-                    for (int j = 0; j < n; j++) pages[count++] = j;
-                } else {
-                    /* score the pages between the always-read ones, keep the best k - sink - recent */
-                    const int m = n - sink - recent, t = k - sink - recent;
-                    const float inv = 1.0f / (float)page;
-                    for (int c = 0; c < m; c++) {
-                        const float *Sj = S + (int64_t)(sink + c) * D;
-                        float best = -INFINITY;
-                        for (int i = 0; i < g; i++) {
-                            const float s = dot(qh + (int64_t)i * q_sh, Sj, D) * inv;
-                            best = s > best ? s : best;
-                        }
-                        score[c] = best;
-                        idx[c] = sink + c;
-                    }
-                    if (t > 0 && t < m) top_t(score, idx, m, t);
-                    /* ascending: the sinks, the chosen ones sorted (insertion: t is small), the recent */
-                    for (int j = 0; j < sink; j++) pages[count++] = j;
-                    for (int c = 0; c < t; c++) {
-                        int at = count++;
-                        while (at > sink && pages[at - 1] > idx[c]) {
-                            pages[at] = pages[at - 1];
-                            at--;
-                        }
-                        pages[at] = idx[c];
-                    }
-                    for (int j = n - recent; j < n; j++) pages[count++] = j;
-                }
-                int M = 0;
-                for (int c = 0; c < count; c++) {
-                    const int64_t first = start[b] + (int64_t)pages[c] * page;
-                    const int64_t last = first + page < lens[b] ? first + page : lens[b];
-                    for (int64_t s = first; s < last; s++) rows[M++] = kv_off + s * kv_sl;
-                }
-                heads_over_rows(g, D, qh, q_sh, K, V, rows, M, scale, p, out + ((int64_t)b * Hkv + h) * g * D);
+                if (!attend) continue;
+                const int b = i / Hkv, h = i % Hkv;
+                heads_over_rows(g, D, q + (int64_t)b * q_sb + (int64_t)h * g * q_sh, q_sh, K, V, rows[now], M[now],
+                                scale, p, out + (int64_t)i * g * D);
                 if (chosen) {
-                    int32_t *ch = chosen + ((int64_t)b * Hkv + h) * max_k;
-                    for (int c = 0; c < max_k; c++) ch[c] = c < count ? pages[c] : -1;
+                    int32_t *ch = chosen + (int64_t)i * max_k;
+                    for (int c = 0; c < max_k; c++) ch[c] = c < count[now] ? pages[now][c] : -1;
                 }
             }
+            free(work);
         }
-        free(work);
     }
     return bad ? -2 : 0;
 }
