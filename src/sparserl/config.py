@@ -324,6 +324,19 @@ class RewardConfig(_Section):
                          gt=0, le=86400)
 
 
+class DistillSparseConfig(_Section):
+    """DistillSparse (Sparrow, Zhou et al., 2026): LoRA weights φ on the sparse sampler only, trained after
+    each update with θ frozen (sparserl.train.distill_sparse)."""
+
+    rank: int = Field(description="LoRA rank of φ (Sparrow: must be set).", ge=1)
+    lambda_: float = Field(0.001, alias="lambda", ge=0, description=(
+        "λ of L = L_PPO^sparse + λ·KL(q_φ ‖ p): the weight of the k3 estimate of the sampler's KL to the "
+        "dense policy (Sparrow: 0.001)."))
+    lr: float = F(1e-4, "Learning rate of φ (AdamW, the learner's betas and eps).", gt=0)
+    alpha: int = F(16, "LoRA alpha of φ (scale alpha / rank; Sparrow: 16).", gt=0)
+    target: LoraTarget = F("all-linear", "Linear modules that get φ: all-linear or a list of module names.")
+
+
 class AlgorithmConfig(_Section):
     """Advantages, policy loss and the correction of the sampler/dense mismatch."""
 
@@ -350,6 +363,12 @@ class AlgorithmConfig(_Section):
         "auto", "Where the old policy's log-probs come from: score (a dense forward of the learner) | sampler "
         "(the sampler's own; only when it runs the old policy exactly: rollout.compressor=none, temperature > 0, "
         "top_p=1, top_k=0, float32 sampler and learner) | auto (sampler when that holds, else score).")
+
+    distill_sparse: Optional[DistillSparseConfig] = F(
+        None, "DistillSparse (Sparrow): {rank, lambda, lr}: LoRA weights φ on the sparse sampler only; after each "
+        "update, θ frozen, φ minimises L_PPO^sparse + λ·k3 KL(q_φ ‖ p) through a replay of the sampler's "
+        "attention; the learner and the dense scorer never see φ. Logs mismatch/alpha_p5 (with φ) and "
+        "mismatch/alpha_p5_nophi. Needs a sparse sampler and mismatch.alpha=exact. None = off.")
 
     @property
     def clip_eps_upper(self) -> float:
@@ -565,6 +584,8 @@ def _messages(err: ValidationError, source_of: Callable[[str], str], data: dict,
         elif kind == "literal_error":
             valid = [str(a) for a in typing.get_args(_strip(info.annotation))]
             out.append(f"{src}: {full}={value!r}: not one of {', '.join(valid)}{did_you_mean(value, valid)}")
+        elif kind == "missing":
+            out.append(f"{src}: {full} is required ({info.description if info else 'no default'})")
         elif kind in ("value_error", "assertion_error"):
             out.append(f"{src}: {full}={value!r}: {e['ctx']['error']}")
         else:  # a type error: the field's whole value against the field's type
@@ -842,6 +863,23 @@ def validate(cfg: Config) -> Config:
     if t.lora_rank and r.quant_scale != 1.0:
         errors.append(f"train.lora_rank={t.lora_rank} with rollout.quant_scale={r.quant_scale}: QuRL's invariant scaling "
                       "folds s into the frozen base weights, which LoRA does not train; use one or the other")
+    if (ds := a.distill_sparse) is not None:  # φ is trained through a replay of what the sparse sampler attended
+        if r.compressor == "none":
+            errors.append("algorithm.distill_sparse needs a sparse sampler: with rollout.compressor=none the sampler is "
+                          "the dense policy and φ has nothing to distill; set rollout.compressor (e.g. rkv) and "
+                          "rollout.kv_budget, or leave distill_sparse out")
+        if r.quantized or r.quant_scale != 1.0:
+            errors.append(f"algorithm.distill_sparse with rollout.quant={r.quant!r}, kv_quant={r.kv_quant!r}, "
+                          f"quant_scale={r.quant_scale}: its replay reproduces which tokens the sampler attended, "
+                          "not the rounding of quantized weights or KV; use a full-precision sparse sampler")
+        if cfg.mismatch.alpha != "exact":
+            errors.append(f"algorithm.distill_sparse with mismatch.alpha={cfg.mismatch.alpha!r}: it records what the "
+                          "sampler attended during the exact α's replay and logs mismatch/alpha_p5_nophi from it; "
+                          "set mismatch.alpha=exact")
+        if r.top_p < 1.0 or r.top_k > 0 or r.temperature <= 0:
+            errors.append(f"algorithm.distill_sparse with rollout.temperature={r.temperature}, top_p={r.top_p}, "
+                          f"top_k={r.top_k}: φ's loss uses the sampler's full tempered distribution; use temperature "
+                          "> 0, top_p=1 and top_k=0")
     if r.async_:
         if c.rollout_workers is None:
             errors.append("rollout.async=true needs cluster.rollout_workers (the workers sample the next step while "

@@ -62,6 +62,9 @@ MISMATCH_K3_CACHE = "mismatch/k3_kl_cache"
 MISMATCH_ALPHA_MEAN = "mismatch/alpha_mean"  # Sparrow's acceptance α = Σ_x min(p, q), mean over tokens
 MISMATCH_ALPHA_P5 = "mismatch/alpha_p5"  # its 5th percentile over the step's tokens
 MISMATCH_ALPHA_P5_BIN = "mismatch/alpha_p5_bin/"  # + bin start: the 5th percentile per sequence-length bin
+# algorithm.distill_sparse: α of the same sparse sampler on θ alone, without φ (replayed on the same tokens)
+MISMATCH_ALPHA_MEAN_NOPHI = "mismatch/alpha_mean_nophi"
+MISMATCH_ALPHA_P5_NOPHI = "mismatch/alpha_p5_nophi"
 MISMATCH_REPLAY_ERR = "mismatch/replay_err"  # exact α: largest |replayed - recorded| sampler log-prob
 # rollout.async: the sampler holds the weights of a step before; the mismatch's lag and cache parts, read
 # against the sampler's own weights on a dense cache (sparserl.rollout.teacher_forced.DenseCacheReading)
@@ -99,7 +102,14 @@ TIME_QUANTIZE = "time/quantize_s"  # part of time/update_s: re-quantizing the sa
 # rollout workers: their sampling itself (the slowest worker's); time/rollout_s is the training process's wait
 # for it, less than this under rollout.async (the sampling overlaps the step before's update)
 TIME_GENERATE = "time/generate_s"
+TIME_DISTILL = "time/distill_s"  # part of time/update_s: DistillSparse's update of φ
 TIME_PUSH = "time/push_s"  # part of time/update_s: the new weights into the sampler here and the workers' object
+
+# DistillSparse (sparserl.train.distill_sparse): φ's loss L = L_PPO^sparse + λ·k3, its parts and gradient norm
+DISTILL_LOSS = "distill/loss"
+DISTILL_PG_LOSS = "distill/pg_loss"
+DISTILL_K3 = "distill/k3_kl"  # mean k3 KL(q_φ ‖ p) over the step's tokens, before φ's update
+DISTILL_GRAD_NORM = "distill/grad_norm"
 
 # quantized sampler (QuRL): of the weight elements the last optimizer step changed, the fraction whose
 # quantized code changed too (sparserl.train.update_visible)

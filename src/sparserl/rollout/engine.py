@@ -321,10 +321,10 @@ class RolloutEngine:
                 cache.select(keep_rows)
             # one decode step: the sampled token enters the cache
             if self.step_hook is not None:
-                self.step_hook("before_decode", t=t, cache=cache, tokens=tok, positions=true_len)
+                self.step_hook("before_decode", t=t, cache=cache, rows=active, tokens=tok, positions=true_len)
             logits = self._decode(tok, true_len, cache)
             if self.step_hook is not None:
-                self.step_hook("after_decode", t=t, cache=cache, logits=logits)
+                self.step_hook("after_decode", t=t, cache=cache, rows=active, logits=logits)
             true_len = true_len + 1
             due = cache.due(newline[tok] if newline is not None else None, remaining=max_new - 2 - t, seq_len=true_len)
             if due.any():

@@ -22,11 +22,14 @@ from .sampling import SamplingParams
 #: ``on_step(t, rows, logprobs)``: step ``t``'s distribution ``logprobs`` [len(rows), V] (the sampler's
 #: tempered, filtered log-probs) of the responses ``rows`` (indices into the replayed list)
 StepFn = Callable[[int, torch.Tensor, torch.Tensor], None]
+#: ``on_decode(t, rows, cache)``: after decode step ``t`` (token ``t`` of the responses ``rows`` entered
+#: ``cache`` and every layer attended), before any compression: what each layer read at this step
+DecodeFn = Callable[[int, torch.Tensor, object], None]
 
 
 @torch.inference_mode()
 def replay(engine: RolloutEngine, prompt_ids: list[list[int]], response_ids: list[list[int]],
-           params: SamplingParams, on_step: StepFn | None = None) -> RolloutOutput:
+           params: SamplingParams, on_step: StepFn | None = None, on_decode: DecodeFn | None = None) -> RolloutOutput:
     """Re-run ``engine`` on ``prompt_ids[i]`` forced to ``response_ids[i]`` (one prompt per response, in
     the order they were sampled, with the sampling ``params`` they were sampled with: ``max_new_tokens``
     and ``tail_slack`` decisions depend on it). ``engine.max_batch`` splits the batch as sampling did."""
@@ -41,6 +44,8 @@ def replay(engine: RolloutEngine, prompt_ids: list[list[int]], response_ids: lis
             def capture(event, t=None, rows=None, logprobs=None, _start=start, **kw):
                 if event == "sample" and on_step is not None:
                     on_step(t, rows + _start, logprobs)
+                elif event == "after_decode" and on_decode is not None:
+                    on_decode(t, rows + _start, kw["cache"])
                 if hook is not None:
                     hook(event, t=t, rows=rows, logprobs=logprobs, **kw)
 

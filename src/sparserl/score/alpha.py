@@ -61,12 +61,13 @@ def dense_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tau: float) -> to
 @torch.no_grad()
 def exact_alpha(engine, prompt_ids: list[list[int]], response_ids: list[list[int]], params,
                 hidden: torch.Tensor, lm_weight: torch.Tensor, tau: float,
-                recorded: torch.Tensor | None = None) -> tuple[torch.Tensor, float | None]:
+                recorded: torch.Tensor | None = None, on_decode=None) -> tuple[torch.Tensor, float | None]:
     """(α [N, T] float64 on the CPU, replay error): ``engine`` replayed on ``prompt_ids[i]`` forced to
     ``response_ids[i]`` with the sampling ``params`` (:func:`~sparserl.rollout.replay.replay`), each
     step's ``q`` against ``p`` from ``hidden`` [N, T, H] (:func:`dense_hidden`) and ``lm_weight`` at
     temperature ``tau``. α is 0 past each response's end. ``recorded`` [N, T]: the sampler's log-probs of
-    its tokens; the error is then the largest difference from the replayed ones, else None."""
+    its tokens; the error is then the largest difference from the replayed ones, else None. ``on_decode``:
+    handed to the replay (what each step attended: :class:`~sparserl.rollout.attended.AttendedPositions`)."""
     N = len(response_ids)
     T = max((len(r) for r in response_ids), default=0)
     alpha = torch.zeros(N, T, dtype=torch.float64)
@@ -84,5 +85,5 @@ def exact_alpha(engine, prompt_ids: list[list[int]], response_ids: list[list[int
             replayed = logq.gather(-1, tokens[rows, t].to(logq.device)[:, None])[:, 0].float().cpu()
             err[0] = max(err[0], float((replayed - recorded[rows, t]).abs().max()))
 
-    replay(engine, prompt_ids, response_ids, params, on_step)
+    replay(engine, prompt_ids, response_ids, params, on_step, on_decode)
     return alpha, (err[0] if recorded is not None else None)

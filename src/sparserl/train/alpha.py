@@ -18,6 +18,10 @@ formula).
   and the cache, α(q_w, q) over the sampler's top-k.
 - ``off``: nothing measured.
 
+With ``algorithm.distill_sparse`` (exact only), the replay also records what the sampler read at each step
+(for φ's update, :mod:`sparserl.train.distill_sparse`), and the same sparse sampler on θ alone is replayed
+too: ``mismatch/alpha_{mean,p5}_nophi``.
+
 Runs before the update: the sampler and the learner still hold the weights that sampled.
 """
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ..batch import RolloutBatch
 from ..score import alpha as score_alpha
 from ..score.acceptance import acceptance_topk, summary, tail_by_bin
 from ..score.shared_prompt import lm_head_weight
+from .lora import sampler_state
 
 MODES = ("exact", "topk", "off")
 
@@ -59,9 +64,18 @@ def measure_alpha(trainer, batch: RolloutBatch, ro, params, mode: str, bin_width
     alpha = torch.zeros(N, T, dtype=torch.float64)
     metrics = {}
     if mode == "exact":
-        alpha, err = score_alpha.exact_alpha(trainer.engine, ro.prompt_ids, ro.response_ids, params, hidden, weight,
-                                             tau, recorded=batch.sampler_logprobs)
+        distill, engine = getattr(trainer, "distill", None), trainer.engine
+        record = (distill.recorder(ro.prompt_ids, ro.response_ids, engine.model.n_layers, engine.model.n_kv)
+                  if distill is not None else None)  # DistillSparse replays what the sampler read, after the update
+        alpha, err = score_alpha.exact_alpha(engine, ro.prompt_ids, ro.response_ids, params, hidden, weight,
+                                             tau, recorded=batch.sampler_logprobs, on_decode=record)
         metrics[names.MISMATCH_REPLAY_ERR] = err
+        if distill is not None:  # the same sparse sampler on θ alone: what φ buys
+            engine.update_weights(sampler_state(trainer.learner))
+            trainer.engine_stale = True
+            plain, _ = score_alpha.exact_alpha(engine, ro.prompt_ids, ro.response_ids, params, hidden, weight, tau)
+            mask = batch.response_mask.cpu()
+            metrics[names.MISMATCH_ALPHA_MEAN_NOPHI], metrics[names.MISMATCH_ALPHA_P5_NOPHI] = summary(plain, mask)
     elif mode == "topk":
         reading = ro.dense_cache if ro.dense_cache is not None and ro.dense_cache.top_logprobs is not None else None
         lag = torch.zeros(N, T, dtype=torch.float64) if reading is not None else None

@@ -9,6 +9,8 @@ checked before anything is loaded.
         optimizer.json          param groups, non-tensor optimizer state, LR-scheduler state
         rng.safetensors         torch CPU RNG state (``torch``) and CUDA RNG states (``cuda.<device>``)
         trainer.json            step, data position, python and numpy RNG states
+        distill_sparse/         with algorithm.distill_sparse: the sampler's φ in peft's format (adapter_config.json,
+                                adapter_model.safetensors) and its optimizer (optimizer.safetensors, optimizer.json)
         COMPLETE                the manifest: size and sha256 of every file above; written last,
                                 inside the temporary folder, before the rename
     RUN/checkpoints/latest   the name of the newest complete checkpoint (for people and tools; loading
@@ -43,7 +45,7 @@ import torch
 
 from ..errors import SparserlError
 from ..models.invariant_scaling import applied_scale, unscaled_state_dict
-from .lora import adapter_state, has_lora, load_adapter, save_adapter
+from .lora import ADAPTER_WEIGHTS, adapter_state, has_lora, load_adapter, save_adapter
 
 __all__ = [
     "CheckpointError", "CheckpointWriteError", "FORMAT", "complete_checkpoints", "latest_checkpoint",
@@ -51,6 +53,7 @@ __all__ = [
 ]
 
 FORMAT = 2
+DISTILL_DIR = "distill_sparse"  # DistillSparse's φ and its optimizer (sparserl.train.distill_sparse)
 MANIFEST = "COMPLETE"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _OLD_FILES = ("optimizer.pt", "trainer.pt")
@@ -252,9 +255,10 @@ def _optimizer_to_files(optimizer, scheduler) -> tuple[dict[str, torch.Tensor], 
 
 
 def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer, scheduler, trainer_state: dict,
-                    keep_last: int = 2) -> Path:
+                    keep_last: int = 2, sampler_adapter=None) -> Path:
     """Write ``RUN/checkpoints/step-<step>`` atomically and point ``latest`` at it; keep the last
-    ``keep_last`` complete checkpoints (0: all). Checkpoints of a later step than ``step`` belong to
+    ``keep_last`` complete checkpoints (0: all). ``sampler_adapter``: DistillSparse's φ (an object with the
+    peft-adapted ``model`` and its ``optimizer``), saved in ``distill_sparse/``. Checkpoints of a later step than ``step`` belong to
     an abandoned continuation (a resume fell back past them) and are removed.
 
     Raises :class:`CheckpointWriteError` when a write fails (``OSError``: disk full, I/O error); the
@@ -265,6 +269,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
     tmp = root / f".tmp-{name}-{os.getpid()}"
     # Everything that can fail for a programming reason (state not JSON-able) fails before any write.
     opt_tensors, opt_meta = _optimizer_to_files(optimizer, scheduler)
+    if sampler_adapter is not None:
+        phi_opt_tensors, phi_opt_meta = _optimizer_to_files(sampler_adapter.optimizer, None)
     rng_tensors, rng_meta = _rng_to_files(rng_state())
     trainer_meta = {"format": FORMAT, **_encode(dict(trainer_state), "trainer_state"), "step": int(step),
                     "rng": rng_meta}
@@ -281,6 +287,10 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
                                   **({"state_dict": unscaled_state_dict(model)} if scaled else {}))
         tokenizer.save_pretrained(tmp / "model")
         _save_tensors(opt_tensors, tmp / "optimizer.safetensors")
+        if sampler_adapter is not None:
+            save_adapter(sampler_adapter.model, tmp / DISTILL_DIR, _save_tensors)
+            _save_tensors(phi_opt_tensors, tmp / DISTILL_DIR / "optimizer.safetensors")
+            _write_json(phi_opt_meta, tmp / DISTILL_DIR / "optimizer.json")
         _write_json(opt_meta, tmp / "optimizer.json")
         _save_tensors(rng_tensors, tmp / "rng.safetensors")
         _write_json(trainer_meta, tmp / "trainer.json")
@@ -501,12 +511,13 @@ def _restore_scheduler(scheduler, saved: dict) -> None:
     scheduler.load_state_dict(merged)
 
 
-def load_checkpoint(path: str | Path, model, optimizer=None, scheduler=None) -> dict:
+def load_checkpoint(path: str | Path, model, optimizer=None, scheduler=None, sampler_adapter=None) -> dict:
     """Load weights (and optimizer and scheduler state) in place; return the trainer state:
     ``{"step": int, "data": <PromptSampler state>, "rng": <for set_rng_state>, ...}``.
 
     Every file is checked against the manifest and read before anything is applied: on a
-    :class:`CheckpointError` the model, optimizer and scheduler are unchanged."""
+    :class:`CheckpointError` the model, optimizer and scheduler are unchanged. ``sampler_adapter``:
+    DistillSparse's φ and its optimizer, loaded from ``distill_sparse/``."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint folder")
@@ -540,7 +551,11 @@ def load_checkpoint(path: str | Path, model, optimizer=None, scheduler=None) -> 
                                     _load_json(path / "optimizer.json"), path, optimizer)
         if scheduler is not None and opt["scheduler"] is None:
             raise CheckpointError(f"{path / 'optimizer.json'}: no scheduler state")
+    phi = _read_sampler_adapter(path, files, sampler_adapter) if sampler_adapter is not None else None
     # apply
+    if phi is not None:
+        load_adapter(sampler_adapter.model, phi[0])
+        sampler_adapter.optimizer.load_state_dict(phi[1])
     if lora:
         load_adapter(model, weights)
     else:
@@ -556,8 +571,24 @@ def load_checkpoint(path: str | Path, model, optimizer=None, scheduler=None) -> 
     return out
 
 
+def _read_sampler_adapter(path: Path, files: dict, sampler_adapter) -> tuple[dict, dict]:
+    """(φ's tensors, its optimizer's state) from ``distill_sparse/``, checked against ``sampler_adapter``."""
+    folder = path / DISTILL_DIR
+    if f"{DISTILL_DIR}/{ADAPTER_WEIGHTS}" not in files:
+        raise CheckpointError(f"{folder}: no DistillSparse adapter ({ADAPTER_WEIGHTS}); the run was saved without "
+                              "algorithm.distill_sparse")
+    weights = _load_tensors(folder / ADAPTER_WEIGHTS)
+    expected = adapter_state(sampler_adapter.model)
+    if set(weights) != set(expected) or any(weights[k].shape != expected[k].shape for k in expected):
+        raise CheckpointError(f"{folder / ADAPTER_WEIGHTS}: the adapter does not match algorithm.distill_sparse "
+                              f"(rank, target): {len(weights)} tensors, expected {len(expected)} of the configured shapes")
+    opt = _optimizer_from_files(_load_tensors(folder / "optimizer.safetensors"), _load_json(folder / "optimizer.json"),
+                                folder, sampler_adapter.optimizer)
+    return weights, opt["optimizer"]
+
+
 def load_latest(run_dir: str | Path, model, optimizer=None, scheduler=None,
-                log: Callable[[str], Any] = print) -> tuple[Path, dict] | None:
+                log: Callable[[str], Any] = print, sampler_adapter=None) -> tuple[Path, dict] | None:
     """Load the newest complete checkpoint of a run that reads; on a :class:`CheckpointError` log
     ``checkpoint <path> is unreadable (<reason>); falling back to <older>`` and try the previous one.
 
@@ -569,7 +600,7 @@ def load_latest(run_dir: str | Path, model, optimizer=None, scheduler=None,
     failures = []
     for i, ck in enumerate(candidates):
         try:
-            return ck, load_checkpoint(ck, model, optimizer, scheduler)
+            return ck, load_checkpoint(ck, model, optimizer, scheduler, sampler_adapter)
         except CheckpointError as e:
             failures.append(str(e))  # each message starts with the file it is about
             if i + 1 < len(candidates):

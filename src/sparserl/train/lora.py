@@ -37,17 +37,18 @@ def linear_names(model: torch.nn.Module) -> list[str]:
                    if isinstance(module, torch.nn.Linear)})
 
 
-def apply_lora(model: torch.nn.Module, rank: int, alpha: int, dropout: float, target) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, rank: int, alpha: int, dropout: float, target,
+               key: str = "train.lora_target") -> torch.nn.Module:
     """``model`` with peft LoRA adapters on ``target`` (a list of module names, or ``all-linear``) and every
     other weight frozen; the same object (peft injects in place). A target that names no module of the
-    model is a :class:`~sparserl.errors.ConfigError` naming the valid ones."""
+    model is a :class:`~sparserl.errors.ConfigError` naming ``key`` and the valid ones."""
     from peft import LoraConfig, get_peft_model
 
     names = linear_names(model)
     if target != "all-linear":
         missing = [t for t in target if t not in names]
         if missing:
-            raise ConfigError(f"train.lora_target={list(target)}: {', '.join(missing)} names no linear module of "
+            raise ConfigError(f"{key}={list(target)}: {', '.join(missing)} names no linear module of "
                               f"this model; its linear modules: {', '.join(names)} (or all-linear)")
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, bias="none",
                         target_modules=target if target == "all-linear" else list(target))

@@ -40,6 +40,7 @@ from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
 from .metrics import MetricsLogger
 from .alpha import measure_alpha
 from .kv_controller import KVController
+from .distill_sparse import DistillSparse
 from .lora import apply_lora, sampler_state
 from .run_folder import (CONFIG_FILE, ResumeError, check_resume_config, checkpoint_step, find_resume_folder,
                          holds_run, naming_data_key, preflight, record_config, resolve_run_dir)
@@ -63,7 +64,8 @@ class Trainer:
     learners: object | None = None  # .data_parallel.LearnerGroup: the other learners, when cluster.learners > 1
     pending: tuple | None = None  # (examples, PendingRollout): the next step's rollout, sent before this step's update
     threads_before: int | None = None  # torch's threads before the cluster's actors took cores beside this process
-    engine_stale: bool = False  # the learner changed since ``engine`` last loaded its weights (rollout workers)
+    engine_stale: bool = False  # ``engine`` does not hold the sampler's current weights (rollout workers, α without φ)
+    distill: object | None = None  # .distill_sparse.DistillSparse: φ on the sampler (algorithm.distill_sparse)
 
     @property
     def ranks(self):
@@ -126,6 +128,8 @@ def build_trainer(cfg: Config) -> Trainer:
         pool = RolloutPool(cfg, sampler_state(learner))
     trainer = Trainer(cfg, learner, lm.tokenizer, engine, opt, sched,
                       PromptSampler(list(data), t.prompts_per_step, seed=t.seed), reward_fn, ref, controller, pool)
+    if cfg.algorithm.distill_sparse is not None:
+        trainer.distill = DistillSparse(cfg, learner)
     if cfg.cluster.learners > 1:
         from .data_parallel import LearnerGroup
 
@@ -189,13 +193,21 @@ def checkpoint_due(cfg: Config, step: int) -> bool:
     return bool(every and step % every == 0) or step == cfg.train.steps
 
 
+def sampler_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """What the sampler runs: the learner's weights (with LoRA: merged), with DistillSparse's φ merged on top."""
+    if trainer.distill is not None:
+        return trainer.distill.sampler_weights(trainer.learner)
+    return sampler_state(trainer.learner)
+
+
 def push_weights(trainer: Trainer) -> None:
-    """The learner's weights (with LoRA: merged) into the sampler: the engine here, or every rollout worker
-    (under ``rollout.async`` without waiting: they load them after sampling the next step), the engine here
-    then loading them only when it is used (:func:`local_sampler`)."""
-    weights = sampler_state(trainer.learner)
+    """The sampler's weights (:func:`sampler_weights`) into the sampler: the engine here, or every rollout
+    worker (under ``rollout.async`` without waiting: they load them after sampling the next step), the engine
+    here then loading them only when it is used (:func:`local_sampler`)."""
+    weights = sampler_weights(trainer)
     if trainer.pool is None:
         trainer.engine.update_weights(weights)
+        trainer.engine_stale = False
     else:
         trainer.pool.update_weights(weights, wait=not trainer.cfg.rollout.async_)
         trainer.engine_stale = True
@@ -205,7 +217,7 @@ def local_sampler(trainer: Trainer) -> RolloutEngine:
     """The sampler in this process with the learner's current weights, for what runs here whatever samples
     the rollouts: the exact α's replay, ``rollout.mismatch_split``, held-out evaluation."""
     if trainer.engine_stale:
-        trainer.engine.update_weights(sampler_state(trainer.learner))
+        trainer.engine.update_weights(sampler_weights(trainer))
         trainer.engine_stale = False
     return trainer.engine
 
@@ -272,6 +284,8 @@ def train_step(trainer: Trainer, step: int) -> dict:
     adv_options = {"scale_rewards": a.scale_rewards} if a.adv_estimator == "grpo" else {}
     batch.advantages = compute_advantages(a.adv_estimator, batch.rewards, batch.group_ids, **adv_options)
     update_metrics = update(trainer, batch, corr)
+    if trainer.distill is not None:  # DistillSparse: φ on the sampler, θ frozen
+        update_metrics.update(trainer.distill.step(trainer.learner, batch))
     pushed = time.perf_counter()
     push_weights(trainer)
     update_metrics[names.TIME_PUSH] = time.perf_counter() - pushed
@@ -477,7 +491,8 @@ def run_steps(trainer: Trainer, run: Path, resume: bool, changes: list, log=prin
         remove_debris(run)
     run.mkdir(parents=True, exist_ok=True)
     start = 0
-    found = load_latest(run, trainer.learner, trainer.optimizer, trainer.scheduler, log=log) if resume else None
+    found = (load_latest(run, trainer.learner, trainer.optimizer, trainer.scheduler, log=log,
+                         sampler_adapter=trainer.distill) if resume else None)
     if resume and found is None and (run / names.METRICS_FILE).exists():
         log(f"no complete checkpoint in {run}: starting from step 0")
     if found is not None:
@@ -517,7 +532,8 @@ def run_steps(trainer: Trainer, run: Path, resume: bool, changes: list, log=prin
             logger.log(step, metrics)
             if checkpoint_due(cfg, step):
                 save_checkpoint(run, step, trainer.learner, trainer.tokenizer, trainer.optimizer, trainer.scheduler,
-                                trainer_state(trainer), keep_last=cfg.checkpoint.keep_last)
+                                trainer_state(trainer), keep_last=cfg.checkpoint.keep_last,
+                                sampler_adapter=trainer.distill)
     finally:
         logger.close()
     report = make_report(run)
@@ -550,7 +566,11 @@ def held_out_eval(trainer: Trainer, step: int, run: Path, log=print) -> dict:
     for mode, compressor in (("dense", get_compressor("none")), ("sparse", sparse)):
         if mode == "sparse" and not compressor.compresses:
             continue
-        engine = RolloutEngine.from_engine(local_sampler(trainer), compressor)
+        sampler = local_sampler(trainer)
+        if mode == "dense" and trainer.distill is not None:  # the dense policy is θ's: φ is the sparse sampler's
+            sampler.update_weights(sampler_state(trainer.learner))
+            trainer.engine_stale = True  # the sparse mode reloads θ + φ
+        engine = RolloutEngine.from_engine(sampler, compressor)
         results[mode] = evaluate(engine, examples, params, trainer.reward_fn)
         log(f"eval step {step} {mode}: pass@1 {results[mode]['pass@1']:.3f} on {len(examples)} problems "
             f"of {cfg.data.eval}")
