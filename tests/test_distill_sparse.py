@@ -34,7 +34,8 @@ def _max_err(log_q, ro) -> float:
 
 @pytest.mark.parametrize("compressor, extra", [
     ("rkv", []), ("snapkv", []), ("streaming", []),
-    ("blocktopk", ["rollout.kv_budget=48", "rollout.max_new_tokens=40", "rollout.compress_prompt=false"]),
+    ("blocktopk", ["rollout.kv_budget=48", "rollout.max_new_tokens=40", "rollout.compress_prompt=false",
+                   "rollout.compressor_options={dense_layers: 0}"]),  # the tiny model's 2 layers both sparse
 ])
 def test_the_replayed_attention_gives_the_samplers_logprobs(tmp_path, compressor, extra):
     """One forward with the recorded masks = the sparse sampler (per-head eviction, the prompt compressed,
@@ -66,11 +67,13 @@ def test_phi_moves_alone_and_reaches_the_sampler(tmp_path):
     from sparserl.rollout.sampling import SamplingParams
     from sparserl.score import score_logprobs
     from sparserl.train.advantages import compute_advantages
+    from sparserl.train.distill_sparse import REPLAY_ATTENTION
     from sparserl.train.lora import sampler_state
     from sparserl.train.trainer import build_trainer, push_weights
 
     trainer = build_trainer(_cfg(tmp_path))
     distill, learner = trainer.distill, trainer.learner
+    assert learner.config is not distill.model.config and learner.config._attn_implementation != REPLAY_ATTENTION
     params = SamplingParams(n=4, max_new_tokens=16, seed=2)
     ro = trainer.engine.generate(PROMPTS, params)
     _recorded(trainer, ro, params)
@@ -78,6 +81,9 @@ def test_phi_moves_alone_and_reaches_the_sampler(tmp_path):
     batch.rewards = torch.tensor([float(len(r) % 3 == 0) + 0.1 * i for i, r in enumerate(ro.response_ids)])
     batch.advantages = compute_advantages("grpo", batch.rewards, batch.group_ids)
     dense_before = score_logprobs(learner, batch, 4, 1.0, False)
+    # the learner scores as a learner built without DistillSparse does (left-padded rows: padding masked)
+    plain = build_trainer(_cfg(tmp_path, "algorithm.distill_sparse=null")).learner
+    assert torch.equal(score_logprobs(plain, batch, 4, 1.0, False), dense_before)
     theta = {k: v.clone() for k, v in learner.state_dict().items()}
     phi_before = {n: p.clone() for n, p in distill.model.named_parameters() if ".lora_" in n}
     assert not {id(p) for p in learner.parameters()} & {id(p) for p in distill.phi}

@@ -99,6 +99,7 @@ def measure(dense_engine: RolloutEngine, model, samplers: list[tuple[str, int, K
         a = alpha[mask.bool()]
         p5 = float(torch.quantile(a, 0.05)) if a.numel() else float("nan")
         result.samplers.append({"compressor": name, "budget": budget, "tokens": int(mask.sum()), "replay_err": err,
+                                "alpha_mean": float(a.mean()) if a.numel() else float("nan"), "alpha_p5": p5,
                                 "tokens_per_s": out.tokens_per_s if dense_out is None else None,
                                 "kv_compressions": out.kv.compressions if dense_out is None else None,
                                 "seconds": time.perf_counter() - t0})

@@ -23,6 +23,7 @@ on θ alone, replayed again). φ and its optimizer are saved with each checkpoin
 """
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
@@ -71,7 +72,8 @@ class DistillSparse:
         ds, t = cfg.algorithm.distill_sparse, cfg.train
         self.cfg, self.options = cfg, ds
         dtype = next(learner.parameters()).dtype
-        model = AutoModelForCausalLM.from_config(learner.config, attn_implementation=REPLAY_ATTENTION,
+        config = copy.deepcopy(learner.config)  # its own: the learner keeps its attention
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=REPLAY_ATTENTION,
                                                  dtype=dtype).to(next(learner.parameters()).device)
         model.load_state_dict(sampler_state(learner), strict=False)
         with torch.random.fork_rng(devices=[]):
