@@ -148,6 +148,8 @@ def test_phi_is_saved_and_resumed(tmp_path):
         b = load_file(str(latest_checkpoint(stopped) / "distill_sparse" / name))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert (latest_checkpoint(through) / "distill_sparse" / "adapter_config.json").exists()
+    report = (through / "report.md").read_text()  # which weights trained, and α without φ
+    assert "DistillSparse's LoRA φ (rank 4" in report and "mismatch/alpha_p5_nophi" in report
 
 
 def test_a_checkpoint_without_phi_is_refused_on_resume_with_distill(tmp_path):

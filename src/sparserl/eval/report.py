@@ -35,7 +35,7 @@ from ..runlog import STATIONS, read_metrics
 __all__ = ["make_report", "load_run", "RunData", "summarize", "alpha_figure", "SPARROW_ALPHA_P5_THRESHOLD"]
 
 MISMATCH_NAMED = (names.MISMATCH_LOG_RATIO, names.MISMATCH_K3)
-ALPHA_NAMED = (names.MISMATCH_ALPHA_MEAN, names.MISMATCH_ALPHA_P5)
+ALPHA_NAMED = (names.MISMATCH_ALPHA_MEAN, names.MISMATCH_ALPHA_P5, names.MISMATCH_ALPHA_P5_NOPHI)
 #: Sparrow (Zhou et al., 2026, arXiv 2606.08446): training stayed stable while the 5th percentile of
 #: the acceptance α in every sequence-length bin stayed above this (``sparserl.score.acceptance``)
 SPARROW_ALPHA_P5_THRESHOLD = 0.86
@@ -339,6 +339,8 @@ def alpha_figure(run: RunData):
         _line(ax, run, key, color=cmap(0.85 * i / max(1, len(bins) - 1)), linewidth=1.2)
     _line(ax, run, names.MISMATCH_ALPHA_P5, color="black", linewidth=2.2)
     _line(ax, run, names.MISMATCH_ALPHA_MEAN, color="tab:orange", linewidth=2.2)
+    if run.series(names.MISMATCH_ALPHA_P5_NOPHI)[0]:  # DistillSparse: the same sampler without φ
+        _line(ax, run, names.MISMATCH_ALPHA_P5_NOPHI, color="gray", linewidth=1.6, linestyle=":")
     thr = SPARROW_ALPHA_P5_THRESHOLD
     ax.axhline(thr, color="tab:red", linestyle="--", linewidth=1.5, label=f"Sparrow's threshold {thr:g}")
     lo = min([thr] + [y for k in bins + overall for y in run.series(k)[1]])
@@ -411,14 +413,21 @@ _CONFIG_SUMMARY = (
 
 
 def _trained_weights(config: dict) -> str:
-    """Which weights the run trained: all, or peft LoRA adapters (rank, alpha, dropout, target modules)."""
+    """Which weights the run trained: all, or peft LoRA adapters (rank, alpha, dropout, target modules); and
+    DistillSparse's φ on the sampler when it ran."""
     rank = _dig(config, "train.lora_rank")
     if not rank:
-        return "all (full fine-tuning)"
-    target = _dig(config, "train.lora_target")
-    target = ", ".join(target) if isinstance(target, list) else target
-    return (f"LoRA adapters only (peft): rank {rank}, alpha {_dig(config, 'train.lora_alpha')}, dropout "
-            f"{_dig(config, 'train.lora_dropout')}, on {target}; base weights frozen")
+        text = "all (full fine-tuning)"
+    else:
+        target = _dig(config, "train.lora_target")
+        target = ", ".join(target) if isinstance(target, list) else target
+        text = (f"LoRA adapters only (peft): rank {rank}, alpha {_dig(config, 'train.lora_alpha')}, dropout "
+                f"{_dig(config, 'train.lora_dropout')}, on {target}; base weights frozen")
+    phi = _dig(config, "algorithm.distill_sparse")
+    if isinstance(phi, dict):
+        text += (f"; and on the sparse sampler only, DistillSparse's LoRA φ (rank {phi.get('rank')}, alpha "
+                 f"{phi.get('alpha')}, λ {phi.get('lambda')}, lr {phi.get('lr')})")
+    return text
 
 
 def _dig(d: dict, dotted: str) -> Any:
