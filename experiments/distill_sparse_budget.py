@@ -43,21 +43,27 @@ KEEP = ("reward/mean", "mismatch/k3_kl", "mismatch/alpha_p5", "mismatch/alpha_p5
         "time/distill_s", "time/alpha_s", "time/update_s", "time/rollout_s")
 
 
-def calibrate(trainer, weights: dict, budgets: list[int], prompts: int, n: int, seed: int) -> list[dict]:
+def calibrate(trainer, weights: dict, budgets: list[int], prompts: int, n: int, seed: int,
+              tokens: str = "sampler") -> list[dict]:
     """α (mean, p5) of the run's sparse sampler with ``weights`` at each budget, on ``prompts`` held-out problems
-    x ``n`` samples, against the dense learner."""
+    x ``n`` samples, against the dense learner; ``tokens``: each sampler's own responses (``sampler``,
+    Sparrow's), or the dense θ's responses, the same for every sampler (``dense``: a paired comparison)."""
     cfg = trainer.cfg
-    trainer.engine.update_weights(weights)
-    trainer.engine_stale = True
-    dense = RolloutEngine.from_engine(trainer.engine, get_compressor("none"))
     examples = list(load_dataset("arith:seed=1000", limit=prompts, system_prompt=cfg.data.system_prompt))
     prompt_ids = [trainer.engine.encode(e.prompt) for e in examples]
     params = SamplingParams(n=n, temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
                             seed=seed)
     samplers = [(cfg.rollout.compressor, b, compressor_from_fields(cfg.rollout.model_copy(update={"kv_budget": b})))
                 for b in budgets]
+    dense = RolloutEngine.from_engine(trainer.engine, get_compressor("none"))  # shares the engine's weights
+    dense_tokens = None
+    if tokens == "dense":  # θ's dense sampler draws the tokens, the same whatever ``weights`` are
+        trainer.engine.update_weights(sampler_state(trainer.learner))
+        dense_tokens = dense.generate([], params, prompt_ids=prompt_ids)
+    trainer.engine.update_weights(weights)
+    trainer.engine_stale = True
     found = measure(dense, trainer.learner, samplers, prompt_ids, params, bin_width=cfg.mismatch.alpha_bin,
-                    log=lambda *_: None)
+                    tokens=tokens, log=lambda *_: None, dense_out=dense_tokens)
     return [{k: s[k] for k in ("budget", "alpha_mean", "alpha_p5", "tokens", "replay_err")} for s in found.samplers]
 
 
@@ -84,9 +90,34 @@ def run_seed(seed: int, args) -> dict:
     delta = max(float((distilled_weights[k] - plain_weights[k]).abs().max()) for k in plain_weights)
     distilled = calibrate(trainer, distilled_weights, args.budgets, args.prompts, args.n, seed)
     plain = calibrate(trainer, plain_weights, args.budgets, args.prompts, args.n, seed)
+    paired = {arm: calibrate(trainer, w, args.budgets, args.prompts, args.n, seed, tokens="dense")
+              for arm, w in (("distilled", distilled_weights), ("plain", plain_weights))}
     return {"seed": seed, "overrides": overrides, "steps": steps, "phi_max_abs_delta_weight": delta,
-            "calibration": {"distilled": distilled, "plain": plain},
-            "needed_budget": needed_budget(distilled, plain, args.reference)}
+            "calibration": {"distilled": distilled, "plain": plain}, "calibration_dense_tokens": paired,
+            "needed_budget": needed_budget(distilled, plain, args.reference),
+            "needed_budget_dense_tokens": needed_budget(paired["distilled"], paired["plain"], args.reference)}
+
+
+def summarize(folder: Path) -> str:
+    """Markdown tables of every ``seed*_lam*.json`` in ``folder``: per run, the α tail by budget with and without
+    φ after training, the budget φ needs, and α p5 during training (first / last 3 steps' mean)."""
+    docs = [json.loads(p.read_text()) for p in sorted(folder.glob("seed*_lam*.json"))]
+    lines = ["| λ | lr | seed | " + " | ".join(f"p5 @{r['budget']} φ / plain" for r in docs[0]["calibration"]["plain"])
+             + " | budget for plain@ref's p5 | training p5 φ / plain (last 3) | reward (last 3) |",
+             "|---|---|---|" + "---|" * (len(docs[0]["calibration"]["plain"]) + 3)]
+    for d in docs:
+        lam = next(o for o in d["overrides"] if o.startswith("algorithm.distill_sparse"))
+        cal = d["calibration"]
+        cells = [f"{a['alpha_p5']:.3f} / {b['alpha_p5']:.3f}" for a, b in zip(cal["distilled"], cal["plain"])]
+        last = d["steps"][-3:]
+
+        def mean(key):
+            return sum(s[key] for s in last) / len(last)
+
+        lines.append(f"| {lam.split('lambda: ')[1].split(',')[0]} | {lam.split('lr: ')[1].rstrip('}')} | {d['seed']} | "
+                     + " | ".join(cells) + f" | {d['needed_budget']} | {mean('mismatch/alpha_p5'):.3f} / "
+                     f"{mean('mismatch/alpha_p5_nophi'):.3f} | {mean('reward/mean'):.3f} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -102,7 +133,11 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--out", default="docs/results/distill_sparse")
+    ap.add_argument("--summarize", action="store_true", help="print the tables of the JSONs in --out and stop")
     args = ap.parse_args()
+    if args.summarize:
+        print(summarize(Path(args.out)))
+        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for seed in args.seeds:

@@ -76,21 +76,23 @@ def _alpha_of(engine: RolloutEngine, model, out: RolloutOutput, params: Sampling
 @torch.no_grad()
 def measure(dense_engine: RolloutEngine, model, samplers: list[tuple[str, int, KVCompressor]],
             prompt_ids: list[list[int]], params: SamplingParams, bin_width: int, tokens: str = "sampler",
-            micro_batch_size: int = 16, log: Callable[[str], None] = print) -> Measurement:
+            micro_batch_size: int = 16, log: Callable[[str], None] = print,
+            dense_out: RolloutOutput | None = None) -> Measurement:
     """α rows of every ``(compressor name, budget, compressor)`` in ``samplers`` against the dense
     ``model`` (a transformers causal LM, the policy ``p``), on ``params.n`` responses to each of
     ``prompt_ids``. ``dense_engine``: the dense sampler over the same weights (the others share them,
-    :meth:`RolloutEngine.from_engine`). ``tokens``: ``sampler`` or ``dense`` (module docstring)."""
+    :meth:`RolloutEngine.from_engine`). ``tokens``: ``sampler`` or ``dense`` (module docstring); with
+    ``dense``, ``dense_out`` gives tokens sampled already (e.g. by other weights: a paired comparison)."""
     if tokens not in TOKENS:
         raise ValueError(f"tokens={tokens!r}; expected one of {', '.join(TOKENS)}")
     result = Measurement()
-    dense_out = None
-    if tokens == "dense":
+    if tokens == "dense" and dense_out is None:
         dense_out = dense_engine.generate([], params, prompt_ids=prompt_ids)
         log(f"dense: {dense_out.tokens_generated} tokens sampled ({dense_out.tokens_per_s:.1f} tok/s)")
     for name, budget, comp in samplers:
         t0 = time.perf_counter()
         engine = RolloutEngine.from_engine(dense_engine, comp)
+        dense_out = dense_out if tokens == "dense" else None
         out = dense_out if dense_out is not None else engine.generate([], params, prompt_ids=prompt_ids)
         alpha, seq_len, mask, err = _alpha_of(engine, model, out, params, recorded=dense_out is None,
                                               micro_batch_size=micro_batch_size)
