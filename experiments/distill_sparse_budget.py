@@ -102,20 +102,29 @@ def summarize(folder: Path) -> str:
     """Markdown tables of every ``seed*_lam*.json`` in ``folder``: per run, the α tail by budget with and without
     φ after training, the budget φ needs, and α p5 during training (first / last 3 steps' mean)."""
     docs = [json.loads(p.read_text()) for p in sorted(folder.glob("seed*_lam*.json"))]
-    lines = ["| λ | lr | seed | " + " | ".join(f"p5 @{r['budget']} φ / plain" for r in docs[0]["calibration"]["plain"])
+    out = [_table(docs, "calibration", "needed_budget", "each sampler's own tokens")]
+    paired = [d for d in docs if "calibration_dense_tokens" in d]
+    if paired:
+        out.append(_table(paired, "calibration_dense_tokens", "needed_budget_dense_tokens", "θ's dense tokens, paired"))
+    return "\n\n".join(out)
+
+
+def _table(docs: list[dict], key: str, needed: str, title: str) -> str:
+    lines = [f"α 5th percentile after training, on {title}:", "", "| λ | lr | seed | " + " | ".join(
+        f"p5 @{r['budget']} φ / plain" for r in docs[0][key]["plain"])
              + " | budget for plain@ref's p5 | training p5 φ / plain (last 3) | reward (last 3) |",
-             "|---|---|---|" + "---|" * (len(docs[0]["calibration"]["plain"]) + 3)]
+             "|---|---|---|" + "---|" * (len(docs[0][key]["plain"]) + 3)]
     for d in docs:
         lam = next(o for o in d["overrides"] if o.startswith("algorithm.distill_sparse"))
-        cal = d["calibration"]
+        cal = d[key]
         cells = [f"{a['alpha_p5']:.3f} / {b['alpha_p5']:.3f}" for a, b in zip(cal["distilled"], cal["plain"])]
         last = d["steps"][-3:]
 
-        def mean(key):
-            return sum(s[key] for s in last) / len(last)
+        def mean(metric):
+            return sum(s[metric] for s in last) / len(last)
 
         lines.append(f"| {lam.split('lambda: ')[1].split(',')[0]} | {lam.split('lr: ')[1].rstrip('}')} | {d['seed']} | "
-                     + " | ".join(cells) + f" | {d['needed_budget']} | {mean('mismatch/alpha_p5'):.3f} / "
+                     + " | ".join(cells) + f" | {d[needed]} | {mean('mismatch/alpha_p5'):.3f} / "
                      f"{mean('mismatch/alpha_p5_nophi'):.3f} | {mean('reward/mean'):.3f} |")
     return "\n".join(lines)
 
