@@ -154,7 +154,7 @@ def main() -> None:
         machine = {"cpu": cpu_name(), "isa": native.isa(), "cores": os.cpu_count(), "torch": torch.__version__}
         doc = {"machine": machine, "command": "python3 experiments/distill_sparse_budget.py " + " ".join(
             f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-            for k, v in vars(args).items() if k != "seeds") + f" --seeds {seed}", **result}
+            for k, v in vars(args).items() if k not in ("seeds", "summarize")) + f" --seeds {seed}", **result}
         name = f"seed{seed}_lam{args.lam:g}.json"
         (out / name).write_text(json.dumps(doc, indent=1))
         print(f"seed {seed}: needed budget {result['needed_budget']} (reference {args.reference}); wrote {out / name}",
