@@ -76,7 +76,7 @@ def needed_budget(distilled: list[dict], plain: list[dict], reference: int) -> i
 def run_seed(seed: int, args) -> dict:
     overrides = [f"train.seed={seed}", f"train.steps={args.steps}", f"rollout.kv_budget={args.train_budget}",
                  f"algorithm.distill_sparse={{rank: {args.rank}, lambda: {args.lam}, lr: {args.lr}}}",
-                 "log.tensorboard=false", "data.eval=null"]
+                 "log.tensorboard=false", "data.eval=null", f"rollout.dtype={args.dtype}"]
     cfg = validate(load_config("default", overrides))
     torch.manual_seed(seed)
     trainer = build_trainer(cfg)
@@ -141,6 +141,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--dtype", default="float32", help="the sampler's dtype (rollout.dtype): float32, as the "
+                    "first runs had it (their auto measured float32 faster on that machine), unless asked")
     ap.add_argument("--out", default="docs/results/distill_sparse")
     ap.add_argument("--summarize", action="store_true", help="print the tables of the JSONs in --out and stop")
     args = ap.parse_args()

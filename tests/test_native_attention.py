@@ -64,10 +64,12 @@ def test_native_equals_torch_quantized_kv(shape, kv_quant):
 
 
 def test_cache_attention_runs_the_kernel():
-    """On CPU, float32 K/V and int8 / fp8 codes go through the kernel; bfloat16 stays on torch."""
+    """On CPU, float32 K/V and int8 / fp8 codes go through the kernel, and a bf16 cache under a float32
+    query (the fused bf16 step's); a bfloat16 query (the eager bf16 step) stays on torch."""
     q, K, V, bias = _inputs(*SHAPES[0])
     assert native.kernels("cpu", torch.float32) == "native"
-    assert native.kernels("cpu", torch.bfloat16) == "torch"
+    assert native.kernels("cpu", torch.bfloat16) == "native"
+    assert native.kernels("cpu", torch.float16) == "torch"
     out, _ = attention(q, K, V, bias)
     assert torch.equal(out, native.decode_attention(q, K, V, bias)[0])
     assert native.decode_attention(q.bfloat16(), K.bfloat16(), V.bfloat16(), bias) is None

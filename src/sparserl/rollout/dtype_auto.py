@@ -24,7 +24,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -33,7 +33,7 @@ from ..models.loading import DTYPES, IdsOnlyTokenizer, LoadedModel, ModelLoadErr
 from . import native
 
 #: bump when the measurement or the kernels it times change enough to redo every cached answer
-MEASURE_VERSION = 1
+MEASURE_VERSION = 2  # 2: the bf16 step is fused (linear_bf16.c, a bf16 KV cache in the C attention)
 CACHE_FILE = "dtype_auto.json"
 CANDIDATES = ("float32", "bfloat16")
 BATCH, PROMPT_TOKENS, STEPS, ROUNDS = 16, 4, 8, 3
@@ -203,6 +203,19 @@ def choose(device: str | torch.device = "auto", timer=None, log=print) -> AutoCh
     data[key] = choice.to_dict()
     _write_cache(data)
     return choice
+
+
+def for_sampler(choice: AutoChoice, quant: str = "none", selects_per_step: bool = False) -> AutoChoice:
+    """``choice`` for a sampler with these weights and this compressor: a bfloat16 answer stands where
+    the fused bf16 step covers the sampler (unquantized weights; a cache the C attention reads whole),
+    else float32 with the reason. The bf16 step is fused only for plain bf16 weights and a cache read
+    by decode_attention.c: int8 / fp8 weights and block top-k's chosen pages would run eager in bf16,
+    slower than their float32 kernels (block top-k measured 0.31x dense that way at 1,024 tokens)."""
+    if choice.dtype != "bfloat16" or (quant == "none" and not selects_per_step):
+        return choice
+    what = f"rollout.quant={quant}" if quant != "none" else "block top-k's page attention"
+    return replace(choice, dtype="float32",
+                   reason=f"{choice.reason}; but {what} has no fused bfloat16 step, so float32")
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "auto") -> torch.dtype:

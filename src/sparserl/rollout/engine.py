@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models.loading import DTYPES, LoadedModel
-from .dtype_auto import choose, resolve_dtype
+from .dtype_auto import choose, for_sampler, resolve_dtype
 from .cache import CompressedKVCache
 from . import fused
 from .compiled import decode_layers
@@ -115,7 +115,8 @@ class RolloutEngine:
         self.tokenizer = loaded.tokenizer
         param = next(loaded.model.parameters())
         #: what ``dtype="auto"`` chose and why (:mod:`sparserl.rollout.dtype_auto`); None for a named dtype
-        self.dtype_choice = choose(param.device) if dtype == "auto" else None
+        self.dtype_choice = (for_sampler(choose(param.device), quant, _checked(compressor).selects_per_step)
+                             if dtype == "auto" else None)
         self.dtype = (DTYPES[self.dtype_choice.dtype] if self.dtype_choice else
                       resolve_dtype(dtype) if dtype is not None else param.dtype)
         calibration_ids = None
@@ -355,13 +356,14 @@ class RolloutEngine:
     def _decode(self, tok: torch.Tensor, positions: torch.Tensor, cache: CompressedKVCache) -> torch.Tensor:
         m = self.model
         h = torch.nn.functional.embedding(tok, m.embed)[:, None, :]  # [B, 1, hidden]
-        cos, sin = m.rope(positions[:, None])  # [B, 1, D]
         bias = cache.begin_step(positions)
+        if self.fused and not self.compile and fused.available(m):  # float32 h (a float32 sampler's in place)
+            h = fused.decode_layers(m, h, *m.rope(positions[:, None], torch.float32), cache, bias)
+            cache.end_step()
+            return fused.logits(m, h[:, 0])
+        cos, sin = m.rope(positions[:, None])  # [B, 1, D]
         if self.compile:
             h = decode_layers(m, h, cos, sin, cache, bias, self.compile)
-            cache.end_step()
-            return m.logits(h[:, 0]).float()
-        if self.fused and fused.decode_layers(m, h, cos, sin, cache, bias) is not None:  # h updated in place
             cache.end_step()
             return m.logits(h[:, 0]).float()
         for layer, lw in enumerate(m.layers):

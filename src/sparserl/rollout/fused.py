@@ -18,6 +18,15 @@ float32, ``int8``, ``int8_group`` and SmoothQuant weights, a quantized KV cache 
 compressor). Weights the kernels do not take (``fp8``, ``int8_weight_only``, torch-only
 packings), per-head q/k norms (Qwen3), another device or dtype, or native kernels off: the eager
 step runs (:func:`decode_layers` returns None).
+
+A bfloat16 sampler (issue 33) runs the same three calls with its weights as bf16 panels
+(``linear_bf16.c``: ``vdpbf16ps`` on AVX512-BF16, AMX tiles where the CPU has them) and its KV cache
+in bf16 (written rounded to nearest even, read widened exactly); everything else in float32: the
+residual stream, the norms, RoPE (cos / sin computed in float32), SiLU·up, the attention's softmax and
+sums, the LM head's sums and the sampling. Only the weights, each product's inputs and the cache are
+rounded to bf16, where the eager bf16 step rounds every intermediate: it is not the eager step's bits
+but closer to the float32 policy (tested). Block top-k's pages and a quantized KV cache take the cache's
+own attention in bf16 between the native calls.
 """
 from __future__ import annotations
 
@@ -28,7 +37,7 @@ import torch
 
 from . import native
 from .cache import CompressedKVCache
-from .model import NATIVE_PACKED, SamplerModel
+from .model import NATIVE_BF16, NATIVE_PACKED, SamplerModel, rms_norm
 from .quant.int8 import Int8Linear
 from .quant.int8_group import Int8GroupLinear
 from .quant.outliers import OutlierLinear
@@ -46,6 +55,12 @@ def weight_descriptor(w, bias: torch.Tensor | None = None) -> native.Weight | No
         if w.panels is None:
             return None
         w, outliers = w.inner, {"outlier_idx": w.idx32, "outlier_panels": w.panels}
+    if isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16:
+        panels = getattr(w, NATIVE_BF16, None)
+        if panels is None or smooth is not None:
+            return None
+        return native.Weight.of(native.Weight.BF16, panels, panels.out_features, panels.in_features,
+                                bias=None if bias is None else bias.float().contiguous())
     if isinstance(w, torch.Tensor):
         panels = getattr(w, NATIVE_PACKED, None)
         if panels is None or smooth is not None:
@@ -82,11 +97,12 @@ class FusedLayers:
         for lw in model.layers:
             parts = [weight_descriptor(lw.qkv, lw.qkv_bias), weight_descriptor(lw.o), weight_descriptor(lw.gate_up),
                      weight_descriptor(lw.down)]
-            norms_ok = all(t.dtype == torch.float32 and t.is_contiguous() for t in (lw.ln1, lw.ln2))
-            if any(d is None for d in parts) or lw.q_norm is not None or not norms_ok:
+            if any(d is None for d in parts) or lw.q_norm is not None:
                 self.layers = None
                 return
-            self.layers.append(FusedLayer(lw.ln1, lw.ln2, *parts))
+            self.layers.append(FusedLayer(lw.ln1.float().contiguous(), lw.ln2.float().contiguous(), *parts))
+        self.norm = model.norm.float().contiguous()  # the final norm in float32 (:func:`logits`)
+        self.head = getattr(model.lm_head, NATIVE_BF16, None) if model.dtype == torch.bfloat16 else None
         self.width = (model.n_heads + 2 * model.n_kv) * model.head_dim
         self.inter = self.layers[0].gate_up.N // 2 if self.layers else 0
         self._buffers: dict[int, dict] = {}
@@ -129,29 +145,44 @@ def fused_layers(model: SamplerModel) -> FusedLayers | None:
 
 def available(model: SamplerModel) -> bool:
     """Whether :func:`decode_layers` runs on this model now."""
-    return (model.device.type == "cpu" and model.dtype == torch.float32 and native.active()
+    return (model.device.type == "cpu" and model.dtype in (torch.float32, torch.bfloat16) and native.active()
             and not torch.compiler.is_compiling() and fused_layers(model) is not None)
+
+
+def logits(model: SamplerModel, h: torch.Tensor) -> torch.Tensor:
+    """Float32 logits of :func:`decode_layers`' output h [B, hidden] (float32): the model's own
+    head for a float32 sampler; for a bf16 one, the final norm in float32 and the head's bf16 panels
+    with float32 sums (the eager bf16 head where it has none)."""
+    if model.dtype == torch.float32:
+        return model.logits(h).float()
+    plan = fused_layers(model)
+    x = rms_norm(h, plan.norm, model.eps)
+    out = native.linear_bf16(x, plan.head) if plan.head is not None else None
+    return out if out is not None else model.logits(h.to(model.dtype)).float()
 
 
 def decode_layers(model: SamplerModel, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   cache: CompressedKVCache, bias: torch.Tensor) -> torch.Tensor | None:
     """Every layer of one decode step (after ``cache.begin_step``) on the native layer: h [B, 1,
-    hidden] (updated in place and returned), cos / sin [B, 1, D], bias [B, 1, 1, L]. None, with
-    nothing done, when :func:`available` is False."""
+    hidden] (a float32 h is updated in place; the result is float32 in every case, :func:`logits` takes
+    it), cos / sin [B, 1, D] float32, bias [B, 1, 1, L]. None, with nothing done, when :func:`available`
+    is False."""
     if not available(model):
         return None
     plan, lib = fused_layers(model), native.library()
     B, hidden = h.shape[0], model.hidden
     hq, hkv, D = model.n_heads, model.n_kv, model.head_dim
-    h, cos, sin, bias = h.contiguous(), cos.contiguous(), sin.contiguous(), bias.contiguous()
+    h, cos, sin, bias = h.float().contiguous(), cos.float().contiguous(), sin.float().contiguous(), bias.contiguous()
     buf = plan.buffers(model, B)
     x, qkv, a, gu, act = (buf[k].data_ptr() for k in ("x", "qkv", "a", "gu", "act"))
     hp, cp, sp, bp = h.data_ptr(), cos.data_ptr(), sin.data_ptr(), bias.data_ptr()
     L = bias.shape[-1]
     keys, values = cache.keys, cache.values
     selector = cache.selector
-    direct = (keys.dtype == torch.float32 and cache.k_scale is None and keys.stride() == values.stride()
-              and keys.stride(-1) == 1 and L <= keys.shape[3] and (selector is None or selector.native_ok(cache)))
+    kv_bf16 = keys.dtype == torch.bfloat16
+    direct = ((keys.dtype == torch.float32 or (kv_bf16 and selector is None)) and cache.k_scale is None
+              and keys.stride() == values.stride() and keys.stride(-1) == 1 and L <= keys.shape[3]
+              and (selector is None or selector.native_ok(cache)))
     if direct:  # the slot writes and the attention in C, at addresses computed here
         slots = cache.write_slots().to(torch.int64).contiguous()
         p = torch.empty(B, hkv, hq // hkv, L)
@@ -169,19 +200,21 @@ def decode_layers(model: SamplerModel, h: torch.Tensor, cos: torch.Tensor, sin: 
             if queries is not None:
                 qkv = qkv0 + layer * qkv_bytes
             rc = lib.sparserl_layer_qkv(B, hidden, hp, fl.ln1.data_ptr(), eps, fl.qkv, hq, hkv, D, cp, sp, x, qkv,
-                                        kp, vp, sb, sh, ss, slots.data_ptr())
+                                        kp, vp, sb, sh, ss, slots.data_ptr(), int(kv_bf16))
             if selector is not None and selector.sparse(layer):  # block top-k: the pages it chooses
                 rc = rc or selector.native_step(lib, layer, cache, qkv, plan.width, D, kp, vp, sb, sh, ss, a)
             else:
                 rc = rc or lib.sparserl_decode_attention(B, hq, hkv, L, D, qkv, plan.width, D, kp, vp, sb, sh, ss,
-                                                         None, None, 0, 0, 0, bp, L, scale, 1.0, a, p.data_ptr())
+                                                         None, None, 0, 0, native.KV_TYPES[keys.dtype], bp, L, scale,
+                                                         1.0, a, p.data_ptr())
             if cache.attn_acc is not None:
                 cache.attn_acc[layer, :, :, :L] += p.sum(dim=2)
             a_ptr = a
         else:
             rc = lib.sparserl_layer_qkv(B, hidden, hp, fl.ln1.data_ptr(), eps, fl.qkv, hq, hkv, D, cp, sp, x, qkv,
-                                        None, None, 0, 0, 0, None)
-            out = cache.attend(layer, buf["q"], buf["k"], buf["v"], bias).contiguous()
+                                        None, None, 0, 0, 0, None, 0)
+            q, k, v = (buf[n] if model.dtype == torch.float32 else buf[n].to(model.dtype) for n in "qkv")
+            out = cache.attend(layer, q, k, v, bias).float().contiguous()
             a_ptr = out.data_ptr()
         rc = rc or lib.sparserl_layer_mlp(B, hidden, hp, a_ptr, hq * D, fl.o, fl.ln2.data_ptr(), eps, fl.gate_up,
                                           fl.down, x, gu, act)

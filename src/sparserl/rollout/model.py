@@ -181,6 +181,12 @@ class SamplerModel:
             for w in [self.lm_head, *(t for lw in self.layers for t in (lw.qkv, lw.o, lw.gate_up, lw.down))]:
                 if isinstance(w, torch.Tensor):
                     pack_weight(w)
+        elif self.dtype == torch.bfloat16 and dev.type == "cpu" and native.active():  # the fused bf16 step's
+            for w in [self.lm_head, *(t for lw in self.layers for t in (lw.qkv, lw.o, lw.gate_up, lw.down))]:
+                if isinstance(w, torch.Tensor):
+                    packed = native.pack_linear_bf16(w.float())  # bf16 -> float32 -> bf16: the same bits
+                    if packed is not None:
+                        setattr(w, NATIVE_BF16, packed)
 
     # --- calibration: SmoothQuant (quant.smooth) and outlier channels (quant.outliers) ----------------
     def _calibration_start(self) -> dict:
@@ -252,11 +258,13 @@ class SamplerModel:
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, w, self.eps)
 
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for integer positions of any shape [...] → [..., D] in the sampler dtype."""
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for integer positions of any shape [...] → [..., D] in ``dtype`` (default: the
+        sampler dtype)."""
         freqs = positions.float()[..., None] * self.inv_freq
         emb = torch.cat([freqs, freqs], dim=-1)
-        return (emb.cos() * self.rope_scale).to(self.dtype), (emb.sin() * self.rope_scale).to(self.dtype)
+        dt = dtype or self.dtype
+        return (emb.cos() * self.rope_scale).to(dt), (emb.sin() * self.rope_scale).to(dt)
 
     def qkv(self, lw: LayerWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """h [..., T, hidden] → q [..., Hq, T, D], k, v [..., Hkv, T, D] (post-RoPE); cos/sin [..., T, D]."""
@@ -332,6 +340,7 @@ class SamplerModel:
 # and the compiled decode step, :mod:`sparserl.rollout.compiled`) ----------------------------------
 PACKED = "_sparserl_packed"  # attribute of a weight tensor holding its oneDNN-packed copy
 NATIVE_PACKED = "_sparserl_native_packed"  # ... holding its panels for the C kernel (native.pack_linear)
+NATIVE_BF16 = "_sparserl_native_bf16"  # a bf16 weight's panels for linear_bf16.c (native.pack_linear_bf16)
 PACKED_MAX_ROWS = 64  # packed products (the C kernel's, else oneDNN's) up to this many rows; plain GEMM beyond
 
 

@@ -1,6 +1,6 @@
 """Native CPU kernels of the sampler, compiled on first use with the machine's C compiler.
 
-Seven sources, one library:
+Eight sources, one library:
 
 - ``decode_attention.c``: the fused decode attention, which the cache's
   :func:`sparserl.rollout.cache.attention` uses on CPU for float32 K/V and int8 / fp8 KV codes;
@@ -18,6 +18,10 @@ Seven sources, one library:
 - ``kv_scores.c``: the compressors' scores without their large temporaries: R-KV's redundancy term
   (:func:`rkv_redundancy`; :func:`sparserl.rollout.kv.rkv.redundancy` uses it) and the
   observation-window attention (:func:`window_attention`; :func:`sparserl.rollout.kv.base.window_attention`);
+- ``linear_bf16.c``: the weight products in bfloat16, ``x Wᵀ (+ b)`` with x rounded to bf16 in the
+  call and float32 sums (:func:`pack_linear_bf16`, :func:`linear_bf16`): AVX512-BF16's ``vdpbf16ps``,
+  AMX tiles where the CPU has them (:func:`bf16_kernel` says which runs), AVX2 or plain C elsewhere;
+  the bf16 sampler's fused step (:mod:`sparserl.rollout.fused`) multiplies by its weights here;
 - ``blocktopk.c``: block top-k sparse attention (:func:`blocktopk_attention`; :mod:`sparserl.rollout.kv.blocktopk`):
   the page key sums kept up to date, the pages chosen by query · mean key, attention over their rows only.
 
@@ -56,7 +60,7 @@ from ...errors import SparserlError
 
 SOURCES = [Path(__file__).with_name(name)
            for name in ("decode_attention.c", "linear.c", "layer_ops.c", "linear_int8.c", "kv_scores.c",
-                        "decode_layer.c", "blocktopk.c")]
+                        "decode_layer.c", "blocktopk.c", "linear_bf16.c")]
 HEADERS = [Path(__file__).with_name("simd.h")]
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared"]
 _LIB: list = []  # [ctypes library or None] once loaded
@@ -141,6 +145,11 @@ def build(compiler: str | None = None, flags: list[str] | None = None) -> Path:
     os.close(fd)
     try:
         res = subprocess.run([cc, *flags, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, text=True)
+        if res.returncode != 0 and ("amx" in res.stderr.lower() or "tile" in res.stderr.lower()):
+            # a compiler that claims the AMX target but an assembler that does not know it:
+            # linear_bf16.c without its AMX path (the AVX512-BF16 one runs)
+            res = subprocess.run([cc, *flags, "-DSPARSERL_NO_AMX", *map(str, SOURCES), "-o", tmp, "-lm"],
+                                 capture_output=True, text=True)
         if res.returncode != 0:
             raise RuntimeError(f"{cc} failed on {', '.join(src.name for src in SOURCES)}: {res.stderr.strip()[-2000:]}")
         os.replace(tmp, out)
@@ -186,13 +195,22 @@ def load(path: str | Path):
     lib.sparserl_blocktopk_attention.argtypes = [i, i, i, i, i, p, i64, i64, p, p, i64, i64, i64, p, i64, i64, p, p,
                                                  p, i, i, i, fl, p, p, i]
     lib.sparserl_blocktopk_attention.restype = i
+    lib.sparserl_bf16_panel_width.restype = i
+    lib.sparserl_bf16_kernel.restype = i
+    lib.sparserl_bf16_default_layout.restype = i
+    lib.sparserl_to_bf16.argtypes = [i64, p, p]
+    lib.sparserl_to_bf16.restype = None
+    lib.sparserl_pack_bf16.argtypes = [i, i, i, i, p, p]
+    lib.sparserl_pack_bf16.restype = None
+    lib.sparserl_linear_bf16.argtypes = [i, i, i, p, i64, p, i, i, p, p, i64, i]
+    lib.sparserl_linear_bf16.restype = i
     lib.sparserl_weight_size.restype = i
     if lib.sparserl_weight_size() != ctypes.sizeof(Weight):
         raise RuntimeError("decode_layer.c's sparserl_weight does not match native.Weight")
     w = ctypes.POINTER(Weight)
     lib.sparserl_apply.argtypes = [w, i, p, i64, p, i64, i]
     lib.sparserl_apply.restype = i
-    lib.sparserl_layer_qkv.argtypes = [i, i, p, p, fl, w, i, i, i, p, p, p, p, p, p, i64, i64, i64, p]
+    lib.sparserl_layer_qkv.argtypes = [i, i, p, p, fl, w, i, i, i, p, p, p, p, p, p, i64, i64, i64, p, i]
     lib.sparserl_layer_qkv.restype = i
     lib.sparserl_layer_mlp.argtypes = [i, i, p, p, i64, w, p, fl, w, w, p, p, p]
     lib.sparserl_layer_mlp.restype = i
@@ -203,12 +221,12 @@ class Weight(ctypes.Structure):
     """``decode_layer.c``'s weight descriptor: which kernel multiplies by it and where its parts
     are. Holds raw addresses: whoever builds one keeps the tensors alive (:attr:`keep`)."""
 
-    FLOAT32, INT8, INT8_GROUP = 0, 1, 2
+    FLOAT32, INT8, INT8_GROUP, BF16 = 0, 1, 2, 3
     _fields_ = [("kind", ctypes.c_int32), ("N", ctypes.c_int32), ("K", ctypes.c_int32), ("group", ctypes.c_int32),
                 ("panels", ctypes.c_void_p), ("colsum", ctypes.c_void_p), ("scales", ctypes.c_void_p),
                 ("bias", ctypes.c_void_p), ("smooth", ctypes.c_void_p), ("n_outliers", ctypes.c_int32),
                 ("outlier_idx", ctypes.c_void_p), ("outlier_panels", ctypes.c_void_p),
-                ("group_scales", ctypes.c_void_p)]
+                ("group_scales", ctypes.c_void_p), ("panel_width", ctypes.c_int32), ("k_pad", ctypes.c_int32)]
 
     @classmethod
     def of(cls, kind: int, panels: torch.Tensor, N: int, K: int, group: int = 0, colsum=None, scales=None,
@@ -218,7 +236,8 @@ class Weight(ctypes.Structure):
         take. ``outlier_idx`` [n] with ``outlier_panels`` (:func:`pack_linear` of ``W[:, idx]``):
         input channels kept in float32 (:class:`~sparserl.rollout.quant.outliers.OutlierLinear`).
         ``group_scales``: ``int8_group``'s weight scales per output and group
-        (:func:`pack_group_scales`)."""
+        (:func:`pack_group_scales`). ``BF16``: ``panels`` from :func:`pack_linear_bf16` (its
+        ``panel_width`` and ``k_pad`` go into the descriptor)."""
         parts = {"colsum": colsum, "scales": scales, "bias": bias, "smooth": smooth, "outlier_idx": outlier_idx,
                  "outlier_panels": outlier_panels, "group_scales": group_scales}
         want = {"colsum": torch.int32, "outlier_idx": torch.int32}
@@ -233,12 +252,15 @@ class Weight(ctypes.Structure):
                 return None
         if panels.device.type != "cpu" or not panels.is_contiguous():
             return None
+        if (kind == cls.BF16) != (panels.dtype == torch.bfloat16) or (kind == cls.BF16 and smooth is not None):
+            return None
+        width, k_pad = (panels.panel_width, panels.k_pad) if kind == cls.BF16 else (0, 0)
         if (bias is not None and bias.numel() != N) or (smooth is not None and smooth.numel() != K):
             return None
         ptr = {name: None if t is None else t.data_ptr() for name, t in parts.items()}
         d = cls(kind, N, K, group, panels.data_ptr(), ptr["colsum"], ptr["scales"], ptr["bias"], ptr["smooth"],
                 0 if outlier_idx is None else outlier_idx.numel(), ptr["outlier_idx"], ptr["outlier_panels"],
-                ptr["group_scales"])
+                ptr["group_scales"], width, k_pad)
         d.keep = (panels, *parts.values())
         return d
 
@@ -289,18 +311,20 @@ def reset() -> None:
 def kernels(device: torch.device | str, dtype: torch.dtype) -> str:
     """``native`` when the decode step on this device and dtype runs the C kernels (attention, and
     the weight products of packed weights), else ``torch``."""
-    return ("native" if torch.device(device).type == "cpu" and dtype == torch.float32 and not _OFF and library()
-            else "torch")
+    return ("native" if torch.device(device).type == "cpu" and dtype in (torch.float32, torch.bfloat16) and not _OFF
+            and library() else "torch")
 
 
-KV_TYPES = {torch.float32: 0, torch.int8: 1, torch.float8_e4m3fn: 2}  # the kernel's kv_type codes
-UNIT = {torch.float32: 1.0, torch.int8: 1.0, torch.float8_e4m3fn: 256.0}  # it reads fp8 codes as code * 2^-8
+KV_TYPES = {torch.float32: 0, torch.int8: 1, torch.float8_e4m3fn: 2, torch.bfloat16: 3}  # the kernel's kv_type codes
+UNIT = {torch.float32: 1.0, torch.int8: 1.0, torch.float8_e4m3fn: 256.0, torch.bfloat16: 1.0}  # fp8: code * 2^-8
+SCALED_KV = (torch.int8, torch.float8_e4m3fn)  # KV codes that come with per-token scales
 
 
 def decode_attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, bias: torch.Tensor,
                      k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, lib=None):
     """The C kernel's softmax(q Kᵀ/√D + bias) V (shapes as :func:`sparserl.rollout.cache.attention`:
-    q [B, Hq, 1, D] float32; K/V [B, Hkv, capacity, D] float32, or int8 / float8_e4m3fn codes with
+    q [B, Hq, 1, D] float32; K/V [B, Hkv, capacity, D] float32 or bfloat16 (the bf16 sampler's cache,
+    read as the same values in float32), or int8 / float8_e4m3fn codes with
     ``k_scale`` / ``v_scale`` [B, Hkv, capacity] float32; bias [B, 1, 1, L] float32) → (out [B, Hq * D],
     p [B, Hkv, g, L] float32), or None when this input is not one the kernel takes (the caller then
     runs torch). ``lib``: another build of the kernel (tests), else :func:`library`."""
@@ -308,14 +332,14 @@ def decode_attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, bias: to
     if lib is None or q.device.type != "cpu" or q.dtype != torch.float32 or torch.compiler.is_compiling():
         return None
     kv_type = KV_TYPES.get(K.dtype)
-    if kv_type is None or K.dtype != V.dtype or (kv_type > 0) != (k_scale is not None):
+    if kv_type is None or K.dtype != V.dtype or (K.dtype in SCALED_KV) != (k_scale is not None):
         return None
     B, hq, _, D = q.shape
     hkv, L = K.shape[1], bias.shape[-1]
     if (q.stride(-1) != 1 or K.stride() != V.stride() or K.stride(-1) != 1 or hq % hkv
             or bias.dtype != torch.float32 or not bias.is_contiguous() or L > K.shape[2]):
         return None
-    if kv_type and (k_scale.stride() != v_scale.stride() or k_scale.stride(-1) != 1
+    if k_scale is not None and (k_scale.stride() != v_scale.stride() or k_scale.stride(-1) != 1
                     or k_scale.dtype != torch.float32 or v_scale.dtype != torch.float32):
         return None
     g = hq // hkv
@@ -323,7 +347,7 @@ def decode_attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, bias: to
     p = torch.empty(B, hkv, g, L, dtype=torch.float32)
     ks_ptr = vs_ptr = None
     s_sb = s_sh = 0
-    if kv_type:
+    if k_scale is not None:
         ks_ptr, vs_ptr = k_scale.data_ptr(), v_scale.data_ptr()
         s_sb, s_sh = k_scale.stride(0), k_scale.stride(1)
     unit = UNIT[K.dtype]
@@ -442,6 +466,100 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = No
     if rows and lib.sparserl_linear(rows, N, K, x2.data_ptr(), x2.stride(0), packed.data_ptr(),
                                     None if bias is None else bias.data_ptr(), out.data_ptr(), N,
                                     int(add_to is not None)) != 0:
+        return None
+    return out
+
+
+#: ``linear_bf16.c``'s kernels by their code (``sparserl_bf16_kernel``)
+BF16_KERNELS = ("c", "avx2", "avx512_bf16", "amx")
+#: the packed layouts of :func:`pack_linear_bf16`: name → (panel width, k padded to a multiple of);
+#: "panels": the build's panel width (32 with AVX512-BF16, else 16), k in pairs
+BF16_LAYOUTS = {"amx": (16, 32)}
+
+
+def bf16_kernel(lib=None) -> str:
+    """Which path of ``linear_bf16.c`` this machine runs on the weights :func:`pack_linear_bf16` packs:
+    ``"amx"`` (AMX tiles: the build targets AVX512-BF16, the compiler knows AMX, the CPU has amx_bf16
+    and Linux grants the tile state), ``"avx512_bf16"``, ``"avx2"``, ``"c"`` (the portable loops), or
+    ``"torch"`` without the library."""
+    lib = lib or library()
+    return "torch" if lib is None else BF16_KERNELS[lib.sparserl_bf16_kernel()]
+
+
+def _bf16_layout(layout: str | None, lib) -> tuple[int, int]:
+    if layout is None:
+        code = lib.sparserl_bf16_default_layout()
+        return code >> 8, code & 0xFF
+    if layout == "panels":
+        return lib.sparserl_bf16_panel_width(), 2
+    if layout not in BF16_LAYOUTS:
+        raise ValueError(f"layout={layout!r}: expected None, 'panels' or one of {sorted(BF16_LAYOUTS)}")
+    return BF16_LAYOUTS[layout]
+
+
+def pack_linear_bf16(w: torch.Tensor, layout: str | None = None, lib=None) -> torch.Tensor | None:
+    """W [N, K] float32 (CPU) → its bfloat16 values (round to nearest even, as ``w.bfloat16()``)
+    packed for :func:`linear_bf16` (``linear_bf16.c``): panels of ``width`` output columns, k in
+    pairs, ``Wb[p][k // 2][j][k % 2] = bf16(W[width p + j][k])``, zero past N and past K up to K
+    rounded to ``kpad``. ``layout``: None, the one :func:`bf16_kernel` runs on; ``"panels"``, the
+    build's panels (width 32 where it targets AVX512-BF16, else 16; kpad 2); ``"amx"``, width 16 and
+    kpad 32 (16 rows of a panel are one AMX B tile; packs on any CPU). The result (bfloat16, 1-D)
+    carries ``out_features``, ``in_features``, ``panel_width`` and ``k_pad``; None without the library."""
+    lib = lib or library()
+    if lib is None or w.device.type != "cpu" or w.dtype != torch.float32 or w.dim() != 2:
+        return None
+    width, kpad = _bf16_layout(layout, lib)
+    w = w.detach().contiguous()
+    N, K = w.shape
+    packed = torch.empty(-(-N // width) * width * (-(-K // kpad) * kpad), dtype=torch.bfloat16)
+    lib.sparserl_pack_bf16(N, K, width, kpad, w.data_ptr(), packed.data_ptr())
+    packed.out_features, packed.in_features, packed.panel_width, packed.k_pad = N, K, width, kpad
+    return packed
+
+
+def unpack_bf16(packed: torch.Tensor) -> torch.Tensor:
+    """:func:`pack_linear_bf16`'s panels back to W's bfloat16 values [N, K]."""
+    N, K, width, kpad = packed.out_features, packed.in_features, packed.panel_width, packed.k_pad
+    k_pad = -(-K // kpad) * kpad
+    P = packed.numel() // (width * k_pad)
+    return packed.view(P, k_pad // 2, width, 2).permute(0, 2, 1, 3).reshape(P * width, k_pad)[:N, :K].contiguous()
+
+
+def to_bf16(x: torch.Tensor, lib=None) -> torch.Tensor | None:
+    """x float32 (CPU) → bfloat16 by ``linear_bf16.c``'s rounding (what the kernel does to its
+    activations; the bits of ``x.bfloat16()``), or None without the library."""
+    lib = _lib_for(lib, x)
+    if lib is None:
+        return None
+    x = x.contiguous()
+    out = torch.empty(x.shape, dtype=torch.bfloat16)
+    lib.sparserl_to_bf16(x.numel(), x.data_ptr(), out.data_ptr())
+    return out
+
+
+def linear_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None, lib=None,
+                add_to: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``bf16(x) bf16(W)ᵀ (+ bias)`` with float32 sums on ``linear_bf16.c``, W given as
+    :func:`pack_linear_bf16`'s panels; x [..., K] float32 (rounded to bfloat16 in the kernel), bias
+    [N] float32, the result float32. ``add_to`` [..., N] (contiguous): the product is added to it in
+    place and it is returned. None when the kernel does not take this input (the caller runs torch)."""
+    lib = _lib_for(lib, x, *(t for t in (bias, add_to) if t is not None))
+    if lib is None or packed.device.type != "cpu" or packed.dtype != torch.bfloat16 or not packed.is_contiguous():
+        return None
+    N, K = packed.out_features, packed.in_features
+    if x.shape[-1] != K or (bias is not None and (not bias.is_contiguous() or bias.numel() != N)):
+        return None
+    x2 = _rows(x)
+    if x2 is None:
+        x2 = x.reshape(-1, K).contiguous()
+    rows = x2.shape[0]
+    if add_to is not None and (not add_to.is_contiguous() or add_to.numel() != rows * N):
+        return None
+    out = add_to if add_to is not None else torch.empty(*x.shape[:-1], N, dtype=torch.float32)
+    if rows and lib.sparserl_linear_bf16(rows, N, K, x2.data_ptr(), x2.stride(0), packed.data_ptr(),
+                                         packed.panel_width, packed.k_pad,
+                                         None if bias is None else bias.data_ptr(), out.data_ptr(), N,
+                                         int(add_to is not None)) != 0:
         return None
     return out
 

@@ -9,8 +9,10 @@
  * in one pass over K and one over V per block of output columns (VALUE_WIDTH), each row read once
  * for up to 4 of the g query heads, parallel over (b, h) with OpenMP (the same libgomp torch
  * uses, so torch.set_num_threads applies). K and V are read straight from the cache's buffers:
- * float32 values, or int8 / fp8 (E4M3) codes with one float32 scale per [token, KV head] (kv_quant):
- * q . (c s) = (q . c) s and sum_j p_j s_j c_j, so no dequantized copy is made.
+ * float32 values, bfloat16 values (the bf16 sampler's cache: each widened to float32 exactly, by a shift
+ * of its 16 bits, as it is loaded), or int8 / fp8 (E4M3) codes with one float32 scale per [token, KV head]
+ * (kv_quant): q . (c s) = (q . c) s and sum_j p_j s_j c_j, so no dequantized copy is made. A bf16 cache
+ * gives the bits float32 K/V holding the same values give: the same sums in the same order.
  *
  * Why not torch: the same computation as two batched matmuls runs B * Hkv tiny [g x D] x [D x L]
  * products (g = 3 for SmolLM2), each a separate GEMM call with its own packing, plus a softmax and
@@ -29,6 +31,8 @@
 #define KV_FLOAT32 0
 #define KV_INT8 1
 #define KV_FP8 2 /* float8_e4m3fn codes, read as code * 2^-8 (the caller folds 256 into the scales) */
+#define KV_BF16 3 /* bfloat16 values, no scales */
+#define KV_ESIZE(t) ((t) == KV_FLOAT32 ? 4 : (t) == KV_BF16 ? 2 : 1) /* bytes per element */
 
 #include "simd.h"
 
@@ -45,6 +49,9 @@ static inline __m256 load8(const void *base, int64_t off, int kv_type) {
         h = _mm_and_si128(_mm_slli_epi16(h, 7), _mm_set1_epi16((short)~(1 << 14)));
         return _mm256_cvtph_ps(h);
     }
+    if (kv_type == KV_BF16) /* the 16 bits of a bf16 are the top half of its float32 */
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + off))), 16));
     return _mm256_loadu_ps((const float *)base + off);
 }
 #endif
@@ -58,6 +65,12 @@ static inline float fp8_value(uint8_t c) { /* E4M3 code times 2^-8, as load8 giv
 static inline float load1(const void *base, int64_t off, int kv_type) {
     if (kv_type == KV_INT8) return (float)((const int8_t *)base)[off];
     if (kv_type == KV_FP8) return fp8_value(((const uint8_t *)base)[off]);
+    if (kv_type == KV_BF16) {
+        const uint32_t u = (uint32_t)((const uint16_t *)base)[off] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
     return ((const float *)base)[off];
 }
 
@@ -183,7 +196,7 @@ static inline __attribute__((always_inline)) void heads_attention(
     /* scores */
     int j0 = 0;
 #ifdef __AVX2__
-    const int esize = kv_type ? 1 : 4, row_bytes = D * esize;
+    const int esize = KV_ESIZE(kv_type), row_bytes = D * esize;
     if (D % 8 == 0) { /* 4 keys at a time: 4 dot products reduced together by three hadds */
         for (; j0 + 4 <= L; j0 += 4) {
             const int64_t r0 = (int64_t)j0 * kv_sl;
@@ -269,15 +282,13 @@ static inline __attribute__((always_inline)) void head_attention(
         for (int h = 0; h < Hkv; h++) {                                                                   \
             const int64_t kv_off = (int64_t)b * kv_sb + (int64_t)h * kv_sh;                               \
             const int64_t s_off = (int64_t)b * s_sb + (int64_t)h * s_sh;                                  \
-            const void *Kh = kv_type ? (const void *)((const int8_t *)K + kv_off)                         \
-                                     : (const void *)((const float *)K + kv_off);                         \
-            const void *Vh = kv_type ? (const void *)((const int8_t *)V + kv_off)                         \
-                                     : (const void *)((const float *)V + kv_off);                         \
+            const void *Kh = (const void *)((const char *)K + kv_off * KV_ESIZE(kv_type));              \
+            const void *Vh = (const void *)((const char *)V + kv_off * KV_ESIZE(kv_type));              \
             /* the next (sequence, head) in order, whose keys the value pass touches (this thread's next */ \
             /* one except at the end of its range)                                                       */ \
             const int64_t next_off = h + 1 < Hkv ? kv_off + kv_sh : (int64_t)(b + 1) * kv_sb;           \
             const void *next_K = h + 1 == Hkv && b + 1 == B ? 0                                           \
-                                 : (const void *)((const char *)K + next_off * (kv_type ? 1 : 4));        \
+                                 : (const void *)((const char *)K + next_off * KV_ESIZE(kv_type));        \
             head_attention(g, L, DCONST, q + (int64_t)b * q_sb + (int64_t)h * g * q_sh, q_sh, Kh, Vh,     \
                            kv_sl, ks ? ks + s_off : 0, vs ? vs + s_off : 0, kv_type,                      \
                            bias + (int64_t)b * bias_sb, scale, v_unit,                                    \
@@ -291,7 +302,7 @@ int sparserl_decode_attention(int B, int Hq, int Hkv, int L, int D, const float 
                               const float *ks, const float *vs, int64_t s_sb, int64_t s_sh, int kv_type,
                               const float *bias, int64_t bias_sb, float scale, float v_unit, float *out,
                               float *probs) {
-    if (kv_type < KV_FLOAT32 || kv_type > KV_FP8 || Hkv <= 0 || Hq % Hkv != 0 || L <= 0 || D <= 0) return -1;
+    if (kv_type < KV_FLOAT32 || kv_type > KV_BF16 || (kv_type == KV_BF16 && (ks || vs)) || Hkv <= 0 || Hq % Hkv != 0 || L <= 0 || D <= 0) return -1;
     const int g = Hq / Hkv;
     if (D == 64) {
         DISPATCH(64)

@@ -6,7 +6,8 @@
  *
  * (attention over the cache runs between them: decode_attention.c). Every product goes through
  * sparserl_apply, which takes one descriptor per weight: float32 panels (linear.c), int8 with
- * per-token scales or int8 with per-group scales (linear_int8.c), each optionally with
+ * per-token scales or int8 with per-group scales (linear_int8.c), bfloat16 panels (linear_bf16.c: the
+ * bf16 sampler's step, its inputs rounded to bf16 in the call, float32 sums), each int8 kind optionally with
  * SmoothQuant's per-input 1/s (the inputs multiplied by it first, as SmoothedLinear does) and with
  * outlier input channels in float32 (OutlierLinear; linear_int8.c's sparserl_linear_int8_outliers).
  *
@@ -19,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { WEIGHT_FLOAT32 = 0, WEIGHT_INT8 = 1, WEIGHT_INT8_GROUP = 2 };
+enum { WEIGHT_FLOAT32 = 0, WEIGHT_INT8 = 1, WEIGHT_INT8_GROUP = 2, WEIGHT_BF16 = 3 };
 
 typedef struct {
     int32_t kind;            /* WEIGHT_* */
@@ -35,6 +36,7 @@ typedef struct {
     const float *outlier_panels; /* W[:, outlier_idx] [N, n_outliers] in linear_int8.c's panels */
     const float *group_scales;   /* int8 group: the weights' scale per output and group, packed per
                                     panel ([P][ceil(K / group)][panel width]), or NULL */
+    int32_t panel_width, k_pad;  /* bf16: sparserl_pack_bf16's layout of `panels` */
 } sparserl_weight;
 
 int sparserl_linear(int M, int N, int K, const float *X, int64_t ldx, const float *Wp, const float *bias, float *Y,
@@ -49,6 +51,9 @@ int sparserl_linear_int8_outliers(int M, int N, int K, int G, const float *X, in
                                   const int32_t *colsum, const float *scales, const float *gscales,
                                   const float *bias, float *Y, int64_t ldy, int accumulate, int n_out,
                                   const int32_t *idx, const float *Wo);
+int sparserl_linear_bf16(int M, int N, int K, const float *X, int64_t ldx, const uint16_t *Wb, int width, int kpad,
+                         const float *bias, float *Y, int64_t ldy, int accumulate);
+void sparserl_to_bf16(int64_t n, const float *x, uint16_t *out);
 void sparserl_rms_norm(int M, int D, const float *x, int64_t ldx, const float *w, float eps, float *y, int64_t ldy);
 void sparserl_silu_mul(int M, int I, const float *gu, int64_t ldg, float *y, int64_t ldy);
 void sparserl_rope(int M, int H, int D, float *x, int64_t ldx, const float *cos_, const float *sin_, int64_t ldc);
@@ -100,6 +105,11 @@ int sparserl_apply(const sparserl_weight *w, int M, const float *X, int64_t ldx,
                                                         work, accumulate);
             }
             break;
+        case WEIGHT_BF16:
+            if (!w->smooth)
+                rc = sparserl_linear_bf16(M, N, K, X, ldx, (const uint16_t *)w->panels, w->panel_width, w->k_pad,
+                                          w->bias, Y, ldy, accumulate);
+            break;
         default:
             break;
     }
@@ -109,11 +119,12 @@ int sparserl_apply(const sparserl_weight *w, int M, const float *X, int64_t ldx,
 }
 
 /* h [M, hidden] -> qkv [M, (Hq + 2 Hkv) D] (q and k rotated by cos/sin [M, D]); x [M, hidden] is
- * scratch. With K != NULL, row r's k and v heads are stored at slot slots[r] of K, V (float32,
- * element (b, h, s, d) at b sb + h sh + s ss + d). */
+ * scratch. With K != NULL, row r's k and v heads are stored at slot slots[r] of K, V (element
+ * (b, h, s, d) at b sb + h sh + s ss + d): float32, or with kv_bf16 bfloat16 (rounded to nearest even,
+ * the bits of torch's .to(torch.bfloat16)). */
 int sparserl_layer_qkv(int M, int hidden, const float *h, const float *ln1, float eps, const sparserl_weight *wqkv,
-                       int Hq, int Hkv, int D, const float *cos_, const float *sin_, float *x, float *qkv, float *K,
-                       float *V, int64_t sb, int64_t sh, int64_t ss, const int64_t *slots) {
+                       int Hq, int Hkv, int D, const float *cos_, const float *sin_, float *x, float *qkv, void *K,
+                       void *V, int64_t sb, int64_t sh, int64_t ss, const int64_t *slots, int kv_bf16) {
     const int width = (Hq + 2 * Hkv) * D;
     if (wqkv->N != width || wqkv->K != hidden) return -1;
     sparserl_rms_norm(M, hidden, h, hidden, ln1, eps, x, hidden);
@@ -124,8 +135,13 @@ int sparserl_layer_qkv(int M, int hidden, const float *h, const float *ln1, floa
             const float *k = qkv + (int64_t)r * width + (int64_t)Hq * D, *v = k + (int64_t)Hkv * D;
             for (int j = 0; j < Hkv; j++) {
                 const int64_t at = r * sb + j * sh + slots[r] * ss;
-                memcpy(K + at, k + (int64_t)j * D, sizeof(float) * D);
-                memcpy(V + at, v + (int64_t)j * D, sizeof(float) * D);
+                if (kv_bf16) {
+                    sparserl_to_bf16(D, k + (int64_t)j * D, (uint16_t *)K + at);
+                    sparserl_to_bf16(D, v + (int64_t)j * D, (uint16_t *)V + at);
+                } else {
+                    memcpy((float *)K + at, k + (int64_t)j * D, sizeof(float) * D);
+                    memcpy((float *)V + at, v + (int64_t)j * D, sizeof(float) * D);
+                }
             }
         }
     }

@@ -1,0 +1,162 @@
+"""The bfloat16 sampler's fused decode step (issue 33; ``sparserl.rollout.fused`` on bf16 weights):
+bf16 weight panels (``linear_bf16.c``), a bf16 KV cache read by the C attention, float32 everywhere
+else. Checked against exact references where the arithmetic is exact (a bf16 cache reads as its
+float32 values), and against the float32 policy where it is not (closer than the eager bf16 step)."""
+import pytest
+import torch
+
+from sparserl.models.loading import load_model
+from sparserl.rollout import fused, native
+from sparserl.rollout.engine import RolloutEngine
+from sparserl.rollout.kv import get_compressor
+from sparserl.rollout.model import NATIVE_BF16
+from sparserl.rollout.replay import replay
+from sparserl.rollout.sampling import SamplingParams
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="native kernels unavailable")
+
+PROMPTS = ["a b c", [{"role": "user", "content": "Count from one to twenty, slowly please."}]]
+
+
+@pytest.fixture(scope="module")
+def tiny_bf16_rounded():
+    """The tiny model with weights already bf16 values (held in float32): the float32 policy a bf16
+    sampler approximates, without the weights' own rounding in the comparison."""
+    loaded = load_model("tiny", dtype="float32", seed=0)
+    with torch.no_grad():
+        for p in loaded.model.parameters():
+            p.copy_(p.bfloat16().float())
+    return loaded
+
+
+def make(name):
+    if name == "none":
+        return get_compressor("none")
+    return get_compressor(name, budget=12, step_length=6, **({"window": 4} if name == "snapkv" else {}))
+
+
+@pytest.mark.parametrize("D", [16, 64, 24])
+def test_attention_over_a_bf16_cache_is_the_float32_kernel_on_its_values(D):
+    """Widening a bf16 is exact and the sums run in the same order: the same bits as float32 K/V
+    holding the same values, strided views of a larger cache included."""
+    gen = torch.Generator().manual_seed(D)
+    B, hq, hkv, cap, L = 3, 6, 2, 40, 33
+    q = torch.randn(B, hq, 1, D, generator=gen)
+    K = torch.randn(B, hkv, cap + 5, D, generator=gen).bfloat16()[:, :, 5:]
+    V = torch.randn(B, hkv, cap + 5, D, generator=gen).bfloat16()[:, :, 5:]
+    bias = torch.zeros(B, 1, 1, L)
+    bias[0, ..., :4] = float("-inf")
+    got = native.decode_attention(q, K, V, bias)
+    want = native.decode_attention(q, K.float(), V.float(), bias)
+    assert got is not None
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert native.decode_attention(q, K, V, bias, K[..., 0].float(), V[..., 0].float()) is None  # no scales
+
+
+def test_bf16_weight_descriptors():
+    w = torch.randn(40, 24)
+    panels = native.pack_linear_bf16(w)
+    d = native.Weight.of(native.Weight.BF16, panels, 40, 24, bias=torch.zeros(40))
+    assert d is not None and (d.panel_width, d.k_pad) == (panels.panel_width, panels.k_pad)
+    assert native.Weight.of(native.Weight.FLOAT32, panels, 40, 24) is None  # bf16 panels, float32 kind
+    assert native.Weight.of(native.Weight.BF16, native.pack_linear(w), 40, 24) is None
+    assert native.Weight.of(native.Weight.BF16, panels, 40, 24, smooth=torch.ones(24)) is None
+
+
+def _engines(loaded, name):
+    bf16 = RolloutEngine(loaded, make(name), dtype="bfloat16")
+    f32 = RolloutEngine(loaded, make(name), dtype="float32")
+    return bf16, f32
+
+
+def _run_fused(engine, *args, **kw):
+    """engine.generate with the fused step, asserting that every decode step ran it."""
+    calls, real = [], fused.decode_layers
+
+    def counted(*a, **k):
+        out = real(*a, **k)
+        calls.append(out is not None)
+        return out
+
+    fused.decode_layers = counted
+    try:
+        engine.fused = True
+        out = engine.generate(*args, **kw)
+    finally:
+        fused.decode_layers = real
+    assert calls and all(calls)
+    return out
+
+
+@pytest.mark.parametrize("name", ["none", "rkv", "snapkv", "h2o", "streaming"])
+def test_fused_bf16_step_runs_with_a_bf16_cache_and_replays_exactly(tiny_bf16_rounded, name):
+    """Every weight on bf16 panels, the cache in bf16 (half the float32 bytes), the compressors scoring
+    on it; the replay (exact α) gives the sampler's own log-probs to the bit."""
+    bf16, f32 = _engines(tiny_bf16_rounded, name)
+    m = bf16.model
+    assert all(hasattr(w, NATIVE_BF16) for lw in m.layers for w in (lw.qkv, lw.o, lw.gate_up, lw.down))
+    assert fused.available(m)
+    params = SamplingParams(n=2, max_new_tokens=24, seed=3, temperature=1.0, ignore_eos=True)
+    out = _run_fused(bf16, PROMPTS, params)
+    dense = f32.generate(PROMPTS, params)
+    assert out.kv.bytes_dense * 2 == dense.kv.bytes_dense
+    if name != "none":
+        assert out.kv.compressions > 0
+    again = replay(bf16, out.prompt_ids, out.response_ids, params)
+    for x, y in zip(out.sampler_logprobs, again.sampler_logprobs):
+        assert torch.equal(torch.as_tensor(x), torch.as_tensor(y))
+
+
+def test_fused_bf16_is_closer_to_the_float32_policy_than_the_eager_bf16_step(tiny_bf16_rounded):
+    """On the same tokens, the fused step's log-probs (float32 sums, residual, norms, softmax) sit
+    closer to the float32 sampler's than the eager bf16 step's (which rounds every intermediate)."""
+    bf16, f32 = _engines(tiny_bf16_rounded, "none")
+    params = SamplingParams(n=4, max_new_tokens=32, seed=1, temperature=1.0, ignore_eos=True)
+    sampled = _run_fused(bf16, PROMPTS, params)
+    ref = replay(f32, sampled.prompt_ids, sampled.response_ids, params)
+    bf16.fused = False
+    eager = replay(bf16, sampled.prompt_ids, sampled.response_ids, params)
+
+    def gap(out):  # mean |Δ log-prob| over the decoded tokens (the first comes from the prefill, eager in both)
+        return float(torch.cat([(torch.as_tensor(a) - torch.as_tensor(b)).abs()[1:]
+                                for a, b in zip(out.sampler_logprobs, ref.sampler_logprobs)]).mean())
+
+    fused_gap, eager_gap = gap(sampled), gap(eager)
+    assert 0 < fused_gap < 0.7 * eager_gap, (fused_gap, eager_gap)  # measured: 2.9e-4 against 5.6e-4
+
+
+def test_blocktopk_and_a_quantized_cache_take_the_caches_own_attention(tiny_bf16_rounded):
+    """Pages chosen per step (block top-k) and int8 KV codes go through the cache's attention between
+    the native calls; the step still runs fused and replays exactly."""
+    for compressor, kv_quant in ((get_compressor("blocktopk", budget=48, dense_layers=1), "none"),
+                                 (make("rkv"), "int8")):
+        engine = RolloutEngine(tiny_bf16_rounded, compressor, dtype="bfloat16", kv_quant=kv_quant)
+        params = SamplingParams(n=2, max_new_tokens=40, seed=5, temperature=1.0, ignore_eos=True)
+        out = _run_fused(engine, PROMPTS, params)
+        again = replay(engine, out.prompt_ids, out.response_ids, params)
+        for x, y in zip(out.sampler_logprobs, again.sampler_logprobs):
+            assert torch.equal(torch.as_tensor(x), torch.as_tensor(y))
+
+
+def test_without_native_kernels_the_bf16_sampler_runs_eager(tiny_bf16_rounded):
+    with native.torch_only():
+        engine = RolloutEngine(tiny_bf16_rounded, make("none"), dtype="bfloat16")
+        assert not any(hasattr(lw.qkv, NATIVE_BF16) for lw in engine.model.layers)
+        assert not fused.available(engine.model)
+        out = engine.generate(PROMPTS, SamplingParams(n=1, max_new_tokens=8, seed=0))
+    assert all(len(r) > 0 for r in out.response_ids)
+
+
+def test_auto_keeps_float32_where_the_bf16_step_is_not_fused():
+    from sparserl.rollout.dtype_auto import AutoChoice, for_sampler
+
+    bf16 = AutoChoice("bfloat16", "measured: bf16 1.6x", "key")
+    assert for_sampler(bf16) is bf16
+    for quant, pages in (("int8", False), ("none", True)):
+        kept = for_sampler(bf16, quant, pages)
+        assert kept.dtype == "float32" and "no fused bfloat16 step" in kept.reason and kept.key == "key"
+    f32 = AutoChoice("float32", "measured", "key")
+    assert for_sampler(f32, "int8", True) is f32
+    engine = RolloutEngine(load_model("tiny", dtype="float32", seed=0), get_compressor("blocktopk", budget=48),
+                           dtype="auto")
+    assert engine.dtype == torch.float32 or engine.dtype_choice.dtype == "bfloat16"  # whatever this CPU measured
