@@ -205,17 +205,14 @@ def choose(device: str | torch.device = "auto", timer=None, log=print) -> AutoCh
     return choice
 
 
-def for_sampler(choice: AutoChoice, quant: str = "none", selects_per_step: bool = False) -> AutoChoice:
-    """``choice`` for a sampler with these weights and this compressor: a bfloat16 answer stands where
-    the fused bf16 step covers the sampler (unquantized weights; a cache the C attention reads whole),
-    else float32 with the reason. The bf16 step is fused only for plain bf16 weights and a cache read
-    by decode_attention.c: int8 / fp8 weights and block top-k's chosen pages would run eager in bf16,
-    slower than their float32 kernels (block top-k measured 0.31x dense that way at 1,024 tokens)."""
-    if choice.dtype != "bfloat16" or (quant == "none" and not selects_per_step):
+def for_sampler(choice: AutoChoice, quant: str = "none") -> AutoChoice:
+    """``choice`` for a sampler with these weights: a bfloat16 answer stands where the fused bf16 step
+    covers the sampler (unquantized weights), else float32 with the reason: int8 / fp8 weights have no
+    fused bf16 step and would run eager in bf16, slower than their float32 kernels."""
+    if choice.dtype != "bfloat16" or quant == "none":
         return choice
-    what = f"rollout.quant={quant}" if quant != "none" else "block top-k's page attention"
     return replace(choice, dtype="float32",
-                   reason=f"{choice.reason}; but {what} has no fused bfloat16 step, so float32")
+                   reason=f"{choice.reason}; but rollout.quant={quant} has no fused bfloat16 step, so float32")
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "auto") -> torch.dtype:

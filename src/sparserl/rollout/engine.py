@@ -115,8 +115,7 @@ class RolloutEngine:
         self.tokenizer = loaded.tokenizer
         param = next(loaded.model.parameters())
         #: what ``dtype="auto"`` chose and why (:mod:`sparserl.rollout.dtype_auto`); None for a named dtype
-        self.dtype_choice = (for_sampler(choose(param.device), quant, _checked(compressor).selects_per_step)
-                             if dtype == "auto" else None)
+        self.dtype_choice = for_sampler(choose(param.device), quant) if dtype == "auto" else None
         self.dtype = (DTYPES[self.dtype_choice.dtype] if self.dtype_choice else
                       resolve_dtype(dtype) if dtype is not None else param.dtype)
         calibration_ids = None

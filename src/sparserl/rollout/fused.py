@@ -25,8 +25,8 @@ in bf16 (written rounded to nearest even, read widened exactly); everything else
 residual stream, the norms, RoPE (cos / sin computed in float32), SiLU·up, the attention's softmax and
 sums, the LM head's sums and the sampling. Only the weights, each product's inputs and the cache are
 rounded to bf16, where the eager bf16 step rounds every intermediate: it is not the eager step's bits
-but closer to the float32 policy (tested). Block top-k's pages and a quantized KV cache take the cache's
-own attention in bf16 between the native calls.
+but closer to the float32 policy (tested). Block top-k reads its chosen pages of the bf16 cache in its own
+kernel (``blocktopk.c``); a quantized KV cache takes the cache's own attention between the native calls.
 """
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ def decode_layers(model: SamplerModel, h: torch.Tensor, cos: torch.Tensor, sin: 
     keys, values = cache.keys, cache.values
     selector = cache.selector
     kv_bf16 = keys.dtype == torch.bfloat16
-    direct = ((keys.dtype == torch.float32 or (kv_bf16 and selector is None)) and cache.k_scale is None
+    direct = (keys.dtype in (torch.float32, torch.bfloat16) and cache.k_scale is None
               and keys.stride() == values.stride() and keys.stride(-1) == 1 and L <= keys.shape[3]
               and (selector is None or selector.native_ok(cache)))
     if direct:  # the slot writes and the attention in C, at addresses computed here

@@ -274,7 +274,7 @@ class PageSelector:
     def native_step(self, lib, layer: int, cache, q_ptr: int, q_sb: int, q_sh: int, k_ptr: int, v_ptr: int,
                     kv_sb: int, kv_sh: int, kv_sl: int, out_ptr: int) -> int:
         """:meth:`attend` on the C kernel at raw addresses (the fused step: q inside its q/k/v buffer, K/V
-        float32 with element strides); returns the kernel's code (0: done)."""
+        float32 or bfloat16 with element strides); returns the kernel's code (0: done)."""
         i = layer - self.first_sparse
         sums0, sums_layer, chosen0, chosen_layer = self._addresses
         _, B, hkv, pages, D = self.sums.shape
@@ -282,7 +282,7 @@ class PageSelector:
             B, self.n_heads, hkv, D, PAGE_TOKENS, q_ptr, q_sb, q_sh, k_ptr, v_ptr, kv_sb, kv_sh, kv_sl,
             sums0 + i * sums_layer, hkv * pages * D, pages * D, cache.start.data_ptr(), cache.lens.data_ptr(),
             self.k_pages.data_ptr(), 1, SINK_PAGES, RECENT_PAGES, self.scale, out_ptr, chosen0 + i * chosen_layer,
-            self.chosen.shape[-1])
+            self.chosen.shape[-1], int(cache.keys.dtype == torch.bfloat16))
 
     def native_ok(self, cache) -> bool:
         """Whether :meth:`native_step` takes this cache's bookkeeping (CPU int64 start / lens)."""

@@ -193,7 +193,7 @@ def load(path: str | Path):
     lib.sparserl_window_attention.argtypes = [i, i, i, i, i, i, p, i64, i64, i64, p, i64, i64, i64, p, i64, i, p]
     lib.sparserl_window_attention.restype = i
     lib.sparserl_blocktopk_attention.argtypes = [i, i, i, i, i, p, i64, i64, p, p, i64, i64, i64, p, i64, i64, p, p,
-                                                 p, i, i, i, fl, p, p, i]
+                                                 p, i, i, i, fl, p, p, i, i]
     lib.sparserl_blocktopk_attention.restype = i
     lib.sparserl_bf16_panel_width.restype = i
     lib.sparserl_bf16_kernel.restype = i
@@ -373,7 +373,8 @@ def blocktopk_attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, sums:
     lib = lib or (None if _OFF else library())
     if lib is None or torch.compiler.is_compiling():
         return None
-    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in (q, K, V, sums)):
+    if (any(t.device.type != "cpu" or t.dtype != torch.float32 for t in (q, sums)) or K.device.type != "cpu"
+            or K.dtype not in (torch.float32, torch.bfloat16) or V.dtype != K.dtype):
         return None
     B, hq, _, D = q.shape
     hkv = K.shape[1]
@@ -393,7 +394,8 @@ def blocktopk_attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, sums:
         B, hq, hkv, D, page, q.data_ptr(), q.stride(0), q.stride(1), K.data_ptr(), V.data_ptr(), K.stride(0),
         K.stride(1), K.stride(2), sums.data_ptr(), sums.stride(0), sums.stride(1), start.data_ptr(), lens.data_ptr(),
         k_pages.data_ptr() if attend else None, int(update), sink, recent, D**-0.5,
-        out.data_ptr() if attend else None, chosen.data_ptr() if chosen is not None else None, max_k)
+        out.data_ptr() if attend else None, chosen.data_ptr() if chosen is not None else None, max_k,
+        int(K.dtype == torch.bfloat16))
     if rc == -2:
         raise MemoryError("sparserl_blocktopk_attention: out of memory")
     if rc != 0:

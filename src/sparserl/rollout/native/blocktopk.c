@@ -18,7 +18,9 @@
  * Only the chosen pages' K and V rows are read, and the page sums of the scored pages (1/page of the
  * keys' bytes): that is the whole point (Sparrow: it saves attention reads, not memory). Parallel over
  * (b, h) with OpenMP (torch's libgomp, as decode_attention.c). Layout: q[b, i, d] at b q_sb + i q_sh +
- * d; K, V float32 element (b, h, s, d) at b kv_sb + h kv_sh + s kv_sl + d; page sums float32 (b, h, j,
+ * d; K, V float32 (or, kv_bf16, bfloat16: the bf16 sampler's cache, each value widened exactly as it is
+ * read, so the float32 kernel's bits on the same values) element (b, h, s, d) at b kv_sb + h kv_sh +
+ * s kv_sl + d; page sums float32 (b, h, j,
  * d) at b s_sb + h s_sh + j D + d. chosen [B, Hkv, max_k] int32 (when not NULL) receives the pages
  * read, ascending, -1 after them. out [B, Hq * D] float32 may be NULL: then only the update runs.
  *
@@ -52,6 +54,39 @@
 #else
 #define TOPK_VALUE_WIDTH(G) ((G) <= 3 ? 32 : 16)
 #endif
+
+/* 8 K or V elements from element offset `off` as float32: float32, or bf16 widened (exact) */
+#ifdef __AVX2__
+static inline __m256 kv8(const void *base, const int64_t off, const int bf16) {
+    if (bf16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + off))), 16));
+    return _mm256_loadu_ps((const float *)base + off);
+}
+#endif
+
+static inline float kv1(const void *base, const int64_t off, const int bf16) {
+    if (!bf16) return ((const float *)base)[off];
+    const uint32_t u = (uint32_t)((const uint16_t *)base)[off] << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* q . K[off .. off + D) */
+static inline float dot_kv(const float *q, const void *K, const int64_t off, const int D, const int bf16) {
+    int d = 0;
+#ifdef __AVX2__
+    if (D % 8 == 0) {
+        __m256 acc = _mm256_setzero_ps();
+        for (; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv8(K, off + d, bf16), acc);
+        return hsum256(acc);
+    }
+#endif
+    float s = 0.0f;
+    for (; d < D; d++) s += q[d] * kv1(K, off + d, bf16);
+    return s;
+}
 
 static inline float dot(const float *a, const float *b, int D) {
     int d = 0;
@@ -94,19 +129,19 @@ static void top_t(float *s, int *idx, int m, int t) {
 
 /* Scores of the gathered keys for G query heads: p[i * M + m] = scale q_i . K[rows[m]], m < M. */
 static inline __attribute__((always_inline)) void gathered_scores(
-    const int G, const int D, const float *q, const int64_t q_sh, const float *K, const int64_t *rows, const int M,
-    const float scale, float *p) {
+    const int G, const int D, const float *q, const int64_t q_sh, const void *K, const int64_t *rows, const int M,
+    const float scale, float *p, const int bf16) {
     int m = 0;
 #ifdef __AVX2__
     if (D % 8 == 0) {
         for (; m + 4 <= M; m += 4) {
-            const float *k0 = K + rows[m], *k1 = K + rows[m + 1], *k2 = K + rows[m + 2], *k3 = K + rows[m + 3];
+            const int64_t k0 = rows[m], k1 = rows[m + 1], k2 = rows[m + 2], k3 = rows[m + 3];
             __m256 a[4][4];
             for (int i = 0; i < G; i++)
                 for (int t = 0; t < 4; t++) a[i][t] = _mm256_setzero_ps();
             for (int d = 0; d < D; d += 8) {
-                const __m256 x0 = _mm256_loadu_ps(k0 + d), x1 = _mm256_loadu_ps(k1 + d);
-                const __m256 x2 = _mm256_loadu_ps(k2 + d), x3 = _mm256_loadu_ps(k3 + d);
+                const __m256 x0 = kv8(K, k0 + d, bf16), x1 = kv8(K, k1 + d, bf16);
+                const __m256 x2 = kv8(K, k2 + d, bf16), x3 = kv8(K, k3 + d, bf16);
                 for (int i = 0; i < G; i++) {
                     const __m256 qv = _mm256_loadu_ps(q + (int64_t)i * q_sh + d);
                     a[i][0] = _mm256_fmadd_ps(qv, x0, a[i][0]);
@@ -125,7 +160,7 @@ static inline __attribute__((always_inline)) void gathered_scores(
     }
 #endif
     for (; m < M; m++)
-        for (int i = 0; i < G; i++) p[(int64_t)i * M + m] = dot(q + (int64_t)i * q_sh, K + rows[m], D) * scale;
+        for (int i = 0; i < G; i++) p[(int64_t)i * M + m] = dot_kv(q + (int64_t)i * q_sh, K, rows[m], D, bf16) * scale;
 }
 
 /* Softmax of each of the G rows of p (M entries each), in place. */
@@ -157,7 +192,8 @@ static inline void softmax_rows(const int G, const int M, float *p) {
 
 /* out[i * D + d] = sum_m p[i * M + m] V[rows[m] + d] for the G heads. */
 static inline __attribute__((always_inline)) void gathered_values(
-    const int G, const int D, const float *p, const int M, const float *V, const int64_t *rows, float *out) {
+    const int G, const int D, const float *p, const int M, const void *V, const int64_t *rows, float *out,
+    const int bf16) {
 #ifdef __AVX2__
     const int W = TOPK_VALUE_WIDTH(G);
     if (D % W == 0) {
@@ -166,11 +202,11 @@ static inline __attribute__((always_inline)) void gathered_values(
             for (int i = 0; i < G; i++)
                 for (int v = 0; v < W / 8; v++) o[i][v] = _mm256_setzero_ps();
             for (int m = 0; m < M; m++) {
-                const float *row = V + rows[m] + c0;
+                const int64_t row = rows[m] + c0;
                 __m256 w[4];
                 for (int i = 0; i < G; i++) w[i] = _mm256_set1_ps(p[(int64_t)i * M + m]);
                 for (int v = 0; v < W / 8; v++) {
-                    const __m256 x = _mm256_loadu_ps(row + 8 * v);
+                    const __m256 x = kv8(V, row + 8 * v, bf16);
                     for (int i = 0; i < G; i++) o[i][v] = _mm256_fmadd_ps(w[i], x, o[i][v]);
                 }
             }
@@ -185,25 +221,24 @@ static inline __attribute__((always_inline)) void gathered_values(
         for (int d = 0; d < D; d++) oi[d] = 0.0f;
         for (int m = 0; m < M; m++) {
             const float w = p[(int64_t)i * M + m];
-            const float *row = V + rows[m];
-            for (int d = 0; d < D; d++) oi[d] += w * row[d];
+            for (int d = 0; d < D; d++) oi[d] += w * kv1(V, rows[m] + d, bf16);
         }
     }
 }
 
 /* The g query heads of one (sequence, KV head) over the gathered rows, in chunks of at most 4. */
-static void heads_over_rows(const int g, const int D, const float *q, const int64_t q_sh, const float *K,
-                            const float *V, const int64_t *rows, const int M, const float scale, float *p,
-                            float *out) {
+static void heads_over_rows(const int g, const int D, const float *q, const int64_t q_sh, const void *K,
+                            const void *V, const int64_t *rows, const int M, const float scale, float *p,
+                            float *out, const int bf16) {
     for (int i0 = 0; i0 < g; i0 += 4) {
         const float *qc = q + (int64_t)i0 * q_sh;
         float *oc = out + (int64_t)i0 * D;
         const int G = g - i0 < 4 ? g - i0 : 4;
         switch (G) {
 #define CHUNK(GC)                                              \
-    gathered_scores(GC, D, qc, q_sh, K, rows, M, scale, p);    \
-    softmax_rows(GC, M, p);                                    \
-    gathered_values(GC, D, p, M, V, rows, oc);
+    gathered_scores(GC, D, qc, q_sh, K, rows, M, scale, p, bf16); \
+    softmax_rows(GC, M, p);                                       \
+    gathered_values(GC, D, p, M, V, rows, oc, bf16);
             case 1: CHUNK(1) break;
             case 2: CHUNK(2) break;
             case 3: CHUNK(3) break;
@@ -217,7 +252,7 @@ static void heads_over_rows(const int g, const int D, const float *q, const int6
  * (written to pages[0 .. count-1], ascending) and the element offsets of their rows in K and V
  * (rows[0 .. M-1]); returns M (0: nothing to attend). score and idx: scratch for the scored pages. */
 static int plan_pair(const int b, const int h, const int g, const int D, const int page, const float *q,
-                     const int64_t q_sb, const int64_t q_sh, const float *K, const int64_t kv_sb,
+                     const int64_t q_sb, const int64_t q_sh, const void *K, const int bf16, const int64_t kv_sb,
                      const int64_t kv_sh, const int64_t kv_sl, float *sums, const int64_t s_sb, const int64_t s_sh,
                      const int64_t *start, const int64_t *lens, const int32_t *k_pages, const int update,
                      const int sink, const int recent, const int attend, float *score, int *idx, int *pages,
@@ -229,10 +264,11 @@ static int plan_pair(const int b, const int h, const int g, const int D, const i
     if (update) {
         const int64_t t = n_tok - 1; /* the new token, relative to start */
         float *Sj = S + (t / page) * D;
-        const float *k = K + kv_off + (start[b] + t) * kv_sl;
-        if (t % page == 0) memcpy(Sj, k, sizeof(float) * D);
+        const int64_t k = kv_off + (start[b] + t) * kv_sl;
+        if (t % page == 0)
+            for (int d = 0; d < D; d++) Sj[d] = kv1(K, k + d, bf16);
         else
-            for (int d = 0; d < D; d++) Sj[d] += k[d];
+            for (int d = 0; d < D; d++) Sj[d] += kv1(K, k + d, bf16);
     }
     *count_out = 0;
     if (!attend) return 0;
@@ -282,19 +318,21 @@ static int plan_pair(const int b, const int h, const int g, const int D, const i
  * each (4 KB for 16 float32 rows of 64), each on a memory page of its own that the hardware
  * prefetchers do not enter; issued one (sequence, head) ahead of its attention, they arrive while the
  * core computes the previous one. */
-static inline void prefetch_rows(const float *K, const float *V, const int64_t *rows, const int M, const int D) {
+static inline void prefetch_rows(const void *K, const void *V, const int64_t *rows, const int M, const int D,
+                                 const int esize) {
     for (int m = 0; m < M; m++)
-        for (int c = 0; c < D; c += 16) {
-            __builtin_prefetch(K + rows[m] + c, 0, 3);
-            __builtin_prefetch(V + rows[m] + c, 0, 3);
+        for (int c = 0; c < D * esize; c += 64) {
+            __builtin_prefetch((const char *)K + rows[m] * esize + c, 0, 3);
+            __builtin_prefetch((const char *)V + rows[m] * esize + c, 0, 3);
         }
 }
 
 int sparserl_blocktopk_attention(int B, int Hq, int Hkv, int D, int page, const float *q, int64_t q_sb,
-                                 int64_t q_sh, const float *K, const float *V, int64_t kv_sb, int64_t kv_sh,
+                                 int64_t q_sh, const void *K, const void *V, int64_t kv_sb, int64_t kv_sh,
                                  int64_t kv_sl, float *sums, int64_t s_sb, int64_t s_sh, const int64_t *start,
                                  const int64_t *lens, const int32_t *k_pages, int update, int sink, int recent,
-                                 float scale, float *out, int32_t *chosen, int max_k) {
+                                 float scale, float *out, int32_t *chosen, int max_k, int kv_bf16) {
+    const int bf16 = kv_bf16 != 0, esize = bf16 ? 2 : 4;
     if (B <= 0 || Hkv <= 0 || Hq % Hkv != 0 || D <= 0 || page <= 0 || sink < 0 || recent < 1 || max_k < 1)
         return -1;
     const int g = Hq / Hkv, pairs = B * Hkv, attend = out != 0;
@@ -334,24 +372,24 @@ int sparserl_blocktopk_attention(int B, int Hq, int Hkv, int D, int page, const 
             float *p = (float *)(rows[RING - 1] + m_max);
             for (int i = lo; i < hi && i < lo + LOOKAHEAD; i++) {
                 const int r = (i - lo) % RING;
-                M[r] = plan_pair(i / Hkv, i % Hkv, g, D, page, q, q_sb, q_sh, K, kv_sb, kv_sh, kv_sl, sums, s_sb, s_sh,
+                M[r] = plan_pair(i / Hkv, i % Hkv, g, D, page, q, q_sb, q_sh, K, bf16, kv_sb, kv_sh, kv_sl, sums, s_sb, s_sh,
                                  start, lens, k_pages, update, sink, recent, attend, score, idx, pages[r], &count[r],
                                  rows[r]);
-                prefetch_rows(K, V, rows[r], M[r], D);
+                prefetch_rows(K, V, rows[r], M[r], D, esize);
             }
             for (int i = lo; i < hi; i++) {
                 const int now = (i - lo) % RING, ahead = i + LOOKAHEAD;
                 if (ahead < hi) {
                     const int r = (ahead - lo) % RING;
-                    M[r] = plan_pair(ahead / Hkv, ahead % Hkv, g, D, page, q, q_sb, q_sh, K, kv_sb, kv_sh, kv_sl, sums,
+                    M[r] = plan_pair(ahead / Hkv, ahead % Hkv, g, D, page, q, q_sb, q_sh, K, bf16, kv_sb, kv_sh, kv_sl, sums,
                                      s_sb, s_sh, start, lens, k_pages, update, sink, recent, attend, score, idx,
                                      pages[r], &count[r], rows[r]);
-                    prefetch_rows(K, V, rows[r], M[r], D);
+                    prefetch_rows(K, V, rows[r], M[r], D, esize);
                 }
                 if (!attend) continue;
                 const int b = i / Hkv, h = i % Hkv;
                 heads_over_rows(g, D, q + (int64_t)b * q_sb + (int64_t)h * g * q_sh, q_sh, K, V, rows[now], M[now],
-                                scale, p, out + (int64_t)i * g * D);
+                                scale, p, out + (int64_t)i * g * D, bf16);
                 if (chosen) {
                     int32_t *ch = chosen + (int64_t)i * max_k;
                     for (int c = 0; c < max_k; c++) ch[c] = c < count[now] ? pages[now][c] : -1;
