@@ -111,6 +111,9 @@ def build_trainer(cfg: Config) -> Trainer:
 
         cluster_preflight(cfg.cluster)
     r, t = cfg.rollout, cfg.train
+    if cfg.algorithm.distill_sparse is not None and r.dtype == "auto":
+        # DistillSparse's float32 replay reproduces which tokens the sampler read, not a bf16 step's rounding
+        r = r.model_copy(update={"dtype": "float32"})
     lm, learner, opt, sched = build_learner(cfg)
     engine = engine_from_fields(lm, r, sampler_state(learner))
     ref = None
