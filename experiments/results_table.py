@@ -112,6 +112,11 @@ HEADLINES = [
     Headline("R-KV (budget 256, step 32, `tail_slack` 32) / float32 dense",
              "bench_2026-11-24g/L256_B16_rkv_slack32_r4.json", RKV, DENSE),
     Headline("R-KV (budget 256, step 128) / float32 dense", "bench_2026-11-24h/L2048_B16_rkv_r3.json", RKV, DENSE),
+    # 2-core AMD EPYC (AVX512 + VNNI + BF16, no AMX; eighteenth session)
+    Headline("block top-k (budget 256) / float32 dense", "blocktopk_L2048.json",
+             {"engine": "sparserl", "compressor": "blocktopk"}, DENSE),
+    Headline("R-KV (budget 256) / float32 dense", "blocktopk_L2048.json", RKV, DENSE),
+    Headline("bf16 fused dense / OpenVINO GenAI bf16 dense", "bf16_decode/openvino_bf16_L256.json", DENSE, OV_DENSE),
 ]
 
 
@@ -143,7 +148,8 @@ def pick(results: list[dict], want: dict, where: str) -> dict:
 
 
 #: how the instruction sets a bench JSON records (``machine.isa``, thirteenth session on) are named here
-ISA_NAMES = (("amx_bf16", "AMX"), ("avx512f", "AVX512"), ("avx512_vnni", "VNNI"), ("avx2", "AVX2"))
+ISA_NAMES = (("amx_bf16", "AMX"), ("avx512f", "AVX512"), ("avx512_vnni", "VNNI"), ("avx512_bf16", "BF16"),
+             ("avx2", "AVX2"))
 
 
 def isa_label(flags: list[str]) -> str:
@@ -151,7 +157,7 @@ def isa_label(flags: list[str]) -> str:
     names = [name for flag, name in ISA_NAMES if flag in flags]
     if "AVX512" in names and "AVX2" in names:
         names.remove("AVX2")
-    order = {"AVX2": 0, "AVX512": 0, "VNNI": 1, "AMX": 2}
+    order = {"AVX2": 0, "AVX512": 0, "VNNI": 1, "BF16": 2, "AMX": 3}
     return " + ".join(sorted(names, key=order.get)) or "no AVX2"
 
 
