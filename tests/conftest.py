@@ -62,3 +62,30 @@ def avx_vnni_build():
     if native.library() is None or not all(f" {f}" in flags for f in ("avx2", "fma", "f16c", "avx_vnni")):
         pytest.skip("no AVX-VNNI CPU or no C compiler")
     return native.load(native.build(flags=native.flags_for("-mavx2 -mfma -mf16c -mavxvnni")))
+
+
+def _generate_fused(engine, *args, **kw):
+    """``engine.generate(*args, **kw)`` with the fused decode step, asserting that every decode step ran it."""
+    from sparserl.rollout import fused
+
+    calls, real = [], fused.decode_layers
+
+    def counted(*a, **k):
+        out = real(*a, **k)
+        calls.append(out is not None)
+        return out
+
+    fused.decode_layers = counted
+    try:
+        engine.fused = True
+        out = engine.generate(*args, **kw)
+    finally:
+        fused.decode_layers = real
+    assert calls and all(calls)
+    return out
+
+
+@pytest.fixture
+def generate_fused():
+    """:func:`_generate_fused`: generate on the fused step, which must run at every decode step."""
+    return _generate_fused

@@ -21,23 +21,15 @@ def make(name):
     return get_compressor(name, budget=12, step_length=6, **({"window": 4} if name == "snapkv" else {}))
 
 
-def run_both(engine, params):
-    """(fused output, eager output) of the same engine and sampling; the fused step really ran."""
-    calls = []
-    real = fused.decode_layers
+@pytest.fixture
+def run_both(generate_fused):
+    """``run_both(engine, params)``: (fused output, eager output) of the same engine and sampling; the fused
+    step really ran."""
+    return lambda engine, params: _run_both(generate_fused, engine, params)
 
-    def counted(*a, **kw):
-        out = real(*a, **kw)
-        calls.append(out is not None)
-        return out
 
-    fused.decode_layers = counted
-    try:
-        engine.fused = True
-        a = engine.generate(PROMPTS, params)
-    finally:
-        fused.decode_layers = real
-    assert calls and all(calls)
+def _run_both(generate_fused, engine, params):
+    a = generate_fused(engine, PROMPTS, params)
     engine.fused = False
     b = engine.generate(PROMPTS, params)
     return a, b
@@ -52,7 +44,7 @@ def assert_same(a, b):
 
 
 @pytest.mark.parametrize("name", available_compressors())
-def test_fused_step_is_the_eager_step(tiny, name):
+def test_fused_step_is_the_eager_step(tiny, name, run_both):
     """Every compressor (window queries, attention accumulators); rows leave the batch on EOS."""
     engine = RolloutEngine(tiny, make(name))
     engine.eos_ids = set(range(0, len(tiny.tokenizer), 40))  # rows stop at different steps
@@ -65,7 +57,7 @@ def test_fused_step_is_the_eager_step(tiny, name):
     ("int8", 0.0, "none", 0), ("int8_group", 0.0, "none", 0), ("int8", 0.5, "none", 0), ("int8_group", 0.5, "none", 0),
     ("none", 0.0, "int8", 0), ("int8", 0.0, "fp8", 0), ("int8", 0.0, "none", 4), ("int8", 0.5, "none", 4),
     ("int8_group", 0.5, "none", 2), ("int8", 0.5, "none", -4)])
-def test_fused_step_quantized(tiny, quant, smooth, kv_quant, outliers):
+def test_fused_step_quantized(tiny, quant, smooth, kv_quant, outliers, run_both):
     """outliers < 0: that many outlier channels, and the LM head quantized too (rollout.quant_head)."""
     engine = RolloutEngine(tiny, make("rkv"), quant=quant, quant_smooth=smooth, kv_quant=kv_quant,
                            quant_outliers=abs(outliers), quant_head=outliers < 0)
@@ -74,7 +66,7 @@ def test_fused_step_quantized(tiny, quant, smooth, kv_quant, outliers):
     assert_same(a, b)
 
 
-def test_fused_step_follows_a_weight_push(tiny):
+def test_fused_step_follows_a_weight_push(tiny, run_both):
     """A push (update_weights) re-describes the weights: the fused step uses the new ones."""
     engine = RolloutEngine(tiny, make("none"), quant="int8")
     p = SamplingParams(n=2, max_new_tokens=12, seed=1, temperature=1.0, ignore_eos=True)
@@ -117,7 +109,7 @@ def test_apply_bad_descriptor_is_an_error():
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
-def test_fused_step_other_families(tiny_family, family):
+def test_fused_step_other_families(tiny_family, family, run_both):
     """Qwen2's q/k/v bias runs inside the fused layer; Qwen3's per-head q/k norms keep the eager step."""
     engine = RolloutEngine(tiny_family(family), make("rkv"))
     assert fused.available(engine.model) == (family == "qwen2")

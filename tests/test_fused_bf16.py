@@ -95,27 +95,8 @@ def _engines(loaded, name):
     return bf16, f32
 
 
-def _run_fused(engine, *args, **kw):
-    """engine.generate with the fused step, asserting that every decode step ran it."""
-    calls, real = [], fused.decode_layers
-
-    def counted(*a, **k):
-        out = real(*a, **k)
-        calls.append(out is not None)
-        return out
-
-    fused.decode_layers = counted
-    try:
-        engine.fused = True
-        out = engine.generate(*args, **kw)
-    finally:
-        fused.decode_layers = real
-    assert calls and all(calls)
-    return out
-
-
 @pytest.mark.parametrize("name", ["none", "rkv", "snapkv", "h2o", "streaming"])
-def test_fused_bf16_step_runs_with_a_bf16_cache_and_replays_exactly(tiny_bf16_rounded, name):
+def test_fused_bf16_step_runs_with_a_bf16_cache_and_replays_exactly(tiny_bf16_rounded, name, generate_fused):
     """Every weight on bf16 panels, the cache in bf16 (half the float32 bytes), the compressors scoring
     on it; the replay (exact α) gives the sampler's own log-probs to the bit."""
     bf16, f32 = _engines(tiny_bf16_rounded, name)
@@ -123,7 +104,7 @@ def test_fused_bf16_step_runs_with_a_bf16_cache_and_replays_exactly(tiny_bf16_ro
     assert all(hasattr(w, NATIVE_BF16) for lw in m.layers for w in (lw.qkv, lw.o, lw.gate_up, lw.down))
     assert fused.available(m)
     params = SamplingParams(n=2, max_new_tokens=24, seed=3, temperature=1.0, ignore_eos=True)
-    out = _run_fused(bf16, PROMPTS, params)
+    out = generate_fused(bf16, PROMPTS, params)
     dense = f32.generate(PROMPTS, params)
     assert out.kv.bytes_dense * 2 == dense.kv.bytes_dense
     if name != "none":
@@ -133,12 +114,12 @@ def test_fused_bf16_step_runs_with_a_bf16_cache_and_replays_exactly(tiny_bf16_ro
         assert torch.equal(torch.as_tensor(x), torch.as_tensor(y))
 
 
-def test_fused_bf16_is_closer_to_the_float32_policy_than_the_eager_bf16_step(tiny_bf16_rounded):
+def test_fused_bf16_is_closer_to_the_float32_policy_than_the_eager_bf16_step(tiny_bf16_rounded, generate_fused):
     """On the same tokens, the fused step's log-probs (float32 sums, residual, norms, softmax) sit
     closer to the float32 sampler's than the eager bf16 step's (which rounds every intermediate)."""
     bf16, f32 = _engines(tiny_bf16_rounded, "none")
     params = SamplingParams(n=4, max_new_tokens=32, seed=1, temperature=1.0, ignore_eos=True)
-    sampled = _run_fused(bf16, PROMPTS, params)
+    sampled = generate_fused(bf16, PROMPTS, params)
     ref = replay(f32, sampled.prompt_ids, sampled.response_ids, params)
     bf16.fused = False
     eager = replay(bf16, sampled.prompt_ids, sampled.response_ids, params)
@@ -151,14 +132,14 @@ def test_fused_bf16_is_closer_to_the_float32_policy_than_the_eager_bf16_step(tin
     assert 0 < fused_gap < 0.7 * eager_gap, (fused_gap, eager_gap)  # measured: 2.9e-4 against 5.6e-4
 
 
-def test_blocktopk_and_a_quantized_cache_in_the_bf16_step(tiny_bf16_rounded):
+def test_blocktopk_and_a_quantized_cache_in_the_bf16_step(tiny_bf16_rounded, generate_fused):
     """Block top-k reads its pages of the bf16 cache in its own kernel, int8 KV codes go through the
     cache's attention between the native calls; the step runs fused and replays exactly."""
     for compressor, kv_quant in ((get_compressor("blocktopk", budget=48, dense_layers=1), "none"),
                                  (make("rkv"), "int8")):
         engine = RolloutEngine(tiny_bf16_rounded, compressor, dtype="bfloat16", kv_quant=kv_quant)
         params = SamplingParams(n=2, max_new_tokens=40, seed=5, temperature=1.0, ignore_eos=True)
-        out = _run_fused(engine, PROMPTS, params)
+        out = generate_fused(engine, PROMPTS, params)
         again = replay(engine, out.prompt_ids, out.response_ids, params)
         for x, y in zip(out.sampler_logprobs, again.sampler_logprobs):
             assert torch.equal(torch.as_tensor(x), torch.as_tensor(y))
