@@ -455,8 +455,21 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = No
     lib = _lib_for(lib, x, packed, *(t for t in (bias, add_to) if t is not None))
     if lib is None:
         return None
-    N, K = packed.out_features, packed.in_features
-    if x.shape[-1] != K or (bias is not None and not bias.is_contiguous()):
+    io = _product_io(x, packed.out_features, packed.in_features, bias, add_to)
+    if io is None:
+        return None
+    x2, rows, out, N, K = io
+    if rows and lib.sparserl_linear(rows, N, K, x2.data_ptr(), x2.stride(0), packed.data_ptr(),
+                                    None if bias is None else bias.data_ptr(), out.data_ptr(), N,
+                                    int(add_to is not None)) != 0:
+        return None
+    return out
+
+
+def _product_io(x: torch.Tensor, N: int, K: int, bias: torch.Tensor | None, add_to: torch.Tensor | None):
+    """A product's operands as the kernels take them: (x as [rows, K] rows, rows, the output [..., N] float32
+    (``add_to`` itself when given), N, K), or None when x, bias or add_to do not fit."""
+    if x.shape[-1] != K or (bias is not None and (not bias.is_contiguous() or bias.numel() != N)):
         return None
     x2 = _rows(x)
     if x2 is None:
@@ -465,11 +478,7 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = No
     if add_to is not None and (not add_to.is_contiguous() or add_to.numel() != rows * N):
         return None
     out = add_to if add_to is not None else torch.empty(*x.shape[:-1], N, dtype=torch.float32)
-    if rows and lib.sparserl_linear(rows, N, K, x2.data_ptr(), x2.stride(0), packed.data_ptr(),
-                                    None if bias is None else bias.data_ptr(), out.data_ptr(), N,
-                                    int(add_to is not None)) != 0:
-        return None
-    return out
+    return x2, rows, out, N, K
 
 
 #: ``linear_bf16.c``'s kernels by their code (``sparserl_bf16_kernel``)
@@ -548,16 +557,10 @@ def linear_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
     lib = _lib_for(lib, x, *(t for t in (bias, add_to) if t is not None))
     if lib is None or packed.device.type != "cpu" or packed.dtype != torch.bfloat16 or not packed.is_contiguous():
         return None
-    N, K = packed.out_features, packed.in_features
-    if x.shape[-1] != K or (bias is not None and (not bias.is_contiguous() or bias.numel() != N)):
+    io = _product_io(x, packed.out_features, packed.in_features, bias, add_to)
+    if io is None:
         return None
-    x2 = _rows(x)
-    if x2 is None:
-        x2 = x.reshape(-1, K).contiguous()
-    rows = x2.shape[0]
-    if add_to is not None and (not add_to.is_contiguous() or add_to.numel() != rows * N):
-        return None
-    out = add_to if add_to is not None else torch.empty(*x.shape[:-1], N, dtype=torch.float32)
+    x2, rows, out, N, K = io
     if rows and lib.sparserl_linear_bf16(rows, N, K, x2.data_ptr(), x2.stride(0), packed.data_ptr(),
                                          packed.panel_width, packed.k_pad,
                                          None if bias is None else bias.data_ptr(), out.data_ptr(), N,
