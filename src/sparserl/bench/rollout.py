@@ -43,7 +43,7 @@ import torch
 
 from ..models.loading import load_model, resolve_device
 from ..rollout import fused, native
-from ..rollout.dtype_auto import choose, resolve_dtype
+from ..rollout.dtype_auto import choose, for_sampler, resolve_dtype
 from ..rollout.engine import RolloutEngine
 from ..rollout.kv import CompressorOptionError, KVCompressor, build_compressor
 from ..rollout.kv.schedule import ScheduleError, load_schedule
@@ -235,7 +235,8 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
     for kq in kv_quants:
         get_kv_quantizer(kq)
     dev = resolve_device(device, key="--device")
-    choice = choose(dev) if dtype == "auto" else None
+    # auto: one dtype for every row; float32 where a quantized row has no fused bf16 step
+    choice = for_sampler(choose(dev), next((q for q in quants if q != "none"), "none")) if dtype == "auto" else None
     dt = resolve_dtype(choice.dtype if choice else dtype)
     dtype_name = str(dt).replace("torch.", "")
     lm = load_model(model, dtype=dt, device=dev)
