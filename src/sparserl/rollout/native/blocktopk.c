@@ -267,10 +267,16 @@ static int plan_pair(const int b, const int h, const int g, const int D, const i
         const int64_t t = n_tok - 1; /* the new token, relative to start */
         float *Sj = S + (t / page) * D;
         const int64_t k = kv_off + (start[b] + t) * kv_sl;
-        if (t % page == 0)
-            for (int d = 0; d < D; d++) Sj[d] = kv1(K, k + d, bf16);
-        else
-            for (int d = 0; d < D; d++) Sj[d] += kv1(K, k + d, bf16);
+        if (!bf16) { /* float32: a copy or a vector add, as before the bf16 cache */
+            const float *kf = (const float *)K + k;
+            if (t % page == 0) memcpy(Sj, kf, sizeof(float) * D);
+            else
+                for (int d = 0; d < D; d++) Sj[d] += kf[d];
+        } else if (t % page == 0) {
+            for (int d = 0; d < D; d++) Sj[d] = kv1(K, k + d, 1);
+        } else {
+            for (int d = 0; d < D; d++) Sj[d] += kv1(K, k + d, 1);
+        }
     }
     *count_out = 0;
     if (!attend) return 0;
