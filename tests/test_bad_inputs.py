@@ -156,6 +156,8 @@ MATRIX = [
          "distill-without-exact-alpha"),
     case("config", ["train", "algorithm.distill_sparse={rank: 4}", "rollout.quant=int8"], "not the rounding",
          "distill-quantized-sampler"),
+    case("config", ["train", "algorithm.distill_sparse={rank: 4}", "rollout.dtype=bfloat16"],
+         "algorithm.distill_sparse with rollout.dtype=bfloat16", "distill-half-precision-sampler"),
     case("config", ["train", "algorithm.distill_sparse={rank: 4, target: [qkv_proj]}"],
          "algorithm.distill_sparse.target=['qkv_proj']: qkv_proj names no linear module", "distill-target-unknown"),
     case("config", ["train", "rollout.compressor_options.lamda=0.1"], "lamda", "unknown-compressor-option"),

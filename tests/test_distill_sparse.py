@@ -165,3 +165,17 @@ def test_a_checkpoint_without_phi_is_refused_on_resume_with_distill(tmp_path):
     trainer = build_trainer(_cfg(tmp_path))
     with pytest.raises(CheckpointError, match="no DistillSparse adapter"):
         load_checkpoint(latest_checkpoint(run), trainer.learner, sampler_adapter=trainer.distill)
+
+
+def test_auto_sampler_dtype_is_float32_under_distill_sparse(tmp_path):
+    """Its float32 replay reproduces what the sampler read, not a bf16 step's rounding: the trainer and
+    every worker build from sampler_section, where auto is float32 with distill_sparse and untouched without."""
+    from sparserl.config import load_config, validate
+    from sparserl.rollout.build import sampler_section
+
+    with_phi = _cfg(tmp_path, "rollout.dtype=auto")
+    assert sampler_section(with_phi).dtype == "float32" and with_phi.rollout.dtype == "auto"
+    from test_train import TINY
+
+    plain = validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", "rollout.dtype=auto"]))
+    assert sampler_section(plain) is plain.rollout

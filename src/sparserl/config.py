@@ -872,6 +872,10 @@ def validate(cfg: Config) -> Config:
             errors.append(f"algorithm.distill_sparse with rollout.quant={r.quant!r}, kv_quant={r.kv_quant!r}, "
                           f"quant_scale={r.quant_scale}: its replay reproduces which tokens the sampler attended, "
                           "not the rounding of quantized weights or KV; use a full-precision sparse sampler")
+        if r.dtype in ("bfloat16", "float16"):
+            errors.append(f"algorithm.distill_sparse with rollout.dtype={r.dtype}: its replay runs in float32 and "
+                          "reproduces which tokens the sampler attended, not a half-precision step's rounding; use "
+                          "rollout.dtype=float32 or auto (float32 with distill_sparse)")
         if cfg.mismatch.alpha != "exact":
             errors.append(f"algorithm.distill_sparse with mismatch.alpha={cfg.mismatch.alpha!r}: it records what the "
                           "sampler attended during the exact α's replay and logs mismatch/alpha_p5_nophi from it; "

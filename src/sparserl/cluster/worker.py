@@ -25,11 +25,11 @@ class RolloutWorker:
 
     def __init__(self, cfg, index: int):
         from ..models.loading import load_model
-        from ..rollout.build import engine_from_fields
+        from ..rollout.build import engine_from_fields, sampler_section
 
         self.index = index
         lm = load_model(cfg.model.name, dtype=cfg.model.dtype, seed=cfg.model.seed, device=cfg.model.device)
-        self.engine = engine_from_fields(lm, cfg.rollout)
+        self.engine = engine_from_fields(lm, sampler_section(cfg))
         self.micro_batch_size = cfg.train.micro_batch_size
         self.version = -1  # no weights pushed yet
 

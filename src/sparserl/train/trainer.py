@@ -26,7 +26,7 @@ from ..rollout.engine import RolloutEngine, RolloutOutput
 from ..eval.evaluate import evaluate, write_eval_record
 from ..eval.report import make_report
 from ..models.invariant_scaling import apply_invariant_scaling, refold_after_load
-from ..rollout.build import engine_from_fields
+from ..rollout.build import engine_from_fields, sampler_section
 from ..rollout.kv import compressor_from_fields, get_compressor
 from ..rollout.sampling import SamplingParams
 from ..rollout.teacher_forced import teacher_forced_logprobs
@@ -110,10 +110,7 @@ def build_trainer(cfg: Config) -> Trainer:
         from ..cluster.pool import preflight as cluster_preflight
 
         cluster_preflight(cfg.cluster)
-    r, t = cfg.rollout, cfg.train
-    if cfg.algorithm.distill_sparse is not None and r.dtype == "auto":
-        # DistillSparse's float32 replay reproduces which tokens the sampler read, not a bf16 step's rounding
-        r = r.model_copy(update={"dtype": "float32"})
+    r, t = sampler_section(cfg), cfg.train
     lm, learner, opt, sched = build_learner(cfg)
     engine = engine_from_fields(lm, r, sampler_state(learner))
     ref = None
