@@ -7,14 +7,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+# Where the session's tiny model lives: ``cpu`` (CI), or ``cuda`` on a GPU machine, which runs the
+# engine's matrices (compressors, replay, KV and weight quantization) on CUDA (experiments/cuda_check.sh).
+TEST_DEVICE = os.environ.get("SPARSERL_TEST_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")
 def tiny():
-    """A seeded random Llama of SmolLM2's family and tokenizer (float32)."""
+    """A seeded random Llama of SmolLM2's family and tokenizer (float32), on ``SPARSERL_TEST_DEVICE``."""
     from sparserl.models.loading import load_model
 
-    return load_model("tiny", dtype="float32", seed=0)
+    return load_model("tiny", dtype="float32", seed=0, device=TEST_DEVICE)
 
 
 @pytest.fixture(scope="session")
