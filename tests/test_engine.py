@@ -13,11 +13,11 @@ DENSE = get_compressor("none")
 
 
 def hf_logprobs(model, prompt_ids, response_ids):
-    ids = torch.tensor(prompt_ids + response_ids)[None]
+    ids = torch.tensor(prompt_ids + response_ids, device=model.device)[None]
     with torch.no_grad():
         lp = model(ids).logits[0].float().log_softmax(-1)
     P = len(prompt_ids)
-    return lp[P - 1 : -1].gather(-1, ids[0, P:, None])[:, 0]
+    return lp[P - 1 : -1].gather(-1, ids[0, P:, None])[:, 0].cpu()
 
 
 def test_dense_logprobs_match_transformers_float32(tiny):
@@ -58,11 +58,11 @@ def test_logprob_is_of_sampled_distribution(tiny):
     eng = RolloutEngine(tiny, DENSE)
     p = SamplingParams(n=1, max_new_tokens=12, temperature=0.7, top_k=20, seed=5, ignore_eos=True, logprobs_topk=5)
     out = eng.generate(PROMPTS[:1], p)
-    ids = torch.tensor(out.prompt_ids[0] + out.response_ids[0])[None]
+    ids = torch.tensor(out.prompt_ids[0] + out.response_ids[0], device=tiny.model.device)[None]
     with torch.no_grad():
         logits = tiny.model(ids).logits[0]
     P = len(out.prompt_ids[0])
-    ref = sampling_logprobs(logits[P - 1 : -1], p).gather(-1, ids[0, P:, None])[:, 0]
+    ref = sampling_logprobs(logits[P - 1 : -1], p).gather(-1, ids[0, P:, None])[:, 0].cpu()
     assert torch.allclose(ref, torch.tensor(out.sampler_logprobs[0]), atol=1e-4)
     assert out.top_logprobs[0].shape == (12, 5)
     # the sampled token's log-prob never exceeds the top-1 log-prob

@@ -129,9 +129,9 @@ def _layer0_kv(eng, ids):
     """Layer-0 keys / values of a token sequence at positions 0.. [Hkv, T, D] (they depend on the
     token and its position only: no attention below them)."""
     m = eng.model
-    ids = torch.tensor(ids)[None]
+    ids = torch.tensor(ids, device=m.embed.device)[None]
     h = torch.nn.functional.embedding(ids, m.embed)
-    cos, sin = m.rope(torch.arange(ids.shape[1])[None])
+    cos, sin = m.rope(torch.arange(ids.shape[1], device=ids.device)[None])
     _, k, v = m.qkv(m.layers[0], h, cos, sin)
     return k[0], v[0]
 
@@ -218,7 +218,7 @@ def teacher_forced_logprobs(engine, prompts, params, tokens=None):
     """(tokens [B, T], log-softmax of every step's logits [B, T, V]), ``tokens`` fed when given
     (:func:`sparserl.bench.mismatch.stepwise_logprobs`)."""
     out, steps = stepwise_logprobs(engine, prompts, params, tokens)
-    return torch.tensor(out.response_ids), steps
+    return torch.tensor(out.response_ids, device=steps.device), steps
 
 
 @pytest.mark.parametrize("quant", QUANTS)

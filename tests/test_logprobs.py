@@ -147,8 +147,8 @@ def test_shared_prompt_forward_equals_full_forward(family):
 def test_shared_prompt_scoring_on_the_tiny_default_model(tiny):
     """score_logprobs(shared_prompt=True) == score_logprobs on the 'tiny' model (SmolLM2's 49k vocabulary),
     with the default layout's shape: a common system prompt, groups of 8 sharing a question."""
-    batch = grouped_batch(prompt_lengths=(12, 15), n=8, max_resp=9, seed=1)
     model = tiny.model
+    batch = grouped_batch(prompt_lengths=(12, 15), n=8, max_resp=9, seed=1).to(model.device)
     for temperature in (1.0, 0.7):
         ref = score_logprobs(model, batch, 16, temperature)
         got = score_logprobs(model, batch, 16, temperature, shared_prompt=True)
@@ -227,7 +227,8 @@ def test_where_the_rule_holds_sampler_logprobs_equal_the_scored_ones(tiny):
     assert sampler_is_old_policy(compresses=engine.compressor.compresses, sampler_dtype=engine.dtype,
                                  learner_dtype=next(tiny.model.parameters()).dtype, temperature=0.8, top_p=1.0, top_k=0)
     ro = engine.generate(["1 + 2 =", "hello there"], SamplingParams(n=3, max_new_tokens=10, temperature=0.8, seed=0))
-    batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index)
+    batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index
+                                      ).to(tiny.model.device)
     for shared in (False, True):
         old = score_logprobs(tiny.model, batch, 4, temperature=0.8, shared_prompt=shared)
         assert (old - batch.sampler_logprobs).abs().max() <= 1e-4

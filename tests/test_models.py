@@ -10,8 +10,8 @@ def test_tiny_is_seeded(tiny):
     again = load_model("tiny", dtype="float32", seed=0)
     other = load_model("tiny", dtype="float32", seed=1)
     w = "model.layers.0.self_attn.q_proj.weight"
-    assert torch.equal(tiny.model.state_dict()[w], again.model.state_dict()[w])
-    assert not torch.equal(tiny.model.state_dict()[w], other.model.state_dict()[w])
+    assert torch.equal(tiny.model.state_dict()[w].cpu(), again.model.state_dict()[w])
+    assert not torch.equal(tiny.model.state_dict()[w].cpu(), other.model.state_dict()[w])
 
 
 def test_missing_and_unsupported_models(tmp_path):
@@ -31,8 +31,8 @@ def test_missing_and_unsupported_models(tmp_path):
 def test_local_hf_folder_roundtrip(tmp_path, tiny):
     tiny.model.save_pretrained(tmp_path / "m")
     tiny.tokenizer.save_pretrained(tmp_path / "m")
-    lm = load_model(str(tmp_path / "m"), dtype="float32")
-    ids = torch.tensor([[1, 2, 3, 4]])
+    lm = load_model(str(tmp_path / "m"), dtype="float32", device=tiny.model.device)
+    ids = torch.tensor([[1, 2, 3, 4]], device=tiny.model.device)
     with torch.no_grad():
         assert torch.allclose(lm.model(ids).logits, tiny.model(ids).logits, atol=1e-6)
 

@@ -74,8 +74,8 @@ def test_int_mm_product_equals_reference_of_the_same_quantized_values():
 
 @pytest.mark.parametrize("rows", [1, 5, 16, 17])
 def test_the_int_mm_paths_run_on_cpu_as_on_cuda(rows):
-    """The CUDA paths of int8 / int8_group (torch._int_mm, per group for int8_group; small inputs
-    padded to 17 rows), run through torch's CPU _int_mm: the padding changes nothing, and int8_group's
+    """The CUDA paths of int8 / int8_group (torch._int_mm, per group for int8_group; inputs
+    padded to cuBLASLt's shapes: over 16 rows, every size a multiple of 8), run through torch's CPU _int_mm: the padding changes nothing, and int8_group's
     per-group _int_mm gives the float path's bits (both sums are exact integers)."""
     from sparserl.rollout.quant.int8 import int_mm
     from sparserl.rollout.quant.int8_group import (int8_matmul_per_group, quantize_int8_weight_groups,
@@ -90,6 +90,8 @@ def test_the_int_mm_paths_run_on_cpu_as_on_cuda(rows):
     assert padded.shape == (rows, 48) and padded.dtype == torch.int32
     assert torch.equal(padded, int_mm(p, q.t(), pad=False))
     assert torch.equal(padded.long(), p.long() @ q.long().t())
+    odd_p, odd_q = p[:, :36], q[:44, :36]  # 36 inputs, 44 outputs: padded to multiples of 8 as on CUDA
+    assert torch.equal(int_mm(odd_p, odd_q.t(), pad=True).long(), odd_p.long() @ odd_q.long().t())
     qg, g = quantize_int8_weight_groups(w, 32)  # groups of 32, 32 and a last one of 16
     floats = int8_matmul_per_group(x, qg, g, 32, use_int_mm=False)
     assert torch.equal(int8_matmul_per_group(x, qg, g, 32, use_int_mm=True), floats)
@@ -263,7 +265,7 @@ def test_int8_group_size_reaches_the_kernel_and_bad_sizes_are_refused(tiny):
     m32 = SamplerModel(tiny.model, torch.float32, quant="int8_group", quant_group=32)
     m64 = SamplerModel(tiny.model, torch.float32, quant="int8_group")
     assert {lw.qkv.group for lw in m32.layers} == {32} and {lw.down.group for lw in m64.layers} == {64}
-    x = torch.randn(3, m32.layers[0].qkv.in_features)
+    x = torch.randn(3, m32.layers[0].qkv.in_features, device=m32.device)
     x[:, 1] *= 30
     assert not torch.equal(m32.layers[0].qkv(x), m64.layers[0].qkv(x))
 
@@ -334,6 +336,8 @@ def test_fp8_scaled_mm_branch_equals_the_emulation(rows):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_cuda_kernels_match_their_float_reference(name):
+    """On CUDA (torch._int_mm, torch._scaled_mm), shapes cuBLASLt does not take as they are included:
+    5 rows, 40 inputs (not multiples of 8 or 16)."""
     w, x = _weight().cuda(), torch.randn(5, 40, device="cuda")
     lin = build_quant(name).quantize(w)
     ref = x.double() @ lin.dequantize().double().t()
@@ -342,9 +346,10 @@ def test_cuda_kernels_match_their_float_reference(name):
 
 # --- the sampler ------------------------------------------------------------------------------------
 def _prefill_logprobs(model: SamplerModel, ids: torch.Tensor, logit_scale: float = 1.0) -> torch.Tensor:
+    ids = ids.to(model.device)
     valid = torch.ones_like(ids, dtype=torch.bool)
-    pos = torch.arange(ids.shape[1])[None].expand_as(ids)
-    return torch.log_softmax(logit_scale * model.logits(model.hidden_states(ids, valid, pos)).float(), -1)
+    pos = torch.arange(ids.shape[1], device=ids.device)[None].expand_as(ids)
+    return torch.log_softmax(logit_scale * model.logits(model.hidden_states(ids, valid, pos)).float(), -1).cpu()
 
 
 #: the final norm's weight times this: logits x20, mean next-token entropy ~1.6 nats instead of the

@@ -260,3 +260,19 @@ def test_shared_prompt_update_equals_the_full_forward_update(tmp_path):
         out[shared] = train_step(build_trainer(cfg), 1)
     for key in ("policy/loss", "policy/pg_loss", "grad_norm", "policy/entropy", "policy/ratio_mean"):
         assert out["true"][key] == pytest.approx(out["false"][key], rel=1e-4, abs=1e-6), key
+
+
+def test_deterministic_kernels_are_asked_for_on_cuda_only(tmp_path):
+    """``train.deterministic``: the CPU is deterministic as it is (nothing changes there); on CUDA the
+    trainer turns on torch's deterministic kernels and a fixed cuBLAS workspace before the model loads
+    (test_resume_gives_the_same_next_step checks the bits where ``auto`` is a GPU)."""
+    import os
+
+    from sparserl.train.determinism import use_deterministic_kernels
+
+    assert use_deterministic_kernels("cpu") is False
+    if not torch.cuda.is_available():
+        assert not torch.are_deterministic_algorithms_enabled()
+        return
+    build_trainer(cfg_for(tmp_path, "train.steps=1", "model.device=cuda"))
+    assert torch.are_deterministic_algorithms_enabled() and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"

@@ -397,6 +397,9 @@ class TrainConfig(_Section):
     warmup_steps: int = F(0, "Linear learning-rate warm-up over this many optimizer updates (not RL steps: a "
                           "step makes ppo_epochs x prompts_per_step / mini_batch_prompts); constant after.", ge=0)
     seed: int = F(0, "Seed of data order and sampling.")
+    deterministic: bool = F(True, "On CUDA, torch's deterministic kernels and a fixed cuBLAS workspace, so that a "
+                            "rerun and a --resume give the same bits (as the CPU always does); false lets CUDA "
+                            "add in any order (faster backward scatter-adds, last bits vary run to run).")
     lora_rank: int = F(0, "LoRA rank r: train peft LoRA adapters (W + alpha/r B A on the lora_target linears, the "
                        "rest frozen); the sampler receives the merged weights at each push, checkpoints hold the "
                        "adapter in peft's format. 0 = train all weights.", ge=0)

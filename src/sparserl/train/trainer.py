@@ -40,6 +40,7 @@ from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
 from .metrics import MetricsLogger
 from .alpha import measure_alpha
 from .kv_controller import KVController
+from .determinism import use_deterministic_kernels
 from .distill_sparse import DistillSparse
 from .lora import apply_lora, sampler_state
 from .run_folder import (CONFIG_FILE, ResumeError, check_resume_config, checkpoint_step, find_resume_folder,
@@ -111,6 +112,8 @@ def build_trainer(cfg: Config) -> Trainer:
 
         cluster_preflight(cfg.cluster)
     r, t = sampler_section(cfg), cfg.train
+    if t.deterministic:  # before the model reaches a GPU: cuBLAS reads its workspace setting as it starts
+        use_deterministic_kernels(cfg.model.device)
     lm, learner, opt, sched = build_learner(cfg)
     engine = engine_from_fields(lm, r, sampler_state(learner))
     ref = None

@@ -48,23 +48,37 @@ def scaled_mm_available(device: torch.device | str) -> bool:
 
 
 class Fp8Linear(QuantizedLinear):
+    """Q e4m3 [out, in] and s float32 [out]. For ``torch._scaled_mm``, which takes inputs and
+    outputs in multiples of 16 only, Q is held zero-padded to them (zero codes add nothing to a sum;
+    the extra outputs are dropped)."""
+
     def __init__(self, q: torch.Tensor, scales: torch.Tensor):
         super().__init__(*q.shape)
-        self.q, self.scales = q, scales
         self.emulated = not scaled_mm_available(q.device)
         self.kernel = "emulated" if self.emulated else "_scaled_mm"
+        if not self.emulated:
+            n, k = (-(-size // 16) * 16 for size in q.shape)
+            if (n, k) != tuple(q.shape):
+                codes = torch.zeros(n, k, dtype=torch.uint8, device=q.device)
+                codes[: q.shape[0], : q.shape[1]] = q.view(torch.uint8)
+                q = codes.view(E4M3)
+                scales = torch.cat([scales, scales.new_ones(n - scales.shape[0])])
+        self.q, self.scales = q, scales
 
     def nbytes(self) -> int:
-        return self.numel() + self.scales.numel() * 4
+        return self.q.numel() + self.scales.numel() * 4
 
     def dequantize(self) -> torch.Tensor:
-        return self.q.float() * self.scales[:, None]
+        return self.q[: self.out_features, : self.in_features].float() * self.scales[: self.out_features, None]
 
     def matmul(self, x2: torch.Tensor) -> torch.Tensor:
-        p, a = quantize_fp8_per_token(x2)
         if not self.emulated:
-            return torch._scaled_mm(p, self.q.t(), scale_a=a, scale_b=self.scales[None, :],
-                                    out_dtype=torch.bfloat16).float()
+            if x2.shape[1] != self.q.shape[1]:
+                x2 = torch.nn.functional.pad(x2, (0, self.q.shape[1] - x2.shape[1]))
+            p, a = quantize_fp8_per_token(x2)
+            y = torch._scaled_mm(p, self.q.t(), scale_a=a, scale_b=self.scales[None, :], out_dtype=torch.bfloat16)
+            return y[:, : self.out_features].float()
+        p, a = quantize_fp8_per_token(x2)
         return (p.float() @ self.q.float().t()) * a * self.scales
 
 

@@ -87,12 +87,19 @@ def quantize_int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 def int_mm(p: torch.Tensor, q_t: torch.Tensor, pad: bool | None = None) -> torch.Tensor:
     """``P Qᵀ`` in int32 on ``torch._int_mm``, for P int8 [rows, in] and Qᵀ int8 [in, out].
-    ``_int_mm`` on CUDA wants more than 16 rows: with ``pad`` (default: on CUDA) smaller inputs are
-    zero-padded to 17 rows and the extra rows dropped."""
-    rows = p.shape[0]
-    if (p.is_cuda if pad is None else pad) and rows <= 16:
-        p = torch.cat([p, p.new_zeros(17 - rows, p.shape[1])])
-    return torch._int_mm(p, q_t)[:rows]
+    On CUDA (``pad``, default: there) cuBLASLt's int8 product wants more than 16 rows and every
+    dimension a multiple of 8 (it answers CUBLAS_STATUS_NOT_SUPPORTED for 17 or 86 rows, seen on an
+    H100): the operands are zero-padded to that, which adds zeros to no sum, and the padding dropped."""
+    rows, k = p.shape
+    n = q_t.shape[1]
+    if p.is_cuda if pad is None else pad:
+        up = lambda size: -(-size // 8) * 8  # noqa: E731
+        rows_to, k_to, n_to = max(24, up(rows)), up(k), up(n)
+        if (rows_to, k_to) != (rows, k):
+            p = torch.nn.functional.pad(p, (0, k_to - k, 0, rows_to - rows))
+        if (k_to, n_to) != (k, n):
+            q_t = torch.nn.functional.pad(q_t, (0, n_to - n, 0, k_to - k))
+    return torch._int_mm(p, q_t)[:rows, :n]
 
 
 def int8_matmul_per_token(x: torch.Tensor, q_t: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
