@@ -92,12 +92,13 @@ def test_the_int_mm_paths_run_on_cpu_as_on_cuda(rows):
     assert torch.equal(padded.long(), p.long() @ q.long().t())
     odd_p, odd_q = p[:, :36], q[:44, :36]  # 36 inputs, 44 outputs: padded to multiples of 8 as on CUDA
     assert torch.equal(int_mm(odd_p, odd_q.t(), pad=True).long(), odd_p.long() @ odd_q.long().t())
+    assert torch.equal(int_mm(p, q.t().contiguous(), pad=True), padded)  # a row-major Qᵀ is laid out anew
     qg, g = quantize_int8_weight_groups(w, 32)  # groups of 32, 32 and a last one of 16
     floats = int8_matmul_per_group(x, qg, g, 32, use_int_mm=False)
     assert torch.equal(int8_matmul_per_group(x, qg, g, 32, use_int_mm=True), floats)
     # as Int8GroupLinear holds the weight on CUDA: each group's Qᵀ, made once
     groups = transposed_groups(qg, 32)
-    assert [t.shape for t in groups] == [(32, 48), (32, 48), (16, 48)] and all(t.is_contiguous() for t in groups)
+    assert [t.shape for t in groups] == [(32, 48), (32, 48), (16, 48)] and all(t.t().is_contiguous() for t in groups)
     assert torch.equal(torch.cat([t.t() for t in groups], dim=1), qg)  # Int8GroupLinear.codes() from them
     assert torch.equal(int8_matmul_per_group(x, None, g, 32, q_t_groups=groups), floats)
 

@@ -87,9 +87,10 @@ def quantize_int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 def int_mm(p: torch.Tensor, q_t: torch.Tensor, pad: bool | None = None) -> torch.Tensor:
     """``P Qᵀ`` in int32 on ``torch._int_mm``, for P int8 [rows, in] and Qᵀ int8 [in, out].
-    On CUDA (``pad``, default: there) cuBLASLt's int8 product wants more than 16 rows and every
-    dimension a multiple of 8 (it answers CUBLAS_STATUS_NOT_SUPPORTED for 17 or 86 rows, seen on an
-    H100): the operands are zero-padded to that, which adds zeros to no sum, and the padding dropped."""
+    On CUDA (``pad``, default: there) cuBLASLt's int8 product takes Qᵀ column-major only (the
+    transpose of a contiguous Q, as ``q.t()`` is), more than 16 rows and sizes in multiples of 8; it
+    answers CUBLAS_STATUS_NOT_SUPPORTED otherwise (seen on an H100 and an H200). Other operands are
+    laid out and zero-padded so (zeros add nothing to a sum), and the padding dropped."""
     rows, k = p.shape
     n = q_t.shape[1]
     if p.is_cuda if pad is None else pad:
@@ -97,8 +98,8 @@ def int_mm(p: torch.Tensor, q_t: torch.Tensor, pad: bool | None = None) -> torch
         rows_to, k_to, n_to = max(24, up(rows)), up(k), up(n)
         if (rows_to, k_to) != (rows, k):
             p = torch.nn.functional.pad(p, (0, k_to - k, 0, rows_to - rows))
-        if (k_to, n_to) != (k, n):
-            q_t = torch.nn.functional.pad(q_t, (0, n_to - n, 0, k_to - k))
+        if (k_to, n_to) != (k, n) or q_t.stride(0) != 1:
+            q_t = torch.nn.functional.pad(q_t.t(), (0, k_to - k, 0, n_to - n)).t()
     return torch._int_mm(p, q_t)[:rows, :n]
 
 

@@ -76,9 +76,10 @@ def group_columns(k: int, group: int = GROUP) -> list[slice]:
 
 
 def transposed_groups(q: torch.Tensor, group: int = GROUP) -> list[torch.Tensor]:
-    """Q int8 [out, in] → each group's ``Qᵀ`` [cols, out], contiguous: ``torch._int_mm``'s second
-    operand, made once per push rather than at every product."""
-    return [q[:, cols].t().contiguous() for cols in group_columns(q.shape[1], group)]
+    """Q int8 [out, in] → each group's ``Qᵀ`` [cols, out], column-major (the transpose of a contiguous
+    [out, cols]): ``torch._int_mm``'s second operand in the layout cuBLASLt's int8 product takes (:func:`int_mm`),
+    made once per push rather than at every product."""
+    return [q[:, cols].contiguous().t() for cols in group_columns(q.shape[1], group)]
 
 
 def int8_matmul_per_group(x: torch.Tensor, q: torch.Tensor | None, scales: torch.Tensor, group: int = GROUP,
