@@ -301,7 +301,7 @@ def test_prompt_compression_bounds_the_prompt(tiny, name):
 def test_newline_trigger(tiny):
     comp = make("rkv", budget=12, step=20, trigger="newline")
     eng = RolloutEngine(tiny, comp)
-    eng._newline_ids = torch.ones(len(tiny.tokenizer), dtype=torch.bool)  # every token counts as a newline
+    eng._newline_ids = torch.ones(len(tiny.tokenizer), dtype=torch.bool, device=eng.device)  # every token: a newline
     out = eng.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=30, seed=0, ignore_eos=True))
     P = len(out.prompt_ids[0])
     assert all(k <= P + 12 + 1 for k in out.kv_tokens_kept)  # compressed right after passing the budget

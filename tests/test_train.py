@@ -276,3 +276,17 @@ def test_deterministic_kernels_are_asked_for_on_cuda_only(tmp_path):
         return
     build_trainer(cfg_for(tmp_path, "train.steps=1", "model.device=cuda"))
     assert torch.are_deterministic_algorithms_enabled() and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+
+
+def test_an_op_without_a_deterministic_kernel_is_named_with_the_key_that_lifts_it():
+    from sparserl.errors import SparserlError
+    from sparserl.train.determinism import naming_nondeterministic_ops
+
+    torch_says = ("kthvalue CUDA does not have a deterministic implementation, but you set "
+                  "'torch.use_deterministic_algorithms(True)'. You can turn off determinism just for this operation")
+    with pytest.raises(SparserlError, match=r"train.deterministic=true.*kthvalue CUDA.*train.deterministic=false"):
+        with naming_nondeterministic_ops():
+            raise RuntimeError(torch_says)
+    with pytest.raises(RuntimeError, match="^CUDA out of memory$"):  # other errors pass as they are
+        with naming_nondeterministic_ops():
+            raise RuntimeError("CUDA out of memory")

@@ -40,7 +40,7 @@ from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
 from .metrics import MetricsLogger
 from .alpha import measure_alpha
 from .kv_controller import KVController
-from .determinism import use_deterministic_kernels
+from .determinism import naming_nondeterministic_ops, use_deterministic_kernels
 from .distill_sparse import DistillSparse
 from .lora import apply_lora, sampler_state
 from .run_folder import (CONFIG_FILE, ResumeError, check_resume_config, checkpoint_step, find_resume_folder,
@@ -528,7 +528,8 @@ def run_steps(trainer: Trainer, run: Path, resume: bool, changes: list, log=prin
         logger.truncate_after(start)  # steps logged after the checkpoint are redone: each step once
     try:
         for step in range(start + 1, cfg.train.steps + 1):
-            metrics = train_step(trainer, step)
+            with naming_nondeterministic_ops():  # train.deterministic on CUDA: an op without such a kernel, named
+                metrics = train_step(trainer, step)
             ev = cfg.eval.every  # 0 = only at the end
             if cfg.data.eval and ((ev and step % ev == 0) or step == cfg.train.steps):
                 metrics.update(held_out_eval(trainer, step, run, log=logger.message))
