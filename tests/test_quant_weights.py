@@ -517,3 +517,30 @@ def test_int8_kernels_give_the_same_bits_with_and_without_vnni(group, avx2_build
     if " avx512bw" in Path("/proc/cpuinfo").read_text():  # 32-column panels without VNNI: vpmaddubsw on 64 bytes
         bw = native.load(native.build(flags=native.flags_for("-mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl")))
         assert torch.equal(native.linear_int8(x, native.pack_int8(q, lib=bw), s, b, group=group, lib=bw), y_avx2)
+
+
+def test_fp8_weights_are_laid_out_as_cuda_scaled_mm_takes_them(monkeypatch):
+    """``torch._scaled_mm`` on CUDA takes inputs and outputs in multiples of 16 only, Qᵀ column-major
+    (an H100 refused 40 inputs). Run here through torch's CPU ``_scaled_mm`` with those rules checked:
+    a 44 x 40 weight is held padded to 48 x 48 and gives the emulation's product (bf16 output)."""
+    from sparserl.rollout.quant import fp8
+
+    calls = []
+
+    def strict_scaled_mm(a, b, **kw):
+        assert a.shape[1] % 16 == 0 and b.shape[0] % 16 == 0 and b.shape[1] % 16 == 0, (a.shape, b.shape)
+        assert b.stride(0) == 1  # column-major
+        calls.append(b.shape)
+        return real(a, b, **kw)
+
+    real = torch._scaled_mm
+    w, x = _weight(out=44, inp=40), torch.randn(5, 40)
+    emulated = build_quant("fp8").quantize(w)
+    monkeypatch.setattr(fp8, "scaled_mm_available", lambda device: True)
+    monkeypatch.setattr(torch, "_scaled_mm", strict_scaled_mm)
+    kernel = build_quant("fp8").quantize(w)
+    assert kernel.kernel == "_scaled_mm" and kernel.q.shape == (48, 48)
+    assert torch.equal(kernel.dequantize(), emulated.dequantize())  # the padding is outside the weight
+    got, want = kernel(x), emulated(x)
+    assert calls == [(48, 48)] and got.shape == (5, 44)
+    torch.testing.assert_close(got, want, rtol=2 ** -7, atol=2 ** -7 * float(want.abs().max()))
