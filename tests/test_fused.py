@@ -117,3 +117,33 @@ def test_fused_step_other_families(tiny_family, family, run_both):
         assert engine.model.layers[0].qkv_bias is not None
         a, b = run_both(engine, SamplingParams(n=2, max_new_tokens=16, seed=2, temperature=1.0, ignore_eos=True))
         assert_same(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_int8_kv_is_written_and_read_inside_the_layer_calls(tiny, dtype, generate_fused, monkeypatch):
+    """An int8 KV cache takes the direct path: the layer's C call quantizes k and v into the cache
+    (kv_quant.py's formula, the same codes and scales) and the attention reads the codes there; the
+    cache's own write and attention are not called. In float32 the tokens and log-probs are the eager
+    step's bits; the codes and scales the cache holds at the end are the eager run's too."""
+    from sparserl.rollout.cache import CompressedKVCache
+
+    engine = RolloutEngine(tiny, make("rkv"), dtype=dtype, kv_quant="int8")
+    params = SamplingParams(n=2, max_new_tokens=24, seed=3, temperature=1.0, ignore_eos=True)
+    caches = []
+    engine.step_hook = lambda event, cache=None, **kw: caches.append(cache) if event == "after_decode" else None
+    eager_attend = CompressedKVCache.attend
+
+    def refused(*args, **kw):
+        raise AssertionError("the fused step went through the cache's attend")
+
+    monkeypatch.setattr(CompressedKVCache, "attend", refused)
+    a = generate_fused(engine, PROMPTS, params)
+    held = caches[-1]
+    codes, scales = held.keys.clone(), held.k_scale.clone()
+    assert a.kv.compressions > 0 and codes.dtype == torch.int8
+    if dtype == "float32":
+        monkeypatch.setattr(CompressedKVCache, "attend", eager_attend)
+        engine.fused = False
+        b = engine.generate(PROMPTS, params)
+        assert_same(a, b)
+        assert torch.equal(caches[-1].keys, codes) and torch.equal(caches[-1].k_scale, scales)

@@ -179,16 +179,25 @@ def decode_layers(model: SamplerModel, h: torch.Tensor, cos: torch.Tensor, sin: 
     L = bias.shape[-1]
     keys, values = cache.keys, cache.values
     selector = cache.selector
-    kv_bf16 = keys.dtype == torch.bfloat16
-    direct = (keys.dtype in (torch.float32, torch.bfloat16) and cache.k_scale is None
+    int8_kv = keys.dtype == torch.int8  # codes and per-vector scales, written by the layer's C call
+    direct = (keys.dtype in (torch.float32, torch.bfloat16, torch.int8) and (cache.k_scale is not None) == int8_kv
               and keys.stride() == values.stride() and keys.stride(-1) == 1 and L <= keys.shape[3]
-              and (selector is None or selector.native_ok(cache)))
+              and (selector is None or (selector.native_ok(cache) and not int8_kv)))
     if direct:  # the slot writes and the attention in C, at addresses computed here
         slots = cache.write_slots().to(torch.int64).contiguous()
         p = torch.empty(B, hkv, hq // hkv, L)
         item = keys.element_size()
         layer_bytes, (sb, sh, ss) = keys.stride(0) * item, keys.stride()[1:4]
         k0, v0 = keys.data_ptr(), values.data_ptr()
+        kv_type = native.KV_TYPES[keys.dtype]
+        ks0 = vs0 = None
+        scale_layer_bytes = s_sb = s_sh = 0
+        if int8_kv:
+            k_scale, v_scale = cache.k_scale, cache.v_scale  # [layers, B, Hkv, capacity] float32, slots unit stride
+            if k_scale.stride() != v_scale.stride() or k_scale.stride(-1) != 1:
+                raise RuntimeError("int8 KV scales must share a layout with unit stride over slots")
+            ks0, vs0 = k_scale.data_ptr(), v_scale.data_ptr()
+            scale_layer_bytes, (s_sb, s_sh) = k_scale.stride(0) * 4, k_scale.stride()[1:3]
         queries = None
         if cache.q_ring is not None:  # each layer's q/k/v in its own buffer; the ring takes the q after
             qkv_layers, queries = plan.layer_qkv(model, B)
@@ -197,22 +206,25 @@ def decode_layers(model: SamplerModel, h: torch.Tensor, cos: torch.Tensor, sin: 
     for layer, fl in enumerate(plan.layers):
         if direct:
             kp, vp = k0 + layer * layer_bytes, v0 + layer * layer_bytes
+            ksp = vsp = None
+            if int8_kv:
+                ksp, vsp = ks0 + layer * scale_layer_bytes, vs0 + layer * scale_layer_bytes
             if queries is not None:
                 qkv = qkv0 + layer * qkv_bytes
             rc = lib.sparserl_layer_qkv(B, hidden, hp, fl.ln1.data_ptr(), eps, fl.qkv, hq, hkv, D, cp, sp, x, qkv,
-                                        kp, vp, sb, sh, ss, slots.data_ptr(), int(kv_bf16))
+                                        kp, vp, sb, sh, ss, slots.data_ptr(), kv_type, ksp, vsp, s_sb, s_sh)
             if selector is not None and selector.sparse(layer):  # block top-k: the pages it chooses
                 rc = rc or selector.native_step(lib, layer, cache, qkv, plan.width, D, kp, vp, sb, sh, ss, a)
             else:
                 rc = rc or lib.sparserl_decode_attention(B, hq, hkv, L, D, qkv, plan.width, D, kp, vp, sb, sh, ss,
-                                                         None, None, 0, 0, native.KV_TYPES[keys.dtype], bp, L, scale,
-                                                         1.0, a, p.data_ptr())
+                                                         ksp, vsp, s_sb, s_sh, kv_type, bp, L, scale, 1.0, a,
+                                                         p.data_ptr())
             if cache.attn_acc is not None:
                 cache.attn_acc[layer, :, :, :L] += p.sum(dim=2)
             a_ptr = a
         else:
             rc = lib.sparserl_layer_qkv(B, hidden, hp, fl.ln1.data_ptr(), eps, fl.qkv, hq, hkv, D, cp, sp, x, qkv,
-                                        None, None, 0, 0, 0, None, 0)
+                                        None, None, 0, 0, 0, None, 0, None, None, 0, 0)
             q, k, v = (buf[n] if model.dtype == torch.float32 else buf[n].to(model.dtype) for n in "qkv")
             out = cache.attend(layer, q, k, v, bias).float().contiguous()
             a_ptr = out.data_ptr()

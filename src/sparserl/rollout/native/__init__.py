@@ -210,7 +210,7 @@ def load(path: str | Path):
     w = ctypes.POINTER(Weight)
     lib.sparserl_apply.argtypes = [w, i, p, i64, p, i64, i]
     lib.sparserl_apply.restype = i
-    lib.sparserl_layer_qkv.argtypes = [i, i, p, p, fl, w, i, i, i, p, p, p, p, p, p, i64, i64, i64, p, i]
+    lib.sparserl_layer_qkv.argtypes = [i, i, p, p, fl, w, i, i, i, p, p, p, p, p, p, i64, i64, i64, p, i, p, p, i64, i64]
     lib.sparserl_layer_qkv.restype = i
     lib.sparserl_layer_mlp.argtypes = [i, i, p, p, i64, w, p, fl, w, w, p, p, p]
     lib.sparserl_layer_mlp.restype = i

@@ -1,7 +1,8 @@
 /* A decode layer of the sampler in two calls (sparserl.rollout.fused):
  *
  *   sparserl_layer_qkv:  x = rms_norm(h; ln1);  [q | k | v] = x Wqkv^T (+ b);  RoPE on q and k in place;
- *                        k and v stored at each row's slot of the layer's float32 K, V buffers
+ *                        k and v stored at each row's slot of the layer's K, V buffers: float32, bfloat16,
+ *                        or int8 codes with their per-vector scales (the int8 KV cache)
  *   sparserl_layer_mlp:  h += a Wo^T;  x = rms_norm(h; ln2);  [g | u] = x Wgu^T;  h += (silu(g) u) Wdown^T
  *
  * (attention over the cache runs between them: decode_attention.c). Every product goes through
@@ -16,11 +17,14 @@
  * ~10 us), about 20 of them a layer: over 10 ms of a ~100-ms step of SmolLM2-135M at batch 16.
  * The maths and its order are those of the unfused step, so the results are the same bits.
  */
+#include <float.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 enum { WEIGHT_FLOAT32 = 0, WEIGHT_INT8 = 1, WEIGHT_INT8_GROUP = 2, WEIGHT_BF16 = 3 };
+enum { KV_FLOAT32 = 0, KV_INT8 = 1, KV_BF16 = 3 };  /* decode_attention.c's kv_type codes the write takes */
 
 typedef struct {
     int32_t kind;            /* WEIGHT_* */
@@ -118,15 +122,31 @@ int sparserl_apply(const sparserl_weight *w, int M, const float *X, int64_t ldx,
     return rc;
 }
 
+/* The int8 KV cache's write (kv_quant.py's Int8, the same float32 operations in the same order, so the
+ * same codes and scale): s = max|x| / 127 (at least FLT_MIN), c = round-half-even(x / s). Returns s. */
+static float quantize_int8(int D, const float *x, int8_t *codes) {
+    float amax = 0.0f;
+    for (int i = 0; i < D; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float s = amax / 127.0f;
+    if (s < FLT_MIN) s = FLT_MIN;
+    for (int i = 0; i < D; i++) {
+        float c = nearbyintf(x[i] / s);
+        codes[i] = (int8_t)(c > 127.0f ? 127.0f : (c < -127.0f ? -127.0f : c));
+    }
+    return s;
+}
+
 /* h [M, hidden] -> qkv [M, (Hq + 2 Hkv) D] (q and k rotated by cos/sin [M, D]); x [M, hidden] is
  * scratch. With K != NULL, row r's k and v heads are stored at slot slots[r] of K, V (element
  * (b, h, s, d) at b sb + h sh + s ss + d): float32, or with kv_bf16 bfloat16 (rounded to nearest even,
  * the bits of torch's .to(torch.bfloat16)). */
 int sparserl_layer_qkv(int M, int hidden, const float *h, const float *ln1, float eps, const sparserl_weight *wqkv,
                        int Hq, int Hkv, int D, const float *cos_, const float *sin_, float *x, float *qkv, void *K,
-                       void *V, int64_t sb, int64_t sh, int64_t ss, const int64_t *slots, int kv_bf16) {
+                       void *V, int64_t sb, int64_t sh, int64_t ss, const int64_t *slots, int kv_type, float *Ks,
+                       float *Vs, int64_t s_sb, int64_t s_sh) {
     const int width = (Hq + 2 * Hkv) * D;
     if (wqkv->N != width || wqkv->K != hidden) return -1;
+    if (K && kv_type != KV_FLOAT32 && kv_type != KV_BF16 && !(kv_type == KV_INT8 && Ks && Vs)) return -1;
     sparserl_rms_norm(M, hidden, h, hidden, ln1, eps, x, hidden);
     if (sparserl_apply(wqkv, M, x, hidden, qkv, width, 0) != 0) return -1;
     sparserl_rope(M, Hq + Hkv, D, qkv, width, cos_, sin_, D);
@@ -135,9 +155,13 @@ int sparserl_layer_qkv(int M, int hidden, const float *h, const float *ln1, floa
             const float *k = qkv + (int64_t)r * width + (int64_t)Hq * D, *v = k + (int64_t)Hkv * D;
             for (int j = 0; j < Hkv; j++) {
                 const int64_t at = r * sb + j * sh + slots[r] * ss;
-                if (kv_bf16) {
+                if (kv_type == KV_BF16) {
                     sparserl_to_bf16(D, k + (int64_t)j * D, (uint16_t *)K + at);
                     sparserl_to_bf16(D, v + (int64_t)j * D, (uint16_t *)V + at);
+                } else if (kv_type == KV_INT8) {
+                    const int64_t s_at = r * s_sb + j * s_sh + slots[r];
+                    Ks[s_at] = quantize_int8(D, k + (int64_t)j * D, (int8_t *)K + at);
+                    Vs[s_at] = quantize_int8(D, v + (int64_t)j * D, (int8_t *)V + at);
                 } else {
                     memcpy((float *)K + at, k + (int64_t)j * D, sizeof(float) * D);
                     memcpy((float *)V + at, v + (int64_t)j * D, sizeof(float) * D);
