@@ -29,7 +29,9 @@ codes directly and widens them in registers; elsewhere the torch path widens the
 dtype for the matmuls. Either way the products run in float32: the memory saving is real, the
 arithmetic is not faster, and quantizing every written vector costs a few small operators per layer
 (measured at 1,024 tokens, batch 16: int8 KV 0.90x and fp8 KV 0.66x the float32 cache's tokens/s,
-``docs/results/native_attention.md``). Widening fp8 codes with ``.to(float32)`` takes ~50 ns per
+``docs/results/native_attention.md``). The fused CPU step writes int8 codes in the layer's C call
+instead (``decode_layer.c``, this formula in the same float32 operations): there int8 KV runs 1.04x the
+bf16 cache (``docs/results/bf16_decode/``). Widening fp8 codes with ``.to(float32)`` takes ~50 ns per
 element on CPU (scalar), so on CPU the codes are widened by bit arithmetic through float16 instead
 (:meth:`FP8.widen`, exact; the kernel does the same with F16C); on CUDA the native conversion is used.
 """
