@@ -274,8 +274,13 @@ def test_deterministic_kernels_are_asked_for_on_cuda_only(tmp_path):
     if not torch.cuda.is_available():
         assert not torch.are_deterministic_algorithms_enabled()
         return
+    before = torch.are_deterministic_algorithms_enabled()
     build_trainer(cfg_for(tmp_path, "train.steps=1", "model.device=cuda"))
     assert torch.are_deterministic_algorithms_enabled() and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert not torch.is_deterministic_algorithms_warn_only_enabled()  # strict: torch's deterministic attention
+    torch.use_deterministic_algorithms(before)
+    train(cfg_for(tmp_path, "train.steps=1", "model.device=cuda"), run_dir=tmp_path / "run", log=lambda *_: None)
+    assert torch.are_deterministic_algorithms_enabled() == before  # a run leaves the process as it found it
 
 
 def test_an_op_without_a_deterministic_kernel_is_named_with_the_key_that_lifts_it():

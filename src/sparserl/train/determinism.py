@@ -29,6 +29,16 @@ class NondeterministicOpError(SparserlError, RuntimeError):
     """An operation with no deterministic CUDA kernel, under ``train.deterministic=true``."""
 
 
+def deterministic_state() -> tuple[bool, bool]:
+    """Torch's deterministic-algorithms setting now (on, warn only), for :func:`restore_deterministic_state`."""
+    return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+def restore_deterministic_state(state: tuple[bool, bool]) -> None:
+    """Put back a :func:`deterministic_state` (after a run: the process goes on as it was)."""
+    torch.use_deterministic_algorithms(state[0], warn_only=state[1])
+
+
 def use_deterministic_kernels(device) -> bool:
     """On a CUDA ``device`` (``model.device``, ``auto`` resolved): deterministic kernels from here on,
     for this process. Returns whether it changed anything (False on the CPU, deterministic as it is)."""

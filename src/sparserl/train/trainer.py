@@ -40,7 +40,7 @@ from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
 from .metrics import MetricsLogger
 from .alpha import measure_alpha
 from .kv_controller import KVController
-from .determinism import naming_nondeterministic_ops, use_deterministic_kernels
+from .determinism import deterministic_state, naming_nondeterministic_ops, restore_deterministic_state, use_deterministic_kernels
 from .distill_sparse import DistillSparse
 from .lora import apply_lora, sampler_state
 from .run_folder import (CONFIG_FILE, ResumeError, check_resume_config, checkpoint_step, find_resume_folder,
@@ -479,11 +479,13 @@ def train(cfg: Config, resume: bool = False, run_dir: str | Path | None = None, 
             raise ResumeError(f"{option} {run} already holds a run ({names.METRICS_FILE} or checkpoints/): "
                               "continue it with --resume, or choose another run folder")
     preflight(cfg, run, option)
+    kernels = deterministic_state()
     trainer = build_trainer(cfg)
     try:
         return run_steps(trainer, run, resume, changes, log)
     finally:  # the rollout workers, the other learners and a Ray started for the run stop with it
         close_cluster(trainer)
+        restore_deterministic_state(kernels)  # train.deterministic's kernels for the run only
 
 
 def run_steps(trainer: Trainer, run: Path, resume: bool, changes: list, log=print) -> Path:
