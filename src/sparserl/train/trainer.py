@@ -40,7 +40,8 @@ from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
 from .metrics import MetricsLogger
 from .alpha import measure_alpha
 from .kv_controller import KVController
-from .determinism import deterministic_state, naming_nondeterministic_ops, restore_deterministic_state, use_deterministic_kernels
+from .determinism import (deterministic_state, naming_nondeterministic_ops, restore_deterministic_state,
+                          use_deterministic_kernels)
 from .distill_sparse import DistillSparse
 from .lora import apply_lora, sampler_state
 from .run_folder import (CONFIG_FILE, ResumeError, check_resume_config, checkpoint_step, find_resume_folder,
