@@ -109,9 +109,24 @@ def test_window_attention_with_no_visible_key_is_zero():
     assert fast[0, 0, 3] == pytest.approx(0.5)  # only query 1 sees slot 3, weight 1 / w
 
 
+@pytest.mark.parametrize("D", [64, 24])
+def test_bf16_keys_give_the_float32_kernels_bits_on_their_values(D):
+    """The bf16 sampler's cache: both kernels read bf16 keys (strided, as a slice of the cache) widened
+    exactly, so the scores are the float32 kernel's bits on the same values; bf16 queries likewise."""
+    buf = _keys(2, 3, 50, dim=D).bfloat16()
+    keys, valid = buf[:, :, 7:40], _valid(2, 33)
+    assert torch.equal(native.rkv_redundancy(keys, valid, 0.5), native.rkv_redundancy(keys.float(), valid, 0.5))
+    queries = (torch.randn(2, 9, 4, D, generator=torch.Generator().manual_seed(D)) * 2).bfloat16()
+    for reduce_group in ("max", "mean"):
+        got = native.window_attention(queries, keys, valid, reduce_group)
+        assert got is not None
+        assert torch.equal(got, native.window_attention(queries.float(), keys.float(), valid, reduce_group))
+
+
 def test_kernels_decline_what_they_do_not_take():
     keys, valid = torch.randn(1, 1, 4, 8), torch.ones(1, 4, dtype=torch.bool)
     assert native.rkv_redundancy(keys.double(), valid, 0.5) is None
+    assert native.rkv_redundancy(keys.half(), valid, 0.5) is None  # float32 and bfloat16 only
     assert native.rkv_redundancy(keys.transpose(-1, -2), valid, 0.5) is None  # D not unit stride
     assert native.rkv_redundancy(keys, valid[:, :3], 0.5) is None
     q = torch.randn(1, 2, 2, 8)

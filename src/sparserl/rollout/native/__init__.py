@@ -188,9 +188,9 @@ def load(path: str | Path):
     lib.sparserl_linear_int8_group.argtypes = [i, i, i, i, p, i64, p, p, p, p, p, p, i64, p]
     lib.sparserl_linear_int8_group.restype = i
     lib.sparserl_int8_group_u8.restype = i
-    lib.sparserl_rkv_redundancy.argtypes = [i, i, i, i, p, i64, i64, i64, p, i64, fl, p]
+    lib.sparserl_rkv_redundancy.argtypes = [i, i, i, i, p, i64, i64, i64, p, i64, fl, p, i]
     lib.sparserl_rkv_redundancy.restype = i
-    lib.sparserl_window_attention.argtypes = [i, i, i, i, i, i, p, i64, i64, i64, p, i64, i64, i64, p, i64, i, p]
+    lib.sparserl_window_attention.argtypes = [i, i, i, i, i, i, p, i64, i64, i64, p, i64, i64, i64, p, i64, i, p, i]
     lib.sparserl_window_attention.restype = i
     lib.sparserl_blocktopk_attention.argtypes = [i, i, i, i, i, p, i64, i64, p, p, i64, i64, i64, p, i64, i64, p, p,
                                                  p, i, i, i, fl, p, p, i, i]
@@ -436,6 +436,14 @@ def _lib_for(lib, *tensors: torch.Tensor):
     if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in tensors):
         return None
     return lib
+
+
+def _lib_for_keys(lib, keys: torch.Tensor, *others: torch.Tensor):
+    """:func:`_lib_for` where ``keys`` may also be bfloat16 CPU tensors (the kernels widen them as they
+    read them); ``others`` must be float32."""
+    if keys.dtype == torch.bfloat16 and keys.device.type == "cpu":
+        return _lib_for(lib, *others)
+    return _lib_for(lib, keys, *others)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor | None:
@@ -778,9 +786,10 @@ def linear_int8_outliers(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tens
 
 def rkv_redundancy(keys: torch.Tensor, valid: torch.Tensor, threshold: float, lib=None) -> torch.Tensor | None:
     """R-KV's mean thresholded similarity of every key (``kv_scores.c``; before the softmax of
-    :func:`sparserl.rollout.kv.rkv.redundancy`): keys [n, H, L, D] float32 (unit stride in D),
-    valid [n, L] bool → [n, H, L] float32, or None when the kernel does not take this input."""
-    lib = _lib_for(lib, keys)
+    :func:`sparserl.rollout.kv.rkv.redundancy`): keys [n, H, L, D] float32 or bfloat16 (the bf16
+    sampler's cache, read as the float32 values it holds; unit stride in D), valid [n, L] bool →
+    [n, H, L] float32, or None when the kernel does not take this input."""
+    lib = _lib_for_keys(lib, keys)
     if (lib is None or keys.dim() != 4 or keys.stride(-1) != 1 or valid.dtype != torch.bool
             or valid.device.type != "cpu"):
         return None
@@ -792,7 +801,7 @@ def rkv_redundancy(keys: torch.Tensor, valid: torch.Tensor, threshold: float, li
         return out
     rc = lib.sparserl_rkv_redundancy(n, heads, length, dim, keys.data_ptr(), keys.stride(0), keys.stride(1),
                                      keys.stride(2), valid.data_ptr(), valid.stride(0), float(threshold),
-                                     out.data_ptr())
+                                     out.data_ptr(), int(keys.dtype == torch.bfloat16))
     if rc != 0:
         raise MemoryError("sparserl_rkv_redundancy: out of memory")
     return out
@@ -802,9 +811,12 @@ def window_attention(queries: torch.Tensor, keys: torch.Tensor, valid: torch.Ten
                      lib=None) -> torch.Tensor | None:
     """The observation window's attention (``kv_scores.c``; what
     :func:`sparserl.rollout.kv.base.window_attention` computes): queries [n, Hq, w, D] (the last
-    ``w`` slots' queries, oldest first), keys [n, Hkv, L, D], valid [n, L] bool → [n, Hkv, L] float32,
-    or None when the kernel does not take this input."""
-    lib = _lib_for(lib, queries, keys)
+    ``w`` slots' queries, oldest first), keys [n, Hkv, L, D] (float32, or bfloat16 read as the float32
+    values it holds; bf16 queries are widened here, they are few), valid [n, L] bool → [n, Hkv, L]
+    float32, or None when the kernel does not take this input."""
+    if queries.dtype == torch.bfloat16 and keys.dtype == torch.bfloat16:
+        queries = queries.float()
+    lib = _lib_for_keys(lib, keys, queries)
     if (lib is None or keys.dim() != 4 or queries.dim() != 4 or keys.stride(-1) != 1 or queries.stride(-1) != 1
             or valid.dtype != torch.bool or valid.device.type != "cpu" or reduce_group not in ("max", "mean")):
         return None
@@ -819,7 +831,7 @@ def window_attention(queries: torch.Tensor, keys: torch.Tensor, valid: torch.Ten
     rc = lib.sparserl_window_attention(n, heads, hq // heads, w, length, dim, queries.data_ptr(), queries.stride(0),
                                        queries.stride(1), queries.stride(2), keys.data_ptr(), keys.stride(0),
                                        keys.stride(1), keys.stride(2), valid.data_ptr(), valid.stride(0),
-                                       int(reduce_group == "max"), out.data_ptr())
+                                       int(reduce_group == "max"), out.data_ptr(), int(keys.dtype == torch.bfloat16))
     if rc != 0:
         raise MemoryError("sparserl_window_attention: out of memory")
     return out

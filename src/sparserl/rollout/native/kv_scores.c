@@ -34,6 +34,23 @@
 
 #define TILE_COLS 16
 
+/* Keys come as float32, or as bfloat16 (keys_bf16: the bf16 sampler's cache), widened exactly to the
+ * float32 they hold as they are read: the scores are the float32 kernel's on the same values. */
+static inline float bf16_value(uint16_t bits) {
+    const uint32_t u = (uint32_t)bits << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* key i's D values as float32: the row itself (float32), or widened into tmp (bf16) */
+static inline const float *key_row(const void *k, int64_t i, int64_t s_row, int D, int keys_bf16, float *tmp) {
+    if (!keys_bf16) return (const float *)k + i * s_row;
+    const uint16_t *src = (const uint16_t *)k + i * s_row;
+    for (int d = 0; d < D; d++) tmp[d] = bf16_value(src[d]);
+    return tmp;
+}
+
 #ifdef __AVX2__
 /* Rows i0 .. i0 + ni - 1 against the 16 columns j0 .. j0 + 15, their cosines in s (row r at
  * s + r * ld): kept = s where j > i, j valid (vmask: -1 on valid slots < L) and s > thr; adds
@@ -194,13 +211,14 @@ static inline float sumsq(const float *x, int n) {
 /* keys: pair p = n * H + h at keys + n * s_n + h * s_h, row i at + i * s_row (unit stride in D);
  * valid: row n at valid + n * s_valid (one byte per slot); out: [P = N * H, L] contiguous.
  * Returns 0, or -1 when memory ran out. */
-int sparserl_rkv_redundancy(int N, int H, int L, int D, const float *keys, int64_t s_n, int64_t s_h, int64_t s_row,
-                            const uint8_t *valid, int64_t s_valid, float thr, float *out) {
+int sparserl_rkv_redundancy(int N, int H, int L, int D, const void *keys, int64_t s_n, int64_t s_h, int64_t s_row,
+                            const uint8_t *valid, int64_t s_valid, float thr, float *out, int keys_bf16) {
+    const int64_t item = keys_bf16 ? 2 : 4;
     const int Lp = (L + TILE_COLS - 1) / TILE_COLS * TILE_COLS + TILE_COLS;
     int failed = 0;
 #pragma omp parallel
     {
-        float *kn = malloc(sizeof(float) * (2 * (size_t)D * Lp + 4 * (size_t)Lp));
+        float *kn = malloc(sizeof(float) * (2 * (size_t)D * Lp + 4 * (size_t)Lp + (size_t)D));
         int *last = malloc(sizeof(int) * (size_t)Lp);
         int32_t *vmask = malloc(sizeof(int32_t) * (size_t)Lp);
         /* every thread meets the worksharing loop (its barrier), also one whose buffers failed */
@@ -211,8 +229,9 @@ int sparserl_rkv_redundancy(int N, int H, int L, int D, const float *keys, int64
                 failed = 1;
             } else {
                 float *rows = kn + (size_t)D * Lp, *col = rows + (size_t)D * Lp, *last_val = col + Lp, *row_sum = last_val + Lp;
+                float *wide = row_sum + Lp; /* one bf16 key widened */
                 const int n = p / H, h = p % H;
-                const float *k = keys + n * s_n + h * s_h;
+                const char *k = (const char *)keys + (n * s_n + h * s_h) * item;
                 const uint8_t *v = valid + n * s_valid;
                 for (int j = 0; j < Lp; j++) vmask[j] = j < L && v[j] ? -1 : 0;
                 /* every slot of both layouts is written: the keys normalised, zeros for invalid and pad
@@ -225,7 +244,7 @@ int sparserl_rkv_redundancy(int N, int H, int L, int D, const float *keys, int64
                         memset(row, 0, sizeof(float) * (size_t)D);
                         continue;
                     }
-                    const float *ki = k + i * s_row;
+                    const float *ki = key_row(k, i, s_row, D, keys_bf16, wide);
                     const float inv = 1.f / (sqrtf(sumsq(ki, D)) + 1e-8f);
                     for (int d = 0; d < D; d++) row[d] = ki[d] * inv;
                 }
@@ -313,8 +332,9 @@ static float softmax_numerators(float *row, const int32_t *vmask, int n) {
 /* q: query head hq = h * G + g, window query t at q + n * sq_n + hq * sq_h + t * sq_t (unit stride
  * in D); keys and valid as above; reduce_max: 1 = max over the group, 0 = mean. out [N, H, L]. */
 int sparserl_window_attention(int N, int H, int G, int W, int L, int D, const float *q, int64_t sq_n, int64_t sq_h,
-                              int64_t sq_t, const float *keys, int64_t s_n, int64_t s_h, int64_t s_row,
-                              const uint8_t *valid, int64_t s_valid, int reduce_max, float *out) {
+                              int64_t sq_t, const void *keys, int64_t s_n, int64_t s_h, int64_t s_row,
+                              const uint8_t *valid, int64_t s_valid, int reduce_max, float *out, int keys_bf16) {
+    const int64_t item = keys_bf16 ? 2 : 4;
     int failed = 0;
     const float scale = 1.f / sqrtf((float)D);
 #pragma omp parallel
@@ -322,15 +342,23 @@ int sparserl_window_attention(int N, int H, int G, int W, int L, int D, const fl
         const size_t len = (size_t)(L > 0 ? L : 1);
         float *buf = malloc(sizeof(float) * 2 * len);
         int32_t *vmask = malloc(sizeof(int32_t) * len);
+        float *wide = keys_bf16 ? malloc(sizeof(float) * len * (size_t)D) : NULL; /* the pair's keys, widened */
 #pragma omp for schedule(dynamic, 4)
         for (int p = 0; p < N * H; p++) {
-            if (!buf || !vmask) {
+            if (!buf || !vmask || (keys_bf16 && !wide)) {
 #pragma omp atomic write
                 failed = 1;
             } else {
                 float *row = buf, *acc = buf + L;
                 const int n = p / H, h = p % H;
-                const float *k = keys + n * s_n + h * s_h;
+                const char *base = (const char *)keys + (n * s_n + h * s_h) * item;
+                const float *k = (const float *)base;
+                int64_t k_row = s_row;
+                if (keys_bf16) { /* widened once, read by every query of the window and group */
+                    for (int j = 0; j < L; j++) key_row(base, j, s_row, D, 1, wide + (int64_t)j * D);
+                    k = wide;
+                    k_row = D;
+                }
                 const uint8_t *v = valid + n * s_valid;
                 for (int j = 0; j < L; j++) vmask[j] = v[j] ? -1 : 0;
                 float *o = out + (int64_t)p * L;
@@ -340,7 +368,7 @@ int sparserl_window_attention(int N, int H, int G, int W, int L, int D, const fl
                     for (int t = 0; t < W; t++) {
                         const float *qt = q + n * sq_n + (int64_t)(h * G + g) * sq_h + t * sq_t;
                         const int seen = L - W + t + 1; /* keys up to the query's own slot */
-                        scores_row(qt, k, s_row, seen, D, scale, row);
+                        scores_row(qt, k, k_row, seen, D, scale, row);
                         const float sum = softmax_numerators(row, vmask, seen);
                         if (sum == 0.f) continue; /* no key visible: nan_to_num gives 0 */
                         const float inv = 1.f / (sum * (float)W);
@@ -356,6 +384,7 @@ int sparserl_window_attention(int N, int H, int G, int W, int L, int D, const fl
         }
         free(buf);
         free(vmask);
+        free(wide);
     }
     return failed ? -1 : 0;
 }
