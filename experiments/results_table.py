@@ -118,9 +118,10 @@ HEADLINES = [
     Headline("R-KV (budget 256) / float32 dense", "blocktopk_L2048.json", RKV, DENSE),
     Headline("bf16 fused dense / OpenVINO GenAI bf16 dense", "bf16_decode/openvino_bf16_L256.json", DENSE, OV_DENSE),
     # the same machine, nineteenth session
-    Headline("bf16 fused dense / OpenVINO GenAI bf16 dense", "bf16_decode/openvino_bf16_L1024.json", DENSE, OV_DENSE),
+    Headline("bf16 fused dense / OpenVINO GenAI bf16 dense", "bf16_decode/openvino_bf16_L1024_kvscores.json",
+             DENSE, OV_DENSE),
     Headline("bf16 R-KV (budget 256, step 32) / OpenVINO bf16 eviction, equal KV bytes",
-             "bf16_decode/openvino_bf16_L1024.json", RKV, OV_EVICT),
+             "bf16_decode/openvino_bf16_L1024_kvscores.json", RKV, OV_EVICT),
 ]
 
 

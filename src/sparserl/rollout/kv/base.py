@@ -263,7 +263,7 @@ class KVCompressor:
 def window_attention(inp: ScoreInputs, reduce_group: str = "max") -> torch.Tensor:
     """softmax(Q Kᵀ/√d) of the observation-window queries over all valid cached keys (causal inside
     the window, which occupies the last ``w`` slots), averaged over the window queries and reduced
-    over the query heads of each GQA group. Returns [n, Hkv, L] in float32. On CPU in float32 the C
+    over the query heads of each GQA group. Returns [n, Hkv, L] in float32. On CPU (float32 or bf16 keys) the C
     kernel (``native/kv_scores.c``) computes it in one pass per query; this torch code is its
     reference and the path elsewhere."""
     q, k = inp.queries, inp.keys

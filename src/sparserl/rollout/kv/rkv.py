@@ -30,7 +30,7 @@ def redundancy(keys: torch.Tensor, valid: torch.Tensor, threshold: float = 0.5) 
     Cost: one [L, L] similarity matrix per (sequence, head) and a few passes over it; the passes
     are single fused kernels (``threshold_`` drops the entries at or below the threshold in place,
     ``where`` + ``amax`` finds each row's most recent similar key), ~2x cheaper than the
-    compare / masked-fill / multiply chain they replace, with the same values. On CPU in float32 the
+    compare / masked-fill / multiply chain they replace, with the same values. On CPU (float32 or bf16 keys) the
     C kernel (``native/kv_scores.c``) computes the same means without building the matrix
     (7.6x faster at batch 16, ``docs/results/compression_cost.md``); this torch code is its
     reference and the path elsewhere."""
