@@ -7,6 +7,12 @@
 # The model of 2-3 is SmolLM2-135M's shapes with random weights (experiments/random_smollm2.py; the
 # embedded GGUF does not travel): speed and memory are the model's, rewards are not.
 #   OUT=dir experiments/cuda_check.sh             # on the GPU machine (.gpu/smol and .whl carried)
+# The two carried folders (ignored by git: `printf '/.whl/\n/.gpu/\n' >> .git/info/exclude`), made here:
+#   mkdir -p .gpu/smol && cp $SPARSERL_CACHE/smollm2-135m-instruct/{config.json,tokenizer*.json,chat_template.jinja,generation_config.json} .gpu/smol/
+#   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl pydantic==2.13.4 pydantic_core==2.46.4 \
+#     typing-inspection annotated-types math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 gguf==0.19.0
+# (SPARSERL_CACHE defaults to ~/.cache/sparserl; the folder exists once `sparserl train` has run.)
 #   DEVICE=cpu SMOKE=1 OUT=/tmp/cc experiments/cuda_check.sh   # the script itself, small, here
 set -uo pipefail
 OUT=${OUT:-/tmp/cuda_check}; DEVICE=${DEVICE:-cuda}; SMOKE=${SMOKE:-0}
