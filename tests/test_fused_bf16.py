@@ -163,3 +163,27 @@ def test_auto_keeps_float32_where_the_bf16_step_is_not_fused():
     assert kept.dtype == "float32" and "no fused bfloat16 step" in kept.reason and kept.key == "key"
     f32 = AutoChoice("float32", "measured", "key")
     assert for_sampler(f32, "int8") is f32
+
+
+def test_the_fused_bf16_step_on_emulated_amx_tiles(tiny_bf16_rounded, generate_fused, monkeypatch):
+    """The bf16 sampler as an AMX CPU runs it, the tile instructions emulated in C (the
+    ``-DSPARSERL_AMX_EMULATE`` build of tests/test_native_bf16.py): the weights packed in the AMX
+    layout when the model is attached, every decode step fused, the replay exact, and the log-probs
+    of the same tokens within float32 summation's reach of this CPU's own bf16 kernel."""
+    emulated = native.load(native.build(flags=native.flags_for("-march=native -DSPARSERL_AMX_EMULATE")))
+    params = SamplingParams(n=2, max_new_tokens=24, seed=3, temperature=1.0, ignore_eos=True)
+    here = RolloutEngine(tiny_bf16_rounded, make("rkv"), dtype="bfloat16")
+    monkeypatch.setattr(native, "library", lambda: emulated)
+    amx = RolloutEngine(tiny_bf16_rounded, make("rkv"), dtype="bfloat16")
+    panels = getattr(amx.model.layers[0].qkv, NATIVE_BF16)
+    assert (panels.panel_width, panels.k_pad) == (16, 32) and native.bf16_kernel(emulated) == "amx"
+    out = generate_fused(amx, PROMPTS, params)
+    assert out.kv.compressions > 0
+    again = replay(amx, out.prompt_ids, out.response_ids, params)
+    for x, y in zip(out.sampler_logprobs, again.sampler_logprobs):
+        assert torch.equal(torch.as_tensor(x), torch.as_tensor(y))
+    monkeypatch.undo()
+    ours = replay(here, out.prompt_ids, out.response_ids, params)
+    gap = max(float((torch.as_tensor(x) - torch.as_tensor(y)).abs().max())
+              for x, y in zip(out.sampler_logprobs, ours.sampler_logprobs))
+    assert gap < 1e-3, gap  # only the order of the float32 sums differs

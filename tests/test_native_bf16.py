@@ -237,6 +237,42 @@ def test_kernel_names_this_cpu():
 
 
 @pytest.fixture(scope="module")
+def amx_emulated_build():
+    """The library with every AMX tile instruction replaced by C of its documented semantics
+    (``-DSPARSERL_AMX_EMULATE``, linear_bf16.c): the AMX path's own loops (16-row blocks, two panels a
+    step, the tails, a tile configuration per thread) on any CPU. Not its speed."""
+    return native.load(native.build(flags=native.flags_for("-march=native -DSPARSERL_AMX_EMULATE")))
+
+
+def test_the_amx_path_with_emulated_tiles_is_within_the_bound(amx_emulated_build):
+    """What an AMX CPU runs, up to the instructions themselves: bf16_kernel() names it, the default
+    layout is the AMX tiles, and every shape (rows past a 16-row block, N and K not multiples of 16 or
+    32, one row, K = 1) is within the bound, adding in place too, the same bits on 1 or 2 threads."""
+    lib = amx_emulated_build
+    assert native.bf16_kernel(lib) == "amx"
+    for M, N, K in [*SHAPES, (33, 50, 96)]:
+        w, x, b = case(M, N, K, seed=7)
+        packed = native.pack_linear_bf16(w, lib=lib)
+        assert (packed.panel_width, packed.k_pad) == (16, 32)
+        assert torch.equal(packed, native.pack_linear_bf16(w, layout="amx"))
+        y = native.linear_bf16(x, packed, b, lib=lib)
+        check_product(y, x, w, b)
+        base = torch.randn(M, N)
+        added = base.clone()
+        assert native.linear_bf16(x, packed, b, lib=lib, add_to=added) is not None
+        assert ((added - base - y).abs() <= 1e-5 * (1 + y.abs())).all()
+    w, x, b = case(17, 100, 65, seed=8)
+    packed = native.pack_linear_bf16(w, lib=lib)
+    threads = torch.get_num_threads()
+    first = native.linear_bf16(x, packed, b, lib=lib)
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(native.linear_bf16(x, packed, b, lib=lib), first)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
 def portable_build():
     """The library without -march (the plain C loops a CPU without AVX2 runs)."""
     return native.load(native.build(flags=native.flags_for("")))

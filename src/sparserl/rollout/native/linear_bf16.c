@@ -47,9 +47,16 @@
 #define NRB 16
 #endif
 
-#if BF16_AVX512 && defined(__x86_64__) && defined(__linux__) && !defined(SPARSERL_NO_AMX) && \
+#if defined(SPARSERL_AMX_EMULATE) && !defined(SPARSERL_NO_AMX)
+/* Tests only (tests/test_native_bf16.py): the AMX path's own loops on any CPU, each tile instruction
+ * replaced below by C with its documented semantics, so that its indexing, tails and threads are
+ * checked where no AMX CPU is at hand. Not the speed, not the hardware's rounding. */
+#define BF16_AMX 1
+#define AMX_EMULATED 1
+#elif BF16_AVX512 && defined(__x86_64__) && defined(__linux__) && !defined(SPARSERL_NO_AMX) && \
     ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
 #define BF16_AMX 1
+#define AMX_EMULATED 0
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -169,6 +176,69 @@ static const struct {
     uint8_t rows[16];
 } amx_config = {1, 0, {0}, {64, 64, 64, 64, 64}, {16, 16, 16, 16, 16}};
 
+#if AMX_EMULATED
+/* Intel's definitions (Intel 64 and IA-32 Architectures Software Developer's Manual, LDTILECFG, TILELOADD,
+ * TILESTORED, TILEZERO, TDPBF16PS) on per-thread tiles: each tile `rows` rows of `colsb` bytes, as the
+ * configuration last loaded by this thread says. TDPBF16PS: for every row m of A and column n of C,
+ * C[m][n] += sum over the k-pairs k < colsb(A) / 4 of A[m][2k] B[k][2n] + A[m][2k+1] B[k][2n+1], in float32. */
+static _Thread_local struct {
+    int rows, colsb;
+    unsigned char data[16][64];
+} emu_tile[8];
+
+static float emu_bf16(const unsigned char *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void emu_loadconfig(const void *config) {
+    const unsigned char *c = (const unsigned char *)config;
+    for (int t = 0; t < 8; t++) {
+        uint16_t colsb;
+        memcpy(&colsb, c + 16 + 2 * t, 2);
+        emu_tile[t].colsb = colsb;
+        emu_tile[t].rows = c[48 + t];
+    }
+}
+
+static void emu_zero(int t) { memset(emu_tile[t].data, 0, sizeof emu_tile[t].data); }
+
+static void emu_loadd(int t, const void *base, int64_t stride) {
+    for (int r = 0; r < emu_tile[t].rows; r++)
+        memcpy(emu_tile[t].data[r], (const unsigned char *)base + r * stride, (size_t)emu_tile[t].colsb);
+}
+
+static void emu_stored(int t, void *base, int64_t stride) {
+    for (int r = 0; r < emu_tile[t].rows; r++)
+        memcpy((unsigned char *)base + r * stride, emu_tile[t].data[r], (size_t)emu_tile[t].colsb);
+}
+
+static void emu_dpbf16ps(int c, int a, int b) {
+    for (int m = 0; m < emu_tile[a].rows; m++)
+        for (int n = 0; n < emu_tile[c].colsb / 4; n++) {
+            float acc;
+            memcpy(&acc, emu_tile[c].data[m] + 4 * n, 4);
+            for (int k = 0; k < emu_tile[a].colsb / 4; k++)
+                acc += emu_bf16(emu_tile[a].data[m] + 4 * k) * emu_bf16(emu_tile[b].data[k] + 4 * n) +
+                       emu_bf16(emu_tile[a].data[m] + 4 * k + 2) * emu_bf16(emu_tile[b].data[k] + 4 * n + 2);
+            memcpy(emu_tile[c].data[m] + 4 * n, &acc, 4);
+        }
+}
+
+#define _tile_loadconfig(config) emu_loadconfig(config)
+#define _tile_zero(t) emu_zero(t)
+#define _tile_loadd(t, base, stride) emu_loadd(t, base, stride)
+#define _tile_stored(t, base, stride) emu_stored(t, base, stride)
+#define _tile_dpbf16ps(c, a, b) emu_dpbf16ps(c, a, b)
+#define _tile_release() ((void)0)
+#define AMX_TARGET
+static int amx_usable(void) { return 1; }
+#else
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
 static int amx_usable(void) {
     static int state = -1; /* -1: not asked yet */
     if (state < 0) {
@@ -179,12 +249,12 @@ static int amx_usable(void) {
     }
     return state;
 }
+#endif
 
 /* Y (+)= Xb Wb^T over the 16-column panels [p0, p1) (Xb: Mp = M rounded up to 16 rows of Kp bf16,
  * zero past M and K), two panels (two C tiles) at a time. Each thread configures its own tiles. */
-__attribute__((target("amx-tile,amx-bf16"))) static void amx_panels(int M, int N, int Kp, const uint16_t *Xb,
-                                                                    const uint16_t *Wb, const float *bias, float *Y,
-                                                                    int64_t ldy, int accumulate) {
+AMX_TARGET static void amx_panels(int M, int N, int Kp, const uint16_t *Xb, const uint16_t *Wb, const float *bias,
+                                  float *Y, int64_t ldy, int accumulate) {
     const int P = (N + 15) / 16, KB = Kp / 32;
     const int64_t tile = 16 * 32; /* bf16 per B tile */
 #pragma omp parallel
