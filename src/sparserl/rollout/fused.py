@@ -182,6 +182,7 @@ def decode_layers(model: SamplerModel, h: torch.Tensor, cos: torch.Tensor, sin: 
     int8_kv = keys.dtype == torch.int8  # codes and per-vector scales, written by the layer's C call
     direct = (keys.dtype in (torch.float32, torch.bfloat16, torch.int8) and (cache.k_scale is not None) == int8_kv
               and keys.stride() == values.stride() and keys.stride(-1) == 1 and L <= keys.shape[3]
+              and (not int8_kv or (cache.k_scale.stride() == cache.v_scale.stride() and cache.k_scale.stride(-1) == 1))
               and (selector is None or (selector.native_ok(cache) and not int8_kv)))
     if direct:  # the slot writes and the attention in C, at addresses computed here
         slots = cache.write_slots().to(torch.int64).contiguous()
@@ -194,8 +195,6 @@ def decode_layers(model: SamplerModel, h: torch.Tensor, cos: torch.Tensor, sin: 
         scale_layer_bytes = s_sb = s_sh = 0
         if int8_kv:
             k_scale, v_scale = cache.k_scale, cache.v_scale  # [layers, B, Hkv, capacity] float32, slots unit stride
-            if k_scale.stride() != v_scale.stride() or k_scale.stride(-1) != 1:
-                raise RuntimeError("int8 KV scales must share a layout with unit stride over slots")
             ks0, vs0 = k_scale.data_ptr(), v_scale.data_ptr()
             scale_layer_bytes, (s_sb, s_sh) = k_scale.stride(0) * 4, k_scale.stride()[1:3]
         queries = None

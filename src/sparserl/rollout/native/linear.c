@@ -27,6 +27,8 @@
 #include <immintrin.h>
 #endif
 
+#include "simd.h"
+
 #if defined(__AVX512F__)
 #define NR 32 /* two 16-float registers per row */
 #else
@@ -51,40 +53,10 @@ void sparserl_pack_panels(int N, int K, int width, const float *W, float *Wp) {
 
 void sparserl_pack_linear(int N, int K, const float *W, float *Wp) { sparserl_pack_panels(N, K, NR, W, Wp); }
 
-#if defined(__AVX2__)
-/* a partial panel's row: t (the tile's sums) + bias, + y, in the full panel's order */
-static inline void store_tail(float *y, const float *t, int ncols, const float *bias, int accumulate) {
-    for (int j = 0; j < ncols; j++) {
-        const float v = bias ? t[j] + bias[j] : t[j];
-        y[j] = accumulate ? v + y[j] : v;
-    }
-}
-#endif
-
 #if defined(__AVX512F__)
 /* AVX512: panels of 32 columns, a 4 x 32 tile (8 accumulators of 16 floats: with two FMA units of
  * 4 cycles' latency, 8 independent chains keep both busy); per lane the same FMAs in the same k
- * order as the AVX2 tile, so the same bits. */
-static inline void store_row(float *y, __m512 a, __m512 b, int ncols, const float *bias, int accumulate) {
-    if (ncols == NR) {
-        if (bias) {
-            a = _mm512_add_ps(a, _mm512_loadu_ps(bias));
-            b = _mm512_add_ps(b, _mm512_loadu_ps(bias + 16));
-        }
-        if (accumulate) {
-            a = _mm512_add_ps(a, _mm512_loadu_ps(y));
-            b = _mm512_add_ps(b, _mm512_loadu_ps(y + 16));
-        }
-        _mm512_storeu_ps(y, a);
-        _mm512_storeu_ps(y + 16, b);
-        return;
-    }
-    float t[NR];
-    _mm512_storeu_ps(t, a);
-    _mm512_storeu_ps(t + 16, b);
-    store_tail(y, t, ncols, bias, accumulate);
-}
-
+ * order as the AVX2 tile, so the same bits. Rows stored by simd.h's store_row32. */
 #define TILE_DECL(r) __m512 c##r##0 = _mm512_setzero_ps(), c##r##1 = c##r##0;
 /* the panel row k in registers, kept there (as below) */
 #define TILE_LOAD(k)                                                                                   \
@@ -97,7 +69,7 @@ static inline void store_row(float *y, __m512 a, __m512 b, int ncols, const floa
         c##r##1 = _mm512_fmadd_ps(x, w1, c##r##1);                    \
     }
 #define TILE_STORE(r) \
-    if (MR > r) store_row(Y + (int64_t)r * ldy, c##r##0, c##r##1, ncols, bias, accumulate);
+    if (MR > r) store_row32(Y + (int64_t)r * ldy, c##r##0, c##r##1, ncols, bias, accumulate);
 #elif defined(__AVX2__)
 static inline void store_row(float *y, __m256 a, __m256 b, __m256 c, int ncols, const float *bias, int accumulate) {
     if (ncols == NR) {

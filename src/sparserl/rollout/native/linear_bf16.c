@@ -39,6 +39,8 @@
 #include <immintrin.h>
 #endif
 
+#include "simd.h"
+
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define BF16_AVX512 1
 #define NRB 32 /* the build's panel width: two 64-byte registers of 16 columns x 2 k */
@@ -153,14 +155,6 @@ void sparserl_pack_bf16(int N, int K, int width, int kpad, const float *W, uint1
                 Wb[(((int64_t)p * (Kp / 2) + k / 2) * width + j) * 2 + (k & 1)] =
                     n < N && k < K ? bf16_round(W[(int64_t)n * K + k]) : 0;
             }
-}
-
-/* y[0:ncols] (+)= t + bias */
-static inline void store_tail(float *y, const float *t, int ncols, const float *bias, int accumulate) {
-    for (int j = 0; j < ncols; j++) {
-        const float v = bias ? t[j] + bias[j] : t[j];
-        y[j] = accumulate ? v + y[j] : v;
-    }
 }
 
 /* ---- AMX: compiled where BF16_AMX, run where amx_usable() ---- */
@@ -298,26 +292,6 @@ AMX_TARGET static void amx_panels(int M, int N, int Kp, const uint16_t *Xb, cons
 #define RB 8 /* rows per tile (8 or 4) */
 #endif
 
-static inline void store_row(float *y, __m512 a, __m512 b, int ncols, const float *bias, int accumulate) {
-    if (ncols == NRB) {
-        if (bias) {
-            a = _mm512_add_ps(a, _mm512_loadu_ps(bias));
-            b = _mm512_add_ps(b, _mm512_loadu_ps(bias + 16));
-        }
-        if (accumulate) {
-            a = _mm512_add_ps(a, _mm512_loadu_ps(y));
-            b = _mm512_add_ps(b, _mm512_loadu_ps(y + 16));
-        }
-        _mm512_storeu_ps(y, a);
-        _mm512_storeu_ps(y + 16, b);
-        return;
-    }
-    float t[NRB];
-    _mm512_storeu_ps(t, a);
-    _mm512_storeu_ps(t + 16, b);
-    store_tail(y, t, ncols, bias, accumulate);
-}
-
 /* the two bf16 of X[r][2 k2], X[r][2 k2 + 1] as one 32-bit lane */
 static inline int32_t pair(const uint16_t *p) {
     int32_t v;
@@ -333,7 +307,7 @@ static inline int32_t pair(const uint16_t *p) {
         c##r##1 = _mm512_dpbf16_ps(c##r##1, x, w1);                                \
     }
 #define T_STORE(r) \
-    if (MR > r) store_row(Y + (int64_t)(r) * ldy, c##r##0, c##r##1, ncols, bias, accumulate);
+    if (MR > r) store_row32(Y + (int64_t)(r) * ldy, c##r##0, c##r##1, ncols, bias, accumulate);
 
 /* MR (1..8) rows of Xb (bf16, 2 ldp apart: ldp k-pairs a row) times one panel of K2 k-pairs */
 static inline __attribute__((always_inline)) void tile(const int MR, int K2, const uint16_t *xp, int64_t ldp,

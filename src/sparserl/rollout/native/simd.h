@@ -1,6 +1,15 @@
 /* The vector helpers the kernels share (AVX2, VNNI where the CPU has it; absent in the portable build). */
 #ifndef SPARSERL_SIMD_H
 #define SPARSERL_SIMD_H
+
+/* A partial panel's row of a product's tile: t (the tile's sums) + bias, + y (accumulate), in the
+ * full panel's order (linear.c, linear_bf16.c). */
+static inline void store_tail(float *y, const float *t, int ncols, const float *bias, int accumulate) {
+    for (int j = 0; j < ncols; j++) {
+        const float v = bias ? t[j] + bias[j] : t[j];
+        y[j] = accumulate ? v + y[j] : v;
+    }
+}
 #ifdef __AVX2__
 #include <immintrin.h>
 
@@ -59,5 +68,28 @@ static inline float hsum256(__m256 v) {
     lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
     return _mm_cvtss_f32(lo);
 }
+#ifdef __AVX512F__
+/* One row of a 32-column panel's tile, held in two registers a | b: (+ bias) (+ y), stored whole,
+ * or through store_tail for a partial panel (linear.c's float32 and linear_bf16.c's bf16 products). */
+static inline void store_row32(float *y, __m512 a, __m512 b, int ncols, const float *bias, int accumulate) {
+    if (ncols == 32) {
+        if (bias) {
+            a = _mm512_add_ps(a, _mm512_loadu_ps(bias));
+            b = _mm512_add_ps(b, _mm512_loadu_ps(bias + 16));
+        }
+        if (accumulate) {
+            a = _mm512_add_ps(a, _mm512_loadu_ps(y));
+            b = _mm512_add_ps(b, _mm512_loadu_ps(y + 16));
+        }
+        _mm512_storeu_ps(y, a);
+        _mm512_storeu_ps(y + 16, b);
+        return;
+    }
+    float t[32];
+    _mm512_storeu_ps(t, a);
+    _mm512_storeu_ps(t + 16, b);
+    store_tail(y, t, ncols, bias, accumulate);
+}
+#endif
 #endif
 #endif
