@@ -143,6 +143,7 @@ MATRIX = [
          "async-exact-alpha"),
     case("config", ["train", "rollout.async=maybe"], "rollout.async", "async-not-a-bool"),
     case("config", ["train", "train.lora_rank=-2"], "train.lora_rank=-2", "lora-rank-negative"),
+    case("config", ["train", "train.deterministic=sometimes"], "train.deterministic", "deterministic-not-bool"),
     case("config", ["train", "train.lora_target=[]"], "train.lora_target", "lora-target-empty"),
     case("config", ["train", "train.lora_rank=4", "train.lora_target=[qkv_proj]"], "qkv_proj names no linear module",
          "lora-target-unknown-module"),

@@ -73,26 +73,37 @@ def test_int_mm_product_equals_reference_of_the_same_quantized_values():
 
 
 @pytest.mark.parametrize("rows", [1, 5, 16, 17])
-def test_the_int_mm_paths_run_on_cpu_as_on_cuda(rows):
-    """The CUDA paths of int8 / int8_group (torch._int_mm, per group for int8_group; inputs
-    padded to cuBLASLt's shapes: over 16 rows, every size a multiple of 8), run through torch's CPU _int_mm: the padding changes nothing, and int8_group's
-    per-group _int_mm gives the float path's bits (both sums are exact integers)."""
+def test_the_int_mm_paths_run_on_cpu_as_on_cuda(rows, monkeypatch):
+    """The CUDA paths of int8 / int8_group (torch._int_mm, per group for int8_group), run through
+    torch's CPU _int_mm with cuBLASLt's rules checked (an H100 refused anything else): Qᵀ column-major,
+    over 16 rows, every size a multiple of 8. The padding changes nothing, and int8_group's per-group
+    _int_mm gives the float path's bits (both sums are exact integers)."""
     from sparserl.rollout.quant.int8 import int_mm
     from sparserl.rollout.quant.int8_group import (int8_matmul_per_group, quantize_int8_weight_groups,
                                                    transposed_groups)
+
+    real = torch._int_mm
+
+    def cublaslt_int_mm(a, b):
+        assert a.shape[0] > 16 and a.shape[0] % 8 == 0 and a.shape[1] % 8 == 0 and b.shape[1] % 8 == 0, (a.shape, b.shape)
+        assert b.stride(0) == 1, b.stride()  # column-major
+        return real(a, b)
 
     gen = torch.Generator().manual_seed(rows)
     w = torch.randn(48, 80, generator=gen) * torch.logspace(-3, -1, 48)[:, None]
     x = torch.randn(rows, 80, generator=gen)
     q, s = quantize_int8_per_channel(w)
     p, _ = quantize_int8_per_token(x)
+    unpadded = int_mm(p, q.t(), pad=False)
+    monkeypatch.setattr(torch, "_int_mm", cublaslt_int_mm)
     padded = int_mm(p, q.t(), pad=True)
     assert padded.shape == (rows, 48) and padded.dtype == torch.int32
-    assert torch.equal(padded, int_mm(p, q.t(), pad=False))
+    assert torch.equal(padded, unpadded)
     assert torch.equal(padded.long(), p.long() @ q.long().t())
     odd_p, odd_q = p[:, :36], q[:44, :36]  # 36 inputs, 44 outputs: padded to multiples of 8 as on CUDA
     assert torch.equal(int_mm(odd_p, odd_q.t(), pad=True).long(), odd_p.long() @ odd_q.long().t())
     assert torch.equal(int_mm(p, q.t().contiguous(), pad=True), padded)  # a row-major Qᵀ is laid out anew
+    monkeypatch.setattr(torch, "_int_mm", real)  # int8_group's products below are not padded on CPU
     qg, g = quantize_int8_weight_groups(w, 32)  # groups of 32, 32 and a last one of 16
     floats = int8_matmul_per_group(x, qg, g, 32, use_int_mm=False)
     assert torch.equal(int8_matmul_per_group(x, qg, g, 32, use_int_mm=True), floats)

@@ -99,7 +99,7 @@ def int_mm(p: torch.Tensor, q_t: torch.Tensor, pad: bool | None = None) -> torch
         if (rows_to, k_to) != (rows, k):
             p = torch.nn.functional.pad(p, (0, k_to - k, 0, rows_to - rows))
         if (k_to, n_to) != (k, n) or q_t.stride(0) != 1:
-            q_t = torch.nn.functional.pad(q_t.t(), (0, k_to - k, 0, n_to - n)).t()
+            q_t = torch.nn.functional.pad(q_t.t(), (0, k_to - k, 0, n_to - n)).contiguous().t()  # pad may return a view
     return torch._int_mm(p, q_t)[:rows, :n]
 
 
