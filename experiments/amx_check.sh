@@ -5,7 +5,10 @@
 #   1. which bf16 kernel this CPU runs (native.bf16_kernel(): "amx" expected) and the bf16 tests on it
 #      (the product against its float32 bound, the AMX tile layout on a hand-built matrix, the fused
 #      bf16 step against float32, deterministic tokens);
-#   2. experiments/bf16_decode.py: the fused bf16 step against float32 and the eager bf16 step in one
+#   2. experiments/bf16_linear_bench.py: the weight products at 16 rows on AMX tiles, on AVX512-BF16,
+#      in float32 and in torch's bf16, in one process (which bf16 kernel is faster at a decode step's shape);
+#   3. experiments/bf16_decode.py: the fused bf16 step (on each bf16 kernel, and on the one the engine
+#      measured and chose: rollout/bf16_kernel_choice.py) against float32 and the eager bf16 step in one
 #      process, batch 16, 256 and 1,024 tokens (the issue's >= 1.6x our float32).
 # The model is SmolLM2-135M's shapes with random weights (experiments/random_smollm2.py) where the embedded
 # GGUF is absent: speed is the model's, the mismatch figures are not (--mismatch-n 0 there).
@@ -31,7 +34,12 @@ print('compiler', native._compiler(), 'library', native.library() is not None, \
 'bf16 kernel', native.bf16_kernel(), 'torch', torch.__version__)" 2>&1 | tail -2
 echo "=== bf16 tests on 2 cores"
 $PIN timeout ${TEST_S:-200} python3 -m pytest -q -p no:cacheprovider -p no:benchmark -o addopts= \
-  tests/test_native_bf16.py tests/test_fused_bf16.py tests/test_dtype_auto.py 2>&1 | tee "$OUT/tests.log" | tail -15
+  tests/test_native_bf16.py tests/test_fused_bf16.py tests/test_bf16_kernel_choice.py tests/test_dtype_auto.py 2>&1 | tee "$OUT/tests.log" | tail -15
+echo "=== bf16 weight products at 16 rows, per kernel"
+$PIN timeout ${LINEAR_S:-120} python3 experiments/bf16_linear_bench.py --rounds 3 --out "$OUT/amx_linear.json" 2>&1 \
+  | grep -A8 '"step"' | head -9
+echo "=== the engine's bf16 kernel, measured"
+$PIN python3 -c "from sparserl.rollout import bf16_kernel_choice as c; print(c.choose('cpu').to_dict())" 2>&1 | tail -2
 echo "=== bf16 decode, 256 tokens"
 $PIN timeout ${BENCH_S:-240} python3 experiments/bf16_decode.py --tokens 256 --budget 128 --mismatch-n $MISMATCH \
   --json "$OUT/amx_L256.json" 2>&1 | tail -12

@@ -4,7 +4,9 @@ against the float32 policy.
 Speed: SmolLM2-135M (embedded), batch 16, ``--tokens`` new tokens from the bench's prompt, dense and R-KV
 (budget ``--budget``), each in float32 (the fused float32 step), bfloat16 fused (``linear_bf16.c`` on
 bf16 panels, a bf16 KV cache in decode_attention.c) and bfloat16 eager (``fused=False``: torch's bf16
-operators one at a time, what the bf16 sampler ran before). Every round runs every arm once, in a rotated
+operators one at a time, what the bf16 sampler ran before). Where the CPU runs two bf16 kernels (an AMX
+Xeon: ``amx`` and ``avx512_bf16``, :func:`native.bf16_kernels`), the fused bf16 arm runs once on each
+(``bfloat16_fused_amx``, ``bfloat16_fused_avx512_bf16``). Every round runs every arm once, in a rotated
 order; a ratio is the median of the per-round ratios against float32 of the same compressor.
 
 Mismatch: the bf16 samplers' responses (dense cache) replayed on the float32 dense sampler (the policy
@@ -33,11 +35,18 @@ from sparserl.rollout.kv import build_compressor
 from sparserl.rollout.replay import replay
 from sparserl.rollout.sampling import SamplingParams
 
-ARMS = [("float32", True), ("bfloat16", True), ("bfloat16", False)]  # (dtype, fused)
+def arms() -> list[tuple[str, bool, str | None]]:
+    """(dtype, fused, bf16 kernel): float32, the fused bf16 step on each bf16 kernel, the eager bf16 step."""
+    return [("float32", True, None), *(("bfloat16", True, k) for k in native.bf16_kernels() or (None,)),
+            ("bfloat16", False, None)]
 
 
-def arm_name(dtype: str, is_fused: bool) -> str:
-    return f"{dtype}{'' if dtype == 'float32' else ('_fused' if is_fused else '_eager')}"
+def arm_name(dtype: str, is_fused: bool, kernel: str | None = None) -> str:
+    if dtype == "float32":
+        return dtype
+    if not is_fused:
+        return f"{dtype}_eager"
+    return f"{dtype}_fused" + (f"_{kernel}" if kernel and len(native.bf16_kernels()) > 1 else "")
 
 
 def mismatch(lm, sampler: RolloutEngine, reference: RolloutEngine, n: int, tokens: int) -> dict:
@@ -76,10 +85,12 @@ def main() -> None:
     args = ap.parse_args()
     lm = load_model("smollm2-135m", dtype="float32")
     engines = {}
-    for dtype, is_fused in ARMS:
-        base = RolloutEngine(lm, build_compressor("none"), dtype=dtype, fused=is_fused)
-        engines[(arm_name(dtype, is_fused), "none")] = base
-        engines[(arm_name(dtype, is_fused), "rkv")] = RolloutEngine.from_engine(
+    for dtype, is_fused, kernel in arms():
+        name = arm_name(dtype, is_fused, kernel)
+        base = RolloutEngine(lm, build_compressor("none"), dtype=dtype, fused=is_fused,
+                             bf16_kernel=kernel if is_fused else None)
+        engines[(name, "none")] = base
+        engines[(name, "rkv")] = RolloutEngine.from_engine(
             base, build_compressor("rkv", kv_budget=args.budget))
     params = SamplingParams(n=args.batch, max_new_tokens=args.tokens, ignore_eos=True, seed=0)
     for engine in engines.values():  # warm-up: packing, allocations, thread pool
@@ -105,7 +116,7 @@ def main() -> None:
         if comp != "none":
             per_round = [r[f"{name}/{comp}"] / r[f"{name}/none"] for r in rounds]
             ratios[f"{name}/{comp}_vs_{name}/none"] = {"median": statistics.median(per_round), "rounds": per_round}
-    result = {"machine": {"cpu": cpu_name(), "isa": native.isa(), "bf16_kernel": native.bf16_kernel(),
+    result = {"machine": {"cpu": cpu_name(), "isa": native.isa(), "bf16_kernels": native.bf16_kernels(),
                           "torch": torch.__version__, "python": platform.python_version(),
                           "torch_threads": torch.get_num_threads()},
               "command": "python3 experiments/bf16_decode.py " + " ".join(
@@ -115,7 +126,7 @@ def main() -> None:
         reference = engines[("float32", "none")]
         result["mismatch_vs_float32"] = {
             name: mismatch(lm, engines[(name, "none")], reference, args.mismatch_n, args.tokens)
-            for name in ("bfloat16_fused", "bfloat16_eager")}
+            for name in dict.fromkeys(n for n, _ in keys) if name != "float32"}
     for key, value in ratios.items():
         print(f"{key:>40}: {value['median']:.3f}x  (rounds {', '.join(f'{x:.3f}' for x in value['rounds'])})")
     print(json.dumps(result.get("mismatch_vs_float32", {}), indent=1))

@@ -8,7 +8,9 @@ median of the per-round ratios. Writes docs/results/bf16_linear.json.
 Arms: ``float32`` native.linear on its panels; ``bf16`` native.linear_bf16 on pack_linear_bf16's
 layout (x float32 in, rounded to bf16 in the kernel, float32 out); ``torch_bf16``
 ``F.linear(x.bfloat16(), w_bf16)`` (oneDNN; bf16 out), the conversion of x included;
-``torch_float32`` ``F.linear(x, w)`` for reference.
+``torch_float32`` ``F.linear(x, w)`` for reference. Where the CPU runs two bf16 kernels (an AMX Xeon),
+``bf16`` is one arm per kernel, ``bf16_amx`` and ``bf16_avx512_bf16`` (each on its own layout), and
+the ratios name them. ``--out F`` writes elsewhere (``--no-write``: nowhere).
 
     flock /work/exp/cpu.lock python3 experiments/bf16_linear_bench.py
 """
@@ -27,9 +29,12 @@ import torch.nn.functional as F
 from sparserl.rollout import native
 from sparserl.rollout.dtype_auto import cpu_name
 
-ROWS, LAYERS, ROUNDS, PASSES = 16, 30, 5, 3
+ROWS, LAYERS, PASSES = 16, 30, 3
+ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 5
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}  # N, K
-ARMS = ("float32", "bf16", "torch_bf16", "torch_float32")
+KERNELS = native.bf16_kernels()
+BF16_ARMS = ("bf16",) if len(KERNELS) < 2 else tuple(f"bf16_{k}" for k in KERNELS)
+ARMS = ("float32", *BF16_ARMS, "torch_bf16", "torch_float32")
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "bf16_linear.json"
 
 
@@ -37,14 +42,16 @@ def arms_for(N: int, K: int, gen: torch.Generator) -> tuple[dict, torch.Tensor]:
     ws = [torch.randn(N, K, generator=gen) * 0.05 for _ in range(LAYERS)]
     x = torch.randn(ROWS, K, generator=gen)
     f32 = [native.pack_linear(w) for w in ws]
-    b16 = [native.pack_linear_bf16(w) for w in ws]
+    layouts = {"bf16": None} if len(KERNELS) < 2 else {f"bf16_{k}": native.BF16_KERNEL_LAYOUT[k] for k in KERNELS}
+    b16 = {arm: [native.pack_linear_bf16(w, layout) for w in ws] for arm, layout in layouts.items()}
     tb16 = [w.bfloat16() for w in ws]
     # the check that each arm computes the product (first layer)
     ref = x.bfloat16().double() @ ws[0].bfloat16().double().T
-    err = (native.linear_bf16(x, b16[0]).double() - ref).abs().max().item() / ref.abs().max().item()
-    assert err < 1e-5, err
+    for packed in b16.values():
+        err = (native.linear_bf16(x, packed[0]).double() - ref).abs().max().item() / ref.abs().max().item()
+        assert err < 1e-5, err
     fns = {"float32": lambda: [native.linear(x, p) for p in f32],
-           "bf16": lambda: [native.linear_bf16(x, p) for p in b16],
+           **{arm: (lambda ps=ps: [native.linear_bf16(x, p) for p in ps]) for arm, ps in b16.items()},
            "torch_bf16": lambda: [F.linear(x.bfloat16(), w) for w in tb16],
            "torch_float32": lambda: [F.linear(x, w) for w in ws]}
     return fns, x
@@ -63,7 +70,7 @@ def best_time(fn) -> float:
 def main() -> None:
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
-    machine = {"cpu": cpu_name(), "isa": native.isa(), "bf16_kernel": native.bf16_kernel(),
+    machine = {"cpu": cpu_name(), "isa": native.isa(), "bf16_kernels": KERNELS,
                "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()}
     print(json.dumps({"machine": machine}), flush=True)
     setups = {name: arms_for(N, K, gen)[0] for name, (N, K) in SHAPES.items()}
@@ -79,9 +86,12 @@ def main() -> None:
               flush=True)
     ratios = {}
     for key in [*SHAPES, "step"]:
-        per = {"bf16_over_float32": [rd[key]["float32"] / rd[key]["bf16"] for rd in rounds],
-               "bf16_over_torch_bf16": [rd[key]["torch_bf16"] / rd[key]["bf16"] for rd in rounds],
-               "torch_bf16_over_float32": [rd[key]["float32"] / rd[key]["torch_bf16"] for rd in rounds]}
+        per = {"torch_bf16_over_float32": [rd[key]["float32"] / rd[key]["torch_bf16"] for rd in rounds]}
+        for arm in BF16_ARMS:
+            per[f"{arm}_over_float32"] = [rd[key]["float32"] / rd[key][arm] for rd in rounds]
+            per[f"{arm}_over_torch_bf16"] = [rd[key]["torch_bf16"] / rd[key][arm] for rd in rounds]
+        if len(BF16_ARMS) == 2:
+            per[f"{BF16_ARMS[0]}_over_{BF16_ARMS[1]}"] = [rd[key][BF16_ARMS[1]] / rd[key][BF16_ARMS[0]] for rd in rounds]
         ratios[key] = {k: {"per_round": [round(v, 3) for v in vs], "median": round(statistics.median(vs), 3)}
                        for k, vs in per.items()}
     gmacs = {key: {arm: round(ROWS * N * K / (statistics.median(rd[key][arm] for rd in rounds) * 1e3), 1)
@@ -98,8 +108,9 @@ def main() -> None:
     print(json.dumps({"ratios": {k: {n: v["median"] for n, v in d.items()} for k, d in ratios.items()},
                       "gmac_per_s_median": gmacs}, indent=1))
     if "--no-write" not in sys.argv:
-        OUT.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {OUT}")
+        out = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else OUT
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":

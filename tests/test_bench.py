@@ -15,6 +15,7 @@ from sparserl import cli
 from sparserl.bench import machine, rollout
 from sparserl.bench.measure import Row, Run, median_round_ratio, run_rounds
 from sparserl.bench.openvino_peer import KV_BLOCK, PeerUnavailable, eviction_sizes, import_openvino_genai
+from sparserl.rollout import native
 from sparserl.bench.openvino_setup import OpenVINOSetupError, check_ready
 from sparserl.bench.roofline import decode_step_flops, mean_kv_tokens, roofline
 from sparserl.errors import OptionError, SparserlError
@@ -178,6 +179,21 @@ def test_bench_compress_prompt_bounds_the_buffer_to_budget_plus_period(tiny, fas
     per_slot = engine.model.kv_bytes_per_token() * 2  # batch 2
     assert peaks[True] == (8 + 2) * per_slot  # budget + step length
     assert peaks[False] == (len(engine.encode(rollout.BENCH_PROMPT)) + 8 + 2) * per_slot
+
+
+@pytest.mark.skipif(not native.active(), reason="native kernels unavailable")
+def test_bench_bf16_rows_name_their_kernel_and_why(tiny, fast_machine, monkeypatch, tmp_path):
+    monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
+    out = tmp_path / "b.json"
+    assert cli.main([*TINY_BENCH, "--compressors", "rkv", "--dtype", "bfloat16", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    kernels = {r["bf16_kernel"] for r in report["results"] if r["engine"] == "sparserl"}
+    choice = report["machine"]["bf16_kernel_choice"]
+    assert kernels == {choice["kernel"]} and choice["kernel"] in native.bf16_kernels() and choice["reason"]
+    assert cli.main([*TINY_BENCH, "--compressors", "rkv", "--dtype", "float32", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["machine"]["bf16_kernel_choice"] is None
+    assert {r["bf16_kernel"] for r in report["results"] if r["engine"] == "sparserl"} == {None}
 
 
 def test_bench_kv_schedule_adds_a_row_per_compressor_it_fits(tiny, fast_machine, monkeypatch, tmp_path, capsys):

@@ -13,6 +13,9 @@ roofline_tokens_per_s (:mod:`sparserl.bench.roofline`, from the machine's measur
 GEMM throughput, ``machine.memory_bandwidth_bytes_per_s`` and ``machine.gemm_flops_per_s``; a
 quantized row's from the bytes its weights and KV cache hold and its own products' measured rate,
 ``gemm_flops_per_s_by_quant``).
+A bfloat16 row on the native kernels names its weight products' kernel in ``bf16_kernel`` (``amx``,
+``avx512_bf16``, ...); the machine record's ``bf16_kernel_choice`` says why that one (measured once per
+machine where the CPU has two, :mod:`sparserl.rollout.bf16_kernel_choice`).
 A peer that cannot run here is listed under ``peers_skipped`` with the reason and how to install it.
 Every sparserl row of the unquantized sampler also carries ``predicted_ratio_vs_dense``: the cost model's
 (:mod:`sparserl.cost`) dense seconds over the row's, on the measured bandwidth and GEMM rate (None
@@ -270,6 +273,7 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
                 "quant_group": getattr(m.quantizer, "group", None),
                 "weight_bytes": m.weight_bytes(), "quant_kernel": m.quant_kernel,
                 "quant_emulated": m.quant_emulated, "quantize_s": m.last_quantize_s, "kernels": ran,
+                "bf16_kernel": m.bf16_kernel if ran == "native" else None,
                 "fused": ran == "native" and engine.fused and not engine.compile and fused.available(m)}
 
     rows: list[Row] = []
@@ -385,7 +389,9 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
             if r["engine"] == "sparserl" and r["compressor"] == "none" and (r["quant"], r["kv_quant"]) == (q, kq):
                 r.update(mm)
     info = machine_info(bw, gemm, batch, device=dev)
-    info.update(dtype=dtype_name, dtype_auto=choice.to_dict() if choice else None, model=model, prompt_tokens=P, repeat=repeat, sparserl_commit=sparserl_commit())
+    bf16_choice = dense_engine.bf16_kernel_choice
+    info.update(dtype=dtype_name, dtype_auto=choice.to_dict() if choice else None,
+                bf16_kernel_choice=bf16_choice.to_dict() if bf16_choice else None, model=model, prompt_tokens=P, repeat=repeat, sparserl_commit=sparserl_commit())
     info["gemm_flops_per_s_by_quant"] = {f"{q}/{kq}": c[2] for (q, kq), c in ceilings.items()}
     report = {"machine": info, "results": results}
     if skipped:

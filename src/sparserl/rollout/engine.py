@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models.loading import DTYPES, LoadedModel
+from .bf16_kernel_choice import choose as choose_bf16_kernel
 from .dtype_auto import choose, for_sampler, resolve_dtype
 from .cache import CompressedKVCache
-from . import fused
+from . import fused, native
 from .compiled import decode_layers
 from .kv.base import KVCompressor
 from .kv.none import Dense
@@ -94,7 +95,8 @@ class RolloutEngine:
                  dtype: str | torch.dtype | None = None, max_batch: int | None = None, compile: bool | str = False,
                  pack_weights: bool | None = None, kv_quant: str = "none", quant: str = "none",
                  quant_smooth: float = 0.0, quant_group: int | None = None, fused: bool = True,
-                 quant_outliers: int = 0, quant_head: bool = False, weights: dict | None = None):
+                 quant_outliers: int = 0, quant_head: bool = False, weights: dict | None = None,
+                 bf16_kernel: str | None = None):
         """``compressor``: a :class:`KVCompressor`; ``get_compressor("none")`` for a dense cache. ``weights``: the
         state dict the sampler starts from (None: ``loaded.model``'s own; see :class:`SamplerModel`).
         ``compile``: run each decode layer through ``torch.compile`` (:mod:`sparserl.rollout.compiled`;
@@ -109,7 +111,9 @@ class RolloutEngine:
         (:mod:`sparserl.rollout.quant.smooth`). ``quant_group``: inputs per weight and activation scale of
         ``int8_group`` (None: 64). ``quant_outliers``: input channels of every quantized linear kept in
         float32, chosen on the same calibration (:mod:`sparserl.rollout.quant.outliers`). ``quant_head``: the
-        LM head quantized too (:class:`SamplerModel`). ``fused``: on CPU, run each decode layer as three native calls
+        LM head quantized too (:class:`SamplerModel`). ``bf16_kernel``: which of
+        :func:`native.bf16_kernels` runs a bfloat16 sampler's products on CPU; None = the faster, measured
+        once per machine where there are two (:mod:`sparserl.rollout.bf16_kernel_choice`). ``fused``: on CPU, run each decode layer as three native calls
         (:mod:`sparserl.rollout.fused`; the same numbers) where its weights allow; False = the eager
         step, operator by operator (profiling)."""
         self.tokenizer = loaded.tokenizer
@@ -118,13 +122,21 @@ class RolloutEngine:
         self.dtype_choice = for_sampler(choose(param.device), quant) if dtype == "auto" else None
         self.dtype = (DTYPES[self.dtype_choice.dtype] if self.dtype_choice else
                       resolve_dtype(dtype) if dtype is not None else param.dtype)
+        #: which bf16 kernel was chosen and why (:mod:`sparserl.rollout.bf16_kernel_choice`); None where
+        #: given or not a bf16 sampler on the native kernels
+        self.bf16_kernel_choice = None
+        if (bf16_kernel is None and self.dtype == torch.bfloat16 and param.device.type == "cpu" and native.active()
+                and quant == "none"):
+            self.bf16_kernel_choice = choose_bf16_kernel(param.device)
+            bf16_kernel = self.bf16_kernel_choice.kernel
         calibration_ids = None
         if quant_smooth or quant_outliers:
             ids = self.tokenizer(CALIBRATION_TEXT, add_special_tokens=False)["input_ids"]
             calibration_ids = torch.tensor(ids[:CALIBRATION_TOKENS])[None]
         self.model = SamplerModel(loaded.model, self.dtype, pack_weights, quant=quant, quant_smooth=quant_smooth,
                                   calibration_ids=calibration_ids, quant_group=quant_group,
-                                  quant_outliers=quant_outliers, quant_head=quant_head, weights=weights)
+                                  quant_outliers=quant_outliers, quant_head=quant_head, weights=weights,
+                                  bf16_kernel=bf16_kernel)
         self.device = self.model.device
         self.compressor = _checked(compressor)
         self.max_batch = max_batch

@@ -60,8 +60,11 @@ class SamplerModel:
     def __init__(self, hf_model: torch.nn.Module, dtype: torch.dtype | None = None, pack_weights: bool | None = None,
                  quant: str = "none", quant_smooth: float = 0.0, calibration_ids: torch.Tensor | None = None,
                  quant_group: int | None = None, quant_outliers: int = 0, quant_head: bool = False,
-                 weights: dict[str, torch.Tensor] | None = None):
-        """``weights``: the state dict to start from (None: ``hf_model``'s own; a learner with LoRA adapters
+                 weights: dict[str, torch.Tensor] | None = None, bf16_kernel: str | None = None):
+        """``bf16_kernel``: which of :func:`native.bf16_kernels` runs a bfloat16 sampler's weight products
+        (its weights packed in that kernel's layout); None = the library's default (AMX where the CPU
+        has it; the engine passes its measured choice, :mod:`sparserl.rollout.bf16_kernel_choice`).
+        ``weights``: the state dict to start from (None: ``hf_model``'s own; a learner with LoRA adapters
         hands its merged weights). ``pack_weights``: keep a packed copy of every linear weight for the decode step's
         products (:func:`pack_weight`); None = when supported (CPU, float32, oneDNN built in); the
         quantized weights are not packed (their kernels pack their own). ``quant``: a name of
@@ -91,6 +94,11 @@ class SamplerModel:
         self.inv_freq = rot.inv_freq.detach().float().to(self.device).clone()
         self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
         self.pack_weights = packing_supported(self.device, self.dtype) if pack_weights is None else bool(pack_weights)
+        if bf16_kernel is not None and bf16_kernel not in native.bf16_kernels():
+            raise ValueError(f"sampler: bf16_kernel={bf16_kernel!r} does not run on this machine; it runs "
+                             f"{', '.join(native.bf16_kernels()) or 'none (no native library)'}")
+        self.bf16_layout = None if bf16_kernel is None else native.BF16_KERNEL_LAYOUT[bf16_kernel]
+        self.bf16_kernel: str | None = None  # the kernel that runs the packed bf16 weights (None: none packed)
         self.quantizer = build_quant(quant, group=quant_group)
         self.quant: str = self.quantizer.name
         self.quant_kernel: str = self.quantizer.kernel_on(self.device)  # what runs the layers' products
@@ -184,9 +192,10 @@ class SamplerModel:
         elif self.dtype == torch.bfloat16 and dev.type == "cpu" and native.active():  # the fused bf16 step's
             for w in [self.lm_head, *(t for lw in self.layers for t in (lw.qkv, lw.o, lw.gate_up, lw.down))]:
                 if isinstance(w, torch.Tensor):
-                    packed = native.pack_linear_bf16(w.float())  # bf16 -> float32 -> bf16: the same bits
+                    packed = native.pack_linear_bf16(w.float(), self.bf16_layout)  # bf16 -> f32 -> bf16: same bits
                     if packed is not None:
                         setattr(w, NATIVE_BF16, packed)
+                        self.bf16_kernel = native.bf16_kernel_of(packed)
 
     # --- calibration: SmoothQuant (quant.smooth) and outlier channels (quant.outliers) ----------------
     def _calibration_start(self) -> dict:

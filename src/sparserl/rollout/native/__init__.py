@@ -197,6 +197,8 @@ def load(path: str | Path):
     lib.sparserl_blocktopk_attention.restype = i
     lib.sparserl_bf16_panel_width.restype = i
     lib.sparserl_bf16_kernel.restype = i
+    lib.sparserl_bf16_kernel_for.argtypes = [i, i]
+    lib.sparserl_bf16_kernel_for.restype = i
     lib.sparserl_bf16_default_layout.restype = i
     lib.sparserl_to_bf16.argtypes = [i64, p, p]
     lib.sparserl_to_bf16.restype = None
@@ -505,6 +507,28 @@ def bf16_kernel(lib=None) -> str:
     return "torch" if lib is None else BF16_KERNELS[lib.sparserl_bf16_kernel()]
 
 
+#: the layout :func:`pack_linear_bf16` packs for each kernel (the kernel runs on weights of that layout)
+BF16_KERNEL_LAYOUT = {"amx": "amx", "avx512_bf16": "panels", "avx2": "panels", "c": "panels"}
+
+
+def bf16_kernels(lib=None) -> tuple[str, ...]:
+    """The kernels of ``linear_bf16.c`` this machine runs, each on its layout
+    (:data:`BF16_KERNEL_LAYOUT`): ``("amx", "avx512_bf16")`` on an AMX Xeon, ``("avx512_bf16",)`` on a
+    CPU with AVX512-BF16 only, ``("avx2",)``, ``("c",)``; the portable loops are left out where a
+    vector kernel runs. Empty without the library. Which of two is faster is measured, not assumed
+    (:mod:`sparserl.rollout.bf16_kernel_choice`)."""
+    lib = lib or library()
+    if lib is None:
+        return ()
+    found = []
+    for kernel, layout in BF16_KERNEL_LAYOUT.items():
+        width, kpad = _bf16_layout(layout, lib)
+        ran = BF16_KERNELS[lib.sparserl_bf16_kernel_for(width, kpad)]
+        if ran == kernel and kernel not in found:
+            found.append(kernel)
+    return tuple(k for k in found if k != "c") or ("c",)
+
+
 def _bf16_layout(layout: str | None, lib) -> tuple[int, int]:
     if layout is None:
         code = lib.sparserl_bf16_default_layout()
@@ -534,6 +558,12 @@ def pack_linear_bf16(w: torch.Tensor, layout: str | None = None, lib=None) -> to
     lib.sparserl_pack_bf16(N, K, width, kpad, w.data_ptr(), packed.data_ptr())
     packed.out_features, packed.in_features, packed.panel_width, packed.k_pad = N, K, width, kpad
     return packed
+
+
+def bf16_kernel_of(packed: torch.Tensor, lib=None) -> str:
+    """The kernel :func:`linear_bf16` runs here on these panels (by their layout)."""
+    lib = lib or library()
+    return "torch" if lib is None else BF16_KERNELS[lib.sparserl_bf16_kernel_for(packed.panel_width, packed.k_pad)]
 
 
 def unpack_bf16(packed: torch.Tensor) -> torch.Tensor:

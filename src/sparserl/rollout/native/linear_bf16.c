@@ -437,6 +437,9 @@ static int kernel_for(int width, int kpad) {
     return KERNEL_C;
 }
 
+/* The kernel sparserl_linear_bf16 runs here on weights packed with this width and kpad (codes as below) */
+int sparserl_bf16_kernel_for(int width, int kpad) { return width > 0 && kpad > 0 ? kernel_for(width, kpad) : -1; }
+
 /* The kernel this machine runs on the layout it packs for by default (sparserl_bf16_default_layout):
  * 3 AMX, 2 AVX512-BF16, 1 AVX2, 0 portable C. */
 int sparserl_bf16_kernel(void) {

@@ -1,0 +1,103 @@
+"""Which of ``linear_bf16.c``'s kernels the bf16 sampler runs where the CPU offers two: measured, not
+assumed (issue 33).
+
+An AMX Xeon runs the fused bf16 step's weight products two ways (:func:`native.bf16_kernels`): AMX tiles
+(``_tile_dpbf16ps``, weights packed in 1 KB B tiles) and AVX512-BF16 (``vdpbf16ps`` on 32-column
+panels). A tile does 16 x 16 x 32 multiply-adds an instruction, but a decode step's 16 rows stream
+every weight from memory once, and the tiles add their own loads, stores and configuration: which one is
+faster at that shape is a property of the machine, and no session has yet run our AMX path on one. So the
+first bf16 sampler built on such a CPU times its decode step on each kernel, with
+:mod:`sparserl.rollout.dtype_auto`'s probe (SmolLM2-135M's shape, random weights, batch 16, a dense
+cache): :data:`~sparserl.rollout.dtype_auto.ROUNDS` rounds in alternating order, the median of the
+per-round ratios decides, and the answer is cached beside ``dtype: auto``'s, under the same machine key
+(CPU model and instruction sets, torch, kernels). A CPU with one kernel measures nothing.
+
+An engine given ``bf16_kernel`` runs that kernel (an error names the ones this machine has); the
+answer and its reason are the engine's ``bf16_kernel_choice`` and the bench JSON's ``bf16_kernel_choice``.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from . import dtype_auto, native
+from .dtype_auto import ROUNDS, decode_step_seconds, machine_key, probe_model
+
+
+@dataclass
+class KernelChoice:
+    """The bf16 kernel chosen and why."""
+    kernel: str
+    reason: str
+    key: str
+    seconds_per_step: dict = field(default_factory=dict)  # kernel -> median seconds of one decode step
+    ratio_rounds: list = field(default_factory=list)  # per round: the second kernel's step time / the first's
+    measured_at: str = ""
+    cached: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def cache_key(device: torch.device) -> str:
+    return f"{machine_key(device)} | bf16 kernel"
+
+
+def _engine_timer(kernels: tuple[str, ...], device: torch.device):
+    """``timer(kernel) -> seconds of one bf16 decode step`` on that kernel, each engine warmed up once."""
+    from .engine import RolloutEngine
+    from .kv import build_compressor
+
+    lm = probe_model(device)
+    engines = {}
+    for kernel in kernels:
+        engines[kernel] = RolloutEngine(lm, build_compressor("none"), dtype=torch.bfloat16, bf16_kernel=kernel)
+        decode_step_seconds(engines[kernel])
+    return lambda kernel: decode_step_seconds(engines[kernel])
+
+
+def measure(kernels: tuple[str, ...], device: torch.device, timer=None) -> KernelChoice:
+    """Time the two kernels (:data:`ROUNDS` rounds, each timing both, alternating which goes first) and
+    choose the faster by the median of the per-round ratios. ``timer(kernel)``: seconds of one decode
+    step (default: the engine's; tests pass a fake)."""
+    first, second = kernels
+    timer = timer or _engine_timer(kernels, device)
+    per = {k: [] for k in kernels}
+    ratios = []
+    for k in range(ROUNDS):
+        for kernel in (kernels if k % 2 == 0 else kernels[::-1]):
+            per[kernel].append(timer(kernel))
+        ratios.append(per[second][-1] / per[first][-1])
+    ratio = statistics.median(ratios)
+    chosen, other = (second, first) if ratio < 1.0 else (first, second)
+    speedup = 1 / ratio if chosen == second else ratio
+    reason = (f"measured: a bf16 decode step on {chosen} is {speedup:.2f}x one on {other} (median of {ROUNDS} "
+              f"per-round ratios, SmolLM2-135M's shape, batch 16)")
+    return KernelChoice(chosen, reason, cache_key(device), {k: statistics.median(v) for k, v in per.items()},
+                        [round(r, 4) for r in ratios], time.strftime("%Y-%m-%dT%H:%M:%S"))
+
+
+def choose(device: str | torch.device = "cpu", timer=None, log=print, kernels: tuple[str, ...] | None = None) -> KernelChoice:
+    """The bf16 kernel for the fused step on ``device`` (a CPU): the only one where there is one, else the
+    cached measurement for this machine, else measured now (and cached). ``kernels``: the candidates
+    (default :func:`native.bf16_kernels`)."""
+    device = torch.device(device)
+    kernels = tuple(kernels if kernels is not None else native.bf16_kernels())
+    key = cache_key(device)
+    if len(kernels) == 1:
+        return KernelChoice(kernels[0], f"the only bf16 kernel this machine runs ({kernels[0]})", key)
+    if len(kernels) != 2:
+        raise ValueError(f"bf16 kernels to choose from: expected one or two, got {kernels!r}")
+    cached = dtype_auto._read_cache().get(key)
+    if isinstance(cached, dict) and cached.get("kernel") in kernels:
+        return KernelChoice(**{**cached, "cached": True})
+    log(f"bf16 kernel: timing the bf16 decode step on {' and '.join(kernels)} on {key} (once) ...")
+    choice = measure(kernels, device, timer)
+    log(f"bf16 kernel: {choice.kernel} ({choice.reason}); cached in {dtype_auto._cache_path()}")
+    data = dtype_auto._read_cache()
+    data[key] = choice.to_dict()
+    dtype_auto._write_cache(data)
+    return choice
