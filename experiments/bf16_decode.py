@@ -35,10 +35,10 @@ from sparserl.rollout.kv import build_compressor
 from sparserl.rollout.replay import replay
 from sparserl.rollout.sampling import SamplingParams
 
-def arms() -> list[tuple[str, bool, str | None]]:
+def arms(eager: bool = True) -> list[tuple[str, bool, str | None]]:
     """(dtype, fused, bf16 kernel): float32, the fused bf16 step on each bf16 kernel, the eager bf16 step."""
     return [("float32", True, None), *(("bfloat16", True, k) for k in native.bf16_kernels() or (None,)),
-            ("bfloat16", False, None)]
+            *([("bfloat16", False, None)] if eager else [])]
 
 
 def arm_name(dtype: str, is_fused: bool, kernel: str | None = None) -> str:
@@ -81,11 +81,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--mismatch-n", type=int, default=8, help="responses replayed for the mismatch (0: none)")
+    ap.add_argument("--skip-eager", action="store_true", help="leave out the eager bf16 arm (the slowest)")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
     lm = load_model("smollm2-135m", dtype="float32")
     engines = {}
-    for dtype, is_fused, kernel in arms():
+    for dtype, is_fused, kernel in arms(not args.skip_eager):
         name = arm_name(dtype, is_fused, kernel)
         base = RolloutEngine(lm, build_compressor("none"), dtype=dtype, fused=is_fused,
                              bf16_kernel=kernel if is_fused else None)

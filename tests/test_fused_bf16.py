@@ -174,7 +174,7 @@ def test_the_fused_bf16_step_on_emulated_amx_tiles(tiny_bf16_rounded, generate_f
     params = SamplingParams(n=2, max_new_tokens=24, seed=3, temperature=1.0, ignore_eos=True)
     here = RolloutEngine(tiny_bf16_rounded, make("rkv"), dtype="bfloat16")
     monkeypatch.setattr(native, "library", lambda: emulated)
-    amx = RolloutEngine(tiny_bf16_rounded, make("rkv"), dtype="bfloat16")
+    amx = RolloutEngine(tiny_bf16_rounded, make("rkv"), dtype="bfloat16", bf16_kernel="amx")  # not measured
     panels = getattr(amx.model.layers[0].qkv, NATIVE_BF16)
     assert (panels.panel_width, panels.k_pad) == (16, 32) and native.bf16_kernel(emulated) == "amx"
     out = generate_fused(amx, PROMPTS, params)
