@@ -128,6 +128,40 @@ def test_a_response_samples_the_same_in_any_batch(tiny, compressor):
     assert eng.generate(prompts[1:2], p).response_ids != whole.response_ids[3:6]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("compressor", ["none", "snapkv", "h2o_prompt"])
+def test_a_prompt_held_by_many_rows_is_prefilled_once(tiny, compressor, dtype, monkeypatch):
+    """A group's n rows share their prompt's prefill: the model runs it over the distinct prompts only
+    (two equal prompts count once), and every row gets its own prefill's outputs: the logits, keys and
+    values, SnapKV's window queries, H2O's prompt attention (the tokens and log-probs of a prefill over
+    every row, on the tiny model the same bits)."""
+    kw = {"none": {}, "snapkv": {"budget": 12, "step_length": 4, "window": 4},
+          "h2o_prompt": {"budget": 6, "step_length": 2, "compress_prompt": True}}[compressor]
+    eng = RolloutEngine(tiny, get_compressor(compressor.split("_")[0], **kw), dtype=dtype)
+    prompts = ["What is 3 + 5?", "a b c d e f g", "What is 3 + 5?", "Tell me a story, a long one."]
+    params = SamplingParams(n=3, max_new_tokens=24, seed=1, temperature=1.0, ignore_eos=True)
+    prefill, rows = eng.model.prefill, []
+
+    def spy(ids, *a, **k):
+        rows.append(ids.shape[0])
+        return prefill(ids, *a, **k)
+    monkeypatch.setattr(eng.model, "prefill", spy)
+    shared = eng.generate(prompts, params)
+    assert rows == [3]  # 12 rows, 3 distinct prompts
+    monkeypatch.setattr(eng, "_prefill_distinct", lambda prompts, ids, valid, positions, q, at:
+                        eng.model.prefill(ids, valid, positions, q, at))
+    each = eng.generate(prompts, params)
+    assert rows == [3, 12] and shared.response_ids == each.response_ids
+    for a, b in zip(shared.sampler_logprobs, each.sampler_logprobs):
+        assert torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+    assert shared.kv.compressions == each.kv.compressions and (compressor == "none") == (each.kv.compressions == 0)
+    eng.max_batch = 5  # chunks of 5 rows: prompts 0, 1 | 1, 2 (= 0), 3 | 3
+    rows.clear()
+    monkeypatch.undo()
+    monkeypatch.setattr(eng.model, "prefill", spy)
+    assert eng.generate(prompts, params).response_ids == shared.response_ids and rows == [2, 3, 1]
+
+
 def test_eos_and_stop_strings_finish_per_sequence(tiny):
     eng = RolloutEngine(tiny, DENSE)
     out = eng.generate(PROMPTS[:1], SamplingParams(n=8, max_new_tokens=30, seed=0, temperature=1.5))

@@ -325,6 +325,19 @@ def test_capacity_rule(name, compress_prompt):
         assert c.capacity(P, max_new) <= DENSE.capacity(P, max_new) == P + max_new
 
 
+@pytest.mark.parametrize("extra", [-1, 0, 1])
+@pytest.mark.parametrize("name", EVICTING)
+def test_a_compressible_prompt_of_the_buffers_size_leaves_room(tiny, name, extra):
+    """A compressible prompt of budget + step length tokens (the whole buffer) is compressed at prefill:
+    the first response token has a slot (it used to be written one past the buffer's end)."""
+    comp = make(name, budget=10, step=2, compress_prompt=True, **({"window": 4} if name == "rkv" else {}))
+    eng = RolloutEngine(tiny, comp)
+    ids = eng.encode("What is 3 + 5? " * 4)[: comp.capacity(10**6, 10**6) + extra]
+    out = eng.generate(None, SamplingParams(n=2, max_new_tokens=7, seed=0, ignore_eos=True), prompt_ids=[ids])
+    assert [len(r) for r in out.response_ids] == [7, 7] and max(out.kv_tokens_kept) <= 10 + 2
+    assert out.kv.compressions >= 1
+
+
 @pytest.mark.parametrize("compress_prompt", [False, True])
 @pytest.mark.parametrize("name", ALL)
 def test_engine_buffers_follow_the_capacity_rule(tiny, name, compress_prompt):

@@ -98,9 +98,10 @@ class CompressedKVCache:
         self.pos = torch.zeros(nl, B, hkv, capacity, dtype=torch.int32, device=dev)
         self.attn_acc = (torch.zeros(nl, B, hkv, capacity, dtype=torch.float32, device=dev)
                          if self.track_attention else None)
-        if P > capacity:
-            # only reachable with a compressible prompt longer than the budget: compress the prompt
-            # while it still sits in the prefill tensors, then copy the kept slots in
+        if P >= capacity:
+            # only reachable with a compressible prompt that fills the buffer (budget + step length, or
+            # more): compress the prompt while it still sits in the prefill tensors, then copy the kept
+            # slots in (a prompt of exactly the buffer's size left no slot for the first response token)
             self._compress_prefill(keys, values, pos, valid, queries, attn_acc)
         else:
             for layer in range(nl):
@@ -377,7 +378,7 @@ class CompressedKVCache:
                 self.start[rows] = new_start
 
     def _compress_prefill(self, keys, values, pos, valid, queries, attn_acc) -> None:
-        """Compress a compressible prompt longer than the buffer while it sits in the prefill
+        """Compress a compressible prompt that fills the buffer while it sits in the prefill
         tensors; only the kept slots are copied into the (budget-sized) buffers."""
         c = self.compressor
         B, P = valid.shape
