@@ -244,11 +244,14 @@ class RolloutEngine:
         either way), so each row gets its own prefill's values, up to the order of the sums a BLAS picks
         for another number of rows: on SmolLM2-135M with MKL, float32 log-probs moved by up to 3e-5 and bf16
         not at all (the tokens were the same; the tiny test model's are the same bits)."""
-        first: dict[tuple, int] = {}
+        first: dict[tuple, int] = {}  # a distinct prompt -> its number, in order of first appearance
         index = [first.setdefault(tuple(x), len(first)) for x in prompts]
         if len(first) == len(prompts):
             return self.model.prefill(ids, valid, positions, want_q, want_attn)
-        rows = torch.tensor([index.index(u) for u in range(len(first))], device=ids.device)
+        seen: dict[int, int] = {}  # the first row of each distinct prompt
+        for row, u in enumerate(index):
+            seen.setdefault(u, row)
+        rows = torch.tensor(list(seen.values()), device=ids.device)
         out = self.model.prefill(ids[rows], valid[rows], positions[rows], want_q, want_attn)
         back = torch.tensor(index, device=ids.device)
         return tuple(None if x is None else x.index_select(0, back) if isinstance(x, torch.Tensor)
