@@ -3,7 +3,7 @@ bfloat16 matmul, at a decode step's 16 rows on SmolLM2-135M's product shapes (is
 building block). Every shape is timed over 30 layers of distinct weights called one after the other
 (the model's 30 layers: the weights stream from memory as in a decode step), best of 3 passes; in
 each of 5 rounds every arm runs in the same process (arms in a rotated order), and a ratio is the
-median of the per-round ratios. Writes docs/results/bf16_linear.json.
+median of the per-round ratios. Writes docs/results/bf16_linear/products.json.
 
 Arms: ``float32`` native.linear on its panels; ``bf16`` native.linear_bf16 on pack_linear_bf16's
 layout (x float32 in, rounded to bf16 in the kernel, float32 out); ``torch_bf16``
@@ -35,7 +35,7 @@ SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (5
 KERNELS = native.bf16_kernels()
 BF16_ARMS = ("bf16",) if len(KERNELS) < 2 else tuple(f"bf16_{k}" for k in KERNELS)
 ARMS = ("float32", *BF16_ARMS, "torch_bf16", "torch_float32")
-OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "bf16_linear.json"
+OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "bf16_linear" / "products.json"
 
 
 def arms_for(N: int, K: int, gen: torch.Generator) -> tuple[dict, torch.Tensor]:

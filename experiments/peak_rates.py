@@ -5,7 +5,9 @@ A small C file is compiled here (gcc -O3 -march=native -fopenmp) and run through
 keeps enough independent accumulators in registers to hide latency, with no memory traffic:
 - ``fma``: float32 ``vfmadd231ps`` on 8 lanes (the float32 kernels' inner op): 8 MAC each;
 - ``int8``: ``vpmaddubsw`` + ``vpmaddwd`` + ``vpaddd`` (the ``int8`` kernel's inner op): 32 MAC each;
-- ``int8_sign``: the same with ``vpsignb`` twice in front (the ``int8_group`` kernel's inner op).
+- ``int8_sign``: the same with ``vpsignb`` twice in front (the ``int8_group`` kernel's inner op);
+- ``fma512``: float32 ``vfmadd231ps`` on 16 lanes (where the CPU has AVX512F): 16 MAC each;
+- ``bf16``: ``vdpbf16ps`` on 16 lanes (where it has AVX512-BF16; ``linear_bf16.c``'s inner op): 32 MAC each.
 Each on 1 thread and on every thread (OpenMP), in giga multiply-accumulates per second, the best of 5.
 
     python3 experiments/peak_rates.py
@@ -77,6 +79,50 @@ double int8_loop(long iters, int threads, int sign) {
     }
     return sink;
 }
+
+#if defined(__AVX512F__)
+double fma512_loop(long iters, int threads) {
+    double sink = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+        __m512 x = _mm512_set1_ps(1.0001f + omp_get_thread_num()), w = _mm512_set1_ps(0.9999f);
+#define D5(i) __m512 a##i = _mm512_set1_ps((float)i);
+        REP8(D5) __m512 a8 = _mm512_setzero_ps(), a9 = a8, a10 = a8, a11 = a8;
+        for (long n = 0; n < iters; n++) {
+#define F5(i) a##i = _mm512_fmadd_ps(x, w, a##i);
+            REP8(F5) F5(8) F5(9) F5(10) F5(11)
+            __asm__("" : "+v"(x), "+v"(w));
+        }
+        __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                                 _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+        s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+        sink += _mm512_reduce_add_ps(s);
+    }
+    return sink;
+}
+#endif
+
+#if defined(__AVX512BF16__)
+double bf16_loop(long iters, int threads) {
+    double sink = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+        __m512bh x = (__m512bh)_mm512_set1_epi32(0x3F803F80 + omp_get_thread_num()), w = (__m512bh)_mm512_set1_epi32(0x3F7F3F7F);
+#define DB(i) __m512 b##i = _mm512_set1_ps((float)i);
+        REP8(DB) __m512 b8 = _mm512_setzero_ps(), b9 = b8, b10 = b8, b11 = b8;
+        for (long n = 0; n < iters; n++) {
+#define FB(i) b##i = _mm512_dpbf16_ps(b##i, x, w);
+            REP8(FB) FB(8) FB(9) FB(10) FB(11)
+            __asm__("" : "+v"(x), "+v"(w));
+        }
+        __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)),
+                                 _mm512_add_ps(_mm512_add_ps(b4, b5), _mm512_add_ps(b6, b7)));
+        s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b8, b9), _mm512_add_ps(b10, b11)));
+        sink += _mm512_reduce_add_ps(s);
+    }
+    return sink;
+}
+#endif
 """
 
 
@@ -89,6 +135,10 @@ def build() -> ctypes.CDLL:
     dll.fma_loop.argtypes = [ctypes.c_long, ctypes.c_int]
     dll.int8_loop.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_int]
     dll.fma_loop.restype = dll.int8_loop.restype = ctypes.c_double
+    for name in ("fma512_loop", "bf16_loop"):  # present where the CPU has the instructions
+        if hasattr(dll, name):
+            getattr(dll, name).argtypes = [ctypes.c_long, ctypes.c_int]
+            getattr(dll, name).restype = ctypes.c_double
     return dll
 
 
@@ -107,6 +157,10 @@ def main() -> None:
     cases = {"fma (float32)": (lambda n, t: dll.fma_loop(n, t), 12 * 8),
              "int8 (maddubs+madd+add)": (lambda n, t: dll.int8_loop(n, t, 0), 8 * 32),
              "int8_sign (+2 vpsignb)": (lambda n, t: dll.int8_loop(n, t, 1), 8 * 32)}
+    if hasattr(dll, "fma512_loop"):
+        cases["fma512 (float32, zmm)"] = (lambda n, t: dll.fma512_loop(n, t), 12 * 16)
+    if hasattr(dll, "bf16_loop"):
+        cases["bf16 (vdpbf16ps, zmm)"] = (lambda n, t: dll.bf16_loop(n, t), 12 * 32)
     print(f"{'loop':26s} {'1 thread':>12s} {f'{threads} threads':>12s}   (GMAC/s, best of 5)")
     for name, (fn, macs) in cases.items():
         print(f"{name:26s} {rate(fn, macs, 1):12.1f} {rate(fn, macs, threads):12.1f}", flush=True)
