@@ -7,13 +7,15 @@
 #      bf16 step against float32, deterministic tokens);
 #   2. experiments/bf16_linear_bench.py: the weight products at 16 rows on AMX tiles, on AVX512-BF16,
 #      in float32 and in torch's bf16, in one process (which bf16 kernel is faster at a decode step's shape);
+#      experiments/bf16_kernel_variants.py: the AMX path with its B tiles prefetched 0-4 k-blocks ahead;
 #   3. experiments/bf16_decode.py: the fused bf16 step (on each bf16 kernel, and on the one the engine
 #      measured and chose: rollout/bf16_kernel_choice.py) against float32 and the eager bf16 step in one
 #      process, batch 16, 256 and 1,024 tokens (the issue's >= 1.6x our float32).
 # The model is SmolLM2-135M's shapes with random weights (experiments/random_smollm2.py) where the embedded
 # GGUF is absent: speed is the model's, the mismatch figures are not (--mismatch-n 0 there).
 #   OUT=dir bash experiments/amx_check.sh            # .gpu/smol and .whl carried, as for cuda_check.sh
-# About 6 min on 2 cores (tests 1, products 0.5, the kernel's measurement 0.3, 256 tokens 4); LONG=1 adds 1,024 tokens.
+# About 8 min on 2 cores (tests 1, products 0.5, build variants 2, the kernel's measurement 0.3, 256 tokens 4);
+# LONG=1 adds 1,024 tokens.
 set -uo pipefail
 OUT=${OUT:-/tmp/amx_check}; mkdir -p "$OUT"
 if [ -d .whl ] && ! python3 -c "import pydantic, math_verify, gguf" 2>/dev/null; then
@@ -39,6 +41,9 @@ $PIN timeout ${TEST_S:-200} python3 -m pytest -q -p no:cacheprovider -p no:bench
 echo "=== bf16 weight products at 16 rows, per kernel"
 $PIN timeout ${LINEAR_S:-120} python3 experiments/bf16_linear_bench.py --rounds 3 --out "$OUT/amx_linear.json" 2>&1 \
   | grep -A8 '"step"' | head -9
+echo "=== the AMX path's B-tile prefetch (0 shipped, 1, 2, 4 k-blocks ahead) and AVX512-BF16's, per build"
+$PIN timeout ${VARIANTS_S:-150} python3 experiments/bf16_kernel_variants.py --rounds 3 \
+  --only "prefetch 0,amx,amx prefetch 1,amx prefetch 2,amx prefetch 4" --json "$OUT/amx_variants.json" 2>&1 | tail -6
 echo "=== the engine's bf16 kernel, measured"
 $PIN python3 -c "from sparserl.rollout import bf16_kernel_choice as c; print(c.choose('cpu').to_dict())" 2>&1 | tail -2
 echo "=== bf16 decode, 256 tokens"

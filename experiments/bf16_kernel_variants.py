@@ -1,6 +1,8 @@
-"""Build-time variants of ``linear_bf16.c``'s vector kernel, timed against the shipped build in one
-process: rows per tile (``-DRB``, AVX512-BF16: 8 or 4) and software prefetch ahead of the first row
-block (``-DPREFETCH_K2``, panel rows ahead; 0 = none; the shipped build: 64). The timed unit is a decode step's weight
+"""Build-time variants of ``linear_bf16.c``'s kernels, timed against the shipped build in one process:
+rows per tile (``-DRB``, AVX512-BF16: 8 or 4) and software prefetch ahead of the first row block
+(``-DPREFETCH_K2``, panel rows ahead; 0 = none; the shipped build: 64); where the CPU runs AMX tiles,
+also the AMX path (its own layout) with its B tiles prefetched 0 (shipped), 1, 2 or 4 k-blocks ahead
+(``-DAMX_PREFETCH``). The timed unit is a decode step's weight
 products at 16 rows on SmolLM2-135M's shapes, 30 layers of distinct weights one after the other (the
 weights stream from memory as in the step), best of 3 passes; rounds rotate the order, and a ratio is the
 median of the per-round ratios (shipped time / variant time: > 1, the variant is faster).
@@ -26,24 +28,34 @@ SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (5
 VARIANTS = {"shipped": "", "RB=4": "-DRB=4", "prefetch 0": "-DPREFETCH_K2=0", "prefetch 16": "-DPREFETCH_K2=16",
             "prefetch 32": "-DPREFETCH_K2=32", "prefetch 64": "-DPREFETCH_K2=64", "prefetch 128": "-DPREFETCH_K2=128",
             "prefetch 256": "-DPREFETCH_K2=256"}
+if "amx" in native.bf16_kernels():
+    VARIANTS.update({"amx": "", "amx prefetch 1": "-DAMX_PREFETCH=1", "amx prefetch 2": "-DAMX_PREFETCH=2",
+                     "amx prefetch 4": "-DAMX_PREFETCH=4"})
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--only", default=None, help="comma-separated variant names (default: all; 'shipped' always runs)")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
+    chosen = {"shipped", *args.only.split(",")} if args.only else set(VARIANTS)
+    unknown = chosen - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"--only: unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     libs = {name: native.load(native.build(flags=native.flags_for(f"-march=native {extra}".strip())))
-            for name, extra in VARIANTS.items()}
+            for name, extra in VARIANTS.items() if name in chosen}
     gen = torch.Generator().manual_seed(0)
     x = {name: torch.randn(ROWS, K, generator=gen) for name, (N, K) in SHAPES.items()}
     weights = {name: [torch.randn(N, K, generator=gen) * 0.05 for _ in range(LAYERS)] for name, (N, K) in SHAPES.items()}
-    packed = {v: {s: [native.pack_linear_bf16(w, "panels", lib=lib) for w in ws] for s, ws in weights.items()}
-              for v, lib in libs.items()}
+    packed = {v: {s: [native.pack_linear_bf16(w, "amx" if v.startswith("amx") else "panels", lib=lib) for w in ws]
+                  for s, ws in weights.items()} for v, lib in libs.items()}
     ref = {s: native.linear_bf16(x[s], packed["shipped"][s][0], lib=libs["shipped"]) for s in SHAPES}
-    for v, lib in libs.items():  # each variant computes the same product (the same sums, in the same order)
+    for v, lib in libs.items():  # each variant computes the same product (AVX512: the same sums in the same order)
         for s in SHAPES:
-            assert torch.equal(native.linear_bf16(x[s], packed[v][s][0], lib=lib), ref[s]), (v, s)
+            y = native.linear_bf16(x[s], packed[v][s][0], lib=lib)
+            assert (torch.equal(y, ref[s]) if not v.startswith("amx") else
+                    bool(((y - ref[s]).abs() <= 1e-4 * ref[s].abs().max()).all())), (v, s)
 
     def step(v):
         lib = libs[v]
@@ -60,7 +72,7 @@ def main() -> None:
             t_best = min(t_best, time.perf_counter() - t)
         return t_best
 
-    names = list(VARIANTS)
+    names = list(libs)
     rounds = []
     for r in range(args.rounds):
         row = {v: best(v) for v in names[r % len(names):] + names[: r % len(names)]}
@@ -79,8 +91,9 @@ def main() -> None:
     result = {"machine": {"cpu": cpu_name(), "isa": native.isa(), "bf16_kernels": native.bf16_kernels(),
                           "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                           "python": platform.python_version()},
-              "command": f"python3 experiments/bf16_kernel_variants.py --rounds {args.rounds} --json {args.json}",
-              "variants": VARIANTS, "rows": ROWS, "layers": LAYERS, "shapes": SHAPES,
+              "command": f"python3 experiments/bf16_kernel_variants.py --rounds {args.rounds}"
+                         + (f" --only {args.only}" if args.only else "") + f" --json {args.json}",
+              "variants": {n: VARIANTS[n] for n in names}, "rows": ROWS, "layers": LAYERS, "shapes": SHAPES,
               "weight_bytes_per_step": weight_bytes, "macs_per_step": macs,
               "rounds_seconds": rounds, "summary": summary}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

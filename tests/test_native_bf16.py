@@ -272,6 +272,17 @@ def test_the_amx_path_with_emulated_tiles_is_within_the_bound(amx_emulated_build
         torch.set_num_threads(threads)
 
 
+def test_the_amx_prefetch_build_gives_the_same_bits(amx_emulated_build):
+    """``-DAMX_PREFETCH=2`` (B tiles prefetched two k-blocks ahead, a variant an AMX machine times,
+    experiments/bf16_kernel_variants.py) compiles and changes no bit: a prefetch is only a hint."""
+    prefetching = native.load(native.build(flags=native.flags_for("-march=native -DSPARSERL_AMX_EMULATE -DAMX_PREFETCH=2")))
+    for M, N, K in [(16, 960, 576), (33, 50, 96), (3, 33, 1)]:
+        w, x, b = case(M, N, K, seed=9)
+        packed = native.pack_linear_bf16(w, lib=prefetching)
+        assert torch.equal(native.linear_bf16(x, packed, b, lib=prefetching),
+                           native.linear_bf16(x, packed, b, lib=amx_emulated_build))
+
+
 @pytest.fixture(scope="module")
 def portable_build():
     """The library without -march (the plain C loops a CPU without AVX2 runs)."""

@@ -242,6 +242,13 @@ static int amx_usable(void) {
 }
 #endif
 
+/* How many k-blocks (B tiles of 32 k) ahead the AMX path prefetches its two panels' B tiles, in the first
+ * 16-row block (0: none, the default). Not measured on AMX hardware yet: experiments/bf16_kernel_variants.py
+ * times 0, 1, 2 and 4 on an AMX machine (experiments/amx_check.sh), so the default waits for that. */
+#ifndef AMX_PREFETCH
+#define AMX_PREFETCH 0
+#endif
+
 /* Y (+)= Xb Wb^T over the 16-column panels [p0, p1) (Xb: Mp = M rounded up to 16 rows of Kp bf16,
  * zero past M and K), two panels (two C tiles) at a time. Each thread configures its own tiles. */
 AMX_TARGET static void amx_panels(int M, int N, int Kp, const uint16_t *Xb, const uint16_t *Wb, const float *bias,
@@ -261,6 +268,11 @@ AMX_TARGET static void amx_panels(int M, int N, int Kp, const uint16_t *Xb, cons
                 _tile_zero(0);
                 _tile_zero(1);
                 for (int b = 0; b < KB; b++) {
+                    if (AMX_PREFETCH && m0 == 0 && b + AMX_PREFETCH < KB)
+                        for (int line = 0; line < 16; line++) { /* the B tiles AMX_PREFETCH k-blocks ahead */
+                            __builtin_prefetch(w0 + (b + AMX_PREFETCH) * tile + 32 * line, 0, 3);
+                            if (two) __builtin_prefetch(w1 + (b + AMX_PREFETCH) * tile + 32 * line, 0, 3);
+                        }
                     _tile_loadd(2, x + 32 * b, 2 * Kp);
                     _tile_loadd(3, w0 + b * tile, 64);
                     _tile_dpbf16ps(0, 2, 3);
