@@ -39,12 +39,23 @@ def gemm_flops_per_s(model, rows: int, repeats: int = 5) -> float:
     every weight of :func:`decode_linear_weights`, through ``model.linear`` (the call the decode
     makes, same orientation, same weights in memory: a quantized sampler's run its int8 kernels), 2
     FLOPs (one multiply-add) per weight element per row; the best of ``repeats`` timed passes after
-    one warm-up pass."""
+    one warm-up pass. A bf16 weight with its ``linear_bf16.c`` panels runs on them, as in the fused
+    step (float32 activations rounded inside the kernel), not through torch's bf16 product."""
+    from ..rollout.model import NATIVE_BF16
+
     weights = decode_linear_weights(model)
     gen = torch.Generator().manual_seed(0)
     inputs = {}
-    def key(w):  # a quantized weight (QuantizedLinear) takes float32 activations, a plain one its own dtype
-        return w.shape[1], (w.dtype if isinstance(w, torch.Tensor) else torch.float32)
+    panels = {id(w): getattr(w, NATIVE_BF16) for w in weights
+              if native.active() and getattr(w, NATIVE_BF16, None) is not None}
+
+    def key(w):  # a quantized weight or bf16 panels take float32 activations, a plain weight its own dtype
+        return w.shape[1], (w.dtype if isinstance(w, torch.Tensor) and id(w) not in panels else torch.float32)
+
+    def product(w):
+        if id(w) in panels:
+            return native.linear_bf16(inputs[key(w)], panels[id(w)])
+        return model.linear(inputs[key(w)], w)
 
     for w in weights:
         if key(w) not in inputs:
@@ -55,7 +66,7 @@ def gemm_flops_per_s(model, rows: int, repeats: int = 5) -> float:
         for i in range(repeats + 1):
             t = time.perf_counter()
             for w in weights:
-                model.linear(inputs[key(w)], w)
+                product(w)
             if model.device.type == "cuda":
                 torch.cuda.synchronize()
             if i:  # the first pass warms up
