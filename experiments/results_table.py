@@ -116,12 +116,12 @@ HEADLINES = [
     Headline("block top-k (budget 256) / float32 dense", "blocktopk_L2048.json",
              {"engine": "sparserl", "compressor": "blocktopk"}, DENSE),
     Headline("R-KV (budget 256) / float32 dense", "blocktopk_L2048.json", RKV, DENSE),
-    Headline("bf16 fused dense / OpenVINO GenAI bf16 dense", "bf16_decode/openvino_bf16_L256.json", DENSE, OV_DENSE),
-    # the same machine, nineteenth session
-    Headline("bf16 fused dense / OpenVINO GenAI bf16 dense", "bf16_decode/openvino_bf16_L1024_kvscores.json",
+    # the same machine, twentieth session (the AVX512-BF16 tile prefetching: bf16_linear/)
+    Headline("bf16 fused dense / OpenVINO GenAI bf16 dense", "bf16_decode/openvino_bf16_L256_s20.json", DENSE, OV_DENSE),
+    Headline("bf16 fused dense / OpenVINO GenAI bf16 dense", "bf16_decode/openvino_bf16_L1024_s20.json",
              DENSE, OV_DENSE),
     Headline("bf16 R-KV (budget 256, step 32) / OpenVINO bf16 eviction, equal KV bytes",
-             "bf16_decode/openvino_bf16_L1024_kvscores.json", RKV, OV_EVICT),
+             "bf16_decode/openvino_bf16_L1024_s20.json", RKV, OV_EVICT),
 ]
 
 
