@@ -39,8 +39,9 @@ echo "=== bf16 tests on 2 cores"
 $PIN timeout ${TEST_S:-200} python3 -m pytest -q -p no:cacheprovider -p no:benchmark -o addopts= \
   tests/test_native_bf16.py tests/test_fused_bf16.py tests/test_bf16_kernel_choice.py tests/test_dtype_auto.py 2>&1 | tee "$OUT/tests.log" | tail -15
 echo "=== bf16 weight products at 16 rows, per kernel"
-$PIN timeout ${LINEAR_S:-120} python3 experiments/bf16_linear_bench.py --rounds 3 --out "$OUT/amx_linear.json" 2>&1 \
-  | grep -A8 '"step"' | head -9
+$PIN timeout ${LINEAR_S:-120} python3 experiments/bf16_linear_bench.py --rounds 3 --out "$OUT/amx_linear.json" > "$OUT/amx_linear.log" 2>&1
+python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print('kernels', d['machine']['bf16_kernels']); \
+[print(k, v['median'], v['per_round']) for k, v in d['ratios']['step'].items()]" "$OUT/amx_linear.json" 2>&1 | tail -8
 echo "=== the AMX path's B-tile prefetch (0 shipped, 1, 2, 4 k-blocks ahead) and AVX512-BF16's, per build"
 $PIN timeout ${VARIANTS_S:-150} python3 experiments/bf16_kernel_variants.py --rounds 3 \
   --only "prefetch 0,amx,amx prefetch 1,amx prefetch 2,amx prefetch 4" --json "$OUT/amx_variants.json" 2>&1 | tail -6
