@@ -80,48 +80,37 @@ double int8_loop(long iters, int threads, int sign) {
     return sink;
 }
 
-#if defined(__AVX512F__)
-double fma512_loop(long iters, int threads) {
-    double sink = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : sink)
-    {
-        __m512 x = _mm512_set1_ps(1.0001f + omp_get_thread_num()), w = _mm512_set1_ps(0.9999f);
-#define D5(i) __m512 a##i = _mm512_set1_ps((float)i);
-        REP8(D5) __m512 a8 = _mm512_setzero_ps(), a9 = a8, a10 = a8, a11 = a8;
-        for (long n = 0; n < iters; n++) {
-#define F5(i) a##i = _mm512_fmadd_ps(x, w, a##i);
-            REP8(F5) F5(8) F5(9) F5(10) F5(11)
-            __asm__("" : "+v"(x), "+v"(w));
-        }
-        __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                                 _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
-        s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
-        sink += _mm512_reduce_add_ps(s);
+/* 12 independent zmm accumulators a_i = OP(a_i, x, w), x and w of type T kept in registers */
+#define ZMM_LOOP(NAME, T, X0, W0, OP)                                                         \
+    double NAME(long iters, int threads) {                                                    \
+        double sink = 0;                                                                      \
+        _Pragma("omp parallel num_threads(threads) reduction(+ : sink)") {                    \
+            T x = X0, w = W0;                                                                 \
+            __m512 a0 = _mm512_set1_ps(0), a1 = _mm512_set1_ps(1), a2 = _mm512_set1_ps(2),    \
+                   a3 = _mm512_set1_ps(3), a4 = _mm512_set1_ps(4), a5 = _mm512_set1_ps(5),    \
+                   a6 = _mm512_set1_ps(6), a7 = _mm512_set1_ps(7), a8 = _mm512_setzero_ps(),  \
+                   a9 = a8, a10 = a8, a11 = a8;                                               \
+            for (long n = 0; n < iters; n++) {                                                \
+                a0 = OP(a0, x, w); a1 = OP(a1, x, w); a2 = OP(a2, x, w); a3 = OP(a3, x, w);   \
+                a4 = OP(a4, x, w); a5 = OP(a5, x, w); a6 = OP(a6, x, w); a7 = OP(a7, x, w);   \
+                a8 = OP(a8, x, w); a9 = OP(a9, x, w); a10 = OP(a10, x, w); a11 = OP(a11, x, w); \
+                __asm__("" : "+v"(x), "+v"(w));                                               \
+            }                                                                                 \
+            __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), \
+                                     _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7))); \
+            s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11))); \
+            sink += _mm512_reduce_add_ps(s);                                                  \
+        }                                                                                     \
+        return sink;                                                                          \
     }
-    return sink;
-}
-#endif
 
+#if defined(__AVX512F__)
+#define FMA512(a, x, w) _mm512_fmadd_ps(x, w, a)
+ZMM_LOOP(fma512_loop, __m512, _mm512_set1_ps(1.0001f + omp_get_thread_num()), _mm512_set1_ps(0.9999f), FMA512)
+#endif
 #if defined(__AVX512BF16__)
-double bf16_loop(long iters, int threads) {
-    double sink = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : sink)
-    {
-        __m512bh x = (__m512bh)_mm512_set1_epi32(0x3F803F80 + omp_get_thread_num()), w = (__m512bh)_mm512_set1_epi32(0x3F7F3F7F);
-#define DB(i) __m512 b##i = _mm512_set1_ps((float)i);
-        REP8(DB) __m512 b8 = _mm512_setzero_ps(), b9 = b8, b10 = b8, b11 = b8;
-        for (long n = 0; n < iters; n++) {
-#define FB(i) b##i = _mm512_dpbf16_ps(b##i, x, w);
-            REP8(FB) FB(8) FB(9) FB(10) FB(11)
-            __asm__("" : "+v"(x), "+v"(w));
-        }
-        __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)),
-                                 _mm512_add_ps(_mm512_add_ps(b4, b5), _mm512_add_ps(b6, b7)));
-        s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b8, b9), _mm512_add_ps(b10, b11)));
-        sink += _mm512_reduce_add_ps(s);
-    }
-    return sink;
-}
+ZMM_LOOP(bf16_loop, __m512bh, (__m512bh)_mm512_set1_epi32(0x3F803F80 + omp_get_thread_num()),
+         (__m512bh)_mm512_set1_epi32(0x3F7F3F7F), _mm512_dpbf16_ps)
 #endif
 """
 

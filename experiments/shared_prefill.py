@@ -31,7 +31,7 @@ from sparserl.rollout.sampling import SamplingParams
 
 
 def every_row(engine: RolloutEngine):
-    return lambda prompts, ids, valid, positions, q, at: engine.model.prefill(ids, valid, positions, q, at)
+    return lambda ids, valid, positions, q, at: engine.model.prefill(ids, valid, positions, q, at)
 
 
 def main() -> None:

@@ -148,7 +148,7 @@ def test_a_prompt_held_by_many_rows_is_prefilled_once(tiny, compressor, dtype, m
     monkeypatch.setattr(eng.model, "prefill", spy)
     shared = eng.generate(prompts, params)
     assert rows == [3]  # 12 rows, 3 distinct prompts
-    monkeypatch.setattr(eng, "_prefill_distinct", lambda prompts, ids, valid, positions, q, at:
+    monkeypatch.setattr(eng, "_prefill_distinct", lambda ids, valid, positions, q, at:
                         eng.model.prefill(ids, valid, positions, q, at))
     each = eng.generate(prompts, params)
     assert rows == [3, 12] and shared.response_ids == each.response_ids

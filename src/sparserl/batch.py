@@ -1,4 +1,5 @@
-"""The record that moves between stations (score, correct, train): one rollout batch as tensors.
+"""The record that moves between stations (score, correct, train): one rollout batch as tensors; and
+:func:`distinct_prompts`, which the sampler's prefill and the learner's shared-prompt forward both use.
 
 It lives outside every station so that each imports it without importing another station."""
 from __future__ import annotations
@@ -69,3 +70,18 @@ class RolloutBatch:
                 slp[i, : len(r)] = torch.tensor(lp, dtype=torch.float32)
         pos = (att.cumsum(-1) - 1).clamp(min=0)
         return cls(ids, att, pos, resp, rmask, slp, torch.tensor(group_ids, dtype=torch.long))
+
+
+def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row of the first occurrence of each distinct prompt [G], the distinct prompt of each row [n]).
+    Two rows share a prompt when their prompt columns hold the same tokens under the same padding."""
+    key = torch.where(prompt_mask.bool(), prompt_ids, torch.full_like(prompt_ids, -1))
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    n = prompt_ids.shape[0]
+    first = torch.full((int(inverse.max()) + 1,), n, dtype=torch.long, device=prompt_ids.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(n, device=prompt_ids.device), reduce="amin")
+    # number the distinct prompts in the order they first appear (the batch's group order)
+    order = torch.argsort(first)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(order), device=order.device)
+    return first[order], rank[inverse]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..batch import distinct_prompts
 from ..models.loading import DTYPES, LoadedModel
 from .bf16_kernel_choice import choose as choose_bf16_kernel
 from .dtype_auto import choose, for_sampler, resolve_dtype
@@ -236,24 +237,19 @@ class RolloutEngine:
         out.texts = [self.tokenizer.decode(r, skip_special_tokens=True) for r in out.response_ids]
         return out
 
-    def _prefill_distinct(self, prompts: list[list[int]], ids, valid, positions, want_q: int, want_attn: bool):
-        """:meth:`SamplerModel.prefill` of each distinct prompt once, its outputs (logits, keys, values, the
-        window's queries, the attention each slot received) copied to every row that holds it. A GRPO batch
-        holds each prompt ``n`` times (the default job: 4 prompts x 8), so its prefill does ``n`` times less
-        work. A row's outputs are functions of its own padded tokens only (P is the batch's longest prompt
-        either way), so each row gets its own prefill's values, up to the order of the sums a BLAS picks
-        for another number of rows: on SmolLM2-135M with MKL, float32 log-probs moved by up to 3e-5 and bf16
-        not at all (the tokens were the same; the tiny test model's are the same bits)."""
-        first: dict[tuple, int] = {}  # a distinct prompt -> its number, in order of first appearance
-        index = [first.setdefault(tuple(x), len(first)) for x in prompts]
-        if len(first) == len(prompts):
+    def _prefill_distinct(self, ids, valid, positions, want_q: int, want_attn: bool):
+        """:meth:`SamplerModel.prefill` of each distinct prompt once (:func:`sparserl.batch.distinct_prompts`,
+        as the learner's shared-prompt forward), its outputs (logits, keys, values, the window's queries, the
+        attention each slot received) copied to every row that holds it. A GRPO batch holds each prompt
+        ``n`` times (the default job: 4 prompts x 8), so its prefill does ``n`` times less work. A row's
+        outputs are functions of its own padded tokens only (P is the batch's longest prompt either way),
+        so each row gets its own prefill's values, up to the order of the sums a BLAS picks for another
+        number of rows: on SmolLM2-135M with MKL, float32 log-probs moved by up to 3e-5 and bf16 not at
+        all (the tokens were the same; the tiny test model's are the same bits)."""
+        rows, back = distinct_prompts(ids, valid)
+        if len(rows) == ids.shape[0]:
             return self.model.prefill(ids, valid, positions, want_q, want_attn)
-        seen: dict[int, int] = {}  # the first row of each distinct prompt
-        for row, u in enumerate(index):
-            seen.setdefault(u, row)
-        rows = torch.tensor(list(seen.values()), device=ids.device)
         out = self.model.prefill(ids[rows], valid[rows], positions[rows], want_q, want_attn)
-        back = torch.tensor(index, device=ids.device)
         return tuple(None if x is None else x.index_select(0, back) if isinstance(x, torch.Tensor)
                      else [t.index_select(0, back) for t in x] for x in out)
 
@@ -287,7 +283,7 @@ class RolloutEngine:
 
         want_q = c.window if c.needs_queries else 0
         want_attn = c.needs_attention and c.compress_prompt
-        logits, keys, values, queries, acc = self._prefill_distinct(prompts, ids, valid, positions, want_q, want_attn)
+        logits, keys, values, queries, acc = self._prefill_distinct(ids, valid, positions, want_q, want_attn)
         cache = CompressedKVCache(keys, values, valid, positions, c.capacity(P, max_new), c, m.n_heads, queries, acc,
                                   kv_quant=self.kv_quant)
         del keys, values, queries, acc

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ..batch import RolloutBatch
+from ..batch import RolloutBatch, distinct_prompts
 from .chunked_head import DEFAULT_CHUNK, head_logprobs, token_logprobs
 
 
@@ -35,21 +35,6 @@ def lm_head_weight(model) -> torch.Tensor:
         raise ValueError(f"shared-prompt scoring: the LM head of model_type {cfg.model_type!r} is not a plain "
                          "h @ W.T (bias, soft-capping or scaling); use forward_response")
     return head.weight
-
-
-def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row of the first occurrence of each distinct prompt [G], the distinct prompt of each row [n]).
-    Two rows share a prompt when their prompt columns hold the same tokens under the same padding."""
-    key = torch.where(prompt_mask.bool(), prompt_ids, torch.full_like(prompt_ids, -1))
-    _, inverse = torch.unique(key, dim=0, return_inverse=True)
-    n = prompt_ids.shape[0]
-    first = torch.full((int(inverse.max()) + 1,), n, dtype=torch.long, device=prompt_ids.device)
-    first = first.scatter_reduce(0, inverse, torch.arange(n, device=prompt_ids.device), reduce="amin")
-    # number the distinct prompts in the order they first appear (the batch's group order)
-    order = torch.argsort(first)
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(len(order), device=order.device)
-    return first[order], rank[inverse]
 
 
 def response_hidden_shared(model, batch: RolloutBatch, rows: slice | torch.Tensor) -> torch.Tensor:
