@@ -68,8 +68,8 @@
 
 /* How many panel rows (k-pairs) ahead the first row block prefetches (0: none): 64, for both tiles.
  * On the 2-core AMD EPYC with AVX512-BF16 streaming SmolLM2's products at 16 rows, the AVX512 tile ran
- * 1.19x faster with 64 rows ahead than with none (16: 1.08x, 32: 1.15x, 128: 1.18x, 256: 1.15x), the
- * decode step 1.05x (docs/results/bf16_linear/); the AVX2 tile keeps linear.c's habit. */
+ * 1.18x faster with 64 rows ahead than with none (16 rows ahead gained less), the bf16 decode step
+ * 1.09-1.10x, the same bits (docs/results/bf16_linear/); the AVX2 tile keeps linear.c's habit. */
 #ifndef PREFETCH_K2
 #define PREFETCH_K2 64
 #endif
