@@ -8,10 +8,10 @@ from sparserl.config import ConfigError, load_config, validate
 from sparserl.train.checkpoint import latest_checkpoint
 from sparserl.train.trainer import build_trainer, train, train_step
 
-# rollout.dtype=float32: `auto` is bfloat16 on a CPU with bf16 units, and these tests compare the sampler
-# with the float32 learner exactly
+# rollout.dtype=float32 and model.mixed_precision=off: `auto` is bfloat16 on a CPU with fast bf16 units, and
+# these tests compare the sampler with the float32 learner exactly
 TINY = [
-    "model.name=tiny", "rollout.dtype=float32", "train.prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=16",
+    "model.name=tiny", "rollout.dtype=float32", "model.mixed_precision=off", "train.prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=16",
     "rollout.kv_budget=8", "rollout.step_length=4", "rollout.window=2", "train.micro_batch_size=4",
     "log.tensorboard=false", "log.progress=plain", "checkpoint.every=1", "checkpoint.keep_last=0",
     "train.lr=1e-3", "reward.fn=test_train:toy_reward",
@@ -67,13 +67,16 @@ def test_sampler_receives_new_weights(tmp_path):
     assert torch.equal(tr.engine.model.layers[0].qkv[: w.shape[0]], w.detach())
 
 
-def test_resume_gives_the_same_next_step(tmp_path):
-    full = train(cfg_for(tmp_path, "train.steps=3"), run_dir=tmp_path / "a", log=lambda *_: None)
-    part = cfg_for(tmp_path, "train.steps=2")
+@pytest.mark.parametrize("precision", ["off", "bfloat16"])
+def test_resume_gives_the_same_next_step(tmp_path, precision):
+    mixed = f"model.mixed_precision={precision}"
+    full = train(cfg_for(tmp_path, "train.steps=3", mixed), run_dir=tmp_path / "a", log=lambda *_: None)
+    part = cfg_for(tmp_path, "train.steps=2", mixed)
     train(part, run_dir=tmp_path / "b", log=lambda *_: None)
     # a run killed while writing step 3 leaves debris that resume ignores
     (tmp_path / "b" / "checkpoints" / ".tmp-step-000003-999").mkdir()
-    resumed = train(cfg_for(tmp_path, "train.steps=3"), run_dir=tmp_path / "b", resume=True, log=lambda *_: None)
+    resumed = train(cfg_for(tmp_path, "train.steps=3", mixed), run_dir=tmp_path / "b", resume=True,
+                    log=lambda *_: None)
     ra = [json.loads(x) for x in (full / "metrics.jsonl").read_text().splitlines()]
     rb = [json.loads(x) for x in (resumed / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rb] == [1, 2, 3]

@@ -189,6 +189,26 @@ def cmd_bench_rollout(args) -> int:
     return 0
 
 
+def cmd_bench_learner(args) -> int:
+    from .bench.learner import run_bench
+    from .bench.rollout import write_json
+    from .config import load_config, validate
+
+    _split_config_arg(args)
+    check_int(args.repeat, "--repeat", 1, what="rounds of both precisions; the per-round ratios' median is reported")
+    if args.json:
+        check_output_file(args.json, "--json")
+    cfg = validate(load_config(args.config or "default", args.overrides))
+    if cfg.model.dtype != "float32":
+        raise OptionError(f"model.dtype={cfg.model.dtype}: bench learner runs float32 weights in float32 and in "
+                          "bfloat16 mixed precision; set model.dtype=float32")
+    report = run_bench(cfg, repeat=args.repeat)
+    if args.json:
+        write_json(report, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def cmd_bench_setup_openvino(args) -> int:
     from .bench.openvino_setup import setup
 
@@ -401,6 +421,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "old name")
     br.add_argument("--json", default=None)
     br.set_defaults(fn=cmd_bench_rollout)
+    bl = bsub.add_parser("learner", parents=[common], help="the learner's step (scoring, update) in float32 "
+                         "against bfloat16 mixed precision (model.mixed_precision), on a rollout of a config's job")
+    bl.add_argument("config", nargs="?", default=None, help="a YAML file or a preset name (default: 'default')")
+    bl.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.micro_batch_size=8")
+    bl.add_argument("--repeat", type=int, default=3, help="rounds; each times both precisions (order alternating)")
+    bl.add_argument("--json", default=None)
+    bl.set_defaults(fn=cmd_bench_learner)
     bo = bsub.add_parser("setup-openvino", parents=[common], help="set up the OpenVINO peer of bench rollout "
                          "--peers openvino: its runtime here, its model exporter in an environment of its own")
     bo.add_argument("--venv", default=None, help="the exporter's environment (default "

@@ -39,7 +39,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
 from .correct.presets import apply_corrections, resolve
 from .errors import SparserlError
 from .registry import did_you_mean
-from .models.loading import parse_dtype
+from .models.mixed_precision import learner_compute_dtype
 from .rollout.dtype_auto import resolve_dtype
 from .rollout.kv import available_compressors, compressor_from_fields
 from .rollout.kv.blocktopk import PAGE_TOKENS, k_problems
@@ -177,6 +177,11 @@ class ModelConfig(_Section):
                        "a small random model for tests), a local Hugging Face folder, or a .gguf file.")
     dtype: Literal["float32", "bfloat16"] = F(
         "float32", "Learner (trained weights) dtype: float32 | bfloat16. The dense scorer uses the same dtype.")
+    mixed_precision: Literal["auto", "off", "bfloat16"] = F(
+        "auto", "The learner's forwards and backward in bfloat16 under torch.autocast, its weights, gradients and "
+        "AdamW state in float32 (TRL's bf16=True, verl's FSDP mixed precision): auto (bfloat16 where this "
+        "machine runs it measurably faster, timed once and cached) | off | bfloat16. With model.dtype=float32 "
+        "only. `sparserl bench learner` measures the whole step.")
     seed: int = F(0, "Seed of the random initialisation of a 'tiny' model (ignored for real models).")
     device: Device = F("auto", "Device: auto (cuda if available, else cpu) | cpu | cuda | cuda:N.")
 
@@ -803,6 +808,10 @@ def validate(cfg: Config) -> Config:
     if (first_step := t.lr / (1 - t.betas[0])) > FLOAT32_MAX:  # AdamW's bias-corrected step size, in float32
         errors.append(f"train.lr={t.lr!r}: AdamW's first step size, lr / (1 - train.betas[0]) = {first_step:.4g}, "
                       f"overflows float32 (at most {FLOAT32_MAX:.8g}); lower train.lr")
+    if cfg.model.mixed_precision == "bfloat16" and cfg.model.dtype != "float32":
+        errors.append(f"model.mixed_precision={cfg.model.mixed_precision} keeps float32 weights and computes in 16 "
+                      f"bits; with model.dtype={cfg.model.dtype} the weights are 16-bit already: set model.dtype="
+                      "float32, or model.mixed_precision=off")
     if r.compressor not in ("none", "blocktopk") and r.kv_budget <= r.window and r.kv_schedule is None:
         errors.append(f"rollout.kv_budget={r.kv_budget} must be larger than rollout.window={r.window} "
                       "(the window's tokens are always kept)")
@@ -930,7 +939,7 @@ def validate(cfg: Config) -> Config:
         else:
             try:
                 old_logprobs_source(a.old_logprobs, compresses=compressor.compresses, sampler_dtype=resolve_dtype(r.dtype, cfg.model.device),
-                                    learner_dtype=parse_dtype(cfg.model.dtype), temperature=r.temperature,
+                                    learner_dtype=learner_compute_dtype(cfg.model), temperature=r.temperature,
                                     top_p=r.top_p, top_k=r.top_k, quantized=r.quantized, lagged=r.async_)
             except SparserlError as e:
                 errors.append(str(e))

@@ -16,6 +16,11 @@ with ``g`` the incoming gradients of log p(y) and of H:
     ∂/∂h = (∂/∂logits) W,     ∂/∂W = Σ_positions (∂/∂logits)ᵀ h.
 
 (The same trick as Liger-Kernel's fused linear cross-entropy and verl's ``use_fused_kernels``.)
+
+Under ``torch.autocast`` (the learner's mixed precision, :mod:`sparserl.train.mixed_precision`) the
+products ``h Wᵀ``, ``(∂/∂logits) W`` and ``(∂/∂logits)ᵀ h`` run in autocast's dtype with float32
+accumulation, in the backward too (which runs outside autocast), as autograd does for a plain
+``Linear``; the softmax and the gradients' sums stay float32.
 """
 from __future__ import annotations
 
@@ -28,6 +33,11 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[target] without materialising the full log-softmax: logit − logsumexp."""
     logits = logits.float()
     return logits.gather(-1, targets[..., None])[..., 0] - torch.logsumexp(logits, dim=-1)
+
+
+def _autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast casts products to on ``device`` now, or None where it is off."""
+    return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
 
 
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -44,6 +54,7 @@ class _HeadLogprobEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature: float, chunk_size: int, with_entropy: bool):
         N = hidden.shape[0]
+        ctx.compute_dtype = _autocast_dtype(hidden.device)
         logp = torch.empty(N, dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(logp)
         mean_z = torch.zeros_like(logp)  # Σ p z (for the entropy and its gradient)
@@ -55,7 +66,8 @@ class _HeadLogprobEntropy(torch.autograd.Function):
                 ez = (z - top).exp_()
                 total = ez.sum(-1)
                 lse[s:e] = top[:, 0] + total.log()
-                mean_z[s:e] = torch.bmm(ez[:, None, :], z[:, :, None])[:, 0, 0] / total
+                with torch.autocast(hidden.device.type, enabled=False):  # a sum over the vocabulary: float32
+                    mean_z[s:e] = torch.bmm(ez[:, None, :], z[:, :, None])[:, 0, 0] / total
                 del ez
             else:
                 lse[s:e] = torch.logsumexp(z, dim=-1)
@@ -78,6 +90,8 @@ class _HeadLogprobEntropy(torch.autograd.Function):
         if (g_logp is None and g_entropy is None) or not (want_h or want_w):
             return None, None, None, None, None, None
         N = hidden.shape[0]
+        dtype = ctx.compute_dtype or hidden.dtype  # the forward's products' dtype (autocast's, if it was on)
+        hidden_c, weight_c = hidden.to(dtype), weight.to(dtype)
         scale = 1.0 / temperature if (temperature > 0 and temperature != 1.0) else 1.0
         g_lp = (g_logp if g_logp is not None else torch.zeros_like(lse)) * scale  # folded: ∂/∂logits = ∂/∂z / τ
         if g_entropy is not None:  # ∂/∂z = p (a + b z) with a = g_H Σpz − g_lp, b = −g_H; + g_lp at the target
@@ -88,8 +102,8 @@ class _HeadLogprobEntropy(torch.autograd.Function):
         rows = torch.arange(min(chunk, N), device=hidden.device)
         for s in range(0, N, chunk):
             e = min(s + chunk, N)
-            h = hidden[s:e]
-            z = _chunk_logits(h, weight, temperature)
+            h = hidden_c[s:e]
+            z = _chunk_logits(h, weight_c, temperature)
             if g_entropy is not None:
                 p = (z - lse[s:e, None]).exp_()
                 gz = z.mul_(b[s:e, None]).add_(a[s:e, None]).mul_(p)
@@ -98,9 +112,12 @@ class _HeadLogprobEntropy(torch.autograd.Function):
                 gz = z.sub_(lse[s:e, None]).exp_().mul_(-g_lp[s:e, None])
             gz[rows[: e - s], targets[s:e]] += g_lp[s:e]
             if want_h:
-                grad_h[s:e] = gz.to(hidden.dtype) @ weight
+                grad_h[s:e] = gz.to(dtype) @ weight_c
             if want_w:
-                grad_w.addmm_(gz.t(), h.float())
+                if dtype == torch.float32:
+                    grad_w.addmm_(gz.t(), h)
+                else:  # a 16-bit product, accumulated into the float32 sum
+                    grad_w += gz.to(dtype).t() @ h
         return grad_h, (grad_w.to(weight.dtype) if want_w else None), None, None, None, None
 
 

@@ -54,7 +54,8 @@ def why_sampler_is_not_old_policy(*, compresses: bool, sampler_dtype, learner_dt
         return "the sampler's weights or KV cache are quantized (rollout.quant / rollout.kv_quant)"
     s, l_ = _dtype_name(sampler_dtype), _dtype_name(learner_dtype)
     if s != "float32" or l_ != "float32":
-        return (f"sampler dtype {s} (rollout.dtype) and learner dtype {l_} (model.dtype) are not both float32: "
+        return (f"sampler dtype {s} (rollout.dtype) and learner compute dtype {l_} (model.dtype, model.mixed_precision) "
+                f"are not both float32: "
                 "their log-probs differ by the rounding of 16-bit kernels")
     return None
 

@@ -22,7 +22,9 @@ With ``algorithm.distill_sparse`` (exact only), the replay also records what the
 (for φ's update, :mod:`sparserl.train.distill_sparse`), and the same sparse sampler on θ alone is replayed
 too: ``mismatch/alpha_{mean,p5}_nophi``.
 
-Runs before the update: the sampler and the learner still hold the weights that sampled.
+Runs before the update: the sampler and the learner still hold the weights that sampled. Under the
+learner's mixed precision (``model.mixed_precision``) ``p``'s head product runs in bfloat16, as the
+scoring forward's does.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import torch
 
 from .. import runlog as names
 from ..batch import RolloutBatch
+from ..models.mixed_precision import learner_autocast, learner_compute_dtype
 from ..score import alpha as score_alpha
 from ..score.acceptance import acceptance_topk, summary, tail_by_bin
 from ..score.shared_prompt import lm_head_weight
@@ -57,9 +60,12 @@ def measure_alpha(trainer, batch: RolloutBatch, ro, params, mode: str, bin_width
         return {}
     start = time.perf_counter()
     tau = params.temperature if params.temperature > 0 else 1.0
+    model_cfg = trainer.cfg.model
     if hidden is None:
-        hidden = dense_hidden(trainer.learner, batch, trainer.cfg.train.micro_batch_size)
-    weight = lm_head_weight(trainer.learner)
+        with learner_autocast(model_cfg.mixed_precision, batch.response_ids.device):
+            hidden = dense_hidden(trainer.learner, batch, trainer.cfg.train.micro_batch_size)
+    dtype = learner_compute_dtype(model_cfg, trainer.learner)  # p's head product as the scoring forward's
+    weight, hidden = lm_head_weight(trainer.learner).to(dtype), hidden.to(dtype)
     N, T = batch.response_ids.shape
     alpha = torch.zeros(N, T, dtype=torch.float64)
     metrics = {}

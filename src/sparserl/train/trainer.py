@@ -21,6 +21,7 @@ from ..config import Config, config_to_dict
 from ..correct import apply_corrections, log_ratio
 from ..data import PromptSampler, load_dataset
 from ..models.loading import check_model, load_model
+from ..models.mixed_precision import choose as choose_mixed_precision, learner_autocast, learner_compute_dtype
 from ..reward import load_reward, score_responses
 from ..rollout.engine import RolloutEngine, RolloutOutput
 from ..eval.evaluate import evaluate, write_eval_record
@@ -259,19 +260,17 @@ def train_step(trainer: Trainer, step: int) -> dict:
     labels = [examples[i].label for i in ro.prompt_index]
     rewards, n_reward_errors = score_responses(trainer.reward_fn, ro.texts, labels)
     lap(names.TIME_REWARD)
-    batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index,
-                                      pad_id=trainer.tokenizer.pad_token_id or 0).to(trainer.device)
-    batch.rewards = torch.tensor(rewards, dtype=torch.float32, device=trainer.device)
-    temp, shared, hidden = cfg.rollout.temperature, cfg.train.shared_prompt, None
-    if old_logprobs_from(trainer) == "sampler":  # the sampler ran the old policy exactly: no scoring forward
-        batch.old_logprobs = batch.sampler_logprobs * batch.response_mask
-    elif cfg.mismatch.alpha == "off":
-        batch.old_logprobs = score_logprobs(trainer.learner, batch, cfg.train.micro_batch_size, temp, shared)
-    else:  # α reads p from this forward's hidden states
-        batch.old_logprobs, hidden = score_logprobs_keep_hidden(trainer.learner, batch, cfg.train.micro_batch_size,
-                                                                temp, shared)
-    if trainer.ref is not None:
-        batch.ref_logprobs = score_logprobs(trainer.ref, batch, cfg.train.micro_batch_size, temp, shared)
+    batch = rollout_batch(trainer, ro, rewards)
+    temp, shared, hidden, micro = cfg.rollout.temperature, cfg.train.shared_prompt, None, cfg.train.micro_batch_size
+    with learner_autocast(cfg.model.mixed_precision, trainer.device):
+        if old_logprobs_from(trainer) == "sampler":  # the sampler ran the old policy exactly: no scoring forward
+            batch.old_logprobs = batch.sampler_logprobs * batch.response_mask
+        elif cfg.mismatch.alpha == "off":
+            batch.old_logprobs = score_logprobs(trainer.learner, batch, micro, temp, shared)
+        else:  # α reads p from this forward's hidden states
+            batch.old_logprobs, hidden = score_logprobs_keep_hidden(trainer.learner, batch, micro, temp, shared)
+        if trainer.ref is not None:
+            batch.ref_logprobs = score_logprobs(trainer.ref, batch, micro, temp, shared)
     split = (mismatch_split(local_sampler(trainer), batch, cfg) if cfg.rollout.mismatch_split else
              lag_split(batch, ro.dense_cache) if ro.dense_cache is not None else {})
     lap(names.TIME_SCORE)
@@ -282,11 +281,7 @@ def train_step(trainer: Trainer, step: int) -> dict:
     if trainer.kv_controller is not None:  # the next rollout's budgets, from this step's α tail
         alpha.update(trainer.kv_controller.steer(trainer.engine.compressor, alpha))
     clock = time.perf_counter()  # time/alpha_s is its own, not the next station's
-    a = cfg.algorithm
-    corr = apply_corrections(a.correction, batch.sampler_logprobs, batch.old_logprobs, batch.response_mask,
-                             a.correction_options or None)
-    adv_options = {"scale_rewards": a.scale_rewards} if a.adv_estimator == "grpo" else {}
-    batch.advantages = compute_advantages(a.adv_estimator, batch.rewards, batch.group_ids, **adv_options)
+    corr = corrections_and_advantages(cfg, batch)
     update_metrics = update(trainer, batch, corr)
     if trainer.distill is not None:  # DistillSparse: φ on the sampler, θ frozen
         update_metrics.update(trainer.distill.step(trainer.learner, batch))
@@ -299,6 +294,25 @@ def train_step(trainer: Trainer, step: int) -> dict:
     return {**rollout_metrics(ro, batch, n_reward_errors, cfg), **corr.metrics, **split, **alpha, **update_metrics,
             **times, **lag, names.TIME_GENERATE: ro.seconds,
             names.ROLLOUT_TOKENS_PER_S: ro.tokens_generated / max(ro.seconds, 1e-9)}
+
+
+def rollout_batch(trainer: Trainer, ro: RolloutOutput, rewards: list[float]) -> RolloutBatch:
+    """A rollout and its rewards as the learner's padded batch, on the learner's device."""
+    batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index,
+                                      pad_id=trainer.tokenizer.pad_token_id or 0).to(trainer.device)
+    batch.rewards = torch.tensor(rewards, dtype=torch.float32, device=trainer.device)
+    return batch
+
+
+def corrections_and_advantages(cfg: Config, batch: RolloutBatch):
+    """The step's corrections (``algorithm.correction``, from the sampler's and the old policy's log-probs),
+    returned, and its advantages, set on ``batch``."""
+    a = cfg.algorithm
+    corr = apply_corrections(a.correction, batch.sampler_logprobs, batch.old_logprobs, batch.response_mask,
+                             a.correction_options or None)
+    adv_options = {"scale_rewards": a.scale_rewards} if a.adv_estimator == "grpo" else {}
+    batch.advantages = compute_advantages(a.adv_estimator, batch.rewards, batch.group_ids, **adv_options)
+    return corr
 
 
 def mismatch_split(engine: RolloutEngine, batch: RolloutBatch, cfg: Config) -> dict:
@@ -333,7 +347,8 @@ def old_logprobs_from(trainer: Trainer) -> str:
     distribution), else ``"score"``."""
     r, e = trainer.cfg.rollout, trainer.engine
     return old_logprobs_source(trainer.cfg.algorithm.old_logprobs, compresses=e.compressor.compresses,
-                               sampler_dtype=e.dtype, learner_dtype=next(trainer.learner.parameters()).dtype,
+                               sampler_dtype=e.dtype, learner_dtype=learner_compute_dtype(trainer.cfg.model,
+                                                                                          trainer.learner),
                                temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, quantized=r.quantized,
                                lagged=r.async_)
 
@@ -384,8 +399,9 @@ def update_policy(trainer, batch: RolloutBatch, corr) -> dict:
                 if ranks is not None and not ranks.mine(i):
                     continue
                 r = slice(mb, min(mb + t.micro_batch_size, rows.stop))
-                lp, ent = forward(trainer.learner, batch, r, return_entropy=True, entropy_grad=bool(a.entropy_coef),
-                                  temperature=cfg.rollout.temperature)
+                with learner_autocast(cfg.model.mixed_precision, batch.response_ids.device):
+                    lp, ent = forward(trainer.learner, batch, r, return_entropy=True,
+                                      entropy_grad=bool(a.entropy_coef), temperature=cfg.rollout.temperature)
                 scale = corr.clip_upper_scale[r] if corr.clip_upper_scale is not None else None
                 loss, m = policy_loss(lp, corr.behaviour_logprobs[r], adv[r], corr.mask[r], corr.weights[r],
                                       clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high, clip_upper_scale=scale, **norms)
@@ -520,6 +536,9 @@ def run_steps(trainer: Trainer, run: Path, resume: bool, changes: list, log=prin
         log(f"resumed from {ckpt} (step {start})")
     choice = trainer.engine.dtype_choice
     notes = [f"rollout.dtype: auto -> {choice.dtype} on this machine: {choice.reason} [{choice.key}]"] if choice else []
+    if cfg.model.mixed_precision == "auto" and cfg.model.dtype == "float32":
+        learner = choose_mixed_precision(trainer.device)
+        notes.append(f"model.mixed_precision: auto -> {learner.mode} on this machine: {learner.reason} [{learner.key}]")
     for note in notes:
         log(note)
     saved = record_config(run, cfg, start, changes, resume, notes)

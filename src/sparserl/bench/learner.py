@@ -1,0 +1,155 @@
+"""``sparserl bench learner``: the learner's step in float32 against bfloat16 mixed precision
+(``model.mixed_precision``), on a real rollout of a config's job, in one process.
+
+1. The config's trainer is built and samples one rollout batch (its step 1: the job's prompts,
+   responses, rewards and sampler log-probs); each precision's update takes its corrections from the
+   old policy scored in that precision, as a run in it would.
+2. Numerics, on the initial weights: the old policy's log-probs of the batch in each precision, k3 and
+   the largest |Δ log p| of bfloat16 against float32 over the response tokens; the update's gradient in
+   each precision (read as the optimizer's step begins), their cosine and the relative L2 distance.
+3. Speed: ``--repeat`` rounds; in each, both precisions (the order alternating round to round) time the
+   old policy's scoring forward and the update (forwards, backward, clipping, AdamW: the trainer's own
+   ``update_policy``), the learner's weights and optimizer state restored after every update so every
+   round starts from the same point. Reported per precision per round, and as the median of the
+   per-round ratios float32 seconds / bfloat16 seconds (a round at half speed moves both sides).
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+import torch
+
+from ..models.mixed_precision import learner_autocast
+from ..reward import score_responses
+from ..rollout.dtype_auto import cpu_name
+from ..rollout import native
+from ..score import score_logprobs
+from ..train.trainer import build_trainer, corrections_and_advantages, rollout, rollout_batch, update_policy
+
+MODES = ("off", "bfloat16")
+
+
+def _score(trainer, batch, mode: str) -> torch.Tensor:
+    cfg = trainer.cfg
+    with learner_autocast(mode, trainer.device):
+        return score_logprobs(trainer.learner, batch, cfg.train.micro_batch_size, cfg.rollout.temperature,
+                              cfg.train.shared_prompt)
+
+
+def _k3(log_q: torch.Tensor, log_p: torch.Tensor, mask: torch.Tensor) -> float:
+    lr = (log_p - log_q).double()[mask.bool()]
+    return float((lr.exp() - 1 - lr).mean()) if lr.numel() else 0.0
+
+
+class _State:
+    """The learner's weights and optimizer state at one point, put back after every timed update."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.weights = copy.deepcopy(trainer.learner.state_dict())
+        self.optimizer = copy.deepcopy(trainer.optimizer.state_dict())
+        self.scheduler = copy.deepcopy(trainer.scheduler.state_dict())
+
+    def restore(self) -> None:
+        self.trainer.learner.load_state_dict(self.weights)
+        self.trainer.optimizer.load_state_dict(copy.deepcopy(self.optimizer))
+        self.trainer.scheduler.load_state_dict(self.scheduler)
+
+
+def _update(trainer, batch, corr, mode: str, want_grad: bool = False):
+    """The trainer's update in ``mode``; with ``want_grad``, the flat gradient the optimizer stepped on."""
+    grads = []
+
+    def keep(optimizer, *_):
+        grads.append(torch.cat([p.grad.detach().flatten().double() for g in optimizer.param_groups
+                                for p in g["params"] if p.grad is not None]))
+
+    hook = trainer.optimizer.register_step_pre_hook(keep) if want_grad else None
+    before = trainer.cfg.model.mixed_precision
+    trainer.cfg.model.mixed_precision = mode
+    try:
+        update_policy(trainer, batch, corr)
+    finally:
+        trainer.cfg.model.mixed_precision = before
+        if hook is not None:
+            hook.remove()
+    return grads[0] if grads else None
+
+
+def run_bench(cfg, repeat: int = 3, log=print) -> dict:
+    """The report (see the module docstring) for the validated config ``cfg``."""
+    if cfg.model.dtype != "float32":
+        raise ValueError(f"bench learner compares float32 with bfloat16 mixed precision over float32 weights; "
+                         f"model.dtype={cfg.model.dtype}")
+    trainer = build_trainer(cfg)
+    examples, ro = rollout(trainer, 1)
+    rewards, _ = score_responses(trainer.reward_fn, ro.texts, [examples[i].label for i in ro.prompt_index])
+    batch = rollout_batch(trainer, ro, rewards)
+    mask = batch.response_mask
+    logprobs, corr = {}, {}
+    for mode in MODES:
+        logprobs[mode] = batch.old_logprobs = _score(trainer, batch, mode)
+        corr[mode] = corrections_and_advantages(cfg, batch)
+    state = _State(trainer)
+    grads = {}
+    for mode in MODES:
+        grads[mode] = _update(trainer, batch, corr[mode], mode, want_grad=True)
+        state.restore()
+    g32, g16 = grads["off"], grads["bfloat16"]
+    diff = (logprobs["bfloat16"] - logprobs["off"])[mask.bool()]
+    numerics = {
+        "k3_bf16_vs_float32": _k3(logprobs["off"], logprobs["bfloat16"], mask),
+        "max_abs_logprob_diff": float(diff.abs().max()) if diff.numel() else 0.0,
+        "grad_cosine": None, "grad_rel_l2": None,  # None: every group's rewards tie, so the gradient is 0
+    }
+    if g32.norm() > 0:
+        numerics["grad_cosine"] = float(torch.nn.functional.cosine_similarity(g32, g16, dim=0))
+        numerics["grad_rel_l2"] = float((g16 - g32).norm() / g32.norm())
+    del grads, g32, g16
+    gradient = (f"gradient cosine {numerics['grad_cosine']:.5f}, relative L2 {numerics['grad_rel_l2']:.4f}"
+                if numerics["grad_cosine"] is not None else "gradient 0 (every group's rewards tie): not compared")
+    log(f"numerics: k3 {numerics['k3_bf16_vs_float32']:.2e}, max |Δ log p| {numerics['max_abs_logprob_diff']:.3f}, "
+        + gradient)
+    seconds = {mode: {"score": [], "update": []} for mode in MODES}
+    for r in range(repeat):
+        for mode in (MODES if r % 2 == 0 else MODES[::-1]):
+            start = time.perf_counter()
+            _score(trainer, batch, mode)
+            scored = time.perf_counter()
+            _update(trainer, batch, corr[mode], mode)
+            done = time.perf_counter()
+            state.restore()
+            seconds[mode]["score"].append(scored - start)
+            seconds[mode]["update"].append(done - scored)
+        log(f"round {r + 1}: " + ", ".join(f"{mode}: score {seconds[mode]['score'][-1]:.2f} s, update "
+                                           f"{seconds[mode]['update'][-1]:.2f} s" for mode in MODES))
+    f32, b16 = seconds["off"], seconds["bfloat16"]
+    ratios = {
+        "score": [a / b for a, b in zip(f32["score"], b16["score"])],
+        "update": [a / b for a, b in zip(f32["update"], b16["update"])],
+        "score_and_update": [(a + b) / (c + d) for a, b, c, d in zip(f32["score"], f32["update"], b16["score"],
+                                                                     b16["update"])],
+    }
+    speedup = {k: statistics.median(v) for k, v in ratios.items()}
+    log("bfloat16 mixed precision against float32 (median of per-round ratios): "
+        + ", ".join(f"{k} {v:.2f}x" for k, v in speedup.items()))
+    lengths = mask.sum(-1)
+    return {
+        "bench": "learner",
+        "model": cfg.model.name,
+        "device": str(trainer.device),
+        "machine": {"cpu": cpu_name(), "isa": native.isa(), "torch": torch.__version__,
+                    "torch_threads": torch.get_num_threads(),
+                    "gpu": torch.cuda.get_device_name(trainer.device) if trainer.device.type == "cuda" else None},
+        "batch": {"sequences": int(batch.size), "prompts": len(set(ro.prompt_index)),
+                  "prompt_tokens_mean": statistics.mean(len(p) for p in ro.prompt_ids),
+                  "response_tokens_mean": float(lengths.float().mean()), "response_tokens_max": int(lengths.max()),
+                  "micro_batch_size": cfg.train.micro_batch_size, "shared_prompt": cfg.train.shared_prompt},
+        "repeat": repeat,
+        "seconds": {("float32" if m == "off" else "bfloat16_mixed"): v for m, v in seconds.items()},
+        "ratio_rounds": ratios,
+        "speedup_bf16_mixed": speedup,
+        "numerics": numerics,
+    }
