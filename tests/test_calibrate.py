@@ -4,7 +4,6 @@ one clear error line for each bad option before any work."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch

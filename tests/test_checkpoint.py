@@ -151,6 +151,7 @@ def test_pickle_payloads_are_never_run(tmp_path, tiny):
     assert isinstance(e.value, SparserlError) and str(ck) in str(e.value)
     with pytest.raises(CheckpointError, match="(?s)could be loaded.*step-000004: old checkpoint format"):
         load_latest(old, m2, o2, s2, log=lambda *_: None)
+    assert all(torch.equal(v, before[k]) for k, v in weights(m2).items())  # the refused file loaded nothing
 
     # 2. the new layout with payloads planted in its JSON and safetensors files (manifest made to agree)
     torch.manual_seed(0)

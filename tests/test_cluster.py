@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from sparserl.cluster import merge_shards, shard_prompts
+from sparserl.cluster import shard_prompts
 
 ray = pytest.importorskip("ray")
 

@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from sparserl.cli import main
 from sparserl.config import ConfigError
 from sparserl.models import mixed_precision
-from sparserl.models.mixed_precision import compute_dtype, learner_autocast
+from sparserl.models.mixed_precision import autocast_for, learner_compute_dtype, learner_precision
 from sparserl.score.chunked_head import head_logprobs
 from sparserl.train.trainer import build_trainer, train, train_step
 
@@ -70,14 +70,18 @@ def test_chunked_head_runs_its_backward_in_autocasts_dtype():
                                             + [("mm", f32, f32)] * 9)
 
 
-def test_mode_names_and_the_autocast_context():
-    assert compute_dtype("off", torch.float32) is torch.float32
-    assert compute_dtype("bfloat16", torch.float32) is torch.bfloat16
+def test_what_a_model_section_computes_in(tmp_path):
+    cfg = cfg_for(tmp_path, "model.mixed_precision=bfloat16")
+    assert learner_precision(cfg.model) == "bfloat16" and learner_compute_dtype(cfg.model) is torch.bfloat16
+    cfg.model.mixed_precision = "off"
+    assert learner_precision(cfg.model) == "off" and learner_compute_dtype(cfg.model) is torch.float32
+    cfg = cfg_for(tmp_path, "model.dtype=bfloat16", "model.mixed_precision=auto")  # 16-bit weights: their own
+    assert learner_precision(cfg.model) == "off" and learner_compute_dtype(cfg.model) is torch.bfloat16
     with pytest.raises(ValueError, match="model.mixed_precision='fp16'"):  # a name never reaches here unchecked
-        compute_dtype("fp16", torch.float32)
-    with learner_autocast("bfloat16", torch.device("cpu")):
+        mixed_precision.resolve("fp16")
+    with autocast_for("bfloat16", torch.device("cpu")):
         assert torch.is_autocast_enabled("cpu")
-    with learner_autocast("off", torch.device("cpu")):
+    with autocast_for("off", torch.device("cpu")):
         assert not torch.is_autocast_enabled("cpu")
 
 
@@ -148,6 +152,7 @@ def test_bench_learner_reports_both_precisions(tmp_path, capsys):
     assert 0 < num["k3_bf16_vs_float32"] < 1e-2 and num["max_abs_logprob_diff"] > 0
     assert 0.9 < num["grad_cosine"] < 1.0 and 0 < num["grad_rel_l2"] < 0.5  # near, and not the same computation
     assert report["batch"]["sequences"] == 8 and report["machine"]["cpu"]
+    assert report["command"].startswith("sparserl bench learner model.name=tiny") and "--repeat 2" in report["command"]
     assert "median of per-round ratios" in capsys.readouterr().out
 
 
@@ -187,8 +192,6 @@ def test_auto_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
     again = mixed_precision.choose("cpu", no_timing, log=logged.append)
     assert again.cached and again.mode == "bfloat16" and len(logged) == 2
     assert mixed_precision.resolve("auto", "cpu") == "bfloat16"
-    assert mixed_precision.compute_dtype("auto", torch.float32, "cpu") is torch.bfloat16
-    assert mixed_precision.compute_dtype("auto", torch.bfloat16, "cpu") is torch.bfloat16  # 16-bit weights: theirs
 
 
 def test_the_real_probe_times_both_precisions():

@@ -191,7 +191,7 @@ def cmd_bench_rollout(args) -> int:
 
 def cmd_bench_learner(args) -> int:
     from .bench.learner import run_bench
-    from .bench.rollout import write_json
+    from .bench.rollout import sparserl_commit, write_json
     from .config import load_config, validate
 
     _split_config_arg(args)
@@ -203,6 +203,9 @@ def cmd_bench_learner(args) -> int:
         raise OptionError(f"model.dtype={cfg.model.dtype}: bench learner runs float32 weights in float32 and in "
                           "bfloat16 mixed precision; set model.dtype=float32")
     report = run_bench(cfg, repeat=args.repeat)
+    report["command"] = " ".join(["sparserl bench learner", *([args.config] if args.config else []), *args.overrides,
+                                  "--repeat", str(args.repeat)])
+    report["commit"] = sparserl_commit()
     if args.json:
         write_json(report, args.json)
         print(f"wrote {args.json}")

@@ -875,7 +875,7 @@ def validate(cfg: Config) -> Config:
     if t.lora_rank and r.quant_scale != 1.0:
         errors.append(f"train.lora_rank={t.lora_rank} with rollout.quant_scale={r.quant_scale}: QuRL's invariant scaling "
                       "folds s into the frozen base weights, which LoRA does not train; use one or the other")
-    if (ds := a.distill_sparse) is not None:  # φ is trained through a replay of what the sparse sampler attended
+    if a.distill_sparse is not None:  # φ is trained through a replay of what the sparse sampler attended
         if r.compressor == "none":
             errors.append("algorithm.distill_sparse needs a sparse sampler: with rollout.compressor=none the sampler is "
                           "the dense policy and φ has nothing to distill; set rollout.compressor (e.g. rkv) and "

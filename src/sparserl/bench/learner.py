@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from ..models.mixed_precision import learner_autocast
+from ..models.mixed_precision import autocast_for
 from ..reward import score_responses
 from ..rollout.dtype_auto import cpu_name
 from ..rollout import native
@@ -33,7 +33,7 @@ MODES = ("off", "bfloat16")
 
 def _score(trainer, batch, mode: str) -> torch.Tensor:
     cfg = trainer.cfg
-    with learner_autocast(mode, trainer.device):
+    with autocast_for(mode, trainer.device):
         return score_logprobs(trainer.learner, batch, cfg.train.micro_batch_size, cfg.rollout.temperature,
                               cfg.train.shared_prompt)
 

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .. import json_cache
 from .loading import parse_dtype, resolve_device
 
 MODES = ("auto", "off", "bfloat16")
@@ -78,24 +77,9 @@ def _cache_path():
     return native.cache_dir() / CACHE_FILE
 
 
-def _read_cache() -> dict:
-    try:
-        data = json.loads(_cache_path().read_text())
-    except (OSError, ValueError):  # none yet, or unreadable: measure again and rewrite it
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _write_cache(key: str, choice: PrecisionChoice) -> None:
-    data = _read_cache()
-    data[key] = asdict(choice)
     path = _cache_path()
-    try:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=2))
-        tmp.replace(path)
-    except OSError as e:  # an unwritable cache costs a re-measurement next time, nothing else
-        print(f"mixed precision auto: cannot cache the measurement in {path} ({e})")
+    json_cache.write(path, {**json_cache.read(path), key: asdict(choice)}, "mixed precision auto")
 
 
 def probe_timer(device: torch.device):
@@ -111,7 +95,7 @@ def probe_timer(device: torch.device):
     def run(mode: str) -> float:
         sync()
         start = time.perf_counter()
-        with learner_autocast(mode, device):
+        with autocast_for(mode, device):
             loss = 0.0
             for w in weights[:-1]:  # each product on its own input rows: its time, not a network's values
                 loss = loss + (rows[w.shape[1]] @ w.t()).float().square().mean()
@@ -153,7 +137,7 @@ def choose(device: str | torch.device = "auto", timer=None, log=print) -> Precis
     key = machine_key(dev)
     if key in _CHOSEN:
         return _CHOSEN[key]
-    cached = _read_cache().get(key)
+    cached = json_cache.read(_cache_path()).get(key)
     if isinstance(cached, dict) and cached.get("mode") in ("off", "bfloat16"):
         choice = PrecisionChoice(**{**cached, "cached": True})
     else:
@@ -172,25 +156,36 @@ def resolve(mode: str, device: str | torch.device = "auto") -> str:
     return choose(device).mode if mode == "auto" else mode
 
 
-def compute_dtype(mode: str, weight_dtype: torch.dtype, device: str | torch.device = "auto") -> torch.dtype:
-    """The dtype the learner's products run in: bfloat16 under mixed precision, else its weights'."""
-    if weight_dtype != torch.float32:  # 16-bit weights compute in their own dtype (the config refuses both)
-        return weight_dtype
-    return torch.bfloat16 if resolve(mode, device) == "bfloat16" else weight_dtype
+def learner_precision(model_cfg, device: str | torch.device | None = None) -> str:
+    """``off`` or ``bfloat16``: what a config's ``model`` section computes in on ``device`` (default
+    ``model.device``). 16-bit weights (``model.dtype``) compute in their own dtype: ``off``."""
+    if model_cfg.dtype != "float32":
+        return "off"
+    return resolve(model_cfg.mixed_precision, model_cfg.device if device is None else device)
 
 
-def learner_autocast(mode: str, device: torch.device):
-    """The context every learner forward runs in: ``torch.autocast(device.type, bfloat16)`` when ``mode``
-    resolves to ``bfloat16``, else nothing."""
-    if resolve(mode, device) != "bfloat16":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+def autocast_for(precision: str, device: torch.device):
+    """``torch.autocast(device.type, bfloat16)`` for ``precision="bfloat16"``, else a context that does
+    nothing (``off``)."""
+    if precision == "bfloat16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    if precision != "off":
+        raise ValueError(f"precision {precision!r}: expected off or bfloat16")
+    return contextlib.nullcontext()
+
+
+def learner_autocast(model_cfg, device: torch.device):
+    """The context every learner forward runs in: autocast to bfloat16 under mixed precision, else
+    nothing (:func:`learner_precision`)."""
+    return autocast_for(learner_precision(model_cfg, device), device)
 
 
 def learner_compute_dtype(model_cfg, learner: torch.nn.Module | None = None) -> torch.dtype:
-    """:func:`compute_dtype` of a config's ``model`` section (its weights' dtype and device from
-    ``learner`` when given, else ``model.dtype`` and ``model.device``)."""
-    if learner is not None:
-        param = next(learner.parameters())
-        return compute_dtype(model_cfg.mixed_precision, param.dtype, param.device)
-    return compute_dtype(model_cfg.mixed_precision, parse_dtype(model_cfg.dtype), model_cfg.device)
+    """The dtype a config's learner multiplies in: bfloat16 under mixed precision, else its weights'
+    (``learner``'s when given, else ``model.dtype``; the device likewise)."""
+    param = next(learner.parameters()) if learner is not None else None
+    weights = param.dtype if param is not None else parse_dtype(model_cfg.dtype)
+    if weights != torch.float32:
+        return weights
+    device = param.device if param is not None else None
+    return torch.bfloat16 if learner_precision(model_cfg, device) == "bfloat16" else weights

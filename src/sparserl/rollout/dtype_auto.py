@@ -19,8 +19,6 @@ Only the sampler's dtype is chosen here (``rollout.dtype`` / ``--dtype``); the l
 """
 from __future__ import annotations
 
-import json
-import os
 import platform
 import statistics
 import time
@@ -29,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from .. import json_cache
 from ..models.loading import DTYPES, IdsOnlyTokenizer, LoadedModel, ModelLoadError, resolve_device
 from . import native
 
@@ -79,22 +78,11 @@ def _cache_path() -> Path:
 
 
 def _read_cache() -> dict:
-    try:
-        data = json.loads(_cache_path().read_text())
-    except (OSError, ValueError):  # none yet, or unreadable: measure again and rewrite it
-        return {}
-    return data if isinstance(data, dict) else {}
+    return json_cache.read(_cache_path())
 
 
 def _write_cache(data: dict) -> None:
-    path = _cache_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=2))
-        tmp.replace(path)
-    except OSError as e:  # an unwritable cache costs a re-measurement next time, nothing else
-        print(f"dtype auto: cannot cache the measurement in {path} ({e})")
+    json_cache.write(_cache_path(), data, "dtype auto")
 
 
 def probe_model(device: torch.device) -> LoadedModel:

@@ -62,7 +62,7 @@ def measure_alpha(trainer, batch: RolloutBatch, ro, params, mode: str, bin_width
     tau = params.temperature if params.temperature > 0 else 1.0
     model_cfg = trainer.cfg.model
     if hidden is None:
-        with learner_autocast(model_cfg.mixed_precision, batch.response_ids.device):
+        with learner_autocast(model_cfg, batch.response_ids.device):
             hidden = dense_hidden(trainer.learner, batch, trainer.cfg.train.micro_batch_size)
     dtype = learner_compute_dtype(model_cfg, trainer.learner)  # p's head product as the scoring forward's
     weight, hidden = lm_head_weight(trainer.learner).to(dtype), hidden.to(dtype)

@@ -22,6 +22,7 @@ import socket
 import torch
 
 from ..errors import SparserlError
+from ..models.mixed_precision import learner_precision
 
 TIMEOUT_S = 120  # a collective that waits longer than this fails the step (a learner stopped answering)
 
@@ -146,7 +147,9 @@ class LearnerGroup:
         host = ray.util.get_node_ip_address()
         init_method = f"tcp://{host}:{_free_port(host)}"
         actor = ray.remote(LearnerPeer).options(num_cpus=c.learner_cpus, num_gpus=c.learner_gpus, max_restarts=0)
-        self.peers = [actor.remote(cfg, rank, self.world) for rank in range(1, self.world)]
+        peer_cfg = copy.deepcopy(cfg)  # the driver's precision, not each node's own `auto` answer
+        peer_cfg.model.mixed_precision = learner_precision(cfg.model, trainer.device)
+        self.peers = [actor.remote(peer_cfg, rank, self.world) for rank in range(1, self.world)]
         self._wait([p.pid.remote() for p in self.peers], "starting")  # built (or failed) before the rendezvous
         joined = [p.join.remote(init_method) for p in self.peers]
         _init_group(init_method, 0, self.world, trainer.device)  # returns once every peer has joined

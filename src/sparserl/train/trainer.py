@@ -262,7 +262,7 @@ def train_step(trainer: Trainer, step: int) -> dict:
     lap(names.TIME_REWARD)
     batch = rollout_batch(trainer, ro, rewards)
     temp, shared, hidden, micro = cfg.rollout.temperature, cfg.train.shared_prompt, None, cfg.train.micro_batch_size
-    with learner_autocast(cfg.model.mixed_precision, trainer.device):
+    with learner_autocast(cfg.model, trainer.device):
         if old_logprobs_from(trainer) == "sampler":  # the sampler ran the old policy exactly: no scoring forward
             batch.old_logprobs = batch.sampler_logprobs * batch.response_mask
         elif cfg.mismatch.alpha == "off":
@@ -399,7 +399,7 @@ def update_policy(trainer, batch: RolloutBatch, corr) -> dict:
                 if ranks is not None and not ranks.mine(i):
                     continue
                 r = slice(mb, min(mb + t.micro_batch_size, rows.stop))
-                with learner_autocast(cfg.model.mixed_precision, batch.response_ids.device):
+                with learner_autocast(cfg.model, batch.response_ids.device):
                     lp, ent = forward(trainer.learner, batch, r, return_entropy=True,
                                       entropy_grad=bool(a.entropy_coef), temperature=cfg.rollout.temperature)
                 scale = corr.clip_upper_scale[r] if corr.clip_upper_scale is not None else None
@@ -536,7 +536,7 @@ def run_steps(trainer: Trainer, run: Path, resume: bool, changes: list, log=prin
         log(f"resumed from {ckpt} (step {start})")
     choice = trainer.engine.dtype_choice
     notes = [f"rollout.dtype: auto -> {choice.dtype} on this machine: {choice.reason} [{choice.key}]"] if choice else []
-    if cfg.model.mixed_precision == "auto" and cfg.model.dtype == "float32":
+    if cfg.model.mixed_precision == "auto" and cfg.model.dtype == "float32":  # what `auto` measured here
         learner = choose_mixed_precision(trainer.device)
         notes.append(f"model.mixed_precision: auto -> {learner.mode} on this machine: {learner.reason} [{learner.key}]")
     for note in notes:
