@@ -10,11 +10,14 @@
 #      experiments/bf16_kernel_variants.py: the AMX path with its B tiles prefetched 0-4 k-blocks ahead;
 #   3. experiments/bf16_decode.py: the fused bf16 step (on each bf16 kernel, and on the one the engine
 #      measured and chose: rollout/bf16_kernel_choice.py) against float32 and the eager bf16 step in one
-#      process, batch 16, 256 and 1,024 tokens (the issue's >= 1.6x our float32).
+#      process, batch 16, 256 and 1,024 tokens (the issue's >= 1.6x our float32);
+#   4. sparserl bench learner: the main job's learner step (scoring, update) in float32 and in bf16 mixed
+#      precision, in one process (torch's bf16 products, on AMX where oneDNN takes it).
 # The model is SmolLM2-135M's shapes with random weights (experiments/random_smollm2.py) where the embedded
 # GGUF is absent: speed is the model's, the mismatch figures are not (--mismatch-n 0 there).
 #   OUT=dir bash experiments/amx_check.sh            # .gpu/smol and .whl carried, as for cuda_check.sh
-# About 8 min on 2 cores (tests 1, products 0.5, build variants 2, the kernel's measurement 0.3, 256 tokens 4);
+# About 10 min on 2 cores (tests 1, products 0.5, build variants 2, the kernel's measurement 0.3, 256 tokens 4,
+# the learner 2);
 # LONG=1 adds 1,024 tokens.
 set -uo pipefail
 OUT=${OUT:-/tmp/amx_check}; mkdir -p "$OUT"
@@ -50,6 +53,9 @@ $PIN python3 -c "from sparserl.rollout import bf16_kernel_choice as c; print(c.c
 echo "=== bf16 decode, 256 tokens"
 $PIN timeout ${BENCH_S:-360} python3 experiments/bf16_decode.py --tokens 256 --budget 128 --mismatch-n $MISMATCH \
   --json "$OUT/amx_L256.json" 2>&1 | tail -12
+echo "=== the learner's step, float32 against bf16 mixed precision (model.mixed_precision; oneDNN's AMX path)"
+$PIN timeout ${LEARNER_S:-240} python3 -c "import sys; from sparserl.cli import main; sys.exit(main(sys.argv[1:]))" \
+  bench learner data.eval=null --repeat 3 --json "$OUT/amx_learner.json" 2>&1 | grep -E '^(numerics|round|bfloat16)' | tail -6
 [ "${LONG:-0}" = 1 ] && {  # LONG=1: also 1,024 tokens (8-10 min on a 2-core Xeon)
 echo "=== bf16 decode, 1,024 tokens"
 $PIN timeout ${LONG_S:-600} python3 experiments/bf16_decode.py --tokens 1024 --budget 128 --rounds 2 --mismatch-n 0 \

@@ -151,6 +151,7 @@ def test_bench_learner_reports_both_precisions(tmp_path, capsys):
     num = report["numerics"]
     assert 0 < num["k3_bf16_vs_float32"] < 1e-2 and num["max_abs_logprob_diff"] > 0
     assert 0.9 < num["grad_cosine"] < 1.0 and 0 < num["grad_rel_l2"] < 0.5  # near, and not the same computation
+    assert -1 <= num["grad_cosine_halves_float32"] < num["grad_cosine"]  # two halves of the groups: further apart
     assert report["batch"]["sequences"] == 8 and report["machine"]["cpu"]
     assert report["command"].startswith("sparserl bench learner model.name=tiny") and "--repeat 2" in report["command"]
     assert "median of per-round ratios" in capsys.readouterr().out

@@ -6,7 +6,9 @@
    old policy scored in that precision, as a run in it would.
 2. Numerics, on the initial weights: the old policy's log-probs of the batch in each precision, k3 and
    the largest |Δ log p| of bfloat16 against float32 over the response tokens; the update's gradient in
-   each precision (read as the optimizer's step begins), their cosine and the relative L2 distance.
+   each precision (read as the optimizer's step begins), their cosine and the relative L2 distance; and,
+   for the scale of GRPO's own sampling noise, the cosine of two float32 gradients each from half of
+   the groups (the other half's advantages set to 0).
 3. Speed: ``--repeat`` rounds; in each, both precisions (the order alternating round to round) time the
    old policy's scoring forward and the update (forwards, backward, clipping, AdamW: the trainer's own
    ``update_policy``), the learner's weights and optimizer state restored after every update so every
@@ -97,19 +99,33 @@ def run_bench(cfg, repeat: int = 3, log=print) -> dict:
     for mode in MODES:
         grads[mode] = _update(trainer, batch, corr[mode], mode, want_grad=True)
         state.restore()
+    advantages = batch.advantages  # the scale of GRPO's own noise: float32 gradients of two halves of the groups
+    groups = batch.group_ids.unique()
+    first_half = torch.isin(batch.group_ids, groups[: len(groups) // 2])
+    for name, part in (("half_a", first_half), ("half_b", ~first_half)):
+        batch.advantages = advantages * part.view(-1, *[1] * (advantages.dim() - 1))
+        grads[name] = _update(trainer, batch, corr["off"], "off", want_grad=True)
+        state.restore()
+    batch.advantages = advantages
     g32, g16 = grads["off"], grads["bfloat16"]
     diff = (logprobs["bfloat16"] - logprobs["off"])[mask.bool()]
     numerics = {
         "k3_bf16_vs_float32": _k3(logprobs["off"], logprobs["bfloat16"], mask),
         "max_abs_logprob_diff": float(diff.abs().max()) if diff.numel() else 0.0,
-        "grad_cosine": None, "grad_rel_l2": None,  # None: every group's rewards tie, so the gradient is 0
+        # None where a gradient is 0 (every group's rewards tie)
+        "grad_cosine": None, "grad_rel_l2": None, "grad_cosine_halves_float32": None,
     }
     if g32.norm() > 0:
         numerics["grad_cosine"] = float(torch.nn.functional.cosine_similarity(g32, g16, dim=0))
         numerics["grad_rel_l2"] = float((g16 - g32).norm() / g32.norm())
+    if grads["half_a"].norm() > 0 and grads["half_b"].norm() > 0:
+        numerics["grad_cosine_halves_float32"] = float(torch.nn.functional.cosine_similarity(
+            grads["half_a"], grads["half_b"], dim=0))
     del grads, g32, g16
     gradient = (f"gradient cosine {numerics['grad_cosine']:.5f}, relative L2 {numerics['grad_rel_l2']:.4f}"
                 if numerics["grad_cosine"] is not None else "gradient 0 (every group's rewards tie): not compared")
+    if numerics["grad_cosine_halves_float32"] is not None:
+        gradient += f" (float32, half the groups against the other half: cosine {numerics['grad_cosine_halves_float32']:.3f})"
     log(f"numerics: k3 {numerics['k3_bf16_vs_float32']:.2e}, max |Δ log p| {numerics['max_abs_logprob_diff']:.3f}, "
         + gradient)
     seconds = {mode: {"score": [], "update": []} for mode in MODES}
