@@ -325,6 +325,15 @@ MATRIX = [
     case("output", [*B, "--json", "afile/b.json"], "afile", "json-under-file"),
     case("output", [*B, "--json", "/proc/sparserl-no/b.json"], "cannot write", "json-unwritable"),
     case("output", ["bench", "setup-openvino", "--venv", "afile"], "afile", "setup-venv-is-file"),
+    # --- bench learner ---------------------------------------------------------------------------
+    case("numbers", ["bench", "learner", "model.name=tiny", "--repeat", "0"], "--repeat", "learner-repeat-zero"),
+    case("config", ["bench", "learner", "model.mixed_precison=bfloat16"], "model.mixed_precison",
+         "learner-unknown-key"),
+    case("config", ["bench", "learner", "model.mixed_precision=fp16"], "model.mixed_precision",
+         "learner-bad-precision"),
+    case("config", ["bench", "learner", "model.name=tiny", "model.dtype=bfloat16"], "model.dtype",
+         "learner-bf16-weights"),
+    case("output", ["bench", "learner", "model.name=tiny", "--json", "afile/l.json"], "afile", "learner-json-under-file"),
     # --- report, demo, compare ------------------------------------------------------------------
     case("output", ["report", "no_such_run"], "no_such_run", "missing-folder"),
     case("output", ["report", "notrun"], "not a run folder", "not-a-run"),
