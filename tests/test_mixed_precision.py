@@ -175,6 +175,8 @@ def test_auto_takes_bf16_only_where_measured_faster_by_the_margin():
     # one round at half speed does not decide (the median of per-round ratios)
     slow_round = mixed_precision.measure(cpu, _fake_timer([1.0, 1.0, 1.0], [0.5, 2.0, 0.5]))
     assert slow_round.mode == "bfloat16"
+    emulated = mixed_precision.measure(cpu, _fake_timer([1.0], [30.0]))  # one round is enough: the timer has no more
+    assert emulated.mode == "off" and emulated.ratio_rounds == [0.0333] and "median of 1 per-round" in emulated.reason
 
 
 def test_auto_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):

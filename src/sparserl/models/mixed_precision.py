@@ -19,7 +19,9 @@ backward shaped like the default model's learner step (SmolLM2-135M's linear lay
 :data:`PROBE_ROWS` token rows, and its LM head over :data:`HEAD_ROWS`; random weights, nothing loaded)
 in float32 and under bfloat16 autocast, :data:`ROUNDS` rounds in alternating order, and takes
 bfloat16 when the median of the per-round ratios (float32 seconds / bfloat16 seconds) is at least
-:data:`AUTO_MIN_SPEEDUP`: below that, exact float32 costs little. The answer is cached per device, CPU
+:data:`AUTO_MIN_SPEEDUP`: below that, exact float32 costs little. A first round in which bfloat16 is
+slower than :data:`HOPELESS` times float32's speed stops there (with oneDNN held to AVX2 here, bf16 ran
+at 0.035x: 6 s a round). The answer is cached per device, CPU
 model and instruction sets, and torch version in ``mixed_precision_auto.json`` beside the sampler's
 ``dtype_auto.json`` (``$SPARSERL_NATIVE_CACHE``). ``sparserl bench learner`` measures the whole step.
 """
@@ -38,6 +40,7 @@ from .loading import parse_dtype, resolve_device
 
 MODES = ("auto", "off", "bfloat16")
 AUTO_MIN_SPEEDUP = 1.1
+HOPELESS = 0.25  # a first round where bf16 is this slow ends the measurement (emulated bf16: 0.035x, AVX2)
 PROBE_ROWS, HEAD_ROWS, ROUNDS = 512, 128, 3
 CACHE_FILE = "mixed_precision_auto.json"
 MEASURE_VERSION = 1
@@ -121,11 +124,13 @@ def measure(device: torch.device, timer=None) -> PrecisionChoice:
         for mode in (("off", "bfloat16") if k % 2 == 0 else ("bfloat16", "off")):
             per[mode].append(timer(mode))
         ratios.append(per["off"][-1] / per["bfloat16"][-1])
+        if ratios[0] < HOPELESS:  # no slow round makes bf16 4x slower: emulated products, not worth 2 more
+            break
     speedup = statistics.median(ratios)
     mode = "bfloat16" if speedup >= AUTO_MIN_SPEEDUP else "off"
     verdict = "at least" if mode == "bfloat16" else "under"
     reason = (f"measured: the learner's products under bfloat16 autocast run {speedup:.2f}x float32's, "
-              f"{verdict} {AUTO_MIN_SPEEDUP}x (median of {ROUNDS} per-round ratios, SmolLM2-135M's shapes)")
+              f"{verdict} {AUTO_MIN_SPEEDUP}x (median of {len(ratios)} per-round ratios, SmolLM2-135M's shapes)")
     return PrecisionChoice(mode, reason, machine_key(device), {m: statistics.median(v) for m, v in per.items()},
                            [round(r, 4) for r in ratios], time.strftime("%Y-%m-%dT%H:%M:%S"))
 
