@@ -31,6 +31,7 @@ def cfg_for(tmp_path, *extra):
 def test_two_steps_change_weights_and_write_loadable_checkpoint(tmp_path):
     cfg = cfg_for(tmp_path, "train.steps=2")
     tr = build_trainer(cfg)
+    assert tr.optimizer.defaults["fused"]  # torch's fused AdamW kernel on CPU and CUDA
     before = {k: v.clone() for k, v in tr.learner.state_dict().items()}
     run = train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
     ck = latest_checkpoint(run)

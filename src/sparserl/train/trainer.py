@@ -90,7 +90,9 @@ def build_learner(cfg: Config):
     if t.lora_rank:  # peft adapters on the learner; the sampler keeps the merged weights (sampler_state)
         learner = apply_lora(learner, t.lora_rank, t.lora_alpha, t.lora_dropout, t.lora_target).train()
     trained = [p for p in learner.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trained, lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay)
+    fused = trained[0].device.type in ("cpu", "cuda")  # torch's one-kernel AdamW (the HF Trainer's default)
+    opt = torch.optim.AdamW(trained, lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay,
+                            fused=fused or None)
     warm = max(1, t.warmup_steps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
     return lm, learner, opt, sched
