@@ -40,6 +40,21 @@ def _score(trainer, batch, mode: str) -> torch.Tensor:
                               cfg.train.shared_prompt)
 
 
+def _dot(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 22) -> float:
+    """Σ a·b in float64, a chunk at a time (no float64 copy of a whole gradient)."""
+    return sum(float(a[s:s + chunk].double() @ b[s:s + chunk].double()) for s in range(0, a.numel(), chunk))
+
+
+def _distance2(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 22) -> float:
+    """Σ (a − b)² in float64, a chunk at a time."""
+    return sum(float((a[s:s + chunk].double() - b[s:s + chunk].double()).square().sum())
+               for s in range(0, a.numel(), chunk))
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return _dot(a, b) / max(_dot(a, a) * _dot(b, b), 1e-300) ** 0.5
+
+
 def _k3(log_q: torch.Tensor, log_p: torch.Tensor, mask: torch.Tensor) -> float:
     lr = (log_p - log_q).double()[mask.bool()]
     return float((lr.exp() - 1 - lr).mean()) if lr.numel() else 0.0
@@ -65,7 +80,7 @@ def _update(trainer, batch, corr, mode: str, want_grad: bool = False):
     grads = []
 
     def keep(optimizer, *_):
-        grads.append(torch.cat([p.grad.detach().flatten().double() for g in optimizer.param_groups
+        grads.append(torch.cat([p.grad.detach().flatten().float() for g in optimizer.param_groups
                                 for p in g["params"] if p.grad is not None]))
 
     hook = trainer.optimizer.register_step_pre_hook(keep) if want_grad else None
@@ -115,12 +130,11 @@ def run_bench(cfg, repeat: int = 3, log=print) -> dict:
         # None where a gradient is 0 (every group's rewards tie)
         "grad_cosine": None, "grad_rel_l2": None, "grad_cosine_halves_float32": None,
     }
-    if g32.norm() > 0:
-        numerics["grad_cosine"] = float(torch.nn.functional.cosine_similarity(g32, g16, dim=0))
-        numerics["grad_rel_l2"] = float((g16 - g32).norm() / g32.norm())
-    if grads["half_a"].norm() > 0 and grads["half_b"].norm() > 0:
-        numerics["grad_cosine_halves_float32"] = float(torch.nn.functional.cosine_similarity(
-            grads["half_a"], grads["half_b"], dim=0))
+    if _dot(g32, g32) > 0:
+        numerics["grad_cosine"] = _cosine(g32, g16)
+        numerics["grad_rel_l2"] = (_distance2(g16, g32) / _dot(g32, g32)) ** 0.5
+    if _dot(grads["half_a"], grads["half_a"]) > 0 and _dot(grads["half_b"], grads["half_b"]) > 0:
+        numerics["grad_cosine_halves_float32"] = _cosine(grads["half_a"], grads["half_b"])
     del grads, g32, g16
     gradient = (f"gradient cosine {numerics['grad_cosine']:.5f}, relative L2 {numerics['grad_rel_l2']:.4f}"
                 if numerics["grad_cosine"] is not None else "gradient 0 (every group's rewards tie): not compared")
