@@ -224,3 +224,27 @@ def test_a_run_on_auto_records_the_choice_and_computes_in_it(tmp_path, monkeypat
     run = train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
     assert seen and set(seen) == {torch.bfloat16}
     assert "model.mixed_precision: auto -> bfloat16 on this machine: measured" in (run / "config.yaml").read_text()
+
+
+def test_a_run_recorded_before_the_key_resumes_in_float32(tmp_path):
+    """A run whose config.yaml predates model.mixed_precision ran its learner in float32: --resume keeps
+    that (not today's default `auto`), and a config that now asks for auto is a change it names."""
+    import yaml
+
+    from sparserl.train.run_folder import check_resume_config, load_recorded_config
+    from sparserl.train.run_folder import ResumeError
+
+    cfg = cfg_for(tmp_path, "train.steps=1")
+    run = train(cfg, run_dir=tmp_path / "old", log=lambda *_: None)
+    recorded = yaml.safe_load((run / "config.yaml").read_text())
+    del recorded["model"]["mixed_precision"]
+    (run / "config.yaml").write_text(yaml.safe_dump(recorded))
+    assert load_recorded_config(run / "config.yaml").model.mixed_precision == "off"
+    assert load_recorded_config(run / "config.yaml", ["model.mixed_precision=bfloat16"]).model.mixed_precision \
+        == "bfloat16"  # an explicit override still wins
+    newer = cfg_for(tmp_path, "train.steps=1")
+    newer.model.mixed_precision = "auto"
+    with pytest.raises(ResumeError, match=r"model.mixed_precision: 'off' -> 'auto'"):
+        check_resume_config(run, newer)
+    newer.model.mixed_precision = "off"
+    assert check_resume_config(run, newer) == []

@@ -231,7 +231,7 @@ def _split_config_arg(args) -> None:
 
 def cmd_train(args) -> int:
     from .config import load_config, validate
-    from .train.run_folder import find_resume_folder, recorded_configs
+    from .train.run_folder import find_resume_folder, load_recorded_config, recorded_configs
     from .train.trainer import train
 
     _split_config_arg(args)
@@ -245,7 +245,8 @@ def cmd_train(args) -> int:
         locator = load_config("default", args.overrides)  # log.out_dir / log.run_name to find the run
         run = find_resume_folder(locator, run_dir)
         recorded = recorded_configs(run)
-        cfg = validate(load_config(recorded[-1] if recorded else "default", args.overrides))
+        cfg = validate(load_recorded_config(recorded[-1], args.overrides) if recorded
+                       else load_config("default", args.overrides))
         run_dir = run
     else:
         cfg = validate(load_config(args.config or "default", args.overrides))

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from .. import runlog as names
 from ..checks import check_output_dir
 from ..config import Config, ConfigError, config_to_dict, load_config, save_config
@@ -62,6 +64,26 @@ def is_run_folder(path: str | Path) -> bool:
     p = Path(path)
     return p.is_dir() and ((p / CONFIG_FILE).is_file() or (p / names.METRICS_FILE).is_file()
                            or (p / "checkpoints").is_dir())
+
+
+#: keys added after runs were recorded without them, with the value those runs ran with (a recorded
+#: config lacking one reads as that value, not as the key's new default)
+LATER_KEYS = {"model.mixed_precision": "off"}  # twenty-first session: before it the learner computed in its dtype
+
+
+def load_recorded_config(path: Path, overrides: list[str] | tuple = ()) -> Config:
+    """A run's recorded config, ``overrides`` on top; a key of :data:`LATER_KEYS` it lacks takes the
+    value the run ran with."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        raw = {}  # load_config names the problem
+    missing = []
+    for key, value in LATER_KEYS.items():
+        section, name = key.split(".")
+        if isinstance(raw, dict) and isinstance(raw.get(section), dict) and name not in raw[section]:
+            missing.append(f"{key}={value}")
+    return load_config(path, [*missing, *overrides])
 
 
 def recorded_configs(run_dir: str | Path) -> list[Path]:
@@ -139,7 +161,7 @@ def check_resume_config(run: Path, cfg: Config, allow_config_change: bool = Fals
     if not recorded:
         return []
     try:
-        old = config_to_dict(load_config(recorded[-1]))
+        old = config_to_dict(load_recorded_config(recorded[-1]))
     except ConfigError as e:
         if allow_config_change:
             return [("config", str(recorded[-1]), "(unreadable)")]
