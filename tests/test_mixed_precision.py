@@ -248,3 +248,16 @@ def test_a_run_recorded_before_the_key_resumes_in_float32(tmp_path):
         check_resume_config(run, newer)
     newer.model.mixed_precision = "off"
     assert check_resume_config(run, newer) == []
+
+
+def test_data_parallel_peers_get_the_drivers_resolved_precision(tmp_path, monkeypatch):
+    from sparserl.train.data_parallel import peer_config
+
+    monkeypatch.setattr(mixed_precision, "_CHOSEN", {})
+    monkeypatch.setenv("SPARSERL_NATIVE_CACHE", str(tmp_path / "cache"))
+    mixed_precision.choose("cpu", _fake_timer([3.0] * 3, [1.0] * 3), log=lambda *_: None)
+    cfg = cfg_for(tmp_path, "model.mixed_precision=auto")
+    peer = peer_config(cfg, torch.device("cpu"))
+    assert peer.model.mixed_precision == "bfloat16" and cfg.model.mixed_precision == "auto"
+    cfg.model.mixed_precision = "off"
+    assert peer_config(cfg, torch.device("cpu")).model.mixed_precision == "off"

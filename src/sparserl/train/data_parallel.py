@@ -89,6 +89,15 @@ def _init_group(init_method: str, rank: int, world: int, device: torch.device) -
                             timeout=datetime.timedelta(seconds=TIMEOUT_S))
 
 
+def peer_config(cfg, device: torch.device):
+    """The config the other learners build from: the driver's, with its learner's precision resolved
+    here (``model.mixed_precision: auto`` measured on the driver's machine, not again on each node's,
+    so that every learner computes its share of the gradient alike)."""
+    peer = copy.deepcopy(cfg)
+    peer.model.mixed_precision = learner_precision(cfg.model, device)
+    return peer
+
+
 class LearnerPeer:
     """A learner of rank >= 1, in a Ray actor: the run's learner, optimizer and schedule (built as the
     trainer builds them), in the group, updated with the driver's batch each step."""
@@ -147,9 +156,7 @@ class LearnerGroup:
         host = ray.util.get_node_ip_address()
         init_method = f"tcp://{host}:{_free_port(host)}"
         actor = ray.remote(LearnerPeer).options(num_cpus=c.learner_cpus, num_gpus=c.learner_gpus, max_restarts=0)
-        peer_cfg = copy.deepcopy(cfg)  # the driver's precision, not each node's own `auto` answer
-        peer_cfg.model.mixed_precision = learner_precision(cfg.model, trainer.device)
-        self.peers = [actor.remote(peer_cfg, rank, self.world) for rank in range(1, self.world)]
+        self.peers = [actor.remote(peer_config(cfg, trainer.device), rank, self.world) for rank in range(1, self.world)]
         self._wait([p.pid.remote() for p in self.peers], "starting")  # built (or failed) before the rendezvous
         joined = [p.join.remote(init_method) for p in self.peers]
         _init_group(init_method, 0, self.world, trainer.device)  # returns once every peer has joined
