@@ -153,6 +153,7 @@ def test_bench_learner_reports_both_precisions(tmp_path, capsys):
     assert 0.9 < num["grad_cosine"] < 1.0 and 0 < num["grad_rel_l2"] < 0.5  # near, and not the same computation
     assert -1 <= num["grad_cosine_halves_float32"] < num["grad_cosine"]  # two halves of the groups: further apart
     assert report["batch"]["sequences"] == 8 and report["machine"]["cpu"]
+    assert report["machine"]["mixed_precision_auto"]["mode"] in ("off", "bfloat16")
     assert report["command"].startswith("sparserl bench learner model.name=tiny") and "--repeat 2" in report["command"]
     assert "median of per-round ratios" in capsys.readouterr().out
 

@@ -14,16 +14,20 @@
    ``update_policy``), the learner's weights and optimizer state restored after every update so every
    round starts from the same point. Reported per precision per round, and as the median of the
    per-round ratios float32 seconds / bfloat16 seconds (a round at half speed moves both sides).
+
+The machine record names what ``model.mixed_precision: auto`` chooses on it, and why.
 """
 from __future__ import annotations
 
 import copy
+import os
 import statistics
 import time
+from dataclasses import asdict
 
 import torch
 
-from ..models.mixed_precision import autocast_for
+from ..models.mixed_precision import autocast_for, choose as choose_mixed_precision
 from ..reward import score_responses
 from ..rollout.dtype_auto import cpu_name
 from ..rollout import native
@@ -170,9 +174,10 @@ def run_bench(cfg, repeat: int = 3, log=print) -> dict:
         "bench": "learner",
         "model": cfg.model.name,
         "device": str(trainer.device),
-        "machine": {"cpu": cpu_name(), "isa": native.isa(), "torch": torch.__version__,
+        "machine": {"cpu": cpu_name(), "isa": native.isa(), "cores": os.cpu_count(), "torch": torch.__version__,
                     "torch_threads": torch.get_num_threads(),
-                    "gpu": torch.cuda.get_device_name(trainer.device) if trainer.device.type == "cuda" else None},
+                    "gpu": torch.cuda.get_device_name(trainer.device) if trainer.device.type == "cuda" else None,
+                    "mixed_precision_auto": asdict(choose_mixed_precision(trainer.device))},
         "batch": {"sequences": int(batch.size), "prompts": len(set(ro.prompt_index)),
                   "prompt_tokens_mean": statistics.mean(len(p) for p in ro.prompt_ids),
                   "response_tokens_mean": float(lengths.float().mean()), "response_tokens_max": int(lengths.max()),

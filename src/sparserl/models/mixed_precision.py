@@ -21,9 +21,9 @@ in float32 and under bfloat16 autocast, :data:`ROUNDS` rounds in alternating ord
 bfloat16 when the median of the per-round ratios (float32 seconds / bfloat16 seconds) is at least
 :data:`AUTO_MIN_SPEEDUP`: below that, exact float32 costs little. A first round in which bfloat16 is
 slower than :data:`HOPELESS` times float32's speed stops there (with oneDNN held to AVX2 here, bf16 ran
-at 0.035x: 6 s a round). The answer is cached per device, CPU
-model and instruction sets, and torch version in ``mixed_precision_auto.json`` beside the sampler's
-``dtype_auto.json`` (``$SPARSERL_NATIVE_CACHE``). ``sparserl bench learner`` measures the whole step.
+at 0.035x: 6 s a round). The answer is cached per device, CPU model and instruction sets, and torch
+version in ``mixed_precision_auto.json`` beside the sampler's ``dtype_auto.json``
+(``$SPARSERL_NATIVE_CACHE``). ``sparserl bench learner`` measures the whole step.
 """
 from __future__ import annotations
 
