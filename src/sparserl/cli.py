@@ -198,11 +198,7 @@ def cmd_bench_learner(args) -> int:
     check_int(args.repeat, "--repeat", 1, what="rounds of both precisions; the per-round ratios' median is reported")
     if args.json:
         check_output_file(args.json, "--json")
-    cfg = validate(load_config(args.config or "default", args.overrides))
-    if cfg.model.dtype != "float32":
-        raise OptionError(f"model.dtype={cfg.model.dtype}: bench learner runs float32 weights in float32 and in "
-                          "bfloat16 mixed precision; set model.dtype=float32")
-    report = run_bench(cfg, repeat=args.repeat)
+    report = run_bench(validate(load_config(args.config or "default", args.overrides)), repeat=args.repeat)
     report["command"] = " ".join(["sparserl bench learner", *([args.config] if args.config else []), *args.overrides,
                                   "--repeat", str(args.repeat)])
     report["commit"] = sparserl_commit()

@@ -27,6 +27,7 @@ from dataclasses import asdict
 
 import torch
 
+from ..config import ConfigError
 from ..models.mixed_precision import autocast_for, choose as choose_mixed_precision
 from ..reward import score_responses
 from ..rollout.dtype_auto import cpu_name
@@ -101,9 +102,9 @@ def _update(trainer, batch, corr, mode: str, want_grad: bool = False):
 
 def run_bench(cfg, repeat: int = 3, log=print) -> dict:
     """The report (see the module docstring) for the validated config ``cfg``."""
-    if cfg.model.dtype != "float32":
-        raise ValueError(f"bench learner compares float32 with bfloat16 mixed precision over float32 weights; "
-                         f"model.dtype={cfg.model.dtype}")
+    if cfg.model.dtype != "float32":  # before anything loads
+        raise ConfigError(f"model.dtype={cfg.model.dtype}: bench learner runs float32 weights in float32 and in "
+                          "bfloat16 mixed precision; set model.dtype=float32")
     trainer = build_trainer(cfg)
     examples, ro = rollout(trainer, 1)
     rewards, _ = score_responses(trainer.reward_fn, ro.texts, [examples[i].label for i in ro.prompt_index])

@@ -66,12 +66,9 @@ _CHOSEN: dict[str, PrecisionChoice] = {}  # this process's answers, by machine k
 
 @functools.lru_cache(maxsize=None)
 def machine_key(device: torch.device) -> str:
-    from ..rollout import native
-    from ..rollout.dtype_auto import cpu_name
+    from ..rollout.dtype_auto import device_label
 
-    where = (f"cuda:{torch.cuda.get_device_name(device)}" if device.type == "cuda"
-             else f"cpu:{cpu_name()} [{' '.join(native.isa())}]")
-    return f"{where} | torch {torch.__version__} | learner v{MEASURE_VERSION}"
+    return f"{device_label(device)} | torch {torch.__version__} | learner v{MEASURE_VERSION}"
 
 
 def _cache_path():

@@ -63,12 +63,16 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def device_label(device: torch.device) -> str:
+    """The device a measurement ran on: the GPU's name, or the CPU's model and instruction sets."""
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return f"cpu:{cpu_name()} [{' '.join(native.isa())}]"
+
+
 def machine_key(device: torch.device) -> str:
     """The cache key: device (and GPU name), CPU model and its instruction sets, torch, kernels."""
-    if device.type == "cuda":
-        where = f"cuda:{torch.cuda.get_device_name(device)}"
-    else:
-        where = f"cpu:{cpu_name()} [{' '.join(native.isa())}]"
+    where = device_label(device)
     kernels = "native" if device.type == "cpu" and native.enabled() else "torch"
     return f"{where} | torch {torch.__version__} | kernels {kernels} | v{MEASURE_VERSION}"
 

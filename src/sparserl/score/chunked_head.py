@@ -17,7 +17,7 @@ with ``g`` the incoming gradients of log p(y) and of H:
 
 (The same trick as Liger-Kernel's fused linear cross-entropy and verl's ``use_fused_kernels``.)
 
-Under ``torch.autocast`` (the learner's mixed precision, :mod:`sparserl.train.mixed_precision`) the
+Under ``torch.autocast`` (the learner's mixed precision, :mod:`sparserl.models.mixed_precision`) the
 products ``h Wᵀ``, ``(∂/∂logits) W`` and ``(∂/∂logits)ᵀ h`` run in autocast's dtype with float32
 accumulation, in the backward too (which runs outside autocast), as autograd does for a plain
 ``Linear``; the softmax and the gradients' sums stay float32.

@@ -539,8 +539,9 @@ def run_steps(trainer: Trainer, run: Path, resume: bool, changes: list, log=prin
     choice = trainer.engine.dtype_choice
     notes = [f"rollout.dtype: auto -> {choice.dtype} on this machine: {choice.reason} [{choice.key}]"] if choice else []
     if cfg.model.mixed_precision == "auto" and cfg.model.dtype == "float32":  # what `auto` measured here
-        learner = choose_mixed_precision(trainer.device)
-        notes.append(f"model.mixed_precision: auto -> {learner.mode} on this machine: {learner.reason} [{learner.key}]")
+        precision = choose_mixed_precision(trainer.device)
+        notes.append(f"model.mixed_precision: auto -> {precision.mode} on this machine: {precision.reason} "
+                     f"[{precision.key}]")
     for note in notes:
         log(note)
     saved = record_config(run, cfg, start, changes, resume, notes)
