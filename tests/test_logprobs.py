@@ -3,12 +3,16 @@ the shared-prompt forward (values and gradients, on tiny models of every sampler
 that lets the sampler's log-probs stand in for the old policy's."""
 from __future__ import annotations
 
+import copy
+import re
+
 import pytest
 import torch
 
 from sparserl.batch import RolloutBatch
-from sparserl.score import (forward_response, forward_response_shared, head_logprobs, old_logprobs_source,
-                            sampler_is_old_policy, score_logprobs)
+from sparserl.score import (forward_response, forward_response_shared, head_logprobs, model_dropout,
+                            old_logprobs_source, sampler_is_old_policy, score_logprobs,
+                            why_update_forward_is_not_old_policy)
 from sparserl.score.old_policy import OldLogprobsError
 
 
@@ -205,15 +209,46 @@ DENSE_F32 = dict(compresses=False, sampler_dtype=torch.float32, learner_dtype="f
 def test_the_sampler_is_the_old_policy_rule(change, holds):
     facts = {**DENSE_F32, **change}
     assert sampler_is_old_policy(**facts) is holds
-    assert old_logprobs_source("auto", **facts) == ("sampler" if holds else "score")
-    assert old_logprobs_source("score", **facts) == "score"
+    no_update = "the batch takes 2 micro-batches"
+    assert old_logprobs_source("auto", why_not_update=no_update, **facts) == ("sampler" if holds else "score")
+    assert old_logprobs_source("auto", why_not_update=None, **facts) == ("sampler" if holds else "update")
+    assert old_logprobs_source("score", why_not_update=None, **facts) == "score"
     if holds:
-        assert old_logprobs_source("sampler", **facts) == "sampler"
+        assert old_logprobs_source("sampler", why_not_update=no_update, **facts) == "sampler"
     else:
         with pytest.raises(OldLogprobsError, match="algorithm.old_logprobs=sampler"):
-            old_logprobs_source("sampler", **facts)
-    with pytest.raises(OldLogprobsError, match="expected one of auto, score, sampler"):
-        old_logprobs_source("sometimes", **facts)
+            old_logprobs_source("sampler", why_not_update=None, **facts)
+    assert old_logprobs_source("update", why_not_update=None, **facts) == "update"  # asked for, even where sampler holds
+    with pytest.raises(OldLogprobsError, match="algorithm.old_logprobs=update.*2 micro-batches"):
+        old_logprobs_source("update", why_not_update=no_update, **facts)
+    with pytest.raises(OldLogprobsError, match="expected one of auto, score, sampler, update"):
+        old_logprobs_source("sometimes", why_not_update=None, **facts)
+
+
+@pytest.mark.parametrize("facts, phrase", [
+    ({}, None),
+    ({"optimizer_steps": 2}, "2 optimizer steps"),
+    ({"micro_batches": 3}, "3 micro-batches.*train.micro_batch_size"),
+    ({"learners": 2}, "cluster.learners=2"),
+    ({"dropout": 0.1}, "dropout 0.1"),
+])
+def test_the_update_forward_is_the_old_policy_rule(facts, phrase):
+    why = why_update_forward_is_not_old_policy(**{"optimizer_steps": 1, "micro_batches": 1, **facts})
+    if phrase is None:
+        assert why is None
+    else:
+        assert re.search(phrase, why)
+
+
+def test_model_dropout_reads_modules_and_config(tiny):
+    """0 for the tiny Llama (no dropout module, attention_dropout 0); a module's p and a config field count."""
+    model = copy.deepcopy(tiny.model)
+    assert model_dropout(model) == 0.0
+    model.config.attention_dropout = 0.25
+    assert model_dropout(model) == 0.25
+    model.config.attention_dropout = 0.0
+    model.model.layers[0].mlp.add_module("drop", torch.nn.Dropout(0.05))
+    assert model_dropout(model) == 0.05
 
 
 def test_where_the_rule_holds_sampler_logprobs_equal_the_scored_ones(tiny):

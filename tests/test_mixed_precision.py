@@ -136,10 +136,11 @@ def test_mixed_precision_config_errors(tmp_path):
         cfg_for(tmp_path, *DENSE, "model.mixed_precision=bfloat16", "algorithm.old_logprobs=sampler")
 
 
-def test_bench_learner_reports_both_precisions(tmp_path, capsys):
+@pytest.mark.parametrize("micro", [4, 8])  # 8: the whole batch, so old_logprobs=update is timed too
+def test_bench_learner_reports_both_precisions(tmp_path, capsys, micro):
     out = tmp_path / "learner.json"
     overrides = ["model.name=tiny", "rollout.dtype=float32", "train.prompts_per_step=2", "rollout.n=4",
-                 "rollout.max_new_tokens=12", "train.micro_batch_size=4", "reward.fn=test_train:toy_reward",
+                 "rollout.max_new_tokens=12", f"train.micro_batch_size={micro}", "reward.fn=test_train:toy_reward",
                  "data.eval=null", f"log.out_dir={tmp_path}"]
     assert main(["bench", "learner", *overrides, "--repeat", "2", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
@@ -155,7 +156,17 @@ def test_bench_learner_reports_both_precisions(tmp_path, capsys):
     assert report["batch"]["sequences"] == 8 and report["machine"]["cpu"]
     assert report["machine"]["mixed_precision_auto"]["mode"] in ("off", "bfloat16")
     assert report["command"].startswith("sparserl bench learner model.name=tiny") and "--repeat 2" in report["command"]
-    assert "median of per-round ratios" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "median of per-round ratios" in printed
+    update_forward = report["speedup_update_forward"]
+    if micro == 4:
+        assert "2 micro-batches" in update_forward["why_not"] and "old_logprobs=update not timed" in printed
+        assert report["seconds"]["float32"]["update_forward"] == []
+    else:
+        assert update_forward["why_not"] is None
+        for name in ("float32", "bfloat16_mixed"):
+            assert len(report["seconds"][name]["update_forward"]) == 2
+            assert len(update_forward[name]["ratio_rounds"]) == 2 and update_forward[name]["speedup"] > 0
 
 
 def test_bench_learner_refuses_a_bf16_learner(tmp_path):

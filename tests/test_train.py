@@ -255,6 +255,69 @@ def test_old_logprobs_come_from_the_sampler_only_where_it_runs_the_old_policy(tm
         cfg_for(tmp_path, "algorithm.old_logprobs=sampler")
 
 
+@pytest.mark.parametrize("extra", [
+    ("train.shared_prompt=true",),
+    ("train.shared_prompt=false", "mismatch.alpha=off", "algorithm.entropy_coef=0.01"),
+    ("train.shared_prompt=false", "algorithm.kl_coef=0.01", "mismatch.alpha=topk"),
+])
+def test_old_logprobs_from_the_update_forward_equal_a_scoring_forward(tmp_path, monkeypatch, extra):
+    """algorithm.old_logprobs=update (one optimizer step over one micro-batch): no scoring forward, and
+    the step is the scored step's up to float rounding: the same mismatch, α, loss, gradient norm and
+    new weights; the PPO ratio is exactly 1."""
+    from sparserl.train import trainer as trainer_module
+
+    calls = []
+    for name in ("score_logprobs", "score_logprobs_keep_hidden"):
+        real = getattr(trainer_module, name)
+        monkeypatch.setattr(trainer_module, name, lambda *a, real=real, **k: calls.append(name) or real(*a, **k))
+    out, weights = {}, {}
+    for mode in ("score", "update"):
+        cfg = cfg_for(tmp_path, "train.micro_batch_size=8", f"algorithm.old_logprobs={mode}", *extra)
+        trainer = build_trainer(cfg)
+        assert trainer_module.old_logprobs_from(trainer) == mode
+        calls.clear()
+        out[mode] = train_step(trainer, 1)
+        ref_scorings = 1 if trainer.ref is not None else 0  # the reference model is still scored
+        assert len(calls) == (ref_scorings + 1 if mode == "score" else ref_scorings), (mode, calls)
+        weights[mode] = {k: v.detach().clone() for k, v in trainer.learner.state_dict().items()}
+    keys = ["mismatch/k3_kl", "rs/token_masked_frac", "policy/loss", "grad_norm", "policy/entropy"]
+    keys += ["mismatch/alpha_mean"] if "mismatch.alpha=off" not in extra else []
+    keys += ["policy/kl_ref"] if "algorithm.kl_coef=0.01" in extra else []
+    for key in keys:
+        assert out["update"][key] == pytest.approx(out["score"][key], rel=1e-4, abs=1e-6), key
+    assert out["score"]["mismatch/k3_kl"] > 0 and out["score"]["grad_norm"] > 0
+    assert out["update"]["policy/ratio_mean"] == 1.0 and out["update"]["policy/clip_frac_high"] == 0.0
+    for k in weights["score"]:
+        assert torch.allclose(weights["update"][k], weights["score"][k], atol=1e-6), k
+    assert any(not torch.equal(weights["update"][k], build_trainer(cfg).learner.state_dict()[k]) for k in weights["update"])
+
+
+def test_auto_takes_the_update_forward_only_where_its_rule_holds(tmp_path):
+    """auto: the update's forward with one micro-batch per step; a scoring forward with two micro-batches,
+    two optimizer steps or LoRA dropout; old_logprobs=update there is a config error naming the key."""
+    from sparserl.train.trainer import old_logprobs_from
+
+    assert old_logprobs_from(build_trainer(cfg_for(tmp_path, "train.micro_batch_size=8"))) == "update"
+    assert old_logprobs_from(build_trainer(cfg_for(tmp_path))) == "score"  # TINY: micro-batches of 4 of 8 samples
+    for extra, phrase in ((("train.micro_batch_size=4",), "2 micro-batches.*train.micro_batch_size"),
+                          (("train.mini_batch_prompts=1",), "2 optimizer steps"),
+                          (("train.ppo_epochs=2",), "2 optimizer steps"),
+                          (("train.lora_rank=4", "train.lora_dropout=0.1"), "dropout 0.1.*train.lora_dropout")):
+        with pytest.raises(ConfigError, match="old_logprobs=update.*" + phrase):
+            cfg_for(tmp_path, "train.micro_batch_size=8", "algorithm.old_logprobs=update", *extra)
+
+
+def test_resume_with_the_update_forward_gives_the_same_next_step(tmp_path):
+    over = ("train.micro_batch_size=8", "algorithm.old_logprobs=update")
+    full = train(cfg_for(tmp_path, "train.steps=3", *over), run_dir=tmp_path / "a", log=lambda *_: None)
+    train(cfg_for(tmp_path, "train.steps=2", *over), run_dir=tmp_path / "b", log=lambda *_: None)
+    resumed = train(cfg_for(tmp_path, "train.steps=3", *over), run_dir=tmp_path / "b", resume=True,
+                    log=lambda *_: None)
+    wa = (latest_checkpoint(full) / "model" / "model.safetensors").read_bytes()
+    wb = (latest_checkpoint(resumed) / "model" / "model.safetensors").read_bytes()
+    assert wa == wb
+
+
 def test_shared_prompt_update_equals_the_full_forward_update(tmp_path):
     """train.shared_prompt changes how the learner forwards, not what it computes: same rollouts, same
     loss and gradient norm (micro-batches of 3 split the groups of 4)."""

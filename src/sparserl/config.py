@@ -47,7 +47,7 @@ from .rollout.kv.schedule import ScheduleError, load_schedule, parse_pairs
 from .rollout.kv_quant import available_kv_quants
 from .rollout.quant import available_quants, build_quant
 from .rollout.quant.int8_group import GROUP as QUANT_GROUP
-from .score.old_policy import old_logprobs_source
+from .score.old_policy import old_logprobs_source, why_update_forward_is_not_old_policy
 from .train.advantages import available_adv_ests, get_adv_est
 
 __all__ = ["ConfigError", "ModelConfig", "KVControllerConfig", "RolloutConfig", "DataConfig", "RewardConfig", "AlgorithmConfig",
@@ -364,10 +364,13 @@ class AlgorithmConfig(_Section):
                                "[name, {options}] pairs.")
     correction_options: Options = F(help="Options of the correction overriding the preset's defaults (e.g. "
                                     "token_low, token_high, veto, is_cap).", factory=dict)
-    old_logprobs: Literal["auto", "score", "sampler"] = F(
-        "auto", "Where the old policy's log-probs come from: score (a dense forward of the learner) | sampler "
-        "(the sampler's own; only when it runs the old policy exactly: rollout.compressor=none, temperature > 0, "
-        "top_p=1, top_k=0, float32 sampler and learner) | auto (sampler when that holds, else score).")
+    old_logprobs: Literal["auto", "score", "sampler", "update"] = F(
+        "auto", "Where the old policy's log-probs come from: score (a no-grad forward of the learner before the "
+        "update) | sampler (the sampler's own; only when it runs the old policy exactly: rollout.compressor=none, "
+        "temperature > 0, top_p=1, top_k=0, float32 sampler and learner) | update (the update's own forward, "
+        "detached, as TRL with num_iterations=1; only when the step is one optimizer step over one micro-batch: "
+        "ppo_epochs=1, the whole batch per mini-batch and per micro-batch, one learner, no dropout) | auto "
+        "(sampler when that holds, else update when that holds, else score).")
 
     distill_sparse: Optional[DistillSparseConfig] = F(
         None, "DistillSparse (Sparrow): {rank, lambda, lr}: LoRA weights φ on the sparse sampler only; after each "
@@ -509,6 +512,26 @@ class Config(_Section):
     def override(self, overrides: Iterable[str]) -> "Config":
         """Apply dotted ``section.key=value`` overrides in place; returns self."""
         return apply_overrides(self, overrides)
+
+    def update_shape(self) -> tuple[int, int, int]:
+        """(samples per rollout batch, samples per optimizer step, micro-batches per optimizer step) of
+        the update (``train.*``, ``rollout.n``)."""
+        t = self.train
+        batch = t.prompts_per_step * self.rollout.n
+        mini = min(batch, (t.mini_batch_prompts or t.prompts_per_step) * self.rollout.n)
+        return batch, mini, -(-mini // t.micro_batch_size)
+
+    def why_update_forward_is_not_old_policy(self, dropout: float | None = None) -> str | None:
+        """Why ``algorithm.old_logprobs=update`` cannot hold for this config
+        (:func:`sparserl.score.old_policy.why_update_forward_is_not_old_policy`), or None. ``dropout``: the
+        learner's, measured on the model (:func:`~sparserl.score.old_policy.model_dropout`); None = what the
+        config alone says (``train.lora_dropout`` when LoRA trains)."""
+        batch, mini, micro = self.update_shape()
+        if dropout is None:
+            dropout = self.train.lora_dropout if self.train.lora_rank else 0.0
+        return why_update_forward_is_not_old_policy(optimizer_steps=self.train.ppo_epochs * -(-batch // mini),
+                                                    micro_batches=micro, learners=self.cluster.learners,
+                                                    dropout=dropout)
 
 
 # --- errors: pydantic's ValidationError -> one line per problem ----------------------------------
@@ -862,9 +885,7 @@ def validate(cfg: Config) -> Config:
         errors.append(f"cluster.address={c.address!r} needs cluster.rollout_workers or cluster.learners > 1 (without "
                       "them everything runs in the training process)")
     if c.learners > 1:
-        samples = t.prompts_per_step * r.n
-        mini = (t.mini_batch_prompts or t.prompts_per_step) * r.n
-        micro = -(-mini // t.micro_batch_size)
+        samples, mini, micro = cfg.update_shape()
         if c.learners > samples:
             errors.append(f"cluster.learners={c.learners} is more than the {samples} samples per step "
                           f"(train.prompts_per_step={t.prompts_per_step} x rollout.n={r.n})")
@@ -938,7 +959,8 @@ def validate(cfg: Config) -> Config:
                           "rollout.compressor_options={})")
         else:
             try:
-                old_logprobs_source(a.old_logprobs, compresses=compressor.compresses, sampler_dtype=resolve_dtype(r.dtype, cfg.model.device),
+                old_logprobs_source(a.old_logprobs, why_not_update=cfg.why_update_forward_is_not_old_policy(),
+                                    compresses=compressor.compresses, sampler_dtype=resolve_dtype(r.dtype, cfg.model.device),
                                     learner_dtype=learner_compute_dtype(cfg.model), temperature=r.temperature,
                                     top_p=r.top_p, top_k=r.top_k, quantized=r.quantized, lagged=r.async_)
             except SparserlError as e:

@@ -14,6 +14,10 @@
    ``update_policy``), the learner's weights and optimizer state restored after every update so every
    round starts from the same point. Reported per precision per round, and as the median of the
    per-round ratios float32 seconds / bfloat16 seconds (a round at half speed moves both sides).
+   Where the config's step is one optimizer step over one micro-batch, each round also times
+   ``algorithm.old_logprobs=update`` in each precision (the update's forward, the corrections from its
+   detached log-probs, the update on it: no scoring forward), reported as the median of per-round
+   ratios (scoring + update) / that.
 
 The machine record names what ``model.mixed_precision: auto`` chooses on it, and why.
 """
@@ -32,10 +36,12 @@ from ..models.mixed_precision import autocast_for, choose as choose_mixed_precis
 from ..reward import score_responses
 from ..rollout.dtype_auto import cpu_name
 from ..rollout import native
-from ..score import score_logprobs
+from ..score import model_dropout, score_logprobs
 from ..train.trainer import build_trainer, corrections_and_advantages, rollout, rollout_batch, update_policy
+from ..train.update_forward import run_update_forward
 
 MODES = ("off", "bfloat16")
+_NAMES = {"off": "float32", "bfloat16": "bfloat16_mixed"}  # the report's names of the modes
 
 
 def _score(trainer, batch, mode: str) -> torch.Tensor:
@@ -80,8 +86,9 @@ class _State:
         self.trainer.scheduler.load_state_dict(self.scheduler)
 
 
-def _update(trainer, batch, corr, mode: str, want_grad: bool = False):
-    """The trainer's update in ``mode``; with ``want_grad``, the flat gradient the optimizer stepped on."""
+def _update(trainer, batch, corr, mode: str, want_grad: bool = False, update_forward=None):
+    """The trainer's update in ``mode``; with ``want_grad``, the flat gradient the optimizer stepped on;
+    ``update_forward``: its forward, run before (``algorithm.old_logprobs=update``)."""
     grads = []
 
     def keep(optimizer, *_):
@@ -92,12 +99,24 @@ def _update(trainer, batch, corr, mode: str, want_grad: bool = False):
     before = trainer.cfg.model.mixed_precision
     trainer.cfg.model.mixed_precision = mode
     try:
-        update_policy(trainer, batch, corr)
+        update_policy(trainer, batch, corr, update_forward)
     finally:
         trainer.cfg.model.mixed_precision = before
         if hook is not None:
             hook.remove()
     return grads[0] if grads else None
+
+
+def _forward_and_update(trainer, batch, mode: str) -> None:
+    """``algorithm.old_logprobs=update``'s path in ``mode``: the update's forward, the old policy's log-probs
+    from it, the corrections, and the update on that forward."""
+    cfg = trainer.cfg
+    with autocast_for(mode, trainer.device):
+        forward = run_update_forward(trainer.learner, batch, shared_prompt=cfg.train.shared_prompt,
+                                     temperature=cfg.rollout.temperature,
+                                     entropy_grad=bool(cfg.algorithm.entropy_coef), keep_hidden=False)
+    batch.old_logprobs = forward.old_logprobs
+    _update(trainer, batch, corrections_and_advantages(cfg, batch), mode, update_forward=forward)
 
 
 def run_bench(cfg, repeat: int = 3, log=print) -> dict:
@@ -147,7 +166,10 @@ def run_bench(cfg, repeat: int = 3, log=print) -> dict:
         gradient += f" (float32, half the groups against the other half: cosine {numerics['grad_cosine_halves_float32']:.3f})"
     log(f"numerics: k3 {numerics['k3_bf16_vs_float32']:.2e}, max |Δ log p| {numerics['max_abs_logprob_diff']:.3f}, "
         + gradient)
-    seconds = {mode: {"score": [], "update": []} for mode in MODES}
+    why_not_update = cfg.why_update_forward_is_not_old_policy(model_dropout(trainer.learner))
+    if why_not_update is not None:
+        log(f"old_logprobs=update not timed: {why_not_update}")
+    seconds = {mode: {"score": [], "update": [], "update_forward": []} for mode in MODES}
     for r in range(repeat):
         for mode in (MODES if r % 2 == 0 else MODES[::-1]):
             start = time.perf_counter()
@@ -158,8 +180,15 @@ def run_bench(cfg, repeat: int = 3, log=print) -> dict:
             state.restore()
             seconds[mode]["score"].append(scored - start)
             seconds[mode]["update"].append(done - scored)
-        log(f"round {r + 1}: " + ", ".join(f"{mode}: score {seconds[mode]['score'][-1]:.2f} s, update "
-                                           f"{seconds[mode]['update'][-1]:.2f} s" for mode in MODES))
+            if why_not_update is None:
+                start = time.perf_counter()
+                _forward_and_update(trainer, batch, mode)
+                seconds[mode]["update_forward"].append(time.perf_counter() - start)
+                state.restore()
+        log(f"round {r + 1}: " + ", ".join(
+            f"{mode}: score {seconds[mode]['score'][-1]:.2f} s, update {seconds[mode]['update'][-1]:.2f} s"
+            + (f", old_logprobs=update {seconds[mode]['update_forward'][-1]:.2f} s" if why_not_update is None else "")
+            for mode in MODES))
     f32, b16 = seconds["off"], seconds["bfloat16"]
     ratios = {
         "score": [a / b for a, b in zip(f32["score"], b16["score"])],
@@ -170,6 +199,14 @@ def run_bench(cfg, repeat: int = 3, log=print) -> dict:
     speedup = {k: statistics.median(v) for k, v in ratios.items()}
     log("bfloat16 mixed precision against float32 (median of per-round ratios): "
         + ", ".join(f"{k} {v:.2f}x" for k, v in speedup.items()))
+    update_forward = {"why_not": why_not_update}
+    if why_not_update is None:  # per precision: (scoring + update) / the update-forward path, round by round
+        for mode in MODES:
+            rounds = [(a + b) / c for a, b, c in zip(seconds[mode]["score"], seconds[mode]["update"],
+                                                    seconds[mode]["update_forward"])]
+            update_forward[_NAMES[mode]] = {"ratio_rounds": rounds, "speedup": statistics.median(rounds)}
+        log("old_logprobs=update against a scoring forward + update (median of per-round ratios): "
+            + ", ".join(f"{_NAMES[m]} {update_forward[_NAMES[m]]['speedup']:.2f}x" for m in MODES))
     lengths = mask.sum(-1)
     return {
         "bench": "learner",
@@ -184,8 +221,9 @@ def run_bench(cfg, repeat: int = 3, log=print) -> dict:
                   "response_tokens_mean": float(lengths.float().mean()), "response_tokens_max": int(lengths.max()),
                   "micro_batch_size": cfg.train.micro_batch_size, "shared_prompt": cfg.train.shared_prompt},
         "repeat": repeat,
-        "seconds": {("float32" if m == "off" else "bfloat16_mixed"): v for m, v in seconds.items()},
+        "seconds": {_NAMES[m]: v for m, v in seconds.items()},
         "ratio_rounds": ratios,
         "speedup_bf16_mixed": speedup,
+        "speedup_update_forward": update_forward,
         "numerics": numerics,
     }

@@ -21,7 +21,7 @@ import torch
 from ..rollout.replay import replay
 from .acceptance import acceptance
 
-__all__ = ["dense_hidden", "dense_logprobs", "exact_alpha", "token_seq_len"]
+__all__ = ["dense_hidden", "dense_logprobs", "exact_alpha", "response_hidden", "token_seq_len"]
 
 
 @torch.no_grad()
@@ -30,20 +30,26 @@ def dense_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, p
     """[N, T, H]: ``model``'s final hidden state at each position that predicts a response token, for
     rows laid out as ``[left pad | prompt | response | right pad]`` with the response's ``T =
     response_len`` columns last (:class:`sparserl.batch.RolloutBatch`). Eval mode for the forward."""
-    T = response_len
     was_training = model.training
     model.eval()
-    decoder = model.get_decoder()
     parts = []
     try:
         for s in range(0, input_ids.shape[0], micro_batch_size):
             rows = slice(s, s + micro_batch_size)
-            out = decoder(input_ids=input_ids[rows], attention_mask=attention_mask[rows],
-                          position_ids=position_ids[rows], use_cache=False)
-            parts.append(out.last_hidden_state[:, -T - 1 : -1])  # position j predicts token j + 1
+            parts.append(response_hidden(model, input_ids[rows], attention_mask[rows], position_ids[rows],
+                                         response_len))
     finally:
         model.train(was_training)
     return torch.cat(parts)
+
+
+def response_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                    response_len: int) -> torch.Tensor:
+    """[n, T, H]: :func:`dense_hidden` for one micro-batch, in the caller's grad mode and training mode
+    (the update's forward keeps its graph)."""
+    out = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              use_cache=False)
+    return out.last_hidden_state[:, -response_len - 1 : -1]  # position j predicts token j + 1
 
 
 def token_seq_len(prompt_ids: list[list[int]], response_len: int) -> torch.Tensor:

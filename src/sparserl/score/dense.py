@@ -10,19 +10,26 @@ from __future__ import annotations
 import torch
 
 from ..batch import RolloutBatch
-from .alpha import dense_hidden
+from .alpha import response_hidden
 from .chunked_head import head_logprobs, token_logprobs
-from .shared_prompt import forward_response_shared, lm_head_weight, response_hidden_shared
+from .shared_prompt import forward_response_shared, lm_head_weight
 
 
 def forward_response(model, batch: RolloutBatch, rows: slice | torch.Tensor, return_entropy: bool = False,
-                     entropy_grad: bool = False, temperature: float = 1.0):
+                     entropy_grad: bool = False, temperature: float = 1.0, return_hidden: bool = False):
     """Per-token log-probs [n, T] (and entropies) of the responses in ``rows`` under ``model``, of the
     distribution softmax(logits / temperature) -- the sampler's temperature, as verl does, so that
     sampler and dense log-probs describe the same distribution. Runs with whatever grad mode the
-    caller set (no_grad for scoring, grad for the update)."""
+    caller set (no_grad for scoring, grad for the update). ``return_hidden``: a third value, the final
+    hidden states [n, T, H] (detached) that predict the response tokens, the log-probs then computed
+    from them through the LM head in chunks (:func:`head_logprobs`; equal up to float rounding)."""
     ids = batch.input_ids[rows]
     T = batch.response_ids.shape[1]
+    if return_hidden:
+        hidden = response_hidden(model, ids, batch.attention_mask[rows], batch.position_ids[rows], T)
+        lp, ent = head_logprobs(hidden, lm_head_weight(model), batch.response_ids[rows], temperature,
+                                with_entropy=return_entropy, entropy_grad=entropy_grad)
+        return lp, ent, hidden.detach()
     out = model(input_ids=ids, attention_mask=batch.attention_mask[rows], position_ids=batch.position_ids[rows],
                 logits_to_keep=T + 1, use_cache=False)
     logits = out.logits[:, :-1]  # position j predicts token j+1: the last T+1 logits → T predictions
@@ -60,21 +67,14 @@ def score_logprobs_keep_hidden(model, batch: RolloutBatch, micro_batch_size: int
     computed from the final hidden states at the response positions, which come back too, so that
     the exact acceptance α (:mod:`sparserl.train.alpha`) reads ``p`` from this forward instead of a
     second one. Positions past a micro-batch's longest response hold 0 in both (shared prompt)."""
-    weight = lm_head_weight(model)
-    T = batch.response_ids.shape[1]
+    forward = forward_response_shared if shared_prompt else forward_response
     was_training = model.training
     model.eval()
     lps, hiddens = [], []
     try:
         for s in range(0, batch.size, micro_batch_size):
-            rows = slice(s, s + micro_batch_size)
-            if shared_prompt:
-                hidden = response_hidden_shared(model, batch, rows)
-                hidden = torch.nn.functional.pad(hidden, (0, 0, 0, T - hidden.shape[1]))
-            else:
-                hidden = dense_hidden(model, batch.input_ids[rows], batch.attention_mask[rows],
-                                      batch.position_ids[rows], T, micro_batch_size)
-            lp, _ = head_logprobs(hidden, weight, batch.response_ids[rows], temperature)
+            lp, _, hidden = forward(model, batch, slice(s, s + micro_batch_size), temperature=temperature,
+                                    return_hidden=True)
             lps.append(lp)
             hiddens.append(hidden)
     finally:

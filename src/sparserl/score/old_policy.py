@@ -1,4 +1,12 @@
-"""When the sampler's log-probs *are* the old policy's, so that the scoring forward can be skipped.
+"""Where a step's old-policy log-probs come from, so that a scoring forward is run only when needed.
+
+Three sources (``algorithm.old_logprobs``): ``score``, a no-grad forward of the learner before the
+update; ``sampler``, the sampler's own log-probs, when it runs the old policy exactly (below); and
+``update``, the update's own forward, detached, when that forward runs the old policy's weights on the
+whole batch at once (the second half of this docstring). ``auto`` takes the sampler, else the update's
+forward, else a scoring forward.
+
+**The sampler.** When the sampler's log-probs *are* the old policy's, the scoring forward can be skipped.
 
 The old policy p of a PPO step is the learner's weights before the step's first update, and the
 sampler runs exactly those weights (the trainer pushes them into the sampler after every update and
@@ -17,6 +25,21 @@ the same number, up to float32 rounding (~1e-6 in log p), when
    training-inference mismatch the corrections of :mod:`sparserl.correct` exist for, so it is scored.
 
 Then ``old_logprobs = sampler_logprobs`` and the correction sees no mismatch, which is the truth.
+
+**The update's forward** (TRL's GRPOTrainer with ``num_iterations=1``: ``old_per_token_logps =
+per_token_logps.detach()``). The update's first forward runs the old policy's weights, so its log-probs,
+detached, are ``log p``: the PPO ratio π/p is exactly 1 at the step, as after a scoring forward in the
+same precision. The trainer runs that forward before the corrections and keeps its graph until the loss
+(:mod:`sparserl.train.update_forward`). That is one forward fewer, when
+
+1. the step makes one optimizer step (``train.ppo_epochs=1``, ``train.mini_batch_prompts`` null or the
+   whole batch): the old policy of a second optimizer step is no longer the weights its forward runs;
+2. one micro-batch holds the whole batch (``train.micro_batch_size`` ≥ ``train.prompts_per_step`` ×
+   ``rollout.n``): the corrections (Sparse-RL's batch-normalised weights) and the loss normalisers read
+   every sequence's ``log p`` before the first backward, and two micro-batches' graphs at once would
+   hold the memory the micro-batch size exists to bound;
+3. one learner computes it (``cluster.learners=1``), and its forward is deterministic in training mode
+   (no dropout: a dropped unit would make the update's forward a sample, not ``log p``).
 """
 from __future__ import annotations
 
@@ -24,11 +47,12 @@ import torch
 
 from ..errors import SparserlError
 
-OLD_LOGPROBS_SOURCES = ("auto", "score", "sampler")
+OLD_LOGPROBS_SOURCES = ("auto", "score", "sampler", "update")
 
 
 class OldLogprobsError(SparserlError, ValueError):
-    """``algorithm.old_logprobs=sampler`` on a sampler whose log-probs are not the old policy's."""
+    """``algorithm.old_logprobs=sampler`` on a sampler whose log-probs are not the old policy's, or
+    ``update`` on a step whose update's forward is not the old policy's."""
 
 
 def _dtype_name(dtype) -> str:
@@ -66,19 +90,58 @@ def sampler_is_old_policy(**facts) -> bool:
     return why_sampler_is_not_old_policy(**facts) is None
 
 
-def old_logprobs_source(mode: str, **facts) -> str:
-    """Where a step's old-policy log-probs come from: ``"sampler"`` (reuse ``sampler_logprobs``) or
-    ``"score"`` (a dense forward of the learner). ``mode`` (``algorithm.old_logprobs``): ``auto`` = the
-    sampler when :func:`sampler_is_old_policy` holds, else score; ``score``; ``sampler`` = the sampler,
-    an :class:`OldLogprobsError` when the rule does not hold."""
+def why_update_forward_is_not_old_policy(*, optimizer_steps: int, micro_batches: int, learners: int = 1,
+                                         dropout: float = 0.0) -> str | None:
+    """The first reason (a phrase naming the option) why the update's own forward cannot give the old
+    policy's log-probs, or None when it can (see the module docstring). ``optimizer_steps``: per rollout
+    batch (``ppo_epochs`` × mini-batches); ``micro_batches``: per optimizer step; ``dropout``: the largest
+    dropout probability active in the learner's training-mode forward."""
+    if optimizer_steps != 1:
+        return (f"the step makes {optimizer_steps} optimizer steps (train.ppo_epochs, train.mini_batch_prompts): "
+                "after the first, the update's forward no longer runs the old policy")
+    if micro_batches != 1:
+        return (f"the batch takes {micro_batches} micro-batches (train.micro_batch_size): the corrections need every "
+                "sequence's log p before the first backward; set train.micro_batch_size to the whole batch")
+    if learners != 1:
+        return f"cluster.learners={learners} splits the update's forward across learners"
+    if dropout > 0:
+        return f"dropout {dropout:g} in the learner's training-mode forward (train.lora_dropout, the model's config)"
+    return None
+
+
+def model_dropout(model) -> float:
+    """The largest dropout probability ``model``'s training-mode forward applies: its ``nn.Dropout``
+    modules (peft's LoRA dropout among them) and the ``*dropout*`` / ``*pdrop`` fields of its config
+    (transformers' attention applies ``config.attention_dropout`` functionally)."""
+    p = max((m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)), default=0.0)
+    config = getattr(model, "config", None)
+    if config is not None:
+        for key, value in config.to_dict().items():
+            if ("dropout" in key or key.endswith("pdrop")) and isinstance(value, float):
+                p = max(p, value)
+    return float(p)
+
+
+def old_logprobs_source(mode: str, *, why_not_update: str | None, **facts) -> str:
+    """Where a step's old-policy log-probs come from: ``"sampler"`` (reuse ``sampler_logprobs``),
+    ``"update"`` (the update's own forward, detached) or ``"score"`` (a no-grad forward of the learner).
+    ``mode`` (``algorithm.old_logprobs``): ``auto`` = the sampler when :func:`sampler_is_old_policy` holds,
+    else the update's forward when ``why_not_update`` (:func:`why_update_forward_is_not_old_policy`) is
+    None, else score; ``score``; ``sampler`` / ``update`` = that source, an :class:`OldLogprobsError`
+    naming the reason when its rule does not hold."""
     if mode not in OLD_LOGPROBS_SOURCES:
         raise OldLogprobsError(f"algorithm.old_logprobs={mode!r}: expected one of {', '.join(OLD_LOGPROBS_SOURCES)}")
     if mode == "score":
         return "score"
+    if mode == "update":
+        if why_not_update is not None:
+            raise OldLogprobsError(f"algorithm.old_logprobs=update: the update's forward is not the old policy's: "
+                                   f"{why_not_update}; use auto or score")
+        return "update"
     why = why_sampler_is_not_old_policy(**facts)
     if why is None:
         return "sampler"
     if mode == "sampler":
         raise OldLogprobsError(f"algorithm.old_logprobs=sampler: the sampler's log-probs are not the old policy's: "
                                f"{why}; use auto or score")
-    return "score"
+    return "update" if why_not_update is None else "score"

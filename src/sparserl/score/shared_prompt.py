@@ -67,11 +67,12 @@ def response_hidden_shared(model, batch: RolloutBatch, rows: slice | torch.Tenso
 
 def forward_response_shared(model, batch: RolloutBatch, rows: slice | torch.Tensor, return_entropy: bool = False,
                             entropy_grad: bool = False, temperature: float = 1.0,
-                            chunk_size: int | None = DEFAULT_CHUNK):
-    """Per-token log-probs [n, T] (and entropies) of the responses in ``rows``, as
-    :func:`sparserl.score.forward_response` (same arguments, same values up to float rounding), with
-    each distinct prompt forwarded once (see the module docstring). Positions past the rows' longest
-    response hold 0. Runs with whatever grad mode the caller set."""
+                            chunk_size: int | None = DEFAULT_CHUNK, return_hidden: bool = False):
+    """Per-token log-probs [n, T] (and entropies, and with ``return_hidden`` the detached final hidden
+    states [n, T, H]) of the responses in ``rows``, as :func:`sparserl.score.forward_response` (same
+    arguments, same values up to float rounding), with each distinct prompt forwarded once (see the
+    module docstring). Positions past the rows' longest response hold 0. Runs with whatever grad mode
+    the caller set."""
     targets_full = batch.response_ids[rows]
     T = targets_full.shape[1]
     hidden = response_hidden_shared(model, batch, rows)
@@ -93,4 +94,6 @@ def forward_response_shared(model, batch: RolloutBatch, rows: slice | torch.Tens
     if T_used < T:
         lp = torch.nn.functional.pad(lp, (0, T - T_used))
         ent = torch.nn.functional.pad(ent, (0, T - T_used)) if ent is not None else None
+    if return_hidden:
+        return lp, ent, torch.nn.functional.pad(hidden.detach(), (0, 0, 0, T - T_used))
     return lp, ent

@@ -31,11 +31,12 @@ from ..rollout.build import engine_from_fields, sampler_section
 from ..rollout.kv import compressor_from_fields, get_compressor
 from ..rollout.sampling import SamplingParams
 from ..rollout.teacher_forced import teacher_forced_logprobs
-from ..score import (forward_response, forward_response_shared, old_logprobs_source, score_logprobs,
-                     score_logprobs_keep_hidden)
+from ..score import (forward_response, forward_response_shared, model_dropout, old_logprobs_source,
+                     score_logprobs, score_logprobs_keep_hidden)
 from .advantages import compute_advantages, frac_zero_std_groups
 from ..batch import RolloutBatch
 from .checkpoint import latest_checkpoint, load_latest, remove_debris, save_checkpoint, set_rng_state
+from .update_forward import UpdateForward, run_update_forward
 from .update_visible import quantized_weight_snapshot, update_visible_frac
 from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
 from .metrics import MetricsLogger
@@ -264,9 +265,15 @@ def train_step(trainer: Trainer, step: int) -> dict:
     lap(names.TIME_REWARD)
     batch = rollout_batch(trainer, ro, rewards)
     temp, shared, hidden, micro = cfg.rollout.temperature, cfg.train.shared_prompt, None, cfg.train.micro_batch_size
+    source, update_forward = old_logprobs_from(trainer), None
     with learner_autocast(cfg.model, trainer.device):
-        if old_logprobs_from(trainer) == "sampler":  # the sampler ran the old policy exactly: no scoring forward
+        if source == "sampler":  # the sampler ran the old policy exactly: no scoring forward
             batch.old_logprobs = batch.sampler_logprobs * batch.response_mask
+        elif source == "update":  # the update's own forward, now: its graph waits for the loss
+            update_forward = run_update_forward(trainer.learner, batch, shared_prompt=shared, temperature=temp,
+                                                entropy_grad=bool(cfg.algorithm.entropy_coef),
+                                                keep_hidden=cfg.mismatch.alpha != "off")
+            batch.old_logprobs, hidden = update_forward.old_logprobs, update_forward.hidden
         elif cfg.mismatch.alpha == "off":
             batch.old_logprobs = score_logprobs(trainer.learner, batch, micro, temp, shared)
         else:  # α reads p from this forward's hidden states
@@ -284,7 +291,7 @@ def train_step(trainer: Trainer, step: int) -> dict:
         alpha.update(trainer.kv_controller.steer(trainer.engine.compressor, alpha))
     clock = time.perf_counter()  # time/alpha_s is its own, not the next station's
     corr = corrections_and_advantages(cfg, batch)
-    update_metrics = update(trainer, batch, corr)
+    update_metrics = update(trainer, batch, corr, update_forward)
     if trainer.distill is not None:  # DistillSparse: φ on the sampler, θ frozen
         update_metrics.update(trainer.distill.step(trainer.learner, batch))
     pushed = time.perf_counter()
@@ -344,21 +351,25 @@ def k3_mean(log_q: torch.Tensor, log_p: torch.Tensor, mask: torch.Tensor) -> flo
 
 
 def old_logprobs_from(trainer: Trainer) -> str:
-    """``"sampler"`` when the step's old-policy log-probs are the sampler's own (``algorithm.old_logprobs``
-    and :func:`sparserl.score.sampler_is_old_policy`: a dense float32 sampler of the full tempered
-    distribution), else ``"score"``."""
+    """Where the step's old-policy log-probs come from (``algorithm.old_logprobs``,
+    :func:`sparserl.score.old_logprobs_source`): ``"sampler"`` (a dense float32 sampler of the full tempered
+    distribution), ``"update"`` (the update's own forward: one optimizer step over one micro-batch, no
+    dropout in the learner) or ``"score"``."""
     r, e = trainer.cfg.rollout, trainer.engine
-    return old_logprobs_source(trainer.cfg.algorithm.old_logprobs, compresses=e.compressor.compresses,
+    why_not_update = trainer.cfg.why_update_forward_is_not_old_policy(model_dropout(trainer.learner))
+    return old_logprobs_source(trainer.cfg.algorithm.old_logprobs, why_not_update=why_not_update,
+                               compresses=e.compressor.compresses,
                                sampler_dtype=e.dtype, learner_dtype=learner_compute_dtype(trainer.cfg.model,
                                                                                           trainer.learner),
                                temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, quantized=r.quantized,
                                lagged=r.async_)
 
 
-def update(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
-    """The step's update: here alone, or with the other learners computing their share at the same time."""
+def update(trainer: Trainer, batch: RolloutBatch, corr, update_forward: UpdateForward | None = None) -> dict:
+    """The step's update: here alone, or with the other learners computing their share at the same time.
+    ``update_forward``: its forward, already run (``algorithm.old_logprobs=update``; one learner only)."""
     if trainer.learners is None:
-        return update_policy(trainer, batch, corr)
+        return update_policy(trainer, batch, corr, update_forward)
     from ..cluster.pool import training_threads
 
     threads = torch.get_num_threads()
@@ -376,11 +387,13 @@ def update(trainer: Trainer, batch: RolloutBatch, corr) -> dict:
     return out
 
 
-def update_policy(trainer, batch: RolloutBatch, corr) -> dict:
+def update_policy(trainer, batch: RolloutBatch, corr, update_forward: UpdateForward | None = None) -> dict:
     """PPO-clip updates: mini-batches of whole groups (several optimizer steps when the mini-batch is
     smaller than the rollout batch), micro-batches with gradient accumulation, grad-norm clipping.
     ``trainer``: a :class:`Trainer` or a data-parallel peer; with ``trainer.ranks``, this process computes
-    its micro-batches only and the gradients and metric sums are summed over the learners."""
+    its micro-batches only and the gradients and metric sums are summed over the learners.
+    ``update_forward``: the forward of the step's one micro-batch, run before the corrections
+    (:mod:`.update_forward`): its log-probs and entropies stand in for the loop's forward."""
     cfg, a, t = trainer.cfg, trainer.cfg.algorithm, trainer.cfg.train
     N, T = batch.response_ids.shape
     mini = (t.mini_batch_prompts or t.prompts_per_step) * cfg.rollout.n
@@ -401,9 +414,15 @@ def update_policy(trainer, batch: RolloutBatch, corr) -> dict:
                 if ranks is not None and not ranks.mine(i):
                     continue
                 r = slice(mb, min(mb + t.micro_batch_size, rows.stop))
-                with learner_autocast(cfg.model, batch.response_ids.device):
-                    lp, ent = forward(trainer.learner, batch, r, return_entropy=True,
-                                      entropy_grad=bool(a.entropy_coef), temperature=cfg.rollout.temperature)
+                if update_forward is not None:  # one optimizer step over one micro-batch: the rule's premise
+                    if (r.start, r.stop, t.ppo_epochs) != (0, N, 1):
+                        raise RuntimeError(f"update_forward covers rows 0-{N} once; this update's micro-batch is rows "
+                                           f"{r.start}-{r.stop} of epoch {_epoch + 1}")
+                    lp, ent, update_forward = update_forward.logprobs, update_forward.entropy, None
+                else:
+                    with learner_autocast(cfg.model, batch.response_ids.device):
+                        lp, ent = forward(trainer.learner, batch, r, return_entropy=True,
+                                          entropy_grad=bool(a.entropy_coef), temperature=cfg.rollout.temperature)
                 scale = corr.clip_upper_scale[r] if corr.clip_upper_scale is not None else None
                 loss, m = policy_loss(lp, corr.behaviour_logprobs[r], adv[r], corr.mask[r], corr.weights[r],
                                       clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high, clip_upper_scale=scale, **norms)
