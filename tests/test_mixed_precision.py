@@ -224,11 +224,11 @@ def test_a_run_on_auto_records_the_choice_and_computes_in_it(tmp_path, monkeypat
 
     real = trainer_module.update_policy
 
-    def spy(trainer, batch, corr):
+    def spy(trainer, batch, corr, *rest):
         proj = trainer.learner.model.layers[0].mlp.down_proj
         hook = proj.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
         try:
-            return real(trainer, batch, corr)
+            return real(trainer, batch, corr, *rest)
         finally:
             hook.remove()
 

@@ -307,8 +307,9 @@ def test_auto_takes_the_update_forward_only_where_its_rule_holds(tmp_path):
             cfg_for(tmp_path, "train.micro_batch_size=8", "algorithm.old_logprobs=update", *extra)
 
 
-def test_resume_with_the_update_forward_gives_the_same_next_step(tmp_path):
-    over = ("train.micro_batch_size=8", "algorithm.old_logprobs=update")
+@pytest.mark.parametrize("precision", ["off", "bfloat16"])
+def test_resume_with_the_update_forward_gives_the_same_next_step(tmp_path, precision):
+    over = ("train.micro_batch_size=8", "algorithm.old_logprobs=update", f"model.mixed_precision={precision}")
     full = train(cfg_for(tmp_path, "train.steps=3", *over), run_dir=tmp_path / "a", log=lambda *_: None)
     train(cfg_for(tmp_path, "train.steps=2", *over), run_dir=tmp_path / "b", log=lambda *_: None)
     resumed = train(cfg_for(tmp_path, "train.steps=3", *over), run_dir=tmp_path / "b", resume=True,
