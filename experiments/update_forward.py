@@ -14,6 +14,7 @@ of the process's resident memory cannot tell arms in one process apart, so the m
 size costs is read from autograd: the most bytes saved for one backward (:class:`SavedBytes`).
 
     python3 experiments/update_forward.py --rounds 5 --json docs/results/update_forward/default_job.json
+    python3 experiments/update_forward.py default model.mixed_precision=off --rounds 3 --json docs/results/update_forward/default_job_float32.json
 """
 from __future__ import annotations
 
@@ -80,11 +81,12 @@ class SavedBytes:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("config", nargs="?", default="default")
+    ap.add_argument("overrides", nargs="*", help="key=value overrides of the config (e.g. model.mixed_precision=off)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
     cfg = validate(load_config(args.config, ["data.eval=null", "log.tensorboard=false", "checkpoint.every=0",
-                                             "log.out_dir=/tmp/update_forward_runs"]))
+                                             "log.out_dir=/tmp/update_forward_runs", *args.overrides]))
     trainer = build_trainer(cfg)
     mode = choose_mixed_precision(trainer.device).mode if cfg.model.mixed_precision == "auto" else cfg.model.mixed_precision
     examples, ro = rollout(trainer, 1)
@@ -122,7 +124,7 @@ def main() -> None:
     print("autograd's saved tensors: " + ", ".join(f"{arm} {saved[arm] / 2**20:.0f} MiB" for arm in ARMS))
     report = {
         "command": "python3 experiments/update_forward.py " + " ".join(
-            [args.config, "--rounds", str(args.rounds), "--json", args.json]),
+            [args.config, *args.overrides, "--rounds", str(args.rounds), "--json", args.json]),
         "machine": {"cpu": cpu_name(), "isa": native.isa(), "cores": os.cpu_count(), "torch": torch.__version__,
                     "torch_threads": torch.get_num_threads(), "python": platform.python_version()},
         "learner_precision": mode,

@@ -890,7 +890,7 @@ def validate(cfg: Config) -> Config:
             errors.append(f"cluster.learners={c.learners} is more than the {samples} samples per step "
                           f"(train.prompts_per_step={t.prompts_per_step} x rollout.n={r.n})")
         elif c.learners > micro:
-            errors.append(f"cluster.learners={c.learners} is more than the {micro} micro-batches of an optimizer step "
+            errors.append(f"cluster.learners={c.learners} is more than the {micro} micro-batch{'es' if micro != 1 else ''} of an optimizer step "
                           f"({mini} samples / train.micro_batch_size={t.micro_batch_size}): a learner would get none; "
                           "lower train.micro_batch_size")
     if t.lora_rank and r.quant_scale != 1.0:
