@@ -200,3 +200,23 @@ def test_format_step_line():
                                 "rs/masked_frac": 0.05, "kv/kept_frac_final": 0.34,
                                 "kv/alloc_reduction": 4.5, "time/step_s": 12.3}, 20)
     assert line == "step 3/20 reward 0.410 acc 0.410 k3 0.002 masked 5.0% kv kept 34% kv alloc 1/4.5 12.3s"
+
+
+def test_a_step_time_counts_each_second_once(tmp_path):
+    """The step's time is ``time/step_s`` when logged, else the stations' sum (α's among them): a part of a
+    station (generate in the rollout, push in the update) is never added again, in the step line, the
+    report's total and its table."""
+    from sparserl.runlog import step_seconds
+
+    row = {"time/rollout_s": 2.0, "time/generate_s": 1.9, "time/reward_s": 0.5, "time/score_s": 1.0,
+           "time/alpha_s": 1.25, "time/update_s": 1.5, "time/push_s": 0.25}
+    assert step_seconds(row) == 6.25
+    assert step_seconds({**row, "time/step_s": 6.5}) == 6.5
+    assert step_seconds({"reward/mean": 1.0}) is None
+    assert format_step_line(1, row).endswith(" 6.2s")
+    rows = [{"step": s, "reward/mean": 0.1, **row} for s in (1, 2)]
+    run = _write_run(tmp_path / "r", rows, truncated_tail=False)
+    make_report(run)
+    text = (run / "report.md").read_text()
+    assert "Total time 12.5 s, 6.25 s per step." in text
+    assert "| push (part of update) | 0.25 |" in text and "| alpha | 1.25 | 20% |" in text

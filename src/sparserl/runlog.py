@@ -94,16 +94,20 @@ CLUSTER_WORKER_RESTARTS = "cluster/worker_restarts"  # rollout workers replaced 
 TIME_ROLLOUT = "time/rollout_s"
 TIME_REWARD = "time/reward_s"
 TIME_SCORE = "time/score_s"
-TIME_UPDATE = "time/update_s"
-STATIONS = (TIME_ROLLOUT, TIME_REWARD, TIME_SCORE, TIME_UPDATE)
-ROLLOUT_TOKENS_PER_S = "throughput/rollout_tokens_per_s"
 TIME_ALPHA = "time/alpha_s"  # measuring α (mismatch.alpha): replay and/or the dense forward
+TIME_UPDATE = "time/update_s"
+TIME_STEP = "time/step_s"  # the step's wall clock, from its rollout to its push: the stations and what lies between
+#: the stations: the disjoint parts of a step, in order; their sum is the step's time up to what lies between
+STATIONS = (TIME_ROLLOUT, TIME_REWARD, TIME_SCORE, TIME_ALPHA, TIME_UPDATE)
+ROLLOUT_TOKENS_PER_S = "throughput/rollout_tokens_per_s"
 TIME_QUANTIZE = "time/quantize_s"  # part of time/update_s: re-quantizing the sampler's weights after the push
 # rollout workers: their sampling itself (the slowest worker's); time/rollout_s is the training process's wait
 # for it, less than this under rollout.async (the sampling overlaps the step before's update)
 TIME_GENERATE = "time/generate_s"
 TIME_DISTILL = "time/distill_s"  # part of time/update_s: DistillSparse's update of φ
 TIME_PUSH = "time/push_s"  # part of time/update_s: the new weights into the sampler here and the workers' object
+#: times that are part of a station (sub-time -> its station): never added to the stations
+SUBTIMES = {TIME_GENERATE: TIME_ROLLOUT, TIME_QUANTIZE: TIME_UPDATE, TIME_DISTILL: TIME_UPDATE, TIME_PUSH: TIME_UPDATE}
 
 # DistillSparse (sparserl.train.distill_sparse): φ's loss L = L_PPO^sparse + λ·k3, its parts and gradient norm
 DISTILL_LOSS = "distill/loss"
@@ -118,6 +122,19 @@ QUANT_UPDATE_VISIBLE = "quant/update_visible_frac"
 # held-out evaluation: logged at the step it ran, also written to eval-step<N>.json
 EVAL_FILE = "eval-step{step:05d}.json"
 EVAL_MODES = ("dense", "sparse")
+
+
+def step_seconds(row: dict) -> float | None:
+    """A metrics row's step time: ``time/step_s`` when logged (runs since the twenty-second session), else
+    the sum of the :data:`STATIONS` present (never a sub-time: :data:`SUBTIMES`); None without either."""
+    def number(v):
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    if number(row.get(TIME_STEP)) is not None:
+        return number(row[TIME_STEP])
+    parts = [number(row.get(k)) for k in STATIONS]
+    parts = [x for x in parts if x is not None]
+    return sum(parts) if parts else None
 
 
 def eval_metric(mode: str, stat: str = "pass@1") -> str:

@@ -31,7 +31,7 @@ __all__ = ["Band", "Collapse", "COLLAPSE_DROP", "COLLAPSE_K3", "STEP_TIME", "ban
 
 COLLAPSE_DROP = 0.05
 COLLAPSE_K3 = 1.0
-#: the key under which a seed's per-step time (the sum of the ``runlog.STATIONS``) is passed in
+#: the key under which a seed's per-step time (``runlog.step_seconds``) is passed in
 STEP_TIME = "step_time"
 
 Curve = Mapping[int, float]

@@ -31,7 +31,7 @@ CURVE_KEYS = (names.REWARD_MEAN, names.ACCURACY, names.MISMATCH_K3, names.MASKED
 
 def arm_curves(specs: list[RunSpec]) -> dict[str, dict[str, dict[str, dict[int, float]]]]:
     """``{arm: {run: {metric: {step: value}}}}`` read from the run folders (a resumed run's redone
-    step counts once); :data:`~sparserl.compare.aggregate.STEP_TIME` is the sum of the stations."""
+    step counts once); :data:`~sparserl.compare.aggregate.STEP_TIME` is each step's time (``runlog.step_seconds``)."""
     out: dict[str, dict] = {}
     for s in specs:
         run = load_run(s.run_dir)

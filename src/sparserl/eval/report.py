@@ -30,7 +30,7 @@ from typing import Any, Iterable, Sequence
 import yaml
 
 from .. import runlog as names
-from ..runlog import STATIONS, read_metrics
+from ..runlog import STATIONS, SUBTIMES, TIME_STEP, read_metrics, step_seconds
 
 __all__ = ["make_report", "load_run", "RunData", "summarize", "alpha_figure", "SPARROW_ALPHA_P5_THRESHOLD"]
 
@@ -81,23 +81,21 @@ class RunData:
         return None
 
     def step_times(self) -> tuple[list[int], list[float]]:
-        """Seconds per step: ``time/step_s`` if logged, else the sum of the ``time/*_s`` stations."""
-        if self.series("time/step_s")[0]:
-            return self.series("time/step_s")
-        keys = self.station_keys()
+        """Seconds per step (:func:`sparserl.runlog.step_seconds`: ``time/step_s``, else the stations' sum)."""
         xs, ys = [], []
         for r in self.rows:
-            vals = [float(r[k]) for k in keys if _is_num(r.get(k))]
-            if vals:
+            seconds = step_seconds(r)
+            if seconds is not None and math.isfinite(seconds):
                 xs.append(int(r["step"]))
-                ys.append(sum(vals))
+                ys.append(seconds)
         return xs, ys
 
     def station_keys(self) -> list[str]:
-        """``time/*_s`` keys present, the four stations first, ``time/step_s`` excluded."""
+        """``time/*_s`` keys present that add up to a step: the stations first, then any other, never
+        ``time/step_s`` nor a part of a station (``runlog.SUBTIMES``)."""
         present = self.keys()
         extra = sorted(k for k in present if k.startswith("time/") and k.endswith("_s")
-                       and k not in STATIONS and k != "time/step_s")
+                       and k not in STATIONS and k not in SUBTIMES and k != TIME_STEP)
         return [k for k in STATIONS if k in present and self.series(k)[0]] + \
                [k for k in extra if self.series(k)[0]]
 
@@ -194,6 +192,7 @@ def summarize(run: RunData, tail: int = 5) -> dict[str, Any]:
     out["time_per_step_s"] = _mean(st)
     out["total_time_s"] = sum(st) if st else None
     out["stations"] = {k: _mean(run.series(k)[1]) for k in run.station_keys()}
+    out["subtimes"] = {k: _mean(run.series(k)[1]) for k in SUBTIMES if run.series(k)[0]}
     for key in (names.KV_SAMPLER_ALLOC, names.KV_DENSE_ALLOC, names.KV_KEPT_FRAC, names.KV_KEPT_TOKENS,
                 names.KV_DENSE_TOKENS):
         ys = run.series(key)[1]
@@ -534,6 +533,9 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
         md += ["## Time per station", "", "| station | mean s / step | share |", "|---|---|---|"]
         for k, v in s["stations"].items():
             md.append(f"| {k.removeprefix('time/').removesuffix('_s')} | {_fmt(v, 3)} | {100 * v / total:.0f}% |")
+        for k, v in s.get("subtimes", {}).items():  # parts of a station, not added to the total
+            md.append(f"| {k.removeprefix('time/').removesuffix('_s')} (part of "
+                      f"{SUBTIMES[k].removeprefix('time/').removesuffix('_s')}) | {_fmt(v, 3)} | |")
         md.append("")
 
     md += _kv_lines(s)

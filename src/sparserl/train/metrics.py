@@ -52,14 +52,6 @@ def _to_float(v: Any) -> float | None:
     return None
 
 
-def _step_seconds(metrics: Mapping[str, Any]) -> float | None:
-    if "time/step_s" in metrics:
-        return _to_float(metrics["time/step_s"])
-    parts = [_to_float(v) for k, v in metrics.items() if k.startswith("time/") and k.endswith("_s")]
-    parts = [p for p in parts if p is not None]
-    return sum(parts) if parts else None
-
-
 def format_step_line(step: int, metrics: Mapping[str, Any], total_steps: int | None = None) -> str:
     """``step 3/20 reward 0.410 acc 0.410 kl 0.002 kv 3.1x 12.3s``: the fields present, in order."""
     parts = [f"step {step}/{total_steps}" if total_steps else f"step {step}"]
@@ -69,7 +61,7 @@ def format_step_line(step: int, metrics: Mapping[str, Any], total_steps: int | N
             if x is not None and math.isfinite(x):
                 parts.append(f"{label} {fmt.format(x)}")
                 break
-    secs = _step_seconds(metrics)
+    secs = names.step_seconds({k: _to_float(v) for k, v in metrics.items() if k.startswith("time/")})
     if secs is not None:
         parts.append(f"{secs:.1f}s")
     return " ".join(parts)

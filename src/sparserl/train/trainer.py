@@ -249,7 +249,7 @@ def sampling_params(cfg: Config, step: int) -> SamplingParams:
 def train_step(trainer: Trainer, step: int) -> dict:
     """One RL step. Returns its metrics."""
     cfg, times = trainer.cfg, {}
-    clock = time.perf_counter()
+    clock = started = time.perf_counter()
 
     def lap(key):
         nonlocal clock
@@ -301,7 +301,7 @@ def train_step(trainer: Trainer, step: int) -> dict:
         update_metrics[names.TIME_QUANTIZE] = trainer.engine.model.last_quantize_s
     lap(names.TIME_UPDATE)
     return {**rollout_metrics(ro, batch, n_reward_errors, cfg), **corr.metrics, **split, **alpha, **update_metrics,
-            **times, **lag, names.TIME_GENERATE: ro.seconds,
+            **times, **lag, names.TIME_GENERATE: ro.seconds, names.TIME_STEP: time.perf_counter() - started,
             names.ROLLOUT_TOKENS_PER_S: ro.tokens_generated / max(ro.seconds, 1e-9)}
 
 
@@ -638,7 +638,8 @@ def run_summary(rows: list[dict], run: Path, report: Path, checkpoint: Path | No
         return sum(xs) / len(xs) if xs else float("nan")
 
     reward = series(names.REWARD_MEAN)
-    lines = [f"run finished: {len(rows)} steps in {sum(sum(series(k)) for k in names.STATIONS) / 60:.1f} min"]
+    seconds = [x for x in map(names.step_seconds, rows) if x is not None]
+    lines = [f"run finished: {len(rows)} steps in {sum(seconds) / 60:.1f} min"]
     if reward:
         k = min(3, len(reward))
         lines.append(f"  reward      {reward[0]:.2f} (step 1) -> {reward[-1]:.2f} (last); mean of first {k} "
