@@ -40,7 +40,7 @@ def test_tail_by_bin_and_summary():
     assert all(math.isnan(x) for x in summary(alpha, torch.zeros_like(mask)))
 
 
-@pytest.mark.parametrize("mode", ["exact", "topk"])
+@pytest.mark.parametrize("mode", ["exact", "exact_replay", "topk"])
 def test_alpha_in_training_is_logged_and_exact_replay_reproduces_the_sampler(tmp_path, monkeypatch, mode):
     from sparserl import runlog as names
     from sparserl.config import load_config, validate
@@ -49,8 +49,9 @@ def test_alpha_in_training_is_logged_and_exact_replay_reproduces_the_sampler(tmp
 
     from sparserl.train import trainer as trainer_module
 
-    cfg = validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", f"mismatch.alpha={mode}",
-                                           "mismatch.alpha_bin=64", "rollout.max_new_tokens=24"]))
+    record = "mismatch.alpha_record_mib=0" if mode == "exact_replay" else "mismatch.alpha_record_mib=1024"
+    cfg = validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", f"mismatch.alpha={mode.split('_')[0]}",
+                                           "mismatch.alpha_bin=64", "rollout.max_new_tokens=24", record]))
     trainer = build_trainer(cfg)
     seen = []
 
@@ -69,8 +70,36 @@ def test_alpha_in_training_is_logged_and_exact_replay_reproduces_the_sampler(tmp
     bins = {k: v for k, v in m.items() if k.startswith(names.MISMATCH_ALPHA_P5_BIN)}
     assert bins and all(int(k.rsplit("/", 1)[1]) % 64 == 0 for k in bins)
     assert m[names.TIME_ALPHA] > 0
-    if mode == "exact":
+    if mode == "exact_replay":
         assert m[names.MISMATCH_REPLAY_ERR] <= 1e-5  # the replay reproduced the sampler's log-probs
+    else:  # the distributions kept while sampling: nothing replayed
+        assert names.MISMATCH_REPLAY_ERR not in m
+
+
+def test_exact_alpha_from_kept_distributions_equals_the_replay(tmp_path, monkeypatch):
+    """mismatch.alpha_record_mib: the sampler keeps q while it samples (the 8 x 24 x 49,152 float32 of the tiny
+    job: 36 MiB) and α reads it, without a replay; at 0, or when q would not fit, the replay runs. The α
+    metrics agree to float rounding (the same q up to the replay's 1e-5)."""
+    from sparserl import runlog as names
+    from sparserl.config import load_config, validate
+    from sparserl.rollout import replay as replay_module
+    from sparserl.score import alpha as score_alpha
+    from sparserl.train.trainer import build_trainer, train_step
+    from test_train import TINY
+
+    replays = []
+    real = replay_module.replay
+    monkeypatch.setattr(score_alpha, "replay", lambda *a, **k: replays.append(1) or real(*a, **k))
+    out = {}
+    for mib in (36, 35, 0):  # fits; one MiB short (replay); never
+        cfg = validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", "mismatch.alpha=exact",
+                                               "rollout.max_new_tokens=24", f"mismatch.alpha_record_mib={mib}"]))
+        replays.clear()
+        out[mib] = train_step(build_trainer(cfg), 1)
+        assert len(replays) == (0 if mib == 36 else 1), mib
+    for key in (names.MISMATCH_ALPHA_MEAN, names.MISMATCH_ALPHA_P5):
+        assert out[36][key] == pytest.approx(out[0][key], abs=1e-5) and out[35][key] == out[0][key]
+    assert out[36][names.MISMATCH_ALPHA_P5] < 0.999  # a compressed sampler: α measured something
 
 
 def test_exact_alpha_is_one_when_the_sampler_is_the_dense_policy(tmp_path):

@@ -1,7 +1,11 @@
 """The replay (:mod:`sparserl.rollout.replay`) re-runs the sampler on its own tokens, forced, and its
 log-probs of those tokens equal the sampler's recorded ones: for every compressor (the cache evolves as
-it did: same evictions), with int8 KV, and with each weight quantization."""
+it did: same evictions), with int8 KV, and with each weight quantization. The distributions the sampler
+keeps while it samples (``keep_distributions``, what the exact α reads instead of a replay) are the ones
+the replay hands over."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -36,6 +40,12 @@ def _check_replay(engine, params):
         for t, tok in enumerate(out.response_ids[i]):  # each step's whole distribution was handed over
             assert abs(float(seen[(i, t)][tok]) - a[t]) <= 1e-5
     assert len(seen) == sum(map(len, out.response_ids))
+    kept = engine.generate(PROMPTS, dataclasses.replace(params, keep_distributions=True))
+    assert kept.response_ids == out.response_ids and out.distributions is None  # keeping changes no draw
+    assert [d.shape[0] for d in kept.distributions] == [len(r) for r in out.response_ids]
+    for i, dists in enumerate(kept.distributions):
+        for t in range(dists.shape[0]):
+            torch.testing.assert_close(dists[t], seen[(i, t)].to(dists.dtype), atol=1e-5, rtol=0)
     return out
 
 

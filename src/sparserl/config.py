@@ -457,6 +457,11 @@ class MismatchConfig(_Section):
         "default task it read 0.087 low per token and its p5 0.43 for 0.60: docs/results/alpha_topk_error.md) | off.")
     alpha_bin: int = F(128, "Width in tokens of the sequence-length bins of mismatch/alpha_p5_bin/<start>.", ge=1)
     alpha_topk: int = F(20, "k of the topk mode (log-probs kept per sampled token).", ge=1)
+    alpha_record_mib: int = F(
+        1024, "exact α: the sampler keeps each step's whole distribution q while it samples when a step's q fit in "
+        "this many MiB (responses x rollout.max_new_tokens x vocabulary x 4 bytes; the default job: 302 MiB), and α "
+        "reads them instead of replaying the sampler; above it (or with rollout workers or DistillSparse, which "
+        "replays what the sampler read) the sampler is replayed. 0 = always replay.", ge=0)
 
 
 class ClusterConfig(_Section):

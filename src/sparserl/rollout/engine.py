@@ -67,6 +67,8 @@ class RolloutOutput:
     prefill_seconds: float = 0.0
     top_logprobs: list[torch.Tensor] | None = None  # per response [T, k] values
     top_indices: list[torch.Tensor] | None = None  # per response [T, k] token ids
+    #: per response [T, V]: the log-probs each token was drawn from (``SamplingParams.keep_distributions``)
+    distributions: list[torch.Tensor] | None = None
     texts: list[str] = field(default_factory=list)
     #: the sampler's own weights on a dense cache, read where it sampled
     #: (:class:`~sparserl.rollout.teacher_forced.DenseCacheReading`; rollout workers under rollout.async)
@@ -293,6 +295,7 @@ class RolloutEngine:
         logp_out = torch.zeros(B, max_new, dtype=torch.float32, device=dev)
         top_v = torch.zeros(B, max_new, p.logprobs_topk, device=dev) if p.logprobs_topk else None
         top_i = torch.zeros(B, max_new, p.logprobs_topk, dtype=torch.long, device=dev) if p.logprobs_topk else None
+        dists = torch.empty(B, max_new, logits.shape[-1], device=dev) if p.keep_distributions else None
         lengths = torch.zeros(B, dtype=torch.long, device=dev)
         finish = ["length"] * B
         kept = [0] * B
@@ -315,6 +318,8 @@ class RolloutEngine:
             if top_v is not None:
                 tv, ti = torch.topk(full, p.logprobs_topk, dim=-1)
                 top_v[active, t], top_i[active, t] = tv, ti
+            if dists is not None:
+                dists[active, t] = full
             lengths[active] = t + 1
             done = torch.zeros(len(active), dtype=torch.bool, device=dev)
             if eos is not None:
@@ -379,6 +384,7 @@ class RolloutEngine:
             prefill_seconds=prefill_s,
             top_logprobs=[top_v[b, : lens[b]] for b in range(B)] if top_v is not None else None,
             top_indices=[top_i[b, : lens[b]] for b in range(B)] if top_i is not None else None,
+            distributions=[dists[b, : lens[b]] for b in range(B)] if dists is not None else None,
         )
 
     def _decode(self, tok: torch.Tensor, positions: torch.Tensor, cache: CompressedKVCache) -> torch.Tensor:
@@ -430,4 +436,6 @@ def _merge(outs: list[RolloutOutput]) -> RolloutOutput:
         if o.top_logprobs is not None:
             o.top_logprobs += x.top_logprobs
             o.top_indices += x.top_indices
+        if o.distributions is not None:
+            o.distributions += x.distributions
     return o

@@ -29,6 +29,9 @@ class SamplingParams:
     min_new_tokens: int = 0  # EOS and stop strings do not end a response shorter than this (calibration)
     seed: int = 0
     logprobs_topk: int = 0  # also return the top-k log-probs of each position
+    # also return each response's whole sampled distributions [T, V] (the tempered, filtered log-probs each
+    # token was drawn from): the exact α without a replay (sparserl.train.alpha)
+    keep_distributions: bool = False
 
     def validate(self) -> None:
         if self.n < 1:

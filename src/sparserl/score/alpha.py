@@ -10,6 +10,9 @@ calibrate`` (:mod:`sparserl.calibrate.measure`) share.
   KV and weight rounding);
 - ``α_t = Σ_x min(p_t(x), q_t(x))`` over the whole vocabulary (:func:`exact_alpha`).
 
+When the sampler kept its distributions while it sampled (``SamplingParams.keep_distributions``),
+:func:`recorded_alpha` reads ``q`` from them and nothing is replayed.
+
 When the responses are the sampler's own (``recorded`` given: its ``sampler_logprobs``), the replay is
 checked: the replayed log-prob of each sampled token must equal the recorded one, and the largest
 difference comes back (0 when the replay reproduced the sampler).
@@ -21,7 +24,7 @@ import torch
 from ..rollout.replay import replay
 from .acceptance import acceptance
 
-__all__ = ["dense_hidden", "dense_logprobs", "exact_alpha", "response_hidden", "token_seq_len"]
+__all__ = ["dense_hidden", "dense_logprobs", "exact_alpha", "recorded_alpha", "response_hidden", "token_seq_len"]
 
 
 @torch.no_grad()
@@ -62,6 +65,23 @@ def token_seq_len(prompt_ids: list[list[int]], response_len: int) -> torch.Tenso
 def dense_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tau: float) -> torch.Tensor:
     """log p [..., V] (float32) at temperature ``tau`` from hidden states [..., H] and the LM head [V, H]."""
     return torch.log_softmax((hidden @ weight.t()).float() / tau, dim=-1)
+
+
+@torch.no_grad()
+def recorded_alpha(distributions: list[torch.Tensor], hidden: torch.Tensor, lm_weight: torch.Tensor,
+                   tau: float) -> torch.Tensor:
+    """α [N, T] float64 on the CPU from ``q`` recorded while sampling (``distributions[i]`` [T_i, V]: the
+    log-probs response ``i``'s tokens were drawn from, ``SamplingParams.keep_distributions``) instead of a
+    replay: the same ``q`` the replay hands over, so the same α, without re-running the sampler. ``p`` as
+    in :func:`exact_alpha`; 0 past each response's end."""
+    N, T = len(distributions), hidden.shape[1]
+    alpha = torch.zeros(N, T, dtype=torch.float64)
+    for i, logq in enumerate(distributions):
+        n = logq.shape[0]
+        if n:
+            logp = dense_logprobs(hidden[i, :n], lm_weight, tau).to(logq.device)
+            alpha[i, :n] = acceptance(logp, logq).double().cpu()
+    return alpha
 
 
 @torch.no_grad()

@@ -2,15 +2,18 @@
 dense old policy, token by token, and its tail by length bin (:mod:`sparserl.score.acceptance` has the
 formula).
 
-- ``exact`` (:func:`sparserl.score.alpha.exact_alpha`, shared with ``sparserl calibrate``): the
-  sampler is replayed on its own tokens (:mod:`sparserl.rollout.replay`: the same
-  compressor decisions, KV and weight rounding), handing over each step's whole distribution ``q``;
+- ``exact``: each step's whole distribution ``q``, kept by the sampler while it sampled when the step's
+  fit in ``mismatch.alpha_record_mib`` (:func:`keeps_distributions`, :func:`sparserl.score.alpha.recorded_alpha`),
+  else handed over by a replay (:func:`sparserl.score.alpha.exact_alpha`, shared with ``sparserl calibrate``:
+  the sampler re-run on its own tokens, :mod:`sparserl.rollout.replay`: the same compressor decisions, KV
+  and weight rounding, so the same ``q``);
   the dense learner's hidden states give ``p`` at the same positions through its LM head. They are the
   old-policy scoring forward's (:func:`sparserl.score.score_logprobs_keep_hidden`, counted in
   ``time/score_s``); only where no scoring forward runs (the sampler's log-probs are the old policy's)
-  does α make its own no-grad forward. Exact over the vocabulary; costs about one more rollout. ``mismatch/replay_err`` is the
-  largest difference between the replayed and the recorded log-probs of the sampled tokens (0 when
-  the replay reproduced the sampler).
+  does α make its own no-grad forward. Exact over the vocabulary. A replay costs about one more rollout,
+  and ``mismatch/replay_err`` is then the largest difference between the replayed and the recorded
+  log-probs of the sampled tokens (0 when the replay reproduced the sampler); kept distributions cost
+  their memory and a copy a step.
 - ``topk``: Sparrow's approximation from the sampler's top-k log-probs, recorded while sampling
   (``mismatch.alpha_topk``, 20): no replay; ``p`` as for ``exact``. Under ``rollout.async`` also its two
   parts, with ``q_w`` the sampler's weights (a step old) on a dense cache, read on the workers
@@ -50,6 +53,18 @@ def dense_hidden(model, batch: RolloutBatch, micro_batch_size: int = 16) -> torc
                                     batch.response_ids.shape[1], micro_batch_size)
 
 
+def keeps_distributions(trainer, batch_size: int) -> bool:
+    """Whether the step's sampler keeps its distributions ``q`` while it samples, so that the exact α reads
+    them instead of replaying it: ``mismatch.alpha=exact``, the sampler in this process (no rollout
+    workers), no DistillSparse (its replay records what the sampler read), and ``batch_size`` responses ×
+    ``rollout.max_new_tokens`` × the vocabulary in float32 within ``mismatch.alpha_record_mib``."""
+    cfg = trainer.cfg
+    if cfg.mismatch.alpha != "exact" or trainer.pool is not None or getattr(trainer, "distill", None) is not None:
+        return False
+    vocab = lm_head_weight(trainer.learner).shape[0]
+    return batch_size * cfg.rollout.max_new_tokens * vocab * 4 <= cfg.mismatch.alpha_record_mib * 2**20
+
+
 @torch.no_grad()
 def measure_alpha(trainer, batch: RolloutBatch, ro, params, mode: str, bin_width: int,
                   hidden: torch.Tensor | None = None) -> dict:
@@ -69,7 +84,9 @@ def measure_alpha(trainer, batch: RolloutBatch, ro, params, mode: str, bin_width
     N, T = batch.response_ids.shape
     alpha = torch.zeros(N, T, dtype=torch.float64)
     metrics = {}
-    if mode == "exact":
+    if mode == "exact" and ro.distributions is not None:  # q kept while sampling: nothing to replay
+        alpha = score_alpha.recorded_alpha(ro.distributions, hidden, weight, tau)
+    elif mode == "exact":
         distill, engine = getattr(trainer, "distill", None), trainer.engine
         record = (distill.recorder(ro.prompt_ids, ro.response_ids, engine.model.n_layers, engine.model.n_kv)
                   if distill is not None else None)  # DistillSparse replays what the sampler read, after the update

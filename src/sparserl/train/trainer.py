@@ -40,7 +40,7 @@ from .update_forward import UpdateForward, run_update_forward
 from .update_visible import quantized_weight_snapshot, update_visible_frac
 from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
 from .metrics import MetricsLogger
-from .alpha import measure_alpha
+from .alpha import keeps_distributions, measure_alpha
 from .kv_controller import KVController
 from .determinism import (deterministic_state, naming_nondeterministic_ops, restore_deterministic_state,
                           use_deterministic_kernels)
@@ -176,7 +176,8 @@ def rollout(trainer: Trainer, step: int) -> tuple[list, RolloutOutput]:
     cfg = trainer.cfg
     if trainer.pool is None:
         examples = trainer.data.next_batch()
-        return examples, trainer.engine.generate([e.prompt for e in examples], sampling_params(cfg, step))
+        keep = keeps_distributions(trainer, len(examples) * cfg.rollout.n)  # the exact α reads them: no replay
+        return examples, trainer.engine.generate([e.prompt for e in examples], sampling_params(cfg, step, keep))
     examples, pending = trainer.pending or send_rollout(trainer, step)
     trainer.pending = None
     ro = trainer.pool.collect(pending)
@@ -239,11 +240,12 @@ def pool_metrics(trainer: Trainer, ro: RolloutOutput) -> dict:
             names.MISMATCH_POLICY_LAG: trainer.pool.version - ro.weights_version}
 
 
-def sampling_params(cfg: Config, step: int) -> SamplingParams:
+def sampling_params(cfg: Config, step: int, keep_distributions: bool = False) -> SamplingParams:
     r = cfg.rollout
     return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                           max_new_tokens=r.max_new_tokens, stop=list(r.stop), seed=cfg.train.seed * 1_000_003 + step,
-                          logprobs_topk=cfg.mismatch.alpha_topk if cfg.mismatch.alpha == "topk" else 0)
+                          logprobs_topk=cfg.mismatch.alpha_topk if cfg.mismatch.alpha == "topk" else 0,
+                          keep_distributions=keep_distributions)
 
 
 def train_step(trainer: Trainer, step: int) -> dict:
@@ -283,10 +285,11 @@ def train_step(trainer: Trainer, step: int) -> dict:
     split = (mismatch_split(local_sampler(trainer), batch, cfg) if cfg.rollout.mismatch_split else
              lag_split(batch, ro.dense_cache) if ro.dense_cache is not None else {})
     lap(names.TIME_SCORE)
-    if cfg.mismatch.alpha == "exact":  # it replays the sampler here
+    if cfg.mismatch.alpha == "exact" and ro.distributions is None:  # it replays the sampler here
         local_sampler(trainer)
     alpha = measure_alpha(trainer, batch, ro, sampling_params(cfg, step), cfg.mismatch.alpha, cfg.mismatch.alpha_bin,
                           hidden)
+    ro.distributions = None  # the sampler's q, read: freed before the update
     if trainer.kv_controller is not None:  # the next rollout's budgets, from this step's α tail
         alpha.update(trainer.kv_controller.steer(trainer.engine.compressor, alpha))
     clock = time.perf_counter()  # time/alpha_s is its own, not the next station's
