@@ -81,7 +81,8 @@ def main() -> None:
             assert out.response_ids == ro.response_ids, "the arms sampled other tokens"
             alphas[name] = alpha
             if out.distributions is not None:
-                kept_bytes = sum(d.numel() * d.element_size() for d in out.distributions)
+                storages = {d.untyped_storage().data_ptr(): d.untyped_storage().nbytes() for d in out.distributions}
+                kept_bytes = sum(storages.values())  # the buffers allocated (responses x max_new_tokens x V)
             del out
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in seconds.items()), flush=True)
     ratios = [a / b for a, b in zip(seconds["replay"], seconds["kept"])]
