@@ -78,6 +78,17 @@ class SavedBytes:
         return max(self.per_backward, default=0)
 
 
+def first_batch(config: str, overrides: list[str]):
+    """(trainer, its learner's precision as ``auto`` resolves it, step 1's rollout batch with rewards)."""
+    cfg = validate(load_config(config, ["data.eval=null", "log.tensorboard=false", "checkpoint.every=0",
+                                        "log.out_dir=/tmp/update_forward_runs", *overrides]))
+    trainer = build_trainer(cfg)
+    mode = choose_mixed_precision(trainer.device).mode if cfg.model.mixed_precision == "auto" else cfg.model.mixed_precision
+    examples, ro = rollout(trainer, 1)
+    rewards, _ = score_responses(trainer.reward_fn, ro.texts, [examples[i].label for i in ro.prompt_index])
+    return trainer, mode, rollout_batch(trainer, ro, rewards)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("config", nargs="?", default="default")
@@ -85,13 +96,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
-    cfg = validate(load_config(args.config, ["data.eval=null", "log.tensorboard=false", "checkpoint.every=0",
-                                             "log.out_dir=/tmp/update_forward_runs", *args.overrides]))
-    trainer = build_trainer(cfg)
-    mode = choose_mixed_precision(trainer.device).mode if cfg.model.mixed_precision == "auto" else cfg.model.mixed_precision
-    examples, ro = rollout(trainer, 1)
-    rewards, _ = score_responses(trainer.reward_fn, ro.texts, [examples[i].label for i in ro.prompt_index])
-    batch = rollout_batch(trainer, ro, rewards)
+    trainer, mode, batch = first_batch(args.config, args.overrides)
     state = _State(trainer)
 
     def run(arm: str) -> None:

@@ -21,13 +21,12 @@ from pathlib import Path
 import torch
 
 from sparserl.bench.learner import _cosine, _score, _State, _update
-from sparserl.config import load_config, validate
-from sparserl.models.mixed_precision import autocast_for, choose as choose_mixed_precision
-from sparserl.reward import score_responses
+from sparserl.models.mixed_precision import autocast_for
 from sparserl.rollout import native
 from sparserl.rollout.dtype_auto import cpu_name
-from sparserl.train.trainer import build_trainer, corrections_and_advantages, rollout, rollout_batch
+from sparserl.train.trainer import corrections_and_advantages
 from sparserl.train.update_forward import run_update_forward
+from update_forward import first_batch  # experiments/: step 1's batch of the config
 
 
 def main() -> None:
@@ -36,13 +35,8 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
-    cfg = validate(load_config(args.config, ["data.eval=null", "log.tensorboard=false", "checkpoint.every=0",
-                                             "log.out_dir=/tmp/update_forward_runs", *args.overrides]))
-    trainer = build_trainer(cfg)
-    mode = choose_mixed_precision(trainer.device).mode if cfg.model.mixed_precision == "auto" else cfg.model.mixed_precision
-    examples, ro = rollout(trainer, 1)
-    rewards, _ = score_responses(trainer.reward_fn, ro.texts, [examples[i].label for i in ro.prompt_index])
-    batch = rollout_batch(trainer, ro, rewards)
+    trainer, mode, batch = first_batch(args.config, args.overrides)
+    cfg = trainer.cfg
     state = _State(trainer)
     grads, old = {}, {}
     for name, micro in (("score16", 16), ("score32", batch.size), ("score32_again", batch.size)):
