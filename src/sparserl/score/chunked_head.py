@@ -55,12 +55,15 @@ class _HeadLogprobEntropy(torch.autograd.Function):
     def forward(ctx, hidden, weight, targets, temperature: float, chunk_size: int, with_entropy: bool):
         N = hidden.shape[0]
         ctx.compute_dtype = _autocast_dtype(hidden.device)
+        # autocast casts an operand at every product, and autograd is off in here, so its cache of cast
+        # weights is too: cast W once (the same values each chunk's product would have cast)
+        weight_c = weight.to(ctx.compute_dtype) if ctx.compute_dtype is not None else weight
         logp = torch.empty(N, dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(logp)
         mean_z = torch.zeros_like(logp)  # Σ p z (for the entropy and its gradient)
         for s in range(0, N, chunk_size):
             e = min(s + chunk_size, N)
-            z = _chunk_logits(hidden[s:e], weight, temperature)
+            z = _chunk_logits(hidden[s:e], weight_c, temperature)
             if with_entropy:  # one exp pass gives both logsumexp and Σ p z
                 top = z.amax(-1, keepdim=True)
                 ez = (z - top).exp_()
@@ -72,6 +75,7 @@ class _HeadLogprobEntropy(torch.autograd.Function):
             else:
                 lse[s:e] = torch.logsumexp(z, dim=-1)
             logp[s:e] = z.gather(-1, targets[s:e, None])[:, 0] - lse[s:e]
+        del weight_c
         entropy = lse - mean_z if with_entropy else torch.zeros_like(logp)
         ctx.save_for_backward(hidden, weight, targets, lse, mean_z)
         ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
