@@ -55,7 +55,7 @@ $PIN timeout ${BENCH_S:-360} python3 experiments/bf16_decode.py --tokens 256 --b
   --json "$OUT/amx_L256.json" 2>&1 | tail -12
 echo "=== the learner's step, float32 against bf16 mixed precision (model.mixed_precision; oneDNN's AMX path)"
 $PIN timeout ${LEARNER_S:-240} python3 -c "import sys; from sparserl.cli import main; sys.exit(main(sys.argv[1:]))" \
-  bench learner data.eval=null --repeat 3 --json "$OUT/amx_learner.json" 2>&1 | grep -E '^(numerics|round|bfloat16)' | tail -6
+  bench learner data.eval=null --repeat 3 --json "$OUT/amx_learner.json" 2>&1 | grep -E '^(numerics|round|bfloat16|old_logprobs)' | tail -6
 [ "${LONG:-0}" = 1 ] && {  # LONG=1: also 1,024 tokens (8-10 min on a 2-core Xeon)
 echo "=== bf16 decode, 1,024 tokens"
 $PIN timeout ${LONG_S:-600} python3 experiments/bf16_decode.py --tokens 1024 --budget 128 --rounds 2 --mismatch-n 0 \

