@@ -45,7 +45,7 @@ def test_two_steps_change_weights_and_write_loadable_checkpoint(tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
     for key in ("reward/mean", "mismatch/k3_kl", "is/ess", "rs/token_masked_frac", "kv/sampler_alloc_bytes",
                 "kv/dense_alloc_bytes", "kv/alloc_reduction", "kv/kept_frac_final", "kv/kept_tokens_final",
-                "kv/dense_tokens_final", "time/update_s", "policy/clip_frac_high", "grad_norm"):
+                "kv/dense_tokens_final", "time/update_s", "time/step_s", "policy/clip_frac_high", "grad_norm"):
         assert key in rows[-1]
     # like with like: the sampler's buffers (prompt + budget + period) against the dense engine's
     # (prompt + max_new_tokens) for the same batch, and kept tokens against dense tokens
@@ -266,19 +266,24 @@ def test_old_logprobs_from_the_update_forward_equal_a_scoring_forward(tmp_path, 
     new weights; the PPO ratio is exactly 1."""
     from sparserl.train import trainer as trainer_module
 
-    calls = []
+    calls, update_forwards = [], []
     for name in ("score_logprobs", "score_logprobs_keep_hidden"):
         real = getattr(trainer_module, name)
         monkeypatch.setattr(trainer_module, name, lambda *a, real=real, **k: calls.append(name) or real(*a, **k))
+    for name in ("forward_response", "forward_response_shared"):  # the update's own forward, in update_policy
+        real = getattr(trainer_module, name)
+        monkeypatch.setattr(trainer_module, name, lambda *a, real=real, **k: update_forwards.append(1) or real(*a, **k))
     out, weights = {}, {}
     for mode in ("score", "update"):
         cfg = cfg_for(tmp_path, "train.micro_batch_size=8", f"algorithm.old_logprobs={mode}", *extra)
         trainer = build_trainer(cfg)
         assert trainer_module.old_logprobs_from(trainer) == mode
         calls.clear()
+        update_forwards.clear()
         out[mode] = train_step(trainer, 1)
         ref_scorings = 1 if trainer.ref is not None else 0  # the reference model is still scored
         assert len(calls) == (ref_scorings + 1 if mode == "score" else ref_scorings), (mode, calls)
+        assert len(update_forwards) == (1 if mode == "score" else 0), mode  # one learner forward a step, not two
         weights[mode] = {k: v.detach().clone() for k, v in trainer.learner.state_dict().items()}
     keys = ["mismatch/k3_kl", "rs/token_masked_frac", "policy/loss", "grad_norm", "policy/entropy"]
     keys += ["mismatch/alpha_mean"] if "mismatch.alpha=off" not in extra else []
@@ -305,6 +310,18 @@ def test_auto_takes_the_update_forward_only_where_its_rule_holds(tmp_path):
                           (("train.lora_rank=4", "train.lora_dropout=0.1"), "dropout 0.1.*train.lora_dropout")):
         with pytest.raises(ConfigError, match="old_logprobs=update.*" + phrase):
             cfg_for(tmp_path, "train.micro_batch_size=8", "algorithm.old_logprobs=update", *extra)
+
+
+def test_update_asked_for_on_a_learner_with_dropout_fails_before_any_rollout(tmp_path, monkeypatch):
+    """Dropout is the loaded model's fact (its config, peft's modules): build_trainer asks the rule once."""
+    from sparserl.score.old_policy import OldLogprobsError
+    from sparserl.train import trainer as trainer_module
+
+    cfg = cfg_for(tmp_path, "train.micro_batch_size=8", "algorithm.old_logprobs=update")
+    monkeypatch.setattr(trainer_module, "model_dropout", lambda model: 0.1)
+    monkeypatch.setattr(trainer_module, "rollout", lambda *a: pytest.fail("a rollout ran"))
+    with pytest.raises(OldLogprobsError, match="old_logprobs=update.*dropout 0.1"):
+        build_trainer(cfg)
 
 
 @pytest.mark.parametrize("precision", ["off", "bfloat16"])

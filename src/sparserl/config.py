@@ -459,7 +459,7 @@ class MismatchConfig(_Section):
     alpha_topk: int = F(20, "k of the topk mode (log-probs kept per sampled token).", ge=1)
     alpha_record_mib: int = F(
         1024, "exact α: the sampler keeps each step's whole distribution q while it samples when a step's q fit in "
-        "this many MiB (responses x rollout.max_new_tokens x vocabulary x 4 bytes; the default job: 302 MiB), and α "
+        "this many MiB (responses x rollout.max_new_tokens x vocabulary x 4 bytes; the default job: 288 MiB), and α "
         "reads them instead of replaying the sampler; above it (or with rollout workers or DistillSparse, which "
         "replays what the sampler read) the sampler is replayed. 0 = always replay.", ge=0)
 

@@ -121,6 +121,7 @@ def build_trainer(cfg: Config) -> Trainer:
         use_deterministic_kernels(cfg.model.device)
     lm, learner, opt, sched = build_learner(cfg)
     engine = engine_from_fields(lm, r, sampler_state(learner))
+    old_logprobs_of(cfg, engine, learner)  # the model's own facts (its dropout): a refused source fails here
     ref = None
     if cfg.algorithm.kl_coef > 0:
         ref = copy.deepcopy(learner).eval().requires_grad_(False)
@@ -358,14 +359,18 @@ def old_logprobs_from(trainer: Trainer) -> str:
     :func:`sparserl.score.old_logprobs_source`): ``"sampler"`` (a dense float32 sampler of the full tempered
     distribution), ``"update"`` (the update's own forward: one optimizer step over one micro-batch, no
     dropout in the learner) or ``"score"``."""
-    r, e = trainer.cfg.rollout, trainer.engine
-    why_not_update = trainer.cfg.why_update_forward_is_not_old_policy(model_dropout(trainer.learner))
-    return old_logprobs_source(trainer.cfg.algorithm.old_logprobs, why_not_update=why_not_update,
-                               compresses=e.compressor.compresses,
-                               sampler_dtype=e.dtype, learner_dtype=learner_compute_dtype(trainer.cfg.model,
-                                                                                          trainer.learner),
-                               temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, quantized=r.quantized,
-                               lagged=r.async_)
+    return old_logprobs_of(trainer.cfg, trainer.engine, trainer.learner)
+
+
+def old_logprobs_of(cfg: Config, engine: RolloutEngine, learner) -> str:
+    """:func:`old_logprobs_from` for a config's sampler and learner (``build_trainer`` asks once, so that a
+    source the loaded model cannot give, e.g. ``update`` on a model with dropout, fails before any rollout)."""
+    r = cfg.rollout
+    return old_logprobs_source(cfg.algorithm.old_logprobs,
+                               why_not_update=cfg.why_update_forward_is_not_old_policy(model_dropout(learner)),
+                               compresses=engine.compressor.compresses, sampler_dtype=engine.dtype,
+                               learner_dtype=learner_compute_dtype(cfg.model, learner), temperature=r.temperature,
+                               top_p=r.top_p, top_k=r.top_k, quantized=r.quantized, lagged=r.async_)
 
 
 def update(trainer: Trainer, batch: RolloutBatch, corr, update_forward: UpdateForward | None = None) -> dict:
