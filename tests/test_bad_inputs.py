@@ -354,6 +354,8 @@ MATRIX = [
     case("numbers", [*C, "--budgets", ""], "--budgets", "budgets-empty"),
     case("numbers", [*C, "--budgets", "32,-8"], "--budgets", "budgets-negative"),
     case("numbers", [*C, "--bin", "0"], "--bin", "bin-zero"),
+    case("numbers", [*C, "--alpha-record-mib", "-5"], "--alpha-record-mib", "alpha-record-mib-negative"),
+    case("numbers", [*C, "--alpha-record-mib", "lots"], "--alpha-record-mib", "alpha-record-mib-not-int"),
     case("numbers", [*C, "--max-new-tokens", "8", "--min-new-tokens", "16"], "--min-new-tokens", "min-above-max"),
     case("flags", [*C, "--compressors", "rkvv"], "rkvv", "unknown-compressor"),
     case("data", ["calibrate", "--model", "tiny", "--data", "missing.jsonl", "--json", "c.json"], "missing.jsonl",

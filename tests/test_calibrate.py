@@ -168,12 +168,14 @@ def _check_document(doc: dict, out, threshold: float, compressors=("rkv", "strea
 def test_calibrate_end_to_end_sampler_tokens(tmp_path, data_file, capsys):
     out = tmp_path / "calib" / "out.json"
     every = ("rkv", "snapkv", "streaming", "h2o")
-    assert cli.main(_argv(data_file, out, "--threshold", "0.999", "--compressors", ",".join(every))) == 0
+    argv = _argv(data_file, out, "--threshold", "0.999", "--compressors", ",".join(every), "--alpha-record-mib", "0")
+    assert cli.main(argv) == 0
     doc = json.loads(out.read_text())
     _check_document(doc, out, 0.999, compressors=every)
     assert any(s["predicted_cost_vs_dense"] is not None for s in doc["schedules"])  # sparserl.cost is wired
     assert doc["meta"]["tokens"] == "sampler" and doc["meta"]["replay_err_max"] <= 1e-5
-    assert all(s["replay_err"] <= 1e-5 for s in doc["samplers"])
+    assert doc["meta"]["q"] == "replayed" and "--alpha-record-mib 0" in doc["meta"]["command"]
+    assert all(s["replay_err"] <= 1e-5 and s["q"] == "replayed" for s in doc["samplers"])
     printed = capsys.readouterr().out
     assert "p5 of α per sequence-length bin" in printed and f"wrote {out}" in printed
     for s in doc["schedules"]:
@@ -181,6 +183,25 @@ def test_calibrate_end_to_end_sampler_tokens(tmp_path, data_file, capsys):
         for start in s["unmet_bins"]:  # no budget met it: the largest, and the console says so
             assert dict(s["budget_by_bin"])[start] == largest
             assert f"{s['compressor']}: no measured budget" in printed
+
+
+def test_calibrate_keeps_q_while_sampling_and_finds_the_replays_alpha(tmp_path, data_file, capsys):
+    """By default each sampler keeps q while it samples (2 x 2 x 12 tokens x the tiny vocabulary fit in
+    1024 MiB): nothing is replayed, and every row's α is the replay's (``--alpha-record-mib 0``), to the bit."""
+    docs = {}
+    for record in ("0", "1024"):
+        out = tmp_path / f"record{record}.json"
+        assert cli.main(_argv(data_file, out, "--compressors", "rkv,streaming", "--alpha-record-mib", record)) == 0
+        docs[record] = json.loads(out.read_text())
+    printed = capsys.readouterr().out
+    kept, replayed = docs["1024"], docs["0"]
+    _check_document(kept, tmp_path / "record1024.json", 0.86)
+    assert kept["meta"]["q"] == "kept" and kept["meta"]["replay_err_max"] is None
+    assert all(s["q"] == "kept" and s["replay_err"] is None for s in kept["samplers"])
+    assert "q kept while sampling" in printed and "replay check: none needed" in printed
+    assert replayed["meta"]["q"] == "replayed" and replayed["meta"]["replay_err_max"] <= 1e-5
+    assert kept["rows"] == replayed["rows"]  # the same q, so the same α in every bin
+    assert any(r["alpha_p5"] < 1 for r in kept["rows"])  # the samplers evicted: α measured something
 
 
 def test_calibrate_end_to_end_dense_tokens_with_bins_no_budget_meets(tmp_path, data_file, capsys):
@@ -217,6 +238,7 @@ BAD = [
     (["--n", "0"], "--n 0"),
     (["--limit", "0"], "--limit 0"),
     (["--tokens", "sparse"], "--tokens 'sparse'"),
+    (["--alpha-record-mib", "-1"], "--alpha-record-mib -1"),
     (["--budgets", "2"], "must be larger than the observation window"),
     (["--data", "MISSING"], "--data"),
     (["--dtype", "fp64"], "--dtype 'fp64'"),

@@ -44,6 +44,10 @@ def add_parser(subparsers, parents=()) -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=0.86, help="the p5 of α every bin must reach (Sparrow: 0.86)")
     p.add_argument("--tokens", default="sampler", help="sampler: each sparse sampler samples its own responses "
                    "(Sparrow); dense: the dense policy samples once and every sampler is replayed on its tokens")
+    p.add_argument("--alpha-record-mib", type=int, default=1024, help="with --tokens sampler: each sampler keeps q, "
+                   "the distribution each token was drawn from, while it samples when responses x --max-new-tokens x "
+                   "the vocabulary x 4 bytes fit in this many MiB (as training's mismatch.alpha_record_mib), else it "
+                   "is replayed on its tokens (about one more generation each); 0: always replay")
     p.add_argument("--step-length", type=int, default=128, help="decode steps between compressions")
     p.add_argument("--window", type=int, default=None, help="recent tokens always kept (default: the compressor's, or a quarter of the smallest budget where it "
                    "does not fit under it)")
@@ -137,6 +141,7 @@ def check(args) -> Plan:
     check_int(args.step_length, "--step-length", 1, what="decode steps between compressions")
     check_int(args.window, "--window", 0, allow_none=True)
     check_choice(args.tokens, "--tokens", TOKENS)
+    check_int(getattr(args, "alpha_record_mib", 1024), "--alpha-record-mib", 0, what="MiB; 0 = always replay")
     if getattr(args, "template", None) is not None and "{problem}" not in args.template \
             and "{prompt}" not in args.template:
         raise OptionError(f"--template {args.template!r}: must contain '{{problem}}' (where the problem goes)")
@@ -164,7 +169,7 @@ def command_line(args) -> str:
     """The command as it would be typed again (every option, defaults included)."""
     parts = ["sparserl", "calibrate"]
     for key in ("model", "data", "limit", "template", "system_prompt", "n", "compressors", "budgets", "max_new_tokens", "min_new_tokens", "bin",
-                "threshold", "tokens", "step_length", "window", "temperature", "dtype", "device", "seed", "json"):
+                "threshold", "tokens", "alpha_record_mib", "step_length", "window", "temperature", "dtype", "device", "seed", "json"):
         value = getattr(args, key, None)
         if value is not None:
             parts += [f"--{key.replace('_', '-')}", str(value)]
@@ -217,7 +222,8 @@ def run(args) -> int:
     print(f"calibrate: {len(prompt_ids)} prompts x {args.n} responses, {len(plan.compressors)} compressors x "
           f"{len(plan.budgets)} budgets, tokens from the {args.tokens}, bins of {args.bin}")
     samplers = [(name, b, sampler(name, b, args)) for name in plan.compressors for b in plan.budgets]
-    result = measure(dense_engine, lm.model, samplers, prompt_ids, params, args.bin, tokens=args.tokens)
+    result = measure(dense_engine, lm.model, samplers, prompt_ids, params, args.bin, tokens=args.tokens,
+                     record_mib=getattr(args, "alpha_record_mib", 1024))
 
     schedules, cost_cache = [], {}
     for name in plan.compressors:
@@ -259,6 +265,7 @@ def run(args) -> int:
         "compressors": plan.compressors, "seed": args.seed,
         "seq_len": "prompt + tokens generated before the token (the axis of KVSchedule's lengths)",
         "replay_err_max": result.replay_err_max,
+        "q": result.samplers[0]["q"] if result.samplers else None,
         "measured_rounds": speed.ROUNDS,
         "measured": "tokens/s of one generation with each schedule over one dense generation just before it",
         "seconds": time.perf_counter() - t_start,
@@ -269,7 +276,11 @@ def run(args) -> int:
                     title=f"{args.model} on {args.data}: exact α per length bin ({args.tokens} tokens)")
     output.print_tables(result.rows, schedules, args.threshold)
     err = result.replay_err_max
-    print(f"replay check: largest |replayed - recorded| sampler log-prob {err:.2e}" if err is not None else
-          "replay check: none (--tokens dense: the samplers were replayed on the dense policy's tokens)")
+    if err is not None:
+        print(f"replay check: largest |replayed - recorded| sampler log-prob {err:.2e}")
+    elif args.tokens == "dense":
+        print("replay check: none (--tokens dense: the samplers were replayed on the dense policy's tokens)")
+    else:
+        print("replay check: none needed (each sampler kept q while it sampled; --alpha-record-mib 0 replays)")
     print(f"wrote {plan.json_path} and {plan.png_path}")
     return 0

@@ -8,9 +8,14 @@ The JSON (``sparserl calibrate --json OUT``)::
                     "alpha_p5_by_bin": [[start, p5], ...], "predicted_cost_vs_dense",
                     "measured_tokens_per_s_vs_dense", "measured_tokens_per_s", "measured_dense_tokens_per_s",
                     "measured_rounds"}, ...],
-     "samplers": [{"compressor", "budget", "tokens", "replay_err", "tokens_per_s", ...}, ...],
+     "samplers": [{"compressor", "budget", "tokens", "replay_err", "q", "tokens_per_s", ...}, ...],
      "meta": {"command", "model", "data", "limit", "prompts", "cpu", "device", "sampling", "tokens",
-              "bin", "threshold", "seed", "replay_err_max", "measured_rounds", "seconds", ...}}
+              "bin", "threshold", "seed", "replay_err_max", "q", "measured_rounds", "seconds", ...}}
+
+``q``: how each sampler's distributions reached α: ``kept`` while it sampled (no replay, ``replay_err``
+null), ``replayed`` on its own tokens, or ``replayed on dense tokens`` (``--tokens dense``). A sampler's
+``tokens_per_s`` is its measuring generation's, which copies ``q`` out when it keeps it; the schedules'
+``measured_*`` speeds come from generations that keep nothing.
 
 ``schedules`` loads as a sampler's schedule: ``load_schedule(OUT, compressor)``
 (:mod:`sparserl.rollout.kv.schedule`).

@@ -24,7 +24,16 @@ import torch
 from ..rollout.replay import replay
 from .acceptance import acceptance
 
-__all__ = ["dense_hidden", "dense_logprobs", "exact_alpha", "recorded_alpha", "response_hidden", "token_seq_len"]
+__all__ = ["dense_hidden", "dense_logprobs", "distributions_fit", "exact_alpha", "recorded_alpha", "response_hidden",
+           "token_seq_len"]
+
+
+def distributions_fit(responses: int, max_new_tokens: int, vocab: int, record_mib: int) -> bool:
+    """Whether ``responses`` × ``max_new_tokens`` × ``vocab`` float32 log-probs (the ``q`` a sampler keeps,
+    ``SamplingParams.keep_distributions``) fit in ``record_mib`` MiB: the rule by which training
+    (``mismatch.alpha_record_mib``) and ``sparserl calibrate`` (``--alpha-record-mib``) keep ``q`` rather
+    than replay the sampler."""
+    return responses * max_new_tokens * vocab * 4 <= record_mib * 2**20
 
 
 @torch.no_grad()

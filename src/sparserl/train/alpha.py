@@ -62,7 +62,7 @@ def keeps_distributions(trainer, batch_size: int) -> bool:
     if cfg.mismatch.alpha != "exact" or trainer.pool is not None or getattr(trainer, "distill", None) is not None:
         return False
     vocab = lm_head_weight(trainer.learner).shape[0]
-    return batch_size * cfg.rollout.max_new_tokens * vocab * 4 <= cfg.mismatch.alpha_record_mib * 2**20
+    return score_alpha.distributions_fit(batch_size, cfg.rollout.max_new_tokens, vocab, cfg.mismatch.alpha_record_mib)
 
 
 @torch.no_grad()
