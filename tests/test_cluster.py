@@ -172,6 +172,9 @@ def test_a_training_step_on_workers_and_learners_equals_the_single_process_step(
         trainer = build_trainer(cfg)
         try:
             out[label] = train_step(trainer, 1)
+            assert names.MISMATCH_REPLAY_ERR not in out[label]  # q kept by the sampler(s): nothing replayed
+            if label != "one":  # the workers sent q back: the sampler here never loaded the weights
+                assert trainer.engine_stale
             weights[label] = {k: v.clone() for k, v in trainer.learner.state_dict().items()}
             if trainer.learners is not None:
                 peer = ray.get(trainer.learners.peers[0].state.remote())
@@ -262,6 +265,33 @@ def test_async_rollouts_lag_one_step_split_the_mismatch_and_survive_a_killed_wor
         assert m[names.TIME_GENERATE] > 0
 
 
+def test_async_rollouts_measure_the_exact_alpha_from_the_workers_q(tmp_path, local_ray, monkeypatch):
+    """rollout.async with the exact α (the default): the workers keep q while they sample and send it back, so
+    α is measured although the sampler here is a step ahead (nothing replayed, the weights never loaded
+    here); a q larger than mismatch.alpha_record_mib is a config error naming the MiB it needs, before any
+    worker starts."""
+    from sparserl import runlog as names
+    from sparserl.cluster import pool
+    from sparserl.config import ConfigError
+    from sparserl.train.trainer import build_trainer, close_cluster, train_step
+
+    extra = ("cluster.rollout_workers=2", "rollout.async=true", "checkpoint.every=0", "train.steps=2")
+    with monkeypatch.context() as patch:
+        patch.setattr(pool, "RolloutPool", lambda *a, **k: pytest.fail("the workers started before the check"))
+        with pytest.raises(ConfigError, match=r"mismatch.alpha_record_mib=1 with rollout.async=true .* is \d+ MiB"):
+            build_trainer(_cfg(tmp_path / "small", *extra, "mismatch.alpha_record_mib=1", "rollout.max_new_tokens=512"))
+    trainer = build_trainer(_cfg(tmp_path / "run", *extra))
+    try:
+        metrics = [train_step(trainer, 1), train_step(trainer, 2)]
+        assert trainer.engine_stale  # α read the workers' q: the sampler here never needed the weights
+    finally:
+        close_cluster(trainer)
+    assert [m[names.MISMATCH_POLICY_LAG] for m in metrics] == [0, 1]
+    for m in metrics:
+        assert names.MISMATCH_REPLAY_ERR not in m
+        assert 0 < m[names.MISMATCH_ALPHA_P5] <= m[names.MISMATCH_ALPHA_MEAN] < 1  # R-KV at budget 8 evicts
+
+
 def test_async_resume_continues_exactly(tmp_path, local_ray):
     """rollout.async with a checkpoint every 2 steps: stopped at step 2 and resumed to 4, the run equals the run
     that went through (the step after a checkpoint samples with fresh weights in both: lags 0, 1, 0, 1)."""
@@ -305,7 +335,8 @@ def _same_run(resumed, through, *keys) -> list[dict]:
     ("cluster.learners=3", "more than the 2 micro-batches of an optimizer step"),
     ("cluster.worker_cpus=0", "cluster.worker_cpus=0"),
     ("rollout.async=true", "rollout.async=true needs cluster.rollout_workers"),
-    ("cluster.rollout_workers=1 rollout.async=true", "mismatch.alpha=exact: the exact α replays"),
+    ("cluster.rollout_workers=1 rollout.async=true mismatch.alpha_record_mib=0",
+     "mismatch.alpha_record_mib=0: under rollout.async the exact α reads the q the workers keep"),
     ("cluster.rollout_workers=1 rollout.async=true mismatch.alpha=off rollout.quant=int8 rollout.mismatch_split=true",
      "rollout.mismatch_split=true: the asynchronous split"),
     ("cluster.rollout_workers=1 rollout.async=true mismatch.alpha=off algorithm.old_logprobs=sampler "

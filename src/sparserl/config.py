@@ -460,8 +460,9 @@ class MismatchConfig(_Section):
     alpha_record_mib: int = F(
         1024, "exact α: the sampler keeps each step's whole distribution q while it samples when a step's q fit in "
         "this many MiB (responses x rollout.max_new_tokens x vocabulary x 4 bytes; the default job: 288 MiB), and α "
-        "reads them instead of replaying the sampler; above it (or with rollout workers or DistillSparse, which "
-        "replays what the sampler read) the sampler is replayed. 0 = always replay.", ge=0)
+        "reads them instead of replaying the sampler (rollout workers send their shards' back); above it (or with "
+        "DistillSparse, which replays what the sampler read) the sampler is replayed, which rollout.async cannot "
+        "do. 0 = always replay.", ge=0)
 
 
 class ClusterConfig(_Section):
@@ -926,10 +927,12 @@ def validate(cfg: Config) -> Config:
         if c.rollout_workers is None:
             errors.append("rollout.async=true needs cluster.rollout_workers (the workers sample the next step while "
                           "the training process updates on this one)")
-        if cfg.mismatch.alpha == "exact":
-            errors.append("rollout.async=true with mismatch.alpha=exact: the exact α replays the sampler in the "
-                          "training process, whose weights are a step newer than the rollout's; use "
-                          "mismatch.alpha=topk (α with its lag and cache parts) or off")
+        if cfg.mismatch.alpha == "exact" and cfg.mismatch.alpha_record_mib == 0:
+            errors.append("rollout.async=true with mismatch.alpha=exact and mismatch.alpha_record_mib=0: under "
+                          "rollout.async the exact α reads the q the workers keep while they sample (the training "
+                          "process's sampler is a step newer than the rollout's and cannot replay it); leave "
+                          "mismatch.alpha_record_mib at its default, or use mismatch.alpha=topk (α with its lag and "
+                          "cache parts) or off")
         if r.mismatch_split:
             errors.append("rollout.async=true with rollout.mismatch_split=true: the asynchronous split "
                           "(mismatch/k3_kl_lag, mismatch/k3_kl_cache, read on the workers) replaces it; leave "

@@ -3,7 +3,8 @@ dense old policy, token by token, and its tail by length bin (:mod:`sparserl.sco
 formula).
 
 - ``exact``: each step's whole distribution ``q``, kept by the sampler while it sampled when the step's
-  fit in ``mismatch.alpha_record_mib`` (:func:`keeps_distributions`, :func:`sparserl.score.alpha.recorded_alpha`),
+  fit in ``mismatch.alpha_record_mib`` (:func:`keeps_distributions`, :func:`sparserl.score.alpha.recorded_alpha`;
+  rollout workers keep their shard's and send it with their samples),
   else handed over by a replay (:func:`sparserl.score.alpha.exact_alpha`, shared with ``sparserl calibrate``:
   the sampler re-run on its own tokens, :mod:`sparserl.rollout.replay`: the same compressor decisions, KV
   and weight rounding, so the same ``q``);
@@ -20,6 +21,10 @@ formula).
   (:class:`sparserl.rollout.teacher_forced.DenseCacheReading`): the lag, α(p, q_w) over ``q_w``'s top-k,
   and the cache, α(q_w, q) over the sampler's top-k.
 - ``off``: nothing measured.
+
+Under ``rollout.async`` the exact α reads the ``q`` the workers kept (the training process's sampler is a
+step ahead and cannot replay; :func:`check_exact_alpha_under_async`): ``p`` is the learner's weights, ``q``
+the sampler's a step older on its sparse cache, so α is the whole mismatch, lag and cache together.
 
 With ``algorithm.distill_sparse`` (exact only), the replay also records what the sampler read at each step
 (for φ's update, :mod:`sparserl.train.distill_sparse`), and the same sparse sampler on θ alone is replayed
@@ -55,14 +60,39 @@ def dense_hidden(model, batch: RolloutBatch, micro_batch_size: int = 16) -> torc
 
 def keeps_distributions(trainer, batch_size: int) -> bool:
     """Whether the step's sampler keeps its distributions ``q`` while it samples, so that the exact α reads
-    them instead of replaying it: ``mismatch.alpha=exact``, the sampler in this process (no rollout
-    workers), no DistillSparse (its replay records what the sampler read), and ``batch_size`` responses ×
-    ``rollout.max_new_tokens`` × the vocabulary in float32 within ``mismatch.alpha_record_mib``."""
+    them instead of replaying it: ``mismatch.alpha=exact``, no DistillSparse (its replay records what the
+    sampler read), and ``batch_size`` responses × ``rollout.max_new_tokens`` × the vocabulary in float32
+    within ``mismatch.alpha_record_mib``. Rollout workers keep their shards' and send them back."""
     cfg = trainer.cfg
-    if cfg.mismatch.alpha != "exact" or trainer.pool is not None or getattr(trainer, "distill", None) is not None:
+    if cfg.mismatch.alpha != "exact" or getattr(trainer, "distill", None) is not None:
         return False
-    vocab = lm_head_weight(trainer.learner).shape[0]
+    return q_fits(cfg, trainer.learner, batch_size)
+
+
+def q_fits(cfg, learner, batch_size: int) -> bool:
+    """Whether ``batch_size`` responses' ``q`` (× ``rollout.max_new_tokens`` × the learner's vocabulary in
+    float32) fit in ``mismatch.alpha_record_mib``."""
+    vocab = lm_head_weight(learner).shape[0]
     return score_alpha.distributions_fit(batch_size, cfg.rollout.max_new_tokens, vocab, cfg.mismatch.alpha_record_mib)
+
+
+def check_exact_alpha_under_async(cfg, learner) -> None:
+    """Under ``rollout.async`` the exact α reads the ``q`` the workers kept (the training process's sampler
+    holds weights a step newer than the rollout's, so it cannot replay): a step's ``q`` must fit in
+    ``mismatch.alpha_record_mib``. Raises :class:`~sparserl.config.ConfigError` naming the MiB it needs."""
+    from ..config import ConfigError
+
+    if not (cfg.rollout.async_ and cfg.mismatch.alpha == "exact"):
+        return
+    responses = cfg.train.prompts_per_step * cfg.rollout.n
+    if not q_fits(cfg, learner, responses):
+        vocab = lm_head_weight(learner).shape[0]
+        need = -(-responses * cfg.rollout.max_new_tokens * vocab * 4 // 2**20)
+        raise ConfigError(f"mismatch.alpha_record_mib={cfg.mismatch.alpha_record_mib} with rollout.async=true and "
+                          f"mismatch.alpha=exact: a step's q ({responses} responses x {cfg.rollout.max_new_tokens} "
+                          f"tokens x {vocab} vocabulary x 4 bytes) is {need} MiB, and under rollout.async the exact "
+                          f"α can only read the q the workers kept (the training process's sampler is a step ahead "
+                          f"and cannot replay); set mismatch.alpha_record_mib >= {need}, or mismatch.alpha=topk")
 
 
 @torch.no_grad()

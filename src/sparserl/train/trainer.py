@@ -40,7 +40,7 @@ from .update_forward import UpdateForward, run_update_forward
 from .update_visible import quantized_weight_snapshot, update_visible_frac
 from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
 from .metrics import MetricsLogger
-from .alpha import keeps_distributions, measure_alpha
+from .alpha import check_exact_alpha_under_async, keeps_distributions, measure_alpha
 from .kv_controller import KVController
 from .determinism import (deterministic_state, naming_nondeterministic_ops, restore_deterministic_state,
                           use_deterministic_kernels)
@@ -122,6 +122,7 @@ def build_trainer(cfg: Config) -> Trainer:
     lm, learner, opt, sched = build_learner(cfg)
     engine = engine_from_fields(lm, r, sampler_state(learner))
     old_logprobs_of(cfg, engine, learner)  # the model's own facts (its dropout): a refused source fails here
+    check_exact_alpha_under_async(cfg, learner)  # the vocabulary's size: before any worker starts
     ref = None
     if cfg.algorithm.kl_coef > 0:
         ref = copy.deepcopy(learner).eval().requires_grad_(False)
@@ -193,7 +194,8 @@ def send_rollout(trainer: Trainer, step: int) -> tuple[list, object]:
     cfg = trainer.cfg
     examples = trainer.data.next_batch()
     read = (cfg.mismatch.alpha_topk if cfg.mismatch.alpha == "topk" else 0) if cfg.rollout.async_ else None
-    return examples, trainer.pool.submit([e.prompt for e in examples], sampling_params(cfg, step),
+    keep = keeps_distributions(trainer, len(examples) * cfg.rollout.n)  # the workers send q back: no replay here
+    return examples, trainer.pool.submit([e.prompt for e in examples], sampling_params(cfg, step, keep),
                                          trainer.engine.compressor.schedule, read)
 
 
