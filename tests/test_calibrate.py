@@ -187,15 +187,15 @@ def test_calibrate_end_to_end_sampler_tokens(tmp_path, data_file, capsys):
 
 def test_calibrate_keeps_q_while_sampling_and_finds_the_replays_alpha(tmp_path, data_file, capsys):
     """By default each sampler keeps q while it samples (2 x 2 x 12 tokens x the tiny vocabulary fit in
-    1024 MiB): nothing is replayed, and every row's α is the replay's (``--alpha-record-mib 0``), to the bit."""
+    the default 2048 MiB): nothing is replayed, and every row's α is the replay's (``--alpha-record-mib 0``), to the bit."""
     docs = {}
-    for record in ("0", "1024"):
-        out = tmp_path / f"record{record}.json"
-        assert cli.main(_argv(data_file, out, "--compressors", "rkv,streaming", "--alpha-record-mib", record)) == 0
-        docs[record] = json.loads(out.read_text())
+    for label, record in (("replayed", ("--alpha-record-mib", "0")), ("kept", ())):
+        out = tmp_path / f"{label}.json"
+        assert cli.main(_argv(data_file, out, "--compressors", "rkv,streaming", *record)) == 0
+        docs[label] = json.loads(out.read_text())
     printed = capsys.readouterr().out
-    kept, replayed = docs["1024"], docs["0"]
-    _check_document(kept, tmp_path / "record1024.json", 0.86)
+    kept, replayed = docs["kept"], docs["replayed"]
+    _check_document(kept, tmp_path / "kept.json", 0.86)
     assert kept["meta"]["q"] == "kept" and kept["meta"]["replay_err_max"] is None
     assert all(s["q"] == "kept" and s["replay_err"] is None for s in kept["samplers"])
     assert "q kept while sampling" in printed and "replay check: none needed" in printed

@@ -17,6 +17,9 @@ from pathlib import Path
 DEFAULT_COMPRESSORS = "rkv,snapkv,streaming,h2o"
 DEFAULT_BUDGETS = "32,64,128,256"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: the largest q a sampler keeps (MiB): twice training's mismatch.alpha_record_mib, since calibrate holds no
+#: learner, gradients or optimizer state beside it (the default job's 128 calibration responses: 1152 MiB)
+ALPHA_RECORD_MIB = 2048
 
 
 def add_parser(subparsers, parents=()) -> argparse.ArgumentParser:
@@ -44,7 +47,7 @@ def add_parser(subparsers, parents=()) -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=0.86, help="the p5 of α every bin must reach (Sparrow: 0.86)")
     p.add_argument("--tokens", default="sampler", help="sampler: each sparse sampler samples its own responses "
                    "(Sparrow); dense: the dense policy samples once and every sampler is replayed on its tokens")
-    p.add_argument("--alpha-record-mib", type=int, default=1024, help="with --tokens sampler: each sampler keeps q, "
+    p.add_argument("--alpha-record-mib", type=int, default=ALPHA_RECORD_MIB, help="with --tokens sampler: each sampler keeps q, "
                    "the distribution each token was drawn from, while it samples when responses x --max-new-tokens x "
                    "the vocabulary x 4 bytes fit in this many MiB (as training's mismatch.alpha_record_mib), else it "
                    "is replayed on its tokens (about one more generation each); 0: always replay")
@@ -141,7 +144,7 @@ def check(args) -> Plan:
     check_int(args.step_length, "--step-length", 1, what="decode steps between compressions")
     check_int(args.window, "--window", 0, allow_none=True)
     check_choice(args.tokens, "--tokens", TOKENS)
-    check_int(getattr(args, "alpha_record_mib", 1024), "--alpha-record-mib", 0, what="MiB; 0 = always replay")
+    check_int(getattr(args, "alpha_record_mib", ALPHA_RECORD_MIB), "--alpha-record-mib", 0, what="MiB; 0 = always replay")
     if getattr(args, "template", None) is not None and "{problem}" not in args.template \
             and "{prompt}" not in args.template:
         raise OptionError(f"--template {args.template!r}: must contain '{{problem}}' (where the problem goes)")
@@ -223,7 +226,7 @@ def run(args) -> int:
           f"{len(plan.budgets)} budgets, tokens from the {args.tokens}, bins of {args.bin}")
     samplers = [(name, b, sampler(name, b, args)) for name in plan.compressors for b in plan.budgets]
     result = measure(dense_engine, lm.model, samplers, prompt_ids, params, args.bin, tokens=args.tokens,
-                     record_mib=getattr(args, "alpha_record_mib", 1024))
+                     record_mib=getattr(args, "alpha_record_mib", ALPHA_RECORD_MIB))
 
     schedules, cost_cache = [], {}
     for name in plan.compressors:

@@ -86,7 +86,7 @@ def _alpha_of(engine: RolloutEngine, model, out: RolloutOutput, params: Sampling
 def measure(dense_engine: RolloutEngine, model, samplers: list[tuple[str, int, KVCompressor]],
             prompt_ids: list[list[int]], params: SamplingParams, bin_width: int, tokens: str = "sampler",
             micro_batch_size: int = 16, log: Callable[[str], None] = print,
-            dense_out: RolloutOutput | None = None, record_mib: int = 1024) -> Measurement:
+            dense_out: RolloutOutput | None = None, record_mib: int = 2048) -> Measurement:
     """α rows of every ``(compressor name, budget, compressor)`` in ``samplers`` against the dense
     ``model`` (a transformers causal LM, the policy ``p``), on ``params.n`` responses to each of
     ``prompt_ids``. ``dense_engine``: the dense sampler over the same weights (the others share them,
