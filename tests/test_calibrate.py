@@ -187,7 +187,9 @@ def test_calibrate_end_to_end_sampler_tokens(tmp_path, data_file, capsys):
 
 def test_calibrate_keeps_q_while_sampling_and_finds_the_replays_alpha(tmp_path, data_file, capsys):
     """By default each sampler keeps q while it samples (2 x 2 x 12 tokens x the tiny vocabulary fit in
-    the default 2048 MiB): nothing is replayed, and every row's α is the replay's (``--alpha-record-mib 0``), to the bit."""
+    the default 2048 MiB): nothing is replayed, and every row is the replay's (``--alpha-record-mib 0``): the
+    same tokens, the same q, so the same α up to the rounding of p's head product, which runs per response
+    here and per step in the replay."""
     docs = {}
     for label, record in (("replayed", ("--alpha-record-mib", "0")), ("kept", ())):
         out = tmp_path / f"{label}.json"
@@ -200,7 +202,12 @@ def test_calibrate_keeps_q_while_sampling_and_finds_the_replays_alpha(tmp_path, 
     assert all(s["q"] == "kept" and s["replay_err"] is None for s in kept["samplers"])
     assert "q kept while sampling" in printed and "replay check: none needed" in printed
     assert replayed["meta"]["q"] == "replayed" and replayed["meta"]["replay_err_max"] <= 1e-5
-    assert kept["rows"] == replayed["rows"]  # the same q, so the same α in every bin
+    assert len(kept["rows"]) == len(replayed["rows"])
+    for a, b in zip(kept["rows"], replayed["rows"]):
+        assert {k: v for k, v in a.items() if not k.startswith("alpha")} == \
+            {k: v for k, v in b.items() if not k.startswith("alpha")}
+        assert a["alpha_mean"] == pytest.approx(b["alpha_mean"], abs=1e-6)
+        assert a["alpha_p5"] == pytest.approx(b["alpha_p5"], abs=1e-6)
     assert any(r["alpha_p5"] < 1 for r in kept["rows"])  # the samplers evicted: α measured something
 
 
