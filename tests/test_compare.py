@@ -183,6 +183,51 @@ def test_compare_table_has_alpha_columns(tmp_path):
     assert tight["seeds"] == 1 and tight["per_seed"]["tight-seed1"] is None
 
 
+def test_paired_difference_seed_by_seed_with_a_t_interval():
+    from sparserl.compare.aggregate import paired_difference, t_975
+
+    ref = {0: 0.30, 1: 0.40, 2: 0.36, 3: 0.90}  # seed 3 has no pair: left out
+    better = paired_difference({0: 0.40, 1: 0.51, 2: 0.45}, ref)
+    assert better["n"] == 3 and better["seeds"] == [0, 1, 2]
+    assert better["mean"] == pytest.approx(0.10) and better["std"] == pytest.approx(0.01)
+    half = 4.303 * 0.01 / 3 ** 0.5
+    assert better["ci95"] == pytest.approx([0.10 - half, 0.10 + half]) and better["verdict"] == "better"
+    worse = paired_difference({0: 0.20, 1: 0.29, 2: 0.27}, ref)
+    assert worse["mean"] == pytest.approx(-0.10) and worse["verdict"] == "worse"
+    noisy = paired_difference({0: 0.50, 1: 0.70, 2: 0.41}, ref)  # +0.20, +0.30, +0.05: the interval holds 0
+    assert noisy["ci95"][0] < 0 < noisy["ci95"][1] and noisy["verdict"] == "within noise"
+    one = paired_difference({0: 0.5, 1: None}, ref)
+    assert one["n"] == 1 and one["ci95"] is None and one["verdict"] is None
+    assert paired_difference({}, ref)["mean"] is None
+    assert t_975(1) == 12.706 and t_975(5) == 2.571 and t_975(22) == 2.086 and t_975(100) == 2.042
+
+
+def test_compare_reports_each_arm_against_dense_seed_by_seed(tmp_path):
+    """The final reward (last k = 2 steps) of each arm minus the dense arm's of the same seed: a shift that
+    holds in every seed is *worse*, one that changes sign is *within noise*; the dense arm gets no row."""
+    from sparserl.compare.report import write_comparison
+
+    steps = 8
+    specs = expand("default", [], "dense,sparse_rl,tight=rollout.kv_budget=16", 3, steps=steps,
+                   runs_dir=tmp_path / "runs")
+    shift = {"dense": (0.0, 0.0, 0.0), "sparse_rl": (0.05, -0.04, 0.02), "tight": (-0.20, -0.22, -0.18)}
+    for spec in specs:
+        base = (0.3, 0.5, 0.4)[spec.seed] + shift[spec.arm.name][spec.seed]
+        rows = [{"step": step, REWARD_MEAN: base} for step in range(1, steps + 1)]
+        spec.run_dir.mkdir(parents=True)
+        (spec.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    md = write_comparison(out, specs, {}, config="default", overrides=[], seeds=[0, 1, 2], collapse_k3=1.0).read_text()
+    assert "## Against the dense arm (`dense`), seed by seed" in md
+    table = _table(md, "pairs")
+    assert set(table) == {"sparse_rl", "tight"} and table["tight"]["pairs"] == "3"
+    assert table["tight"]["final reward"].startswith("−0.200 [") and table["tight"]["final reward"].endswith("worse")
+    assert table["sparse_rl"]["final reward"].endswith("within noise")
+    assert table["tight"]["held-out pass@1, dense inference"] == "–"  # no --eval
+    paired = json.loads((out / "comparison.json").read_text())["arms"]["tight"]["vs_dense_paired"]["final_reward"]
+    assert paired["mean"] == pytest.approx(-0.20) and paired["seeds"] == [0, 1, 2] and paired["verdict"] == "worse"
+
+
 # ------------------------------------------------------------------------------ end to end
 @pytest.fixture(scope="module")
 def done(tmp_path_factory):
@@ -267,6 +312,8 @@ def test_eval_dense_and_sparse_per_run(done, tmp_path, monkeypatch):
     assert start["step"] == 0 and start["dense"]["problems"] == 2 and start["sparse"]["compressor"] == "rkv"
     md = (out / "comparison.md").read_text()
     assert "Held-out evaluation" in md and "sparse − dense" in md and "*before training*" in md
+    row = _table(md, "pairs")["sparse_rl"]  # one seed: the difference alone, no interval
+    assert row["pairs"] == "1" and row["held-out pass@1, dense inference"].endswith("(one seed)")
     assert json.loads((out / "comparison.json").read_text())["arms"]["dense"]["eval"]["dense"]["pass@1_mean"] is not None
     lines = []
     compare("default", TINY, "dense,sparse_rl", 1, steps=1, out=out, eval_data="arith", eval_limit=2,

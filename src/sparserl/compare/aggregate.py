@@ -16,6 +16,11 @@ Pure functions on curves (``{step: value}`` per seed); nothing here reads files.
   None when none did, ``mismatch.alpha=off``), KV (allocation against allocation, kept tokens against
   dense tokens) and time means; :func:`versus_dense` adds each arm's KV allocation against the dense
   arm's measured one.
+- :func:`paired_difference`: an arm against the dense arm seed by seed (the same ``train.seed`` draws the
+  same prompts, so the pairs share that part of the noise): the differences ``d_s = x_s - y_s``, their
+  mean ``d̄``, sample std ``s_d``, and the 95% interval ``d̄ ± t_{0.975, n-1} · s_d / √n`` (Student's t);
+  *better* / *worse* when the interval lies above / below 0, else *within noise*, with the interval's
+  half-width the smallest difference these seeds could have told apart.
 """
 from __future__ import annotations
 
@@ -27,7 +32,8 @@ from typing import Mapping, Sequence
 from .. import runlog as names
 
 __all__ = ["Band", "Collapse", "COLLAPSE_DROP", "COLLAPSE_K3", "STEP_TIME", "band", "best_step", "collapse",
-           "collapse_rule", "final_value", "mean_std", "summarize_arm", "tail_k", "versus_dense"]
+           "collapse_rule", "final_value", "mean_std", "paired_difference", "summarize_arm", "tail_k",
+           "versus_dense"]
 
 COLLAPSE_DROP = 0.05
 COLLAPSE_K3 = 1.0
@@ -201,6 +207,33 @@ def summarize_arm(seeds: Mapping[str, Mapping[str, Curve]], k3_threshold: float 
         },
         "time": {"rollout_s": _mean_over(curves(names.TIME_ROLLOUT)), "step_s": _mean_over(curves(STEP_TIME))},
     }
+
+
+#: Student's t, two-sided 95% (the 0.975 quantile), by degrees of freedom; between rows the smaller df's
+#: (wider) value, past 30 the normal's 1.960 would be too narrow below ~60, so 30's is kept (conservative)
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+         20: 2.086, 25: 2.060, 30: 2.042}
+
+
+def t_975(df: int) -> float:
+    """The two-sided 95% quantile of Student's t with ``df`` >= 1 degrees of freedom (:data:`T_975`)."""
+    return T_975[max(k for k in T_975 if k <= df)]
+
+
+def paired_difference(values: Mapping[int, float | None], reference: Mapping[int, float | None]) -> dict:
+    """``values`` minus ``reference`` seed by seed (both keyed by seed; the seeds both have, finite): ``n``,
+    ``mean``, ``std`` (n - 1), the 95% interval ``ci95`` [lo, hi] (None under 2 pairs) and the ``verdict``:
+    ``better`` (lo > 0), ``worse`` (hi < 0), ``within noise`` or None (under 2 pairs)."""
+    seeds = sorted(s for s in values if s in reference and _finite(values[s]) and _finite(reference[s]))
+    diffs = [float(values[s]) - float(reference[s]) for s in seeds]
+    mean, std = mean_std(diffs)
+    ci, verdict = None, None
+    if len(diffs) >= 2:
+        half = t_975(len(diffs) - 1) * std / math.sqrt(len(diffs))
+        ci = [mean - half, mean + half]
+        verdict = "better" if ci[0] > 0 else "worse" if ci[1] < 0 else "within noise"
+    return {"n": len(diffs), "seeds": seeds, "mean": mean, "std": std, "ci95": ci, "verdict": verdict}
 
 
 def versus_dense(summaries: Mapping[str, dict], dense_arm: str | None) -> None:

@@ -3,7 +3,8 @@
     compare_reward.png     reward per arm: mean over seeds, min-max band
     compare_mismatch.png   k3 KL (sampler vs dense) and the fraction masked by the correction, same way
     compare_kv.png         KV tokens kept vs a dense cache, and KV bytes the sampler allocated
-    comparison.md          the tables (reward, stability and acceptance α, KV and time, held-out), the definitions,
+    comparison.md          the tables (reward, stability and acceptance α, KV and time, held-out, each arm
+                           against the dense arm seed by seed with a 95% interval), the definitions,
                            the command, links to the plots and run folders
     comparison.json        every number of the tables, per arm and per run
 
@@ -18,7 +19,8 @@ from typing import Mapping
 
 from .. import runlog as names
 from ..eval.report import MiB, _figure, _finish, _fmt, _fmt_bytes, _save, load_run
-from .aggregate import STEP_TIME, Band, band, collapse_rule, mean_std, summarize_arm, versus_dense
+from .aggregate import (STEP_TIME, Band, band, collapse_rule, mean_std, paired_difference, summarize_arm,
+                        versus_dense)
 from .arms import RunSpec
 
 __all__ = ["CURVE_KEYS", "arm_curves", "write_comparison"]
@@ -82,6 +84,46 @@ def _pct(v) -> str:
     return f"{100 * v:.0f}%" if v is not None else "–"
 
 
+def _signed(v, digits: int = 3) -> str:
+    return "–" if v is None else f"{v:+.{digits}f}".replace("-", "−")
+
+
+def _paired_cell(p: dict | None) -> str:
+    """``−0.052 [−0.210, +0.106] within noise`` (one pair: the difference alone; none: –)."""
+    if not p or p["mean"] is None:
+        return "–"
+    if p["ci95"] is None:
+        return f"{_signed(p['mean'])} (one seed)"
+    lo, hi = p["ci95"]
+    return f"{_signed(p['mean'])} [{_signed(lo)}, {_signed(hi)}] {p['verdict']}"
+
+
+def paired_against_dense(sums: Mapping[str, dict], specs: list[RunSpec], dense_arm: str | None,
+                         evals: Mapping[str, dict] | None) -> None:
+    """Add ``vs_dense_paired`` to every other arm's summary: its final reward and (with ``evals``) its held-out
+    pass@1 under dense and under sparse inference, minus the dense arm's, seed by seed
+    (:func:`~.aggregate.paired_difference`)."""
+    if dense_arm is None:
+        return
+    seed_of = {s.name: s.seed for s in specs}
+
+    def rewards(arm):
+        return {seed_of[r]: v for r, v in sums[arm]["final_reward"]["per_seed"].items()}
+
+    def pass_at_1(arm, mode):
+        return {seed_of[r]: evals[r][mode]["pass@1"] for r in sums[arm]["runs"]
+                if evals and r in evals and mode in evals[r]}
+
+    for arm, s in sums.items():
+        if arm == dense_arm:
+            continue
+        s["vs_dense_paired"] = {"final_reward": paired_difference(rewards(arm), rewards(dense_arm))}
+        if evals:
+            for mode in names.EVAL_MODES:
+                s["vs_dense_paired"][f"eval_{mode}_pass@1"] = paired_difference(pass_at_1(arm, mode),
+                                                                                 pass_at_1(dense_arm, mode))
+
+
 def _eval_summary(records: Mapping[str, dict], runs: list[str]) -> dict:
     out = {}
     recs = [records[r] for r in runs if r in records]
@@ -112,6 +154,7 @@ def write_comparison(out: Path, specs: list[RunSpec], statuses: Mapping[str, str
     if evals:
         for a in arms:
             sums[a]["eval"] = _eval_summary(evals, sums[a]["runs"])
+    paired_against_dense(sums, specs, dense_arm, evals)
 
     plots = {
         "reward": _plot_bands(curves, [(names.REWARD_MEAN, names.REWARD_MEAN, "reward", 1.0)],
@@ -198,6 +241,19 @@ def write_comparison(out: Path, specs: list[RunSpec], statuses: Mapping[str, str
             md.append(f"| *before training* | {_fmt(r['dense']['pass@1'], 3)} | {_fmt(sp, 3)} ({samp}) | "
                       f"{_fmt(sp - r['dense']['pass@1'] if sp is not None else None, 3)} |")
         md += ["", f"Per-run results: `{out / 'eval'}/<run>.json`."]
+    others = [a for a in arms if "vs_dense_paired" in sums[a]]
+    if others:
+        md += ["", f"## Against the dense arm (`{dense_arm}`), seed by seed", "",
+               "Each arm's figure minus the dense arm's run of the same seed (the same `train.seed` draws the same "
+               "prompts), then the mean difference and its 95% interval, mean ± t(0.975, pairs − 1) · std / √pairs "
+               "(Student's t). *better* / *worse*: the interval lies above / below 0; *within noise*: it holds 0, "
+               "and its half-width is about the smallest difference these seeds could have shown.", "",
+               "| arm | pairs | final reward | held-out pass@1, dense inference | held-out pass@1, sparse inference |",
+               "|---|---|---|---|---|"]
+        for a in others:
+            p = sums[a]["vs_dense_paired"]
+            md.append(f"| {a} | {p['final_reward']['n']} | {_paired_cell(p['final_reward'])} | "
+                      f"{_paired_cell(p.get('eval_dense_pass@1'))} | {_paired_cell(p.get('eval_sparse_pass@1'))} |")
     if plots:
         md += ["", "## Plots", ""]
         for key, p in plots.items():
