@@ -13,7 +13,12 @@ The ratio of a round is sync's mean step over async's; the figure is the median 
         --out docs/results/async_rollouts/learners_step_time.json train.prompts_per_step=4
 
 ``--arms`` picks other pairs: ``one`` (everything in the training process), ``sync``, ``async``,
-``learners2`` (two data-parallel learners, the sampler in the training process).
+``learners2`` (two data-parallel learners, the sampler in the training process), and with the exact α
+``sync_replay`` (the training process replays the worker's sampler), ``sync_kept`` and ``async_kept`` (the
+worker sends back the q it kept while it sampled):
+
+    python3 experiments/async_step_time.py --arms sync_replay sync_kept --rounds 3 --steps 4 \
+        --out docs/results/alpha_kept/workers_sync.json train.prompts_per_step=4
 
 The projection (``project``): with ``R`` the sampling of a step on one worker (``time/generate_s``),
 ``W`` workers, ``P`` the push (the training process's part, ``time/push_s``), ``K`` a worker loading the
@@ -34,7 +39,12 @@ from pathlib import Path
 BASE = ["train.prompts_per_step=2", "mismatch.alpha=off", "data.eval=null", "checkpoint.every=0",
         "log.progress=plain", "log.tensorboard=false"]
 ARMS = {"one": [], "sync": ["cluster.rollout_workers=1"], "async": ["cluster.rollout_workers=1", "rollout.async=true"],
-        "learners2": ["cluster.learners=2"]}
+        "learners2": ["cluster.learners=2"],
+        # the exact α with a rollout worker: replayed in the training process (before the twenty-third session),
+        # or from the q the worker kept while it sampled, synchronous or one step ahead
+        "sync_replay": ["cluster.rollout_workers=1", "mismatch.alpha=exact", "mismatch.alpha_record_mib=0"],
+        "sync_kept": ["cluster.rollout_workers=1", "mismatch.alpha=exact"],
+        "async_kept": ["cluster.rollout_workers=1", "rollout.async=true", "mismatch.alpha=exact"]}
 
 
 def run_arm(arm: str, steps: int, extra: list[str], folder: Path) -> list[dict]:
