@@ -8,13 +8,18 @@ default job's system prompt, R-KV over the whole cache, window 8, compression ev
 
 - ``replay``: ``record_mib=0``, each sampler replayed on its own tokens (the command before the
   twenty-third session, and ``--alpha-record-mib 0`` now);
-- ``kept``: ``record_mib=2048``, ``q`` kept while sampling (the default now).
+- ``kept``: ``record_mib=2048``, ``q`` kept while sampling;
+- ``kept_shared``: ``q`` kept, and ``p``'s forward takes each distinct prompt once (the default now);
 
-A ratio is the median of the per-round ratios (replay seconds / kept seconds). The two arms sample the same
+with ``p`` from a forward over every row whole in the first two (before ``shared_prompt`` existed in
+``measure``). ``--arms A B`` picks two (default ``replay kept``); a ratio is the median of the per-round
+ratios (A's seconds / B's). The two arms sample the same
 tokens from the same ``q``; their rows' α differ only by the rounding of ``p``'s head product (per response
 when ``q`` is kept, per step in the replay): the largest difference is recorded.
 
     python3 experiments/calibrate_kept.py --rounds 3 --json docs/results/calibrate_kept/default_job.json
+    python3 experiments/calibrate_kept.py --arms kept kept_shared --rounds 3 \
+        --json docs/results/calibrate_kept/shared_prompt_p.json
 """
 from __future__ import annotations
 
@@ -36,6 +41,10 @@ from sparserl.rollout.kv import build_compressor
 from sparserl.rollout.sampling import SamplingParams
 
 
+#: arm -> (record_mib, shared_prompt)
+ARMS = {"replay": (0, False), "kept": (2048, False), "kept_shared": (2048, True)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=16)
@@ -44,6 +53,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--dtype", default="float32", help="the sampler's (calibrate's default: float32)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--arms", nargs=2, default=["replay", "kept"], choices=list(ARMS))
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
 
@@ -62,38 +72,42 @@ def main() -> None:
     print(f"{len(prompt_ids)} prompts x {args.n}, budgets {budgets}, sampler {dtype}, q {q_mib:.0f} MiB per sampler; "
           f"CPU {cpu_name()}, {torch.get_num_threads()} threads")
 
-    arms = {"replay": 0, "kept": 2048}
+    arms = {arm: ARMS[arm] for arm in args.arms}
+    first, second = args.arms
     seconds = {arm: [] for arm in arms}
     rows = {}
     for r in range(args.rounds):
         order = list(arms) if r % 2 == 0 else list(reversed(arms))
         for arm in order:
             start = time.perf_counter()
+            record_mib, shared = arms[arm]
             result = measure(dense, lm.model, samplers, prompt_ids, params, 32, tokens="sampler",
-                             record_mib=arms[arm], log=lambda _: None)
+                             record_mib=record_mib, shared_prompt=shared, log=lambda _: None)
             seconds[arm].append(time.perf_counter() - start)
             rows.setdefault(arm, result.rows)
             assert result.rows == rows[arm], f"{arm}: round {r + 1}'s rows differ from round 1's (not deterministic)"
-            if arm == "replay":
+            if arms[arm][0] == 0:
                 assert result.replay_err_max is not None and result.replay_err_max <= 1e-5, result.replay_err_max
-        ratio = seconds["replay"][-1] / seconds["kept"][-1]
-        print(f"round {r + 1}: replay {seconds['replay'][-1]:.1f} s, kept {seconds['kept'][-1]:.1f} s: {ratio:.2f}x")
-    keys = [{k: v for k, v in row.items() if not k.startswith("alpha")} for row in rows["replay"]]
-    assert keys == [{k: v for k, v in row.items() if not k.startswith("alpha")} for row in rows["kept"]]
-    diff = max(abs(a[k] - b[k]) for a, b in zip(rows["replay"], rows["kept"]) for k in ("alpha_mean", "alpha_p5"))
-    ratios = [a / b for a, b in zip(seconds["replay"], seconds["kept"])]
+        ratio = seconds[first][-1] / seconds[second][-1]
+        print(f"round {r + 1}: {first} {seconds[first][-1]:.1f} s, {second} {seconds[second][-1]:.1f} s: {ratio:.2f}x")
+    keys = [{k: v for k, v in row.items() if not k.startswith("alpha")} for row in rows[first]]
+    assert keys == [{k: v for k, v in row.items() if not k.startswith("alpha")} for row in rows[second]]
+    diff = max(abs(a[k] - b[k]) for a, b in zip(rows[first], rows[second]) for k in ("alpha_mean", "alpha_p5"))
+    ratios = [a / b for a, b in zip(seconds[first], seconds[second])]
     doc = {
         "command": "python3 experiments/calibrate_kept.py " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+            f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+            for k, v in vars(args).items()),
         "cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
         "sampler_dtype": str(dtype).removeprefix("torch."), "prompts": len(prompt_ids), "n": args.n,
         "budgets": budgets, "max_new_tokens": args.max_new_tokens, "q_mib_per_sampler": q_mib,
         "seconds": seconds, "ratio_per_round": ratios, "ratio_median": statistics.median(ratios),
-        "alpha_max_abs_diff": diff, "rows": rows["kept"],
+        "arms": {arm: {"record_mib": arms[arm][0], "shared_prompt": arms[arm][1]} for arm in arms},
+        "alpha_max_abs_diff": diff, "rows": rows[second],
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"replay / kept: {statistics.median(ratios):.2f}x (rounds {', '.join(f'{x:.2f}' for x in ratios)}); "
+    print(f"{first} / {second}: {statistics.median(ratios):.2f}x (rounds {', '.join(f'{x:.2f}' for x in ratios)}); "
           f"largest α difference between the arms' rows {diff:.1e}; wrote {args.json}")
 
 

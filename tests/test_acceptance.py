@@ -114,3 +114,32 @@ def test_exact_alpha_is_one_when_the_sampler_is_the_dense_policy(tmp_path):
     m = train_step(build_trainer(cfg), 1)
     assert m[names.MISMATCH_ALPHA_P5] == pytest.approx(1.0, abs=1e-4)
     assert m[names.MISMATCH_ALPHA_MEAN] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_dense_hidden_with_each_prompt_forwarded_once_equals_the_whole_rows(tiny):
+    """p's hidden states from the shared-prompt forward (calibrate's, and training's α forward of its own) are
+    the whole rows' up to float rounding, including micro-batches that split a group; the model's mode is
+    left as it was."""
+    from sparserl.batch import RolloutBatch
+    from sparserl.rollout.engine import RolloutEngine
+    from sparserl.rollout.kv import build_compressor
+    from sparserl.rollout.sampling import SamplingParams
+    from sparserl.score.alpha import dense_hidden, dense_hidden_shared
+
+    engine = RolloutEngine(tiny, build_compressor("none"), dtype="float32")
+    prompts = [[{"role": "user", "content": "What is 3 + 5?"}], [{"role": "user", "content": "Say hi, please."}]]
+    out = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=10, temperature=1.0, seed=4))
+    batch = RolloutBatch.from_rollout(out.prompt_ids, out.response_ids, out.sampler_logprobs, out.prompt_index)
+    T = batch.response_ids.shape[1]
+    whole = dense_hidden(tiny.model, batch.input_ids, batch.attention_mask, batch.position_ids, T, 6)
+    mask = batch.response_mask.bool()
+    was_training = tiny.model.training
+    tiny.model.train()  # a learner between updates: the forward runs in eval mode, then training mode again
+    try:
+        for micro in (6, 4):  # 4: the second group is split across two micro-batches
+            shared = dense_hidden_shared(tiny.model, batch, micro)
+            assert shared.shape == whole.shape
+            assert torch.allclose(shared[mask], whole[mask], atol=1e-5, rtol=1e-4)
+            assert tiny.model.training
+    finally:
+        tiny.model.train(was_training)

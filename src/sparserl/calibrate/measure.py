@@ -30,7 +30,8 @@ from ..rollout.engine import RolloutEngine, RolloutOutput
 from ..rollout.kv.base import KVCompressor
 from ..rollout.sampling import SamplingParams
 from ..score.acceptance import tail_by_bin
-from ..score.alpha import dense_hidden, distributions_fit, exact_alpha, recorded_alpha, token_seq_len
+from ..score.alpha import (dense_hidden, dense_hidden_shared, distributions_fit, exact_alpha, recorded_alpha,
+                           token_seq_len)
 from ..score.shared_prompt import lm_head_weight
 
 TOKENS = ("sampler", "dense")
@@ -63,15 +64,18 @@ def bin_rows(alpha: torch.Tensor, seq_len: torch.Tensor, mask: torch.Tensor, bin
 
 
 def _alpha_of(engine: RolloutEngine, model, out: RolloutOutput, params: SamplingParams, recorded: bool,
-              micro_batch_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float | None]:
+              micro_batch_size: int, shared_prompt: bool = True
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float | None]:
     """(α [N, T], seq_len [N, T], mask [N, T], replay error) of ``engine`` on ``out``'s tokens: from the
-    distributions ``out`` kept (replay error None), else ``engine`` replayed on them."""
+    distributions ``out`` kept (replay error None), else ``engine`` replayed on them. ``p``'s hidden states come
+    from one forward with each distinct prompt forwarded once (``shared_prompt``), else over every row whole."""
     dev = next(model.parameters()).device
     pad = engine.tokenizer.pad_token_id or 0
     batch = RolloutBatch.from_rollout(out.prompt_ids, out.response_ids, out.sampler_logprobs, out.prompt_index,
                                       pad_id=pad).to(dev)
     T = batch.response_ids.shape[1]
-    hidden = dense_hidden(model, batch.input_ids, batch.attention_mask, batch.position_ids, T, micro_batch_size)
+    hidden = (dense_hidden_shared(model, batch, micro_batch_size) if shared_prompt else
+              dense_hidden(model, batch.input_ids, batch.attention_mask, batch.position_ids, T, micro_batch_size))
     tau = params.temperature if params.temperature > 0 else 1.0
     if out.distributions is not None:
         alpha, err = recorded_alpha(out.distributions, hidden, lm_head_weight(model), tau), None
@@ -86,13 +90,14 @@ def _alpha_of(engine: RolloutEngine, model, out: RolloutOutput, params: Sampling
 def measure(dense_engine: RolloutEngine, model, samplers: list[tuple[str, int, KVCompressor]],
             prompt_ids: list[list[int]], params: SamplingParams, bin_width: int, tokens: str = "sampler",
             micro_batch_size: int = 16, log: Callable[[str], None] = print,
-            dense_out: RolloutOutput | None = None, record_mib: int = 2048) -> Measurement:
+            dense_out: RolloutOutput | None = None, record_mib: int = 2048, shared_prompt: bool = True) -> Measurement:
     """α rows of every ``(compressor name, budget, compressor)`` in ``samplers`` against the dense
     ``model`` (a transformers causal LM, the policy ``p``), on ``params.n`` responses to each of
     ``prompt_ids``. ``dense_engine``: the dense sampler over the same weights (the others share them,
     :meth:`RolloutEngine.from_engine`). ``tokens``: ``sampler`` or ``dense`` (module docstring); with
     ``dense``, ``dense_out`` gives tokens sampled already (e.g. by other weights: a paired comparison).
-    ``record_mib``: the largest ``q`` a sampler keeps while it samples (``sampler`` tokens; 0: always replay)."""
+    ``record_mib``: the largest ``q`` a sampler keeps while it samples (``sampler`` tokens; 0: always replay).
+    ``shared_prompt``: ``p``'s forward takes each distinct prompt once (:func:`_alpha_of`)."""
     if tokens not in TOKENS:
         raise ValueError(f"tokens={tokens!r}; expected one of {', '.join(TOKENS)}")
     result = Measurement()
@@ -109,7 +114,7 @@ def measure(dense_engine: RolloutEngine, model, samplers: list[tuple[str, int, K
         dense_out = dense_out if tokens == "dense" else None
         out = dense_out if dense_out is not None else engine.generate([], sampling, prompt_ids=prompt_ids)
         alpha, seq_len, mask, err = _alpha_of(engine, model, out, params, recorded=dense_out is None,
-                                              micro_batch_size=micro_batch_size)
+                                              micro_batch_size=micro_batch_size, shared_prompt=shared_prompt)
         rows = [{"compressor": name, "budget": budget, **r} for r in bin_rows(alpha, seq_len, mask, bin_width)]
         result.rows += rows
         a = alpha[mask.bool()]

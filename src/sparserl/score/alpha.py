@@ -3,8 +3,9 @@ the computation that training (``mismatch.alpha=exact``, :mod:`sparserl.train.al
 calibrate`` (:mod:`sparserl.calibrate.measure`) share.
 
 - ``p``: the dense policy's next-token distribution at each response position, from its final hidden
-  states (:func:`dense_hidden`, one no-grad forward over ``[prompt | response]``) through its LM head,
-  at the sampling temperature (:func:`dense_logprobs`);
+  states (:func:`dense_hidden`, one no-grad forward over ``[prompt | response]``, or
+  :func:`dense_hidden_shared`, each distinct prompt forwarded once) through its LM head, at the sampling
+  temperature (:func:`dense_logprobs`);
 - ``q``: the sampler's whole distribution at the same positions, handed over step by step by a replay
   of the sampler forced on the responses (:mod:`sparserl.rollout.replay`: the same compressor decisions,
   KV and weight rounding);
@@ -23,9 +24,10 @@ import torch
 
 from ..rollout.replay import replay
 from .acceptance import acceptance
+from .shared_prompt import response_hidden_shared
 
-__all__ = ["dense_hidden", "dense_logprobs", "distributions_fit", "exact_alpha", "recorded_alpha", "response_hidden",
-           "token_seq_len"]
+__all__ = ["dense_hidden", "dense_hidden_shared", "dense_logprobs", "distributions_fit", "exact_alpha",
+           "recorded_alpha", "response_hidden", "token_seq_len"]
 
 
 def distributions_fit(responses: int, max_new_tokens: int, vocab: int, record_mib: int) -> bool:
@@ -53,6 +55,29 @@ def dense_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, p
     finally:
         model.train(was_training)
     return torch.cat(parts)
+
+
+@torch.no_grad()
+def dense_hidden_shared(model, batch, micro_batch_size: int = 16) -> torch.Tensor:
+    """[N, T, H]: :func:`dense_hidden` of a :class:`~sparserl.batch.RolloutBatch` with each distinct prompt of
+    a micro-batch forwarded once and only the responses after it
+    (:func:`sparserl.score.shared_prompt.response_hidden_shared`): the same states up to float rounding, at
+    ``P + n·T`` tokens through the model per group of ``n`` instead of ``n·(P + T)``; 0 past each
+    micro-batch's longest response. Eval mode for the forward."""
+    was_training = model.training
+    model.eval()
+    N, T = batch.response_ids.shape
+    hidden = None
+    try:
+        for s in range(0, N, micro_batch_size):
+            rows = slice(s, min(N, s + micro_batch_size))
+            part = response_hidden_shared(model, batch, rows)
+            if hidden is None:
+                hidden = part.new_zeros(N, T, part.shape[-1])
+            hidden[rows, : part.shape[1]] = part
+    finally:
+        model.train(was_training)
+    return hidden
 
 
 def response_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,

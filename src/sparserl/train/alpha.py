@@ -51,9 +51,12 @@ from .lora import sampler_state
 MODES = ("exact", "topk", "off")
 
 
-def dense_hidden(model, batch: RolloutBatch, micro_batch_size: int = 16) -> torch.Tensor:
+def dense_hidden(model, batch: RolloutBatch, micro_batch_size: int = 16, shared_prompt: bool = False) -> torch.Tensor:
     """[N, T, H]: the learner's final hidden state at each position that predicts a response token
-    (:func:`sparserl.score.alpha.dense_hidden` on the batch's layout)."""
+    (:func:`sparserl.score.alpha.dense_hidden` on the batch's layout; ``shared_prompt``: each distinct prompt
+    forwarded once, :func:`sparserl.score.alpha.dense_hidden_shared`)."""
+    if shared_prompt:
+        return score_alpha.dense_hidden_shared(model, batch, micro_batch_size)
     return score_alpha.dense_hidden(model, batch.input_ids, batch.attention_mask, batch.position_ids,
                                     batch.response_ids.shape[1], micro_batch_size)
 
@@ -108,7 +111,8 @@ def measure_alpha(trainer, batch: RolloutBatch, ro, params, mode: str, bin_width
     model_cfg = trainer.cfg.model
     if hidden is None:
         with learner_autocast(model_cfg, batch.response_ids.device):
-            hidden = dense_hidden(trainer.learner, batch, trainer.cfg.train.micro_batch_size)
+            hidden = dense_hidden(trainer.learner, batch, trainer.cfg.train.micro_batch_size,
+                                  trainer.cfg.train.shared_prompt)
     dtype = learner_compute_dtype(model_cfg, trainer.learner)  # p's head product as the scoring forward's
     weight, hidden = lm_head_weight(trainer.learner).to(dtype), hidden.to(dtype)
     N, T = batch.response_ids.shape
