@@ -6,7 +6,9 @@ One local Ray for the module (num_cpus=2, the cores; each actor asks for half a 
 running and leave it so."""
 from __future__ import annotations
 
+import dataclasses
 import os
+import pickle
 import signal
 import time
 
@@ -73,6 +75,12 @@ def test_a_worker_without_ray_samples_its_shard_as_the_engine_does(tmp_path, tin
     shard = worker.generate(PROMPTS[2:], params, 2, version=1)
     assert shard.response_ids == whole.response_ids[6:]
     assert worker.info()["index"] == 0 and worker.info()["pid"] == os.getpid()
+    # q kept for the exact α travels at its own size: the engine's per-response views of one buffer would
+    # each pickle the whole buffer (9 responses: 9x; on the default job 32 x 288 MiB, which a node ran out of)
+    kept = worker.generate(PROMPTS[2:], dataclasses.replace(params, keep_distributions=True), 2, version=1)
+    assert kept.response_ids == shard.response_ids and len(kept.distributions) == 9
+    nbytes = sum(d.numel() * d.element_size() for d in kept.distributions)
+    assert len(pickle.dumps(kept.distributions)) < 1.1 * nbytes + 65536
 
 
 @pytest.fixture(scope="module")

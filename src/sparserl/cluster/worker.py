@@ -53,7 +53,9 @@ class RolloutWorker:
         weights of push ``version`` and, when given, the driver's current KV schedule (a
         :class:`~sparserl.rollout.kv.schedule.KVSchedule`). ``read_dense_cache`` (top-k, 0 for none): also
         read the responses with these weights on a dense cache
-        (:func:`sparserl.rollout.teacher_forced.read_dense_cache`), before newer weights arrive."""
+        (:func:`sparserl.rollout.teacher_forced.read_dense_cache`), before newer weights arrive. With
+        ``params.keep_distributions`` each response's ``q`` comes back in a tensor of its own (the engine's are
+        views of one buffer, and serializing a view writes its whole buffer: the step's ``q`` once per response)."""
         from ..rollout.teacher_forced import read_dense_cache as read
 
         if version != self.version:
@@ -63,6 +65,8 @@ class RolloutWorker:
             self.engine.compressor.set_schedule(schedule)
         out = self.engine.generate(prompts, params, first_prompt=first_prompt)
         out.weights_version = version
+        if out.distributions is not None:  # views of one [B, T, V] buffer: each would carry all of it to the driver
+            out.distributions = [d.clone() for d in out.distributions]
         if read_dense_cache is not None:
             out.dense_cache = read(self.engine.model, out, params.temperature, read_dense_cache,
                                    self.micro_batch_size, self.engine.tokenizer.pad_token_id or 0)
