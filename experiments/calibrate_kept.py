@@ -39,6 +39,7 @@ from sparserl.rollout.dtype_auto import cpu_name, resolve_dtype
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import build_compressor
 from sparserl.rollout.sampling import SamplingParams
+from sparserl.score.alpha import distributions_mib
 
 
 #: arm -> (record_mib, shared_prompt)
@@ -68,7 +69,7 @@ def main() -> None:
     samplers = [("rkv", b, build_compressor("rkv", kv_budget=b, step_length=2, window=8, compress_prompt=True))
                 for b in budgets]
     vocab = lm.model.get_output_embeddings().weight.shape[0]
-    q_mib = len(prompt_ids) * args.n * args.max_new_tokens * vocab * 4 / 2**20
+    q_mib = distributions_mib(len(prompt_ids) * args.n, args.max_new_tokens, vocab)
     print(f"{len(prompt_ids)} prompts x {args.n}, budgets {budgets}, sampler {dtype}, q {q_mib:.0f} MiB per sampler; "
           f"CPU {cpu_name()}, {torch.get_num_threads()} threads")
 

@@ -26,16 +26,21 @@ from ..rollout.replay import replay
 from .acceptance import acceptance
 from .shared_prompt import response_hidden_shared
 
-__all__ = ["dense_hidden", "dense_hidden_shared", "dense_logprobs", "distributions_fit", "exact_alpha",
-           "recorded_alpha", "response_hidden", "token_seq_len"]
+__all__ = ["dense_hidden", "dense_hidden_shared", "dense_logprobs", "distributions_fit", "distributions_mib",
+           "exact_alpha", "recorded_alpha", "response_hidden", "token_seq_len"]
+
+
+def distributions_mib(responses: int, max_new_tokens: int, vocab: int) -> float:
+    """MiB of the ``q`` a sampler keeps (``SamplingParams.keep_distributions``): ``responses`` ×
+    ``max_new_tokens`` × ``vocab`` float32 log-probs."""
+    return responses * max_new_tokens * vocab * 4 / 2**20
 
 
 def distributions_fit(responses: int, max_new_tokens: int, vocab: int, record_mib: int) -> bool:
-    """Whether ``responses`` × ``max_new_tokens`` × ``vocab`` float32 log-probs (the ``q`` a sampler keeps,
-    ``SamplingParams.keep_distributions``) fit in ``record_mib`` MiB: the rule by which training
+    """Whether :func:`distributions_mib` fits in ``record_mib`` MiB: the rule by which training
     (``mismatch.alpha_record_mib``) and ``sparserl calibrate`` (``--alpha-record-mib``) keep ``q`` rather
     than replay the sampler."""
-    return responses * max_new_tokens * vocab * 4 <= record_mib * 2**20
+    return distributions_mib(responses, max_new_tokens, vocab) <= record_mib
 
 
 @torch.no_grad()

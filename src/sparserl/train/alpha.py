@@ -36,6 +36,7 @@ scoring forward's does.
 """
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -90,7 +91,7 @@ def check_exact_alpha_under_async(cfg, learner) -> None:
     responses = cfg.train.prompts_per_step * cfg.rollout.n
     if not q_fits(cfg, learner, responses):
         vocab = lm_head_weight(learner).shape[0]
-        need = -(-responses * cfg.rollout.max_new_tokens * vocab * 4 // 2**20)
+        need = math.ceil(score_alpha.distributions_mib(responses, cfg.rollout.max_new_tokens, vocab))
         raise ConfigError(f"mismatch.alpha_record_mib={cfg.mismatch.alpha_record_mib} with rollout.async=true and "
                           f"mismatch.alpha=exact: a step's q ({responses} responses x {cfg.rollout.max_new_tokens} "
                           f"tokens x {vocab} vocabulary x 4 bytes) is {need} MiB, and under rollout.async the exact "
