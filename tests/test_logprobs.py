@@ -159,6 +159,33 @@ def test_shared_prompt_scoring_on_the_tiny_default_model(tiny):
         assert (got - ref).abs().max() <= 1e-5
 
 
+def test_shared_prompt_forward_names_the_cache_as_the_installed_transformers_does(tiny):
+    """The response forward passes the prompt's keys/values under the name the decoder's forward takes
+    (``cache`` in transformers 5.24, ``past_key_values`` before): no deprecation warning, and the helpers
+    read either spelling."""
+    import types
+    import warnings
+
+    from sparserl.models.hf_cache import cache_argument, output_cache
+
+    model = tiny.model
+    batch = grouped_batch(prompt_lengths=(12, 15), n=8, max_resp=9, seed=1).to(model.device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        score_logprobs(model, batch, 16, 1.0, shared_prompt=True)
+
+    class OldDecoder(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None):
+            return input_ids
+
+    import inspect
+    takes = inspect.signature(type(model.get_decoder()).forward).parameters
+    assert cache_argument(model.get_decoder()) == ("cache" if "cache" in takes else "past_key_values")
+    assert cache_argument(OldDecoder()) == "past_key_values"
+    assert output_cache(types.SimpleNamespace(past_key_values="kv")) == "kv"
+    assert output_cache(types.SimpleNamespace()) is None
+
+
 @pytest.mark.parametrize("shared", [False, True])
 def test_scoring_that_keeps_the_hidden_states_for_alpha(shared):
     """score_logprobs_keep_hidden: the old-policy log-probs of score_logprobs and the hidden states α's own

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from ..models.hf_cache import output_cache
 from ..models.loading import load_model, resolve_device
 from ..rollout import fused, native
 from ..rollout.dtype_auto import choose, for_sampler, resolve_dtype
@@ -83,7 +84,7 @@ def _hf_generate_run(lm, prompt_ids: list[int], batch: int, L: int, seed: int) -
         seconds = time.perf_counter() - t
     gen = out.sequences.shape[1] - ids.shape[1]
     kv = 0
-    for layer in getattr(out.past_key_values, "layers", []):
+    for layer in getattr(output_cache(out), "layers", []):
         for name in ("keys", "values"):
             tensor = getattr(layer, name, None)
             if tensor is not None:

@@ -5,8 +5,8 @@ not depend on what follows it. So instead of forwarding every ``[prompt | respon
 (:func:`sparserl.score.forward_response`), forward each distinct prompt of the rows once, expand its
 per-layer keys/values to the rows that share it (an index, which carries the gradient back: the
 prompt's gradient is the sum over its group's rows, exactly as in the full forward), and forward
-only the responses with those keys/values as ``past_key_values``. The log-prob of response token 0
-comes from the prompt's last position, the others from the response positions. Tokens through the
+only the responses with those keys/values as their cache (:mod:`sparserl.models.hf_cache`). The log-prob
+of response token 0 comes from the prompt's last position, the others from the response positions. Tokens through the
 model per group: ``P + n·T`` instead of ``n·(P + T)``; with a prompt of ~80 tokens (system prompt
 included), responses of ~40 and n = 8, about 2.3x fewer.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..batch import RolloutBatch, distinct_prompts
+from ..models.hf_cache import cache_argument, output_cache
 from .chunked_head import DEFAULT_CHUNK, head_logprobs, token_logprobs
 
 
@@ -54,12 +55,13 @@ def response_hidden_shared(model, batch: RolloutBatch, rows: slice | torch.Tenso
     decoder = model.get_decoder()
     out = decoder(input_ids=ids[prompt_rows, first_col:P], attention_mask=att[prompt_rows, first_col:P],
                   position_ids=pos[prompt_rows, first_col:P], use_cache=True)
-    cache = out.past_key_values
+    cache = output_cache(out)
     hidden = out.last_hidden_state[:, -1:].index_select(0, group_of_row)  # predicts response token 0
     if T_used > 1:
         cache.batch_select_indices(group_of_row)  # [G, ...] -> [n, ...]; indexing keeps the gradient
         resp = decoder(input_ids=ids[:, P:P + T_used - 1], attention_mask=att[:, first_col:P + T_used - 1],
-                       position_ids=pos[:, P:P + T_used - 1], past_key_values=cache, use_cache=True)
+                       position_ids=pos[:, P:P + T_used - 1], use_cache=True,
+                       **{cache_argument(decoder): cache})
         hidden = torch.cat([hidden, resp.last_hidden_state], dim=1)  # [n, T_used, H]
     del cache
     return hidden
