@@ -1,5 +1,7 @@
 """End-to-end training on the tiny model: weights change, checkpoints load, resume is exact."""
 import json
+import os
+import sys
 
 import pytest
 import torch
@@ -380,3 +382,26 @@ def test_an_op_without_a_deterministic_kernel_is_named_with_the_key_that_lifts_i
     with pytest.raises(RuntimeError, match="^CUDA out of memory$"):  # other errors pass as they are
         with naming_nondeterministic_ops():
             raise RuntimeError("CUDA out of memory")
+
+
+def test_hugging_face_progress_bars_are_off_where_stderr_is_not_a_terminal(monkeypatch):
+    """A log file gets no "Loading weights" / "Writing model shards" bars; a terminal keeps them; a value the
+    user set for HF_HUB_DISABLE_PROGRESS_BARS is left alone."""
+    import io
+
+    from sparserl import cli
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    cli.quiet_progress_bars_off_terminal()
+    assert "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    cli.quiet_progress_bars_off_terminal()
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")
+    cli.quiet_progress_bars_off_terminal()
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"

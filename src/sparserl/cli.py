@@ -442,6 +442,16 @@ def _debug(args) -> bool:
         "", "0", "false", "no")
 
 
+def quiet_progress_bars_off_terminal() -> None:
+    """Where stderr is not a terminal (a log file, CI), turn off the Hugging Face libraries' progress bars
+    ("Loading weights", "Writing model shards"): there they are carriage-return noise in the log, as the
+    run's own live display would be (``log.progress: auto`` prints a line per step instead). A value the
+    user set for ``HF_HUB_DISABLE_PROGRESS_BARS`` wins; transformers reads it when first imported."""
+    isatty = getattr(sys.stderr, "isatty", None)
+    if not (isatty and isatty()):
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns its exit code. A :class:`SparserlError` (bad input) prints ``error:
     <message>`` on stderr and returns 1 (with ``--debug`` / ``SPARSERL_DEBUG=1`` after its traceback);
@@ -453,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
             args.overrides = [*args.overrides, *extra]
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    quiet_progress_bars_off_terminal()
     try:
         if os.environ.get("SPARSERL_NATIVE_ARCH"):  # a build the user asked for fails before any work
             from .rollout import native
