@@ -52,7 +52,22 @@ def test_parse_arms_builtin_user_and_preset():
     assert parse_arms(["dense", "base"])[1].overrides == ()  # --arms given twice
     assert parse_arms("sparse_rl_math")[0].config == "sparse_rl_math"  # a bare preset name
     assert split_top_level('a,b=[1,2],c="x,y"', ",") == ["a", "b=[1,2]", 'c="x,y"']
+    # a variant of a preset: the preset is its CONFIG, its overrides on top; its spec reads back the same
+    loose = parse_arms("loose=preset:sparrow;rollout.kv_controller.threshold=0.7")[0]
+    assert (loose.name, loose.config, loose.overrides) == ("loose", "sparrow", ("rollout.kv_controller.threshold=0.7",))
+    assert parse_arms(loose.spec())[0] == loose
+    assert parse_arms("plain=preset:sparrow")[0].config == "sparrow"
+    assert parse_arms("preset:sparrow")[0].spec() == "preset:sparrow"
     assert resolve_seeds(3) == [0, 1, 2] and resolve_seeds(1, "4,7") == [4, 7]
+
+
+def test_a_preset_variant_arm_builds_the_preset_with_its_overrides(tmp_path):
+    specs = expand("default", TINY, "preset:sparrow,loose=preset:sparrow;rollout.kv_controller.threshold=0.7", 1,
+                   steps=2, runs_dir=tmp_path)
+    base, loose = specs[0].cfg, specs[1].cfg
+    assert base.rollout.kv_controller.threshold == 0.86 and loose.rollout.kv_controller.threshold == 0.7
+    assert loose.rollout.kv_controller.max_budget == base.rollout.kv_controller.max_budget  # the rest: the preset's
+    assert specs[1].command().startswith("sparserl train sparrow model.name=tiny")
 
 
 def test_expand_names_runs_and_sets_seed_and_steps(tmp_path):

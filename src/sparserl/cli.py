@@ -359,7 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("config", nargs="?", default="default", help="a YAML file or a preset name (every arm's base)")
     c.add_argument("overrides", nargs="*", help="dotted overrides shared by every arm")
     c.add_argument("--arms", action="append", help="comma-separated: dense, sparse_naive, sparse_rl, base, "
-                   "preset:<name>, or NAME=key=value;key=value (default dense,sparse_naive,sparse_rl)")
+                   "preset:<name>, NAME=key=value;key=value, or NAME=preset:<name>;key=value (a variant of a preset) "
+                   "(default dense,sparse_naive,sparse_rl)")
     c.add_argument("--seeds", type=int, default=3, help="runs per arm, train.seed = 0 .. N-1")
     c.add_argument("--seed-list", default=None, help="explicit seeds instead, e.g. 0,1,2")
     c.add_argument("--steps", type=int, default=None, help="train.steps of every run")

@@ -750,7 +750,11 @@ def _apply_override(data: dict, item: str) -> str:
     except yaml.YAMLError:
         value = text  # e.g. "a: b: c" is not YAML: keep the text
     n = 2 if len(parts) > 1 and parts[0] in SECTIONS else 1
-    ann = _strip(info.annotation) if (info := _field(tuple(parts[:n]))) else None
+    info = _field(tuple(parts[:n]))
+    if len(parts) > n and _subsection(info) is not None:  # a sub-section's key: rollout.kv_controller.threshold
+        n += 1
+        info = _field(tuple(parts[:n]))  # None for an unknown key: validation names it, with a hint
+    ann = _strip(info.annotation) if info else None
     if len(parts) == 1 and key in SECTIONS:  # section={...} merges into the section
         if not isinstance(value, dict):
             raise ConfigError(f"override: '{key}' is a section; set one key as '{key}.key=value'")

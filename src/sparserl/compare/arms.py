@@ -9,7 +9,10 @@ comparison's ``CONFIG [key=value ...]``. ``--arms`` names them, comma-separated:
 - a preset, ``preset:<name>`` or just ``<name>`` when no built-in arm has that name
   (``sparserl.config.list_presets()``): that preset is the arm's CONFIG, the comparison's overrides
   still apply on top;
-- a user's own arm, ``NAME=key=value;key=value``, e.g. ``tight=rollout.kv_budget=16;algorithm.correction=tis``.
+- a user's own arm, ``NAME=key=value;key=value``, e.g. ``tight=rollout.kv_budget=16;algorithm.correction=tis``,
+  or a variant of a preset, ``NAME=preset:<name>;key=value``, e.g.
+  ``loose=preset:sparrow;rollout.kv_controller.threshold=0.7`` (the preset is its CONFIG, then the
+  comparison's overrides, then its own).
 
 Commas and semicolons inside brackets or quotes do not split (``c=algorithm.correction=[tis,mis]``).
 
@@ -60,7 +63,9 @@ class Arm:
     def spec(self) -> str:
         """How the arm reads on a command line."""
         if self.config is not None:
-            return f"preset:{self.config}" if self.name == Path(self.config).stem else self.name
+            if not self.overrides and self.name == Path(self.config).stem:
+                return f"preset:{self.config}"
+            return f"{self.name}={';'.join((f'preset:{self.config}', *self.overrides))}"
         if self.name in BUILTIN_ARMS and self.overrides == BUILTIN_ARMS[self.name][0]:
             return self.name
         return f"{self.name}={';'.join(self.overrides)}"
@@ -92,7 +97,8 @@ def _known() -> list[str]:
 
 
 def parse_arm(item: str) -> Arm:
-    """One ``--arms`` item: a built-in arm, ``preset:<name>`` / a preset name, or ``NAME=key=value;...``."""
+    """One ``--arms`` item: a built-in arm, ``preset:<name>`` / a preset name, ``NAME=key=value;...`` or
+    ``NAME=preset:<name>;key=value;...``."""
     item = item.strip()
     if not item:
         raise CompareError("--arms: an empty arm (two commas in a row, or a trailing comma)")
@@ -110,14 +116,22 @@ def parse_arm(item: str) -> Arm:
                     "the arm: NAME=key=value;key=value)") if "." in name else ""
             raise CompareError(f"arm '{item}': '{name}' is not a valid arm name (letters, digits, '_' and '-'; "
                                f"it names the run folders){hint}")
-        overrides = tuple(o for o in split_top_level(rest, ";") if o)
-        if not overrides:
+        overrides = tuple(o.strip() for o in split_top_level(rest, ";") if o.strip())
+        preset = None
+        if overrides and overrides[0].startswith("preset:"):  # NAME=preset:<p>;key=value: a variant of a preset
+            preset = overrides[0].removeprefix("preset:").strip()
+            overrides = overrides[1:]
+            if preset not in list_presets():
+                raise CompareError(f"arm '{name}': no preset named '{preset}'{did_you_mean(preset, list_presets())}; "
+                                   f"presets: {', '.join(list_presets())}")
+        if not overrides and preset is None:
             raise CompareError(f"arm '{item}': no overrides after '{name}='; write {name}=key=value;key=value")
         bad = [o for o in overrides if "=" not in o]
         if bad:
+            where = " (a preset goes first: NAME=preset:<name>;key=value)" if bad[0].startswith("preset:") else ""
             raise CompareError(f"arm '{name}': '{bad[0]}' is not of the form section.key=value "
-                               f"(separate an arm's overrides with ';', arms with ',')")
-        return Arm(name, overrides, None, "user-defined")
+                               f"(separate an arm's overrides with ';', arms with ','){where}")
+        return Arm(name, overrides, preset, f"preset {preset}, user-defined" if preset else "user-defined")
     if item in BUILTIN_ARMS:
         overrides, what = BUILTIN_ARMS[item]
         return Arm(item, overrides, None, what)
@@ -125,7 +139,7 @@ def parse_arm(item: str) -> Arm:
         return Arm(item, (), item, f"preset {item}")
     raise CompareError(f"unknown arm '{item}'{did_you_mean(item, _known())}; built-in arms: "
                        f"{', '.join(BUILTIN_ARMS)}; presets: {', '.join(list_presets())} (or preset:<name>); "
-                       "or define one as NAME=key=value;key=value")
+                       "or define one as NAME=key=value;key=value (NAME=preset:<name>;key=value: a variant of a preset)")
 
 
 def parse_arms(spec: str | Arm | Iterable[str | Arm]) -> list[Arm]:
