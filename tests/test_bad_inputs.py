@@ -352,6 +352,10 @@ MATRIX = [
     case("numbers", ["compare", "--seeds", "0", "--out", "cmp"], "seeds", "seeds-zero"),
     case("output", ["compare", "--out", "afile"], "afile", "out-is-file"),
     case("flags", ["compare", "--arms", "nope", "--out", "cmp"], "nope", "unknown-arm"),
+    case("flags", ["compare", "--arms", "dense,sparse_rl", "--paired-against", "sparse_r", "--out", "cmp"],
+         "did you mean 'sparse_rl'", "paired-against-unknown-arm"),
+    case("flags", ["compare", "--arms", "dense,loose=preset:sparow;rollout.n=4", "--out", "cmp"],
+         "no preset named 'sparow'", "preset-variant-unknown-preset"),
     # --- calibrate ------------------------------------------------------------------------------
     case("numbers", [*C, "--threshold", "1.5"], "--threshold", "threshold-above-one"),
     case("numbers", [*C, "--threshold", "0"], "--threshold", "threshold-zero"),

@@ -242,6 +242,31 @@ def test_compare_reports_each_arm_against_dense_seed_by_seed(tmp_path):
     paired = json.loads((out / "comparison.json").read_text())["arms"]["tight"]["vs_dense_paired"]["final_reward"]
     assert paired["mean"] == pytest.approx(-0.20) and paired["seeds"] == [0, 1, 2] and paired["verdict"] == "worse"
 
+    # --paired-against sparse_rl: one more section, every other arm (dense included) minus sparse_rl's run
+    md = write_comparison(out, specs, {}, config="default", overrides=[], seeds=[0, 1, 2], collapse_k3=1.0,
+                          paired_against=["sparse_rl"]).read_text()
+    assert "## Against `sparse_rl`, seed by seed" in md
+    against = _table(md[md.index("## Against `sparse_rl`"):], "pairs")
+    assert set(against) == {"dense", "tight"}
+    assert against["tight"]["final reward"].startswith("−0.210 [")  # −0.25, −0.18, −0.20
+    assert against["dense"]["final reward"].startswith("−0.010 [") and against["dense"]["final reward"].endswith(
+        "within noise")
+    record = json.loads((out / "comparison.json").read_text())
+    assert record["paired_against"] == ["sparse_rl"]
+    assert record["arms"]["tight"]["paired"]["sparse_rl"]["final_reward"]["mean"] == pytest.approx(-0.21)
+    assert "paired" not in record["arms"]["sparse_rl"]
+
+
+def test_paired_against_must_name_an_arm(tmp_path):
+    from sparserl.compare.command import plan
+
+    p = plan("default", TINY, "dense,sparse_rl", 1, out=tmp_path / "o", paired_against="sparse_rl")
+    assert p.paired_against == ["sparse_rl"]
+    with pytest.raises(CompareError, match="--paired-against sparse_r: not one of this comparison's arms.*did you mean"):
+        plan("default", TINY, "dense,sparse_rl", 1, out=tmp_path / "o", paired_against="sparse_r")
+    with pytest.raises(CompareError, match="--paired-against: no arm given"):
+        plan("default", TINY, "dense,sparse_rl", 1, out=tmp_path / "o", paired_against=" , ")
+
 
 # ------------------------------------------------------------------------------ end to end
 @pytest.fixture(scope="module")

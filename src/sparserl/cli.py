@@ -369,6 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--eval-n", type=int, default=1)
     c.add_argument("--eval-temperature", type=float, default=0.0)
     c.add_argument("--collapse-k3", type=float, default=1.0, help="k3 KL above which a seed counts as collapsed")
+    c.add_argument("--paired-against", default=None, metavar="ARM[,ARM]",
+                   help="arms every other arm is also compared with seed by seed (as with the dense arm), e.g. "
+                   "sparse_rl; finished runs and evaluations are reused, so adding it later only rewrites the report")
     c.add_argument("--out", required=True, help="folder of the runs (runs/) and the comparison")
     c.set_defaults(fn=cmd_compare)
 

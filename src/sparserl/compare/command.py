@@ -1,7 +1,7 @@
 """``sparserl compare``: every arm × seed as an ordinary training run, then one comparison.
 
     sparserl compare CONFIG [key=value ...] --arms dense,sparse_naive,sparse_rl --seeds 3 \\
-        [--steps N] [--eval DATA [--eval-limit N] [--eval-n N]] [--collapse-k3 X] --out DIR
+        [--steps N] [--eval DATA [--eval-limit N] [--eval-n N]] [--collapse-k3 X] [--paired-against ARM,...] --out DIR
 
 Everything is checked before the first run starts (:func:`plan`): the arms, the seeds, the steps,
 every run's full config, run folders left by an earlier call, the evaluation set, that ``--out`` is
@@ -39,6 +39,7 @@ class Plan:
     specs: list[RunSpec]
     states: dict[str, str]
     base: object  # the base Config (None when it does not validate on its own)
+    paired_against: list[str]  # arms every other arm is also compared with seed by seed (besides the dense arm)
 
 
 def _check_out(out: Path) -> None:
@@ -64,12 +65,14 @@ def _positive(value, option: str, what: str, allow_none: bool = True, integer: b
 def plan(config: str | None, overrides: Sequence[str] = (), arms: str | Sequence[str | Arm] = DEFAULT_ARMS,
          seeds: int | Sequence[int] = 3, *, out: str | Path, seed_list: Sequence[int] | str | None = None,
          steps: int | None = None, eval_data: str | None = None, eval_limit: int | None = None, eval_n: int = 1,
-         eval_temperature: float = 0.0, collapse_k3: float = COLLAPSE_K3) -> Plan:
+         eval_temperature: float = 0.0, collapse_k3: float = COLLAPSE_K3,
+         paired_against: str | Sequence[str] | None = None) -> Plan:
     """Check everything and expand the runs; nothing is trained or written but ``out`` itself."""
     from ..config import ConfigError, load_config, validate
     from .runner import check_existing
 
     arm_list = parse_arms(arms)
+    references = _references(paired_against, [a.name for a in arm_list])
     seed_values = resolve_seeds(seeds, seed_list)
     _positive(steps, "--steps", "train.steps of every run")
     _positive(eval_limit, "--eval-limit", "problems of the evaluation set")
@@ -96,22 +99,42 @@ def plan(config: str | None, overrides: Sequence[str] = (), arms: str | Sequence
         if n == 0:
             raise CompareError(f"--eval {eval_data}: no problems to evaluate")
     _check_out(out)
-    return Plan(out, config, list(overrides), arm_list, seed_values, specs, states, base)
+    return Plan(out, config, list(overrides), arm_list, seed_values, specs, states, base, references)
+
+
+def _references(paired_against: str | Sequence[str] | None, arm_names: list[str]) -> list[str]:
+    """``--paired-against`` (comma-separated arm names, or a list) checked against the arms."""
+    from ..registry import did_you_mean
+
+    if paired_against is None:
+        return []
+    items = paired_against.split(",") if isinstance(paired_against, str) else list(paired_against)
+    names = [str(x).strip() for x in items if str(x).strip()]
+    if not names:
+        raise CompareError("--paired-against: no arm given (e.g. --paired-against sparse_rl)")
+    for name in names:
+        if name not in arm_names:
+            raise CompareError(f"--paired-against {name}: not one of this comparison's arms"
+                               f"{did_you_mean(name, arm_names)}; arms: {', '.join(arm_names)}")
+    return list(dict.fromkeys(names))
 
 
 def compare(config: str | None, overrides: Sequence[str] = (), arms: str | Sequence[str | Arm] = DEFAULT_ARMS,
             seeds: int | Sequence[int] = 3, *, out: str | Path, seed_list: Sequence[int] | str | None = None,
             steps: int | None = None, eval_data: str | None = None, eval_limit: int | None = None,
             eval_n: int = 1, eval_temperature: float = 0.0, collapse_k3: float = COLLAPSE_K3,
-            command: str | None = None, log: Callable[[str], object] = print) -> Path:
+            command: str | None = None, log: Callable[[str], object] = print,
+            paired_against: str | Sequence[str] | None = None) -> Path:
     """Plan (check everything), run every arm × seed, evaluate (``eval_data``), write the comparison;
-    returns the path of ``comparison.md``."""
+    returns the path of ``comparison.md``. Every arm is paired seed by seed with the dense arm, and with each
+    arm of ``paired_against``."""
     from .evals import eval_all, eval_start
     from .report import write_comparison
     from .runner import run_all
 
     p = plan(config, overrides, arms, seeds, out=out, seed_list=seed_list, steps=steps, eval_data=eval_data,
-             eval_limit=eval_limit, eval_n=eval_n, eval_temperature=eval_temperature, collapse_k3=collapse_k3)
+             eval_limit=eval_limit, eval_n=eval_n, eval_temperature=eval_temperature, collapse_k3=collapse_k3,
+             paired_against=paired_against)
     todo = sum(st != "done" for st in p.states.values())
     log(f"compare: {len(p.arms)} arms × {len(p.seeds)} seeds = {len(p.specs)} runs in {p.out / 'runs'} "
         f"({len(p.specs) - todo} already done)")
@@ -123,7 +146,7 @@ def compare(config: str | None, overrides: Sequence[str] = (), arms: str | Seque
         evals = eval_all(p.specs, p.base, eval_data, **kw)
     path = write_comparison(p.out, p.specs, statuses, config=p.config, overrides=p.overrides, seeds=p.seeds,
                             collapse_k3=collapse_k3, command=command, evals=evals, eval_data=eval_data,
-                            starts=starts)
+                            starts=starts, paired_against=p.paired_against)
     log(f"comparison: {path}")
     return path
 
@@ -139,6 +162,8 @@ def command_line(args) -> str:
         parts += ["--eval-n", str(args.eval_n), "--eval-temperature", f"{args.eval_temperature:g}"]
     if args.collapse_k3 != COLLAPSE_K3:
         parts += ["--collapse-k3", f"{args.collapse_k3:g}"]
+    if getattr(args, "paired_against", None):
+        parts += ["--paired-against", args.paired_against]
     return shlex.join([*parts, "--out", str(args.out)])
 
 
@@ -147,5 +172,5 @@ def compare_cli(args) -> int:
     compare(args.config, args.overrides, args.arms or DEFAULT_ARMS, args.seeds, out=args.out,
             seed_list=args.seed_list, steps=args.steps, eval_data=args.eval, eval_limit=args.eval_limit,
             eval_n=args.eval_n, eval_temperature=args.eval_temperature, collapse_k3=args.collapse_k3,
-            command=command_line(args))
+            command=command_line(args), paired_against=args.paired_against)
     return 0

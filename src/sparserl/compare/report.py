@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from .. import runlog as names
 from ..eval.report import MiB, _figure, _finish, _fmt, _fmt_bytes, _save, load_run
@@ -98,13 +98,11 @@ def _paired_cell(p: dict | None) -> str:
     return f"{_signed(p['mean'])} [{_signed(lo)}, {_signed(hi)}] {p['verdict']}"
 
 
-def paired_against_dense(sums: Mapping[str, dict], specs: list[RunSpec], dense_arm: str | None,
-                         evals: Mapping[str, dict] | None) -> None:
-    """Add ``vs_dense_paired`` to every other arm's summary: its final reward and (with ``evals``) its held-out
-    pass@1 under dense and under sparse inference, minus the dense arm's, seed by seed
-    (:func:`~.aggregate.paired_difference`)."""
-    if dense_arm is None:
-        return
+def paired_differences(sums: Mapping[str, dict], specs: list[RunSpec], reference: str,
+                       evals: Mapping[str, dict] | None) -> dict[str, dict]:
+    """Every other arm against ``reference``, seed by seed (:func:`~.aggregate.paired_difference`):
+    ``{arm: {"final_reward": ..., "eval_<mode>_pass@1": ...}}``, the held-out pass@1 under dense and under
+    sparse inference with ``evals``."""
     seed_of = {s.name: s.seed for s in specs}
 
     def rewards(arm):
@@ -114,14 +112,31 @@ def paired_against_dense(sums: Mapping[str, dict], specs: list[RunSpec], dense_a
         return {seed_of[r]: evals[r][mode]["pass@1"] for r in sums[arm]["runs"]
                 if evals and r in evals and mode in evals[r]}
 
-    for arm, s in sums.items():
-        if arm == dense_arm:
+    out = {}
+    for arm in sums:
+        if arm == reference:
             continue
-        s["vs_dense_paired"] = {"final_reward": paired_difference(rewards(arm), rewards(dense_arm))}
+        out[arm] = {"final_reward": paired_difference(rewards(arm), rewards(reference))}
         if evals:
             for mode in names.EVAL_MODES:
-                s["vs_dense_paired"][f"eval_{mode}_pass@1"] = paired_difference(pass_at_1(arm, mode),
-                                                                                 pass_at_1(dense_arm, mode))
+                out[arm][f"eval_{mode}_pass@1"] = paired_difference(pass_at_1(arm, mode), pass_at_1(reference, mode))
+    return out
+
+
+PAIRED_NOTE = ("Each arm's figure minus the reference arm's run of the same seed (the same `train.seed` draws the "
+               "same prompts), then the mean difference and its 95% interval, mean ± t(0.975, pairs − 1) · std / "
+               "√pairs (Student's t). *better* / *worse*: the interval lies above / below 0; *within noise*: it holds "
+               "0, and its half-width is about the smallest difference these seeds could have shown.")
+
+
+def _paired_section(title: str, rows: Mapping[str, dict], note: str) -> list[str]:
+    md = ["", f"## {title}, seed by seed", "", note, "",
+          "| arm | pairs | final reward | held-out pass@1, dense inference | held-out pass@1, sparse inference |",
+          "|---|---|---|---|---|"]
+    for arm, p in rows.items():
+        md.append(f"| {arm} | {p['final_reward']['n']} | {_paired_cell(p['final_reward'])} | "
+                  f"{_paired_cell(p.get('eval_dense_pass@1'))} | {_paired_cell(p.get('eval_sparse_pass@1'))} |")
+    return md
 
 
 def _eval_summary(records: Mapping[str, dict], runs: list[str]) -> dict:
@@ -141,8 +156,10 @@ def _eval_summary(records: Mapping[str, dict], runs: list[str]) -> dict:
 def write_comparison(out: Path, specs: list[RunSpec], statuses: Mapping[str, str], *, config: str,
                      overrides: list[str], seeds: list[int], collapse_k3: float, command: str | None = None,
                      evals: Mapping[str, dict] | None = None, eval_data: str | None = None,
-                     starts: Mapping[str, dict] | None = None) -> Path:
-    """Write the plots, ``comparison.md`` and ``comparison.json`` into ``out``; returns the .md path."""
+                     starts: Mapping[str, dict] | None = None, paired_against: Sequence[str] = ()) -> Path:
+    """Write the plots, ``comparison.md`` and ``comparison.json`` into ``out``; returns the .md path. Every arm
+    is paired seed by seed with the dense arm (``vs_dense_paired``) and with each arm of ``paired_against``
+    (``paired[<arm>]``)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     curves = arm_curves(specs)
@@ -154,7 +171,13 @@ def write_comparison(out: Path, specs: list[RunSpec], statuses: Mapping[str, str
     if evals:
         for a in arms:
             sums[a]["eval"] = _eval_summary(evals, sums[a]["runs"])
-    paired_against_dense(sums, specs, dense_arm, evals)
+    if dense_arm is not None:
+        for a, p in paired_differences(sums, specs, dense_arm, evals).items():
+            sums[a]["vs_dense_paired"] = p
+    references = [r for r in paired_against if r != dense_arm]
+    for ref in references:
+        for a, p in paired_differences(sums, specs, ref, evals).items():
+            sums[a].setdefault("paired", {})[ref] = p
 
     plots = {
         "reward": _plot_bands(curves, [(names.REWARD_MEAN, names.REWARD_MEAN, "reward", 1.0)],
@@ -241,19 +264,12 @@ def write_comparison(out: Path, specs: list[RunSpec], statuses: Mapping[str, str
             md.append(f"| *before training* | {_fmt(r['dense']['pass@1'], 3)} | {_fmt(sp, 3)} ({samp}) | "
                       f"{_fmt(sp - r['dense']['pass@1'] if sp is not None else None, 3)} |")
         md += ["", f"Per-run results: `{out / 'eval'}/<run>.json`."]
-    others = [a for a in arms if "vs_dense_paired" in sums[a]]
+    others = {a: sums[a]["vs_dense_paired"] for a in arms if "vs_dense_paired" in sums[a]}
     if others:
-        md += ["", f"## Against the dense arm (`{dense_arm}`), seed by seed", "",
-               "Each arm's figure minus the dense arm's run of the same seed (the same `train.seed` draws the same "
-               "prompts), then the mean difference and its 95% interval, mean ± t(0.975, pairs − 1) · std / √pairs "
-               "(Student's t). *better* / *worse*: the interval lies above / below 0; *within noise*: it holds 0, "
-               "and its half-width is about the smallest difference these seeds could have shown.", "",
-               "| arm | pairs | final reward | held-out pass@1, dense inference | held-out pass@1, sparse inference |",
-               "|---|---|---|---|---|"]
-        for a in others:
-            p = sums[a]["vs_dense_paired"]
-            md.append(f"| {a} | {p['final_reward']['n']} | {_paired_cell(p['final_reward'])} | "
-                      f"{_paired_cell(p.get('eval_dense_pass@1'))} | {_paired_cell(p.get('eval_sparse_pass@1'))} |")
+        md += _paired_section(f"Against the dense arm (`{dense_arm}`)", others, PAIRED_NOTE)
+    for i, ref in enumerate(references):
+        note = PAIRED_NOTE if not others and i == 0 else f"As above, against `{ref}`."
+        md += _paired_section(f"Against `{ref}`", {a: sums[a]["paired"][ref] for a in arms if a != ref}, note)
     if plots:
         md += ["", "## Plots", ""]
         for key, p in plots.items():
@@ -272,7 +288,7 @@ def write_comparison(out: Path, specs: list[RunSpec], statuses: Mapping[str, str
     record = {
         "command": command, "config": config, "overrides": list(overrides), "seeds": list(seeds), "steps": steps,
         "final_k": k, "collapse": {"rule": collapse_rule(collapse_k3), "k3_threshold": collapse_k3},
-        "dense_arm": dense_arm, "eval_data": eval_data, "start_eval": dict(starts or {}),
+        "dense_arm": dense_arm, "paired_against": references, "eval_data": eval_data, "start_eval": dict(starts or {}),
         "arms": {a: {"overrides": list(arm_of[a].overrides), "config": arm_of[a].config or config,
                      "description": arm_of[a].description, **sums[a]} for a in arms},
         "runs": {s.name: {"arm": s.arm.name, "seed": s.seed, "run_dir": str(s.run_dir),
