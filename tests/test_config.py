@@ -100,7 +100,7 @@ def test_yaml_file_and_overrides_with_types(tmp_path):
     assert cfg.algorithm.clip_eps_high == pytest.approx(0.28)
     # a sub-section's key, dotted: set on the preset's own sub-section, or on defaults where it was null
     sparrow = load_config("sparrow", ["rollout.kv_controller.threshold=0.7", "algorithm.distill_sparse.rank=8"])
-    assert sparrow.rollout.kv_controller.threshold == 0.7 and sparrow.rollout.kv_controller.max_budget == 96
+    assert sparrow.rollout.kv_controller.threshold == 0.7 and sparrow.rollout.kv_controller.max_budget == 64
     assert sparrow.algorithm.distill_sparse.rank == 8
     assert load_config("default", ["rollout.kv_controller.step=4"]).rollout.kv_controller.step == 4
     # the mapping merges key by key over the base's, then the override sets one entry
