@@ -96,6 +96,14 @@ def _known() -> list[str]:
     return [*BUILTIN_ARMS, *(p for p in list_presets() if p not in BUILTIN_ARMS)]
 
 
+def _preset(preset: str, arm: str) -> str:
+    """``preset`` when it names a preset, else a CompareError naming the arm, with a did-you-mean hint."""
+    if preset not in list_presets():
+        raise CompareError(f"arm '{arm}': no preset named '{preset}'{did_you_mean(preset, list_presets())}; "
+                           f"presets: {', '.join(list_presets())}")
+    return preset
+
+
 def parse_arm(item: str) -> Arm:
     """One ``--arms`` item: a built-in arm, ``preset:<name>`` / a preset name, ``NAME=key=value;...`` or
     ``NAME=preset:<name>;key=value;...``."""
@@ -103,10 +111,7 @@ def parse_arm(item: str) -> Arm:
     if not item:
         raise CompareError("--arms: an empty arm (two commas in a row, or a trailing comma)")
     if item.startswith("preset:"):
-        preset = item.removeprefix("preset:").strip()
-        if preset not in list_presets():
-            raise CompareError(f"arm '{item}': no preset named '{preset}'{did_you_mean(preset, list_presets())}; "
-                               f"presets: {', '.join(list_presets())}")
+        preset = _preset(item.removeprefix("preset:").strip(), item)
         return Arm(preset, (), preset, f"preset {preset}")
     if "=" in item:
         name, rest = item.split("=", 1)
@@ -119,11 +124,8 @@ def parse_arm(item: str) -> Arm:
         overrides = tuple(o.strip() for o in split_top_level(rest, ";") if o.strip())
         preset = None
         if overrides and overrides[0].startswith("preset:"):  # NAME=preset:<p>;key=value: a variant of a preset
-            preset = overrides[0].removeprefix("preset:").strip()
+            preset = _preset(overrides[0].removeprefix("preset:").strip(), name)
             overrides = overrides[1:]
-            if preset not in list_presets():
-                raise CompareError(f"arm '{name}': no preset named '{preset}'{did_you_mean(preset, list_presets())}; "
-                                   f"presets: {', '.join(list_presets())}")
         if not overrides and preset is None:
             raise CompareError(f"arm '{item}': no overrides after '{name}='; write {name}=key=value;key=value")
         bad = [o for o in overrides if "=" not in o]
