@@ -363,7 +363,7 @@ def test_eval_dense_and_sparse_per_run(done, tmp_path, monkeypatch):
 
 def test_eval_prompts_are_the_runs_own(done, tmp_path, monkeypatch):
     """The held-out problems get the run's system prompt and template, as in training."""
-    import sparserl.data as data_module
+    import sparserl.train.eval_set as data_module
     from sparserl.compare.evals import evaluate_model
     from sparserl.train.checkpoint import latest_checkpoint
 

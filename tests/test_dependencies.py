@@ -51,7 +51,7 @@ def files(sub: str = "") -> list[Path]:
 
 def test_the_import_walker_sees_relative_and_lazy_imports():
     names = imports_of(SRC / "eval" / "evaluate.py")
-    assert "sparserl.rollout.engine" in names and "sparserl.data" in names
+    assert "sparserl.rollout.engine" in names and "sparserl.data.options" in names
     assert "sparserl.train.trainer" in imports_of(SRC / "cli.py")  # a lazy import inside a function
 
 

@@ -16,12 +16,14 @@ from pathlib import Path
 
 from .checks import (check_choice, check_int, check_number, check_output_dir, check_output_file,
                      check_sampler_options)
+from .data.options import add_data_options
 from .errors import OptionError, SparserlError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
-def _read_prompts(path: str) -> list:
+def _read_prompts(path: str, key: str = "prompt") -> list:
+    """The prompts of ``sparserl rollout --prompts``: the ``key`` of each JSON line, a string or chat messages."""
     from .data.loaders import DataError, read_text_lines
 
     prompts = []
@@ -32,17 +34,18 @@ def _read_prompts(path: str) -> list:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise DataError(f"{path} line {lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
-        if not isinstance(row, dict) or "prompt" not in row:
-            raise DataError(f"{path} line {lineno}: missing key 'prompt' (each line is a JSON object with a "
-                            "'prompt': a string or a list of chat messages)")
-        prompt = row["prompt"]
+        if not isinstance(row, dict) or key not in row:
+            columns = f"; its keys are {sorted(row)}, --prompt-key names another" if isinstance(row, dict) else ""
+            raise DataError(f"{path} line {lineno}: missing key {key!r} (each line is a JSON object with a "
+                            f"{key!r}: a string or a list of chat messages{columns})")
+        prompt = row[key]
         if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt))):
-            raise DataError(f"{path} line {lineno}: 'prompt' must be a string or a list of chat messages")
+            raise DataError(f"{path} line {lineno}: {key!r} must be a string or a list of chat messages")
         if not (prompt.strip() if isinstance(prompt, str) else prompt):
-            raise DataError(f"{path} line {lineno}: 'prompt' is empty")
+            raise DataError(f"{path} line {lineno}: {key!r} is empty")
         prompts.append(prompt)
     if not prompts:
-        raise DataError(f"--prompts file {path} is empty (expected JSON lines with a 'prompt')")
+        raise DataError(f"--prompts file {path} is empty (expected JSON lines with a {key!r})")
     return prompts
 
 
@@ -69,7 +72,9 @@ def cmd_rollout(args) -> int:
     _check_generation_args(args, top=True)
     comp = check_sampler_options(args)
     out_path = check_output_file(args.out, "--out")
-    prompts = _read_prompts(args.prompts)
+    if not args.prompt_key:
+        raise OptionError("--prompt-key '': name the key of each line that holds the prompt")
+    prompts = _read_prompts(args.prompts, args.prompt_key)
     check_model(args.model)
     dtype = resolve_dtype(args.dtype)
     lm = load_model(args.model, dtype=dtype)
@@ -320,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = command("rollout", help="sample responses with the compressed engine")
     r.add_argument("--model", default="smollm2-135m")
-    r.add_argument("--prompts", required=True, help="JSON lines with 'prompt' (string or chat messages)")
+    r.add_argument("--prompts", required=True, help="JSON lines with a 'prompt' (string or chat messages)")
+    r.add_argument("--prompt-key", default="prompt", help="the key of each line that holds the prompt")
     r.add_argument("--n", type=int, default=1)
     r.add_argument("--max-new-tokens", type=int, default=256)
     r.add_argument("--temperature", type=float, default=1.0)
@@ -339,8 +345,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = command("eval", help="accuracy of a model or checkpoint under dense and sparse inference")
     e.add_argument("--model", default="smollm2-135m", help="a name, HF folder or checkpoint folder")
-    e.add_argument("--data", default="arith")
+    e.add_argument("--data", default="arith", help="a data set name (gsm8k, math500, ...), file or folder, or arith")
     e.add_argument("--limit", type=int, default=None)
+    add_data_options(e)
+    e.add_argument("--reward", default="math", help="as reward.fn: a built-in reward (math) or 'module:function' "
+                   "taking (response, label[, prompt])")
+    e.add_argument("--reward-timeout-s", type=float, default=5.0, help="as reward.timeout_s: seconds allowed to "
+                   "score one response before it scores 0")
     e.add_argument("--n", type=int, default=1, help="samples per problem (avg@n, pass@n)")
     e.add_argument("--temperature", type=float, default=0.0)
     e.add_argument("--max-new-tokens", type=int, default=256)

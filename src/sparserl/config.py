@@ -309,8 +309,14 @@ class DataConfig(_Section):
     train: NonEmpty = F("arith", "Training set: a built-in task name ('arith', options as 'arith:digits=1,"
                         "terms=2'), a data set name, or a local .jsonl/.json/.parquet path.")
     eval: Optional[Str] = F(None, "Evaluation set (same forms as `train`); None = no evaluation.")
-    prompt_key: Optional[Str] = F(None, "Column holding the prompt (None = guess: problem, question, prompt...).")
-    label_key: Optional[Str] = F(None, "Column holding the reference answer (None = guess: answer, solution...).")
+    prompt_key: Optional[NonEmpty] = F(None, "Column holding the prompt (None = guess: problem, question, prompt...).")
+    label_key: Optional[NonEmpty] = F(None, "Column holding the reference answer (None = guess: answer, solution...).")
+    eval_prompt_key: Optional[NonEmpty] = F(None, "Column holding the prompt in the evaluation set (None = data.prompt_key "
+                                       "where the evaluation file has that column, else a built-in set's own or a "
+                                       "guess).")
+    eval_label_key: Optional[NonEmpty] = F(None, "Column holding the reference answer in the evaluation set (None = "
+                                      "data.label_key where the evaluation file has that column, else a built-in "
+                                      "set's own or a guess).")
     template: Optional[Str] = F(None, "Prompt template with {prompt} (None = the model's chat template when it "
                                 "has one, else the task's default).")
     system_prompt: Optional[Str] = F(None, "System message prepended when a chat template is used.")

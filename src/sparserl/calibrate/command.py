@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data.options import add_data_options
+
 DEFAULT_COMPRESSORS = "rkv,snapkv,streaming,h2o"
 DEFAULT_BUDGETS = "32,64,128,256"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -34,9 +36,8 @@ def add_parser(subparsers, parents=()) -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m", help="a name, HF folder or .gguf file")
     p.add_argument("--data", required=True, help="a data set name (gsm8k, math500, ...), file or folder")
     p.add_argument("--limit", type=int, default=None, help="prompts taken from --data (the first ones)")
-    p.add_argument("--template", default=None, help="as data.template: the text around a problem, with {problem}")
-    p.add_argument("--system-prompt", default=None, help="as data.system_prompt: a system message put first (give "
-                   "the run's own, e.g. the default job's, so that the sampler compresses what it will in training)")
+    add_data_options(p, system_prompt_help="give the run's own, e.g. the default job's, so that the sampler "
+                     "compresses what it will in training")
     p.add_argument("--n", type=int, default=8, help="responses per prompt")
     p.add_argument("--compressors", default=DEFAULT_COMPRESSORS, help="comma-separated compressors to calibrate")
     p.add_argument("--budgets", default=DEFAULT_BUDGETS, help="comma-separated KV budgets measured (tokens)")
@@ -171,7 +172,7 @@ def check(args) -> Plan:
 def command_line(args) -> str:
     """The command as it would be typed again (every option, defaults included)."""
     parts = ["sparserl", "calibrate"]
-    for key in ("model", "data", "limit", "template", "system_prompt", "n", "compressors", "budgets", "max_new_tokens", "min_new_tokens", "bin",
+    for key in ("model", "data", "limit", "prompt_key", "label_key", "template", "system_prompt", "n", "compressors", "budgets", "max_new_tokens", "min_new_tokens", "bin",
                 "threshold", "tokens", "alpha_record_mib", "step_length", "window", "temperature", "dtype", "device", "seed", "json"):
         value = getattr(args, key, None)
         if value is not None:
@@ -182,13 +183,9 @@ def command_line(args) -> str:
 
 
 def _load_prompts(args):
-    from ..data import DataError, load_dataset
+    from ..data.options import load_from_options
 
-    try:
-        return load_dataset(args.data, limit=args.limit, template=getattr(args, "template", None),
-                            system_prompt=getattr(args, "system_prompt", None))
-    except DataError as e:
-        raise type(e)(f"--data {args.data}: {e}") from None
+    return load_from_options(args)
 
 
 def run(args) -> int:
@@ -254,7 +251,7 @@ def run(args) -> int:
 
     meta = {
         "command": command_line(args), "model": args.model, "data": args.data, "limit": args.limit,
-        "template": getattr(args, "template", None), "system_prompt": getattr(args, "system_prompt", None),
+        **{key: getattr(args, key, None) for key in ("prompt_key", "label_key", "template", "system_prompt")},
         "prompts": len(prompt_ids), "responses": len(prompt_ids) * args.n,
         "cpu": cpu_name(), "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,

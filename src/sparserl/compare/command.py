@@ -90,10 +90,10 @@ def plan(config: str | None, overrides: Sequence[str] = (), arms: str | Sequence
         base = None  # fine when every arm fixes it (e.g. a dense arm of a config with a bad budget)
     states = check_existing(specs)
     if eval_data is not None:
-        from ..data import load_dataset
+        from ..train.eval_set import load_eval_set
 
-        try:
-            n = len(load_dataset(eval_data, limit=eval_limit))
+        try:  # read as each run's evaluation will read it (the first run's data section)
+            n = len(load_eval_set(specs[0].cfg.data, eval_data, limit=eval_limit))
         except (ValueError, OSError) as e:
             raise CompareError(f"--eval {eval_data}: {e}") from None
         if n == 0:

@@ -77,6 +77,8 @@ def evaluate_model(model: str, cfg: Config, data: str, *, limit: int | None, n: 
                 "max_new_tokens": cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                 "reward": cfg.reward.fn, "seed": cfg.train.seed, "sparse_sampler": sparse,
                 "template": cfg.data.template, "system_prompt": cfg.data.system_prompt}
+    columns = {k: getattr(cfg.data, k) for k in ("prompt_key", "label_key", "eval_prompt_key", "eval_label_key")}
+    settings.update({k: v for k, v in columns.items() if v is not None})  # set ones only: older records stay valid
     name = record.get("run", path.stem)
     from ..runlog import EVAL_MODES
     if path.is_file():
@@ -89,15 +91,15 @@ def evaluate_model(model: str, cfg: Config, data: str, *, limit: int | None, n: 
             log(f"eval {name}: cached in {path}")
             return cached
 
-    from ..data import load_dataset
     from ..eval.evaluate import evaluate
     from ..models.loading import load_model
     from ..reward import load_reward
     from ..rollout.engine import RolloutEngine
     from ..rollout.kv import build_compressor, compressor_from_fields
     from ..rollout.sampling import SamplingParams
+    from ..train.eval_set import load_eval_set
 
-    examples = list(load_dataset(data, limit=limit, template=cfg.data.template, system_prompt=cfg.data.system_prompt))
+    examples = list(load_eval_set(cfg.data, data, limit=limit))
     lm = load_model(model, dtype=cfg.model.dtype, device=cfg.model.device)
     reward_fn = load_reward(cfg.reward.fn, timeout_s=cfg.reward.timeout_s)
     params = SamplingParams(n=n, temperature=temperature, max_new_tokens=settings["max_new_tokens"],

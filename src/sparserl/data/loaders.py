@@ -333,7 +333,13 @@ def _row_to_example(row: Any, *, prompt_key: str | None, label_key: str,
     return Example(prompt=_messages(prompt, template, system_prompt), label=label, meta=meta)
 
 
-def _guess_key(rows: list[tuple[int, Any]], candidates: Sequence[str], what: str, path: Path) -> str:
+def _candidates(preferred: str | None, common: Sequence[str]) -> tuple[str, ...]:
+    """The columns a guess tries, in order: ``preferred`` first, then the common names."""
+    return tuple(dict.fromkeys(([preferred] if preferred else []) + list(common)))
+
+
+def _guess_key(rows: list[tuple[int, Any]], candidates: Sequence[str], what: str, path: Path,
+               option: str) -> str:
     first = next((r for _, r in rows if isinstance(r, dict)), None)
     if first is None:
         raise DataError(f"{path}: no rows (the file is empty)" if not rows else
@@ -341,8 +347,9 @@ def _guess_key(rows: list[tuple[int, Any]], candidates: Sequence[str], what: str
     for k in candidates:
         if k in first:
             return k
+    sep = " " if option.startswith("--") else "="
     raise DataError(f"{path}: cannot tell which column is the {what} (tried {list(candidates)}; "
-                    f"columns are {sorted(first)}); pass {what}_key=")
+                    f"columns are {sorted(first)}); name it with {option}{sep}<column>")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,7 +424,9 @@ def load_dataset(spec: str, *, prompt_key: str | None = None, label_key: str | N
                  template: str | None = None, system_prompt: str | None = None,
                  split: str | None = None, limit: int | None = None,
                  skip_bad_rows: bool | None = None,
-                 data_dir: str | os.PathLike | None = None) -> LoadedData:
+                 data_dir: str | os.PathLike | None = None,
+                 preferred_keys: tuple[str | None, str | None] = (None, None),
+                 key_options: tuple[str, str] = ("prompt_key", "label_key")) -> LoadedData:
     """Load prompts and labels as :class:`Example` s (see the module docstring for ``spec``).
 
     - ``prompt_key`` / ``label_key``: the columns to use (override a built-in mapping; for a plain
@@ -435,6 +444,10 @@ def load_dataset(spec: str, *, prompt_key: str | None = None, label_key: str | N
       default (None) is True for built-in names (``math_level3to5`` has 2 rows with an empty
       label, lines 5055 and 5159) and False for files given by path.
     - ``data_dir``: folder of the built-in sets (see :func:`resolve_data_dir`).
+    - ``preferred_keys``: (prompt, label) columns tried first where a key is guessed, before the
+      common names (an evaluation file gets the training set's columns where it has them).
+    - ``key_options``: how the caller's user names ``prompt_key`` / ``label_key`` (``data.prompt_key``,
+      ``--prompt-key``): the error of a key that cannot be guessed says to set it.
 
     Returns :class:`LoadedData` (list-like of examples, ``skipped``, ``source``). Every problem is a
     :class:`DataError` (a ``SparserlError`` and ``ValueError``; :class:`DataFileNotFoundError` is also a
@@ -473,10 +486,11 @@ def load_dataset(spec: str, *, prompt_key: str | None = None, label_key: str | N
         prompt_key, prompt_fn = builtin.prompt_key, builtin.prompt_fn
     if label_key is None and builtin is not None:
         label_key = builtin.label_key
+    prefer_prompt, prefer_label = preferred_keys
     if prompt_key is None and prompt_fn is None:
-        prompt_key = _guess_key(rows, _PROMPT_KEYS, "prompt", path)
+        prompt_key = _guess_key(rows, _candidates(prefer_prompt, _PROMPT_KEYS), "prompt", path, key_options[0])
     if label_key is None:
-        label_key = _guess_key(rows, _LABEL_KEYS, "label", path)
+        label_key = _guess_key(rows, _candidates(prefer_label, _LABEL_KEYS), "label", path, key_options[1])
     tmpl = DEFAULT_TEMPLATE if template is None else template
     _check_template(tmpl)
 

@@ -10,9 +10,9 @@ import json
 import time
 from pathlib import Path
 
-from ..data import DataError, load_dataset
+from ..data.options import load_from_options
 from ..models.loading import load_model
-from ..reward import load_reward, score_responses
+from ..reward import RewardSpecError, load_reward, score_responses
 from ..rollout.dtype_auto import resolve_dtype
 from ..rollout.engine import RolloutEngine
 from ..rollout.kv import build_compressor
@@ -61,22 +61,23 @@ def evaluate_cli(args) -> int:
     check_int(args.limit, "--limit", 1, allow_none=True, what="problems to evaluate; leave it out for all")
     check_int(args.max_new_tokens, "--max-new-tokens", 1)
     check_number(args.temperature, "--temperature", ge=0, what="0 = greedy")
+    check_number(args.reward_timeout_s, "--reward-timeout-s", gt=0, le=86400, what="seconds to score one response")
     check_choice(args.dtype, "--dtype", ("auto", "float32", "bfloat16", "float16"))
     sparse = check_sampler_options(args)  # --compressor, --kv-budget, ..., --compressor-options
     if args.out:
         check_output_file(args.out, "--out")
     # dense first, then the asked compressor (built from the command's sampler options)
     comps = [build_compressor("none")] + ([sparse] if sparse.compresses else [])
+    data = load_from_options(args)
     try:
-        data = load_dataset(args.data, limit=args.limit)
-    except DataError as e:
-        raise type(e)(f"--data {args.data}: {e}") from None
+        reward_fn = load_reward(args.reward, timeout_s=args.reward_timeout_s)
+    except RewardSpecError as e:
+        raise type(e)(f"--reward {args.reward}: {e}") from None
     check_model(args.model)
     dtype = resolve_dtype(args.dtype)
     lm = load_model(args.model, dtype=dtype)
     params = SamplingParams(n=args.n, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
-    reward_fn = load_reward("math")
-    results = {"model": args.model, "data": args.data, "runs": []}
+    results = {"model": args.model, "data": args.data, "reward": args.reward, "runs": []}
     for comp in comps:
         name = comp.name
         res = evaluate(RolloutEngine(lm, comp, dtype=dtype), list(data), params, reward_fn, args.batch)

@@ -19,9 +19,10 @@ import yaml
 from .. import runlog as names
 from ..checks import check_output_dir
 from ..config import Config, ConfigError, config_to_dict, load_config, save_config
-from ..data import DataError, load_dataset
+from ..data import DataError
 from ..errors import SparserlError
 from ..models.loading import check_model, resolve_device
+from .eval_set import load_eval_set
 
 
 @contextmanager
@@ -209,4 +210,4 @@ def preflight(cfg: Config, run: Path, option: str) -> None:
     resolve_device(cfg.model.device)  # model.device=cuda on a machine without CUDA fails now
     if cfg.data.eval:
         with naming_data_key("data.eval", cfg.data.eval):
-            load_dataset(cfg.data.eval, limit=cfg.data.eval_limit)
+            load_eval_set(cfg.data)

@@ -45,6 +45,7 @@ from .kv_controller import KVController
 from .determinism import (deterministic_state, naming_nondeterministic_ops, restore_deterministic_state,
                           use_deterministic_kernels)
 from .distill_sparse import DistillSparse
+from .eval_set import load_eval_set
 from .lora import apply_lora, sampler_state
 from .run_folder import (CONFIG_FILE, ResumeError, check_resume_config, checkpoint_step, find_resume_folder,
                          holds_run, naming_data_key, preflight, record_config, resolve_run_dir)
@@ -106,6 +107,7 @@ def build_trainer(cfg: Config) -> Trainer:
     d = cfg.data
     with naming_data_key("data.train", d.train):
         data = load_dataset(d.train, prompt_key=d.prompt_key, label_key=d.label_key, template=d.template,
+                            key_options=("data.prompt_key", "data.label_key"),
                             system_prompt=d.system_prompt, limit=d.limit,
                             skip_bad_rows=d.skip_bad_rows if d.skip_bad_rows else None)
     if data.skipped:
@@ -613,8 +615,7 @@ def held_out_eval(trainer: Trainer, step: int, run: Path, log=print) -> dict:
     sparse inference (or ``eval.compressor``); written to ``eval-step<N>.json``, returned as the
     step's ``eval/<mode>/<stat>`` metrics."""
     cfg, e = trainer.cfg, trainer.cfg.eval
-    d = cfg.data  # the same prompt form as training
-    examples = list(load_dataset(d.eval, limit=d.eval_limit, template=d.template, system_prompt=d.system_prompt))
+    examples = list(load_eval_set(cfg.data))  # the same prompt form as training
     params = SamplingParams(n=e.n, temperature=e.temperature, seed=cfg.train.seed,
                             max_new_tokens=e.max_new_tokens or cfg.rollout.max_new_tokens)
     sparse = compressor_from_fields(cfg.rollout, name=e.compressor)

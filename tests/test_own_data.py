@@ -1,0 +1,120 @@
+"""A user's own data and reward reach every command that reads a data set: the columns of the training
+set, of the run's evaluation set (``data.eval_prompt_key`` / ``data.eval_label_key``, else the training
+set's columns where the evaluation file has them), ``sparserl eval`` (``--prompt-key``, ``--label-key``,
+``--reward``), ``sparserl rollout --prompt-key``, ``sparserl calibrate`` and ``sparserl compare --eval``."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sparserl import cli
+from sparserl.config import DataConfig, load_config
+from sparserl.data import DataError, load_dataset
+from sparserl.train.eval_set import load_eval_set
+from sparserl.train.trainer import train
+
+ROWS = [{"q": f"What is {a} + {b}?", "ans": str(a + b), "id": a} for a, b in ((1, 2), (3, 4), (2, 2))]
+
+
+def always_one(response: str, label: str) -> float:
+    return 1.0
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_preferred_columns_are_tried_before_the_common_names(tmp_path):
+    both = _jsonl(tmp_path / "both.jsonl", [{"prompt": "p", "q": "question?", "answer": "1", "ans": "7"}])
+    (ex,) = load_dataset(str(both), preferred_keys=("q", "ans"))
+    assert "question?" in ex.prompt[-1]["content"]
+    assert ex.label == "7"
+    (plain,) = load_dataset(str(both))  # without a preference: the common names
+    assert plain.label == "1"
+    (ex,) = load_dataset(str(both), preferred_keys=("missing", "gone"))  # absent preferences: the guess
+    assert ex.label == "1"
+
+
+def test_a_column_that_cannot_be_guessed_names_the_callers_option(tmp_path):
+    own = _jsonl(tmp_path / "own.jsonl", ROWS)
+    with pytest.raises(DataError, match=r"columns are \['ans', 'id', 'q'\]\); name it with prompt_key=<column>"):
+        load_dataset(str(own))
+    with pytest.raises(DataError, match=r"name it with data\.prompt_key=<column>"):
+        load_dataset(str(own), key_options=("data.prompt_key", "data.label_key"))
+    with pytest.raises(DataError, match=r"name it with --label-key <column>"):
+        load_dataset(str(own), prompt_key="q", key_options=("--prompt-key", "--label-key"))
+
+
+def test_the_evaluation_file_gets_the_training_sets_columns(tmp_path):
+    own = _jsonl(tmp_path / "own.jsonl", ROWS)
+    other = _jsonl(tmp_path / "other.jsonl", [{"problem": "1+1", "answer": "2"}])
+    data = DataConfig(prompt_key="q", label_key="ans", eval=str(own), eval_limit=2, template="Q: {problem}")
+    examples = load_eval_set(data)
+    assert [e.label for e in examples] == ["3", "7"]  # data.eval_limit
+    assert examples[0].prompt[-1]["content"] == "Q: What is 1 + 2?"  # the training set's prompt form
+    assert len(load_eval_set(data, limit=None)) == 3
+    # a file without the training set's columns: its own, guessed
+    assert [e.label for e in load_eval_set(data, str(other))] == ["2"]
+    # eval keys of its own win; an absent one is an error naming it
+    assert [e.label for e in load_eval_set(DataConfig(eval_prompt_key="problem", eval_label_key="answer",
+                                                      prompt_key="q", label_key="ans"), str(other))] == ["2"]
+    with pytest.raises(DataError, match="missing key 'q'"):
+        load_eval_set(DataConfig(eval_prompt_key="q"), str(other))
+    with pytest.raises(DataError, match=r"name it with data\.eval_prompt_key=<column>"):
+        load_eval_set(DataConfig(), str(own))
+
+
+def test_a_run_trains_and_evaluates_on_its_own_columns(tmp_path):
+    """data.train and data.eval are files with the columns q / ans: set once, for both (before, the
+    evaluation set's columns were guessed and the run stopped at its preflight)."""
+    from test_train import cfg_for
+
+    own = _jsonl(tmp_path / "own.jsonl", ROWS)
+    cfg = cfg_for(tmp_path, "train.steps=1", f"data.train={own}", f"data.eval={own}", "data.prompt_key=q",
+                  "data.label_key=ans", "data.eval_limit=2", "eval.max_new_tokens=2", "reward.fn=test_own_data:always_one")
+    run = train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
+    record = json.loads((run / "eval-step00001.json").read_text())
+    assert record["dense"]["problems"] == 2 and record["dense"]["pass@1"] == 1.0
+
+
+def test_eval_command_reads_its_columns_and_scores_with_the_reward_named(tmp_path):
+    own = _jsonl(tmp_path / "own.jsonl", ROWS)
+    out = tmp_path / "eval.json"
+    assert cli.main(["eval", "--model", "tiny", "--data", str(own), "--prompt-key", "q", "--label-key", "ans",
+                     "--template", "Q: {problem}", "--reward", "test_own_data:always_one", "--max-new-tokens", "2",
+                     "--dtype", "float32", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["reward"] == "test_own_data:always_one"
+    assert [(r["problems"], r["pass@1"]) for r in record["runs"]] == [(3, 1.0)]  # the math reward would give 0
+
+
+def test_rollout_command_reads_the_prompt_key(tmp_path):
+    own = _jsonl(tmp_path / "own.jsonl", ROWS)
+    out = tmp_path / "r.jsonl"
+    assert cli.main(["rollout", "--model", "tiny", "--prompts", str(own), "--prompt-key", "q", "--n", "1",
+                     "--max-new-tokens", "2", "--dtype", "float32", "--out", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 3
+
+
+def test_calibrate_and_compare_read_the_same_columns(tmp_path):
+    from sparserl.calibrate.command import command_line
+    from sparserl.compare import CompareError
+    from sparserl.compare.command import plan
+    from sparserl.data.options import load_from_options
+    from test_compare import TINY
+
+    own = _jsonl(tmp_path / "own.jsonl", ROWS)
+    args = cli.build_parser().parse_args(["calibrate", "--model", "tiny", "--data", str(own), "--prompt-key", "q",
+                                          "--label-key", "ans", "--json", str(tmp_path / "c.json")])
+    assert [e.label for e in load_from_options(args)] == ["3", "7", "4"]
+    assert "--prompt-key q --label-key ans" in command_line(args)
+    # compare --eval checks the set as each run's evaluation will read it: with the runs' columns
+    p = plan("default", [*TINY, "data.prompt_key=q", "data.label_key=ans", f"data.train={own}"], "dense", 1,
+             out=tmp_path / "o", eval_data=str(own))
+    assert p.specs[0].cfg.data.prompt_key == "q"
+    with pytest.raises(CompareError, match=r"--eval .*own\.jsonl.*data\.eval_prompt_key=<column>"):
+        plan("default", TINY, "dense", 1, out=tmp_path / "o2", eval_data=str(own))
+    assert load_config("default", ["data.eval_label_key=ans"]).data.eval_label_key == "ans"
