@@ -372,6 +372,14 @@ MATRIX = [
          "did you mean 'sparse_rl'", "paired-against-unknown-arm"),
     case("flags", ["compare", "--arms", "dense,loose=preset:sparow;rollout.n=4", "--out", "cmp"],
          "no preset named 'sparow'", "preset-variant-unknown-preset"),
+    # --- config -------------------------------------------------------------------------------
+    case("config", ["config", "no_such_preset"], "no_such_preset", "unknown-preset"),
+    case("config", ["config", "rollout.kv_bugdet=3"], "rollout.kv_bugdet", "unknown-key"),
+    case("config", ["config", "typo.yaml"], "typo.yaml", "typo-in-file"),
+    case("config", ["config", "rollout.kv_controller={}", "rollout.compressor=none"], "invalid config",
+         "cross-field-rule"),
+    case("flags", ["config", "--keys", "zz_no_such_key"], "--keys", "keys-match-nothing"),
+    case("flags", ["config", "sparrow", "--keys"], "--keys", "keys-with-config"),
     # --- calibrate ------------------------------------------------------------------------------
     case("data", [*C, "--label-key", "zz"], "--data good.jsonl", "label-key-missing"),
     case("numbers", [*C, "--threshold", "1.5"], "--threshold", "threshold-above-one"),
@@ -487,7 +495,7 @@ def test_matrix_covers_every_command_and_class():
     ids = [p.id for p in MATRIX]
     assert len(ids) == len(set(ids)) >= 60
     commands = {i.split("-")[0] for i in ids}
-    assert commands >= {"train", "rollout", "eval", "bench", "report", "demo", "compare"}
+    assert commands >= {"train", "rollout", "eval", "bench", "report", "demo", "compare", "config"}
     classes = {i.split("-")[1] for i in ids}
     assert classes >= {"config", "data", "model", "reward", "checkpoint", "numbers", "output", "flags"}
 

@@ -335,3 +335,23 @@ def test_overrides_sections_and_mapping_entries():
     with pytest.raises(ConfigError, match=r"'rollout\.compressor_options' expects mapping, got int 5"):
         load_config("default", ["rollout.compressor_options=5"])
     assert load_config("default", ["data.eval=12"]).data.eval == "12"
+
+
+def test_config_command_prints_what_train_would_run_and_reads_back(tmp_path, capsys):
+    """``sparserl config PRESET key=value``: the validated config as YAML that ``sparserl train FILE``
+    reads back to the same config; ``--keys TEXT``: the help lines that hold TEXT, sub-section keys too."""
+    from sparserl import cli
+
+    assert cli.main(["config", "sparrow", "rollout.kv_budget=48", "rollout.kv_controller.threshold=0.7"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("# Full resolved sparserl config (sparserl config).\n# sparserl config sparrow ")
+    (tmp_path / "c.yaml").write_text(text)
+    expected = load_config("sparrow", ["rollout.kv_budget=48", "rollout.kv_controller.threshold=0.7"])
+    assert config_to_dict(load_config(str(tmp_path / "c.yaml"))) == config_to_dict(expected)
+    assert cli.main(["config", "--keys", "kv_controller.thres"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("rollout:") and len(lines) == 2
+    assert lines[1].startswith("    rollout.kv_controller.threshold (float, default 0.86): ")
+    assert "algorithm.distill_sparse.rank (int, default required)" in config_help()
+    assert cli.main(["config", "--keys"]) == 0
+    assert capsys.readouterr().out.strip() == config_help()

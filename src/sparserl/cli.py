@@ -1,4 +1,4 @@
-"""The ``sparserl`` command: train, rollout, eval, report, compare, bench, demo.
+"""The ``sparserl`` command: train, config, rollout, eval, report, compare, calibrate, bench, demo.
 
 Every command checks its options (numbers, output paths, files) before it loads a model or generates
 anything. A problem with the user's input is a :class:`~sparserl.errors.SparserlError`: ``main`` prints
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -255,6 +256,29 @@ def cmd_train(args) -> int:
     return 0 if run else 1
 
 
+def cmd_config(args) -> int:
+    """``sparserl config``: the resolved, validated config a ``sparserl train`` with the same arguments would
+    run (YAML that ``sparserl train FILE`` reads back), or with ``--keys`` every key's type, default and help."""
+    from .config import config_help, config_yaml, load_config, validate
+
+    if args.keys is not None:
+        if args.config is not None or args.overrides:
+            raise OptionError("--keys lists every key's default and help: give it no config or override "
+                              "(leave --keys out to see a config resolved)")
+        text = config_help(args.keys or None)
+        if not text:
+            raise OptionError(f"--keys {args.keys!r}: no key or help text holds it")
+        print(text)
+        return 0
+    _split_config_arg(args)
+    cfg = validate(load_config(args.config or "default", args.overrides))
+    command = shlex.join(["sparserl", "config", *([args.config] if args.config else []), *args.overrides])
+    print(config_yaml(cfg, [command, "'auto' values (rollout.dtype, model.mixed_precision, algorithm.old_logprobs) "
+                            "resolve when a run starts; its config.yaml says to what"], title="sparserl config"),
+          end="")
+    return 0
+
+
 def cmd_eval(args) -> int:
     from .eval.evaluate import evaluate_cli
 
@@ -297,10 +321,22 @@ DEBUG_ENV = "SPARSERL_DEBUG"
 _DEBUG_HELP = f"show the traceback of an error (or set {DEBUG_ENV}=1)"
 
 
+DESCRIPTION = """\
+Reinforcement learning of language models with verifiable rewards on a compressed sampler (sparse KV
+cache, quantized weights), with the sampler/policy mismatch corrected.
+
+  sparserl train                      the main job on the embedded model (a preset, a YAML file, key=value)
+  sparserl config --keys [TEXT]       every config key, its default and help
+
+Every command checks its options before it loads a model. A problem with the input ends in one
+'error:' line; --debug (or SPARSERL_DEBUG=1) shows the traceback."""
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .presets import list_presets
     from .runlog import RESUME_FREE_KEYS
 
-    ap = argparse.ArgumentParser(prog="sparserl", description=__doc__,
+    ap = argparse.ArgumentParser(prog="sparserl", description=DESCRIPTION,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     common = argparse.ArgumentParser(add_help=False)  # --debug after the command too
@@ -312,8 +348,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = command("train", help="GRPO on compressed rollouts")
     t.add_argument("config", nargs="?", default=None,
-                   help="a YAML file or a preset name (default: 'default'; with --resume: the run's own config)")
-    t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.kv_budget=64")
+                   help="a YAML file or a preset name (" + ", ".join(list_presets()) + "; default: 'default'; with "
+                   "--resume: the run's own config)")
+    t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.kv_budget=64 (every key: sparserl "
+                   "config --keys)")
     t.add_argument("--resume", action="store_true",
                    help="continue a run from its last complete checkpoint: the one in --run-dir, else the newest "
                    "under log.out_dir. The config must match the run's, except " + ", ".join(RESUME_FREE_KEYS))
@@ -322,6 +360,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "is kept as config-resume-<step>.yaml and the run's config.yaml stays")
     t.add_argument("--run-dir", default=None, help="the run folder (default: log.out_dir/<time>-<config name>)")
     t.set_defaults(fn=cmd_train)
+
+    cf = command("config", help="the resolved config a train command would run, or every key's help (--keys)")
+    cf.add_argument("config", nargs="?", default=None, help="a YAML file or a preset name (default: 'default')")
+    cf.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.kv_budget=64")
+    cf.add_argument("--keys", nargs="?", const="", default=None, metavar="TEXT",
+                    help="list every key (type, default, help) instead; with TEXT, only the lines that hold it")
+    cf.set_defaults(fn=cmd_config)
 
     r = command("rollout", help="sample responses with the compressed engine")
     r.add_argument("--model", default="smollm2-135m")

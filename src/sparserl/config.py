@@ -5,7 +5,8 @@ Why pydantic v2 (not OmegaConf): each field's type, default, bounds and help tex
 dotted overrides need no resolver/interpolation language.
 
 One ``Config`` holds nine sections (``model``, ``rollout``, ``data``, ``reward``, ``algorithm``,
-``train``, ``log``, ``checkpoint``, ``eval``); ``config_help()`` prints every field's help text::
+``train``, ``log``, ``checkpoint``, ``eval``); ``config_help()`` (``sparserl config --keys``) prints every
+field's help text::
 
     cfg = load_config("default")                                # a preset in sparserl/configs/
     cfg = load_config("my_run.yaml", ["rollout.kv_budget=64", 'rollout.stop=["\\n\\n"]',
@@ -49,13 +50,13 @@ from .rollout.quant import available_quants, build_quant
 from .rollout.quant.int8_group import GROUP as QUANT_GROUP
 from .score.old_policy import old_logprobs_source, why_update_forward_is_not_old_policy
 from .train.advantages import available_adv_ests, get_adv_est
+from .presets import PRESET_DIR, list_presets
 
 __all__ = ["ConfigError", "ModelConfig", "KVControllerConfig", "RolloutConfig", "DataConfig", "RewardConfig", "AlgorithmConfig",
            "TrainConfig", "LogConfig", "CheckpointConfig", "EvalConfig", "Config", "load_config",
            "apply_overrides", "validate", "config_to_dict", "save_config", "list_presets", "preset_path",
-           "config_help"]
+           "config_help", "config_yaml"]
 
-PRESET_DIR = Path(__file__).resolve().parent / "configs"
 
 
 class ConfigError(SparserlError, ValueError):
@@ -683,11 +684,6 @@ def _yaml_load(text: str) -> Any:
 
 
 # --- loading: presets, files with `base:`, overrides ---------------------------------------------
-def list_presets() -> list[str]:
-    """Names of the presets shipped in ``sparserl/configs/``."""
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
-
-
 def preset_path(name: str) -> Path:
     """Path of the preset ``name`` (with or without ``.yaml``); ConfigError if there is none."""
     stem = name.removesuffix(".yaml")
@@ -825,15 +821,21 @@ def config_to_dict(cfg: Config) -> dict:
     return cfg.model_dump(mode="json", by_alias=True)
 
 
-def save_config(cfg: Config, path: str | Path, notes: list[str] | tuple = ()) -> Path:
-    """Write the full resolved config as YAML (``load_config(path)`` reads it back unchanged); ``notes``
-    become comment lines at its top (what ``auto`` values resolved to on this machine, and why)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def config_yaml(cfg: Config, notes: list[str] | tuple = (), title: str = "written by save_config") -> str:
+    """The full resolved config as YAML text (``load_config`` reads it back unchanged); ``notes`` become
+    comment lines at its top."""
     text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None, allow_unicode=True,
                           width=100)
     header = "".join(f"# {line}\n" for note in notes for line in str(note).splitlines())
-    path.write_text("# Full resolved sparserl config (written by save_config).\n" + header + text)
+    return f"# Full resolved sparserl config ({title}).\n" + header + text
+
+
+def save_config(cfg: Config, path: str | Path, notes: list[str] | tuple = ()) -> Path:
+    """Write :func:`config_yaml` to ``path``; ``notes``: what ``auto`` values resolved to on this machine,
+    and why."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(config_yaml(cfg, notes))
     return path
 
 
@@ -1011,15 +1013,33 @@ def validate(cfg: Config) -> Config:
 
 
 # --- help ----------------------------------------------------------------------------------------
-def config_help() -> str:
-    """Every field as ``section.key (type, default): help``, one per line, grouped by section; a field
-    checked against a registry also lists the registry's names."""
+def config_help(match: str | None = None) -> str:
+    """Every field as ``section.key (type, default): help``, one per line, grouped by section, with the
+    keys of a sub-section (``rollout.kv_controller.threshold``) after the field that holds it; a field
+    checked against a registry also lists the registry's names. ``match``: only the lines whose text
+    holds it (case-insensitive), under their section's line."""
     lines, defaults = [], config_to_dict(Config())
+
+    def line(key: str, f: Any, default: Any, indent: str) -> str:
+        if f.is_required():
+            dflt = "required"
+        else:
+            dflt = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
+        names = [m.func.names() for m in f.metadata if isinstance(getattr(m, "func", None), _Registered)]
+        extra = f" Registered: {', '.join(names[0])}." if names else ""
+        return f"{indent}{key} ({_type_name(f.annotation)}, default {dflt}): {f.description}{extra}"
+
+    needle = (match or "").lower()
     for sec, cls in SECTIONS.items():
-        lines.append(f"{sec}:  {(cls.__doc__ or '').strip()}")
+        section = []
         for key, f in fields_of(cls).items():
-            dflt = yaml.safe_dump(defaults[sec][key], default_flow_style=True).strip().removesuffix("...").strip()
-            names = [m.func.names() for m in f.metadata if isinstance(getattr(m, "func", None), _Registered)]
-            extra = f" Registered: {', '.join(names[0])}." if names else ""
-            lines.append(f"  {sec}.{key} ({_type_name(f.annotation)}, default {dflt}): {f.description}{extra}")
+            section.append(line(f"{sec}.{key}", f, defaults[sec][key], "  "))
+            sub = _subsection(f)
+            if sub is not None:
+                sub_defaults = defaults[sec][key] or {}
+                section += [line(f"{sec}.{key}.{k}", g, sub_defaults.get(k, g.get_default(call_default_factory=True)),
+                                 "    ") for k, g in fields_of(sub).items()]
+        section = [x for x in section if needle in x.lower()]
+        if section or not needle:
+            lines += [f"{sec}:  {(cls.__doc__ or '').strip()}", *section]
     return "\n".join(lines)
