@@ -18,8 +18,9 @@ from sparserl.train.trainer import train
 ROWS = [{"q": f"What is {a} + {b}?", "ans": str(a + b), "id": a} for a, b in ((1, 2), (3, 4), (2, 2))]
 
 
-def always_one(response: str, label: str) -> float:
-    return 1.0
+def asked_a_sum(response: str, label: str, prompt: str | None = None) -> float:
+    """1 when the reward is handed the problem as asked (the third parameter), else 0."""
+    return float(isinstance(prompt, str) and prompt.startswith("Q: What is") and "+" in prompt)
 
 
 def _jsonl(path: Path, rows: list[dict]) -> Path:
@@ -74,20 +75,23 @@ def test_a_run_trains_and_evaluates_on_its_own_columns(tmp_path):
 
     own = _jsonl(tmp_path / "own.jsonl", ROWS)
     cfg = cfg_for(tmp_path, "train.steps=1", f"data.train={own}", f"data.eval={own}", "data.prompt_key=q",
-                  "data.label_key=ans", "data.eval_limit=2", "eval.max_new_tokens=2", "reward.fn=test_own_data:always_one")
+                  "data.label_key=ans", "data.eval_limit=2", "eval.max_new_tokens=2", "data.template='Q: {problem}'",
+                  "reward.fn=test_own_data:asked_a_sum")
     run = train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
     record = json.loads((run / "eval-step00001.json").read_text())
     assert record["dense"]["problems"] == 2 and record["dense"]["pass@1"] == 1.0
+    (row,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert row["reward/mean"] == 1.0  # training's reward got the prompt too
 
 
 def test_eval_command_reads_its_columns_and_scores_with_the_reward_named(tmp_path):
     own = _jsonl(tmp_path / "own.jsonl", ROWS)
     out = tmp_path / "eval.json"
     assert cli.main(["eval", "--model", "tiny", "--data", str(own), "--prompt-key", "q", "--label-key", "ans",
-                     "--template", "Q: {problem}", "--reward", "test_own_data:always_one", "--max-new-tokens", "2",
+                     "--template", "Q: {problem}", "--reward", "test_own_data:asked_a_sum", "--max-new-tokens", "2",
                      "--dtype", "float32", "--out", str(out)]) == 0
     record = json.loads(out.read_text())
-    assert record["reward"] == "test_own_data:always_one"
+    assert record["reward"] == "test_own_data:asked_a_sum"
     assert [(r["problems"], r["pass@1"]) for r in record["runs"]] == [(3, 1.0)]  # the math reward would give 0
 
 

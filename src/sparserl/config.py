@@ -330,7 +330,8 @@ class RewardConfig(_Section):
     """The verifier."""
 
     fn: NonEmpty = F("math", "Reward function: a built-in name ('math': 1 if the final / boxed answer equals "
-                     "the label, else 0) or 'module:function' taking (response, label[, prompt]).")
+                     "the label, else 0) or 'module:function' taking (response, label[, prompt]); prompt is the problem as the "
+                     "model was asked it (its last user message, after data.template).")
     timeout_s: float = F(5.0, "Seconds allowed to verify one response (in a checker process) before "
                          "it scores 0 (at most a day: the checker's timer takes no more than ~1e9 s).",
                          gt=0, le=86400)

@@ -126,7 +126,8 @@ def run_bench(cfg, repeat: int = 3, log=print) -> dict:
                           "bfloat16 mixed precision; set model.dtype=float32")
     trainer = build_trainer(cfg)
     examples, ro = rollout(trainer, 1)
-    rewards, _ = score_responses(trainer.reward_fn, ro.texts, [examples[i].label for i in ro.prompt_index])
+    asked = [examples[i] for i in ro.prompt_index]
+    rewards, _ = score_responses(trainer.reward_fn, ro.texts, [e.label for e in asked], [e.prompt_text for e in asked])
     batch = rollout_batch(trainer, ro, rewards)
     mask = batch.response_mask
     logprobs, corr = {}, {}

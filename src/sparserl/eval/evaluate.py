@@ -28,8 +28,8 @@ def evaluate(engine: RolloutEngine, examples, params: SamplingParams, reward_fn,
     for s in range(0, len(examples), max(1, batch // n)):
         chunk = examples[s : s + max(1, batch // n)]
         out = engine.generate([e.prompt for e in chunk], params)
-        labels = [chunk[i].label for i in out.prompt_index]
-        r, e = score_responses(reward_fn, out.texts, labels)
+        asked = [chunk[i] for i in out.prompt_index]
+        r, e = score_responses(reward_fn, out.texts, [x.label for x in asked], [x.prompt_text for x in asked])
         rewards_all += r
         errors += e
         tokens += out.tokens_generated

@@ -267,8 +267,9 @@ def train_step(trainer: Trainer, step: int) -> dict:
     examples, ro = rollout(trainer, step)
     lag = pool_metrics(trainer, ro)  # before this step's push
     lap(names.TIME_ROLLOUT)
-    labels = [examples[i].label for i in ro.prompt_index]
-    rewards, n_reward_errors = score_responses(trainer.reward_fn, ro.texts, labels)
+    asked = [examples[i] for i in ro.prompt_index]
+    rewards, n_reward_errors = score_responses(trainer.reward_fn, ro.texts, [e.label for e in asked],
+                                               [e.prompt_text for e in asked])
     lap(names.TIME_REWARD)
     batch = rollout_batch(trainer, ro, rewards)
     temp, shared, hidden, micro = cfg.rollout.temperature, cfg.train.shared_prompt, None, cfg.train.micro_batch_size
