@@ -231,6 +231,7 @@ MATRIX = [
          "eval-label-key-missing"),
     case("config", [*T, "data.eval_prompt_key=''"], "data.eval_prompt_key", "eval-prompt-key-empty"),
     case("config", [*T, "data.prompt_key=''"], "data.prompt_key", "prompt-key-empty"),
+    case("config", [*T, "algorithm.mask_truncated=maybe"], "algorithm.mask_truncated", "mask-truncated-not-bool"),
     # --- train: model and reward ---------------------------------------------------------------
     case("model", ["train", *TINY, "model.name=no_such_dir"], "no_such_dir", "missing-folder"),
     case("model", ["train", *TINY, "model.name=x.gguf"], "not a GGUF file", "corrupt-gguf"),

@@ -405,3 +405,35 @@ def test_hugging_face_progress_bars_are_off_where_stderr_is_not_a_terminal(monke
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")
     cli.quiet_progress_bars_off_terminal()
     assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"
+
+
+def test_mask_truncated_leaves_cut_responses_out_of_the_loss(tmp_path):
+    """algorithm.mask_truncated (TRL's mask_truncated_completions, DAPO's overlong filtering): a response cut
+    at rollout.max_new_tokens gets an empty loss mask; its reward still counts in its group's advantage."""
+    from sparserl.reward import score_responses
+    from sparserl.train.trainer import corrections_and_advantages, rollout, rollout_batch
+
+    cfg = cfg_for(tmp_path, "algorithm.mask_truncated=true")
+    trainer = build_trainer(cfg)
+    examples, ro = rollout(trainer, 1)
+    rewards, _ = score_responses(toy_reward, ro.texts, [examples[i].label for i in ro.prompt_index])
+    batch = rollout_batch(trainer, ro, rewards)
+    assert batch.truncated.tolist() == [reason == "length" for reason in ro.finish_reason]
+    batch.old_logprobs = batch.sampler_logprobs.clone()
+    batch.truncated = torch.arange(batch.size) % 3 == 0  # a known pattern
+    corr = corrections_and_advantages(cfg, batch)
+    whole = corrections_and_advantages(cfg_for(tmp_path), batch)
+    cut = batch.truncated
+    assert corr.mask[cut].sum() == 0 and torch.equal(corr.mask[~cut], whole.mask[~cut])
+    assert whole.mask[cut].sum() > 0
+    # every response cut: nothing is left in the loss and the weights do not move
+    cfg = cfg_for(tmp_path, "algorithm.mask_truncated=true", "rollout.max_new_tokens=2", "rollout.kv_budget=4",
+                  "rollout.step_length=1")
+    trainer = build_trainer(cfg)
+    before = {k: v.clone() for k, v in trainer.learner.state_dict().items()}
+    metrics = train_step(trainer, 1)
+    assert metrics["response/clipped_frac"] == 1.0
+    assert all(torch.equal(before[k], v) for k, v in trainer.learner.state_dict().items())
+    trainer = build_trainer(cfg_for(tmp_path, "rollout.max_new_tokens=2", "rollout.kv_budget=4", "rollout.step_length=1"))
+    train_step(trainer, 1)
+    assert not all(torch.equal(before[k], v) for k, v in trainer.learner.state_dict().items())

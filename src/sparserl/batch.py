@@ -15,7 +15,7 @@ class RolloutBatch:
 
     input_ids/attention_mask/position_ids: [N, P + T]; response_ids/response_mask/sampler_logprobs:
     [N, T] (the response starts at column P for every row); group_ids: [N] (the prompt each response
-    answers: a GRPO group); rewards/advantages: [N]; old/ref log-probs filled by the score station.
+    answers: a GRPO group); rewards/advantages/truncated: [N]; old/ref log-probs filled by the score station.
     """
 
     input_ids: torch.Tensor
@@ -26,6 +26,7 @@ class RolloutBatch:
     sampler_logprobs: torch.Tensor
     group_ids: torch.Tensor
     rewards: torch.Tensor | None = None
+    truncated: torch.Tensor | None = None  # [N] bool: the response was cut at max_new_tokens
     advantages: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None

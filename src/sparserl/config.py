@@ -367,6 +367,10 @@ class AlgorithmConfig(_Section):
     kl_kind: Literal["k1", "k2", "k3", "low_var_kl"] = F(
         "low_var_kl", "KL estimator: k1 | k2 | k3 | low_var_kl (k3, clamped).")
     entropy_coef: float = F(0.0, "Coefficient of the entropy bonus (0 = off).", ge=0)
+    mask_truncated: bool = F(False, "Leave responses cut at rollout.max_new_tokens (finish reason 'length') out of "
+                             "the loss and the corrections, as TRL's mask_truncated_completions and DAPO's overlong "
+                             "filtering; their rewards still count in their group's advantages "
+                             "(response/clipped_frac logs how many).")
     correction: Correction = F("sparse_rl", "Mismatch correction: a preset or method name from sparserl.correct "
                                "(e.g. sparse_rl, naive, none, tis, mis, qurl), or a list of method names / "
                                "[name, {options}] pairs.")

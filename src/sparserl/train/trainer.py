@@ -319,14 +319,21 @@ def rollout_batch(trainer: Trainer, ro: RolloutOutput, rewards: list[float]) -> 
     batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index,
                                       pad_id=trainer.tokenizer.pad_token_id or 0).to(trainer.device)
     batch.rewards = torch.tensor(rewards, dtype=torch.float32, device=trainer.device)
+    batch.truncated = torch.tensor([reason == "length" for reason in ro.finish_reason], device=trainer.device)
     return batch
 
 
 def corrections_and_advantages(cfg: Config, batch: RolloutBatch):
     """The step's corrections (``algorithm.correction``, from the sampler's and the old policy's log-probs),
-    returned, and its advantages, set on ``batch``."""
+    returned, and its advantages, set on ``batch``. With ``algorithm.mask_truncated`` the responses cut at
+    ``rollout.max_new_tokens`` enter the corrections and the loss with an empty mask (TRL's
+    ``mask_truncated_completions``, DAPO's overlong filtering); their rewards still count in their group's
+    advantages."""
     a = cfg.algorithm
-    corr = apply_corrections(a.correction, batch.sampler_logprobs, batch.old_logprobs, batch.response_mask,
+    mask = batch.response_mask
+    if a.mask_truncated:
+        mask = mask * (~batch.truncated).to(mask.dtype)[:, None]
+    corr = apply_corrections(a.correction, batch.sampler_logprobs, batch.old_logprobs, mask,
                              a.correction_options or None)
     adv_options = {"scale_rewards": a.scale_rewards} if a.adv_estimator == "grpo" else {}
     batch.advantages = compute_advantages(a.adv_estimator, batch.rewards, batch.group_ids, **adv_options)
