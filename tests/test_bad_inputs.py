@@ -247,6 +247,11 @@ MATRIX = [
     case("reward", ["train", *TINY, "reward.fn=nope"], "unknown reward name", "unknown-name"),
     case("reward", ["train", *TINY, "reward.fn=os:sep"], "not callable", "not-callable"),
     case("reward", ["train", *TINY, "reward.fn=json:no_such_fn"], "no_such_fn", "missing-attribute"),
+    case("reward", ["train", *TINY, "reward.fn=[test_bad_inputs:zero_reward, no_such_module:fn]"], "no_such_module",
+         "list-part-missing-module"),
+    case("reward", ["train", *TINY, "reward.fn=[math, test_bad_inputs:zero_reward]", "reward.weights=[1]"],
+         "1 weights for the 2 reward", "weights-count"),
+    case("reward", ["train", *TINY, "reward.weights=[1, x]"], "reward.weights", "weights-not-numbers"),
     # --- train: checkpoints, resume, output paths, flags ---------------------------------------
     case("checkpoint", ["train", "--resume", "--run-dir", "no_such_run"], "no_such_run", "resume-missing-folder"),
     case("checkpoint", ["train", "--resume", "--run-dir", "notrun"], "not a run folder", "resume-not-a-run"),
@@ -478,14 +483,15 @@ def test_every_float_field_is_checked_against_float32():
             if has_float(f.annotation)]
     assert {"train.lr", "train.eps", "train.betas", "algorithm.clip_eps_high", "rollout.temperature",
             "eval.temperature", "reward.timeout_s"} <= set(keys)
+    lists = {"train.betas": "[0.9, {}]", "reward.weights": "[{}]"}  # list fields: the value inside a list
     for key in keys:
-        value = "[0.9, 1e39]" if key == "train.betas" else "1e39"
+        form = lists.get(key, "{}")
         with pytest.raises(ConfigError) as e:
-            load_config("default", [f"{key}={value}"])
+            load_config("default", [f"{key}={form.format('1e39')}"])
         assert f"override: {key}" in str(e.value) and "1e+39" in str(e.value), str(e.value)
         if "must be <" not in str(e.value):  # a field without a smaller upper bound of its own
             assert "float32's finite range" in str(e.value), str(e.value)
-            assert load_config("default", [f"{key}={FLOAT32_MAX!r}"])  # the largest float32 is fine
+            assert load_config("default", [f"{key}={form.format(repr(FLOAT32_MAX))}"])  # the largest float32 is fine
     for over in ("rollout.compressor_options.lam=-1e39", "algorithm.correction_options.is_cap=.inf",
                  "algorithm.correction=[[tis, {is_cap: 1e300}]]"):
         with pytest.raises(ConfigError, match="float32's finite range"):

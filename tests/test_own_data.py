@@ -122,3 +122,75 @@ def test_calibrate_and_compare_read_the_same_columns(tmp_path):
     with pytest.raises(CompareError, match=r"--eval .*own\.jsonl.*data\.eval_prompt_key=<column>"):
         plan("default", TINY, "dense", 1, out=tmp_path / "o2", eval_data=str(own))
     assert load_config("default", ["data.eval_label_key=ans"]).data.eval_label_key == "ans"
+
+
+def half_point(response: str, label: str) -> float:
+    return 0.5
+
+
+def raises(response: str, label: str) -> float:
+    raise ValueError("a broken reward")
+
+
+def test_weighted_rewards_sum_their_parts_and_the_first_is_the_verifier():
+    """reward.fn as a list with reward.weights (TRL's reward_funcs / reward_weights): R = Σ w_k r_k, each
+    part's values kept, failed calls counted over the parts, the first part the verifier."""
+    from sparserl.reward.weighted import WeightedReward, load_rewards, score_rewards, verifier
+
+    reward = load_rewards(["test_own_data:asked_a_sum", "test_own_data:half_point", "test_own_data:raises"],
+                          [1.0, 0.4, 2.0])
+    assert isinstance(reward, WeightedReward)
+    scores = score_rewards(reward, ["a", "b"], ["3", "7"], ["Q: What is 1 + 2?", "no sum here"])
+    assert scores.total == pytest.approx([1.0 + 0.4 * 0.5, 0.4 * 0.5])
+    assert scores.parts == {"test_own_data:asked_a_sum": [1.0, 0.0], "test_own_data:half_point": [0.5, 0.5],
+                            "test_own_data:raises": [0.0, 0.0]}
+    assert scores.errors == 2
+    assert verifier(reward) is reward.parts[0][1]
+    one = load_rewards("test_own_data:half_point")  # a name with weight 1: the reward itself
+    assert not isinstance(one, WeightedReward) and verifier(one) is one
+    assert score_rewards(one, ["a"], ["1"]).total == [0.5] and score_rewards(one, ["a"], ["1"]).parts == {}
+    scaled = load_rewards("test_own_data:half_point", [3.0])
+    assert score_rewards(scaled, ["a"], ["1"]).total == [1.5]
+
+
+@pytest.mark.parametrize("overrides, problem", [
+    (["reward.fn=[math, test_own_data:half_point]", "reward.weights=[1.0]"], "1 weights for the 2 reward"),
+    (["reward.fn=[math, math]"], "'math' twice"),
+    (["reward.fn=[]"], r"reward.fn=\[\]"),
+    (["reward.weights=[1.0, 2.0]"], "2 weights for the 1 reward"),
+])
+def test_reward_lists_that_do_not_add_up_are_config_errors(overrides, problem):
+    from sparserl.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match=problem):
+        validate(load_config("default", overrides))
+
+
+def test_a_run_logs_each_part_of_its_weighted_reward(tmp_path):
+    from test_train import cfg_for
+
+    own = _jsonl(tmp_path / "own.jsonl", ROWS)
+    cfg = cfg_for(tmp_path, "train.steps=1", f"data.train={own}", "data.prompt_key=q", "data.label_key=ans",
+                  "data.template='Q: {problem}'", f"data.eval={own}", "data.eval_limit=1", "eval.max_new_tokens=2",
+                  "reward.fn=[test_own_data:half_point, test_own_data:asked_a_sum]", "reward.weights=[2.0, 0.25]")
+    run = train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
+    (row,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert row["reward/part/test_own_data:half_point"] == 0.5 and row["reward/part/test_own_data:asked_a_sum"] == 1.0
+    assert row["reward/mean"] == pytest.approx(2.0 * 0.5 + 0.25 * 1.0)
+    assert row["reward/accuracy"] == 0.0  # the verifier (the first part) gives 0.5: no response passes
+    record = json.loads((run / "eval-step00001.json").read_text())
+    # held-out evaluation reads the verifier alone (the weighted sum would average 1.25); its 0.5 is no pass
+    assert record["dense"]["avg@1"] == 0.5 and record["dense"]["pass@1"] == 0.0
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_pass_at_1_counts_passes_at_any_n(tmp_path, n):
+    """A partial-credit reward (0.5 a response): avg@n is its mean and pass@1 the fraction of samples with
+    reward >= 1, at n = 1 as at n > 1 (pass@1 used to be the mean at n > 1 and the pass fraction at n = 1)."""
+    own = _jsonl(tmp_path / "own.jsonl", ROWS)
+    out = tmp_path / "eval.json"
+    assert cli.main(["eval", "--model", "tiny", "--data", str(own), "--prompt-key", "q", "--label-key", "ans",
+                     "--reward", "test_own_data:half_point", "--n", str(n), "--temperature", "1.0",
+                     "--max-new-tokens", "2", "--dtype", "float32", "--out", str(out)]) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    assert (run[f"avg@{n}"], run["pass@1"], run[f"pass@{n}"]) == (0.5, 0.0, 0.0)

@@ -48,6 +48,7 @@ from .rollout.kv.schedule import ScheduleError, load_schedule, parse_pairs
 from .rollout.kv_quant import available_kv_quants
 from .rollout.quant import available_quants, build_quant
 from .rollout.quant.int8_group import GROUP as QUANT_GROUP
+from .reward.weighted import spec_problem as reward_spec_problem
 from .score.old_policy import old_logprobs_source, why_update_forward_is_not_old_policy
 from .train.advantages import available_adv_ests, get_adv_est
 from .presets import PRESET_DIR, list_presets
@@ -329,9 +330,13 @@ class DataConfig(_Section):
 class RewardConfig(_Section):
     """The verifier."""
 
-    fn: NonEmpty = F("math", "Reward function: a built-in name ('math': 1 if the final / boxed answer equals "
-                     "the label, else 0) or 'module:function' taking (response, label[, prompt]); prompt is the problem as the "
-                     "model was asked it (its last user message, after data.template).")
+    fn: Union[NonEmpty, list[NonEmpty]] = F(
+        "math", "Reward function: a built-in name ('math': 1 if the final / boxed answer equals the label, else 0) or "
+        "'module:function' taking (response, label[, prompt]); prompt is the problem as the model was asked it (its "
+        "last user message, after data.template). A list sums several, weighted by reward.weights (TRL's "
+        "reward_funcs); the first is the verifier held-out pass@k reads.")
+    weights: Optional[list[float]] = F(None, "One weight per reward of reward.fn: R = sum of w_k r_k (TRL's "
+                                       "reward_weights); None = 1 each.")
     timeout_s: float = F(5.0, "Seconds allowed to verify one response (in a checker process) before "
                          "it scores 0 (at most a day: the checker's timer takes no more than ~1e9 s).",
                          gt=0, le=86400)
@@ -1006,6 +1011,8 @@ def validate(cfg: Config) -> Config:
     if r.quant_group != QUANT_GROUP and not build_quant(r.quant).takes_group:
         errors.append(f"rollout.quant_group={r.quant_group} applies to rollout.quant=int8_group only "
                       f"(rollout.quant={r.quant!r} has no activation groups)")
+    if (problem := reward_spec_problem(cfg.reward.fn, cfg.reward.weights)) is not None:
+        errors.append(problem)
     if r.mismatch_split and r.quant == "none":
         errors.append("rollout.mismatch_split=true needs rollout.quant (int8, fp8, ...): with full-precision "
                       "weights the whole mismatch is the cache's")

@@ -34,7 +34,7 @@ RESUME_FREE_KEYS = ("name", "train.steps", "log.*", "checkpoint.*", "eval.every"
 # reward station
 REWARD_MEAN = "reward/mean"
 REWARD_STD = "reward/std"
-ACCURACY = "reward/accuracy"
+ACCURACY = "reward/accuracy"  # the fraction of responses the verifier (a weighted reward's first part) scores >= 1
 REWARD_ERRORS = "reward/errors"
 FRAC_ZERO_STD_GROUPS = "reward/frac_zero_std_groups"
 
@@ -135,6 +135,11 @@ def step_seconds(row: dict) -> float | None:
     parts = [number(row.get(k)) for k in STATIONS]
     parts = [x for x in parts if x is not None]
     return sum(parts) if parts else None
+
+
+def reward_part_metric(spec: str) -> str:
+    """The mean of one part of a weighted reward (``reward.fn`` a list), by its spec: ``reward/part/<spec>``."""
+    return f"reward/part/{spec}"
 
 
 def eval_metric(mode: str, stat: str = "pass@1") -> str:

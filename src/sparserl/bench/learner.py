@@ -33,7 +33,7 @@ import torch
 
 from ..config import ConfigError
 from ..models.mixed_precision import autocast_for, choose as choose_mixed_precision
-from ..reward import score_responses
+from ..reward.weighted import score_rewards
 from ..rollout.dtype_auto import cpu_name
 from ..rollout import native
 from ..score import model_dropout, score_logprobs
@@ -127,8 +127,8 @@ def run_bench(cfg, repeat: int = 3, log=print) -> dict:
     trainer = build_trainer(cfg)
     examples, ro = rollout(trainer, 1)
     asked = [examples[i] for i in ro.prompt_index]
-    rewards, _ = score_responses(trainer.reward_fn, ro.texts, [e.label for e in asked], [e.prompt_text for e in asked])
-    batch = rollout_batch(trainer, ro, rewards)
+    scores = score_rewards(trainer.reward_fn, ro.texts, [e.label for e in asked], [e.prompt_text for e in asked])
+    batch = rollout_batch(trainer, ro, scores.total)
     mask = batch.response_mask
     logprobs, corr = {}, {}
     for mode in MODES:

@@ -93,7 +93,7 @@ def evaluate_model(model: str, cfg: Config, data: str, *, limit: int | None, n: 
 
     from ..eval.evaluate import evaluate
     from ..models.loading import load_model
-    from ..reward import load_reward
+    from ..reward.weighted import load_rewards, verifier
     from ..rollout.engine import RolloutEngine
     from ..rollout.kv import build_compressor, compressor_from_fields
     from ..rollout.sampling import SamplingParams
@@ -101,7 +101,7 @@ def evaluate_model(model: str, cfg: Config, data: str, *, limit: int | None, n: 
 
     examples = list(load_eval_set(cfg.data, data, limit=limit))
     lm = load_model(model, dtype=cfg.model.dtype, device=cfg.model.device)
-    reward_fn = load_reward(cfg.reward.fn, timeout_s=cfg.reward.timeout_s)
+    reward_fn = verifier(load_rewards(cfg.reward.fn, cfg.reward.weights, timeout_s=cfg.reward.timeout_s))
     params = SamplingParams(n=n, temperature=temperature, max_new_tokens=settings["max_new_tokens"],
                             seed=cfg.train.seed)
     record = {**record, "settings": settings}

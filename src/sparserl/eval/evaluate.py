@@ -1,8 +1,10 @@
 """``sparserl eval``: accuracy of a model or checkpoint on a data set, under dense and under sparse
 inference (any compressor and budget), written as JSON.
 
-With ``n`` samples per problem: ``avg@n`` = mean reward over all samples, ``pass@n`` = fraction of
-problems with at least one correct sample, ``pass@1`` = the unbiased estimate (= avg@n).
+With ``n`` samples per problem: ``avg@n`` = mean reward over all samples, ``pass@1`` = the fraction of
+samples that pass (reward >= 1: the unbiased estimate of pass@1; = avg@n for a 0/1 reward), ``pass@n`` =
+the fraction of problems with at least one sample that passes. (Until this change ``pass@1`` was the mean
+reward at n > 1 and the pass fraction at n = 1: the same for a 0/1 reward such as ``math``.)
 """
 from __future__ import annotations
 
@@ -39,8 +41,8 @@ def evaluate(engine: RolloutEngine, examples, params: SamplingParams, reward_fn,
     return {
         "problems": len(examples),
         "n": n,
-        "pass@1": sum(rewards_all) / max(1, len(rewards_all)),
         f"avg@{n}": sum(rewards_all) / max(1, len(rewards_all)),
+        "pass@1": sum(x >= 1.0 for x in rewards_all) / max(1, len(rewards_all)),
         f"pass@{n}": sum(any(x >= 1.0 for x in p) for p in per_problem) / max(1, len(per_problem)),
         "reward_errors": errors,
         "tokens": tokens,

@@ -22,7 +22,7 @@ from ..correct import apply_corrections, log_ratio
 from ..data import PromptSampler, load_dataset
 from ..models.loading import check_model, load_model
 from ..models.mixed_precision import choose as choose_mixed_precision, learner_autocast, learner_compute_dtype
-from ..reward import load_reward, score_responses
+from ..reward.weighted import RewardScores, load_rewards, score_rewards, verifier
 from ..rollout.engine import RolloutEngine, RolloutOutput
 from ..eval.evaluate import evaluate, write_eval_record
 from ..eval.report import make_report
@@ -113,7 +113,7 @@ def build_trainer(cfg: Config) -> Trainer:
     if data.skipped:
         print(f"data: {len(data)} examples from {data.source}, {data.skipped} bad rows skipped")
     check_model(cfg.model.name)
-    reward_fn = load_reward(cfg.reward.fn, timeout_s=cfg.reward.timeout_s)
+    reward_fn = load_rewards(cfg.reward.fn, cfg.reward.weights, timeout_s=cfg.reward.timeout_s)
     if cfg.cluster.rollout_workers is not None or cfg.cluster.learners > 1:  # Ray there, its address answering
         from ..cluster.pool import preflight as cluster_preflight
 
@@ -268,10 +268,9 @@ def train_step(trainer: Trainer, step: int) -> dict:
     lag = pool_metrics(trainer, ro)  # before this step's push
     lap(names.TIME_ROLLOUT)
     asked = [examples[i] for i in ro.prompt_index]
-    rewards, n_reward_errors = score_responses(trainer.reward_fn, ro.texts, [e.label for e in asked],
-                                               [e.prompt_text for e in asked])
+    scores = score_rewards(trainer.reward_fn, ro.texts, [e.label for e in asked], [e.prompt_text for e in asked])
     lap(names.TIME_REWARD)
-    batch = rollout_batch(trainer, ro, rewards)
+    batch = rollout_batch(trainer, ro, scores.total)
     temp, shared, hidden, micro = cfg.rollout.temperature, cfg.train.shared_prompt, None, cfg.train.micro_batch_size
     source, update_forward = old_logprobs_from(trainer), None
     with learner_autocast(cfg.model, trainer.device):
@@ -309,7 +308,7 @@ def train_step(trainer: Trainer, step: int) -> dict:
     if trainer.engine.model.quantizer.quantizes and trainer.pool is None:  # the workers quantize on their side
         update_metrics[names.TIME_QUANTIZE] = trainer.engine.model.last_quantize_s
     lap(names.TIME_UPDATE)
-    return {**rollout_metrics(ro, batch, n_reward_errors, cfg), **corr.metrics, **split, **alpha, **update_metrics,
+    return {**rollout_metrics(ro, batch, scores, cfg), **corr.metrics, **split, **alpha, **update_metrics,
             **times, **lag, names.TIME_GENERATE: ro.seconds, names.TIME_STEP: time.perf_counter() - started,
             names.ROLLOUT_TOKENS_PER_S: ro.tokens_generated / max(ro.seconds, 1e-9)}
 
@@ -485,9 +484,10 @@ def update_policy(trainer, batch: RolloutBatch, corr, update_forward: UpdateForw
     return out
 
 
-def rollout_metrics(ro: RolloutOutput, batch: RolloutBatch, n_reward_errors: int, cfg: Config) -> dict:
+def rollout_metrics(ro: RolloutOutput, batch: RolloutBatch, scores: RewardScores, cfg: Config) -> dict:
     """Reward, length and KV figures of a rollout batch (KV like with like: see ``sparserl.runlog``)."""
     r = batch.rewards
+    verified = torch.tensor(next(iter(scores.parts.values()))) if scores.parts else r.cpu()
     lengths = batch.response_mask.sum(-1)
     # per response: tokens its cache held at its end vs a dense cache then (prompt + response - 1:
     # the last sampled token never enters the cache)
@@ -496,8 +496,9 @@ def rollout_metrics(ro: RolloutOutput, batch: RolloutBatch, n_reward_errors: int
     return {
         names.REWARD_MEAN: float(r.mean()),
         names.REWARD_STD: float(r.std()) if r.numel() > 1 else 0.0,
-        names.ACCURACY: float((r >= 1.0).float().mean()),
-        names.REWARD_ERRORS: n_reward_errors,
+        names.ACCURACY: float((verified >= 1.0).float().mean()),
+        names.REWARD_ERRORS: scores.errors,
+        **{names.reward_part_metric(spec): sum(values) / max(1, len(values)) for spec, values in scores.parts.items()},
         names.FRAC_ZERO_STD_GROUPS: frac_zero_std_groups(r, batch.group_ids),
         names.LENGTH_MEAN: float(lengths.mean()),
         names.LENGTH_MAX: float(lengths.max()),
@@ -638,7 +639,7 @@ def held_out_eval(trainer: Trainer, step: int, run: Path, log=print) -> dict:
             sampler.update_weights(sampler_state(trainer.learner))
             trainer.engine_stale = True  # the sparse mode reloads θ + φ
         engine = RolloutEngine.from_engine(sampler, compressor)
-        results[mode] = evaluate(engine, examples, params, trainer.reward_fn)
+        results[mode] = evaluate(engine, examples, params, verifier(trainer.reward_fn))
         log(f"eval step {step} {mode}: pass@1 {results[mode]['pass@1']:.3f} on {len(examples)} problems "
             f"of {cfg.data.eval}")
     write_eval_record(run, step, cfg.data.eval, results)
