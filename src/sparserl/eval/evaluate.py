@@ -85,8 +85,10 @@ def evaluate_cli(args) -> int:
         res = evaluate(RolloutEngine(lm, comp, dtype=dtype), list(data), params, reward_fn, args.batch)
         res.update({"compressor": name, "kv_budget": args.kv_budget if comp.compresses else None})
         results["runs"].append(res)
-        print(f"{name:>9}: pass@1 {res['pass@1']:.3f}  pass@{args.n} {res[f'pass@{args.n}']:.3f}  "
-              f"({res['problems']} problems, {res['seconds']:.0f}s, KV peak {res['kv_bytes_peak'] / 2**20:.1f} MiB)")
+        stats = f"pass@1 {res['pass@1']:.3f}  avg@{args.n} {res[f'avg@{args.n}']:.3f}" + (
+            f"  pass@{args.n} {res[f'pass@{args.n}']:.3f}" if args.n > 1 else "")
+        print(f"{name:>9}: {stats}  ({res['problems']} problems, {res['seconds']:.0f}s, "
+              f"KV peak {res['kv_bytes_peak'] / 2**20:.1f} MiB)")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=2))
