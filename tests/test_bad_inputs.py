@@ -232,6 +232,9 @@ MATRIX = [
     case("config", [*T, "data.eval_prompt_key=''"], "data.eval_prompt_key", "eval-prompt-key-empty"),
     case("config", [*T, "data.prompt_key=''"], "data.prompt_key", "prompt-key-empty"),
     case("config", [*T, "algorithm.mask_truncated=maybe"], "algorithm.mask_truncated", "mask-truncated-not-bool"),
+    case("config", [*T, "algorithm.max_gen_batches=0"], "algorithm.max_gen_batches", "max-gen-batches-zero"),
+    case("config", [*T, "algorithm.filter_groups=true", "rollout.async=true", "cluster.rollout_workers=1"],
+         "invalid config", "filter-groups-async"),
     # --- train: model and reward ---------------------------------------------------------------
     case("model", ["train", *TINY, "model.name=no_such_dir"], "no_such_dir", "missing-folder"),
     case("model", ["train", *TINY, "model.name=x.gguf"], "not a GGUF file", "corrupt-gguf"),

@@ -372,6 +372,11 @@ class AlgorithmConfig(_Section):
     kl_kind: Literal["k1", "k2", "k3", "low_var_kl"] = F(
         "low_var_kl", "KL estimator: k1 | k2 | k3 | low_var_kl (k3, clamped).")
     entropy_coef: float = F(0.0, "Coefficient of the entropy bonus (0 = off).", ge=0)
+    filter_groups: bool = F(False, "DAPO's dynamic sampling (verl's filter_groups): sample further batches of "
+                            "train.prompts_per_step prompts until that many groups have rewards that differ (a group "
+                            "of equal rewards has advantage 0), at most max_gen_batches, and train on the first ones; "
+                            "short of them, groups of equal rewards fill the step. Logs sampling/gen_batches.")
+    max_gen_batches: int = F(4, "At most this many batches sampled in a step under filter_groups.", ge=1)
     mask_truncated: bool = F(False, "Leave responses cut at rollout.max_new_tokens (finish reason 'length') out of "
                              "the loss and the corrections, as TRL's mask_truncated_completions and DAPO's overlong "
                              "filtering; their rewards still count in their group's advantages "
@@ -1011,6 +1016,12 @@ def validate(cfg: Config) -> Config:
     if r.quant_group != QUANT_GROUP and not build_quant(r.quant).takes_group:
         errors.append(f"rollout.quant_group={r.quant_group} applies to rollout.quant=int8_group only "
                       f"(rollout.quant={r.quant!r} has no activation groups)")
+    if a.filter_groups and r.async_:
+        errors.append("algorithm.filter_groups=true with rollout.async=true: dynamic sampling decides from a step's "
+                      "rewards whether to sample more, which the one-step-ahead rollout has already sent")
+    if a.filter_groups and r.n < 2:
+        errors.append(f"algorithm.filter_groups=true with rollout.n={r.n}: a group of one response never has rewards "
+                      "that differ; set rollout.n >= 2")
     if (problem := reward_spec_problem(cfg.reward.fn, cfg.reward.weights)) is not None:
         errors.append(problem)
     if r.mismatch_split and r.quant == "none":

@@ -38,6 +38,12 @@ ACCURACY = "reward/accuracy"  # the fraction of responses the verifier (a weight
 REWARD_ERRORS = "reward/errors"
 FRAC_ZERO_STD_GROUPS = "reward/frac_zero_std_groups"
 
+# DAPO's dynamic sampling (algorithm.filter_groups): batches sampled this step, groups found whose rewards
+# differ, and the fraction of the groups trained on that do
+GEN_BATCHES = "sampling/gen_batches"
+INFORMATIVE_GROUPS = "sampling/informative_groups"
+KEPT_INFORMATIVE_FRAC = "sampling/kept_informative_frac"
+
 # responses
 LENGTH_MEAN = "response/length_mean"
 LENGTH_MAX = "response/length_max"

@@ -45,6 +45,7 @@ from .kv_controller import KVController
 from .determinism import (deterministic_state, naming_nondeterministic_ops, restore_deterministic_state,
                           use_deterministic_kernels)
 from .distill_sparse import DistillSparse
+from .dynamic_sampling import filter_groups
 from .eval_set import load_eval_set
 from .lora import apply_lora, sampler_state
 from .run_folder import (CONFIG_FILE, ResumeError, check_resume_config, checkpoint_step, find_resume_folder,
@@ -264,12 +265,9 @@ def train_step(trainer: Trainer, step: int) -> dict:
         times[key] = now - clock
         clock = now
 
-    examples, ro = rollout(trainer, step)
+    examples, ro, scores, sampled = sample_and_score(trainer, step)  # the rollout and reward stations
     lag = pool_metrics(trainer, ro)  # before this step's push
-    lap(names.TIME_ROLLOUT)
-    asked = [examples[i] for i in ro.prompt_index]
-    scores = score_rewards(trainer.reward_fn, ro.texts, [e.label for e in asked], [e.prompt_text for e in asked])
-    lap(names.TIME_REWARD)
+    clock = time.perf_counter()
     batch = rollout_batch(trainer, ro, scores.total)
     temp, shared, hidden, micro = cfg.rollout.temperature, cfg.train.shared_prompt, None, cfg.train.micro_batch_size
     source, update_forward = old_logprobs_from(trainer), None
@@ -309,8 +307,35 @@ def train_step(trainer: Trainer, step: int) -> dict:
         update_metrics[names.TIME_QUANTIZE] = trainer.engine.model.last_quantize_s
     lap(names.TIME_UPDATE)
     return {**rollout_metrics(ro, batch, scores, cfg), **corr.metrics, **split, **alpha, **update_metrics,
-            **times, **lag, names.TIME_GENERATE: ro.seconds, names.TIME_STEP: time.perf_counter() - started,
+            **times, **sampled, **lag, names.TIME_GENERATE: ro.seconds, names.TIME_STEP: time.perf_counter() - started,
             names.ROLLOUT_TOKENS_PER_S: ro.tokens_generated / max(ro.seconds, 1e-9)}
+
+
+def sample_and_score(trainer: Trainer, step: int) -> tuple[list, RolloutOutput, RewardScores, dict]:
+    """Step ``step``'s examples, their rollout, its rewards, and the two stations' times; with
+    ``algorithm.filter_groups``, DAPO's dynamic sampling (:mod:`.dynamic_sampling`) and its metrics."""
+    spent = {names.TIME_ROLLOUT: 0.0, names.TIME_REWARD: 0.0}
+
+    def timed(key, fn, *args):
+        start = time.perf_counter()
+        out = fn(*args)
+        spent[key] += time.perf_counter() - start
+        return out
+
+    def sample():
+        return timed(names.TIME_ROLLOUT, rollout, trainer, step)
+
+    def score(examples, ro):
+        asked = [examples[i] for i in ro.prompt_index]
+        return timed(names.TIME_REWARD, score_rewards, trainer.reward_fn, ro.texts, [e.label for e in asked],
+                     [e.prompt_text for e in asked])
+
+    a = trainer.cfg.algorithm
+    if not a.filter_groups:
+        examples, ro = sample()
+        return examples, ro, score(examples, ro), spent
+    examples, ro, scores, stats = filter_groups(sample, score, trainer.cfg.train.prompts_per_step, a.max_gen_batches)
+    return examples, ro, scores, {**spent, **stats}
 
 
 def rollout_batch(trainer: Trainer, ro: RolloutOutput, rewards: list[float]) -> RolloutBatch:
