@@ -40,7 +40,8 @@ def test_the_first_informative_groups_are_kept_in_draw_order():
     batches = iter([fake_batch("a", [[1, 0], [0, 0]]), fake_batch("b", [[0, 1], [1, 0]]), fake_batch("c", [[1, 0]])])
     examples, ro, scores, stats = filter_groups(lambda: next(batches), score, want=2, max_batches=4)
     assert examples == ["a0", "b0"]  # b1 differs too, but two were enough; c was never sampled
-    assert stats == {"sampling/gen_batches": 2, "sampling/informative_groups": 3, "sampling/kept_informative_frac": 1.0}
+    assert stats == {"sampling/gen_batches": 2, "sampling/informative_groups": 3, "sampling/kept_informative_frac": 1.0,
+                     "sampling/reward_mean_all": 3 / 8}  # everything sampled: a1's zeros and b1 too
     assert ro.prompt_index == [0, 0, 1, 1] and ro.texts == ["a0:1", "a0:0", "b0:0", "b0:1"]
     assert scores.total == [1.0, 0.0, 0.0, 1.0] and scores.parts == {"part": [0.0] * 4} and scores.errors == 2
     assert [d[0, 0].item() for d in ro.distributions] == [0.0, 1.0, 0.0, 1.0]  # each response's own q
@@ -78,3 +79,10 @@ def test_a_run_with_dynamic_sampling_trains_and_resumes_exactly(tmp_path):
     assert ra[2]["reward/mean"] == rb[2]["reward/mean"]
     wa = (latest_checkpoint(full) / "model" / "model.safetensors").read_bytes()
     assert wa == (latest_checkpoint(resumed) / "model" / "model.safetensors").read_bytes()
+
+
+def test_the_step_line_says_how_many_batches_were_sampled():
+    from sparserl.train.metrics import format_step_line
+
+    assert format_step_line(3, {"reward/mean": 0.5, "sampling/gen_batches": 2}, 12) == "step 3/12 reward 0.500 batches 2"
+    assert "batches" not in format_step_line(3, {"reward/mean": 0.5}, 12)

@@ -39,10 +39,13 @@ REWARD_ERRORS = "reward/errors"
 FRAC_ZERO_STD_GROUPS = "reward/frac_zero_std_groups"
 
 # DAPO's dynamic sampling (algorithm.filter_groups): batches sampled this step, groups found whose rewards
-# differ, and the fraction of the groups trained on that do
+# differ, the fraction of the groups trained on that do, and the mean reward of all that was sampled
 GEN_BATCHES = "sampling/gen_batches"
 INFORMATIVE_GROUPS = "sampling/informative_groups"
 KEPT_INFORMATIVE_FRAC = "sampling/kept_informative_frac"
+#: the mean reward of every response sampled in the step, kept or not: reward/mean, over the kept groups only, is
+#: raised by the selection (a weak model's dropped groups are mostly all-0), so compare arms on this one
+REWARD_MEAN_SAMPLED = "sampling/reward_mean_all"
 
 # responses
 LENGTH_MEAN = "response/length_mean"

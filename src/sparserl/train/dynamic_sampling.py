@@ -7,7 +7,8 @@ keeps sampling batches of ``train.prompts_per_step`` new prompts until it holds 
 rewards differ (std > 0), at most ``algorithm.max_gen_batches`` batches, and trains on the first ones
 (in the order they were drawn). Where the batches run out first, the step fills up with the groups of
 equal rewards it drew, in order, so that every step trains on ``prompts_per_step`` groups (verl stops the
-run there instead). The extra prompts are drawn from the run's seeded sampler, so a resumed run draws
+run there instead). ``reward/mean`` is then the kept groups' mean, which the selection raises (a weak
+model's dropped groups are mostly all 0); ``sampling/reward_mean_all`` is the mean over all that was sampled. The extra prompts are drawn from the run's seeded sampler, so a resumed run draws
 what it would have.
 """
 from __future__ import annotations
@@ -90,10 +91,12 @@ def filter_groups(sample, score, want: int, max_batches: int):
     merged = RewardScores([x for s in all_scores for x in s.total],
                           {k: [x for s in all_scores for x in s.parts[k]] for k in all_scores[0].parts},
                           sum(s.errors for s in all_scores))
+    merged_total = merged.total
     chosen = [p for p, ok in enumerate(flags) if ok][:want]
     chosen += [p for p, ok in enumerate(flags) if not ok][: want - len(chosen)]
     chosen.sort()  # the order they were drawn
     ro, merged = select_groups(ro, merged, chosen)
     stats = {names.GEN_BATCHES: len(outs), names.INFORMATIVE_GROUPS: sum(flags),
-             names.KEPT_INFORMATIVE_FRAC: sum(flags[p] for p in chosen) / max(1, len(chosen))}
+             names.KEPT_INFORMATIVE_FRAC: sum(flags[p] for p in chosen) / max(1, len(chosen)),
+             names.REWARD_MEAN_SAMPLED: sum(merged_total) / max(1, len(merged_total))}
     return [examples[p] for p in chosen], ro, merged, stats

@@ -33,6 +33,7 @@ PROGRESS_FIELDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("kv kept", (names.KV_KEPT_FRAC,), "{:.0%}"),
     ("kv alloc", (names.KV_ALLOC_REDUCTION,), "1/{:.1f}"),
     ("len", (names.LENGTH_MEAN,), "{:.0f}"),
+    ("batches", (names.GEN_BATCHES,), "{:.0f}"),  # with algorithm.filter_groups only
 )
 
 
