@@ -41,7 +41,8 @@ def test_the_first_informative_groups_are_kept_in_draw_order():
     examples, ro, scores, stats = filter_groups(lambda: next(batches), score, want=2, max_batches=4)
     assert examples == ["a0", "b0"]  # b1 differs too, but two were enough; c was never sampled
     assert stats == {"sampling/gen_batches": 2, "sampling/informative_groups": 3, "sampling/kept_informative_frac": 1.0,
-                     "sampling/reward_mean_all": 3 / 8}  # everything sampled: a1's zeros and b1 too
+                     "reward/mean": 3 / 8,  # everything sampled: a1's zeros and b1 too
+                     "sampling/reward_mean_kept": 2 / 4}
     assert ro.prompt_index == [0, 0, 1, 1] and ro.texts == ["a0:1", "a0:0", "b0:0", "b0:1"]
     assert scores.total == [1.0, 0.0, 0.0, 1.0] and scores.parts == {"part": [0.0] * 4} and scores.errors == 2
     assert [d[0, 0].item() for d in ro.distributions] == [0.0, 1.0, 0.0, 1.0]  # each response's own q
@@ -63,12 +64,26 @@ def test_concat_offsets_prompt_indices():
     assert joined.prompt_index == [0, 1, 2] and joined.kv.bytes_peak == 200
 
 
-def test_a_run_with_dynamic_sampling_trains_and_resumes_exactly(tmp_path):
+def test_a_run_with_dynamic_sampling_trains_and_resumes_exactly(tmp_path, monkeypatch):
+    from sparserl.train import trainer as trainer_module
+
+    seen = []
+    real = trainer_module.filter_groups
+    monkeypatch.setattr(trainer_module, "filter_groups", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
     args = ("algorithm.filter_groups=true", "algorithm.max_gen_batches=3")
-    trainer = build_trainer(cfg_for(tmp_path, *args))
-    metrics = train_step(trainer, 1)
-    assert 1 <= metrics["sampling/gen_batches"] <= 3
-    assert metrics["sampling/kept_informative_frac"] > 0
+    # pairs of responses; the first seed whose step 1 drops groups that change the mean (seed 2 on the CPUs
+    # measured: reward 0.75 over all sampled, 0.5 over the kept groups)
+    for seed in range(8):
+        seen.clear()
+        metrics = train_step(build_trainer(cfg_for(tmp_path, *args, "rollout.n=2", f"train.seed={seed}")), 1)
+        if metrics["reward/mean"] != metrics["sampling/reward_mean_kept"]:
+            break
+    assert 1 <= metrics["sampling/gen_batches"] <= 3 and metrics["sampling/kept_informative_frac"] > 0
+    # the step's reward/mean is the mean over all that was sampled, not the trained batch's (the kept groups')
+    (_, _, scores, stats), = seen
+    assert metrics["reward/mean"] == stats["reward/mean"] != sum(scores.total) / len(scores.total)
+    assert metrics["sampling/reward_mean_kept"] == sum(scores.total) / len(scores.total)
+    monkeypatch.undo()
     full = train(cfg_for(tmp_path, "train.steps=3", *args), run_dir=tmp_path / "a", log=lambda *_: None)
     train(cfg_for(tmp_path, "train.steps=2", *args), run_dir=tmp_path / "b", log=lambda *_: None)
     resumed = train(cfg_for(tmp_path, "train.steps=3", *args), run_dir=tmp_path / "b", resume=True,

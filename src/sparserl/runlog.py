@@ -39,13 +39,13 @@ REWARD_ERRORS = "reward/errors"
 FRAC_ZERO_STD_GROUPS = "reward/frac_zero_std_groups"
 
 # DAPO's dynamic sampling (algorithm.filter_groups): batches sampled this step, groups found whose rewards
-# differ, the fraction of the groups trained on that do, and the mean reward of all that was sampled
+# differ, the fraction of the groups trained on that do, and the mean reward of the groups trained on. Under it,
+# reward/mean is the mean over every response the step sampled, kept or not, so that it compares with other runs':
+# the kept groups' mean is raised by the selection (a weak model's dropped groups are mostly all 0)
 GEN_BATCHES = "sampling/gen_batches"
 INFORMATIVE_GROUPS = "sampling/informative_groups"
 KEPT_INFORMATIVE_FRAC = "sampling/kept_informative_frac"
-#: the mean reward of every response sampled in the step, kept or not: reward/mean, over the kept groups only, is
-#: raised by the selection (a weak model's dropped groups are mostly all-0), so compare arms on this one
-REWARD_MEAN_SAMPLED = "sampling/reward_mean_all"
+REWARD_MEAN_KEPT = "sampling/reward_mean_kept"
 
 # responses
 LENGTH_MEAN = "response/length_mean"

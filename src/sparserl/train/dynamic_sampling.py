@@ -7,8 +7,9 @@ keeps sampling batches of ``train.prompts_per_step`` new prompts until it holds 
 rewards differ (std > 0), at most ``algorithm.max_gen_batches`` batches, and trains on the first ones
 (in the order they were drawn). Where the batches run out first, the step fills up with the groups of
 equal rewards it drew, in order, so that every step trains on ``prompts_per_step`` groups (verl stops the
-run there instead). ``reward/mean`` is then the kept groups' mean, which the selection raises (a weak
-model's dropped groups are mostly all 0); ``sampling/reward_mean_all`` is the mean over all that was sampled. The extra prompts are drawn from the run's seeded sampler, so a resumed run draws
+run there instead). ``reward/mean`` stays the mean over all that the step sampled, comparable with a run
+without it; ``sampling/reward_mean_kept`` is the kept groups' mean, which the selection raises (a weak
+model's dropped groups are mostly all 0). The extra prompts are drawn from the run's seeded sampler, so a resumed run draws
 what it would have.
 """
 from __future__ import annotations
@@ -98,5 +99,6 @@ def filter_groups(sample, score, want: int, max_batches: int):
     ro, merged = select_groups(ro, merged, chosen)
     stats = {names.GEN_BATCHES: len(outs), names.INFORMATIVE_GROUPS: sum(flags),
              names.KEPT_INFORMATIVE_FRAC: sum(flags[p] for p in chosen) / max(1, len(chosen)),
-             names.REWARD_MEAN_SAMPLED: sum(merged_total) / max(1, len(merged_total))}
+             names.REWARD_MEAN: sum(merged_total) / max(1, len(merged_total)),  # over all sampled (runlog)
+             names.REWARD_MEAN_KEPT: sum(merged.total) / max(1, len(merged.total))}
     return [examples[p] for p in chosen], ro, merged, stats

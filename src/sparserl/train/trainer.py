@@ -265,7 +265,8 @@ def train_step(trainer: Trainer, step: int) -> dict:
         times[key] = now - clock
         clock = now
 
-    examples, ro, scores, sampled = sample_and_score(trainer, step)  # the rollout and reward stations
+    # the rollout and reward stations; under dynamic sampling `sampled` overrides rollout_metrics' reward/mean
+    examples, ro, scores, sampled = sample_and_score(trainer, step)
     lag = pool_metrics(trainer, ro)  # before this step's push
     clock = time.perf_counter()
     batch = rollout_batch(trainer, ro, scores.total)
