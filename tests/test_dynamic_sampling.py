@@ -29,7 +29,10 @@ def fake_batch(tag: str, rewards_per_prompt: list[list[float]]):
 
 
 def score(examples, ro):
-    return RewardScores([float(t.split(":")[1]) for t in ro.texts], {"part": [0.0] * len(ro.texts)}, 1)
+    """The reward read back from each text, with two parts as a weighted reward has them: the verifier (here 1
+    minus the reward, so that it tells apart what reads it) and a part of zeros."""
+    total = [float(t.split(":")[1]) for t in ro.texts]
+    return RewardScores(total, {"verifier": [1.0 - x for x in total], "zero": [0.0] * len(total)}, 1)
 
 
 def test_informative_groups_are_those_whose_rewards_differ():
@@ -42,9 +45,11 @@ def test_the_first_informative_groups_are_kept_in_draw_order():
     assert examples == ["a0", "b0"]  # b1 differs too, but two were enough; c was never sampled
     assert stats == {"sampling/gen_batches": 2, "sampling/informative_groups": 3, "sampling/kept_informative_frac": 1.0,
                      "reward/mean": 3 / 8,  # everything sampled: a1's zeros and b1 too
+                     "reward/accuracy": 5 / 8,  # the verifier's passes over everything sampled
                      "sampling/reward_mean_kept": 2 / 4}
     assert ro.prompt_index == [0, 0, 1, 1] and ro.texts == ["a0:1", "a0:0", "b0:0", "b0:1"]
-    assert scores.total == [1.0, 0.0, 0.0, 1.0] and scores.parts == {"part": [0.0] * 4} and scores.errors == 2
+    assert scores.total == [1.0, 0.0, 0.0, 1.0] and scores.errors == 2
+    assert scores.parts == {"verifier": [0.0, 1.0, 1.0, 0.0], "zero": [0.0] * 4}
     assert [d[0, 0].item() for d in ro.distributions] == [0.0, 1.0, 0.0, 1.0]  # each response's own q
     assert ro.seconds == 2.0 and ro.tokens_generated == 16 and ro.kv.compressions == 2  # everything sampled
     assert ro.prompt_ids == [[970], [970], [980], [980]]  # each row's prompt follows its response
@@ -82,6 +87,7 @@ def test_a_run_with_dynamic_sampling_trains_and_resumes_exactly(tmp_path, monkey
     # the step's reward/mean is the mean over all that was sampled, not the trained batch's (the kept groups')
     (_, _, scores, stats), = seen
     assert metrics["reward/mean"] == stats["reward/mean"] != sum(scores.total) / len(scores.total)
+    assert metrics["reward/accuracy"] == stats["reward/accuracy"]
     assert metrics["sampling/reward_mean_kept"] == sum(scores.total) / len(scores.total)
     monkeypatch.undo()
     full = train(cfg_for(tmp_path, "train.steps=3", *args), run_dir=tmp_path / "a", log=lambda *_: None)

@@ -41,7 +41,8 @@ FRAC_ZERO_STD_GROUPS = "reward/frac_zero_std_groups"
 # DAPO's dynamic sampling (algorithm.filter_groups): batches sampled this step, groups found whose rewards
 # differ, the fraction of the groups trained on that do, and the mean reward of the groups trained on. Under it,
 # reward/mean is the mean over every response the step sampled, kept or not, so that it compares with other runs':
-# the kept groups' mean is raised by the selection (a weak model's dropped groups are mostly all 0)
+# the kept groups' mean is raised by the selection (a weak model's dropped groups are mostly all 0); so is
+# reward/accuracy
 GEN_BATCHES = "sampling/gen_batches"
 INFORMATIVE_GROUPS = "sampling/informative_groups"
 KEPT_INFORMATIVE_FRAC = "sampling/kept_informative_frac"

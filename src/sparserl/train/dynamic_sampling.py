@@ -7,8 +7,8 @@ keeps sampling batches of ``train.prompts_per_step`` new prompts until it holds 
 rewards differ (std > 0), at most ``algorithm.max_gen_batches`` batches, and trains on the first ones
 (in the order they were drawn). Where the batches run out first, the step fills up with the groups of
 equal rewards it drew, in order, so that every step trains on ``prompts_per_step`` groups (verl stops the
-run there instead). ``reward/mean`` stays the mean over all that the step sampled, comparable with a run
-without it; ``sampling/reward_mean_kept`` is the kept groups' mean, which the selection raises (a weak
+run there instead). ``reward/mean`` and ``reward/accuracy`` stay over all that the step sampled, comparable
+with a run without it; ``sampling/reward_mean_kept`` is the kept groups' mean, which the selection raises (a weak
 model's dropped groups are mostly all 0). The extra prompts are drawn from the run's seeded sampler, so a resumed run draws
 what it would have.
 """
@@ -92,13 +92,16 @@ def filter_groups(sample, score, want: int, max_batches: int):
     merged = RewardScores([x for s in all_scores for x in s.total],
                           {k: [x for s in all_scores for x in s.parts[k]] for k in all_scores[0].parts},
                           sum(s.errors for s in all_scores))
-    merged_total = merged.total
+    every = merged.total
+    verified = next(iter(merged.parts.values())) if merged.parts else every  # a weighted reward's verifier
     chosen = [p for p, ok in enumerate(flags) if ok][:want]
     chosen += [p for p, ok in enumerate(flags) if not ok][: want - len(chosen)]
     chosen.sort()  # the order they were drawn
     ro, merged = select_groups(ro, merged, chosen)
     stats = {names.GEN_BATCHES: len(outs), names.INFORMATIVE_GROUPS: sum(flags),
              names.KEPT_INFORMATIVE_FRAC: sum(flags[p] for p in chosen) / max(1, len(chosen)),
-             names.REWARD_MEAN: sum(merged_total) / max(1, len(merged_total)),  # over all sampled (runlog)
+             # over all sampled, as a run without dynamic sampling logs them (runlog)
+             names.REWARD_MEAN: sum(every) / max(1, len(every)),
+             names.ACCURACY: sum(x >= 1.0 for x in verified) / max(1, len(verified)),
              names.REWARD_MEAN_KEPT: sum(merged.total) / max(1, len(merged.total))}
     return [examples[p] for p in chosen], ro, merged, stats
