@@ -41,12 +41,13 @@ def test_informative_groups_are_those_whose_rewards_differ():
 
 def test_the_first_informative_groups_are_kept_in_draw_order():
     batches = iter([fake_batch("a", [[1, 0], [0, 0]]), fake_batch("b", [[0, 1], [1, 0]]), fake_batch("c", [[1, 0]])])
-    examples, ro, scores, stats = filter_groups(lambda: next(batches), score, want=2, max_batches=4)
+    examples, ro, scores, sampled, stats = filter_groups(lambda: next(batches), score, want=2, max_batches=4)
     assert examples == ["a0", "b0"]  # b1 differs too, but two were enough; c was never sampled
     assert stats == {"sampling/gen_batches": 2, "sampling/informative_groups": 3, "sampling/kept_informative_frac": 1.0,
-                     "reward/mean": 3 / 8,  # everything sampled: a1's zeros and b1 too
-                     "reward/accuracy": 5 / 8,  # the verifier's passes over everything sampled
                      "sampling/reward_mean_kept": 2 / 4}
+    # everything sampled, a1 and b1 too: its mean, and the verifier's passes (what reward/mean and accuracy read)
+    assert sum(sampled.total) / len(sampled.total) == 3 / 8
+    assert sum(x >= 1 for x in sampled.verified) / len(sampled.verified) == 5 / 8
     assert ro.prompt_index == [0, 0, 1, 1] and ro.texts == ["a0:1", "a0:0", "b0:0", "b0:1"]
     assert scores.total == [1.0, 0.0, 0.0, 1.0] and scores.errors == 2
     assert scores.parts == {"verifier": [0.0, 1.0, 1.0, 0.0], "zero": [0.0] * 4}
@@ -57,7 +58,7 @@ def test_the_first_informative_groups_are_kept_in_draw_order():
 
 def test_short_of_informative_groups_the_step_fills_up_in_draw_order():
     batches = iter([fake_batch("a", [[0, 0], [1, 1], [1, 0]]), fake_batch("b", [[1, 1], [0, 0], [0, 0]])])
-    examples, ro, scores, stats = filter_groups(lambda: next(batches), score, want=3, max_batches=2)
+    examples, ro, scores, sampled, stats = filter_groups(lambda: next(batches), score, want=3, max_batches=2)
     assert examples == ["a0", "a1", "a2"]  # one informative (a2), two of equal rewards fill up, in order
     assert stats["sampling/gen_batches"] == 2 and stats["sampling/kept_informative_frac"] == pytest.approx(1 / 3)
     assert ro.prompt_index == [0, 0, 1, 1, 2, 2] and scores.total == [0, 0, 1, 1, 1, 0]
@@ -85,9 +86,10 @@ def test_a_run_with_dynamic_sampling_trains_and_resumes_exactly(tmp_path, monkey
             break
     assert 1 <= metrics["sampling/gen_batches"] <= 3 and metrics["sampling/kept_informative_frac"] > 0
     # the step's reward/mean is the mean over all that was sampled, not the trained batch's (the kept groups')
-    (_, _, scores, stats), = seen
-    assert metrics["reward/mean"] == stats["reward/mean"] != sum(scores.total) / len(scores.total)
-    assert metrics["reward/accuracy"] == stats["reward/accuracy"]
+    (_, _, scores, sampled, _), = seen
+    assert metrics["reward/mean"] == pytest.approx(sum(sampled.total) / len(sampled.total))
+    assert metrics["reward/mean"] != sum(scores.total) / len(scores.total)
+    assert metrics["reward/accuracy"] == sum(x >= 1 for x in sampled.verified) / len(sampled.verified)
     assert metrics["sampling/reward_mean_kept"] == sum(scores.total) / len(scores.total)
     monkeypatch.undo()
     full = train(cfg_for(tmp_path, "train.steps=3", *args), run_dir=tmp_path / "a", log=lambda *_: None)

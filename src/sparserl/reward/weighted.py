@@ -27,6 +27,11 @@ class RewardScores:
     parts: dict[str, list[float]] = field(default_factory=dict)
     errors: int = 0
 
+    @property
+    def verified(self) -> list[float]:
+        """The verifier's values (a weighted reward's first part; else the reward): what pass rates read."""
+        return next(iter(self.parts.values())) if self.parts else self.total
+
 
 class WeightedReward:
     """``parts``: (spec, reward function) pairs, ``weights`` one per part."""

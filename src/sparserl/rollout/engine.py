@@ -233,7 +233,7 @@ class RolloutEngine:
         outs = [self._generate_batch([e[1] for e in expanded[s : s + chunk]], params, rows[s : s + chunk],
                                      forced[s : s + chunk] if forced is not None else None)
                 for s in range(0, len(expanded), chunk)]
-        out = _merge(outs)
+        out = join_sequential(outs)
         out.prompt_index = [e[0] for e in expanded]
         out.prompt_ids = [list(e[1]) for e in expanded]
         out.texts = [self.tokenizer.decode(r, skip_special_tokens=True) for r in out.response_ids]
@@ -416,7 +416,10 @@ def _checked(compressor: KVCompressor) -> KVCompressor:
     return compressor
 
 
-def _merge(outs: list[RolloutOutput]) -> RolloutOutput:
+def join_sequential(outs: list[RolloutOutput]) -> RolloutOutput:
+    """Outputs sampled one after another, joined into the first (which is returned): the per-response lists
+    concatenated, the KV peaks the largest, compressions, tokens and times summed. ``prompt_index``,
+    ``prompt_ids`` and ``texts`` are the caller's to set."""
     if len(outs) == 1:
         return outs[0]
     o = outs[0]

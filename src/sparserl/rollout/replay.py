@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from .engine import RolloutEngine, RolloutOutput, _merge
+from .engine import RolloutEngine, RolloutOutput, join_sequential
 from .sampling import SamplingParams
 
 #: ``on_step(t, rows, logprobs)``: step ``t``'s distribution ``logprobs`` [len(rows), V] (the sampler's
@@ -53,7 +53,7 @@ def replay(engine: RolloutEngine, prompt_ids: list[list[int]], response_ids: lis
             outs.append(engine.generate([], one, prompt_ids=prompt_ids[start:stop], forced=response_ids[start:stop]))
     finally:
         engine.step_hook = hook
-    out = _merge(outs)
+    out = join_sequential(outs)
     out.prompt_index = list(range(len(prompt_ids)))
     out.prompt_ids = [list(x) for x in prompt_ids]
     out.texts = [t for o in outs for t in o.texts] if len(outs) > 1 else out.texts

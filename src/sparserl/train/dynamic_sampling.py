@@ -18,7 +18,7 @@ import dataclasses
 
 from .. import runlog as names
 from ..reward.weighted import RewardScores
-from ..rollout.engine import KVStats, RolloutOutput
+from ..rollout.engine import RolloutOutput, join_sequential
 
 __all__ = ["informative_groups", "concat_rollouts", "select_groups", "filter_groups"]
 
@@ -32,26 +32,16 @@ def informative_groups(rewards: list[float], prompt_index: list[int], n_prompts:
 
 
 def concat_rollouts(outs: list[RolloutOutput], prompt_counts: list[int]) -> RolloutOutput:
-    """One output from several generations (``prompt_counts[k]`` prompts in ``outs[k]``): the responses one
-    after the other, prompt indices offset, times and tokens summed, KV peaks the largest."""
+    """One output from several generations sampled one after another (``prompt_counts[k]`` prompts in
+    ``outs[k]``): :func:`~sparserl.rollout.engine.join_sequential`, with the prompt indices offset."""
     offsets = [sum(prompt_counts[:k]) for k in range(len(outs))]
-
-    def joined(name):
-        values = [getattr(o, name) for o in outs]
-        return None if any(v is None for v in values) else [x for v in values for x in v]
-
-    kv = KVStats(bytes_peak=max(o.kv.bytes_peak for o in outs), bytes_theory=max(o.kv.bytes_theory for o in outs),
-                 bytes_dense=max(o.kv.bytes_dense for o in outs), compressions=sum(o.kv.compressions for o in outs),
-                 bytes_dense_alloc=max(o.kv.bytes_dense_alloc for o in outs))
-    return RolloutOutput(
-        prompt_index=[p + off for o, off in zip(outs, offsets) for p in o.prompt_index],
-        prompt_ids=joined("prompt_ids"), response_ids=joined("response_ids"),
-        sampler_logprobs=joined("sampler_logprobs"), finish_reason=joined("finish_reason"),
-        kv_tokens_kept=joined("kv_tokens_kept"), kv=kv,
-        tokens_generated=sum(o.tokens_generated for o in outs), seconds=sum(o.seconds for o in outs),
-        prefill_seconds=sum(o.prefill_seconds for o in outs), top_logprobs=joined("top_logprobs"),
-        top_indices=joined("top_indices"), distributions=joined("distributions"), texts=joined("texts"),
-        weights_version=outs[-1].weights_version)
+    prompt_index = [p + off for o, off in zip(outs, offsets) for p in o.prompt_index]
+    prompt_ids = [x for o in outs for x in o.prompt_ids]
+    texts = [x for o in outs for x in o.texts]
+    out = join_sequential(outs)
+    out.prompt_index, out.prompt_ids, out.texts = prompt_index, prompt_ids, texts
+    out.weights_version = outs[-1].weights_version
+    return out
 
 
 def select_groups(ro: RolloutOutput, scores: RewardScores, prompts: list[int]) -> tuple[RolloutOutput, RewardScores]:
@@ -75,8 +65,9 @@ def select_groups(ro: RolloutOutput, scores: RewardScores, prompts: list[int]) -
 
 def filter_groups(sample, score, want: int, max_batches: int):
     """Dynamic sampling. ``sample()`` draws and samples one batch: ``(examples, RolloutOutput)``;
-    ``score(examples, ro)`` gives its :class:`RewardScores`. Returns ``(examples, ro, scores, stats)`` for the
-    ``want`` groups kept (see the module docstring) and the step's ``sampling/*`` metrics."""
+    ``score(examples, ro)`` gives its :class:`RewardScores`. Returns ``(examples, ro, scores, sampled, stats)``:
+    the ``want`` groups kept (see the module docstring), the scores of everything sampled, and the step's
+    ``sampling/*`` metrics."""
     examples, outs, counts, all_scores, flags = [], [], [], [], []
     while True:
         batch_examples, ro = sample()
@@ -92,16 +83,11 @@ def filter_groups(sample, score, want: int, max_batches: int):
     merged = RewardScores([x for s in all_scores for x in s.total],
                           {k: [x for s in all_scores for x in s.parts[k]] for k in all_scores[0].parts},
                           sum(s.errors for s in all_scores))
-    every = merged.total
-    verified = next(iter(merged.parts.values())) if merged.parts else every  # a weighted reward's verifier
     chosen = [p for p, ok in enumerate(flags) if ok][:want]
     chosen += [p for p, ok in enumerate(flags) if not ok][: want - len(chosen)]
     chosen.sort()  # the order they were drawn
-    ro, merged = select_groups(ro, merged, chosen)
+    ro, kept = select_groups(ro, merged, chosen)
     stats = {names.GEN_BATCHES: len(outs), names.INFORMATIVE_GROUPS: sum(flags),
              names.KEPT_INFORMATIVE_FRAC: sum(flags[p] for p in chosen) / max(1, len(chosen)),
-             # over all sampled, as a run without dynamic sampling logs them (runlog)
-             names.REWARD_MEAN: sum(every) / max(1, len(every)),
-             names.ACCURACY: sum(x >= 1.0 for x in verified) / max(1, len(verified)),
-             names.REWARD_MEAN_KEPT: sum(merged.total) / max(1, len(merged.total))}
-    return [examples[p] for p in chosen], ro, merged, stats
+             names.REWARD_MEAN_KEPT: sum(kept.total) / max(1, len(kept.total))}
+    return [examples[p] for p in chosen], ro, kept, merged, stats

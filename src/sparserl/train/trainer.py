@@ -265,8 +265,7 @@ def train_step(trainer: Trainer, step: int) -> dict:
         times[key] = now - clock
         clock = now
 
-    # the rollout and reward stations; under dynamic sampling `sampled` overrides rollout_metrics' reward/mean
-    examples, ro, scores, sampled = sample_and_score(trainer, step)
+    examples, ro, scores, sampled, sampling = sample_and_score(trainer, step)  # the rollout and reward stations
     lag = pool_metrics(trainer, ro)  # before this step's push
     clock = time.perf_counter()
     batch = rollout_batch(trainer, ro, scores.total)
@@ -307,14 +306,15 @@ def train_step(trainer: Trainer, step: int) -> dict:
     if trainer.engine.model.quantizer.quantizes and trainer.pool is None:  # the workers quantize on their side
         update_metrics[names.TIME_QUANTIZE] = trainer.engine.model.last_quantize_s
     lap(names.TIME_UPDATE)
-    return {**rollout_metrics(ro, batch, scores, cfg), **corr.metrics, **split, **alpha, **update_metrics,
-            **times, **sampled, **lag, names.TIME_GENERATE: ro.seconds, names.TIME_STEP: time.perf_counter() - started,
+    return {**rollout_metrics(ro, batch, sampled, cfg), **corr.metrics, **split, **alpha, **update_metrics,
+            **times, **sampling, **lag, names.TIME_GENERATE: ro.seconds, names.TIME_STEP: time.perf_counter() - started,
             names.ROLLOUT_TOKENS_PER_S: ro.tokens_generated / max(ro.seconds, 1e-9)}
 
 
-def sample_and_score(trainer: Trainer, step: int) -> tuple[list, RolloutOutput, RewardScores, dict]:
-    """Step ``step``'s examples, their rollout, its rewards, and the two stations' times; with
-    ``algorithm.filter_groups``, DAPO's dynamic sampling (:mod:`.dynamic_sampling`) and its metrics."""
+def sample_and_score(trainer: Trainer, step: int) -> tuple[list, RolloutOutput, RewardScores, RewardScores, dict]:
+    """Step ``step``'s examples, their rollout, its rewards, the rewards of everything the step sampled (the same
+    but under ``algorithm.filter_groups``, DAPO's dynamic sampling: :mod:`.dynamic_sampling`), and the two
+    stations' times with the sampling's metrics."""
     spent = {names.TIME_ROLLOUT: 0.0, names.TIME_REWARD: 0.0}
 
     def timed(key, fn, *args):
@@ -334,9 +334,11 @@ def sample_and_score(trainer: Trainer, step: int) -> tuple[list, RolloutOutput, 
     a = trainer.cfg.algorithm
     if not a.filter_groups:
         examples, ro = sample()
-        return examples, ro, score(examples, ro), spent
-    examples, ro, scores, stats = filter_groups(sample, score, trainer.cfg.train.prompts_per_step, a.max_gen_batches)
-    return examples, ro, scores, {**spent, **stats}
+        scores = score(examples, ro)
+        return examples, ro, scores, scores, spent
+    examples, ro, scores, sampled, stats = filter_groups(sample, score, trainer.cfg.train.prompts_per_step,
+                                                         a.max_gen_batches)
+    return examples, ro, scores, sampled, {**spent, **stats}
 
 
 def rollout_batch(trainer: Trainer, ro: RolloutOutput, rewards: list[float]) -> RolloutBatch:
@@ -510,10 +512,11 @@ def update_policy(trainer, batch: RolloutBatch, corr, update_forward: UpdateForw
     return out
 
 
-def rollout_metrics(ro: RolloutOutput, batch: RolloutBatch, scores: RewardScores, cfg: Config) -> dict:
-    """Reward, length and KV figures of a rollout batch (KV like with like: see ``sparserl.runlog``)."""
-    r = batch.rewards
-    verified = torch.tensor(next(iter(scores.parts.values()))) if scores.parts else r.cpu()
+def rollout_metrics(ro: RolloutOutput, batch: RolloutBatch, sampled: RewardScores, cfg: Config) -> dict:
+    """Reward, length and KV figures of a rollout batch (KV like with like: see ``sparserl.runlog``). The reward's
+    mean, spread, accuracy and parts are over ``sampled``, everything the step sampled (under dynamic sampling,
+    more than the batch: a figure that compares with a run without it)."""
+    r = torch.tensor(sampled.total, dtype=torch.float32)
     lengths = batch.response_mask.sum(-1)
     # per response: tokens its cache held at its end vs a dense cache then (prompt + response - 1:
     # the last sampled token never enters the cache)
@@ -522,10 +525,10 @@ def rollout_metrics(ro: RolloutOutput, batch: RolloutBatch, scores: RewardScores
     return {
         names.REWARD_MEAN: float(r.mean()),
         names.REWARD_STD: float(r.std()) if r.numel() > 1 else 0.0,
-        names.ACCURACY: float((verified >= 1.0).float().mean()),
-        names.REWARD_ERRORS: scores.errors,
-        **{names.reward_part_metric(spec): sum(values) / max(1, len(values)) for spec, values in scores.parts.items()},
-        names.FRAC_ZERO_STD_GROUPS: frac_zero_std_groups(r, batch.group_ids),
+        names.ACCURACY: sum(x >= 1.0 for x in sampled.verified) / max(1, len(sampled.verified)),
+        names.REWARD_ERRORS: sampled.errors,
+        **{names.reward_part_metric(spec): sum(values) / max(1, len(values)) for spec, values in sampled.parts.items()},
+        names.FRAC_ZERO_STD_GROUPS: frac_zero_std_groups(batch.rewards, batch.group_ids),  # in the trained batch
         names.LENGTH_MEAN: float(lengths.mean()),
         names.LENGTH_MAX: float(lengths.max()),
         names.CLIPPED_FRAC: sum(f == "length" for f in ro.finish_reason) / len(ro.finish_reason),
