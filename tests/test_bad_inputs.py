@@ -235,6 +235,12 @@ MATRIX = [
     case("config", [*T, "algorithm.max_gen_batches=0"], "algorithm.max_gen_batches", "max-gen-batches-zero"),
     case("config", [*T, "algorithm.filter_groups=true", "rollout.async=true", "cluster.rollout_workers=1"],
          "invalid config", "filter-groups-async"),
+    case("config", [*T, "reward.overlong_buffer.penalty_factor=1"], "override: reward.overlong_buffer.len is required",
+         "overlong-buffer-without-len"),
+    case("config", [*T, "reward.overlong_buffer.len=49"], "reward.overlong_buffer.len=49", "overlong-buffer-too-long"),
+    case("config", [*T, "reward.overlong_buffer.len=0"], "reward.overlong_buffer.len", "overlong-buffer-zero"),
+    case("config", [*T, "reward.overlong_buffer.lenght=8"], "did you mean 'reward.overlong_buffer.len'",
+         "overlong-buffer-typo"),
     # --- train: model and reward ---------------------------------------------------------------
     case("model", ["train", *TINY, "model.name=no_such_dir"], "no_such_dir", "missing-folder"),
     case("model", ["train", *TINY, "model.name=x.gguf"], "not a GGUF file", "corrupt-gguf"),

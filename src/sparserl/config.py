@@ -327,6 +327,14 @@ class DataConfig(_Section):
     eval_limit: Optional[int] = F(64, "Use only the first `eval_limit` evaluation rows (None = all).", ge=1)
 
 
+class OverlongBufferConfig(_Section):
+    """DAPO's soft overlong punishment (sparserl.reward.overlong; verl's reward_model.overlong_buffer)."""
+
+    len: int = Field(description="L_cache: the last this many tokens up to rollout.max_new_tokens are the buffer where "
+                     "the length penalty falls linearly from 0 to -penalty_factor (DAPO: 4,096 of 20,480).", ge=1)
+    penalty_factor: float = F(1.0, "The penalty at rollout.max_new_tokens, where a response is cut (DAPO: 1).", ge=0)
+
+
 class RewardConfig(_Section):
     """The verifier."""
 
@@ -340,6 +348,11 @@ class RewardConfig(_Section):
     timeout_s: float = F(5.0, "Seconds allowed to verify one response (in a checker process) before "
                          "it scores 0 (at most a day: the checker's timer takes no more than ~1e9 s).",
                          gt=0, le=86400)
+    overlong_buffer: Optional[OverlongBufferConfig] = F(
+        None, "DAPO's soft overlong punishment, {len, penalty_factor}: a response longer than rollout.max_new_tokens - "
+        "len tokens gets penalty_factor x (max_new_tokens - len - length) / len added to its reward, -penalty_factor "
+        "at the limit (verl's reward_model.overlong_buffer, TRL's soft_overlong_punishment); logged as "
+        "reward/part/overlong. None = off.")
 
 
 class DistillSparseConfig(_Section):
@@ -790,15 +803,20 @@ def _apply_override(data: dict, item: str) -> str:
 def _with_overrides(data: dict, overrides: Iterable[str], source: str | None) -> Config:
     """Apply overrides to a nested dict and build the Config: every problem in one ConfigError."""
     touched, errors = set(), []
+    in_file = {f"{name}.{key}" for name, section in data.items() if isinstance(section, dict)
+               for key, value in section.items() if isinstance(value, dict)}  # the file's sub-sections
     for item in [overrides] if isinstance(overrides, str) else overrides:
         try:
             touched.add(_apply_override(data, item))
         except ConfigError as e:
             errors.append(str(e))
-    def source_of(key: str) -> str:  # an override of the key or of a section holding it
-        parts = key.split(".")
+
+    def source_of(key: str) -> str:  # an override of the key or of a section holding it, or of a
+        parts = key.split(".")      # sub-section key when the file has no such sub-section
         overridden = any(".".join(parts[:i]) in touched for i in range(1, len(parts) + 1))
-        return "override" if source is None or overridden else source
+        sub = ".".join(parts[:2])
+        created = len(parts) == 3 and sub not in in_file and any(t.startswith(sub + ".") for t in touched)
+        return "override" if source is None or overridden or created else source
 
     return _build(data, source_of, errors)
 
@@ -914,6 +932,9 @@ def validate(cfg: Config) -> Config:
             errors.append(f"rollout.kv_controller.min_budget={kc.min_budget} must be larger than rollout.window="
                           f"{r.window} (the window's tokens are always kept)")
     c = cfg.cluster
+    if (ob := cfg.reward.overlong_buffer) is not None and ob.len > r.max_new_tokens:
+        errors.append(f"reward.overlong_buffer.len={ob.len} is more than rollout.max_new_tokens={r.max_new_tokens}: "
+                      "the buffer is the last len tokens before the limit")
     if c.rollout_workers is None and c.learners == 1 and c.address is not None:
         errors.append(f"cluster.address={c.address!r} needs cluster.rollout_workers or cluster.learners > 1 (without "
                       "them everything runs in the training process)")

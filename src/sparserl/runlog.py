@@ -34,6 +34,8 @@ RESUME_FREE_KEYS = ("name", "train.steps", "log.*", "checkpoint.*", "eval.every"
 # reward station
 REWARD_MEAN = "reward/mean"
 REWARD_STD = "reward/std"
+# the verifier's mean (a weighted or length-shaped reward's first part; else reward/mean): what compare ranks arms by
+REWARD_VERIFIER_MEAN = "reward/verifier_mean"
 ACCURACY = "reward/accuracy"  # the fraction of responses the verifier (a weighted reward's first part) scores >= 1
 REWARD_ERRORS = "reward/errors"
 FRAC_ZERO_STD_GROUPS = "reward/frac_zero_std_groups"

@@ -157,6 +157,13 @@ def _max_over(curves: Sequence[Curve | None]) -> float | None:
     return max(vals) if vals else None
 
 
+def reward_curve(seed: Mapping[str, Curve]) -> Curve | None:
+    """The reward an arm is ranked by: the verifier's mean (``reward/verifier_mean``), so that an arm whose reward
+    is shaped (a length penalty, a weighted format bonus) compares with one whose is not; ``reward/mean`` for a run
+    logged before that metric existed (the same figure for a single reward)."""
+    return seed.get(names.REWARD_VERIFIER_MEAN) or seed.get(names.REWARD_MEAN)
+
+
 def summarize_arm(seeds: Mapping[str, Mapping[str, Curve]], k3_threshold: float = COLLAPSE_K3,
                   drop: float = COLLAPSE_DROP, k: int | None = None) -> dict:
     """One arm's figures from its seeds' curves: ``seeds`` maps a run name to ``{metric: {step: value}}``
@@ -167,10 +174,10 @@ def summarize_arm(seeds: Mapping[str, Mapping[str, Curve]], k3_threshold: float 
     def curves(key: str) -> list[Curve | None]:
         return [seeds[r].get(key) for r in runs]
 
-    rewards = curves(names.REWARD_MEAN)
+    rewards = [reward_curve(seeds[r]) for r in runs]
     n_steps = max((len(_ordered(c)) for c in rewards), default=0)
     k = tail_k(n_steps) if k is None else k
-    finals = {r: final_value(seeds[r].get(names.REWARD_MEAN), k) for r in runs}
+    finals = {r: final_value(reward_curve(seeds[r]), k) for r in runs}
     fmean, fstd = mean_std([v for v in finals.values() if v is not None])
 
     def final_over_seeds(key: str) -> dict:
@@ -179,7 +186,7 @@ def summarize_arm(seeds: Mapping[str, Mapping[str, Curve]], k3_threshold: float 
         return {"mean": m, "std": s, "per_seed": per_seed, "seeds": sum(v is not None for v in per_seed.values())}
     rb = band(rewards)
     bstep, bval = best_step(rb)
-    coll = {r: collapse(seeds[r].get(names.REWARD_MEAN), seeds[r].get(names.MISMATCH_K3), k3_threshold, drop)
+    coll = {r: collapse(reward_curve(seeds[r]), seeds[r].get(names.MISMATCH_K3), k3_threshold, drop)
             for r in runs}
     alloc, dense_alloc = _mean_over(curves(names.KV_SAMPLER_ALLOC)), _mean_over(curves(names.KV_DENSE_ALLOC))
     kept = _mean_over(curves(names.KV_KEPT_FRAC))

@@ -19,14 +19,14 @@ from typing import Mapping, Sequence
 
 from .. import runlog as names
 from ..eval.report import MiB, _figure, _finish, _fmt, _fmt_bytes, _save, load_run
-from .aggregate import (STEP_TIME, Band, band, collapse_rule, mean_std, paired_difference, summarize_arm,
+from .aggregate import (STEP_TIME, Band, band, collapse_rule, mean_std, paired_difference, reward_curve, summarize_arm,
                         versus_dense)
 from .arms import RunSpec
 
 __all__ = ["CURVE_KEYS", "arm_curves", "write_comparison"]
 
 #: the metrics read from each run for the comparison
-CURVE_KEYS = (names.REWARD_MEAN, names.ACCURACY, names.MISMATCH_K3, names.MASKED_FRAC, names.MISMATCH_ALPHA_MEAN,
+CURVE_KEYS = (names.REWARD_VERIFIER_MEAN, names.REWARD_MEAN, names.ACCURACY, names.MISMATCH_K3, names.MASKED_FRAC, names.MISMATCH_ALPHA_MEAN,
               names.MISMATCH_ALPHA_P5, names.KV_SAMPLER_ALLOC, names.KV_DENSE_ALLOC, names.KV_KEPT_FRAC,
               names.KV_KEPT_TOKENS, names.KV_DENSE_TOKENS, names.TIME_ROLLOUT)
 
@@ -180,7 +180,8 @@ def write_comparison(out: Path, specs: list[RunSpec], statuses: Mapping[str, str
             sums[a].setdefault("paired", {})[ref] = p
 
     plots = {
-        "reward": _plot_bands(curves, [(names.REWARD_MEAN, names.REWARD_MEAN, "reward", 1.0)],
+        "reward": _plot_bands({a: {r: {"reward": reward_curve(c)} for r, c in runs.items()} for a, runs in curves.items()},
+                              [("reward", "the verifier's mean reward", "reward", 1.0)],
                               "Reward per arm", out / "compare_reward.png"),
         "mismatch": _plot_bands(curves, [(names.MISMATCH_K3, "k3 KL, sampler vs dense", "k3", 1.0),
                                          (names.MASKED_FRAC, "masked by the correction", "fraction", 1.0)],
@@ -206,8 +207,9 @@ def write_comparison(out: Path, specs: list[RunSpec], statuses: Mapping[str, str
         md.append(f"| {a} | {arm.description} | {arm.config or config} | "
                   f"{' '.join(f'`{o}`' for o in arm.overrides) or '–'} |")
     md += ["", "## Reward and stability", "",
-           f"Final reward: per seed the mean `{names.REWARD_MEAN}` of its last k = max(1, steps // 4) = {k} "
-           f"steps, then mean ± sample std over the seeds. Best step: where the mean-over-seeds curve is highest. "
+           f"Final reward: per seed the mean `{names.REWARD_VERIFIER_MEAN}` (the verifier's reward, without a "
+           f"weighted or length-shaped reward's other parts; `{names.REWARD_MEAN}` in runs logged before it) of its "
+           f"last k = max(1, steps // 4) = {k} steps, then mean ± sample std over the seeds. Best step: where the mean-over-seeds curve is highest. "
            f"Collapse: {collapse_rule(collapse_k3)}. α mean, α p5: Sparrow's acceptance α "
            f"(`{names.MISMATCH_ALPHA_MEAN}`, `{names.MISMATCH_ALPHA_P5}`), per seed the mean of the same last k "
            f"steps, then mean ± sample std over the seeds that logged it; – where the arm did not measure α "

@@ -22,6 +22,7 @@ from ..correct import apply_corrections, log_ratio
 from ..data import PromptSampler, load_dataset
 from ..models.loading import check_model, load_model
 from ..models.mixed_precision import choose as choose_mixed_precision, learner_autocast, learner_compute_dtype
+from ..reward.overlong import overlong_penalty, with_overlong_penalty
 from ..reward.weighted import RewardScores, load_rewards, score_rewards, verifier
 from ..rollout.engine import RolloutEngine, RolloutOutput
 from ..eval.evaluate import evaluate, write_eval_record
@@ -328,8 +329,9 @@ def sample_and_score(trainer: Trainer, step: int) -> tuple[list, RolloutOutput, 
 
     def score(examples, ro):
         asked = [examples[i] for i in ro.prompt_index]
-        return timed(names.TIME_REWARD, score_rewards, trainer.reward_fn, ro.texts, [e.label for e in asked],
-                     [e.prompt_text for e in asked])
+        scores = timed(names.TIME_REWARD, score_rewards, trainer.reward_fn, ro.texts, [e.label for e in asked],
+                       [e.prompt_text for e in asked])
+        return shape_length(trainer.cfg, ro, scores)
 
     a = trainer.cfg.algorithm
     if not a.filter_groups:
@@ -339,6 +341,17 @@ def sample_and_score(trainer: Trainer, step: int) -> tuple[list, RolloutOutput, 
     examples, ro, scores, sampled, stats = filter_groups(sample, score, trainer.cfg.train.prompts_per_step,
                                                          a.max_gen_batches)
     return examples, ro, scores, sampled, {**spent, **stats}
+
+
+def shape_length(cfg: Config, ro: RolloutOutput, scores: RewardScores) -> RewardScores:
+    """``scores`` with DAPO's soft overlong punishment added (``reward.overlong_buffer``; :mod:`..reward.overlong`)."""
+    buffer = cfg.reward.overlong_buffer
+    if buffer is None:
+        return scores
+    penalties = overlong_penalty([len(x) for x in ro.response_ids], cfg.rollout.max_new_tokens, buffer.len,
+                                 buffer.penalty_factor)
+    fn = cfg.reward.fn
+    return with_overlong_penalty(scores, fn if isinstance(fn, str) else fn[0], penalties)
 
 
 def rollout_batch(trainer: Trainer, ro: RolloutOutput, rewards: list[float]) -> RolloutBatch:
@@ -525,6 +538,7 @@ def rollout_metrics(ro: RolloutOutput, batch: RolloutBatch, sampled: RewardScore
     return {
         names.REWARD_MEAN: float(r.mean()),
         names.REWARD_STD: float(r.std()) if r.numel() > 1 else 0.0,
+        names.REWARD_VERIFIER_MEAN: sum(sampled.verified) / max(1, len(sampled.verified)),
         names.ACCURACY: sum(x >= 1.0 for x in sampled.verified) / max(1, len(sampled.verified)),
         names.REWARD_ERRORS: sampled.errors,
         **{names.reward_part_metric(spec): sum(values) / max(1, len(values)) for spec, values in sampled.parts.items()},
