@@ -235,6 +235,8 @@ MATRIX = [
     case("config", [*T, "algorithm.max_gen_batches=0"], "algorithm.max_gen_batches", "max-gen-batches-zero"),
     case("config", [*T, "algorithm.filter_groups=true", "rollout.async=true", "cluster.rollout_workers=1"],
          "invalid config", "filter-groups-async"),
+    case("config", [*T, "algorithm.importance_sampling_level=sequense"], "did you mean 'sequence'",
+         "importance-sampling-level-typo"),
     case("config", [*T, "reward.overlong_buffer.penalty_factor=1"], "override: reward.overlong_buffer.len is required",
          "overlong-buffer-without-len"),
     case("config", [*T, "reward.overlong_buffer.len=49"], "reward.overlong_buffer.len=49", "overlong-buffer-too-long"),

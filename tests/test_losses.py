@@ -337,3 +337,43 @@ def test_advantage_helpers_and_errors():
     with pytest.raises(ValueError, match="grpo"):
         get_adv_est("bogus")
     assert {"grpo", "dr_grpo", "rloo"} <= set(available_adv_ests())
+
+
+def test_gspo_gives_every_token_its_responses_length_normalised_ratio_and_gspos_gradient():
+    """GSPO (importance_sampling_level="sequence"): s_b = exp(mean over the kept tokens of log π − log μ) on
+    every kept token; with one advantage per response, seq_mean_token_mean's loss and gradient are GSPO's
+    (1/B) Σ_b max(−A_b s_b, −A_b clip(s_b, 1 − ε, 1 + ε_high))."""
+    torch.manual_seed(0)
+    old = -torch.rand(3, 5) - 0.1
+    new = (old + 0.3 * torch.randn(3, 5)).requires_grad_(True)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 1, 1, 1, 0]], dtype=torch.float32)
+    adv = torch.tensor([1.0, -0.5, 2.0])
+    loss, m = policy_loss(new, old, adv, mask, clip_eps=0.05, clip_eps_high=0.1, importance_sampling_level="sequence")
+    (grad,) = torch.autograd.grad(loss, new)
+
+    ref_new = new.detach().clone().requires_grad_(True)
+    log_s = ((ref_new - old) * mask).sum(-1) / mask.sum(-1)
+    s = log_s.exp()
+    ref = torch.maximum(-adv * s, -adv * s.clamp(0.95, 1.1)).mean()
+    (ref_grad,) = torch.autograd.grad(ref, ref_new)
+    assert float(loss.detach()) == pytest.approx(float(ref.detach()), rel=1e-6)
+    assert torch.allclose(grad, ref_grad, atol=1e-7)
+    assert torch.all(grad[mask == 0] == 0)
+    s = s.detach()
+    assert m["policy/ratio_min"] == pytest.approx(float(s.min())) and m["policy/ratio_max"] == pytest.approx(float(s.max()))
+    # the token level differs wherever a response's tokens have different ratios
+    token_loss, _ = policy_loss(new, old, adv, mask, clip_eps=0.05, clip_eps_high=0.1)
+    assert float(token_loss.detach()) != pytest.approx(float(loss.detach()), rel=1e-3)
+    with pytest.raises(ValueError, match="importance_sampling_level"):
+        policy_loss(new, old, adv, mask, importance_sampling_level="seq")
+
+
+def test_gspo_equals_the_token_level_where_a_responses_ratios_are_equal():
+    old = torch.zeros(2, 4)
+    new = torch.tensor([[0.1] * 4, [-0.2] * 4], requires_grad=True)
+    mask = torch.ones(2, 4)
+    adv = torch.tensor([1.0, -1.0])
+    a, _ = policy_loss(new, old, adv, mask, importance_sampling_level="sequence")
+    b, _ = policy_loss(new, old, adv, mask)
+    assert torch.allclose(a, b)
+    assert torch.allclose(torch.autograd.grad(a, new)[0], torch.autograd.grad(b, new)[0])

@@ -380,6 +380,10 @@ class AlgorithmConfig(_Section):
         "responses) | token_mean (over all tokens) | seq_mean_token_sum_norm (token sum / max length, Dr. GRPO).")
     clip_eps: float = F(0.2, "PPO clip range epsilon: the ratio pi/p is clipped to [1-eps, 1+eps_high].", gt=0)
     clip_eps_high: Optional[float] = F(None, "Upper clip epsilon (DAPO 'clip higher'); None = clip_eps.", gt=0)
+    importance_sampling_level: Literal["token", "sequence"] = F(
+        "token", "The PPO ratio pi/p per token, or per response: sequence = GSPO (TRL's importance_sampling_level, "
+        "verl's loss_mode=gspo), the response's length-normalised ratio on every token; GSPO clips at "
+        "clip_eps=3e-4, clip_eps_high=4e-4.")
     kl_coef: float = F(0.0, "Coefficient of the KL penalty to the reference (initial) model; 0 = no reference "
                        "model is kept (Sparse-RL: 1e-4).", ge=0)
     kl_kind: Literal["k1", "k2", "k3", "low_var_kl"] = F(

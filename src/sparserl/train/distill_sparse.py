@@ -144,7 +144,8 @@ class DistillSparse:
             r = slice(rows[0], rows[-1] + 1)
             log_q = self.logprobs(rows, T)
             pg, _ = policy_loss(log_q, batch.sampler_logprobs[r], batch.advantages[r], mask[r], None,
-                                clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high, **norms)
+                                clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high,
+                                importance_sampling_level=a.importance_sampling_level, **norms)
             k3 = kl_penalty(log_q, dense[r], "low_var_kl")
             kl = agg_loss(k3, mask[r], **norms)
             loss = pg + ds.lambda_ * kl

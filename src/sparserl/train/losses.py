@@ -43,6 +43,7 @@ from torch import Tensor
 
 __all__ = [
     "LOSS_AGGS",
+    "IMPORTANCE_SAMPLING_LEVELS",
     "KL_KINDS",
     "agg_loss",
     "loss_normalizers",
@@ -54,6 +55,7 @@ __all__ = [
 
 LOSS_AGGS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
 KL_KINDS = ("k1", "k2", "k3", "low_var_kl", "abs")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 _LOG_RATIO_CLAMP = 20.0
 
 
@@ -130,6 +132,7 @@ def policy_loss(
     loss_agg: str = "seq_mean_token_mean",
     *,
     dual_clip_c: float | None = None,
+    importance_sampling_level: str = "token",
     max_len: int | None = None,
     num_seqs_total: int | float | None = None,
     num_tokens_total: int | float | None = None,
@@ -148,7 +151,15 @@ def policy_loss(
     ``w_t = weights`` (default 1; Sparse-RL / TIS importance weights). This is Sparse-RL's loss
     (Luo et al. 2026, arXiv 2601.10079) with ``w`` from ``correct.sparse_rl``. ``dual_clip_c``
     (optional, verl's ``clip_ratio_c``, e.g. 3.0) further bounds ``ℓ_t ≤ −c A_t · w_t`` for
-    ``A_t < 0``. ``advantages`` is ``[B]`` (broadcast over tokens) or ``[B, T]``. Aggregated by
+    ``A_t < 0``. ``importance_sampling_level="sequence"`` is GSPO (Zheng et al., 2025, arXiv 2507.18071; TRL's
+    ``importance_sampling_level="sequence"``, verl's ``loss_mode=gspo``): every token of response b takes
+    the sequence's length-normalised ratio, in its GSPO-token form (the same value and, with a
+    per-response advantage, the same gradient as GSPO's):
+
+        ``log r_t = log π_t − sg[log π_t] + sg[(1/|y_b|) Σ_{t'} (log π_{t'} − log μ_{t'})]``
+
+    over the tokens of ``mask`` (GSPO's published clip range is ε 3e-4, ε_high 4e-4).
+    ``advantages`` is ``[B]`` (broadcast over tokens) or ``[B, T]``. Aggregated by
     :func:`agg_loss` (``loss_agg``, ``max_len``, ``num_seqs_total``, ``num_tokens_total``).
 
     Metrics (floats, over the tokens of ``mask`` in this call):
@@ -160,6 +171,11 @@ def policy_loss(
     """
     valid = _valid(mask)
     lr = torch.where(valid, logprobs - behaviour_logprobs.detach(), torch.zeros_like(logprobs))
+    if importance_sampling_level == "sequence":
+        seq = lr.sum(-1) / valid.sum(-1).clamp(min=1).to(lr.dtype)
+        lr = torch.where(valid, logprobs - logprobs.detach() + seq.detach()[:, None], torch.zeros_like(logprobs))
+    elif importance_sampling_level != "token":
+        raise ValueError(f"unknown importance_sampling_level {importance_sampling_level!r}; available: {', '.join(IMPORTANCE_SAMPLING_LEVELS)}")
     lr = lr.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     ratio = lr.exp()
     adv = advantages.detach()

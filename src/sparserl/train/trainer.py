@@ -485,7 +485,8 @@ def update_policy(trainer, batch: RolloutBatch, corr, update_forward: UpdateForw
                                           entropy_grad=bool(a.entropy_coef), temperature=cfg.rollout.temperature)
                 scale = corr.clip_upper_scale[r] if corr.clip_upper_scale is not None else None
                 loss, m = policy_loss(lp, corr.behaviour_logprobs[r], adv[r], corr.mask[r], corr.weights[r],
-                                      clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high, clip_upper_scale=scale, **norms)
+                                      clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high, clip_upper_scale=scale,
+                                      importance_sampling_level=a.importance_sampling_level, **norms)
                 mask = batch.response_mask[r]
                 m[names.ENTROPY] = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
                 if trainer.ref is not None:
