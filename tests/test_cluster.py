@@ -197,6 +197,27 @@ def test_a_training_step_on_workers_and_learners_equals_the_single_process_step(
     assert out["workers"][names.CLUSTER_WORKER_RESTARTS] == 0 and names.CLUSTER_WORKER_RESTARTS not in out["one"]
 
 
+def test_dynamic_sampling_on_workers_samples_what_one_process_samples(tmp_path, local_ray):
+    """algorithm.filter_groups with cluster.rollout_workers=2: each further batch is one more call on the
+    workers, and the step draws, keeps and trains on what one process does."""
+    from sparserl import runlog as names
+    from sparserl.train.trainer import build_trainer, close_cluster, train_step
+
+    out = {}
+    for label, extra in (("one", ()), ("workers", ("cluster.rollout_workers=2",))):
+        cfg = _cfg(tmp_path / label, "algorithm.filter_groups=true", "algorithm.max_gen_batches=3", "rollout.n=2",
+                   "mismatch.alpha=off", *extra)
+        trainer = build_trainer(cfg)
+        try:
+            out[label] = train_step(trainer, 1)
+        finally:
+            close_cluster(trainer)
+    assert out["one"][names.GEN_BATCHES] >= 2  # it did sample further batches
+    for key in (names.GEN_BATCHES, names.INFORMATIVE_GROUPS, names.REWARD_MEAN,
+                names.REWARD_MEAN_KEPT, names.LENGTH_MEAN, names.POLICY_LOSS, names.GRAD_NORM):
+        assert out["workers"][key] == pytest.approx(out["one"][key], rel=1e-4, abs=1e-6), key
+
+
 def _same_weights(got: dict, ref: dict) -> None:
     """AdamW's first step moves each weight by lr·g/|g|: where a gradient is ~0, the float rounding of other
     batch shapes (or of a sum over learners) can flip its sign (3 of 6.4M weights with 2 workers). Every
