@@ -250,7 +250,7 @@ def test_a_wrong_model_is_refused_before_anything_is_applied(tmp_path, tiny, two
     assert all(torch.equal(v, m2.state_dict()[k]) for k, v in before.items())
 
 
-@pytest.mark.parametrize("fail", ["optimizer tensors", "optimizer json", "manifest", "model"])
+@pytest.mark.parametrize("fail", ["optimizer tensors", "optimizer json", "manifest", "model", "safetensors writer"])
 def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, tiny, monkeypatch, fail):
     run = tmp_path / "run"
     torch.manual_seed(0)
@@ -261,7 +261,16 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, tiny, mo
     train_step(model, opt, sched)
 
     full = OSError(28, "No space left on device")
-    if fail == "model":
+    if fail == "safetensors writer":  # what safetensors raises when the disk is full: not an OSError
+        import safetensors.torch
+        from safetensors import SafetensorError
+
+        def save_file(tensors, path, metadata=None):
+            Path(path).write_bytes(b"partial")
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+        monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    elif fail == "model":
         real = model.save_pretrained
 
         def save_pretrained(folder, **kw):

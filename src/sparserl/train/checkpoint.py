@@ -89,6 +89,12 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _is_io_error(e: BaseException) -> bool:
+    """safetensors' writer reports a failed write (disk full) as a ``SafetensorError`` "... I/O error: ...", not an
+    ``OSError``; model.save_pretrained writes through it too."""
+    return type(e).__name__ == "SafetensorError" and "I/O error" in str(e)
+
+
 def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     """Write tensors as safetensors (a module-level function so tests can inject a failure)."""
     from safetensors.torch import save_file
@@ -308,7 +314,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
         _fsync_dir(tmp)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):
+        if isinstance(e, OSError) or _is_io_error(e):
             raise CheckpointWriteError(_write_failed(step, tmp, e, root)) from e
         raise
     old = None
