@@ -235,6 +235,8 @@ MATRIX = [
     case("config", [*T, "algorithm.max_gen_batches=0"], "algorithm.max_gen_batches", "max-gen-batches-zero"),
     case("config", [*T, "algorithm.filter_groups=true", "rollout.async=true", "cluster.rollout_workers=1"],
          "invalid config", "filter-groups-async"),
+    case("config", [*T, "train.lr_scheduler=cosin"], "did you mean 'cosine'", "lr-scheduler-typo"),
+    case("config", [*T, "train.min_lr_ratio=2"], "train.min_lr_ratio=2", "min-lr-ratio-above-one"),
     case("config", [*T, "algorithm.importance_sampling_level=sequense"], "did you mean 'sequence'",
          "importance-sampling-level-typo"),
     case("config", [*T, "reward.overlong_buffer.penalty_factor=1"], "override: reward.overlong_buffer.len is required",

@@ -442,7 +442,14 @@ class TrainConfig(_Section):
     eps: float = F(1e-8, "AdamW epsilon.", gt=0)
     grad_clip: Optional[float] = F(1.0, "Clip the gradient's global norm to this (None or 0 = no clipping).", ge=0)
     warmup_steps: int = F(0, "Linear learning-rate warm-up over this many optimizer updates (not RL steps: a "
-                          "step makes ppo_epochs x prompts_per_step / mini_batch_prompts); constant after.", ge=0)
+                          "step makes ppo_epochs x prompts_per_step / mini_batch_prompts); train.lr_scheduler after.",
+                          ge=0)
+    lr_scheduler: Literal["constant", "linear", "cosine"] = F(
+        "constant", "The learning rate after the warm-up, over the run's optimizer updates (TRL's and verl's "
+        "lr_scheduler_type; sparserl.train.lr_schedule): constant | linear (to min_lr_ratio x lr at the last update) | "
+        "cosine (likewise). A resume with another train.steps stretches it to the new length.")
+    min_lr_ratio: float = F(0.0, "The learning rate at the last update, as a fraction of train.lr, under linear and "
+                            "cosine (verl's min_lr_ratio).", ge=0, le=1)
     seed: int = F(0, "Seed of data order and sampling.")
     deterministic: bool = F(True, "On CUDA, torch's deterministic kernels and a fixed cuBLAS workspace, so that a "
                             "rerun and a --resume give the same bits (as the CPU always does); false lets CUDA "

@@ -40,6 +40,7 @@ from .checkpoint import latest_checkpoint, load_latest, remove_debris, save_chec
 from .update_forward import UpdateForward, run_update_forward
 from .update_visible import quantized_weight_snapshot, update_visible_frac
 from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
+from .lr_schedule import build_scheduler
 from .metrics import MetricsLogger
 from .alpha import check_exact_alpha_under_async, keeps_distributions, measure_alpha
 from .kv_controller import KVController
@@ -97,9 +98,7 @@ def build_learner(cfg: Config):
     fused = trained[0].device.type in ("cpu", "cuda")  # torch's one-kernel AdamW (the HF Trainer's default)
     opt = torch.optim.AdamW(trained, lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay,
                             fused=fused or None)
-    warm = max(1, t.warmup_steps)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
-    return lm, learner, opt, sched
+    return lm, learner, opt, build_scheduler(opt, cfg)
 
 
 def build_trainer(cfg: Config) -> Trainer:
