@@ -439,13 +439,20 @@ def test_mask_truncated_leaves_cut_responses_out_of_the_loss(tmp_path):
     assert not all(torch.equal(before[k], v) for k, v in trainer.learner.state_dict().items())
 
 
-def test_a_gspo_step_trains_on_policy(tmp_path):
-    """importance_sampling_level=sequence (GSPO) through the trainer: one update on the step's own batch has
-    every response's ratio exactly 1, and it changes the weights."""
+def test_a_gspo_step_trains_on_policy(tmp_path, monkeypatch):
+    """importance_sampling_level=sequence (GSPO) through the trainer: the policy loss gets it, one update on the
+    step's own batch has every response's ratio exactly 1, and it changes the weights."""
+    from sparserl.train import trainer as trainer_module
+
+    levels = []
+    real = trainer_module.policy_loss
+    monkeypatch.setattr(trainer_module, "policy_loss",
+                        lambda *a, **k: levels.append(k.get("importance_sampling_level")) or real(*a, **k))
     trainer = build_trainer(cfg_for(tmp_path, "algorithm.importance_sampling_level=sequence",
                                     "algorithm.clip_eps=3e-4", "algorithm.clip_eps_high=4e-4"))
     before = {k: v.clone() for k, v in trainer.learner.state_dict().items()}
     metrics = train_step(trainer, 1)
+    assert levels and set(levels) == {"sequence"}
     assert metrics["policy/ratio_min"] == pytest.approx(1.0, abs=1e-5)
     assert metrics["policy/ratio_max"] == pytest.approx(1.0, abs=1e-5)
     assert any(not torch.equal(v, before[k]) for k, v in trainer.learner.state_dict().items())

@@ -92,7 +92,9 @@ def _sha256(path: Path) -> str:
 def _is_io_error(e: BaseException) -> bool:
     """safetensors' writer reports a failed write (disk full) as a ``SafetensorError`` "... I/O error: ...", not an
     ``OSError``; model.save_pretrained writes through it too."""
-    return type(e).__name__ == "SafetensorError" and "I/O error" in str(e)
+    from safetensors import SafetensorError
+
+    return isinstance(e, SafetensorError) and "I/O error" in str(e)
 
 
 def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
