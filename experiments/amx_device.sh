@@ -20,8 +20,10 @@
 # comparison is within one process, per round, as always.
 #   OUT=dir bash experiments/amx_device.sh       # carry .whl .gpu .ov
 #   SMOKE=1 OUT=/tmp/amxd bash experiments/amx_device.sh   # the script itself, small, on any CPU
+#   PARTS="p2 gpu" F32=0 ...     # some of the jobs (p0-p4, gpu); F32=0 leaves out pair 2's float32 bench
 set -uo pipefail
 OUT=${OUT:-/tmp/amx_device}; SMOKE=${SMOKE:-0}; mkdir -p "$OUT"
+PARTS=${PARTS:-"p0 p1 p2 p3 p4 gpu"}; run() { [[ " $PARTS " == *" $1 "* ]]; }
 if [ -d .whl ] && ! python3 -c "import pydantic, math_verify, gguf" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site || exit 1
@@ -91,28 +93,29 @@ TOK=256; R=3; R2=2
 [ "$SMOKE" = 1 ] && { L256="--batch 2 --max-new-tokens 16 --kv-budget 48"; L1024="$L256 --step-length 8 --compress-prompt"; TOK=16; R=1; R2=1; }
 export CUDA_VISIBLE_DEVICES=
 stamp "parallel jobs"
-( $(pin 0) timeout ${TEST_S:-150} python3 -m pytest -q -p no:cacheprovider -p no:benchmark -o addopts= \
+run p0 && ( $(pin 0) timeout ${TEST_S:-150} python3 -m pytest -q -p no:cacheprovider -p no:benchmark -o addopts= \
     tests/test_native_bf16.py tests/test_fused_bf16.py tests/test_bf16_kernel_choice.py tests/test_dtype_auto.py > "$OUT/p0_tests.log" 2>&1
   $(pin 0) timeout 100 python3 experiments/bf16_linear_bench.py --rounds 3 --out "$OUT/amx_linear.json" > "$OUT/p0_linear.log" 2>&1
   $(pin 0) timeout 150 python3 experiments/bf16_kernel_variants.py --rounds 3 \
-    --only "prefetch 0,amx,amx prefetch 1,amx prefetch 2,amx prefetch 4" --json "$OUT/amx_variants.json" > "$OUT/p0_variants.log" 2>&1
+    --only "prefetch 0,amx,amx prefetch 0,amx prefetch 1,amx prefetch 2,amx prefetch 4" --json "$OUT/amx_variants.json" > "$OUT/p0_variants.log" 2>&1
   stamp "pair 0 done" ) &
-( $(pin 1) timeout 400 python3 experiments/bf16_decode.py --tokens $TOK --budget 128 --rounds $R --mismatch-n 0 --skip-eager \
+run p1 && ( $(pin 1) timeout 400 python3 experiments/bf16_decode.py --tokens $TOK --budget 128 --rounds $R --mismatch-n 0 --skip-eager \
     --json "$OUT/amx_L256.json" > "$OUT/p1_decode.log" 2>&1; stamp "pair 1 done" ) &
-( $(pin 2) timeout 260 $SP bench rollout $L256 --compressors none,rkv --peers openvino --no-hf --dtype bfloat16 --repeat $R \
+run p2 && ( $(pin 2) timeout 260 $SP bench rollout $L256 --compressors none,rkv --peers openvino --no-hf --dtype bfloat16 --repeat $R \
     --json "$OUT/ov_bf16_L256.json" > "$OUT/p2_ov256.log" 2>&1
-  $(pin 2) timeout 200 $SP bench rollout $L256 --compressors none --peers openvino --no-hf --dtype float32 --repeat $R \
+  [ "${F32:-1}" = 1 ] && $(pin 2) timeout 200 $SP bench rollout $L256 --compressors none --peers openvino --no-hf --dtype float32 --repeat $R \
     --json "$OUT/ov_f32_L256.json" >> "$OUT/p2_ov256.log" 2>&1; stamp "pair 2 done" ) &
-( $(pin 3) timeout 480 $SP bench rollout $L1024 --compressors none,rkv --peers openvino --no-hf --dtype bfloat16 --repeat $R2 \
+run p3 && ( $(pin 3) timeout 480 $SP bench rollout $L1024 --compressors none,rkv --peers openvino --no-hf --dtype bfloat16 --repeat $R2 \
     --json "$OUT/ov_bf16_L1024.json" > "$OUT/p3_ov1024.log" 2>&1; stamp "pair 3 done" ) &
-( $(pin 4) timeout 300 $SP bench learner data.eval=null --repeat 3 --json "$OUT/amx_learner.json" > "$OUT/p4_learner.log" 2>&1
+run p4 && ( $(pin 4) timeout 300 $SP bench learner data.eval=null --repeat 3 --json "$OUT/amx_learner.json" > "$OUT/p4_learner.log" 2>&1
   stamp "pair 4 done" ) &
-if nvidia-smi -L > /dev/null 2>&1 && [ -n "$REST" ]; then
+GPU_TESTS=${GPU_TESTS:-"tests/test_train.py::test_resume_gives_the_same_next_step
+  tests/test_train.py::test_resume_with_the_update_forward_gives_the_same_next_step
+  tests/test_train.py::test_old_logprobs_from_the_update_forward_equal_a_scoring_forward
+  tests/test_train.py::test_deterministic_kernels_are_asked_for_on_cuda_only tests/test_replay.py tests/test_logprobs.py"}
+if run gpu && nvidia-smi -L > /dev/null 2>&1 && [ -n "$REST" ]; then
   ( CUDA_VISIBLE_DEVICES=0 SPARSERL_TEST_DEVICE=cuda OMP_NUM_THREADS=1 taskset -c "$REST" timeout 300 python3 -m pytest -v -n 4 \
-      -p no:cacheprovider -p no:benchmark -o addopts= tests/test_train.py::test_resume_gives_the_same_next_step \
-      tests/test_train.py::test_resume_with_the_update_forward_gives_the_same_next_step \
-      tests/test_train.py::test_old_logprobs_from_the_update_forward_equal_a_scoring_forward \
-      tests/test_train.py::test_deterministic_kernels_are_asked_for_on_cuda_only tests/test_replay.py tests/test_logprobs.py \
+      -p no:cacheprovider -p no:benchmark -o addopts= $GPU_TESTS \
       > "$OUT/gpu_tests.log" 2>&1; stamp "GPU tests done" ) &
 fi
 wait

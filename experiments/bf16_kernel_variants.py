@@ -29,7 +29,7 @@ VARIANTS = {"shipped": "", "RB=4": "-DRB=4", "prefetch 0": "-DPREFETCH_K2=0", "p
             "prefetch 32": "-DPREFETCH_K2=32", "prefetch 64": "-DPREFETCH_K2=64", "prefetch 128": "-DPREFETCH_K2=128",
             "prefetch 256": "-DPREFETCH_K2=256"}
 if "amx" in native.bf16_kernels():
-    VARIANTS.update({"amx": "", "amx prefetch 1": "-DAMX_PREFETCH=1", "amx prefetch 2": "-DAMX_PREFETCH=2",
+    VARIANTS.update({"amx": "", "amx prefetch 0": "-DAMX_PREFETCH=0", "amx prefetch 1": "-DAMX_PREFETCH=1", "amx prefetch 2": "-DAMX_PREFETCH=2",
                      "amx prefetch 4": "-DAMX_PREFETCH=4"})
 
 
