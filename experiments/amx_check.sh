@@ -45,9 +45,9 @@ echo "=== bf16 weight products at 16 rows, per kernel"
 $PIN timeout ${LINEAR_S:-120} python3 experiments/bf16_linear_bench.py --rounds 3 --out "$OUT/amx_linear.json" > "$OUT/amx_linear.log" 2>&1
 python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print('kernels', d['machine']['bf16_kernels']); \
 [print(k, v['median'], v['per_round']) for k, v in d['ratios']['step'].items()]" "$OUT/amx_linear.json" 2>&1 | tail -8
-echo "=== the AMX path's B-tile prefetch (0 shipped, 1, 2, 4 k-blocks ahead) and AVX512-BF16's, per build"
+echo "=== the AMX path's B-tile prefetch (1 shipped, 0, 2, 4 k-blocks ahead) and AVX512-BF16's, per build"
 $PIN timeout ${VARIANTS_S:-150} python3 experiments/bf16_kernel_variants.py --rounds 3 \
-  --only "prefetch 0,amx,amx prefetch 1,amx prefetch 2,amx prefetch 4" --json "$OUT/amx_variants.json" 2>&1 | tail -6
+  --only "prefetch 0,amx,amx prefetch 0,amx prefetch 2,amx prefetch 4" --json "$OUT/amx_variants.json" 2>&1 | tail -6
 echo "=== the engine's bf16 kernel, measured"
 $PIN python3 -c "from sparserl.rollout import bf16_kernel_choice as c; print(c.choose('cpu').to_dict())" 2>&1 | tail -2
 echo "=== bf16 decode, 256 tokens"

@@ -122,6 +122,13 @@ HEADLINES = [
              DENSE, OV_DENSE),
     Headline("bf16 R-KV (budget 256, step 32) / OpenVINO bf16 eviction, equal KV bytes",
              "bf16_decode/openvino_bf16_L1024_s20.json", RKV, OV_EVICT),
+    # 2 pinned cores of the lent GPU machines' 16-core AMX Xeon host (twenty-seventh session; amx_xeon/)
+    Headline("bf16 fused dense (AMX tiles) / OpenVINO GenAI bf16 dense", "amx_xeon/call2/ov_bf16_L256.json",
+             DENSE, OV_DENSE),
+    Headline("bf16 fused dense (AMX tiles) / OpenVINO GenAI bf16 dense", "amx_xeon/call1/ov_bf16_L1024.json",
+             DENSE, OV_DENSE),
+    Headline("bf16 R-KV (budget 256, step 32; AMX tiles) / OpenVINO bf16 eviction, equal KV bytes",
+             "amx_xeon/call1/ov_bf16_L1024.json", RKV, OV_EVICT),
 ]
 
 
@@ -174,7 +181,9 @@ def machine_label(machine: dict) -> str:
         isa = ISA[cpu]
     else:
         raise ValueError(f"CPU {cpu!r} records no instruction sets and has none in results_table.ISA")
-    label = f"{machine['cores']}-core {CPU_NAME.get(cpu, cpu)}, {isa}"
+    threads, cores = machine.get("torch_threads", machine["cores"]), machine["cores"]
+    where = f"{cores}-core" if threads >= cores else f"{threads} threads of a {cores}-core"
+    label = f"{where} {CPU_NAME.get(cpu, cpu)}, {isa}"
     arch = machine.get("native_arch")
     if arch and arch != "native":
         built = [ARCH_FLAG[f] for f in arch.split() if f in ARCH_FLAG]

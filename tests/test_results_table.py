@@ -63,7 +63,14 @@ def test_the_users_example_reads_as_the_rounds_say():
 def test_each_headline_picks_one_row_and_names_a_known_machine():
     for h in rt.HEADLINES:
         r = rt.headline_row(h)  # raises when a selector matches no row or several
-        assert r["machine"].startswith("2-core ")
+        assert r["machine"].startswith(("2-core ", "2 threads of a ")), r["machine"]  # 2 cores: the project's machines
+
+
+def test_a_machine_whose_threads_are_fewer_than_its_cores_is_named_so():
+    machine = {"cpu": "Intel(R) Xeon(R) Processor", "isa": ["avx512f", "avx512_bf16", "amx_bf16"], "cores": 16,
+               "torch_threads": 2}
+    assert rt.machine_label(machine) == "2 threads of a 16-core Intel Xeon, AVX512 + BF16 + AMX"
+    assert rt.machine_label({**machine, "torch_threads": 16}).startswith("16-core Intel Xeon")
 
 
 def _links(text: str) -> list[str]:

@@ -245,7 +245,7 @@ static int amx_usable(void) {
 /* How many k-blocks (B tiles of 32 k) ahead the AMX path prefetches its two panels' B tiles, in the first
  * 16-row block (0: none). One: measured on an AMX Xeon (2 vCPUs of the GPU machines' 16-core host, 2026-11-28,
  * docs/results/amx_xeon/), a decode step's weight products at 16 rows took 12.7 ms with 1 against 15.0 ms
- * with none (1.17x, median of 3 per-round ratios; 2 and 4 within 1% of 1). */
+ * with none (1.18x, median of 3 per-round ratios; 2 and 4 blocks ahead 1% and 3% slower than 1). */
 #ifndef AMX_PREFETCH
 #define AMX_PREFETCH 1
 #endif
