@@ -18,8 +18,19 @@
 #   GPU     the CUDA resume-exactness tests with strict deterministic kernels (docs/results/cuda/).
 # Jobs share the machine's memory system and L3, so absolute rates are lower than on an idle host; each
 # comparison is within one process, per round, as always.
-#   OUT=dir bash experiments/amx_device.sh       # carry .whl .gpu .ov
+#   OUT=dir bash experiments/amx_device.sh 2>&1 | tee $OUT/main.log   # carry .whl .gpu .ov
+# Everything it writes comes back in $OUT/results.tgz (a call returns at most 8 files).
 #   SMOKE=1 OUT=/tmp/amxd bash experiments/amx_device.sh   # the script itself, small, on any CPU
+# .ov, made here once (ignored by git: `echo /.ov/ >> .git/info/exclude`), after `sparserl bench setup-openvino`
+# and one `sparserl bench rollout --peers openvino --dtype float32` (which exports the IR):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 -d /tmp/ovw openvino==2026.4.1 openvino-genai==2026.4.1.0 \
+#     openvino-tokenizers==2026.4.1.0 openvino-telemetry==2025.2.0
+#   mkdir /tmp/ovw/x && cd /tmp/ovw/x && for w in ../*.whl; do unzip -q $w; done && rm -rf openvino/include \
+#     openvino/cmake openvino/libs/cache.json openvino/libs/libopenvino_intel_{gpu,npu}_plugin.so \
+#     openvino/libs/libopenvino_{onnx,tensorflow,tensorflow_lite,paddle,gguf,jax,pytorch}_frontend.so* \
+#     && tar cJf $REPO/.ov/ov312.tar.xz openvino* ; cd $REPO
+#   python3 experiments/openvino_ir_skeleton.py pack ~/.cache/sparserl/openvino/smollm2-135m-fp32 .ov/ir.tar.xz
 #   PARTS="p2 gpu" F32=0 ...     # some of the jobs (p0-p4, gpu); F32=0 leaves out pair 2's float32 bench
 set -uo pipefail
 OUT=${OUT:-/tmp/amx_device}; SMOKE=${SMOKE:-0}; mkdir -p "$OUT"
@@ -147,4 +158,7 @@ for path in sys.argv[1:]:
             per = [a / b for a, b in zip(rows[ours]["tokens_per_s_runs"], rows[theirs]["tokens_per_s_runs"])]
             print(f"  {'/'.join(ours)} vs {'/'.join(theirs)}: {statistics.median(per):.2f}x per round {[round(x, 2) for x in per]}")
 PY
+# a call returns at most 8 files: the logs and JSON in one archive, beside main.log (the caller's tee)
+tar czf "$OUT/results.tgz" -C "$OUT" $(cd "$OUT" && ls *.json *.log 2>/dev/null | grep -vx main.log) \
+  && (cd "$OUT" && ls *.json *.log | grep -vx main.log | xargs rm -f)
 exit 0
