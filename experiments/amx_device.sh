@@ -78,7 +78,7 @@ PY
 )
 echo "pairs: ${PAIRS[*]}"
 npairs=${#PAIRS[@]}
-pin() { local i=$1; [ "$i" -lt "$npairs" ] && echo "taskset -c ${PAIRS[$i]}" || echo "taskset -c ${PAIRS[$(( i % npairs ))]}"; }
+pin() { echo "taskset -c ${PAIRS[$(( $1 % npairs ))]}"; }  # job i on pair i (shared where there are fewer)
 REST=$(for ((i = 5; i < npairs; i++)); do printf '%s,' "${PAIRS[$i]}"; done | sed 's/,$//')
 
 stamp "setup: the model, its IR, the native build and the bf16 kernel"
