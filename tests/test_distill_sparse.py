@@ -1,4 +1,4 @@
-"""DistillSparse (issue 32, item 3; Sparrow, ALGORITHMS.md §3): the replay of what the sparse sampler read
+"""DistillSparse (issue 32, item 3; Sparrow, docs/algorithms.md §3): the replay of what the sparse sampler read
 reproduces its log-probs with gradients; φ's update leaves θ and the dense scorer untouched, moves φ, and
 φ reaches the sampler; α is logged with and without φ; φ is saved and resumed with the run."""
 from __future__ import annotations

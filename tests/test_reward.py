@@ -1,4 +1,4 @@
-"""Tests of the verifiable math reward (ALGORITHMS.md §1) and the reward registry."""
+"""Tests of the verifiable math reward (docs/algorithms.md §1) and the reward registry."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Predicted rollout time: dense, a fixed KV budget, a schedule, and block top-k attention.
 
-The cost model of Sparrow (Zhou et al., 2026, arXiv 2606.08446; ALGORITHMS.md §3), after Kinetics
+The cost model of Sparrow (Zhou et al., 2026, arXiv 2606.08446; docs/algorithms.md §3), after Kinetics
 (Sadhukhan et al., 2025, "Kinetics: Rethinking Test-Time Scaling Laws", arXiv 2506.05333), turned
 into seconds on a measured machine and following what this engine does step by step.
 

@@ -1,5 +1,5 @@
 """``sparserl calibrate``: Sparrow's offline calibration of a sparsity schedule (Zhou et al., 2026,
-arXiv 2606.08446; ALGORITHMS.md §3).
+arXiv 2606.08446; docs/algorithms.md §3).
 
 For each compressor and KV budget, sample responses (by that sparse sampler, or once by the dense
 policy), measure the exact acceptance α of every token against the dense policy (:mod:`.measure`),

@@ -1,7 +1,7 @@
 """A calibrated schedule's cost against dense: predicted by the cost model, and measured.
 
 - :func:`predicted_cost`: the cost model's ratio (:mod:`sparserl.cost`, ``predicted_cost_vs_dense``;
-  Sparrow's, after Kinetics: ALGORITHMS.md §3), or None while that model is not there.
+  Sparrow's, after Kinetics: docs/algorithms.md §3), or None while that model is not there.
 - :func:`measured_speedup`: one dense generation and right after it one with the schedule, the same
   prompts and sampling settings: the ratio of their tokens/s. **One round**: machines drift, so it is
   an indication, not a benchmark (``sparserl bench rollout --repeat`` is).

@@ -2,7 +2,7 @@
 
 A *correction* turns the three log-probabilities of a rollout batch into what the policy loss
 needs: per-token importance weights, a loss mask with rejected tokens/responses removed, the
-log-probs to use as the PPO "old" (behaviour) policy, and metrics. Notation (ALGORITHMS.md):
+log-probs to use as the PPO "old" (behaviour) policy, and metrics. Notation (docs/algorithms.md):
 
 - ``sampler_logprobs`` = log q_t (compressed sampler: sparse KV cache, quantized weights),
 - ``old_logprobs``     = log p_t (dense old policy, same weights, full KV, full precision),

@@ -25,7 +25,7 @@ def sparse_rl(
     normalize: bool = True,
     normalize_over: str = "valid",
 ) -> Correction:
-    """Sparse-RL (Luo et al. 2026, arXiv 2601.10079; ALGORITHMS.md §1).
+    """Sparse-RL (Luo et al. 2026, arXiv 2601.10079; docs/algorithms.md §1).
 
     With ``ρ_t = exp(clamp(log p_t − log q_t, −20, 20))`` (p dense old policy, q sparse sampler):
 

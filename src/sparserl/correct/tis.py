@@ -59,7 +59,7 @@ def acr(
     *,
     cap: float = 2.0,
 ) -> Correction:
-    """QuRL adaptive clipping range (Li et al. 2026, arXiv 2602.13953; ALGORITHMS.md §4).
+    """QuRL adaptive clipping range (Li et al. 2026, arXiv 2602.13953; docs/algorithms.md §4).
 
     Token TIS ``w_t = min(ρ_t, C)`` plus ``clip_upper_scale = 1 / r_t`` with
     ``r_t = min(ρ_t, C) / ρ_t ≤ 1``, i.e. ``1/r_t = max(1, ρ_t / C) ≥ 1``. The policy loss then

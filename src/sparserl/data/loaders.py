@@ -12,7 +12,7 @@ seeded batch sampler.
 
 Every example's prompt is a list of chat messages (``[{"role": "user", "content": ...}]``, with
 an optional system message first) ready for a chat template, and its label is a string that the
-math reward (ALGORITHMS.md §1) compares with the response's last ``\\boxed{}``.
+math reward (docs/algorithms.md §1) compares with the response's last ``\\boxed{}``.
 """
 
 from __future__ import annotations

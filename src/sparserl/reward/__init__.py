@@ -1,4 +1,4 @@
-"""Verifiable rewards (Sparse-RL, arXiv 2601.10079; ALGORITHMS.md §1): 1 if the response's last
+"""Verifiable rewards (Sparse-RL, arXiv 2601.10079; docs/algorithms.md §1): 1 if the response's last
 ``\\boxed{}`` (else its last number) equals the label, else 0, with math-verify deciding
 equivalence in time-limited checker processes; plus loading rewards by name and safe batch
 scoring."""

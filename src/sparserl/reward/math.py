@@ -1,6 +1,6 @@
 """Verifiable math reward: 1.0 if the response's final answer equals the label, else 0.0.
 
-The rule follows Sparse-RL (Luo et al., 2026, arXiv 2601.10079; digest in ALGORITHMS.md §1):
+The rule follows Sparse-RL (Luo et al., 2026, arXiv 2601.10079; digest in docs/algorithms.md §1):
 "reward 1 if the last ``\\boxed{}`` equals the label (string-normalised or symbolic), else 0;
 no format reward".
 
@@ -498,7 +498,7 @@ def answers_equal(pred: str, label: Any, timeout: float | None = DEFAULT_TIMEOUT
 def math_reward(response: str, label: Any, prompt: Any = None, *,
                 timeout: float | None = DEFAULT_TIMEOUT_S, strict_numbers: bool = True,
                 workers: int | None = None) -> float:
-    """Sparse-RL verifiable reward (arXiv 2601.10079, ALGORITHMS.md §1): 1.0 if the final answer
+    """Sparse-RL verifiable reward (arXiv 2601.10079, docs/algorithms.md §1): 1.0 if the final answer
     of ``response`` equals ``label``, else 0.0.
 
     The final answer is the last complete ``\\boxed{}``/``\\fbox{}`` of the response, else its last

@@ -4,7 +4,7 @@ A reward is ``fn(response: str, label: str, prompt: str | None = None) -> float`
 that take only ``(response, label)`` are accepted too and are wrapped by :func:`as_reward_fn`.
 Training, evaluation and the bench hand ``prompt`` the problem as the model was asked it
 (:attr:`sparserl.data.Example.prompt_text`: its last user message, after ``data.template``).
-The built-in ``"math"`` reward is the Sparse-RL rule (arXiv 2601.10079, ALGORITHMS.md §1):
+The built-in ``"math"`` reward is the Sparse-RL rule (arXiv 2601.10079, docs/algorithms.md §1):
 1 if the last ``\\boxed{}`` equals the label, else 0 (:mod:`sparserl.reward.math`).
 
 ``reward.timeout_s`` is honoured for every reward loaded by name: the math reward's math-verify

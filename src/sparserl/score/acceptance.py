@@ -1,5 +1,5 @@
 """Sparrow's per-token acceptance α between the dense policy ``p`` and the sampler ``q`` (Zhou et al.,
-2026, arXiv 2606.08446, §3 of ALGORITHMS.md), and its tail by length bin.
+2026, arXiv 2606.08446, docs/algorithms.md §3), and its tail by length bin.
 
     α_t = Σ_x min(p_t(x), q_t(x)) = 1 − TV(p_t, q_t)        (1: the same distribution)
 

@@ -1,4 +1,4 @@
-"""DistillSparse (Sparrow: Zhou et al., 2026, arXiv 2606.08446, ALGORITHMS.md §3): LoRA weights φ on the
+"""DistillSparse (Sparrow: Zhou et al., 2026, arXiv 2606.08446, docs/algorithms.md §3): LoRA weights φ on the
 sparse sampler only, trained so that the sampler stays close to the dense policy at a sparser budget.
 
 Each step, after the learner's update (θ frozen from here on), φ takes one AdamW step on

@@ -1,7 +1,7 @@
 """The online budget controller: each sequence-length bin's KV budget follows the measured α tail
 between training steps (``rollout.kv_controller``).
 
-Sparrow (Zhou et al., 2026, arXiv 2606.08446; ALGORITHMS.md §3) calibrates its schedule once, offline,
+Sparrow (Zhou et al., 2026, arXiv 2606.08446; docs/algorithms.md §3) calibrates its schedule once, offline,
 on the model before training. The policy moves during training, and so does the mismatch a budget
 causes; this controller re-reads the tail every step instead. For each bin ``b`` whose 5th percentile
 of α was measured this step (``mismatch/alpha_p5_bin/<b>``, :mod:`sparserl.train.alpha`):

@@ -1,4 +1,4 @@
-"""KV-cache compressors, one file each (ALGORITHMS.md §2), ``none`` (dense) among them.
+"""KV-cache compressors, one file each (docs/algorithms.md §2), ``none`` (dense) among them.
 
 ``build_compressor(name, kv_budget=..., options=...)`` / ``compressor_from_fields(cfg.rollout)``
 build one from options; ``get_compressor(name, **fields)`` from its own field names."""

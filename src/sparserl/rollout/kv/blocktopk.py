@@ -1,5 +1,5 @@
 """Block top-k sparse attention: Sparrow's Vortex engine (Zhou et al., 2026, "Sparrow", arXiv 2606.08446;
-ALGORITHMS.md §2). The KV cache is kept whole; every decode step reads only some of it.
+docs/algorithms.md §2). The KV cache is kept whole; every decode step reads only some of it.
 
 A sequence's tokens are grouped in pages of p = 16 tokens counted from its first token (page j holds
 positions 16 j .. 16 j + 15; the last page is partial). Each page keeps the running sum of its keys

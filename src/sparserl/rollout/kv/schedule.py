@@ -1,4 +1,4 @@
-"""A sparsity schedule (Sparrow, Zhou et al., 2026, arXiv 2606.08446; ALGORITHMS.md §3): the KV budget
+"""A sparsity schedule (Sparrow, Zhou et al., 2026, arXiv 2606.08446; docs/algorithms.md §3): the KV budget
 as a piecewise-constant function of the current sequence length.
 
     budget(L) = b_i   for   l_i <= L < l_{i+1}        (L below l_0: b_0)
