@@ -450,6 +450,8 @@ class TrainConfig(_Section):
         "cosine (likewise). A resume with another train.steps stretches it to the new length.")
     min_lr_ratio: float = F(0.0, "The learning rate at the last update, as a fraction of train.lr, under linear and "
                             "cosine (verl's min_lr_ratio).", ge=0, le=1)
+    max_nonfinite_steps: int = F(3, "A step whose loss or gradient norm is not finite is skipped, weights "
+                                 "unchanged; this many such steps in a row stop the run with an error.", ge=1)
     seed: int = F(0, "Seed of data order and sampling.")
     deterministic: bool = F(True, "On CUDA, torch's deterministic kernels and a fixed cuBLAS workspace, so that a "
                             "rerun and a --resume give the same bits (as the CPU always does); false lets CUDA "
