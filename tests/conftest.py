@@ -8,7 +8,7 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 # Where the session's tiny model lives: ``cpu`` (CI), or ``cuda`` on a GPU machine, which runs the
-# engine's matrices (compressors, replay, KV and weight quantization) on CUDA (experiments/cuda_check.sh).
+# engine's matrices (compressors, replay, KV and weight quantization) on CUDA (experiments/device/cuda_check.sh).
 TEST_DEVICE = os.environ.get("SPARSERL_TEST_DEVICE", "cpu")
 
 

@@ -274,7 +274,7 @@ def test_the_amx_path_with_emulated_tiles_is_within_the_bound(amx_emulated_build
 
 def test_the_amx_prefetch_build_gives_the_same_bits(amx_emulated_build):
     """``-DAMX_PREFETCH=2`` (B tiles prefetched two k-blocks ahead, a variant an AMX machine times,
-    experiments/bf16_kernel_variants.py) compiles and changes no bit: a prefetch is only a hint."""
+    experiments/kernels/bf16_kernel_variants.py) compiles and changes no bit: a prefetch is only a hint."""
     prefetching = native.load(native.build(flags=native.flags_for("-march=native -DSPARSERL_AMX_EMULATE -DAMX_PREFETCH=2")))
     for M, N, K in [(16, 960, 576), (33, 50, 96), (3, 33, 1)]:
         w, x, b = case(M, N, K, seed=9)

@@ -1,4 +1,4 @@
-"""experiments/openvino_ir_skeleton.py: an IR carried without its weight matrices comes back with the same
+"""tools/openvino_ir_skeleton.py: an IR carried without its weight matrices comes back with the same
 graph, every small constant byte for byte, and each weight matrix redrawn from N(0, 0.02²)."""
 import importlib.util
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("openvino_ir_skeleton", ROOT / "experiments" / "openvino_ir_skeleton.py")
+spec = importlib.util.spec_from_file_location("openvino_ir_skeleton", ROOT / "tools" / "openvino_ir_skeleton.py")
 skeleton = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(skeleton)
 

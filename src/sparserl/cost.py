@@ -60,7 +60,7 @@ of every step, which dominate a small batch on a CPU, are a memory term Kinetics
 Left out: sampling (a few passes over N × V logits a step), Python and operator-call overheads,
 the per-step upkeep of the page means, and any difference between F and the rate of the
 compressors' C kernels or of attention. The measured/predicted ratio of
-``experiments/cost_model_validate.py`` says how much that is on a machine.
+``experiments/rollout/cost_model_validate.py`` says how much that is on a machine.
 
     shape = ModelShape.from_config(hf_config, "float32")
     rates = MachineRates.measure(engine.model, rows=16)        # or MachineRates.from_machine_info(bench["machine"])
