@@ -351,6 +351,9 @@ def crash(response, label):
 def echo(response, label, prompt=None):
     return float(response == label) + (prompt == "bonus")
 
+def wild(response, label):
+    return {"huge": 1e300, "nan": float("nan"), "-inf": float("-inf"), "max": 3.4028234663852886e38}.get(response, 1.0)
+
 NOT_CALLABLE = 3
 """
 
@@ -540,6 +543,44 @@ def test_score_responses_counts_errors():
     rewards, n_err = score_responses(flaky, ["ok", "boom", "nan", "inf", "none", "ok"], ["x"] * 6)
     assert rewards == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
     assert n_err == 4
+
+
+def wild(response, label):
+    """1e300 is finite in Python and inf in float32, the dtype of the trainer's reward tensors."""
+    return {"huge": 1e300, "nan": math.nan, "-inf": -math.inf, "-huge": -1e39, "max": 3.4028234663852886e38,
+            "int": 10**400}.get(response, 1.0)
+
+
+def test_a_reward_not_finite_in_float32_scores_zero_counts_and_is_named_once(caplog):
+    caplog.set_level("WARNING", logger="sparserl.reward.registry")
+    responses = ["ok", "huge", "nan", "-inf", "-huge", "max", "ok"]
+    rewards, n_err = score_responses(wild, responses, ["x"] * len(responses))
+    assert rewards == [1.0, 0.0, 0.0, 0.0, 0.0, 3.4028234663852886e38, 1.0]  # float32's largest value stays
+    assert n_err == 4
+    assert score_responses(wild, ["huge", "int"], ["x", "x"]) == ([0.0, 0.0], 2)  # 10**400: float() overflows
+    warned = [r.getMessage() for r in caplog.records if "not finite in float32" in r.getMessage()]
+    assert len(warned) == 1 and "wild" in warned[0] and "1e+300" in warned[0] and "reward/errors" in warned[0]
+    import torch
+
+    assert torch.isfinite(torch.tensor(rewards, dtype=torch.float32)).all()
+
+
+def test_a_weighted_sum_that_overflows_float32_scores_zero_and_counts():
+    from sparserl.reward.weighted import WeightedReward
+
+    def big(response, label):
+        return 3e38
+
+    scores = WeightedReward([("big", big), ("one", lambda r, lab: 1.0)], [10.0, 1.0]).score(["a"], ["x"])
+    assert scores.total == [0.0] and scores.errors == 1 and scores.parts["big"] == [3e38]
+    scores = WeightedReward([("wild", wild), ("one", lambda r, lab: 1.0)], [1.0, 0.5]).score(["nan", "a"], ["x", "x"])
+    assert scores.total == [0.5, 1.5] and scores.errors == 1
+
+
+def test_a_reward_not_finite_in_float32_in_the_checker_processes(custom_module):
+    fn = load_reward(f"{custom_module}:wild", timeout_s=5.0)
+    rewards, n_err = score_responses(fn, ["huge", "nan", "-inf", "ok", "max"], ["x"] * 5)
+    assert (rewards, n_err) == ([0.0, 0.0, 0.0, 1.0, 3.4028234663852886e38], 3)
 
 
 def test_score_responses_length_mismatch():

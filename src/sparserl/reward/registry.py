@@ -28,9 +28,25 @@ from . import pool as _pool
 from .math import DEFAULT_TIMEOUT_S, MathReward, math_reward
 
 __all__ = ["RewardFn", "BUILTIN_REWARDS", "load_reward", "as_reward_fn", "score_responses",
-           "RewardSpecError", "RewardTimeout", "PooledReward"]
+           "RewardSpecError", "RewardTimeout", "PooledReward", "FLOAT32_OVERFLOW", "finite_in_float32"]
 
 log = logging.getLogger(__name__)
+
+#: the smallest magnitude that rounds to ±inf in float32 (round to nearest): 2^128 − 2^103, half a unit in
+#: the last place above float32's largest value 3.4028235e38
+FLOAT32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
+#: rewards that have returned a non-finite value in this process (each is warned about once)
+_WARNED_NONFINITE: set[str] = set()
+
+
+def finite_in_float32(value: float) -> bool:
+    """Whether ``value`` stays finite as a float32 (the dtype of the trainer's reward and advantage tensors):
+    not NaN, not ±inf, and ``|value| < 2^128 − 2^103`` (so 1e300, finite in Python, is not)."""
+    return math.isfinite(value) and abs(value) < FLOAT32_OVERFLOW
+
+
+def _reward_name(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "ref", None) or getattr(fn, "__name__", None) or fn)
 
 
 class RewardSpecError(SparserlError, ValueError):
@@ -215,10 +231,13 @@ def score_responses(fn: Callable[..., Any], responses: Sequence[str], labels: Se
     """Score each response against its label with ``fn``.
 
     Returns ``(rewards, n_errors)``. A call that raises (or overruns ``reward.timeout_s``), or
-    returns something that is not a finite number, scores 0.0 and is counted in ``n_errors`` (the
-    first such failure is logged as a warning), so one bad reward never stops a run. A reward with
-    a ``score_batch`` method (the built-in math reward, a custom reward loaded with a timeout) gets
-    the whole batch at once, so its checks run in parallel. ``prompts`` (optional) is passed to
+    returns something that is not a number, scores 0.0 and is counted in ``n_errors`` (the batch's
+    first such failure is logged as a warning), so one bad reward never stops a run. So does a value
+    that is not finite in float32 (:func:`finite_in_float32`: NaN, ±inf, or a magnitude such as 1e300
+    that overflows the trainer's float32 reward tensors, where one such value would make every
+    advantage of its group, then every weight, NaN); the first one of each reward is logged as a
+    warning naming it. A reward with a ``score_batch`` method (the built-in math reward, a custom
+    reward loaded with a timeout) gets the whole batch at once, so its checks run in parallel. ``prompts`` (optional) is passed to
     rewards that take a third parameter. Length mismatches raise ``ValueError``.
     """
     if len(responses) != len(labels):
@@ -249,18 +268,25 @@ def score_responses(fn: Callable[..., Any], responses: Sequence[str], labels: Se
             except Exception as e:  # noqa: BLE001
                 values.append(e)
     rewards: list[float] = []
-    n_errors = 0
+    n_errors = n_failed = 0
     for i, value in enumerate(values):
         try:
             if isinstance(value, BaseException):
                 raise value
             value = float(value)
-            if not math.isfinite(value):
-                raise ValueError(f"non-finite reward {value}")
         except Exception as e:  # noqa: BLE001 - a failing reward scores 0 and is counted
-            if n_errors == 0:
-                log.warning("reward %s failed on response %d: %s: %s",
-                            getattr(fn, "__name__", fn), i, type(e).__name__, e)
+            if n_failed == 0:
+                log.warning("reward %s failed on response %d: %s: %s", _reward_name(fn), i, type(e).__name__, e)
+            n_failed += 1
+            n_errors += 1
+            value = 0.0
+        if not finite_in_float32(value):
+            name = _reward_name(fn)
+            if name not in _WARNED_NONFINITE:
+                _WARNED_NONFINITE.add(name)
+                log.warning("reward %s returned %r on response %d, which is not finite in float32 (the trainer's "
+                            "reward tensors): it scores 0 and counts in reward/errors (said once per reward)",
+                            name, value, i)
             n_errors += 1
             value = 0.0
         rewards.append(value)

@@ -4,8 +4,8 @@
 
 (``reward.fn: [math, my_rewards:format]``, ``reward.weights: [1.0, 0.1]``; every weight 1 when
 ``reward.weights`` is left out). Each part is scored as a single reward is (:func:`score_responses`:
-checker processes, ``reward.timeout_s``, a failing call scores 0 and is counted), and its mean is logged
-on its own. The first part is the **verifier**: held-out evaluation's pass@k reads it alone, since a
+checker processes, ``reward.timeout_s``, a failing call or a value not finite in float32 scores 0 and is
+counted), and its mean is logged on its own; a sum that overflows float32 scores 0 and is counted too. The first part is the **verifier**: held-out evaluation's pass@k reads it alone, since a
 shaped sum (a format bonus) is not a pass rate.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .registry import RewardSpecError, load_reward, score_responses
+from .registry import RewardSpecError, finite_in_float32, load_reward, score_responses
 
 __all__ = ["WeightedReward", "RewardScores", "load_rewards", "score_rewards", "spec_problem", "verifier"]
 
@@ -53,7 +53,10 @@ class WeightedReward:
             errors += failed
         total = [sum(w * parts[spec][i] for (spec, _), w in zip(self.parts, self.weights))
                  for i in range(len(responses))]
-        return RewardScores(total, parts, errors)
+        overflow = [i for i, t in enumerate(total) if not finite_in_float32(t)]  # finite parts, huge weights
+        for i in overflow:
+            total[i] = 0.0
+        return RewardScores(total, parts, errors + len(overflow))
 
     def __call__(self, response: str, label: Any, prompt: Any = None) -> float:
         return self.score([response], [label], [prompt]).total[0]
