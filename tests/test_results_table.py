@@ -1,5 +1,7 @@
-"""README's table of headline bench ratios is the one experiments/results_table.py regenerates from the
-stored JSON, and the ratio it quotes is the median of per-round ratios (not a median over a median)."""
+"""README's KV-vs-reward table and docs/results/README.md's headline bench ratios are the ones
+tools/results_table.py regenerates from the stored JSON, and a speed ratio is the median of per-round
+ratios (not a median over a median)."""
+
 import importlib.util
 import json
 import re
@@ -13,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("results_table", ROOT / "experiments" / "results_table.py")
+    spec = importlib.util.spec_from_file_location("results_table", ROOT / "tools" / "results_table.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules["results_table"] = mod  # its dataclasses look their module up there
     spec.loader.exec_module(mod)
@@ -23,12 +25,42 @@ def _script():
 rt = _script()
 
 
-def test_readme_table_is_the_regenerated_one():
-    block = rt.readme_block((ROOT / "README.md").read_text())
-    assert block == rt.render_table(), "README's results table differs: python3 experiments/results_table.py --write"
+def test_readme_kv_table_is_the_regenerated_one():
+    text = (ROOT / "README.md").read_text()
+    block = rt.readme_block(text, rt.KV_BEGIN, rt.KV_END)
+    assert block == rt.render_kv_table(), "README's KV-vs-reward table differs: python3 tools/results_table.py --write"
+
+
+def test_results_readme_speed_table_is_the_regenerated_one():
+    block = rt.readme_block((rt.RESULTS / "README.md").read_text())
+    assert block == rt.render_table(), "docs/results/README.md's table differs: python3 tools/results_table.py --write"
     assert rt.main(["--check"]) == 0
     edited = rt.with_block("x\n" + rt.BEGIN + "\nold\n" + rt.END + "\ny\n", block)
     assert rt.readme_block(edited) == block and edited.startswith("x\n") and edited.endswith(rt.END + "\ny\n")
+
+
+def test_check_fails_on_a_stale_block(tmp_path, monkeypatch, capsys):
+    stale, speed = tmp_path / "README.md", tmp_path / "results.md"
+    stale.write_text("x\n" + rt.KV_BEGIN + "\n| an old row |\n" + rt.KV_END + "\n")
+    speed.write_text(rt.BEGIN + "\n" + rt.render_table() + rt.END + "\n")
+    monkeypatch.setattr(rt, "README", stale)
+    monkeypatch.setattr(rt, "RESULTS_README", speed)
+    monkeypatch.setattr(rt, "ROOT", tmp_path)
+    assert rt.main(["--check"]) == 1
+    assert "an old row" in capsys.readouterr().out
+    assert rt.main(["--write"]) == 0 and rt.main(["--check"]) == 0
+    assert rt.readme_block(stale.read_text(), rt.KV_BEGIN, rt.KV_END) == rt.render_kv_table()
+
+
+def test_kv_table_reads_the_paired_figures_of_comparison_json():
+    c = json.loads((rt.RESULTS / rt.COMPARISON).read_text())
+    rows = {a.arm: rt.kv_row(a, c) for a in rt.KV_ARMS}
+    assert set(rows) == {"dense", "sparse_rl", "sparrow_cap64", "sparse_naive"}
+    assert rows["sparrow_cap64"][3].startswith("\u22120.07 [\u22120.37, +0.23]")  # the new default vs dense
+    assert rows["sparse_rl"][3].startswith("\u22120.41 [\u22120.60, \u22120.22]")  # the previous default
+    assert rows["sparrow_cap64"][-1] == "2.17x less" and rows["sparse_rl"][-1] == "3.20x less"
+    assert rows["dense"][3] == "\u2013" and rows["dense"][-1] == "1x"
+    assert "AMD EPYC" in rt.render_kv_table()  # the machine is named beside the figures
 
 
 def test_median_of_round_ratios_is_not_a_median_over_a_median():
@@ -67,8 +99,12 @@ def test_each_headline_picks_one_row_and_names_a_known_machine():
 
 
 def test_a_machine_whose_threads_are_fewer_than_its_cores_is_named_so():
-    machine = {"cpu": "Intel(R) Xeon(R) Processor", "isa": ["avx512f", "avx512_bf16", "amx_bf16"], "cores": 16,
-               "torch_threads": 2}
+    machine = {
+        "cpu": "Intel(R) Xeon(R) Processor",
+        "isa": ["avx512f", "avx512_bf16", "amx_bf16"],
+        "cores": 16,
+        "torch_threads": 2,
+    }
     assert rt.machine_label(machine) == "2 threads of a 16-core Intel Xeon, AVX512 + BF16 + AMX"
     assert rt.machine_label({**machine, "torch_threads": 16}).startswith("16-core Intel Xeon")
 
@@ -78,12 +114,12 @@ def _links(text: str) -> list[str]:
 
 
 def test_results_links_point_at_files_in_the_repository():
-    readme = (ROOT / "README.md").read_text()
-    results = readme[readme.index("\n## Results\n"):]
-    nxt = re.search(r"\n## ", results[1:])
-    results = results[:nxt.start() + 1] if nxt else results
-    missing = [u for u in _links(results) if not (ROOT / u.split("#")[0]).exists()]
-    for page in (ROOT / "docs" / "results").rglob("*.md"):
-        missing += [f"{page.relative_to(ROOT)}: {u}" for u in _links(page.read_text())
-                    if not (page.parent / u.split("#")[0]).exists()]
+    pages = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
+    missing = []
+    for page in pages:
+        missing += [
+            f"{page.relative_to(ROOT)}: {u}"
+            for u in _links(page.read_text())
+            if not (page.parent / u.split("#")[0]).exists()
+        ]
     assert not missing

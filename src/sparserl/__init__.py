@@ -1,2 +1,2 @@
 """sparserl: RL with verifiable rewards on a compressed sampler."""
-__version__ = "0.1.0"
+__version__ = "0.2.0"
