@@ -13,9 +13,9 @@ import torch
 
 from sparserl.errors import SparserlError
 from sparserl.train import checkpoint as ckpt_mod
-from sparserl.train.checkpoint import (CheckpointError, CheckpointWriteError, complete_checkpoints,
-                                       latest_checkpoint, load_checkpoint, load_latest, remove_debris,
-                                       save_checkpoint, set_rng_state)
+from sparserl.train.checkpoint import (CheckpointError, CheckpointWriteError, NonfiniteCheckpointError,
+                                       complete_checkpoints, latest_checkpoint, load_checkpoint, load_latest,
+                                       remove_debris, save_checkpoint, set_rng_state)
 
 DATA = {"epoch": 1, "position": 3, "seed": 7, "num_examples": 10, "batch_size": 2, "shuffle": True}
 
@@ -309,6 +309,38 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, tiny, mo
     logs = []
     path, state = load_latest(run, m2, o2, s2, log=logs.append)
     assert path == first and state["step"] == 1 and not logs
+
+
+def _tree(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() if p.is_file() else None for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize("where", ["weight", "optimizer state"])
+def test_a_non_finite_weight_or_optimizer_state_is_never_saved(tmp_path, tiny, where):
+    run = tmp_path / "run"
+    torch.manual_seed(0)
+    model, opt, sched = fresh(tiny)
+    train_step(model, opt, sched)
+    first = save(run, 1, model, opt, sched, tiny)
+    before = _tree(run)
+    train_step(model, opt, sched)
+    name, param = next(iter(model.named_parameters()))
+    with torch.no_grad():
+        if where == "weight":
+            param.view(-1)[3] = float("nan")
+        else:
+            opt.state[param]["exp_avg_sq"].view(-1)[0] = float("inf")
+    with pytest.raises(NonfiniteCheckpointError) as e:
+        save(run, 2, model, opt, sched, tiny)
+    msg = str(e.value)
+    assert isinstance(e.value, CheckpointError) and isinstance(e.value, SparserlError)
+    assert "step 2" in msg and "not finite" in msg and str(first) in msg and "intact" in msg
+    assert (repr(name) if where == "weight" else "'state.0.exp_avg_sq'") in msg
+    assert _tree(run) == before  # nothing written: no step-000002, no debris, latest unchanged
+    assert latest_checkpoint(run) == first and (run / "checkpoints" / "latest").read_text() == "step-000001"
+    with pytest.raises(NonfiniteCheckpointError, match="no earlier checkpoint exists"):
+        save(tmp_path / "empty", 1, model, opt, sched, tiny)
+    assert not (tmp_path / "empty").exists()
 
 
 def test_pruning_debris_and_rewriting_a_step(tmp_path, tiny):

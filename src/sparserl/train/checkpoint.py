@@ -21,6 +21,10 @@ file is checked against the manifest, then read and validated, and only then app
 optimizer and scheduler: a corrupt or truncated checkpoint raises :class:`CheckpointError` naming the
 file and leaves them untouched, and :func:`load_latest` falls back to the previous complete one.
 
+A checkpoint never holds a non-finite tensor: :func:`save_checkpoint` checks every weight and optimizer
+state tensor first and refuses (:class:`NonfiniteCheckpointError`, nothing written) when one holds a NaN
+or an infinity, so a resume always starts from weights that were finite.
+
 A ``kill -9`` at any moment leaves either the previous checkpoint or the new one complete: the
 temporary folder is ignored (and cleaned up by :func:`remove_debris` on resume). A failing write
 (disk full) removes the temporary folder and raises :class:`CheckpointWriteError`; the previous
@@ -46,9 +50,10 @@ import torch
 from ..errors import SparserlError
 from ..models.invariant_scaling import applied_scale, unscaled_state_dict
 from .lora import ADAPTER_WEIGHTS, adapter_state, has_lora, load_adapter, save_adapter
+from .nonfinite import LIKELY_CAUSES, first_nonfinite
 
 __all__ = [
-    "CheckpointError", "CheckpointWriteError", "FORMAT", "complete_checkpoints", "latest_checkpoint",
+    "CheckpointError", "CheckpointWriteError", "FORMAT", "NonfiniteCheckpointError", "complete_checkpoints", "latest_checkpoint",
     "load_checkpoint", "load_latest", "remove_debris", "rng_state", "save_checkpoint", "set_rng_state",
 ]
 
@@ -65,6 +70,11 @@ class CheckpointError(SparserlError):
 
 class CheckpointWriteError(CheckpointError):
     """A checkpoint that could not be written (disk full, I/O error). The previous one is intact."""
+
+
+class NonfiniteCheckpointError(CheckpointError):
+    """A checkpoint refused because a weight or an optimizer state tensor holds a NaN or an infinity; the
+    message names the first such tensor. Nothing was written; the previous checkpoint is intact."""
 
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -269,7 +279,9 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
     peft-adapted ``model`` and its ``optimizer``), saved in ``distill_sparse/``. Checkpoints of a later step than ``step`` belong to
     an abandoned continuation (a resume fell back past them) and are removed.
 
-    Raises :class:`CheckpointWriteError` when a write fails (``OSError``: disk full, I/O error); the
+    Raises :class:`NonfiniteCheckpointError` before writing anything when a weight or optimizer state
+    tensor (the model's, and φ's with ``sampler_adapter``) is not finite, and
+    :class:`CheckpointWriteError` when a write fails (``OSError``: disk full, I/O error); the
     temporary folder is removed and the previous checkpoint and ``latest`` are left as they were."""
     root = Path(run_dir) / "checkpoints"
     name = f"step-{step:06d}"
@@ -277,8 +289,13 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
     tmp = root / f".tmp-{name}-{os.getpid()}"
     # Everything that can fail for a programming reason (state not JSON-able) fails before any write.
     opt_tensors, opt_meta = _optimizer_to_files(optimizer, scheduler)
+    checked = {"model weight": adapter_state(model) if has_lora(model) else model.state_dict(),
+               "optimizer state": opt_tensors}
     if sampler_adapter is not None:
         phi_opt_tensors, phi_opt_meta = _optimizer_to_files(sampler_adapter.optimizer, None)
+        checked.update({"DistillSparse φ weight": adapter_state(sampler_adapter.model),
+                        "DistillSparse φ optimizer state": phi_opt_tensors})
+    _refuse_nonfinite(checked, step, root)
     rng_tensors, rng_meta = _rng_to_files(rng_state())
     trainer_meta = {"format": FORMAT, **_encode(dict(trainer_state), "trainer_state"), "step": int(step),
                     "rng": rng_meta}
@@ -362,6 +379,19 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
         for p in done[keep_last:]:
             shutil.rmtree(p, ignore_errors=True)
     return final
+
+
+def _refuse_nonfinite(checked: dict[str, Any], step: int, root: Path) -> None:
+    """Raise :class:`NonfiniteCheckpointError` naming the first tensor of ``checked`` ({what: tensors}) that is
+    not finite."""
+    for what, tensors in checked.items():
+        name = first_nonfinite(tensors)
+        if name is not None:
+            prev = next(iter(complete_checkpoints(root.parent)), None)
+            keep = f"the previous checkpoint {prev} is intact" if prev else "no earlier checkpoint exists"
+            raise NonfiniteCheckpointError(
+                f"refusing to save the checkpoint of step {step}: {what} {name!r} is not finite (NaN or inf); "
+                f"nothing was written, {keep}. Likely causes: {'; '.join(LIKELY_CAUSES)}")
 
 
 def _write_failed(step: int, where: Path, e: OSError, root: Path) -> str:
