@@ -1,9 +1,37 @@
+import atexit
+import copy
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+#: where the suite's caches live: the folder ``$SPARSERL_TEST_CACHE`` names, else a temporary folder made
+#: here and removed when the process that made it exits. The pytest-xdist controller imports this file
+#: before it starts its workers, which inherit the variable: one folder for the whole session, so the
+#: native kernels compile and the embedded model converts once per session, not once per worker.
+TEST_CACHE_ENV = "SPARSERL_TEST_CACHE"
+
+
+def _temporary_caches() -> str:
+    """Point every cache the code writes (``$SPARSERL_CACHE``: the embedded model's Hugging Face folder;
+    ``$SPARSERL_NATIVE_CACHE``: the native kernels and the dtype-auto / mixed-precision measurements) at
+    the session's folder, so the suite never reads or writes the user's ``~/.cache/sparserl``. Set at
+    import, before collection: test modules build the native kernels in their ``skipif`` marks."""
+    root = os.environ.get(TEST_CACHE_ENV, "").strip()
+    if not root:
+        root = tempfile.mkdtemp(prefix="sparserl-test-cache-")
+        os.environ[TEST_CACHE_ENV] = root
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+    os.environ["SPARSERL_CACHE"] = root
+    os.environ["SPARSERL_NATIVE_CACHE"] = os.path.join(root, "native")
+    return root
+
+
+TEST_CACHE = _temporary_caches()
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
@@ -18,6 +46,25 @@ def tiny():
     from sparserl.models.loading import load_model
 
     return load_model("tiny", dtype="float32", seed=0, device=TEST_DEVICE)
+
+
+#: the final norm's weight times this in :func:`peaked`: logits x20, mean next-token entropy ~1.6 nats
+#: instead of the tiny model's log(vocab) = 10.8 (a trained model's is a few nats at most)
+PEAK = 20.0
+
+
+@pytest.fixture(scope="session")
+def peaked(tiny):
+    """The tiny model (a copy, as a LoadedModel on the same tokenizer) with its final norm scaled by
+    :data:`PEAK`: peaked next-token distributions. The tiny model's own are nearly uniform, where any two
+    samplers agree (α near 1, log-probs within a few hundredths): a sampler whose logits are scaled by
+    0.7 passes a tolerance there, and fails it here."""
+    from sparserl.models.loading import LoadedModel
+
+    hf = copy.deepcopy(tiny.model)
+    with torch.no_grad():
+        hf.model.norm.weight.mul_(PEAK)
+    return LoadedModel(hf.eval(), tiny.tokenizer, "tiny-peaked", None)
 
 
 @pytest.fixture(scope="session")

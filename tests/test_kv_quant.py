@@ -221,15 +221,30 @@ def teacher_forced_logprobs(engine, prompts, params, tokens=None):
     return torch.tensor(out.response_ids, device=steps.device), steps
 
 
-@pytest.mark.parametrize("quant", QUANTS)
+#: the largest gap between the quantized cache's teacher-forced log-probs and the float32 cache's, on the
+#: peaked model (measured over every compressor: int8 0.011-0.014, fp8 0.06-0.10; the float32 cache with its
+#: logits scaled by 0.7: 3.9)
+KV_LOGPROB_ATOL = {"int8": 0.05, "fp8": 0.2}
+
+
+@pytest.mark.parametrize("quant", [*QUANTS, "logits_x0.7"])
 @pytest.mark.parametrize("name", available_compressors())
-def test_logprobs_close_to_float_cache(tiny, name, quant):
+def test_logprobs_close_to_float_cache(peaked, name, quant):
+    """On the peaked model (on the tiny model's nearly uniform distributions logits scaled by 0.7 move the
+    log-probs by 0.12-0.15 only). ``logits_x0.7``: the float32 cache's own log-softmax of 0.7 z, the
+    negative case, exceeds the loosest bound."""
     p = SamplingParams(n=2, max_new_tokens=30, seed=3, ignore_eos=True)
-    ref_tokens, ref = teacher_forced_logprobs(RolloutEngine(tiny, make(name)), PROMPTS, p)
-    _, got = teacher_forced_logprobs(RolloutEngine(tiny, make(name), kv_quant=quant), PROMPTS, p, ref_tokens)
+    ref_tokens, ref = teacher_forced_logprobs(RolloutEngine(peaked, make(name)), PROMPTS, p)
+    if quant == "logits_x0.7":
+        got = torch.log_softmax(0.7 * ref, -1)  # log_softmax(0.7 log_softmax(z)) = log_softmax(0.7 z)
+    else:
+        _, got = teacher_forced_logprobs(RolloutEngine(peaked, make(name), kv_quant=quant), PROMPTS, p, ref_tokens)
     nxt = ref_tokens[:, 1:, None]  # the token each step's logits scored
     diff = (ref.gather(-1, nxt) - got.gather(-1, nxt)).abs()
-    assert diff.max() <= {"int8": 0.02, "fp8": 0.1}[quant]
+    if quant == "logits_x0.7":
+        assert diff.max() > max(KV_LOGPROB_ATOL.values())
+        return
+    assert diff.max() <= KV_LOGPROB_ATOL[quant]
     assert diff.max() > 0  # really quantized
 
 

@@ -364,20 +364,7 @@ def _prefill_logprobs(model: SamplerModel, ids: torch.Tensor, logit_scale: float
     return torch.log_softmax(logit_scale * model.logits(model.hidden_states(ids, valid, pos)).float(), -1).cpu()
 
 
-#: the final norm's weight times this: logits x20, mean next-token entropy ~1.6 nats instead of the
-#: tiny model's log(vocab) = 10.8 (a trained model's is a few nats at most).
-PEAK = 20.0
 ALPHA_IDS = torch.randint(0, 200, (2, 12), generator=torch.Generator().manual_seed(0))
-
-
-@pytest.fixture(scope="module")
-def peaked(tiny):
-    """The tiny model (a copy) with its final norm scaled by PEAK: a peaked next-token distribution.
-    The tiny model's own is nearly uniform, and any two nearly uniform distributions have α near 1."""
-    hf = copy.deepcopy(tiny.model)
-    with torch.no_grad():
-        hf.model.norm.weight.mul_(PEAK)
-    return hf
 
 
 def _entropy(lp: torch.Tensor) -> torch.Tensor:
@@ -398,8 +385,8 @@ def _close_to_dense(lp: torch.Tensor, lq: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_quantized_sampler_weights_bytes_and_logprobs(peaked, name):
-    dense = SamplerModel(peaked, torch.float32, quant="none")
-    qm = SamplerModel(peaked, torch.float32, quant=name)
+    dense = SamplerModel(peaked.model, torch.float32, quant="none")
+    qm = SamplerModel(peaked.model, torch.float32, quant=name)
     assert qm.quant == name and qm.last_quantize_s > 0 and dense.last_quantize_s == 0
     for lw in qm.layers:  # every layer linear quantized; no float copy kept
         assert all(isinstance(w, QuantizedLinear) for w in (lw.qkv, lw.o, lw.gate_up, lw.down))
@@ -413,7 +400,7 @@ def test_quantized_sampler_weights_bytes_and_logprobs(peaked, name):
 
 
 def test_the_acceptance_criterion_fails_a_sampler_with_logits_shrunk_to_70_percent(tiny, peaked):
-    dense = SamplerModel(peaked, torch.float32, quant="none")
+    dense = SamplerModel(peaked.model, torch.float32, quant="none")
     lp, shrunk = _prefill_logprobs(dense, ALPHA_IDS), _prefill_logprobs(dense, ALPHA_IDS, logit_scale=0.7)
     assert not _close_to_dense(lp, shrunk), _acceptance(lp, shrunk)
     # on the nearly uniform tiny model itself the same distortion passes: why the test needs `peaked`
@@ -422,18 +409,31 @@ def test_the_acceptance_criterion_fails_a_sampler_with_logits_shrunk_to_70_perce
     assert float(_entropy(lp).mean()) > 10.0 and _close_to_dense(lp, shrunk)
 
 
-@pytest.mark.parametrize("name", ["int8", "fp8"])
-def test_quantized_engine_generates_with_close_logprobs(tiny, name):
-    params = SamplingParams(n=2, max_new_tokens=6, ignore_eos=True, seed=0)
-    q_engine = RolloutEngine(tiny, build_compressor("none"), quant=name)
+#: the largest gap between a quantized sampler's log-probs and the dense forward's on its own tokens, on the
+#: peaked model (measured: int8 0.006, fp8 0.15; a dense sampler with logits scaled by 0.7: 1.8 and more)
+ENGINE_LOGPROB_ATOL = {"int8": 0.05, "fp8": 0.3}
+
+
+@pytest.mark.parametrize("name,logit_scale", [("int8", 1.0), ("fp8", 1.0), ("none", 0.7)])
+def test_quantized_engine_generates_with_close_logprobs(peaked, name, logit_scale):
+    """The dense sampler scores the quantized sampler's tokens: log-probs within ENGINE_LOGPROB_ATOL, on the
+    peaked model. The bound has teeth: an unquantized sampler with logits x0.7 (temperature 1/0.7) exceeds
+    even the loosest one (on the nearly uniform tiny model it stays within 0.13)."""
+    params = SamplingParams(n=2, max_new_tokens=6, ignore_eos=True, seed=0, temperature=1.0 / logit_scale)
+    q_engine = RolloutEngine(peaked, build_compressor("none"), quant=name)
     out = q_engine.generate(["Once upon a time"], params)
     assert [len(r) for r in out.response_ids] == [6, 6]
-    # the dense sampler scores the quantized sampler's tokens: log-probs close
-    dense = RolloutEngine(tiny, build_compressor("none")).model
+    dense = RolloutEngine(peaked, build_compressor("none")).model
+    gaps = []
     for prompt, resp, lq in zip(out.prompt_ids, out.response_ids, out.sampler_logprobs):
         ids = torch.tensor([prompt + resp])
         lp = _prefill_logprobs(dense, ids)[0, len(prompt) - 1 : -1].gather(-1, torch.tensor(resp)[:, None])[:, 0]
-        assert torch.allclose(lp, torch.tensor(lq), atol=0.1)
+        gaps.append(float((lp - torch.tensor(lq)).abs().max()))
+    if logit_scale == 1.0:
+        assert max(gaps) <= ENGINE_LOGPROB_ATOL[name], gaps
+        assert max(gaps) > 0  # it is quantized
+    else:
+        assert min(gaps) > max(ENGINE_LOGPROB_ATOL.values()), gaps
 
 
 def test_update_weights_requantizes(tiny):
