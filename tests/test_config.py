@@ -12,7 +12,8 @@ from sparserl.config import (SECTIONS, AlgorithmConfig, Config, ConfigError, app
 from sparserl.correct import available_corrections, available_presets, register_correction
 from sparserl.errors import SparserlError
 from sparserl.rollout import kv
-from sparserl.train import advantages, losses
+from sparserl import advantages
+from sparserl.train import losses
 
 PRESETS = ("default", "sparse_rl_math", "dense", "sparse_naive", "qurl", "qurl_group", "fp8rl", "rkv_int8")
 REPO = Path(__file__).resolve().parents[1]

@@ -66,7 +66,7 @@ def test_phi_moves_alone_and_reaches_the_sampler(tmp_path):
     from sparserl.batch import RolloutBatch
     from sparserl.rollout.sampling import SamplingParams
     from sparserl.score import score_logprobs
-    from sparserl.train.advantages import compute_advantages
+    from sparserl.advantages import compute_advantages
     from sparserl.train.distill_sparse import REPLAY_ATTENTION
     from sparserl.train.lora import sampler_state
     from sparserl.train.trainer import build_trainer, push_weights

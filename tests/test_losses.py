@@ -1,4 +1,4 @@
-"""Tests of sparserl.train.losses and sparserl.train.advantages against hand-computed values."""
+"""Tests of sparserl.train.losses and sparserl.advantages against hand-computed values."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sparserl.correct import get_correction
-from sparserl.train.advantages import (
+from sparserl.advantages import (
     available_adv_ests,
     broadcast_to_tokens,
     compute_advantages,

@@ -333,7 +333,7 @@ Every command checks its options before it loads a model. A problem with the inp
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .presets import list_presets
+    from .config.loading import list_presets
     from .runlog import RESUME_FREE_KEYS
 
     ap = argparse.ArgumentParser(prog="sparserl", description=DESCRIPTION,

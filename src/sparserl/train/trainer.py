@@ -34,7 +34,7 @@ from ..rollout.sampling import SamplingParams
 from ..rollout.teacher_forced import teacher_forced_logprobs
 from ..score import (forward_response, forward_response_shared, model_dropout, old_logprobs_source,
                      score_logprobs, score_logprobs_keep_hidden)
-from .advantages import compute_advantages, frac_zero_std_groups
+from ..advantages import compute_advantages, frac_zero_std_groups
 from ..batch import RolloutBatch
 from .checkpoint import latest_checkpoint, load_latest, remove_debris, save_checkpoint, set_rng_state
 from .update_forward import UpdateForward, run_update_forward

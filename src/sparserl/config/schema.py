@@ -1,67 +1,54 @@
-"""Typed configuration: pydantic models with documented, range-checked fields, read from YAML.
+"""The configuration's schema: eleven pydantic sections of documented, range-checked fields.
 
 Why pydantic v2 (not OmegaConf): each field's type, default, bounds and help text sit in one
 ``Field``; one ``ValidationError`` collects every problem of a file at once; and plain YAML plus
 dotted overrides need no resolver/interpolation language.
 
-One ``Config`` holds nine sections (``model``, ``rollout``, ``data``, ``reward``, ``algorithm``,
-``train``, ``log``, ``checkpoint``, ``eval``); ``config_help()`` (``sparserl config --keys``) prints every
-field's help text::
-
-    cfg = load_config("default")                                # a preset in sparserl/configs/
-    cfg = load_config("my_run.yaml", ["rollout.kv_budget=64", 'rollout.stop=["\\n\\n"]',
-                                      "rollout.compressor_options.lam=0.1"])  # file + overrides
-    validate(cfg)                                               # rules that tie fields together
-    save_config(cfg, run_dir / "config.yaml")                   # the run records what it ran
-
-A file may start with ``base: <preset name or path>``: the base is loaded first and the file's keys
-merge over it (mappings key by key, anything else replaces). Values follow YAML with two YAML 1.2
-fixes: ``1e-5`` is a float and only ``true``/``false`` are booleans (``yes``/``on`` stay strings).
-
-Each value is checked as it is set (type, range, choice; compressor, correction and advantage
-estimator names against their registries); ``validate`` adds the cross-field rules. All problems go
-into one ``ConfigError`` (a ``SparserlError`` and a ``ValueError``), a line each naming the source
-(the file, or ``override``), the dotted key, the bad value and what is valid (the closest name too).
+This module imports neither torch nor any sparserl implementation module, so the command line, the
+help and the docs can read the schema cheaply. A field checked against a registry (compressor, weight
+and KV quantization, advantage estimator, correction) looks its names up when a value is checked, by an
+import inside the check: importing the schema loads nothing heavy, building a ``Config`` does.
+Each value is checked as it is set (type, range, choice, registered name); the rules that tie keys
+together are :mod:`sparserl.config.rules`'.
 """
 from __future__ import annotations
 
 import math
 import re
 import typing
-import warnings
-from pathlib import Path
 from typing import Annotated, Any, Callable, Iterable, Literal, Optional, Union
 
-import torch
-import yaml
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
                       field_validator)
 
-from .correct.presets import apply_corrections, resolve
-from .errors import SparserlError
-from .registry import did_you_mean
-from .models.mixed_precision import learner_compute_dtype
-from .rollout.dtype_auto import resolve_dtype
-from .rollout.kv import available_compressors, compressor_from_fields
-from .rollout.kv.blocktopk import PAGE_TOKENS, k_problems
-from .rollout.kv.schedule import ScheduleError, load_schedule, parse_pairs
-from .rollout.kv_quant import available_kv_quants
-from .rollout.quant import available_quants, build_quant
-from .rollout.quant.int8_group import GROUP as QUANT_GROUP
-from .reward.weighted import spec_problem as reward_spec_problem
-from .score.old_policy import old_logprobs_source, why_update_forward_is_not_old_policy
-from .train.advantages import available_adv_ests, get_adv_est
-from .presets import PRESET_DIR, list_presets
+from ..registry import did_you_mean
 
-__all__ = ["ConfigError", "ModelConfig", "KVControllerConfig", "RolloutConfig", "DataConfig", "RewardConfig", "AlgorithmConfig",
-           "TrainConfig", "LogConfig", "CheckpointConfig", "EvalConfig", "Config", "load_config",
-           "apply_overrides", "validate", "config_to_dict", "save_config", "list_presets", "preset_path",
-           "config_help", "config_yaml"]
+__all__ = ["ModelConfig", "KVControllerConfig", "RolloutConfig", "DataConfig", "OverlongBufferConfig",
+           "RewardConfig", "DistillSparseConfig", "AlgorithmConfig", "TrainConfig", "LogConfig",
+           "CheckpointConfig", "EvalConfig", "MismatchConfig", "ClusterConfig", "Config", "SECTIONS",
+           "FLOAT32_MAX", "QUANT_GROUP", "fields_of", "field_at", "subsection", "type_name", "strip_annotated",
+           "Registered"]
 
 
+# --- the registries' names, looked up when a value is checked --------------------------------------
+def _compressors() -> list[str]:
+    from ..rollout.kv import available_compressors
+    return available_compressors()
 
-class ConfigError(SparserlError, ValueError):
-    """A configuration value is unknown, of the wrong type, or out of range."""
+
+def _quants() -> list[str]:
+    from ..rollout.quant import available_quants
+    return available_quants()
+
+
+def _kv_quants() -> list[str]:
+    from ..rollout.kv_quant import available_kv_quants
+    return available_kv_quants()
+
+
+def _adv_ests() -> list[str]:
+    from ..advantages import available_adv_ests
+    return available_adv_ests()
 
 
 # --- field types and checks ----------------------------------------------------------------------
@@ -74,7 +61,7 @@ def _check(ok: Callable[[Any], Any], msg: str) -> AfterValidator:
     return AfterValidator(check)
 
 
-class _Registered:
+class Registered:
     """Field check: the value is one of a registry's names (``names()``: the registry's one list)."""
 
     def __init__(self, kind: str, names: Callable[[], list[str]]):
@@ -90,6 +77,7 @@ class _Registered:
 def _correction(v: Any) -> Any:
     if not v:
         raise ValueError("must not be empty (use 'none')")
+    from ..correct.presets import resolve
     try:
         resolve(v)  # the error lists the presets, the methods and the closest name
     except TypeError as e:
@@ -102,10 +90,10 @@ Str = Annotated[str, BeforeValidator(lambda v: str(v) if type(v) in (int, float)
 NonEmpty = Annotated[Str, _check(bool, "must not be empty")]
 Options = Annotated[dict[str, Any], BeforeValidator(lambda v: {str(k): x for k, x in v.items()}
                                                     if isinstance(v, dict) else v)]
-Compressor = Annotated[str, AfterValidator(_Registered("compressor", available_compressors))]
-Quant = Annotated[str, AfterValidator(_Registered("weight quantization", available_quants))]
-KVQuant = Annotated[str, AfterValidator(_Registered("KV-cache quantization", available_kv_quants))]
-AdvEstimator = Annotated[str, AfterValidator(_Registered("advantage estimator", available_adv_ests))]
+Compressor = Annotated[str, AfterValidator(Registered("compressor", _compressors))]
+Quant = Annotated[str, AfterValidator(Registered("weight quantization", _quants))]
+KVQuant = Annotated[str, AfterValidator(Registered("KV-cache quantization", _kv_quants))]
+AdvEstimator = Annotated[str, AfterValidator(Registered("advantage estimator", _adv_ests))]
 Correction = Annotated[Union[Str, list], AfterValidator(_correction)]
 Device = Annotated[str, _check(lambda v: v in ("auto", "cpu", "mps") or re.fullmatch(r"cuda(:\d+)?", v),
                                "is not auto, cpu, cuda or cuda:N")]
@@ -122,8 +110,12 @@ def _lora_target(v: Any) -> Any:
 LoraTarget = Annotated[Any, AfterValidator(_lora_target)]
 
 
-#: the largest finite float32: every number of the config reaches torch as float32
-FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+#: the largest finite float32 (torch.finfo(torch.float32).max): every number of the config reaches torch as float32
+FLOAT32_MAX = float.fromhex("0x1.fffffep+127")
+
+#: inputs per scale of rollout.quant=int8_group by default (sparserl.rollout.quant.int8_group.GROUP; a test
+#: holds the two equal)
+QUANT_GROUP = 64
 
 
 def _floats(v: Any) -> Iterable[float]:
@@ -167,8 +159,9 @@ class _Section(BaseModel):
         try:
             super().__setattr__(name, value)
         except ValidationError as e:  # cfg.rollout.kv_budget = 0 -> a ConfigError naming the key
+            from .messages import fail, messages
             sec = next((k for k, c in SECTIONS.items() if c is type(self)), None)
-            _fail(_messages(e, lambda _key: "assignment", {}, (sec,) if sec else ()))
+            fail(messages(e, lambda _key: "assignment", {}, (sec,) if sec else ()))
 
 
 # --- sections ------------------------------------------------------------------------------------
@@ -191,6 +184,7 @@ class ModelConfig(_Section):
 def _schedule_pairs(v: Any) -> Any:
     """A schedule given inline is checked here (a file is read by ``validate``)."""
     if isinstance(v, list):
+        from ..rollout.kv.schedule import ScheduleError, parse_pairs
         try:
             parse_pairs(v, "kv_schedule")
         except ScheduleError as e:
@@ -557,14 +551,16 @@ class Config(_Section):
     def from_dict(cls, data: dict | None, source: str = "dict") -> "Config":
         """Build a Config from a nested mapping (missing keys keep their defaults); one ConfigError
         naming ``source`` lists every unknown key and bad value."""
-        return _build(dict(data or {}), lambda _key: source)
+        from .loading import build
+        return build(dict(data or {}), lambda _key: source)
 
     def to_dict(self) -> dict:
         """The config as plain nested dicts/lists/scalars (YAML- and JSON-ready)."""
-        return config_to_dict(self)
+        return self.model_dump(mode="json", by_alias=True)
 
     def override(self, overrides: Iterable[str]) -> "Config":
         """Apply dotted ``section.key=value`` overrides in place; returns self."""
+        from .loading import apply_overrides
         return apply_overrides(self, overrides)
 
     def update_shape(self) -> tuple[int, int, int]:
@@ -580,6 +576,7 @@ class Config(_Section):
         (:func:`sparserl.score.old_policy.why_update_forward_is_not_old_policy`), or None. ``dropout``: the
         learner's, measured on the model (:func:`~sparserl.score.old_policy.model_dropout`); None = what the
         config alone says (``train.lora_dropout`` when LoRA trains)."""
+        from ..score.old_policy import why_update_forward_is_not_old_policy
         batch, mini, micro = self.update_shape()
         if dropout is None:
             dropout = self.train.lora_dropout if self.train.lora_rank else 0.0
@@ -588,27 +585,26 @@ class Config(_Section):
                                                     dropout=dropout)
 
 
-# --- errors: pydantic's ValidationError -> one line per problem ----------------------------------
-_BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="), "less_than": ("lt", "<"),
-           "less_than_equal": ("le", "<=")}
 
-
-def _strip(tp: Any) -> Any:
+# --- looking fields up by key ---------------------------------------------------------------------
+def strip_annotated(tp: Any) -> Any:
+    """The type inside ``Annotated[...]`` layers."""
     while typing.get_origin(tp) is Annotated:
         tp = typing.get_args(tp)[0]
     return tp
 
 
-def _type_name(tp: Any) -> str:
-    tp = _strip(tp)
+def type_name(tp: Any) -> str:
+    """A field type in words for messages and help: ``int | null``, ``list of str``."""
+    tp = strip_annotated(tp)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Union:
-        s = " | ".join(_type_name(a) for a in args if a is not type(None))
+        s = " | ".join(type_name(a) for a in args if a is not type(None))
         return s + " | null" if type(None) in args else s
     if origin is tuple:
-        return "list of " + ", ".join(_type_name(a) for a in args)
+        return "list of " + ", ".join(type_name(a) for a in args)
     if origin is list or tp is list:
-        return f"list of {_type_name(args[0])}" if args else "list"
+        return f"list of {type_name(args[0])}" if args else "list"
     if origin is dict:
         return "mapping"
     if isinstance(tp, type) and issubclass(tp, BaseModel):
@@ -622,19 +618,19 @@ def fields_of(cls: type[BaseModel]) -> dict[str, Any]:
     return {f.alias or name: f for name, f in cls.model_fields.items()}
 
 
-def _field(loc: tuple) -> Any:
+def field_at(loc: tuple) -> Any:
     """The FieldInfo at ``(section, key)``, ``(section, key, subkey)`` of a sub-section
     (``rollout.kv_controller.threshold``) or ``(top_key,)``; None if there is none."""
     if len(loc) > 1 and loc[0] in SECTIONS:
         info = fields_of(SECTIONS[loc[0]]).get(str(loc[1]))
-        sub = _subsection(info)
+        sub = subsection(info)
         if len(loc) > 2 and sub is not None:
             return fields_of(sub).get(str(loc[2]))
         return info
     return fields_of(Config).get(str(loc[0])) if loc else None
 
 
-def _subsection(info: Any) -> type[_Section] | None:
+def subsection(info: Any) -> "type[_Section] | None":
     """The section class a field holds (``Optional[KVControllerConfig]``), else None."""
     if info is None:
         return None
@@ -642,461 +638,3 @@ def _subsection(info: Any) -> type[_Section] | None:
         if isinstance(tp, type) and issubclass(tp, _Section):
             return tp
     return None
-
-
-def _messages(err: ValidationError, source_of: Callable[[str], str], data: dict, prefix: tuple = ()) -> list[str]:
-    """One line per problem: ``<source>: <key>=<value>: <what is valid>``."""
-    out: list[str] = []
-    for e in err.errors():
-        loc = (*prefix, *e["loc"])
-        n = 2 if len(loc) > 1 and loc[0] in SECTIONS else 1
-        if n == 2 and len(loc) > 2 and isinstance(loc[2], str) and _subsection(_field(loc[:2])) is not None:
-            n = 3  # a sub-section's key: rollout.kv_controller.threshold
-        key = ".".join(map(str, loc[:n]))
-        full = key + "".join(f"[{p}]" for p in loc[n:] if isinstance(p, int))
-        src, kind, value, info = source_of(key), e["type"], e["input"], _field(loc[:n])
-        if kind == "extra_forbidden":
-            sec = ".".join(map(str, loc[: n - 1])) if n >= 2 else None
-            valid = list(fields_of(_subsection(_field(loc[:2])) if n == 3 else SECTIONS[sec] if sec else Config))
-            hint = did_you_mean(loc[n - 1], valid)
-            hint = hint.replace("'", f"'{sec}.", 1) if hint and sec else hint  # the dotted key
-            out.append(f"{src}: unknown {'key' if sec else 'section'} '{key}'"
-                       + (hint or f"; valid: {', '.join(valid)}"))
-        elif kind in _BOUNDS:
-            bound = e["ctx"][_BOUNDS[kind][0]]
-            bound = int(bound) if isinstance(bound, float) and bound.is_integer() else bound
-            out.append(f"{src}: {full}={value!r}: must be {_BOUNDS[kind][1]} {bound}")
-        elif kind == "literal_error":
-            valid = [str(a) for a in typing.get_args(_strip(info.annotation))]
-            out.append(f"{src}: {full}={value!r}: not one of {', '.join(valid)}{did_you_mean(value, valid)}")
-        elif kind == "missing":
-            out.append(f"{src}: {full} is required ({info.description if info else 'no default'})")
-        elif kind in ("value_error", "assertion_error"):
-            out.append(f"{src}: {full}={value!r}: {e['ctx']['error']}")
-        else:  # a type error: the field's whole value against the field's type
-            got = data
-            for p in loc[:n]:
-                got = got.get(p, value) if isinstance(got, dict) else value
-            line = (f"{src}: '{key}' expects {_type_name(info.annotation) if info else 'a mapping'}, "
-                    f"got {type(got).__name__} {got!r}")
-            out += [line] if line not in out else []
-    return out
-
-
-def _fail(errors: list[str]) -> typing.NoReturn:
-    if len(errors) == 1:
-        raise ConfigError(errors[0])
-    raise ConfigError(f"{len(errors)} problems in the config:\n  - " + "\n  - ".join(errors))
-
-
-def _build(data: dict, source_of: Callable[[str], str], errors: Iterable[str] = ()) -> Config:
-    """The Config from a nested dict (no ``base``; an empty section is left out), or one ConfigError."""
-    errors = list(errors)
-    data = {k: v for k, v in data.items() if k != "base" and not (v is None and k in SECTIONS)}
-    try:
-        cfg = Config.model_validate(data)
-    except ValidationError as e:
-        errors += _messages(e, source_of, data)
-    if errors:
-        _fail(errors)
-    return cfg
-
-
-# --- YAML with YAML-1.2 floats and booleans ------------------------------------------------------
-class _Loader(yaml.SafeLoader):
-    """SafeLoader where ``1e-5`` is a float and only true/false are booleans."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    ch: [(tag, rx) for tag, rx in rs if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:float")]
-    for ch, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?
-                   |[-+]?\.(?:inf|Inf|INF)
-                   |\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."))
-
-
-def _yaml_load(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
-
-
-# --- loading: presets, files with `base:`, overrides ---------------------------------------------
-def preset_path(name: str) -> Path:
-    """Path of the preset ``name`` (with or without ``.yaml``); ConfigError if there is none."""
-    stem = name.removesuffix(".yaml")
-    if (p := PRESET_DIR / f"{stem}.yaml").is_file():
-        return p
-    presets = list_presets()
-    raise ConfigError(f"no config file or preset named '{name}'{did_you_mean(stem, presets)}; "
-                      f"presets: {', '.join(presets)}")
-
-
-def _find(path_or_name: str | Path, relative_to: Path | None = None) -> Path:
-    p = Path(path_or_name).expanduser()
-    for c in [p] if p.is_absolute() else ([relative_to / p] if relative_to else []) + [p]:
-        if c.is_file():
-            return c.resolve()
-    return preset_path(str(path_or_name))
-
-
-def _merge(base: dict, over: dict) -> dict:
-    """Deep merge: mappings merge key by key, anything else in ``over`` replaces."""
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def _load_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict:
-    if path in seen:
-        raise ConfigError(f"{path}: circular 'base' chain: {' -> '.join(map(str, (*seen, path)))}")
-    try:
-        data = _yaml_load(path.read_bytes().decode("utf-8"))
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
-    except UnicodeDecodeError as e:
-        line = e.object[:e.start].count(b"\n") + 1
-        raise ConfigError(f"{path} line {line}: not UTF-8 text (byte 0x{e.object[e.start]:02x}); a config is "
-                          "a YAML file") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
-    data = {} if data is None else data
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
-    if (base := data.pop("base", None)) is not None:
-        if not isinstance(base, str):
-            raise ConfigError(f"{path}: 'base' expects a preset name or a path, got {base!r}")
-        base_raw = _load_raw(_find(base, path.parent), (*seen, path))
-        base_raw.pop("name", None)  # the name is the leaf file's
-        data = _merge(base_raw, data)
-    return data
-
-
-def _takes_str(ann: Any) -> bool:
-    return ann is str or (typing.get_origin(ann) is Union and str in map(_strip, typing.get_args(ann)))
-
-
-def _apply_override(data: dict, item: str) -> str:
-    """Set one ``a.b.c=value`` in the nested dict ``data``; returns the dotted key of the field."""
-    if "=" not in item:
-        raise ConfigError(f"override: '{item}' is not of the form section.key=value")
-    key, text = item.split("=", 1)
-    parts = (key := key.strip().removeprefix("--")).split(".")
-    if not all(parts):
-        raise ConfigError(f"override: '{item}' has an empty key")
-    try:
-        value = _yaml_load(text) if text.strip() else None
-    except yaml.YAMLError:
-        value = text  # e.g. "a: b: c" is not YAML: keep the text
-    n = 2 if len(parts) > 1 and parts[0] in SECTIONS else 1
-    info = _field(tuple(parts[:n]))
-    if len(parts) > n and _subsection(info) is not None:  # a sub-section's key: rollout.kv_controller.threshold
-        n += 1
-        info = _field(tuple(parts[:n]))  # None for an unknown key: validation names it, with a hint
-    ann = _strip(info.annotation) if info else None
-    if len(parts) == 1 and key in SECTIONS:  # section={...} merges into the section
-        if not isinstance(value, dict):
-            raise ConfigError(f"override: '{key}' is a section; set one key as '{key}.key=value'")
-        value = {**(data.get(key) or {}), **{str(k): v for k, v in value.items()}}
-    elif len(parts) > n and info is not None and typing.get_origin(ann) is not dict:
-        raise ConfigError(f"override: '{'.'.join(parts[:n])}' is not a mapping; cannot set '{key}'")
-    elif len(parts) == n and type(value) in (bool, int, float) and _takes_str(ann):
-        value = text.strip()  # a string field given what YAML reads as a number (run_name=007): the text
-    node = data
-    for p in parts[:-1]:
-        node[p] = node = dict(node[p]) if isinstance(node.get(p), dict) else {}
-    node[parts[-1]] = value
-    return ".".join(parts[:n])
-
-
-def _with_overrides(data: dict, overrides: Iterable[str], source: str | None) -> Config:
-    """Apply overrides to a nested dict and build the Config: every problem in one ConfigError."""
-    touched, errors = set(), []
-    in_file = {f"{name}.{key}" for name, section in data.items() if isinstance(section, dict)
-               for key, value in section.items() if isinstance(value, dict)}  # the file's sub-sections
-    for item in [overrides] if isinstance(overrides, str) else overrides:
-        try:
-            touched.add(_apply_override(data, item))
-        except ConfigError as e:
-            errors.append(str(e))
-
-    def source_of(key: str) -> str:  # an override of the key or of a section holding it, or of a
-        parts = key.split(".")      # sub-section key when the file has no such sub-section
-        overridden = any(".".join(parts[:i]) in touched for i in range(1, len(parts) + 1))
-        sub = ".".join(parts[:2])
-        created = len(parts) == 3 and sub not in in_file and any(t.startswith(sub + ".") for t in touched)
-        return "override" if source is None or overridden or created else source
-
-    return _build(data, source_of, errors)
-
-
-def load_config(path_or_name: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
-    """Load a config from a YAML file or a preset name, then apply dotted overrides.
-
-    ``path_or_name``: a path to a YAML file, a preset name (``default``, ``sparse_rl_math``,
-    ``dense``, ``sparse_naive``; see ``list_presets()``), or None for ``default``.
-    ``overrides``: strings ``section.key=value`` (value read with YAML rules), e.g.
-    ``rollout.kv_budget=64``, ``algorithm.clip_eps_high=null``, ``rollout.compressor_options.lam=0.1``.
-
-    One ConfigError lists every bad value of the file and the overrides; the cross-field rules are
-    ``validate``'s, which the caller runs once every override is in.
-    """
-    path = _find(path_or_name if path_or_name is not None else "default")
-    raw = _load_raw(path)
-    raw.setdefault("name", path.stem)
-    return _with_overrides(raw, overrides, str(path))
-
-
-def apply_overrides(cfg: Config, overrides: Iterable[str]) -> Config:
-    """Apply ``section.key=value`` strings to ``cfg`` in place (and return it).
-
-    A key under a mapping field (``rollout.compressor_options.lam=0.1``) sets that entry;
-    ``section={...}`` merges a mapping into a section; ``name=...`` renames the config.
-    """
-    cfg.__dict__.update(_with_overrides(config_to_dict(cfg), overrides, None).__dict__)
-    return cfg
-
-
-# --- saving --------------------------------------------------------------------------------------
-def config_to_dict(cfg: Config) -> dict:
-    """The config as nested plain dicts (tuples become lists): ``Config.from_dict`` reads it back."""
-    return cfg.model_dump(mode="json", by_alias=True)
-
-
-def config_yaml(cfg: Config, notes: list[str] | tuple = (), title: str = "written by save_config") -> str:
-    """The full resolved config as YAML text (``load_config`` reads it back unchanged); ``notes`` become
-    comment lines at its top."""
-    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None, allow_unicode=True,
-                          width=100)
-    header = "".join(f"# {line}\n" for note in notes for line in str(note).splitlines())
-    return f"# Full resolved sparserl config ({title}).\n" + header + text
-
-
-def save_config(cfg: Config, path: str | Path, notes: list[str] | tuple = ()) -> Path:
-    """Write :func:`config_yaml` to ``path``; ``notes``: what ``auto`` values resolved to on this machine,
-    and why."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(config_yaml(cfg, notes))
-    return path
-
-
-# --- cross-field rules ---------------------------------------------------------------------------
-def validate(cfg: Config) -> Config:
-    """Check the rules that tie fields together, before anything heavy loads (each field's own type,
-    range and name were checked as it was set). One ConfigError lists every problem; returns ``cfg``.
-    """
-    r, a, t = cfg.rollout, cfg.algorithm, cfg.train
-    errors: list[str] = []
-    if (first_step := t.lr / (1 - t.betas[0])) > FLOAT32_MAX:  # AdamW's bias-corrected step size, in float32
-        errors.append(f"train.lr={t.lr!r}: AdamW's first step size, lr / (1 - train.betas[0]) = {first_step:.4g}, "
-                      f"overflows float32 (at most {FLOAT32_MAX:.8g}); lower train.lr")
-    if cfg.model.mixed_precision == "bfloat16" and cfg.model.dtype != "float32":
-        errors.append(f"model.mixed_precision={cfg.model.mixed_precision} keeps float32 weights and computes in 16 "
-                      f"bits; with model.dtype={cfg.model.dtype} the weights are 16-bit already: set model.dtype="
-                      "float32, or model.mixed_precision=off")
-    if r.compressor not in ("none", "blocktopk") and r.kv_budget <= r.window and r.kv_schedule is None:
-        errors.append(f"rollout.kv_budget={r.kv_budget} must be larger than rollout.window={r.window} "
-                      "(the window's tokens are always kept)")
-    if isinstance(r.kv_schedule, str):
-        try:
-            load_schedule(r.kv_schedule, r.compressor)
-        except ScheduleError as e:
-            errors.append(str(e) if str(e).startswith("rollout.kv_schedule") else f"rollout.kv_schedule: {e}")
-    if r.blocktopk_pages is not None and r.compressor != "blocktopk":
-        errors.append(f"rollout.blocktopk_pages={r.blocktopk_pages} is an option of rollout.compressor=blocktopk, not "
-                      f"{r.compressor!r}; leave it out (null) or set rollout.compressor=blocktopk")
-    if r.compressor == "blocktopk":  # k in whole pages, at least the 3 always read (rollout/kv/blocktopk.py)
-        try:
-            budgets = None if r.kv_schedule is None else list(load_schedule(r.kv_schedule, r.compressor).budgets)
-        except ScheduleError:
-            budgets = None  # reported above
-        errors += k_problems(r.kv_budget if budgets is None else None, r.blocktopk_pages, budgets,
-                             budget_key="rollout.kv_budget", pages_key="rollout.blocktopk_pages",
-                             schedule_key="rollout.kv_schedule")
-        if r.compile:
-            errors.append("rollout.compile=true with rollout.compressor=blocktopk: the compiled decode step reads the "
-                          "whole cache and cannot choose pages per step; set rollout.compile=false")
-        if (kc := r.kv_controller) is not None:
-            if r.blocktopk_pages is not None:
-                errors.append(f"rollout.blocktopk_pages={r.blocktopk_pages} and rollout.kv_controller both decide "
-                              "the pages block top-k reads; give one")
-            bad = [f"{key}={v}" for key, v in (("min_budget", kc.min_budget), ("max_budget", kc.max_budget),
-                                               ("step", kc.step)) if v % PAGE_TOKENS]
-            if bad or kc.min_budget < 3 * PAGE_TOKENS:
-                errors.append(f"rollout.kv_controller ({', '.join(bad) or f'min_budget={kc.min_budget}'}): with "
-                              f"rollout.compressor=blocktopk the budgets move in whole pages: min_budget, max_budget "
-                              f"and step multiples of {PAGE_TOKENS}, min_budget >= {3 * PAGE_TOKENS} (3 pages)")
-    if (kc := r.kv_controller) is not None:
-        if r.compressor == "none":
-            errors.append("rollout.kv_controller needs a compressor (rollout.compressor='none' keeps every token)")
-        if cfg.mismatch.alpha == "off":
-            errors.append("rollout.kv_controller steers by the measured α tail: set mismatch.alpha to exact or topk")
-        if kc.bin is not None and kc.bin != cfg.mismatch.alpha_bin:
-            errors.append(f"rollout.kv_controller.bin={kc.bin} must equal mismatch.alpha_bin="
-                          f"{cfg.mismatch.alpha_bin} (the bins α is measured on), or be left out")
-        if kc.min_budget > kc.max_budget:
-            errors.append(f"rollout.kv_controller.min_budget={kc.min_budget} is above max_budget={kc.max_budget}")
-        if r.compressor not in ("none", "blocktopk") and kc.min_budget <= r.window:
-            errors.append(f"rollout.kv_controller.min_budget={kc.min_budget} must be larger than rollout.window="
-                          f"{r.window} (the window's tokens are always kept)")
-    c = cfg.cluster
-    if (ob := cfg.reward.overlong_buffer) is not None and ob.len > r.max_new_tokens:
-        errors.append(f"reward.overlong_buffer.len={ob.len} is more than rollout.max_new_tokens={r.max_new_tokens}: "
-                      "the buffer is the last len tokens before the limit")
-    if c.rollout_workers is None and c.learners == 1 and c.address is not None:
-        errors.append(f"cluster.address={c.address!r} needs cluster.rollout_workers or cluster.learners > 1 (without "
-                      "them everything runs in the training process)")
-    if c.learners > 1:
-        samples, mini, micro = cfg.update_shape()
-        if c.learners > samples:
-            errors.append(f"cluster.learners={c.learners} is more than the {samples} samples per step "
-                          f"(train.prompts_per_step={t.prompts_per_step} x rollout.n={r.n})")
-        elif c.learners > micro:
-            errors.append(f"cluster.learners={c.learners} is more than the {micro} micro-batch{'es' if micro != 1 else ''} of an optimizer step "
-                          f"({mini} samples / train.micro_batch_size={t.micro_batch_size}): a learner would get none; "
-                          "lower train.micro_batch_size")
-    if t.lora_rank and r.quant_scale != 1.0:
-        errors.append(f"train.lora_rank={t.lora_rank} with rollout.quant_scale={r.quant_scale}: QuRL's invariant scaling "
-                      "folds s into the frozen base weights, which LoRA does not train; use one or the other")
-    if a.distill_sparse is not None:  # φ is trained through a replay of what the sparse sampler attended
-        if r.compressor == "none":
-            errors.append("algorithm.distill_sparse needs a sparse sampler: with rollout.compressor=none the sampler is "
-                          "the dense policy and φ has nothing to distill; set rollout.compressor (e.g. rkv) and "
-                          "rollout.kv_budget, or leave distill_sparse out")
-        if r.quantized or r.quant_scale != 1.0:
-            errors.append(f"algorithm.distill_sparse with rollout.quant={r.quant!r}, kv_quant={r.kv_quant!r}, "
-                          f"quant_scale={r.quant_scale}: its replay reproduces which tokens the sampler attended, "
-                          "not the rounding of quantized weights or KV; use a full-precision sparse sampler")
-        if r.dtype in ("bfloat16", "float16"):
-            errors.append(f"algorithm.distill_sparse with rollout.dtype={r.dtype}: its replay runs in float32 and "
-                          "reproduces which tokens the sampler attended, not a half-precision step's rounding; use "
-                          "rollout.dtype=float32 or auto (float32 with distill_sparse)")
-        if cfg.mismatch.alpha != "exact":
-            errors.append(f"algorithm.distill_sparse with mismatch.alpha={cfg.mismatch.alpha!r}: it records what the "
-                          "sampler attended during the exact α's replay and logs mismatch/alpha_p5_nophi from it; "
-                          "set mismatch.alpha=exact")
-        if r.top_p < 1.0 or r.top_k > 0 or r.temperature <= 0:
-            errors.append(f"algorithm.distill_sparse with rollout.temperature={r.temperature}, top_p={r.top_p}, "
-                          f"top_k={r.top_k}: φ's loss uses the sampler's full tempered distribution; use temperature "
-                          "> 0, top_p=1 and top_k=0")
-    if r.async_:
-        if c.rollout_workers is None:
-            errors.append("rollout.async=true needs cluster.rollout_workers (the workers sample the next step while "
-                          "the training process updates on this one)")
-        if cfg.mismatch.alpha == "exact" and cfg.mismatch.alpha_record_mib == 0:
-            errors.append("rollout.async=true with mismatch.alpha=exact and mismatch.alpha_record_mib=0: under "
-                          "rollout.async the exact α reads the q the workers keep while they sample (the training "
-                          "process's sampler is a step newer than the rollout's and cannot replay it); leave "
-                          "mismatch.alpha_record_mib at its default, or use mismatch.alpha=topk (α with its lag and "
-                          "cache parts) or off")
-        if r.mismatch_split:
-            errors.append("rollout.async=true with rollout.mismatch_split=true: the asynchronous split "
-                          "(mismatch/k3_kl_lag, mismatch/k3_kl_cache, read on the workers) replaces it; leave "
-                          "mismatch_split out")
-    if c.rollout_workers is not None and c.rollout_workers > t.prompts_per_step:
-        errors.append(f"cluster.rollout_workers={c.rollout_workers} is more than train.prompts_per_step="
-                      f"{t.prompts_per_step}: a worker would get no prompt")
-    if getattr(get_adv_est(a.adv_estimator), "needs_group", True) and r.n < 2:
-        errors.append(f"rollout.n={r.n}: algorithm.adv_estimator={a.adv_estimator!r} compares the samples "
-                      "of a prompt with each other and needs rollout.n >= 2")
-    if t.mini_batch_prompts is not None and t.prompts_per_step % t.mini_batch_prompts:
-        errors.append(f"train.prompts_per_step={t.prompts_per_step} must be divisible by "
-                      f"train.mini_batch_prompts={t.mini_batch_prompts}")
-    if isinstance(a.correction, list) and a.correction_options:
-        errors.append("algorithm.correction_options apply to a single named correction; with a list, give "
-                      "options per method as [name, {options}]")
-    else:
-        try:
-            resolve(a.correction, dict(a.correction_options))
-            # run it once on a one-token batch (cheap, no model): bad option *values* fail now too
-            one = torch.zeros(1, 1)
-            apply_corrections(a.correction, one, one, torch.ones(1, 1), dict(a.correction_options) or None)
-        except (ValueError, TypeError) as e:
-            errors.append(f"algorithm.correction={a.correction!r} (algorithm.correction_options="
-                          f"{dict(a.correction_options)}): {e}")
-    if not errors:  # build it once with the one builder (cheap, no model): bad options fail now
-        try:
-            compressor = compressor_from_fields(r)
-        except (TypeError, ValueError) as e:
-            errors.append(f"rollout.compressor={r.compressor!r} with rollout.compressor_options="
-                          f"{dict(r.compressor_options)}: {e} (options are method-specific; clear them with "
-                          "rollout.compressor_options={})")
-        else:
-            try:
-                old_logprobs_source(a.old_logprobs, why_not_update=cfg.why_update_forward_is_not_old_policy(),
-                                    compresses=compressor.compresses, sampler_dtype=resolve_dtype(r.dtype, cfg.model.device),
-                                    learner_dtype=learner_compute_dtype(cfg.model), temperature=r.temperature,
-                                    top_p=r.top_p, top_k=r.top_k, quantized=r.quantized, lagged=r.async_)
-            except SparserlError as e:
-                errors.append(str(e))
-    if r.quant_smooth and not build_quant(r.quant).quantizes_activations:
-        errors.append(f"rollout.quant_smooth={r.quant_smooth} needs rollout.quant int8, int8_group or fp8 "
-                      f"(SmoothQuant moves activation outliers into the weights; rollout.quant={r.quant!r} "
-                      f"quantizes no activations)")
-    if r.quant_outliers and not build_quant(r.quant).quantizes_activations:
-        errors.append(f"rollout.quant_outliers={r.quant_outliers} needs rollout.quant int8, int8_group or fp8 "
-                      f"(it keeps activation outlier channels out of the quantized product; rollout.quant="
-                      f"{r.quant!r} quantizes no activations)")
-    if r.quant_head and not build_quant(r.quant).quantizes:
-        errors.append(f"rollout.quant_head=true needs a weight quantization (rollout.quant int8, int8_group, fp8, "
-                      f"...; rollout.quant={r.quant!r})")
-    if r.quant_group % 4:
-        errors.append(f"rollout.quant_group={r.quant_group} must be a multiple of 4 (the int8 kernel's 4-byte steps)")
-    if r.quant_group != QUANT_GROUP and not build_quant(r.quant).takes_group:
-        errors.append(f"rollout.quant_group={r.quant_group} applies to rollout.quant=int8_group only "
-                      f"(rollout.quant={r.quant!r} has no activation groups)")
-    if a.filter_groups and r.async_:
-        errors.append("algorithm.filter_groups=true with rollout.async=true: dynamic sampling decides from a step's "
-                      "rewards whether to sample more, which the one-step-ahead rollout has already sent")
-    if a.filter_groups and r.n < 2:
-        errors.append(f"algorithm.filter_groups=true with rollout.n={r.n}: a group of one response never has rewards "
-                      "that differ; set rollout.n >= 2")
-    if (problem := reward_spec_problem(cfg.reward.fn, cfg.reward.weights)) is not None:
-        errors.append(problem)
-    if r.mismatch_split and r.quant == "none":
-        errors.append("rollout.mismatch_split=true needs rollout.quant (int8, fp8, ...): with full-precision "
-                      "weights the whole mismatch is the cache's")
-    if errors:
-        raise ConfigError(f"invalid config '{cfg.name}':\n  - " + "\n  - ".join(errors))
-    if r.temperature == 0 and r.n > 1:
-        warnings.warn("rollout.temperature=0 (greedy): the n samples of a prompt are identical and group "
-                      "advantages are all zero", stacklevel=2)
-    return cfg
-
-
-# --- help ----------------------------------------------------------------------------------------
-def config_help(match: str | None = None) -> str:
-    """Every field as ``section.key (type, default): help``, one per line, grouped by section, with the
-    keys of a sub-section (``rollout.kv_controller.threshold``) after the field that holds it; a field
-    checked against a registry also lists the registry's names. ``match``: only the lines whose text
-    holds it (case-insensitive), under their section's line."""
-    lines, defaults = [], config_to_dict(Config())
-
-    def line(key: str, f: Any, default: Any, indent: str) -> str:
-        if f.is_required():
-            dflt = "required"
-        else:
-            dflt = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
-        names = [m.func.names() for m in f.metadata if isinstance(getattr(m, "func", None), _Registered)]
-        extra = f" Registered: {', '.join(names[0])}." if names else ""
-        return f"{indent}{key} ({_type_name(f.annotation)}, default {dflt}): {f.description}{extra}"
-
-    needle = (match or "").lower()
-    for sec, cls in SECTIONS.items():
-        section = []
-        for key, f in fields_of(cls).items():
-            section.append(line(f"{sec}.{key}", f, defaults[sec][key], "  "))
-            sub = _subsection(f)
-            if sub is not None:
-                sub_defaults = defaults[sec][key] or {}
-                section += [line(f"{sec}.{key}.{k}", g, sub_defaults.get(k, g.get_default(call_default_factory=True)),
-                                 "    ") for k, g in fields_of(sub).items()]
-        section = [x for x in section if needle in x.lower()]
-        if section or not needle:
-            lines += [f"{sec}:  {(cls.__doc__ or '').strip()}", *section]
-    return "\n".join(lines)

@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..registry import Registry
+from .registry import Registry
 
 __all__ = [
     "ADV_ESTIMATORS",
