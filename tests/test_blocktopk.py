@@ -17,7 +17,7 @@ from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import CompressorOptionError, build_compressor, compressor_from_fields, get_compressor
 from sparserl.rollout.kv.blocktopk import PAGE_TOKENS, choose_pages, page_scores
 from sparserl.rollout.page_attention import gathered_attention
-from sparserl.rollout.replay import replay
+from sparserl.mismatch.replay import replay
 from sparserl.rollout.sampling import SamplingParams
 
 PROMPTS = [[{"role": "user", "content": "Count from one to twenty, slowly please."}], "a b c"]

@@ -90,7 +90,9 @@ def test_exact_alpha_on_the_tiny_model(tiny):
     from sparserl.rollout.engine import RolloutEngine
     from sparserl.rollout.kv import build_compressor
     from sparserl.rollout.sampling import SamplingParams
-    from sparserl.score.alpha import dense_hidden, exact_alpha, token_seq_len
+    from sparserl.mismatch.acceptance import token_seq_len
+    from sparserl.mismatch.exact_alpha import exact_alpha
+    from sparserl.score.hidden import dense_hidden
     from sparserl.score.shared_prompt import lm_head_weight
 
     params = SamplingParams(n=2, max_new_tokens=12, min_new_tokens=12, temperature=1.0, seed=3)

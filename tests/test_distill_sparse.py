@@ -20,7 +20,7 @@ def _cfg(tmp_path, *extra):
 
 def _recorded(trainer, ro, params):
     """The sampler replayed on its own tokens, what each step read recorded (as the exact α records it)."""
-    from sparserl.rollout.replay import replay
+    from sparserl.mismatch.replay import replay
 
     model = trainer.engine.model
     rec = trainer.distill.recorder(ro.prompt_ids, ro.response_ids, model.n_layers, model.n_kv)

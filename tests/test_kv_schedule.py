@@ -13,7 +13,7 @@ from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import build_compressor
 from sparserl.rollout.kv.base import CompressorOptionError
 from sparserl.rollout.kv.schedule import KVSchedule, ScheduleError, load_schedule
-from sparserl.rollout.replay import replay
+from sparserl.mismatch.replay import replay
 from sparserl.rollout.sampling import SamplingParams
 
 

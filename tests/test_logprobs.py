@@ -189,9 +189,9 @@ def test_shared_prompt_forward_names_the_cache_as_the_installed_transformers_doe
 @pytest.mark.parametrize("shared", [False, True])
 def test_scoring_that_keeps_the_hidden_states_for_alpha(shared):
     """score_logprobs_keep_hidden: the old-policy log-probs of score_logprobs and the hidden states α's own
-    forward (score.alpha.dense_hidden) would make, from one forward."""
+    forward (score.hidden.dense_hidden) would make, from one forward."""
     from sparserl.score import score_logprobs_keep_hidden
-    from sparserl.score.alpha import dense_hidden
+    from sparserl.score.hidden import dense_hidden
 
     model = tiny_family("llama")
     batch = grouped_batch()

@@ -1,4 +1,4 @@
-"""The replay (:mod:`sparserl.rollout.replay`) re-runs the sampler on its own tokens, forced, and its
+"""The replay (:mod:`sparserl.mismatch.replay`) re-runs the sampler on its own tokens, forced, and its
 log-probs of those tokens equal the sampler's recorded ones: for every compressor (the cache evolves as
 it did: same evictions), with int8 KV, and with each weight quantization. The distributions the sampler
 keeps while it samples (``keep_distributions``, what the exact α reads instead of a replay) are the ones
@@ -13,7 +13,7 @@ import torch
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import available_compressors, build_compressor
 from sparserl.rollout.quant import available_quants
-from sparserl.rollout.replay import replay
+from sparserl.mismatch.replay import replay
 from sparserl.rollout.sampling import SamplingParams
 
 PROMPTS = [[{"role": "user", "content": "What is 3 + 5? Think step by step."}],

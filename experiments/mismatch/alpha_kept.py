@@ -31,9 +31,9 @@ from sparserl.models.mixed_precision import learner_autocast, learner_compute_dt
 from sparserl.reward import score_responses
 from sparserl.rollout import native
 from sparserl.rollout.dtype_auto import cpu_name
-from sparserl.score import alpha as score_alpha
+from sparserl.mismatch import exact_alpha as score_alpha
 from sparserl.score.shared_prompt import lm_head_weight
-from sparserl.train.alpha import dense_hidden
+from sparserl.mismatch.measure import dense_hidden
 from sparserl.train.trainer import build_trainer, rollout_batch, sampling_params
 
 

@@ -14,10 +14,10 @@ import torch
 
 from sparserl.batch import RolloutBatch
 from sparserl.config import load_config, validate
-from sparserl.rollout.replay import replay
-from sparserl.score.acceptance import acceptance, acceptance_topk, summary
+from sparserl.mismatch.replay import replay
+from sparserl.mismatch.acceptance import acceptance, acceptance_topk, summary
 from sparserl.score.shared_prompt import lm_head_weight
-from sparserl.train.alpha import dense_hidden
+from sparserl.mismatch.measure import dense_hidden
 from sparserl.train.trainer import build_trainer, sampling_params
 
 

@@ -39,7 +39,7 @@ from sparserl.rollout.dtype_auto import cpu_name, resolve_dtype
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import build_compressor
 from sparserl.rollout.sampling import SamplingParams
-from sparserl.score.alpha import distributions_mib
+from sparserl.mismatch.exact_alpha import distributions_mib
 
 
 #: arm -> (record_mib, shared_prompt)

@@ -32,7 +32,7 @@ from sparserl.rollout import native
 from sparserl.rollout.dtype_auto import cpu_name
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import build_compressor
-from sparserl.rollout.replay import replay
+from sparserl.mismatch.replay import replay
 from sparserl.rollout.sampling import SamplingParams
 
 def arms(eager: bool = True) -> list[tuple[str, bool, str | None]]:

@@ -29,9 +29,9 @@ from ..batch import RolloutBatch
 from ..rollout.engine import RolloutEngine, RolloutOutput
 from ..rollout.kv.base import KVCompressor
 from ..rollout.sampling import SamplingParams
-from ..score.acceptance import tail_by_bin
-from ..score.alpha import (dense_hidden, dense_hidden_shared, distributions_fit, exact_alpha, recorded_alpha,
-                           token_seq_len)
+from ..mismatch.acceptance import tail_by_bin, token_seq_len
+from ..mismatch.exact_alpha import distributions_fit, exact_alpha, recorded_alpha
+from ..score.hidden import dense_hidden, dense_hidden_shared
 from ..score.shared_prompt import lm_head_weight
 
 TOKENS = ("sampler", "dense")

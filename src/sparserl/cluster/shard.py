@@ -9,7 +9,7 @@ same samples whatever ``N`` is, up to the float rounding of different batch shap
 from __future__ import annotations
 
 from ..rollout.engine import KVStats, RolloutOutput
-from ..rollout.teacher_forced import DenseCacheReading
+from ..mismatch.teacher_forced import DenseCacheReading
 
 
 def shard_prompts(n_prompts: int, n_workers: int) -> list[range]:

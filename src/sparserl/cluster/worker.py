@@ -56,7 +56,7 @@ class RolloutWorker:
         (:func:`sparserl.rollout.teacher_forced.read_dense_cache`), before newer weights arrive. With
         ``params.keep_distributions`` each response's ``q`` comes back in a tensor of its own (the engine's are
         views of one buffer, and serializing a view writes its whole buffer: the step's ``q`` once per response)."""
-        from ..rollout.teacher_forced import read_dense_cache as read
+        from ..mismatch.teacher_forced import read_dense_cache as read
 
         if version != self.version:
             raise WorkerStateError(f"rollout worker {self.index} holds weights of push {self.version}, "

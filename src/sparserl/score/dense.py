@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from ..batch import RolloutBatch
-from .alpha import response_hidden
 from .chunked_head import head_logprobs, token_logprobs
+from .hidden import response_hidden
 from .shared_prompt import forward_response_shared, lm_head_weight
 
 

@@ -93,6 +93,10 @@ class DistillSparse:
             if ".lora_" not in name:
                 param.copy_(state[name.replace(".base_layer", "")])
 
+    def base_weights(self, learner: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """θ alone (the learner's merged weights): the same sparse sampler without φ."""
+        return sampler_state(learner)
+
     def sampler_weights(self, learner: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The sampler's weights: θ + (α / r) B A under the base model's names."""
         self.load_base(learner)

@@ -44,3 +44,15 @@ def summary(alpha: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
     if a.numel() == 0:
         return float("nan"), float("nan")
     return float(a.mean()), float(torch.quantile(a, 0.05))
+
+
+def token_seq_len(prompt_ids: list[list[int]], response_len: int) -> torch.Tensor:
+    """[N, T] long: the sequence length (prompt + tokens generated before it) at which response token
+    ``t`` of row ``i`` was drawn, ``len(prompt_ids[i]) + t``: the axis of α's length bins and of a
+    :class:`~sparserl.rollout.kv.schedule.KVSchedule`'s lengths."""
+    return torch.tensor([len(p) for p in prompt_ids], dtype=torch.long)[:, None] + torch.arange(response_len)[None]
+
+
+def dense_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tau: float) -> torch.Tensor:
+    """log p [..., V] (float32) at temperature ``tau`` from hidden states [..., H] and the LM head [V, H]."""
+    return torch.log_softmax((hidden @ weight.t()).float() / tau, dim=-1)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from ..batch import RolloutBatch
-from ..score.acceptance import acceptance_topk
-from .model import SamplerModel
+from ..rollout.model import SamplerModel
+from .acceptance import acceptance_topk
 
 
 @torch.inference_mode()
@@ -58,7 +58,7 @@ class DenseCacheReading:
     Per response, lists of length N: ``logprobs`` [T] of the sampled tokens; with top-k asked,
     ``top_logprobs`` / ``top_indices`` [T, k] (``q_w``'s own top-k) and ``alpha`` [T], Sparrow's acceptance
     of the sampler that ran against ``q_w`` over the sampler's recorded top-k
-    (:func:`sparserl.score.acceptance.acceptance_topk`): the cache's part of α."""
+    (:func:`.acceptance.acceptance_topk`): the cache's part of α."""
 
     logprobs: list[torch.Tensor]
     top_logprobs: list[torch.Tensor] | None = None

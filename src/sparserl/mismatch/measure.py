@@ -1,12 +1,11 @@
 """Sparrow's acceptance α in training (``mismatch.alpha``): how far the sampler that ran is from the
-dense old policy, token by token, and its tail by length bin (:mod:`sparserl.score.acceptance` has the
-formula).
+dense old policy, token by token, and its tail by length bin (:mod:`.acceptance` has the formula).
 
 - ``exact``: each step's whole distribution ``q``, kept by the sampler while it sampled when the step's
-  fit in ``mismatch.alpha_record_mib`` (:func:`keeps_distributions`, :func:`sparserl.score.alpha.recorded_alpha`;
+  fit in ``mismatch.alpha_record_mib`` (:func:`keeps_distributions`, :func:`.exact_alpha.recorded_alpha`;
   rollout workers keep their shard's and send it with their samples),
-  else handed over by a replay (:func:`sparserl.score.alpha.exact_alpha`, shared with ``sparserl calibrate``:
-  the sampler re-run on its own tokens, :mod:`sparserl.rollout.replay`: the same compressor decisions, KV
+  else handed over by a replay (:func:`.exact_alpha.exact_alpha`, shared with ``sparserl calibrate``:
+  the sampler re-run on its own tokens, :mod:`.replay`: the same compressor decisions, KV
   and weight rounding, so the same ``q``);
   the dense learner's hidden states give ``p`` at the same positions through its LM head. They are the
   old-policy scoring forward's (:func:`sparserl.score.score_logprobs_keep_hidden`, counted in
@@ -18,7 +17,7 @@ formula).
 - ``topk``: Sparrow's approximation from the sampler's top-k log-probs, recorded while sampling
   (``mismatch.alpha_topk``, 20): no replay; ``p`` as for ``exact``. Under ``rollout.async`` also its two
   parts, with ``q_w`` the sampler's weights (a step old) on a dense cache, read on the workers
-  (:class:`sparserl.rollout.teacher_forced.DenseCacheReading`): the lag, α(p, q_w) over ``q_w``'s top-k,
+  (:class:`.teacher_forced.DenseCacheReading`): the lag, α(p, q_w) over ``q_w``'s top-k,
   and the cache, α(q_w, q) over the sampler's top-k.
 - ``off``: nothing measured.
 
@@ -44,21 +43,21 @@ import torch
 from .. import runlog as names
 from ..batch import RolloutBatch
 from ..models.mixed_precision import learner_autocast, learner_compute_dtype
-from ..score import alpha as score_alpha
-from ..score.acceptance import acceptance_topk, summary, tail_by_bin
+from ..score import hidden as score_hidden
 from ..score.shared_prompt import lm_head_weight
-from .lora import sampler_state
+from . import exact_alpha as exact
+from .acceptance import acceptance_topk, dense_logprobs, summary, tail_by_bin, token_seq_len
 
 MODES = ("exact", "topk", "off")
 
 
 def dense_hidden(model, batch: RolloutBatch, micro_batch_size: int = 16, shared_prompt: bool = False) -> torch.Tensor:
     """[N, T, H]: the learner's final hidden state at each position that predicts a response token
-    (:func:`sparserl.score.alpha.dense_hidden` on the batch's layout; ``shared_prompt``: each distinct prompt
-    forwarded once, :func:`sparserl.score.alpha.dense_hidden_shared`)."""
+    (:func:`sparserl.score.hidden.dense_hidden` on the batch's layout; ``shared_prompt``: each distinct prompt
+    forwarded once, :func:`sparserl.score.hidden.dense_hidden_shared`)."""
     if shared_prompt:
-        return score_alpha.dense_hidden_shared(model, batch, micro_batch_size)
-    return score_alpha.dense_hidden(model, batch.input_ids, batch.attention_mask, batch.position_ids,
+        return score_hidden.dense_hidden_shared(model, batch, micro_batch_size)
+    return score_hidden.dense_hidden(model, batch.input_ids, batch.attention_mask, batch.position_ids,
                                     batch.response_ids.shape[1], micro_batch_size)
 
 
@@ -77,7 +76,7 @@ def q_fits(cfg, learner, batch_size: int) -> bool:
     """Whether ``batch_size`` responses' ``q`` (× ``rollout.max_new_tokens`` × the learner's vocabulary in
     float32) fit in ``mismatch.alpha_record_mib``."""
     vocab = lm_head_weight(learner).shape[0]
-    return score_alpha.distributions_fit(batch_size, cfg.rollout.max_new_tokens, vocab, cfg.mismatch.alpha_record_mib)
+    return exact.distributions_fit(batch_size, cfg.rollout.max_new_tokens, vocab, cfg.mismatch.alpha_record_mib)
 
 
 def check_exact_alpha_under_async(cfg, learner) -> None:
@@ -91,7 +90,7 @@ def check_exact_alpha_under_async(cfg, learner) -> None:
     responses = cfg.train.prompts_per_step * cfg.rollout.n
     if not q_fits(cfg, learner, responses):
         vocab = lm_head_weight(learner).shape[0]
-        need = math.ceil(score_alpha.distributions_mib(responses, cfg.rollout.max_new_tokens, vocab))
+        need = math.ceil(exact.distributions_mib(responses, cfg.rollout.max_new_tokens, vocab))
         raise ConfigError(f"mismatch.alpha_record_mib={cfg.mismatch.alpha_record_mib} with rollout.async=true and "
                           f"mismatch.alpha=exact: a step's q ({responses} responses x {cfg.rollout.max_new_tokens} "
                           f"tokens x {vocab} vocabulary x 4 bytes) is {need} MiB, and under rollout.async the exact "
@@ -120,18 +119,18 @@ def measure_alpha(trainer, batch: RolloutBatch, ro, params, mode: str, bin_width
     alpha = torch.zeros(N, T, dtype=torch.float64)
     metrics = {}
     if mode == "exact" and ro.distributions is not None:  # q kept while sampling: nothing to replay
-        alpha = score_alpha.recorded_alpha(ro.distributions, hidden, weight, tau)
+        alpha = exact.recorded_alpha(ro.distributions, hidden, weight, tau)
     elif mode == "exact":
         distill, engine = getattr(trainer, "distill", None), trainer.engine
         record = (distill.recorder(ro.prompt_ids, ro.response_ids, engine.model.n_layers, engine.model.n_kv)
                   if distill is not None else None)  # DistillSparse replays what the sampler read, after the update
-        alpha, err = score_alpha.exact_alpha(engine, ro.prompt_ids, ro.response_ids, params, hidden, weight,
+        alpha, err = exact.exact_alpha(engine, ro.prompt_ids, ro.response_ids, params, hidden, weight,
                                              tau, recorded=batch.sampler_logprobs, on_decode=record)
         metrics[names.MISMATCH_REPLAY_ERR] = err
         if distill is not None:  # the same sparse sampler on θ alone: what φ buys
-            engine.update_weights(sampler_state(trainer.learner))
+            engine.update_weights(distill.base_weights(trainer.learner))
             trainer.engine_stale = True
-            plain, _ = score_alpha.exact_alpha(engine, ro.prompt_ids, ro.response_ids, params, hidden, weight, tau)
+            plain, _ = exact.exact_alpha(engine, ro.prompt_ids, ro.response_ids, params, hidden, weight, tau)
             mask = batch.response_mask.cpu()
             metrics[names.MISMATCH_ALPHA_MEAN_NOPHI], metrics[names.MISMATCH_ALPHA_P5_NOPHI] = summary(plain, mask)
     elif mode == "topk":
@@ -139,7 +138,7 @@ def measure_alpha(trainer, batch: RolloutBatch, ro, params, mode: str, bin_width
         lag = torch.zeros(N, T, dtype=torch.float64) if reading is not None else None
         for i, (values, idx) in enumerate(zip(ro.top_logprobs, ro.top_indices)):
             n = len(values)
-            logp = score_alpha.dense_logprobs(hidden[i, :n], weight, tau)
+            logp = dense_logprobs(hidden[i, :n], weight, tau)
             alpha[i, :n] = acceptance_topk(logp, values.to(logp.device), idx.to(logp.device)).double().cpu()
             if reading is not None:  # the learner against the sampler's weights on a dense cache
                 dev = logp.device
@@ -153,7 +152,7 @@ def measure_alpha(trainer, batch: RolloutBatch, ro, params, mode: str, bin_width
     else:
         raise ValueError(f"mismatch.alpha={mode!r}; expected one of {', '.join(MODES)}")
     mask = batch.response_mask.cpu()
-    seq_len = score_alpha.token_seq_len(ro.prompt_ids, T)
+    seq_len = token_seq_len(ro.prompt_ids, T)
     mean, p5 = summary(alpha, mask)
     metrics.update({names.MISMATCH_ALPHA_MEAN: mean, names.MISMATCH_ALPHA_P5: p5})
     for bin_start, (p5_bin, _) in tail_by_bin(alpha, seq_len, mask, bin_width).items():

@@ -3,7 +3,7 @@ did (the same tokens enter it, the compressor scores the same states and evicts 
 weight quantization round the same values, rows end at the same steps and the batch shrinks the same
 way). Each step hands over the full next-token distribution the sampler drew from, which sampling did
 not keep (a [B, T, V] tensor per step batch would not fit): Sparrow's exact acceptance α needs it
-(:mod:`sparserl.train.alpha`).
+(:mod:`.measure`).
 
 Exactness is checked, not assumed: the replayed log-probs of the sampled tokens must equal the
 sampler's recorded ``sampler_logprobs`` (tests: every compressor, int8 KV, each weight quantization;
@@ -16,8 +16,8 @@ from typing import Callable
 
 import torch
 
-from .engine import RolloutEngine, RolloutOutput, join_sequential
-from .sampling import SamplingParams
+from ..rollout.engine import RolloutEngine, RolloutOutput, join_sequential
+from ..rollout.sampling import SamplingParams
 
 #: ``on_step(t, rows, logprobs)``: step ``t``'s distribution ``logprobs`` [len(rows), V] (the sampler's
 #: tempered, filtered log-probs) of the responses ``rows`` (indices into the replayed list)

@@ -1,0 +1,89 @@
+"""Exact acceptance α (Sparrow; :mod:`.acceptance` has the formula) of a sampled batch: the one home of
+the computation that training (``mismatch.alpha=exact``, :mod:`.measure`) and ``sparserl calibrate``
+(:mod:`sparserl.calibrate.measure`) share.
+
+- ``p``: the dense policy's next-token distribution at each response position, from its final hidden
+  states (:func:`sparserl.score.hidden.dense_hidden`, one no-grad forward over ``[prompt | response]``,
+  or :func:`~sparserl.score.hidden.dense_hidden_shared`, each distinct prompt forwarded once) through its
+  LM head, at the sampling temperature (:func:`.acceptance.dense_logprobs`);
+- ``q``: the sampler's whole distribution at the same positions, handed over step by step by a replay
+  of the sampler forced on the responses (:mod:`.replay`: the same compressor decisions,
+  KV and weight rounding);
+- ``α_t = Σ_x min(p_t(x), q_t(x))`` over the whole vocabulary (:func:`exact_alpha`).
+
+When the sampler kept its distributions while it sampled (``SamplingParams.keep_distributions``),
+:func:`recorded_alpha` reads ``q`` from them and nothing is replayed.
+
+When the responses are the sampler's own (``recorded`` given: its ``sampler_logprobs``), the replay is
+checked: the replayed log-prob of each sampled token must equal the recorded one, and the largest
+difference comes back (0 when the replay reproduced the sampler).
+"""
+from __future__ import annotations
+
+import torch
+
+from .acceptance import acceptance, dense_logprobs
+from .replay import replay
+
+__all__ = ["distributions_fit", "distributions_mib", "exact_alpha", "recorded_alpha"]
+
+
+def distributions_mib(responses: int, max_new_tokens: int, vocab: int) -> float:
+    """MiB of the ``q`` a sampler keeps (``SamplingParams.keep_distributions``): ``responses`` ×
+    ``max_new_tokens`` × ``vocab`` float32 log-probs."""
+    return responses * max_new_tokens * vocab * 4 / 2**20
+
+
+def distributions_fit(responses: int, max_new_tokens: int, vocab: int, record_mib: int) -> bool:
+    """Whether :func:`distributions_mib` fits in ``record_mib`` MiB: the rule by which training
+    (``mismatch.alpha_record_mib``) and ``sparserl calibrate`` (``--alpha-record-mib``) keep ``q`` rather
+    than replay the sampler."""
+    return distributions_mib(responses, max_new_tokens, vocab) <= record_mib
+
+
+@torch.no_grad()
+def recorded_alpha(distributions: list[torch.Tensor], hidden: torch.Tensor, lm_weight: torch.Tensor,
+                   tau: float) -> torch.Tensor:
+    """α [N, T] float64 on the CPU from ``q`` recorded while sampling (``distributions[i]`` [T_i, V]: the
+    log-probs response ``i``'s tokens were drawn from, ``SamplingParams.keep_distributions``) instead of a
+    replay: the same ``q`` the replay hands over, so the same α, without re-running the sampler. ``p`` as
+    in :func:`exact_alpha`; 0 past each response's end."""
+    N, T = len(distributions), hidden.shape[1]
+    alpha = torch.zeros(N, T, dtype=torch.float64)
+    for i, logq in enumerate(distributions):
+        n = logq.shape[0]
+        if n:
+            logp = dense_logprobs(hidden[i, :n], lm_weight, tau).to(logq.device)
+            alpha[i, :n] = acceptance(logp, logq).double().cpu()
+    return alpha
+
+
+@torch.no_grad()
+def exact_alpha(engine, prompt_ids: list[list[int]], response_ids: list[list[int]], params,
+                hidden: torch.Tensor, lm_weight: torch.Tensor, tau: float,
+                recorded: torch.Tensor | None = None, on_decode=None) -> tuple[torch.Tensor, float | None]:
+    """(α [N, T] float64 on the CPU, replay error): ``engine`` replayed on ``prompt_ids[i]`` forced to
+    ``response_ids[i]`` with the sampling ``params`` (:func:`.replay.replay`), each
+    step's ``q`` against ``p`` from ``hidden`` [N, T, H] (:func:`sparserl.score.hidden.dense_hidden`) and ``lm_weight`` at
+    temperature ``tau``. α is 0 past each response's end. ``recorded`` [N, T]: the sampler's log-probs of
+    its tokens; the error is then the largest difference from the replayed ones, else None. ``on_decode``:
+    handed to the replay (what each step attended: :class:`~sparserl.rollout.attended.AttendedPositions`)."""
+    N = len(response_ids)
+    T = max((len(r) for r in response_ids), default=0)
+    alpha = torch.zeros(N, T, dtype=torch.float64)
+    tokens = torch.zeros(N, T, dtype=torch.long)
+    for i, r in enumerate(response_ids):
+        tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    recorded = recorded.detach().float().cpu() if recorded is not None else None
+    err = [0.0]
+
+    def on_step(t, rows, logq):
+        rows = rows.cpu()
+        logp = dense_logprobs(hidden[rows.to(hidden.device), t], lm_weight, tau).to(logq.device)
+        alpha[rows, t] = acceptance(logp, logq).double().cpu()
+        if recorded is not None:
+            replayed = logq.gather(-1, tokens[rows, t].to(logq.device)[:, None])[:, 0].float().cpu()
+            err[0] = max(err[0], float((replayed - recorded[rows, t]).abs().max()))
+
+    replay(engine, prompt_ids, response_ids, params, on_step, on_decode)
+    return alpha, (err[0] if recorded is not None else None)
