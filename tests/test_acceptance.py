@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from sparserl.score.acceptance import acceptance, acceptance_topk, summary, tail_by_bin
+from sparserl.mismatch.acceptance import acceptance, acceptance_topk, summary, tail_by_bin
 
 
 def test_alpha_on_a_hand_built_pair():
@@ -47,7 +47,7 @@ def test_alpha_in_training_is_logged_and_exact_replay_reproduces_the_sampler(tmp
     from sparserl.train.trainer import build_trainer, train_step
     from test_train import TINY
 
-    from sparserl.train import trainer as trainer_module
+    from sparserl.train import step as step_module
 
     record = "mismatch.alpha_record_mib=0" if mode == "exact_replay" else "mismatch.alpha_record_mib=1024"
     cfg = validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", f"mismatch.alpha={mode.split('_')[0]}",
@@ -62,8 +62,8 @@ def test_alpha_in_training_is_logged_and_exact_replay_reproduces_the_sampler(tmp
             assert shared[key] == pytest.approx(own[key], abs=1e-6), key
         return shared
 
-    measure_alpha = trainer_module.measure_alpha
-    monkeypatch.setattr(trainer_module, "measure_alpha", both_ways)
+    measure_alpha = step_module.measure_alpha
+    monkeypatch.setattr(step_module, "measure_alpha", both_ways)
     m = train_step(trainer, 1)
     assert seen and seen[0] is not None and seen[0].dim() == 3  # the scoring forward's hidden states were used
     assert 0.0 < m[names.MISMATCH_ALPHA_P5] <= m[names.MISMATCH_ALPHA_MEAN] <= 1.0 + 1e-6
@@ -83,7 +83,7 @@ def test_exact_alpha_from_kept_distributions_equals_the_replay(tmp_path, monkeyp
     from sparserl import runlog as names
     from sparserl.config import load_config, validate
     from sparserl.rollout import replay as replay_module
-    from sparserl.score import alpha as score_alpha
+    from sparserl.mismatch import exact_alpha as score_alpha
     from sparserl.train.trainer import build_trainer, train_step
     from test_train import TINY
 
@@ -124,7 +124,7 @@ def test_dense_hidden_with_each_prompt_forwarded_once_equals_the_whole_rows(tiny
     from sparserl.rollout.engine import RolloutEngine
     from sparserl.rollout.kv import build_compressor
     from sparserl.rollout.sampling import SamplingParams
-    from sparserl.score.alpha import dense_hidden, dense_hidden_shared
+    from sparserl.score.hidden import dense_hidden, dense_hidden_shared
 
     engine = RolloutEngine(tiny, build_compressor("none"), dtype="float32")
     prompts = [[{"role": "user", "content": "What is 3 + 5?"}], [{"role": "user", "content": "Say hi, please."}]]

@@ -251,7 +251,7 @@ def test_async_rollouts_lag_one_step_split_the_mismatch_and_survive_a_killed_wor
     while it samples; the learner scores the old policy itself; the lag shows in k3 and α's lag parts."""
     from sparserl import runlog as names
     from sparserl.rollout.build import engine_from_fields
-    from sparserl.train.trainer import build_trainer, close_cluster, old_logprobs_from, sampling_params, train_step
+    from sparserl.train.trainer import build_trainer, close_cluster, sampling_params, train_step
 
     cfg = _cfg(tmp_path, "cluster.rollout_workers=2", "rollout.async=true", "mismatch.alpha=topk",
                "checkpoint.every=0", "train.steps=3", "rollout.max_new_tokens=48")
@@ -270,7 +270,7 @@ def test_async_rollouts_lag_one_step_split_the_mismatch_and_survive_a_killed_wor
 
     trainer.pool.submit = submit_then_kill
     try:
-        assert old_logprobs_from(trainer) == "score"
+        assert trainer.old_policy.kind == "score"
         metrics.append(train_step(trainer, 1))
         assert trainer.pending is not None and trainer.pending[1].version == 1  # step 2's, sent before the update
         metrics.append(train_step(trainer, 2))
@@ -427,7 +427,7 @@ def test_an_address_that_is_not_a_ray_head_fails_within_seconds(local_ray):
 def test_a_learner_killed_mid_run_stops_it_and_resume_continues_exactly(tmp_path, local_ray, monkeypatch):
     """cluster.learners=2 with rollout workers: the other learner killed with SIGKILL before step 2 stops the run
     with an error naming it and --resume; resumed (a new learner), the run equals the run that went through."""
-    from sparserl.train import trainer as trainer_module
+    from sparserl.train import loop as trainer_module
     from sparserl.train.data_parallel import LearnerError
     from sparserl.train.trainer import train
 

@@ -71,11 +71,11 @@ def test_concat_offsets_prompt_indices():
 
 
 def test_a_run_with_dynamic_sampling_trains_and_resumes_exactly(tmp_path, monkeypatch):
-    from sparserl.train import trainer as trainer_module
+    from sparserl.train import step
 
     seen = []
-    real = trainer_module.filter_groups
-    monkeypatch.setattr(trainer_module, "filter_groups", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    real = step.filter_groups
+    monkeypatch.setattr(step, "filter_groups", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
     args = ("algorithm.filter_groups=true", "algorithm.max_gen_batches=3")
     # pairs of responses; the first seed whose step 1 drops groups that change the mean (seed 2 on the CPUs
     # measured: reward 0.75 over all sampled, 0.5 over the kept groups)

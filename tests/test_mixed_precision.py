@@ -113,15 +113,15 @@ def test_a_mixed_precision_step_computes_in_bf16_and_keeps_float32_state(tmp_pat
 def test_the_update_on_float32_scores_would_not_start_at_ratio_1(tmp_path, monkeypatch):
     """What the ratio test above guards: scoring outside autocast while the update runs inside it moves
     the first ratio off 1 by bf16's rounding."""
-    from sparserl.train import trainer as trainer_module
+    from sparserl.train import old_logprobs
 
-    real = trainer_module.score_logprobs_keep_hidden
+    real = old_logprobs.score_logprobs_keep_hidden
 
     def float32_scores(*args, **kwargs):
         with torch.autocast("cpu", enabled=False):
             return real(*args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "score_logprobs_keep_hidden", float32_scores)
+    monkeypatch.setattr(old_logprobs, "score_logprobs_keep_hidden", float32_scores)
     metrics, _, _ = _step_dtypes(tmp_path, "model.mixed_precision=bfloat16")
     assert max(metrics["policy/ratio_max"] - 1, 1 - metrics["policy/ratio_min"]) > 1e-4
 
@@ -220,9 +220,9 @@ def test_a_run_on_auto_records_the_choice_and_computes_in_it(tmp_path, monkeypat
     mixed_precision.choose("cpu", _fake_timer([3.0] * 3, [1.0] * 3), log=lambda *_: None)
     cfg = cfg_for(tmp_path, *DENSE, "model.mixed_precision=auto", "train.steps=1", "checkpoint.every=0")
     seen = []
-    from sparserl.train import trainer as trainer_module
+    from sparserl.train import update
 
-    real = trainer_module.update_policy
+    real = update.update_policy
 
     def spy(trainer, batch, corr, *rest):
         proj = trainer.learner.model.layers[0].mlp.down_proj
@@ -232,7 +232,7 @@ def test_a_run_on_auto_records_the_choice_and_computes_in_it(tmp_path, monkeypat
         finally:
             hook.remove()
 
-    monkeypatch.setattr(trainer_module, "update_policy", spy)
+    monkeypatch.setattr(update, "update_policy", spy)
     run = train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
     assert seen and set(seen) == {torch.bfloat16}
     assert "model.mixed_precision: auto -> bfloat16 on this machine: measured" in (run / "config.yaml").read_text()

@@ -6,7 +6,7 @@ import pytest
 from sparserl.compare.aggregate import reward_curve, summarize_arm
 from sparserl.reward.overlong import OVERLONG_PART, overlong_penalty, with_overlong_penalty
 from sparserl.reward.weighted import RewardScores
-from sparserl.train import trainer as trainer_module
+from sparserl.train import step as trainer_module
 from sparserl.train.trainer import build_trainer, train_step
 from test_train import cfg_for
 

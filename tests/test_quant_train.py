@@ -8,7 +8,7 @@ from sparserl import runlog as names
 from sparserl.config import ConfigError, load_config, validate
 from sparserl.models.invariant_scaling import applied_scale
 from sparserl.train.checkpoint import latest_checkpoint, load_latest
-from sparserl.train.trainer import build_trainer, old_logprobs_from, train
+from sparserl.train.trainer import build_trainer, train
 
 from test_train import TINY
 
@@ -88,7 +88,7 @@ def test_a_qurl_step_logs_quant_metrics_and_saves_the_original_form(tmp_path):
     plain = AutoModelForCausalLM.from_pretrained(ck / "model").eval()
     trainer = build_trainer(cfg)
     assert applied_scale(trainer.learner) == 1.5
-    assert old_logprobs_from(trainer) == "score"  # dense float32 sampler, but quantized weights
+    assert trainer.old_policy.kind == "score"  # dense float32 sampler, but quantized weights
     load_latest(run, trainer.learner)
     from sparserl.models.invariant_scaling import refold_after_load
     refold_after_load(trainer.learner)
@@ -108,7 +108,7 @@ def test_teacher_forced_logprobs_are_the_dense_samplers_own(tiny):
     from sparserl.rollout.engine import RolloutEngine
     from sparserl.rollout.kv import get_compressor
     from sparserl.rollout.sampling import SamplingParams
-    from sparserl.rollout.teacher_forced import teacher_forced_logprobs
+    from sparserl.mismatch.teacher_forced import teacher_forced_logprobs
 
     engine = RolloutEngine(tiny, get_compressor("none"), dtype="float32")
     engine.eos_ids = set(range(0, len(tiny.tokenizer), 50))  # ragged responses: right padding

@@ -237,12 +237,12 @@ def test_eval_every_0_evaluates_once_at_the_end(tmp_path):
 def test_old_logprobs_come_from_the_sampler_only_where_it_runs_the_old_policy(tmp_path, monkeypatch):
     """algorithm.old_logprobs: auto skips the scoring forward for a dense float32 sampler (and then
     old == sampler log-probs); score always scores; sampler on a compressing sampler is a config error."""
-    from sparserl.train import trainer as trainer_module
+    from sparserl.train import old_logprobs
 
     calls = []
     for name in ("score_logprobs", "score_logprobs_keep_hidden"):  # the latter when α reads the same forward
-        real = getattr(trainer_module, name)
-        monkeypatch.setattr(trainer_module, name, lambda *a, real=real, **k: calls.append(1) or real(*a, **k))
+        real = getattr(old_logprobs, name)
+        monkeypatch.setattr(old_logprobs, name, lambda *a, real=real, **k: calls.append(1) or real(*a, **k))
     for mode, scored in (("auto", 0), ("score", 1)):
         cfg = cfg_for(tmp_path, "rollout.compressor=none", "rollout.dtype=float32", "algorithm.correction=none",
                       f"algorithm.old_logprobs={mode}")
@@ -266,20 +266,21 @@ def test_old_logprobs_from_the_update_forward_equal_a_scoring_forward(tmp_path, 
     """algorithm.old_logprobs=update (one optimizer step over one micro-batch): no scoring forward, and
     the step is the scored step's up to float rounding: the same mismatch, α, loss, gradient norm and
     new weights; the PPO ratio is exactly 1."""
-    from sparserl.train import trainer as trainer_module
+    from sparserl.train import old_logprobs, step, update
 
     calls, update_forwards = [], []
-    for name in ("score_logprobs", "score_logprobs_keep_hidden"):
-        real = getattr(trainer_module, name)
-        monkeypatch.setattr(trainer_module, name, lambda *a, real=real, **k: calls.append(name) or real(*a, **k))
+    for module, name in ((old_logprobs, "score_logprobs"), (old_logprobs, "score_logprobs_keep_hidden"),
+                         (step, "score_logprobs")):  # the last: the reference's
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, real=real, name=name, **k: calls.append(name) or real(*a, **k))
     for name in ("forward_response", "forward_response_shared"):  # the update's own forward, in update_policy
-        real = getattr(trainer_module, name)
-        monkeypatch.setattr(trainer_module, name, lambda *a, real=real, **k: update_forwards.append(1) or real(*a, **k))
+        real = getattr(update, name)
+        monkeypatch.setattr(update, name, lambda *a, real=real, **k: update_forwards.append(1) or real(*a, **k))
     out, weights = {}, {}
     for mode in ("score", "update"):
         cfg = cfg_for(tmp_path, "train.micro_batch_size=8", f"algorithm.old_logprobs={mode}", *extra)
         trainer = build_trainer(cfg)
-        assert trainer_module.old_logprobs_from(trainer) == mode
+        assert trainer.old_policy.kind == mode
         calls.clear()
         update_forwards.clear()
         out[mode] = train_step(trainer, 1)
@@ -313,10 +314,8 @@ def test_old_logprobs_from_the_update_forward_equal_a_scoring_forward(tmp_path, 
 def test_auto_takes_the_update_forward_only_where_its_rule_holds(tmp_path):
     """auto: the update's forward with one micro-batch per step; a scoring forward with two micro-batches,
     two optimizer steps or LoRA dropout; old_logprobs=update there is a config error naming the key."""
-    from sparserl.train.trainer import old_logprobs_from
-
-    assert old_logprobs_from(build_trainer(cfg_for(tmp_path, "train.micro_batch_size=8"))) == "update"
-    assert old_logprobs_from(build_trainer(cfg_for(tmp_path))) == "score"  # TINY: micro-batches of 4 of 8 samples
+    assert build_trainer(cfg_for(tmp_path, "train.micro_batch_size=8")).old_policy.kind == "update"
+    assert build_trainer(cfg_for(tmp_path)).old_policy.kind == "score"  # TINY: micro-batches of 4 of 8 samples
     for extra, phrase in ((("train.micro_batch_size=4",), "2 micro-batches.*train.micro_batch_size"),
                           (("train.mini_batch_prompts=1",), "2 optimizer steps"),
                           (("train.ppo_epochs=2",), "2 optimizer steps"),
@@ -328,11 +327,11 @@ def test_auto_takes_the_update_forward_only_where_its_rule_holds(tmp_path):
 def test_update_asked_for_on_a_learner_with_dropout_fails_before_any_rollout(tmp_path, monkeypatch):
     """Dropout is the loaded model's fact (its config, peft's modules): build_trainer asks the rule once."""
     from sparserl.score.old_policy import OldLogprobsError
-    from sparserl.train import trainer as trainer_module
+    from sparserl.train import old_logprobs, step
 
     cfg = cfg_for(tmp_path, "train.micro_batch_size=8", "algorithm.old_logprobs=update")
-    monkeypatch.setattr(trainer_module, "model_dropout", lambda model: 0.1)
-    monkeypatch.setattr(trainer_module, "rollout", lambda *a: pytest.fail("a rollout ran"))
+    monkeypatch.setattr(old_logprobs, "model_dropout", lambda model: 0.1)
+    monkeypatch.setattr(step, "rollout", lambda *a: pytest.fail("a rollout ran"))
     with pytest.raises(OldLogprobsError, match="old_logprobs=update.*dropout 0.1"):
         build_trainer(cfg)
 
@@ -453,11 +452,11 @@ def test_mask_truncated_leaves_cut_responses_out_of_the_loss(tmp_path):
 def test_a_gspo_step_trains_on_policy(tmp_path, monkeypatch):
     """importance_sampling_level=sequence (GSPO) through the trainer: the policy loss gets it, one update on the
     step's own batch has every response's ratio exactly 1, and it changes the weights."""
-    from sparserl.train import trainer as trainer_module
+    from sparserl.train import update
 
     levels = []
-    real = trainer_module.policy_loss
-    monkeypatch.setattr(trainer_module, "policy_loss",
+    real = update.policy_loss
+    monkeypatch.setattr(update, "policy_loss",
                         lambda *a, **k: levels.append(k.get("importance_sampling_level")) or real(*a, **k))
     trainer = build_trainer(cfg_for(tmp_path, "algorithm.importance_sampling_level=sequence",
                                     "algorithm.clip_eps=3e-4", "algorithm.clip_eps_high=4e-4"))

@@ -99,6 +99,9 @@ KL_REF = "policy/kl_ref"
 GRAD_NORM = "grad_norm"
 LR = "lr"
 OPTIMIZER_STEPS = "optimizer_steps"
+#: optimizer steps of the step not applied because their loss or gradient norm was not finite (the weights
+#: stayed as they were; sparserl.train.nonfinite): train.max_nonfinite_steps such steps in a row stop the run
+SKIPPED_NONFINITE = "train/skipped_nonfinite"
 
 # time per station, and throughput
 CLUSTER_WORKER_RESTARTS = "cluster/worker_restarts"  # rollout workers replaced so far (cluster.rollout_workers)

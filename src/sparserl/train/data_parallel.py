@@ -103,7 +103,7 @@ class LearnerPeer:
     trainer builds them), in the group, updated with the driver's batch each step."""
 
     def __init__(self, cfg, rank: int, world: int):
-        from .trainer import build_learner
+        from .learner import build_learner
 
         torch.manual_seed(cfg.train.seed)
         self.cfg = cfg
@@ -130,7 +130,7 @@ class LearnerPeer:
 
     def update(self, payload: tuple) -> None:
         """This rank's share of the step's update (``payload``: the driver's batch and corrections)."""
-        from .trainer import update_policy
+        from .update import update_policy
 
         device = next(self.learner.parameters()).device
         batch, corr = (_on(record, device) for record in payload)

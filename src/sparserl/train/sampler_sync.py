@@ -1,0 +1,98 @@
+"""The sampler side of a step: where the rollout runs (the engine here, or the rollout workers, one step
+ahead under ``rollout.async``) and how the learner's new weights reach it.
+
+The choice of sampler is made once, when the trainer is built (``trainer.pool`` is None or the workers);
+these functions only follow it.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import runlog as names
+from ..config import Config
+from ..mismatch.measure import keeps_distributions
+from ..rollout.engine import RolloutEngine, RolloutOutput
+from ..rollout.sampling import SamplingParams
+from .due import checkpoint_due
+from .lora import sampler_state
+
+
+def sampling_params(cfg: Config, step: int, keep_distributions: bool = False) -> SamplingParams:
+    """Step ``step``'s sampling: ``rollout.*``, a seed of its own per step, the top-k log-probs the topk α
+    reads, and whether the sampler keeps its whole distributions (the exact α without a replay)."""
+    r = cfg.rollout
+    return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          max_new_tokens=r.max_new_tokens, stop=list(r.stop), seed=cfg.train.seed * 1_000_003 + step,
+                          logprobs_topk=cfg.mismatch.alpha_topk if cfg.mismatch.alpha == "topk" else 0,
+                          keep_distributions=keep_distributions)
+
+
+def rollout(trainer, step: int) -> tuple[list, RolloutOutput]:
+    """Step ``step``'s examples and their rollout: on the engine here, or on the rollout workers with the
+    budgets the controller has reached (``cluster.rollout_workers``; the same samples either way).
+
+    One-step-asynchronous (``rollout.async``): the rollout sent during the step before is collected (sampled
+    with the weights before that step's update), and the next step's is sent now, to run during this step's
+    update. Not after a checkpoint's step, so that a run resumed there samples what it would have (and
+    not past the last step)."""
+    cfg = trainer.cfg
+    if trainer.pool is None:
+        examples = trainer.data.next_batch()
+        keep = keeps_distributions(trainer, len(examples) * cfg.rollout.n)  # the exact α reads them: no replay
+        return examples, trainer.engine.generate([e.prompt for e in examples], sampling_params(cfg, step, keep))
+    examples, pending = trainer.pending or send_rollout(trainer, step)
+    trainer.pending = None
+    ro = trainer.pool.collect(pending)
+    if cfg.rollout.async_ and not checkpoint_due(cfg, step):
+        trainer.pending = send_rollout(trainer, step + 1)
+    return examples, ro
+
+
+def send_rollout(trainer, step: int) -> tuple[list, object]:
+    """Draw step ``step``'s examples and send their rollout to the workers; under ``rollout.async`` they
+    also read it on a dense cache with the weights that sampled (:func:`sparserl.mismatch.split.lag_split`,
+    α's lag part)."""
+    cfg = trainer.cfg
+    examples = trainer.data.next_batch()
+    read = (cfg.mismatch.alpha_topk if cfg.mismatch.alpha == "topk" else 0) if cfg.rollout.async_ else None
+    keep = keeps_distributions(trainer, len(examples) * cfg.rollout.n)  # the workers send q back: no replay here
+    return examples, trainer.pool.submit([e.prompt for e in examples], sampling_params(cfg, step, keep),
+                                         trainer.engine.compressor.schedule, read)
+
+
+def sampler_weights(trainer) -> dict[str, torch.Tensor]:
+    """What the sampler runs: the learner's weights (with LoRA: merged), with DistillSparse's φ merged on top."""
+    if trainer.distill is not None:
+        return trainer.distill.sampler_weights(trainer.learner)
+    return sampler_state(trainer.learner)
+
+
+def push_weights(trainer) -> None:
+    """The sampler's weights (:func:`sampler_weights`) into the sampler: the engine here, or every rollout
+    worker (under ``rollout.async`` without waiting: they load them after sampling the next step), the engine
+    here then loading them only when it is used (:func:`local_sampler`)."""
+    weights = sampler_weights(trainer)
+    if trainer.pool is None:
+        trainer.engine.update_weights(weights)
+        trainer.engine_stale = False
+    else:
+        trainer.pool.update_weights(weights, wait=not trainer.cfg.rollout.async_)
+        trainer.engine_stale = True
+
+
+def local_sampler(trainer) -> RolloutEngine:
+    """The sampler in this process with the learner's current weights, for what runs here whatever samples
+    the rollouts: the exact α's replay, ``rollout.mismatch_split``, held-out evaluation."""
+    if trainer.engine_stale:
+        trainer.engine.update_weights(sampler_weights(trainer))
+        trainer.engine_stale = False
+    return trainer.engine
+
+
+def pool_metrics(trainer, ro: RolloutOutput) -> dict:
+    """Rollout workers replaced so far and the policy lag of the step's rollout (weight pushes since the
+    one it sampled with: 1 under ``rollout.async``, else 0)."""
+    if trainer.pool is None:
+        return {}
+    return {names.CLUSTER_WORKER_RESTARTS: trainer.pool.restarts,
+            names.MISMATCH_POLICY_LAG: trainer.pool.version - ro.weights_version}
