@@ -347,6 +347,10 @@ KV_ARMS = [
 ]
 
 
+#: sparserl compare's verdict on a paired difference, as the table words it
+VERDICT = {"worse": "below dense, beyond noise", "better": "above dense, beyond noise", "within noise": "within noise"}
+
+
 def signed(x: float) -> str:
     return f"{x:+.2f}".replace("-", "\u2212")
 
@@ -359,7 +363,7 @@ def kv_row(arm: KvArm, comparison: dict) -> list[str]:
     else:
         p = a["vs_dense_paired"]["final_reward"]
         lo, hi = p["ci95"]
-        diff = f"{signed(p['mean'])} [{signed(lo)}, {signed(hi)}] ({p['verdict']})"
+        diff = f"{signed(p['mean'])} [{signed(lo)}, {signed(hi)}] ({VERDICT.get(p['verdict'], p['verdict'])})"
     ev = a["eval"]
     kv = a["kv"]["vs_dense_arm"]
     kv_text = "1x" if abs(kv - 1.0) < 5e-3 else f"{kv:.2f}x less"
