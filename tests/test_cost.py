@@ -248,3 +248,27 @@ def tiny_lm():
                       num_key_value_heads=2, head_dim=8, max_position_embeddings=256, tie_word_embeddings=True)
     torch.manual_seed(0)
     return LoadedModel(LlamaForCausalLM(cfg).eval(), IdsOnlyTokenizer(), "cost-test", None)
+
+
+def test_cost_imports_nothing_of_bench():
+    """One way: ``sparserl.bench`` measures the machine and predicts with the cost model
+    (:func:`sparserl.bench.machine.measure_rates` builds :class:`MachineRates`); the model itself is
+    formulas on shapes and rates, and imports no bench module, not even inside a function."""
+    import ast
+    from pathlib import Path
+
+    import sparserl.cost
+
+    tree = ast.parse(Path(sparserl.cost.__file__).read_text())
+    names = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not [n for n in names if "bench" in n.split(".")]
+
+
+def test_measure_rates_gives_the_cost_model_its_machine(tiny_lm):
+    from sparserl.bench.machine import measure_rates
+    from sparserl.rollout.model import SamplerModel
+
+    rates = measure_rates(SamplerModel(tiny_lm.model, torch.float32), rows=2, prefill_rows=4)
+    assert isinstance(rates, MachineRates) and rates.prefill_flops is not None
+    assert rollout_cost(ModelShape.from_config(tiny_lm.model.config), rates, 2, 4, 8).seconds > 0

@@ -4,7 +4,7 @@ For every response length and KV budget (``none`` = dense), runs the rollout eng
 with ``ignore_eos`` (exactly L new tokens per sequence) for ``--rounds`` rounds (every budget once a
 round, in a rotating order), and predicts the same rollout with :func:`sparserl.cost.rollout_cost` from
 the model's config and this machine's rates measured by the bench's probes
-(:meth:`sparserl.cost.MachineRates.measure`). Writes ``cost_model.md`` (a table: predicted s, measured s
+(:func:`sparserl.bench.machine.measure_rates`). Writes ``cost_model.md`` (a table: predicted s, measured s
 (median of the rounds), measured / predicted, the predicted and the measured speedup over dense, the
 predicted and the counted compressions) and ``cost_model.json`` into ``--out``, with the machine
 (CPU, instruction sets, bandwidth, GEMM rate) and the command line at the top.
@@ -32,9 +32,9 @@ from pathlib import Path
 
 import torch
 
-from sparserl.bench.machine import machine_info
+from sparserl.bench.machine import machine_info, measure_rates
 from sparserl.bench.rollout import bench_compressor, sparserl_commit
-from sparserl.cost import MachineRates, ModelShape, rollout_cost
+from sparserl.cost import ModelShape, rollout_cost
 from sparserl.models.loading import LoadedModel, load_model, resolve_device
 from sparserl.rollout.dtype_auto import probe_model, resolve_dtype
 from sparserl.rollout.engine import RolloutEngine
@@ -116,7 +116,7 @@ def run(args) -> dict:
         generate(engine, 2, 4)
     P, N = len(prompt_ids), args.batch
     prefill_rows = min(N * P, PREFILL_ROWS)
-    rates = MachineRates.measure(dense.model, rows=N, prefill_rows=prefill_rows)
+    rates = measure_rates(dense.model, rows=N, prefill_rows=prefill_rows)
     shape = ModelShape.from_config(lm.model.config, dense.model.dtype)
     print(f"rates: {rates.bandwidth / 1e9:.2f} GB/s, {rates.gemm_flops / 1e9:.2f} GFLOP/s at {N} rows, "
           f"{rates.prefill_rate / 1e9:.2f} at {prefill_rows}; prompt {P} tokens", flush=True)

@@ -9,8 +9,8 @@ multiplies (:attr:`ModelShape.decode_weights`: every layer's q/k/v, o, gate/up a
 head; the embedding is a gather), b_w / b_kv bytes per weight / KV element; ℓ layers, H_q / H_kv
 query / KV heads, d the head dim, D = 2 ℓ H_kv d (K and V elements of one cached token), r = H_q /
 H_kv, V the vocabulary, h the hidden size; BW the measured read bandwidth and F the measured
-throughput of the decode's GEMMs at the batch's rows (:class:`MachineRates`, the probes of
-:mod:`sparserl.bench.machine`).
+throughput of the decode's GEMMs at the batch's rows (:class:`MachineRates`, measured by
+:func:`sparserl.bench.machine.measure_rates`).
 
 The engine prefills the prompts (that gives the first token), then runs L_out − 1 decode steps
 s = 1 … L_out − 1 (the last token is sampled, never decoded). Step s attends over K_s tokens per
@@ -63,7 +63,7 @@ compressors' C kernels or of attention. The measured/predicted ratio of
 ``experiments/rollout/cost_model_validate.py`` says how much that is on a machine.
 
     shape = ModelShape.from_config(hf_config, "float32")
-    rates = MachineRates.measure(engine.model, rows=16)        # or MachineRates.from_machine_info(bench["machine"])
+    rates = measure_rates(engine.model, rows=16)  # sparserl.bench.machine; or MachineRates.from_machine_info(bench["machine"])
     rollout_cost(shape, rates, 16, 32, 1024, budget=128).seconds
     predicted_cost_vs_dense(shape, rates, 16, 32, 1024, schedule=[[0, 128], [2000, 512]])   # < 1: cheaper
 """
@@ -204,20 +204,6 @@ class MachineRates:
     @property
     def prefill_rate(self) -> float:
         return self.prefill_flops if self.prefill_flops is not None else self.gemm_flops
-
-    @classmethod
-    def measure(cls, model, rows: int = 16, prefill_rows: int | None = None) -> "MachineRates":
-        """Measured now with the bench's probes (:func:`~sparserl.bench.machine.memory_bandwidth` on
-        the model's device, :func:`~sparserl.bench.machine.gemm_flops_per_s` through the sampler's
-        own products at ``rows`` rows, the batch, and at ``prefill_rows`` when given, e.g.
-        ``min(N · L_in, 256)``): ``model`` is a :class:`~sparserl.rollout.model.SamplerModel` or a
-        :class:`~sparserl.rollout.engine.RolloutEngine` (its dtype and quantization are the ones
-        measured). A few seconds."""
-        from .bench.machine import gemm_flops_per_s, memory_bandwidth
-
-        sampler = getattr(model, "model", model)
-        return cls(memory_bandwidth(device=sampler.device), gemm_flops_per_s(sampler, rows),
-                   gemm_flops_per_s(sampler, prefill_rows) if prefill_rows else None)
 
     @classmethod
     def from_machine_info(cls, info: dict) -> "MachineRates":

@@ -1,5 +1,6 @@
 """What this machine can do, measured: memory read bandwidth and the throughput of the decode's own
-GEMMs (the two ceilings of :mod:`sparserl.bench.roofline`), and a description of the machine."""
+GEMMs (the two ceilings of :mod:`sparserl.bench.roofline`; :func:`measure_rates` gives them to the
+cost model as :class:`~sparserl.cost.MachineRates`), and a description of the machine."""
 from __future__ import annotations
 
 import os
@@ -8,7 +9,9 @@ import time
 
 import torch
 
+from ..cost import MachineRates
 from ..rollout import native
+from ..rollout.model import NATIVE_BF16
 
 
 def memory_bandwidth(nbytes: int = 512 << 20, repeats: int = 5, device: torch.device | str = "cpu") -> float:
@@ -41,8 +44,6 @@ def gemm_flops_per_s(model, rows: int, repeats: int = 5) -> float:
     FLOPs (one multiply-add) per weight element per row; the best of ``repeats`` timed passes after
     one warm-up pass. A bf16 weight with its ``linear_bf16.c`` panels runs on them, as in the fused
     step (float32 activations rounded inside the kernel), not through torch's bf16 product."""
-    from ..rollout.model import NATIVE_BF16
-
     weights = decode_linear_weights(model)
     gen = torch.Generator().manual_seed(0)
     inputs = {}
@@ -72,6 +73,17 @@ def gemm_flops_per_s(model, rows: int, repeats: int = 5) -> float:
             if i:  # the first pass warms up
                 best = min(best, time.perf_counter() - t)
     return flops / best
+
+
+def measure_rates(model, rows: int = 16, prefill_rows: int | None = None) -> MachineRates:
+    """The cost model's machine, measured now: :func:`memory_bandwidth` on the model's device and
+    :func:`gemm_flops_per_s` through the sampler's own products at ``rows`` rows (the batch), and at
+    ``prefill_rows`` when given (e.g. ``min(N · L_in, 256)``). ``model`` is a
+    :class:`~sparserl.rollout.model.SamplerModel` or a :class:`~sparserl.rollout.engine.RolloutEngine`
+    (its dtype and quantization are the ones measured). A few seconds."""
+    sampler = getattr(model, "model", model)
+    return MachineRates(memory_bandwidth(device=sampler.device), gemm_flops_per_s(sampler, rows),
+                        gemm_flops_per_s(sampler, prefill_rows) if prefill_rows else None)
 
 
 def machine_info(bandwidth: float, gemm_flops: float, gemm_rows: int, device: torch.device | str = "cpu") -> dict:
@@ -104,8 +116,6 @@ def machine_info(bandwidth: float, gemm_flops: float, gemm_rows: int, device: to
 def _native_arch() -> str | None:
     """What the native kernels were built for: "native" (-march=native), the flags of
     $SPARSERL_NATIVE_ARCH, or None where they do not run."""
-    from ..rollout import native
-
     if native.library() is None:
         return None
     return os.environ.get("SPARSERL_NATIVE_ARCH") or "native"

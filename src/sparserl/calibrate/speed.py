@@ -1,7 +1,7 @@
 """A calibrated schedule's cost against dense: predicted by the cost model, and measured.
 
 - :func:`predicted_cost`: the cost model's ratio (:mod:`sparserl.cost`, ``predicted_cost_vs_dense``;
-  Sparrow's, after Kinetics: docs/algorithms.md §3), or None while that model is not there.
+  Sparrow's, after Kinetics: docs/algorithms.md §3), or None when it has no terms for the arguments.
 - :func:`measured_speedup`: one dense generation and right after it one with the schedule, the same
   prompts and sampling settings: the ratio of their tokens/s. **One round**: machines drift, so it is
   an indication, not a benchmark (``sparserl bench rollout --repeat`` is).
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .. import cost
+from ..bench.machine import measure_rates
 from ..rollout.engine import RolloutEngine, RolloutOutput
 from ..rollout.kv.base import KVCompressor
 from ..rollout.sampling import SamplingParams
@@ -25,27 +27,17 @@ def predicted_cost(engine: RolloutEngine, model_config, compressor: str, budget_
     (:func:`sparserl.cost.predicted_cost_vs_dense`; < 1: cheaper), for ``n`` sequences at once of
     ``response_len`` tokens after ``prompt_len`` (means, rounded) on ``engine``'s machine: the model's
     shape from ``model_config`` at the sampler's dtype, the machine's rates measured once (kept in
-    ``cache``, about two seconds). None while the cost model (the module or its function) is not
-    there, or when it refuses these arguments (said through ``log``, e.g. a compressor it has no terms
-    for)."""
-    try:
-        from .. import cost  # imported here: calibrate runs without the cost model
-    except ModuleNotFoundError as e:
-        if e.name not in ("sparserl.cost", f"{__package__.rpartition('.')[0]}.cost"):
-            raise
-        return None
-    fn = getattr(cost, "predicted_cost_vs_dense", None)
-    if fn is None:
-        return None
+    ``cache``, about two seconds). None when the model refuses these arguments (said through ``log``,
+    e.g. a compressor it has no terms for)."""
     cache = {} if cache is None else cache
     try:
         if "rates" not in cache:
-            cache["rates"] = cost.MachineRates.measure(engine, rows=n)
+            cache["rates"] = measure_rates(engine, rows=n)
         shape = cost.ModelShape.from_config(model_config, engine.dtype)
-        value = fn(shape, cache["rates"], n, max(1, round(prompt_len)), max(1, round(response_len)),
-                   schedule=budget_by_bin, compressor=compressor, step_length=step_length, window=window,
-                   compress_prompt=compress_prompt)
-    except (AttributeError, TypeError, ValueError) as e:  # not (yet) this interface, or no terms for it
+        value = cost.predicted_cost_vs_dense(
+            shape, cache["rates"], n, max(1, round(prompt_len)), max(1, round(response_len)), schedule=budget_by_bin,
+            compressor=compressor, step_length=step_length, window=window, compress_prompt=compress_prompt)
+    except ValueError as e:  # no terms for these arguments
         log(f"cost model: no prediction for {compressor} ({type(e).__name__}: {e}); predicted_cost_vs_dense null")
         return None
     return None if value is None else float(value)
