@@ -24,7 +24,7 @@ def describe_sampler(compressor, budgets_from: str) -> str:
     if not compressor.compresses:
         return "dense KV cache (no compressor)"
     if compressor.schedule is not None:
-        budgets = "per-bin budgets " + ", ".join(f"{length}:{budget}" for length, budget in compressor.schedule.pairs())
+        budgets = "per-bin budgets " + ", ".join(f"{length}:{budget}" for length, budget in compressor.schedule.pairs)
     else:
         budgets = f"kv_budget {compressor.budget}"
     return f"{compressor.name}, {budgets} ({budgets_from})"
