@@ -68,7 +68,7 @@ KV_BUDGET_BIN = "kv/budget_bin/"  # + bin start: the budget the step's rollout k
 # mismatch and correction (computed by sparserl.correct)
 MISMATCH_K3 = "mismatch/k3_kl"
 MISMATCH_LOG_RATIO = "mismatch/log_ratio_abs_mean"
-# rollout.mismatch_split (sparserl.rollout.teacher_forced): k3 of the quantized weights' part and of the cache's part
+# rollout.mismatch_split (sparserl.mismatch.split): k3 of the quantized weights' part and of the cache's part
 MISMATCH_K3_WEIGHTS = "mismatch/k3_kl_weights"
 MISMATCH_K3_CACHE = "mismatch/k3_kl_cache"
 MISMATCH_ALPHA_MEAN = "mismatch/alpha_mean"  # Sparrow's acceptance α = Σ_x min(p, q), mean over tokens
@@ -79,7 +79,7 @@ MISMATCH_ALPHA_MEAN_NOPHI = "mismatch/alpha_mean_nophi"
 MISMATCH_ALPHA_P5_NOPHI = "mismatch/alpha_p5_nophi"
 MISMATCH_REPLAY_ERR = "mismatch/replay_err"  # exact α: largest |replayed - recorded| sampler log-prob
 # rollout.async: the sampler holds the weights of a step before; the mismatch's lag and cache parts, read
-# against the sampler's own weights on a dense cache (sparserl.rollout.teacher_forced.DenseCacheReading)
+# against the sampler's own weights on a dense cache (sparserl.mismatch.teacher_forced.DenseCacheReading)
 MISMATCH_POLICY_LAG = "mismatch/policy_lag_steps"  # weight pushes between the sampler's weights and the learner's
 MISMATCH_K3_LAG = "mismatch/k3_kl_lag"  # k3 of the learner against the sampler's weights on a dense cache
 MISMATCH_ALPHA_LAG_MEAN = "mismatch/alpha_lag_mean"  # α of the same two, over the sampler's weights' top-k
@@ -140,7 +140,7 @@ EVAL_MODES = ("dense", "sparse")
 
 
 def step_seconds(row: dict) -> float | None:
-    """A metrics row's step time: ``time/step_s`` when logged (runs since the twenty-second session), else
+    """A metrics row's step time: ``time/step_s`` when logged, else (a run that did not log it)
     the sum of the :data:`STATIONS` present (never a sub-time: :data:`SUBTIMES`); None without either."""
     def number(v):
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None

@@ -1,5 +1,5 @@
 """A config's evaluation set, read one way wherever it is read: the run's preflight, its held-out
-evaluations (:func:`sparserl.train.trainer.held_out_eval`) and ``sparserl compare --eval``.
+evaluations (:func:`sparserl.train.held_out.held_out_eval`) and ``sparserl compare --eval``.
 
 The prompts take the training set's form (``data.template``, ``data.system_prompt``). The columns are
 ``data.eval_prompt_key`` / ``data.eval_label_key`` where set; otherwise a built-in set's own mapping,

@@ -4,7 +4,7 @@ between training steps (``rollout.kv_controller``).
 Sparrow (Zhou et al., 2026, arXiv 2606.08446; docs/algorithms.md §3) calibrates its schedule once, offline,
 on the model before training. The policy moves during training, and so does the mismatch a budget
 causes; this controller re-reads the tail every step instead. For each bin ``b`` whose 5th percentile
-of α was measured this step (``mismatch/alpha_p5_bin/<b>``, :mod:`sparserl.train.alpha`):
+of α was measured this step (``mismatch/alpha_p5_bin/<b>``, :mod:`sparserl.mismatch.measure`):
 
     p5_b <  threshold             → B_b ← min(B_b + step, max_budget)                 (raise at once)
     p5_b >= threshold + margin    for ``patience`` steps in a row

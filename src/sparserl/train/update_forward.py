@@ -6,7 +6,7 @@ TRL's GRPOTrainer skips the old policy's forward when each generation batch gets
 between the two (Sparse-RL's weights are normalised over the whole batch, α reads the forward's hidden
 states), so the forward runs first, in training mode and with gradients, on the whole batch (one
 micro-batch); its ``log p`` and hidden states go to the scoring's consumers, and its graph waits for the
-loss in :func:`sparserl.train.trainer.update_policy`, which then runs no forward of its own. One forward a
+loss in :func:`sparserl.train.update.update_policy`, which then runs no forward of its own. One forward a
 step fewer than ``score``; the PPO ratio at the step is exactly 1.
 """
 from __future__ import annotations
