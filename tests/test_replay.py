@@ -24,6 +24,32 @@ def _params(**kw):
     return SamplingParams(n=3, max_new_tokens=24, temperature=1.0, seed=7, **kw)
 
 
+#: the replay's seed differs from the sampler's: forced tokens make the draws irrelevant, so the replay must
+#: not depend on them (with the sampler's own seed, a replay that sampled afresh would redraw the same tokens)
+REPLAY_SEED = 12345
+
+
+def _replay_logprobs(engine, out, params) -> tuple[object, dict]:
+    """Replay ``out`` (sampled with ``params``) with another seed; returns its output and, for every step it
+    ran, the log-prob its distribution gives the recorded token: {(response, step): log-prob}."""
+    seen = {}
+
+    def on_step(t, rows, logprobs):
+        for r, lp in zip(rows.tolist(), logprobs):
+            if t < len(out.response_ids[r]):
+                seen[(r, t)] = float(lp[out.response_ids[r][t]])
+
+    again = replay(engine, out.prompt_ids, out.response_ids, dataclasses.replace(params, seed=REPLAY_SEED), on_step)
+    return again, seen
+
+
+def _worst_gap(out, seen) -> float:
+    """The largest |replayed - recorded| log-prob of a recorded token (inf when a token was never scored)."""
+    if len(seen) != sum(map(len, out.response_ids)):
+        return float("inf")
+    return max(abs(lp - out.sampler_logprobs[i][t]) for (i, t), lp in seen.items())
+
+
 def _check_replay(engine, params):
     out = engine.generate(PROMPTS, params)
     seen = {}
@@ -32,7 +58,7 @@ def _check_replay(engine, params):
         for r, lp in zip(rows.tolist(), logprobs):
             seen[(r, t)] = lp
 
-    again = replay(engine, out.prompt_ids, out.response_ids, params, on_step)
+    again = replay(engine, out.prompt_ids, out.response_ids, dataclasses.replace(params, seed=REPLAY_SEED), on_step)
     assert again.response_ids == out.response_ids and again.finish_reason == out.finish_reason
     assert again.kv_tokens_kept == out.kv_tokens_kept  # the cache evolved as it did
     for i, (a, b) in enumerate(zip(out.sampler_logprobs, again.sampler_logprobs)):
@@ -82,3 +108,19 @@ def test_forced_tokens_must_match_the_responses(tiny):
     engine = RolloutEngine(tiny, build_compressor("none"), dtype="float32")
     with pytest.raises(ValueError, match="forced: 1 token lists for 2 responses"):
         engine.generate([], SamplingParams(n=1, max_new_tokens=4), prompt_ids=[[1, 2], [3, 4]], forced=[[5]])
+
+
+def test_a_replay_that_ignores_the_forced_tokens_fails_the_check(tiny, monkeypatch):
+    """The check has teeth: an engine that drops ``forced`` samples afresh with the replay's seed, and the
+    log-probs its distributions give the recorded tokens differ from the sampler's (beyond the first step,
+    conditioned on other prefixes), where the real replay matches them within 1e-5."""
+    engine = RolloutEngine(tiny, build_compressor("rkv", kv_budget=12, step_length=3, window=4), dtype="float32")
+    params = _params()
+    out = engine.generate(PROMPTS, params)
+    again, seen = _replay_logprobs(engine, out, params)
+    assert again.response_ids == out.response_ids and _worst_gap(out, seen) <= 1e-5
+    generate = engine.generate
+    monkeypatch.setattr(engine, "generate", lambda *a, forced=None, **kw: generate(*a, **kw))
+    ignored, seen = _replay_logprobs(engine, out, params)
+    assert ignored.response_ids != out.response_ids
+    assert _worst_gap(out, seen) > 0.1
