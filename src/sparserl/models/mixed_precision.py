@@ -37,6 +37,7 @@ import torch
 
 from .. import json_cache
 from .loading import parse_dtype, resolve_device
+from .machine import cache_dir, device_label
 
 MODES = ("auto", "off", "bfloat16")
 AUTO_MIN_SPEEDUP = 1.1
@@ -66,15 +67,11 @@ _CHOSEN: dict[str, PrecisionChoice] = {}  # this process's answers, by machine k
 
 @functools.lru_cache(maxsize=None)
 def machine_key(device: torch.device) -> str:
-    from ..rollout.dtype_auto import device_label
-
     return f"{device_label(device)} | torch {torch.__version__} | learner v{MEASURE_VERSION}"
 
 
 def _cache_path():
-    from ..rollout import native
-
-    return native.cache_dir() / CACHE_FILE
+    return cache_dir() / CACHE_FILE
 
 
 def _write_cache(key: str, choice: PrecisionChoice) -> None:
