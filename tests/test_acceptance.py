@@ -50,7 +50,7 @@ def test_alpha_in_training_is_logged_and_exact_replay_reproduces_the_sampler(tmp
     from sparserl.train import step as step_module
 
     record = "mismatch.alpha_record_mib=0" if mode == "exact_replay" else "mismatch.alpha_record_mib=1024"
-    cfg = validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", f"mismatch.alpha={mode.split('_')[0]}",
+    cfg = validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", f"mismatch.alpha={mode.split('_')[0]}",
                                            "mismatch.alpha_bin=64", "rollout.max_new_tokens=24", record]))
     trainer = build_trainer(cfg)
     seen = []
@@ -92,7 +92,7 @@ def test_exact_alpha_from_kept_distributions_equals_the_replay(tmp_path, monkeyp
     monkeypatch.setattr(score_alpha, "replay", lambda *a, **k: replays.append(1) or real(*a, **k))
     out = {}
     for mib in (36, 35, 0):  # fits; one MiB short (replay); never
-        cfg = validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", "mismatch.alpha=exact",
+        cfg = validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", "mismatch.alpha=exact",
                                                "rollout.max_new_tokens=24", f"mismatch.alpha_record_mib={mib}"]))
         replays.clear()
         out[mib] = train_step(build_trainer(cfg), 1)
@@ -109,7 +109,7 @@ def test_exact_alpha_is_one_when_the_sampler_is_the_dense_policy(tmp_path):
     from sparserl.train.trainer import build_trainer, train_step
     from test_train import TINY
 
-    cfg = validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", "mismatch.alpha=exact",
+    cfg = validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", "mismatch.alpha=exact",
                                            "rollout.compressor=none", "rollout.max_new_tokens=12"]))
     m = train_step(build_trainer(cfg), 1)
     assert m[names.MISMATCH_ALPHA_P5] == pytest.approx(1.0, abs=1e-4)

@@ -75,7 +75,7 @@ def make_workspace(root: Path) -> Path:
     _write(root / "typo.yaml", "train:\n  stpes: 3\n")
     _write(root / "binary.yaml", b"train:\n  steps: \xff\xfe\n")
     # a run folder: its config (lr 1e-3, seed 0) and one metrics line; no weights needed to refuse a resume
-    cfg = load_config("default", [*TINY, "train.steps=2", f"log.out_dir={root / 'runs'}"])
+    cfg = load_config("sparse_rl_fixed40", [*TINY, "train.steps=2", f"log.out_dir={root / 'runs'}"])
     save_config(cfg, root / "runs/r1/config.yaml")
     _write(root / "runs/r1/metrics.jsonl", '{"step": 1, "reward/mean": 0.0}\n')
     # a run whose checkpoint is at step 5 (a manifest is all latest_checkpoint looks at)
@@ -130,9 +130,9 @@ MATRIX = [
          "controller-threshold-zero"),
     case("config", ["train", "rollout.kv_controller={treshold: 0.9}"], "rollout.kv_controller.treshold",
          "controller-unknown-key"),
-    case("config", ["train", "sparrow", "rollout.kv_controller.treshold=0.7"],
+    case("config", ["train", "default", "rollout.kv_controller.treshold=0.7"],
          "did you mean 'rollout.kv_controller.threshold'", "controller-dotted-unknown-key"),
-    case("config", ["train", "sparrow", "rollout.kv_controller.threshold.x=1"],
+    case("config", ["train", "default", "rollout.kv_controller.threshold.x=1"],
          "'rollout.kv_controller.threshold' is not a mapping", "controller-dotted-too-deep"),
     case("config", ["train", "rollout.kv_controller={min_budget: 80, max_budget: 40}"], "min_budget=80",
          "controller-min-above-max"),
@@ -271,7 +271,7 @@ MATRIX = [
     case("checkpoint", ["train", "--resume", "log.out_dir=notrun"], "no run folder under", "resume-newest-none"),
     case("checkpoint", [*RESUME, "train.lr=0.01"], "train.lr: 0.001 -> 0.01", "resume-changed-lr"),
     case("checkpoint", [*RESUME, "train.seed=7"], "train.seed: 0 -> 7", "resume-changed-seed"),
-    case("checkpoint", ["train", "default", "--resume", "--run-dir", "runs/r1"], "reward.fn: 'test_bad_inputs:zero_reward' -> ",
+    case("checkpoint", ["train", "sparse_rl_fixed40", "--resume", "--run-dir", "runs/r1"], "reward.fn: 'test_bad_inputs:zero_reward' -> ",
          "resume-other-config"),
     case("checkpoint", ["train", "--resume", "--run-dir", "ahead", "train.steps=3"], "at step 5", "resume-fewer-steps"),
     case("checkpoint", ["train", "--resume", "--run-dir", "corrupt"], "COMPLETE", "resume-corrupt-checkpoint"),
@@ -398,7 +398,7 @@ MATRIX = [
     case("config", ["config", "rollout.kv_controller={}", "rollout.compressor=none"], "invalid config",
          "cross-field-rule"),
     case("flags", ["config", "--keys", "zz_no_such_key"], "--keys", "keys-match-nothing"),
-    case("flags", ["config", "sparrow", "--keys"], "--keys", "keys-with-config"),
+    case("flags", ["config", "default", "--keys"], "--keys", "keys-with-config"),
     # --- calibrate ------------------------------------------------------------------------------
     case("data", [*C, "--label-key", "zz"], "--data good.jsonl", "label-key-missing"),
     case("numbers", [*C, "--threshold", "1.5"], "--threshold", "threshold-above-one"),
@@ -500,15 +500,15 @@ def test_every_float_field_is_checked_against_float32():
     for key in keys:
         form = lists.get(key, "{}")
         with pytest.raises(ConfigError) as e:
-            load_config("default", [f"{key}={form.format('1e39')}"])
+            load_config("sparse_rl_fixed40", [f"{key}={form.format('1e39')}"])
         assert f"override: {key}" in str(e.value) and "1e+39" in str(e.value), str(e.value)
         if "must be <" not in str(e.value):  # a field without a smaller upper bound of its own
             assert "float32's finite range" in str(e.value), str(e.value)
-            assert load_config("default", [f"{key}={form.format(repr(FLOAT32_MAX))}"])  # the largest float32 is fine
+            assert load_config("sparse_rl_fixed40", [f"{key}={form.format(repr(FLOAT32_MAX))}"])  # the largest float32 is fine
     for over in ("rollout.compressor_options.lam=-1e39", "algorithm.correction_options.is_cap=.inf",
                  "algorithm.correction=[[tis, {is_cap: 1e300}]]"):
         with pytest.raises(ConfigError, match="float32's finite range"):
-            load_config("default", [over])
+            load_config("sparse_rl_fixed40", [over])
 
 
 def test_matrix_covers_every_command_and_class():
@@ -613,7 +613,7 @@ def test_no_unpickling_in_src():
 # ------------------------------------------------------------------------------------ strict resume
 
 def _train(tmp_path, capsys, *extra, run="run"):
-    argv = ["train", "default", *TINY, f"log.out_dir={tmp_path / 'runs'}", "--run-dir", str(tmp_path / run), *extra]
+    argv = ["train", "sparse_rl_fixed40", *TINY, f"log.out_dir={tmp_path / 'runs'}", "--run-dir", str(tmp_path / run), *extra]
     return run_cli(argv, capsys)
 
 

@@ -311,7 +311,7 @@ def test_replay_reproduces_the_sampler(tiny4):
 
 def test_schedule_changes_k_with_length(tiny):
     """A schedule's budget at each row's own length: 3 pages under 64 tokens, 4 from 64, 5 from 80."""
-    comp = compressor_from_fields(load_config("default", [
+    comp = compressor_from_fields(load_config("sparse_rl_fixed40", [
         "rollout.compressor=blocktopk", "rollout.kv_schedule=[[0, 48], [64, 64], [80, 80]]",
         "rollout.compressor_options={dense_layers: 1}"]).rollout)
     assert comp.schedule is not None and comp.budget == 80
@@ -364,7 +364,7 @@ def test_kv_statistics_are_dense(tiny):
     (["rollout.compile=true"], r"rollout\.compile=true with rollout\.compressor=blocktopk"),
 ])
 def test_bad_blocktopk_config_is_one_clear_error(overrides, message):
-    cfg = load_config("default", ["rollout.compressor=blocktopk", "rollout.kv_budget=64", *overrides])
+    cfg = load_config("sparse_rl_fixed40", ["rollout.compressor=blocktopk", "rollout.kv_budget=64", *overrides])
     with pytest.raises(ConfigError, match=message) as e:
         validate(cfg)
     assert str(e.value).count("\n  - ") == 1  # one problem, one line
@@ -373,13 +373,13 @@ def test_bad_blocktopk_config_is_one_clear_error(overrides, message):
 def test_blocktopk_options_with_another_compressor():
     with pytest.raises(ConfigError, match=r"rollout\.blocktopk_pages=8 is an option of rollout\.compressor=blocktopk, "
                                           r"not 'rkv'"):
-        validate(load_config("default", ["rollout.blocktopk_pages=8"]))
+        validate(load_config("sparse_rl_fixed40", ["rollout.blocktopk_pages=8"]))
     with pytest.raises(CompressorOptionError, match="blocktopk_pages=8 is an option of blocktopk only"):
         build_compressor("rkv", blocktopk_pages=8)
 
 
 def test_pages_win_over_the_budget():
-    cfg = validate(load_config("default", ["rollout.compressor=blocktopk", "rollout.kv_budget=50",
+    cfg = validate(load_config("sparse_rl_fixed40", ["rollout.compressor=blocktopk", "rollout.kv_budget=50",
                                            "rollout.blocktopk_pages=6"]))  # kv_budget is not read
     comp = compressor_from_fields(cfg.rollout)
     assert (comp.pages, comp.budget) == (6, 96)

@@ -53,7 +53,7 @@ def _cfg(tmp_path, *extra):
     from sparserl.config import load_config, validate
     from test_train import TINY
 
-    return validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", *HALF_CPU, *extra]))
+    return validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", *HALF_CPU, *extra]))
 
 
 HALF_CPU = ("cluster.worker_cpus=0.5", "cluster.learner_cpus=0.5")  # 2 workers and a second learner on 2 CPUs
@@ -465,7 +465,7 @@ def test_a_driver_killed_mid_run_resumes_exactly(tmp_path, local_ray):
     address = ray.get_runtime_context().gcs_address
     tests = os.path.dirname(__file__)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "sparserl.cli", "train", "default", *TINY, *HALF_CPU, *steps,
+    cmd = [sys.executable, "-m", "sparserl.cli", "train", "sparse_rl_fixed40", *TINY, *HALF_CPU, *steps,
            f"cluster.address={address}", "--run-dir", str(killed)]
     driver = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240

@@ -53,25 +53,25 @@ def test_parse_arms_builtin_user_and_preset():
     assert parse_arms("sparse_rl_math")[0].config == "sparse_rl_math"  # a bare preset name
     assert split_top_level('a,b=[1,2],c="x,y"', ",") == ["a", "b=[1,2]", 'c="x,y"']
     # a variant of a preset: the preset is its CONFIG, its overrides on top; its spec reads back the same
-    loose = parse_arms("loose=preset:sparrow;rollout.kv_controller.threshold=0.7")[0]
-    assert (loose.name, loose.config, loose.overrides) == ("loose", "sparrow", ("rollout.kv_controller.threshold=0.7",))
+    loose = parse_arms("loose=preset:default;rollout.kv_controller.threshold=0.7")[0]
+    assert (loose.name, loose.config, loose.overrides) == ("loose", "default", ("rollout.kv_controller.threshold=0.7",))
     assert parse_arms(loose.spec())[0] == loose
-    assert parse_arms("plain=preset:sparrow")[0].config == "sparrow"
-    assert parse_arms("preset:sparrow")[0].spec() == "preset:sparrow"
+    assert parse_arms("plain=preset:default")[0].config == "default"
+    assert parse_arms("preset:default")[0].spec() == "preset:default"
     assert resolve_seeds(3) == [0, 1, 2] and resolve_seeds(1, "4,7") == [4, 7]
 
 
 def test_a_preset_variant_arm_builds_the_preset_with_its_overrides(tmp_path):
-    specs = expand("default", TINY, "preset:sparrow,loose=preset:sparrow;rollout.kv_controller.threshold=0.7", 1,
+    specs = expand("sparse_rl_fixed40", TINY, "preset:default,loose=preset:default;rollout.kv_controller.threshold=0.7", 1,
                    steps=2, runs_dir=tmp_path)
     base, loose = specs[0].cfg, specs[1].cfg
     assert base.rollout.kv_controller.threshold == 0.86 and loose.rollout.kv_controller.threshold == 0.7
     assert loose.rollout.kv_controller.max_budget == base.rollout.kv_controller.max_budget  # the rest: the preset's
-    assert specs[1].command().startswith("sparserl train sparrow model.name=tiny")
+    assert specs[1].command().startswith("sparserl train default model.name=tiny")
 
 
 def test_expand_names_runs_and_sets_seed_and_steps(tmp_path):
-    specs = expand("default", TINY, "dense,sparse_rl,tight=rollout.kv_budget=16", 2, steps=3, runs_dir=tmp_path)
+    specs = expand("sparse_rl_fixed40", TINY, "dense,sparse_rl,tight=rollout.kv_budget=16", 2, steps=3, runs_dir=tmp_path)
     assert [s.name for s in specs] == ["dense-seed0", "dense-seed1", "sparse_rl-seed0", "sparse_rl-seed1",
                                        "tight-seed0", "tight-seed1"]
     assert [s.run_dir for s in specs] == [tmp_path / s.name for s in specs]
@@ -83,10 +83,10 @@ def test_expand_names_runs_and_sets_seed_and_steps(tmp_path):
     assert tight.rollout.kv_budget == 16 and rl.rollout.kv_budget == 8
     # the arm's overrides come after the shared ones; seed last
     assert specs[4].overrides[-3:] == ("rollout.kv_budget=16", "train.steps=3", "train.seed=0")
-    assert specs[1].command().startswith("sparserl train default model.name=tiny")
-    specs = expand("default", TINY, "sparse_naive", [5, 9], runs_dir=tmp_path)
+    assert specs[1].command().startswith("sparserl train sparse_rl_fixed40 model.name=tiny")
+    specs = expand("sparse_rl_fixed40", TINY, "sparse_naive", [5, 9], runs_dir=tmp_path)
     assert [s.name for s in specs] == ["sparse_naive-seed5", "sparse_naive-seed9"]
-    assert specs[0].cfg.train.steps == load_config("default").train.steps  # the config's own without --steps
+    assert specs[0].cfg.train.steps == load_config("sparse_rl_fixed40").train.steps  # the config's own without --steps
 
 
 # ------------------------------------------------------------------------------ aggregation
@@ -164,7 +164,7 @@ def test_compare_table_has_alpha_columns(tmp_path):
     from sparserl.runlog import MISMATCH_ALPHA_MEAN, MISMATCH_ALPHA_P5, MISMATCH_ALPHA_P5_BIN
 
     steps = 8  # k = 2 last steps
-    specs = expand("default", [], "dense,sparse_rl,tight=rollout.kv_budget=16", 2, steps=steps,
+    specs = expand("sparse_rl_fixed40", [], "dense,sparse_rl,tight=rollout.kv_budget=16", 2, steps=steps,
                    runs_dir=tmp_path / "runs")
     # the last two steps' α (mean, p5) per run; None: the run measured no α
     tails = {"dense-seed0": None, "dense-seed1": None,
@@ -223,7 +223,7 @@ def test_compare_reports_each_arm_against_dense_seed_by_seed(tmp_path):
     from sparserl.compare.report import write_comparison
 
     steps = 8
-    specs = expand("default", [], "dense,sparse_rl,tight=rollout.kv_budget=16", 3, steps=steps,
+    specs = expand("sparse_rl_fixed40", [], "dense,sparse_rl,tight=rollout.kv_budget=16", 3, steps=steps,
                    runs_dir=tmp_path / "runs")
     shift = {"dense": (0.0, 0.0, 0.0), "sparse_rl": (0.05, -0.04, 0.02), "tight": (-0.20, -0.22, -0.18)}
     for spec in specs:
@@ -260,12 +260,12 @@ def test_compare_reports_each_arm_against_dense_seed_by_seed(tmp_path):
 def test_paired_against_must_name_an_arm(tmp_path):
     from sparserl.compare.command import plan
 
-    p = plan("default", TINY, "dense,sparse_rl", 1, out=tmp_path / "o", paired_against="sparse_rl")
+    p = plan("sparse_rl_fixed40", TINY, "dense,sparse_rl", 1, out=tmp_path / "o", paired_against="sparse_rl")
     assert p.paired_against == ["sparse_rl"]
     with pytest.raises(CompareError, match="--paired-against sparse_r: not one of this comparison's arms.*did you mean"):
-        plan("default", TINY, "dense,sparse_rl", 1, out=tmp_path / "o", paired_against="sparse_r")
+        plan("sparse_rl_fixed40", TINY, "dense,sparse_rl", 1, out=tmp_path / "o", paired_against="sparse_r")
     with pytest.raises(CompareError, match="--paired-against: no arm given"):
-        plan("default", TINY, "dense,sparse_rl", 1, out=tmp_path / "o", paired_against=" , ")
+        plan("sparse_rl_fixed40", TINY, "dense,sparse_rl", 1, out=tmp_path / "o", paired_against=" , ")
 
 
 # ------------------------------------------------------------------------------ end to end
@@ -277,7 +277,7 @@ def done(tmp_path_factory):
     out = tmp_path_factory.mktemp("cmp") / "out"
     with pytest.MonkeyPatch.context() as mp:
         spy = Spy(mp)
-        rc = main(["compare", "default", *TINY, "--arms", "dense,sparse_rl", "--seeds", "2", "--steps", "1",
+        rc = main(["compare", "sparse_rl_fixed40", *TINY, "--arms", "dense,sparse_rl", "--seeds", "2", "--steps", "1",
                    "--out", str(out)])
     assert rc == 0
     return out, spy.calls
@@ -295,7 +295,7 @@ def test_compare_makes_runs_table_and_plots(done):
     assert "Run report: sparse_rl-seed0" in report.read_text()
     md = (out / "comparison.md").read_text()
     assert "| dense | 2 |" in md and "| sparse_rl | 2 |" in md
-    assert "collapsed when the mean reward of its last third" in md and "sparserl compare default" in md
+    assert "collapsed when the mean reward of its last third" in md and "sparserl compare sparse_rl_fixed40" in md
     assert "runs/dense-seed0" in md and "compare_reward.png" in md
     for png in ("compare_reward.png", "compare_mismatch.png", "compare_kv.png"):
         assert (out / png).read_bytes()[:8] == PNG
@@ -311,7 +311,7 @@ def test_compare_makes_runs_table_and_plots(done):
 def test_second_call_skips_finished_runs(done, monkeypatch):
     out, _ = done
     spy = Spy(monkeypatch)
-    compare("default", TINY, "dense,sparse_rl", 2, steps=1, out=out, log=quiet)
+    compare("sparse_rl_fixed40", TINY, "dense,sparse_rl", 2, steps=1, out=out, log=quiet)
     assert spy.calls == []
     data = json.loads((out / "comparison.json").read_text())
     assert {r["status"] for r in data["runs"].values()} == {"done"}
@@ -325,13 +325,13 @@ def test_killed_runs_resume(done, tmp_path, monkeypatch):
     # seed 1 was killed before its first checkpoint was written: metrics, no checkpoint
     shutil.rmtree(out / "runs" / "sparse_rl-seed1" / "checkpoints")
     spy = Spy(monkeypatch)
-    compare("default", TINY, "sparse_rl", 2, steps=2, out=out, log=quiet)  # seed 0 goes on to step 2
+    compare("sparse_rl_fixed40", TINY, "sparse_rl", 2, steps=2, out=out, log=quiet)  # seed 0 goes on to step 2
     assert spy.calls == [("sparse_rl-seed0", True), ("sparse_rl-seed1", True)]
     for n in ("sparse_rl-seed0", "sparse_rl-seed1"):
         assert [r["step"] for r in read_metrics(out / "runs" / n)] == [1, 2]
         assert latest_checkpoint(out / "runs" / n).name == "step-000002"
     with pytest.raises(CompareError, match="already holds 2 steps, more than train.steps=1"):
-        compare("default", TINY, "sparse_rl", 2, steps=1, out=out, log=quiet)
+        compare("sparse_rl_fixed40", TINY, "sparse_rl", 2, steps=1, out=out, log=quiet)
     assert len(spy.calls) == 2
 
 
@@ -341,7 +341,7 @@ def test_eval_dense_and_sparse_per_run(done, tmp_path, monkeypatch):
     for n in ("dense-seed0", "sparse_rl-seed0"):
         shutil.copytree(src / "runs" / n, out / "runs" / n)
     spy = Spy(monkeypatch)
-    compare("default", TINY, "dense,sparse_rl", 1, steps=1, out=out, eval_data="arith", eval_limit=2, log=quiet)
+    compare("sparse_rl_fixed40", TINY, "dense,sparse_rl", 1, steps=1, out=out, eval_data="arith", eval_limit=2, log=quiet)
     assert spy.calls == []
     for n in ("dense-seed0", "sparse_rl-seed0"):
         rec = json.loads((out / "eval" / f"{n}.json").read_text())
@@ -356,7 +356,7 @@ def test_eval_dense_and_sparse_per_run(done, tmp_path, monkeypatch):
     assert row["pairs"] == "1" and row["held-out pass@1, dense inference"].endswith("(one seed)")
     assert json.loads((out / "comparison.json").read_text())["arms"]["dense"]["eval"]["dense"]["pass@1_mean"] is not None
     lines = []
-    compare("default", TINY, "dense,sparse_rl", 1, steps=1, out=out, eval_data="arith", eval_limit=2,
+    compare("sparse_rl_fixed40", TINY, "dense,sparse_rl", 1, steps=1, out=out, eval_data="arith", eval_limit=2,
             log=lines.append)
     assert sum("cached" in x for x in lines) == 3  # two runs and the starting model
 
@@ -371,7 +371,7 @@ def test_eval_prompts_are_the_runs_own(done, tmp_path, monkeypatch):
     seen = []
     real = data_module.load_dataset
     monkeypatch.setattr(data_module, "load_dataset", lambda *a, **k: seen.append(k) or real(*a, **k))
-    cfg = load_config("default", [*TINY, "data.system_prompt=Be brief."])
+    cfg = load_config("sparse_rl_fixed40", [*TINY, "data.system_prompt=Be brief."])
     model = latest_checkpoint(src / "runs" / "sparse_rl-seed0") / "model"
     rec = evaluate_model(str(model), cfg, "arith", limit=1, n=1, temperature=0.0, sparse=None,
                          path=tmp_path / "e.json", record={"run": "r"}, log=quiet)
@@ -393,7 +393,7 @@ def test_bad_input_fails_before_any_run(tmp_path, monkeypatch, kw, message):
     spy = Spy(monkeypatch)
     args = {"arms": "dense,sparse_rl", "seeds": 2, "steps": 1, **kw}
     with pytest.raises(CompareError) as e:
-        compare("default", TINY, out=tmp_path / "out", log=quiet, **args)
+        compare("sparse_rl_fixed40", TINY, out=tmp_path / "out", log=quiet, **args)
     assert message in str(e.value)
     assert spy.calls == [] and not (tmp_path / "out" / "runs").exists()
 
@@ -402,7 +402,7 @@ def test_run_folder_of_another_config_is_refused(done, monkeypatch):
     out, _ = done
     spy = Spy(monkeypatch)
     with pytest.raises(CompareError, match="was trained with another config.*train.lr"):
-        compare("default", [*TINY, "train.lr=0.01"], "dense", 1, steps=1, out=out, log=quiet)
+        compare("sparse_rl_fixed40", [*TINY, "train.lr=0.01"], "dense", 1, steps=1, out=out, log=quiet)
     assert spy.calls == []
 
 
@@ -410,5 +410,5 @@ def test_unwritable_out(tmp_path, monkeypatch):
     spy = Spy(monkeypatch)
     (tmp_path / "file").write_text("x")
     with pytest.raises(CompareError, match="exists and is not a folder"):
-        compare("default", TINY, "dense", 1, steps=1, out=tmp_path / "file", log=quiet)
+        compare("sparse_rl_fixed40", TINY, "dense", 1, steps=1, out=tmp_path / "file", log=quiet)
     assert spy.calls == []

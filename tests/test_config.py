@@ -15,7 +15,7 @@ from sparserl.rollout import kv
 from sparserl import advantages
 from sparserl.train import losses
 
-PRESETS = ("default", "sparse_rl_math", "dense", "sparse_naive", "qurl", "qurl_group", "fp8rl", "rkv_int8")
+PRESETS = ("default", "sparse_rl_fixed40", "sparse_rl_math", "dense", "sparse_naive", "qurl", "qurl_group", "fp8rl", "rkv_int8")
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -54,6 +54,9 @@ def test_default_preset_is_the_cpu_job():
     assert cfg.rollout.compress_prompt and cfg.data.system_prompt
     assert cfg.rollout.kv_budget + cfg.rollout.step_length <= 48
     assert cfg.train.lr == pytest.approx(3e-5) and cfg.model.dtype == "float32"
+    # the online α-tail controller steers the budget per bin of 32 tokens, up to a ceiling of 64
+    kc = cfg.rollout.kv_controller
+    assert (kc.threshold, kc.max_budget, cfg.mismatch.alpha_bin) == (0.86, 64, 32)
 
 
 def test_paper_preset_numbers():
@@ -65,8 +68,8 @@ def test_paper_preset_numbers():
     assert cfg.algorithm.kl_coef == pytest.approx(1e-4) and cfg.algorithm.kl_kind == "low_var_kl"
 
 
-def test_dense_and_naive_inherit_default():
-    default, dense, naive = load_config("default"), load_config("dense"), load_config("sparse_naive")
+def test_dense_and_naive_are_the_fixed_budget_job_with_one_change():
+    default, dense, naive = load_config("sparse_rl_fixed40"), load_config("dense"), load_config("sparse_naive")
     assert dense.rollout.compressor == "none" and dense.algorithm.correction == "none"
     assert naive.rollout.compressor == default.rollout.compressor
     assert naive.algorithm.correction == "none"
@@ -76,14 +79,8 @@ def test_dense_and_naive_inherit_default():
     assert d == n  # only the correction differs
 
 
-def test_repo_configs_match_package_presets():
-    pkg = REPO / "src" / "sparserl" / "configs"
-    for name in PRESETS:
-        assert (REPO / "configs" / f"{name}.yaml").read_text() == (pkg / f"{name}.yaml").read_text()
-
-
 def test_yaml_file_and_overrides_with_types(tmp_path):
-    (tmp_path / "parent.yaml").write_text("base: default\nrollout:\n  compressor_options: {lam: 0.3, kernel: 3}\n")
+    (tmp_path / "parent.yaml").write_text("base: sparse_rl_fixed40\nrollout:\n  compressor_options: {lam: 0.3, kernel: 3}\n")
     p = tmp_path / "mine.yaml"
     p.write_text("base: parent.yaml\n"
                  "rollout:\n  kv_budget: 48\n  compressor_options: {kernel: 5}\n"
@@ -100,14 +97,14 @@ def test_yaml_file_and_overrides_with_types(tmp_path):
     assert cfg.rollout.stop == ["\n\n", "###"]
     assert cfg.algorithm.clip_eps_high == pytest.approx(0.28)
     # a sub-section's key, dotted: set on the preset's own sub-section, or on defaults where it was null
-    sparrow = load_config("sparrow", ["rollout.kv_controller.threshold=0.7", "algorithm.distill_sparse.rank=8"])
-    assert sparrow.rollout.kv_controller.threshold == 0.7 and sparrow.rollout.kv_controller.max_budget == 64
-    assert sparrow.algorithm.distill_sparse.rank == 8
-    assert load_config("default", ["rollout.kv_controller.step=4"]).rollout.kv_controller.step == 4
+    controlled = load_config("default", ["rollout.kv_controller.threshold=0.7", "algorithm.distill_sparse.rank=8"])
+    assert controlled.rollout.kv_controller.threshold == 0.7 and controlled.rollout.kv_controller.max_budget == 64
+    assert controlled.algorithm.distill_sparse.rank == 8
+    assert load_config("sparse_rl_fixed40", ["rollout.kv_controller.step=4"]).rollout.kv_controller.step == 4
     # the mapping merges key by key over the base's, then the override sets one entry
     assert cfg.rollout.compressor_options == {"lam": 0.2, "kernel": 5}
     assert load_config(str(p)).rollout.compressor_options == {"lam": 0.3, "kernel": 5}
-    assert load_config(str(p)).rollout.max_new_tokens == load_config("default").rollout.max_new_tokens
+    assert load_config(str(p)).rollout.max_new_tokens == load_config("sparse_rl_fixed40").rollout.max_new_tokens
     assert cfg.data.limit is None and cfg.data.train == "arith:digits=2"
     assert cfg.log.run_name == "007"
     assert cfg.rollout.compress_prompt is True
@@ -117,10 +114,10 @@ def test_yaml_file_and_overrides_with_types(tmp_path):
 
 
 def test_int_is_accepted_for_float_but_not_the_reverse():
-    cfg = load_config("default", ["train.lr=1", "reward.timeout_s=3"])
+    cfg = load_config("sparse_rl_fixed40", ["train.lr=1", "reward.timeout_s=3"])
     assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
     with pytest.raises(ConfigError, match=r"rollout\.kv_budget.*int"):
-        load_config("default", ["rollout.kv_budget=1.5"])
+        load_config("sparse_rl_fixed40", ["rollout.kv_budget=1.5"])
 
 
 def test_unknown_key_in_yaml_names_file_key_and_suggestion(tmp_path):
@@ -141,24 +138,24 @@ def test_unknown_section_in_yaml(tmp_path):
 
 def test_unknown_override_key_and_section():
     with pytest.raises(ConfigError, match=r"override.*train\.lrr.*train\.lr"):
-        load_config("default", ["train.lrr=1e-5"])
+        load_config("sparse_rl_fixed40", ["train.lrr=1e-5"])
     with pytest.raises(ConfigError, match=r"override.*'trian'.*'train'"):
-        load_config("default", ["trian.lr=1e-5"])
+        load_config("sparse_rl_fixed40", ["trian.lr=1e-5"])
     with pytest.raises(ConfigError, match="section.key=value"):
-        load_config("default", ["train.lr"])
+        load_config("sparse_rl_fixed40", ["train.lr"])
     with pytest.raises(ConfigError, match="not a mapping"):
-        load_config("default", ["train.lr.x=1"])
+        load_config("sparse_rl_fixed40", ["train.lr.x=1"])
 
 
 def test_type_errors_name_key_and_type(tmp_path):
     with pytest.raises(ConfigError, match=r"rollout\.n.*expects int.*str"):
-        load_config("default", ["rollout.n=eight"])
+        load_config("sparse_rl_fixed40", ["rollout.n=eight"])
     with pytest.raises(ConfigError, match=r"rollout\.stop.*list of str"):
-        load_config("default", ["rollout.stop=7"])
+        load_config("sparse_rl_fixed40", ["rollout.stop=7"])
     with pytest.raises(ConfigError, match=r"train\.betas"):
-        load_config("default", ["train.betas=[0.9]"])
+        load_config("sparse_rl_fixed40", ["train.betas=[0.9]"])
     with pytest.raises(ConfigError, match=r"log\.tensorboard.*bool"):
-        load_config("default", ["log.tensorboard=yes"])  # YAML 1.2: 'yes' is a string
+        load_config("sparse_rl_fixed40", ["log.tensorboard=yes"])  # YAML 1.2: 'yes' is a string
     p = tmp_path / "t.yaml"
     p.write_text("train:\n  steps: [1, 2]\n")
     with pytest.raises(ConfigError, match=r"t\.yaml.*train\.steps.*int.*list"):
@@ -185,16 +182,16 @@ def test_unknown_preset():
 def test_validation_errors(overrides, pattern):
     # a value's own type/range/name fails as it is loaded, a cross-field rule in validate
     with pytest.raises(ConfigError, match=pattern):
-        validate(load_config("default", overrides))
+        validate(load_config("sparse_rl_fixed40", overrides))
 
 
 def test_validation_accepts_dense_small_budget_and_lists_all_errors():
-    validate(load_config("default", ["rollout.compressor=none", "rollout.kv_budget=4"]))
+    validate(load_config("sparse_rl_fixed40", ["rollout.compressor=none", "rollout.kv_budget=4"]))
     with pytest.raises(ConfigError) as e:
-        validate(load_config("default", ["rollout.n=1", "train.mini_batch_prompts=3"]))
+        validate(load_config("sparse_rl_fixed40", ["rollout.n=1", "train.mini_batch_prompts=3"]))
     assert "rollout.n" in str(e.value) and "train.mini_batch_prompts" in str(e.value)
     with pytest.raises(ConfigError) as e:
-        load_config("default", ["rollout.n=0", "train.lr=-1"])
+        load_config("sparse_rl_fixed40", ["rollout.n=0", "train.lr=-1"])
     assert "rollout.n" in str(e.value) and "train.lr" in str(e.value)
 
 
@@ -215,18 +212,18 @@ def test_apply_overrides_on_object_and_section_mapping():
 
 def test_correction_checked_against_registry_when_present():
     with pytest.raises(ConfigError, match=r"algorithm\.correction='sparse_rll'.*did you mean 'sparse_rl'"):
-        validate(load_config("default", ["algorithm.correction=sparse_rll"]))
+        validate(load_config("sparse_rl_fixed40", ["algorithm.correction=sparse_rll"]))
     with pytest.raises(ConfigError, match=r"token_lo"):
-        validate(load_config("default", ["algorithm.correction_options={token_lo: 0.4}"]))
-    validate(load_config("default", ["algorithm.correction_options={token_low: 0.4}"]))
-    cfg = validate(load_config("default", ["algorithm.correction=[tis, rejection]"]))
+        validate(load_config("sparse_rl_fixed40", ["algorithm.correction_options={token_lo: 0.4}"]))
+    validate(load_config("sparse_rl_fixed40", ["algorithm.correction_options={token_low: 0.4}"]))
+    cfg = validate(load_config("sparse_rl_fixed40", ["algorithm.correction=[tis, rejection]"]))
     assert cfg.algorithm.correction == ["tis", "rejection"]
 
 
 def test_compressor_options_checked_when_compressors_present():
     validate(load_config("sparse_rl_math"))  # lam, per_head are R-KV options
     with pytest.raises(ConfigError, match=r"rollout\.compressor_options.*lamb"):
-        validate(load_config("default", ["rollout.compressor_options.lamb=0.2"]))
+        validate(load_config("sparse_rl_fixed40", ["rollout.compressor_options.lamb=0.2"]))
 
 
 def test_all_errors_of_a_file_in_one_message(tmp_path):
@@ -252,7 +249,7 @@ def test_field_constraint_names_key_and_bound():
                      ("train.betas=[0.9, 1.0]", "train.betas[1]=1.0: must be < 1"),
                      ("eval.max_new_tokens=0", "eval.max_new_tokens=0: must be >= 1")]:
         with pytest.raises(ConfigError) as e:
-            load_config("default", [ov])
+            load_config("sparse_rl_fixed40", [ov])
         assert str(e.value) == f"override: {text}"
     cfg = Config()
     with pytest.raises(ConfigError, match=r"rollout\.kv_budget=0: must be >= 1"):
@@ -268,7 +265,7 @@ def test_field_constraint_names_key_and_bound():
 ])
 def test_unknown_registry_name_lists_names_and_closest(key, bad, good, names):
     with pytest.raises(ConfigError) as e:
-        load_config("default", [f"{key}={bad}"])
+        load_config("sparse_rl_fixed40", [f"{key}={bad}"])
     msg = str(e.value)
     assert f"{key}={bad!r}" in msg and f"did you mean '{good}'" in msg
     for n in names():
@@ -288,22 +285,22 @@ def test_a_newly_registered_compressor_is_accepted_without_touching_config():
     assert name not in kv.available_compressors()
     kv.register(name)(type("DummyKV", (kv.rkv.RKV,), {}))
     try:
-        cfg = validate(load_config("default", [f"rollout.compressor={name}", f"eval.compressor={name}"]))
+        cfg = validate(load_config("sparse_rl_fixed40", [f"rollout.compressor={name}", f"eval.compressor={name}"]))
         assert cfg.rollout.compressor == name
         assert name in config_help()
     finally:
         kv.COMPRESSORS._entries.pop(name)  # no public unregister: tests only
     with pytest.raises(ConfigError, match=name):
-        load_config("default", [f"rollout.compressor={name}"])
+        load_config("sparse_rl_fixed40", [f"rollout.compressor={name}"])
 
 
 def test_group_rule_comes_from_the_estimator_registry():
     name = "test_mean_baseline"
     advantages.register_adv_est(name, needs_group=False)(lambda r, g=None, n=None: r - r.mean())
     try:
-        validate(load_config("default", [f"algorithm.adv_estimator={name}", "rollout.n=1"]))
+        validate(load_config("sparse_rl_fixed40", [f"algorithm.adv_estimator={name}", "rollout.n=1"]))
         with pytest.raises(ConfigError, match=r"needs rollout\.n >= 2"):
-            validate(load_config("default", ["algorithm.adv_estimator=rloo", "rollout.n=1"]))
+            validate(load_config("sparse_rl_fixed40", ["algorithm.adv_estimator=rloo", "rollout.n=1"]))
     finally:
         advantages.ADV_ESTIMATORS._entries.pop(name)
 
@@ -324,18 +321,18 @@ def test_literal_choices_are_ones_the_losses_know():
 
 
 def test_overrides_sections_and_mapping_entries():
-    cfg = load_config("default", ["rollout.compressor_options={lam: 0.1}", "rollout.compressor_options.kernel=3",
+    cfg = load_config("sparse_rl_fixed40", ["rollout.compressor_options={lam: 0.1}", "rollout.compressor_options.kernel=3",
                                   "--train.seed=3", "algorithm.correction=[tis, [rejection, {high: 1.6}]]"])
     assert cfg.rollout.compressor_options == {"lam": 0.1, "kernel": 3} and cfg.train.seed == 3
     assert cfg.algorithm.correction == ["tis", ["rejection", {"high": 1.6}]]
     validate(cfg)
     with pytest.raises(ConfigError, match=r"'rollout' is a section"):
-        load_config("default", ["rollout=5"])
+        load_config("sparse_rl_fixed40", ["rollout=5"])
     with pytest.raises(ConfigError, match=r"'data\.eval' is not a mapping"):
-        load_config("default", ["data.eval.x=1"])
+        load_config("sparse_rl_fixed40", ["data.eval.x=1"])
     with pytest.raises(ConfigError, match=r"'rollout\.compressor_options' expects mapping, got int 5"):
-        load_config("default", ["rollout.compressor_options=5"])
-    assert load_config("default", ["data.eval=12"]).data.eval == "12"
+        load_config("sparse_rl_fixed40", ["rollout.compressor_options=5"])
+    assert load_config("sparse_rl_fixed40", ["data.eval=12"]).data.eval == "12"
 
 
 def test_config_command_prints_what_train_would_run_and_reads_back(tmp_path, capsys):
@@ -343,11 +340,11 @@ def test_config_command_prints_what_train_would_run_and_reads_back(tmp_path, cap
     reads back to the same config; ``--keys TEXT``: the help lines that hold TEXT, sub-section keys too."""
     from sparserl import cli
 
-    assert cli.main(["config", "sparrow", "rollout.kv_budget=48", "rollout.kv_controller.threshold=0.7"]) == 0
+    assert cli.main(["config", "default", "rollout.kv_budget=48", "rollout.kv_controller.threshold=0.7"]) == 0
     text = capsys.readouterr().out
-    assert text.startswith("# Full resolved sparserl config (sparserl config).\n# sparserl config sparrow ")
+    assert text.startswith("# Full resolved sparserl config (sparserl config).\n# sparserl config default ")
     (tmp_path / "c.yaml").write_text(text)
-    expected = load_config("sparrow", ["rollout.kv_budget=48", "rollout.kv_controller.threshold=0.7"])
+    expected = load_config("default", ["rollout.kv_budget=48", "rollout.kv_controller.threshold=0.7"])
     assert config_to_dict(load_config(str(tmp_path / "c.yaml"))) == config_to_dict(expected)
     assert cli.main(["config", "--keys", "kv_controller.thres"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -14,7 +14,7 @@ def _cfg(tmp_path, *extra):
     from sparserl.config import load_config, validate
     from test_train import TINY
 
-    return validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", "rollout.compress_prompt=true", DISTILL,
+    return validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", "rollout.compress_prompt=true", DISTILL,
                                             *extra]))
 
 
@@ -160,7 +160,7 @@ def test_a_checkpoint_without_phi_is_refused_on_resume_with_distill(tmp_path):
     from sparserl.config import load_config, validate
     from test_train import TINY
 
-    plain = validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", "train.steps=1", "mismatch.alpha=off"]))
+    plain = validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", "train.steps=1", "mismatch.alpha=off"]))
     run = train(plain, run_dir=tmp_path / "plain", log=quiet)
     trainer = build_trainer(_cfg(tmp_path))
     with pytest.raises(CheckpointError, match="no DistillSparse adapter"):
@@ -177,5 +177,5 @@ def test_auto_sampler_dtype_is_float32_under_distill_sparse(tmp_path):
     assert sampler_section(with_phi).dtype == "float32" and with_phi.rollout.dtype == "auto"
     from test_train import TINY
 
-    plain = validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", "rollout.dtype=auto"]))
+    plain = validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", "rollout.dtype=auto"]))
     assert sampler_section(plain) is plain.rollout

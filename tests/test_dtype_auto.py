@@ -107,7 +107,7 @@ def test_the_run_config_records_what_auto_chose(cache, tmp_path):
 
     dtype_auto.choose("cpu", timer=fake_timer({"float32": 1.0, "bfloat16": 3.0}, []), log=lambda *a: None)
     overrides = [o for o in TINY if not o.startswith("rollout.dtype=")]
-    cfg = validate(load_config("default", [*overrides, "rollout.dtype=auto", "train.steps=1", "checkpoint.every=0",
+    cfg = validate(load_config("sparse_rl_fixed40", [*overrides, "rollout.dtype=auto", "train.steps=1", "checkpoint.every=0",
                                            f"log.out_dir={tmp_path}"]))
     lines = []
     run = train(cfg, run_dir=tmp_path / "run", log=lines.append)

@@ -71,14 +71,14 @@ def test_state_round_trip_and_steer_sets_the_compressor():
 
 def test_controller_config_errors():
     with pytest.raises(ConfigError) as e:
-        validate(load_config("default", ["mismatch.alpha=off", "rollout.kv_controller={bin: 64, min_budget: 80, "
+        validate(load_config("sparse_rl_fixed40", ["mismatch.alpha=off", "rollout.kv_controller={bin: 64, min_budget: 80, "
                                          "max_budget: 40}"]))
     msg = str(e.value)
     assert "set mismatch.alpha to exact or topk" in msg
     assert "rollout.kv_controller.bin=64 must equal mismatch.alpha_bin=128" in msg
     assert "min_budget=80 is above max_budget=40" in msg
     with pytest.raises(ConfigError, match="threshold"):
-        load_config("default", ["rollout.kv_controller={threshold: 1.5}"])
+        load_config("sparse_rl_fixed40", ["rollout.kv_controller={threshold: 1.5}"])
 
 
 TINY = [
@@ -93,7 +93,7 @@ TINY = [
 
 def test_training_steers_logs_budgets_and_resumes_exactly(tmp_path):
     def cfg(steps):
-        return validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", f"train.steps={steps}"]))
+        return validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", f"train.steps={steps}"]))
 
     full = train(cfg(3), run_dir=tmp_path / "a", log=lambda *_: None)
     rows = [json.loads(x) for x in (full / "metrics.jsonl").read_text().splitlines()]

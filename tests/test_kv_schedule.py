@@ -119,17 +119,17 @@ def test_replay_reproduces_a_scheduled_sampler(tiny):
 
 
 def test_config_schedule_inline_and_from_file(tmp_path):
-    cfg = validate(load_config("default", ["rollout.kv_schedule=[[0, 24], [96, 40]]"]))
+    cfg = validate(load_config("sparse_rl_fixed40", ["rollout.kv_schedule=[[0, 24], [96, 40]]"]))
     assert cfg.rollout.kv_schedule == [[0, 24], [96, 40]]
     f = tmp_path / "s.json"
     f.write_text('{"budget_by_bin": [[0, 24], [96, 40]]}')
-    validate(load_config("default", [f"rollout.kv_schedule={f}"]))
+    validate(load_config("sparse_rl_fixed40", [f"rollout.kv_schedule={f}"]))
     with pytest.raises(ConfigError, match=r"rollout.kv_schedule.*lengths must increase strictly; 96 follows 96"):
-        load_config("default", ["rollout.kv_schedule=[[96, 24], [96, 40]]"])
+        load_config("sparse_rl_fixed40", ["rollout.kv_schedule=[[96, 24], [96, 40]]"])
     with pytest.raises(ConfigError, match=r"rollout.kv_schedule: file '.*nope.json' not found"):
-        validate(load_config("default", [f"rollout.kv_schedule={tmp_path / 'nope.json'}"]))
+        validate(load_config("sparse_rl_fixed40", [f"rollout.kv_schedule={tmp_path / 'nope.json'}"]))
     with pytest.raises(ConfigError, match="must be larger than the observation window"):
-        validate(load_config("default", ["rollout.kv_schedule=[[0, 4], [96, 40]]"]))
+        validate(load_config("sparse_rl_fixed40", ["rollout.kv_schedule=[[0, 4], [96, 40]]"]))
 
 
 def test_min_new_tokens_keeps_generating_past_eos(tiny):

@@ -13,7 +13,7 @@ def _cfg(tmp_path, *extra):
     from sparserl.config import load_config, validate
     from test_train import TINY
 
-    return validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", "mismatch.alpha=off", *extra]))
+    return validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", "mismatch.alpha=off", *extra]))
 
 
 def test_only_the_adapters_move_and_the_sampler_gets_the_merged_weights(tmp_path):

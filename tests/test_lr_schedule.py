@@ -25,7 +25,7 @@ def test_the_factors_by_hand():
 
 
 def test_total_updates_counts_epochs_and_mini_batches():
-    cfg = validate(load_config("default", [*TINY, "train.steps=5", "train.prompts_per_step=4",
+    cfg = validate(load_config("sparse_rl_fixed40", [*TINY, "train.steps=5", "train.prompts_per_step=4",
                                            "train.mini_batch_prompts=2", "train.ppo_epochs=3"]))
     assert total_updates(cfg) == 5 * 3 * 2
 

@@ -85,7 +85,7 @@ def test_model_device_cpu_from_config():
     from sparserl.rollout.kv import compressor_from_fields
     from sparserl.rollout.sampling import SamplingParams
 
-    cfg = load_config("default", ["model.name=tiny", "model.device=cpu"])
+    cfg = load_config("sparse_rl_fixed40", ["model.name=tiny", "model.device=cpu"])
     lm = load_model(cfg.model.name, dtype="float32", seed=0, device=cfg.model.device)
     assert {p.device.type for p in lm.model.parameters()} == {"cpu"}
     eng = RolloutEngine(lm, compressor_from_fields(cfg.rollout), dtype="float32")

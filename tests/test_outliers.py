@@ -151,7 +151,7 @@ def test_config_key_and_its_errors():
     cfg = validate(load_config("qurl", ["rollout.quant_outliers=16"]))
     assert cfg.rollout.quant_outliers == 16
     with pytest.raises(ConfigError, match=r"rollout.quant_outliers=4 needs rollout.quant int8, int8_group or fp8"):
-        validate(load_config("default", ["rollout.quant_outliers=4"]))
+        validate(load_config("sparse_rl_fixed40", ["rollout.quant_outliers=4"]))
     with pytest.raises(ConfigError, match="quant_outliers"):
         load_config("qurl", ["rollout.quant_outliers=-1"])
 
@@ -246,5 +246,5 @@ def test_quantized_head_needs_a_quantizer(tiny):
     with pytest.raises(ValueError, match="quant_head needs a weight quantization"):
         RolloutEngine(tiny, build_compressor("none"), quant_head=True, **ENGINE)
     with pytest.raises(ConfigError, match=r"rollout.quant_head=true needs a weight quantization"):
-        validate(load_config("default", ["rollout.quant_head=true"]))
+        validate(load_config("sparse_rl_fixed40", ["rollout.quant_head=true"]))
     assert validate(load_config("qurl", ["rollout.quant_head=true"])).rollout.quant_head is True

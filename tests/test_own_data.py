@@ -121,7 +121,7 @@ def test_calibrate_and_compare_read_the_same_columns(tmp_path):
     assert p.specs[0].cfg.data.prompt_key == "q"
     with pytest.raises(CompareError, match=r"--eval .*own\.jsonl.*data\.eval_prompt_key=<column>"):
         plan("default", TINY, "dense", 1, out=tmp_path / "o2", eval_data=str(own))
-    assert load_config("default", ["data.eval_label_key=ans"]).data.eval_label_key == "ans"
+    assert load_config("sparse_rl_fixed40", ["data.eval_label_key=ans"]).data.eval_label_key == "ans"
 
 
 def half_point(response: str, label: str) -> float:
@@ -163,7 +163,7 @@ def test_reward_lists_that_do_not_add_up_are_config_errors(overrides, problem):
     from sparserl.config import ConfigError, validate
 
     with pytest.raises(ConfigError, match=problem):
-        validate(load_config("default", overrides))
+        validate(load_config("sparse_rl_fixed40", overrides))
 
 
 def test_a_run_logs_each_part_of_its_weighted_reward(tmp_path):

@@ -33,7 +33,7 @@ def test_quantized_presets_compose(preset, expect):
     got.update({key: getattr(r, key) for key in ("quant_group", "quant_smooth", "quant_head") if key in expect})
     expect = {**expect, "quant_scale": 2.0} if preset == "rkv_int8" else expect
     assert got == expect
-    assert cfg.train.steps == load_config("default").train.steps  # the rest is the default job
+    assert cfg.train.steps == load_config("sparse_rl_fixed40").train.steps  # the rest is the default job
 
 
 @pytest.mark.parametrize("override,fragment", [
@@ -42,7 +42,7 @@ def test_quantized_presets_compose(preset, expect):
 ])
 def test_bad_quant_options_name_the_key(override, fragment):
     with pytest.raises(ConfigError, match=fragment.replace(".", r"\.")):
-        validate(load_config("default", [override]))
+        validate(load_config("sparse_rl_fixed40", [override]))
 
 
 def test_asking_for_the_sampler_logprobs_of_a_quantized_sampler_is_an_error():
@@ -50,7 +50,7 @@ def test_asking_for_the_sampler_logprobs_of_a_quantized_sampler_is_an_error():
     trainer then scores: checked in the qurl run below)."""
     for extra in (["rollout.quant=int8"], ["rollout.kv_quant=int8"]):
         with pytest.raises(ConfigError, match="quantized"):
-            validate(load_config("default", [*TINY, "rollout.compressor=none", "rollout.dtype=float32",
+            validate(load_config("sparse_rl_fixed40", [*TINY, "rollout.compressor=none", "rollout.dtype=float32",
                                               "algorithm.old_logprobs=sampler", *extra]))
 
 
@@ -128,4 +128,4 @@ def test_mismatch_split_logs_both_parts(tmp_path):
     row = json.loads((run / names.METRICS_FILE).read_text().splitlines()[0])
     assert row[names.MISMATCH_K3_WEIGHTS] >= 0 and row[names.MISMATCH_K3_CACHE] > 0
     with pytest.raises(ConfigError, match=r"rollout\.mismatch_split"):
-        validate(load_config("default", ["rollout.mismatch_split=true"]))
+        validate(load_config("sparse_rl_fixed40", ["rollout.mismatch_split=true"]))

@@ -107,7 +107,7 @@ def test_config_key_and_its_errors():
     cfg = validate(load_config("qurl", ["rollout.quant_smooth=0.5"]))
     assert cfg.rollout.quant_smooth == 0.5
     with pytest.raises(ConfigError, match=r"rollout.quant_smooth=0.5 needs rollout.quant int8, int8_group or fp8"):
-        validate(load_config("default", ["rollout.quant_smooth=0.5"]))
+        validate(load_config("sparse_rl_fixed40", ["rollout.quant_smooth=0.5"]))
     with pytest.raises(ConfigError, match="quant_smooth"):
         load_config("qurl", ["rollout.quant_smooth=1.0"])
 

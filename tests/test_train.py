@@ -27,7 +27,7 @@ def toy_reward(response: str, label: str) -> float:
 
 
 def cfg_for(tmp_path, *extra):
-    return validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", *extra]))
+    return validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", *extra]))
 
 
 def test_two_steps_change_weights_and_write_loadable_checkpoint(tmp_path):
@@ -93,9 +93,9 @@ def test_resume_gives_the_same_next_step(tmp_path, precision):
 
 def test_bad_configs_fail_before_the_model_loads(tmp_path):
     with pytest.raises(ConfigError, match="rollout.kv_bugdet"):
-        load_config("default", ["rollout.kv_bugdet=3"])
+        load_config("sparse_rl_fixed40", ["rollout.kv_bugdet=3"])
     with pytest.raises(ConfigError):
-        validate(load_config("default", ["rollout.kv_budget=4", "rollout.window=8"]))
+        validate(load_config("sparse_rl_fixed40", ["rollout.kv_budget=4", "rollout.window=8"]))
     bad = tmp_path / "bad.yaml"
     bad.write_text("train:\n  stpes: 3\n")
     with pytest.raises(ConfigError, match="bad.yaml"):
@@ -153,7 +153,7 @@ def test_kill_9_mid_run_resumes_from_last_checkpoint(tmp_path):
     import time
 
     run = tmp_path / "run"
-    args = [sys.executable, "-m", "sparserl.cli", "train", "default", *TINY, "train.steps=40",
+    args = [sys.executable, "-m", "sparserl.cli", "train", "sparse_rl_fixed40", *TINY, "train.steps=40",
             f"log.out_dir={tmp_path}", "--run-dir", str(run)]
     env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__)}  # for the toy reward
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

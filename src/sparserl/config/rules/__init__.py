@@ -28,7 +28,7 @@ from .controller import kv_controller
 from .advantage import group_for_advantage
 from .dynamic_sampling import filter_groups, max_gen_batches_unused
 from .lora import lora_unused
-from .unused import alpha_topk_unused, cluster_resources_unused, kl_kind_unused
+from .unused import alpha_topk_unused, kl_kind_unused
 
 __all__ = ["RULES", "validate"]
 
@@ -41,7 +41,7 @@ RULES: tuple[Rule, ...] = (
     overlong_buffer_fits, cluster_shape, rollout_workers, quant_scale_with_lora, lora_unused,
     distill_sparse_sampler, async_rollouts, group_for_advantage, correction_runs, quant_options,
     filter_groups, max_gen_batches_unused, reward_spec, mismatch_split_needs_quant, kl_kind_unused,
-    alpha_topk_unused, cluster_resources_unused,
+    alpha_topk_unused,
 )
 #: run only when every rule above passed: it builds the compressor, which a bad option above would fail
 LAST: tuple[Rule, ...] = (compressor_builds_and_old_policy,)
