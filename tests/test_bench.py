@@ -13,7 +13,7 @@ import torch
 
 from sparserl import cli
 from sparserl.bench import machine, rollout
-from sparserl.bench.measure import Row, Run, median_round_ratio, run_rounds
+from sparserl.bench.measure import Row, Run, best_seconds, median_round_ratio, round_order, run_rounds, time_rounds
 from sparserl.bench.openvino_peer import KV_BLOCK, PeerUnavailable, eviction_sizes, import_openvino_genai
 from sparserl.rollout import native
 from sparserl.bench.openvino_setup import OpenVINOSetupError, check_ready
@@ -126,8 +126,69 @@ def test_run_rounds_interleaves_rows_and_reports_the_median():
     assert all(r.rss_peak_bytes > 0 for r in a.runs)
 
 
+class FakeClock:
+    """A clock that each arm advances by its own duration for the round (no real time passes)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_time_rounds_rotates_the_order_and_warms_up_untimed():
+    calls, clock = [], FakeClock()
+
+    def arm(name):
+        def fn():
+            calls.append(name)
+            clock.now += 1.0
+            return name
+        return fn
+
+    r = time_rounds({"a": arm("a"), "b": arm("b"), "c": arm("c")}, rounds=3, warmup=1, clock=clock)
+    assert calls == ["a", "b", "c", "a", "b", "c", "b", "c", "a", "c", "a", "b"]  # warm-up, then rotated rounds
+    assert r.seconds == {"a": [1.0] * 3, "b": [1.0] * 3, "c": [1.0] * 3} and r.results["b"] == ["b"] * 3
+    assert round_order(["a", "b", "c"], 4) == ["b", "c", "a"]
+    fixed = []
+    time_rounds({"a": lambda: fixed.append("a"), "b": lambda: fixed.append("b")}, rounds=2, rotate=False)
+    assert fixed == ["a", "b", "a", "b"]
+
+
+def test_time_rounds_ratios_are_the_median_of_per_round_ratios():
+    """The machine runs round 2 at a quarter of round 1's speed: each round's ratio, and their median, stay 1.5."""
+    clock = FakeClock()
+    durations = {"dense": iter([1.0, 4.0, 2.0]), "sparse": iter([2.0 / 3, 8.0 / 3, 4.0 / 3])}
+    seen = []
+
+    def arm(name):
+        def fn():
+            clock.now += next(durations[name])
+            return {"tokens": 100}
+        return fn
+
+    r = time_rounds({"dense": arm("dense"), "sparse": arm("sparse")}, rounds=3, clock=clock,
+                    on_run=lambda i, name, s, res: seen.append((i, name)))
+    assert r.ratios("dense", "sparse") == pytest.approx([1.5, 1.5, 1.5])
+    assert r.median_ratio("dense", "sparse") == pytest.approx(1.5)
+    assert r.median("dense") == 2.0
+    assert seen == [(0, "dense"), (0, "sparse"), (1, "sparse"), (1, "dense"), (2, "dense"), (2, "sparse")]
+    assert r.values("dense", lambda res: res["tokens"]) == [100, 100, 100]
+
+
+def test_best_seconds_is_the_fastest_pass_per_call():
+    clock = FakeClock()
+    durations = iter([1.5, 1.5, 0.5, 0.5, 1.0, 1.0])  # three passes of two calls: 3.0, 1.0, 2.0 seconds
+
+    def call():
+        clock.now += next(durations)
+
+    assert best_seconds(call, passes=3, calls=2, clock=clock) == pytest.approx(0.5)
+
+
 def test_median_round_ratio_is_not_a_ratio_of_medians():
-    """Issue 29's case: rounds at 2.05 / 1.15 / 0.90 relative speed; a median over a median says 1.60."""
+    """The median of the per-round ratios against a median divided by a median: they agree while every
+    round runs both sides at one speed (a drift cancels within a round), and part when they do not."""
     ours, peer = [205.0, 115.0, 90.0], [100.0, 100.0, 100.0]
     ours_drift, peer_drift = [410.0, 115.0, 45.0], [200.0, 100.0, 50.0]  # the machine ran at 2x, 1x, 0.5x
     assert median_round_ratio(ours, peer) == pytest.approx(1.15)
