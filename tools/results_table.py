@@ -342,7 +342,7 @@ KV_ARMS = [
     KvArm(
         "sparse_naive",
         "R-KV fixed at 40 tokens, no correction",
-        "`sparserl train sparse_rl_fixed40 algorithm.correction=none`",
+        "`sparserl train sparse_naive`",
     ),
 ]
 
