@@ -167,8 +167,8 @@ def best_rate(fn: Callable[[], Any], macs: int, calls: int, passes: int = 5) -> 
 def run_rounds(rows: list[Row], repeat: int, on_run: Callable[[Row, Run], None] | None = None) -> None:
     """Run every row ``repeat`` times, round by round; each row keeps its runs in ``row.runs``. The
     order rotates by one row each round (round ``r`` starts with row ``r mod n``), so that no row
-    always runs first or right after the same one: measured here, the first run of a round can read
-    several percent off, and a fixed order put that on the dense baseline every round."""
+    always runs first or right after the same one: the first run of a round can read several percent
+    off, and a fixed order would put that on the same row, e.g. the dense baseline, every round."""
     for r in range(repeat):
         for row in round_order(rows, r):
             with RssSampler() as rss:

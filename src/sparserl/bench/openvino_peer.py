@@ -10,9 +10,9 @@ log-prob of each sampled token, as an RL sampler needs):
   budget rounded up to a block (256 → 256); ``start_size`` and ``recent_size`` are one block each,
   the least it allows, so the scored (evictable) area is as large as it can be, as in our R-KV whose
   protected recent window is 8 tokens. Scores aggregate by ``SUM`` of the attention a token
-  received (H2O's rule). Its adaptive R-KV mode is not used: it crashed at the first eviction on the
-  CPU when tried (issue 7). The cache counts the prompt; only full blocks are evicted, so a sequence
-  holds at most ``max_cache_size + 31`` tokens.
+  received (H2O's rule). Its adaptive R-KV mode is not used: with the pinned OpenVINO GenAI it
+  crashes at the first eviction on the CPU. The cache counts the prompt; only full blocks are
+  evicted, so a sequence holds at most ``max_cache_size + 31`` tokens.
 
 Like with like: the same chat-templated prompt ids as the sparserl rows (passed as ids, no
 tokenization in the timing), the same batch, sampling at temperature 1 with no top-k/top-p filter,

@@ -2,8 +2,8 @@
 sparserl with each compressor, and optionally peers (``--peers openvino``:
 :mod:`sparserl.bench.openvino_peer`), side by side in one process, all generating exactly L tokens
 per sequence from the same prompt. Every row runs ``repeat`` times, in rounds
-(:mod:`sparserl.bench.measure`); ratios are of medians, against the ``generate`` row and the
-sparserl dense row of the same process.
+(:mod:`sparserl.bench.measure`); a ratio is the median of the per-round ratios, against the
+``generate`` row and the sparserl dense row of the same process.
 
 Fields per result: engine, compressor, batch, max_new_tokens, kv_budget, tokens_per_s (the median
 of ``tokens_per_s_runs``, one per run), ratio_vs_hf_generate, ratio_vs_sparserl_dense,

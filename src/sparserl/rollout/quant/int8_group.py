@@ -18,7 +18,7 @@ Why (``docs/results/smoothquant.md``): the per-token scale of ``int8`` is set by
 input channel (the largest channel max is 13x the median for q/k/v, up to 2,442x for down), so the
 other channels sit on a few levels; a group's scale is set by the outliers of its own 64 channels
 only, and the same holds for a weight row. Measured on the bench's generated tokens (an emulation
-of exactly these roundings, eleventh session): per-channel weights with group activations and
+of exactly these roundings, ``docs/results/smoothquant.md``): per-channel weights with group activations and
 SmoothQuant 0.5 reach α 0.968; group scales on both sides 0.977.
 
 Kernels: on x86 CPU with sparserl's native kernels, ``linear_int8.c``'s group kernel: with VNNI

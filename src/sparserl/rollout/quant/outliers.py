@@ -17,7 +17,7 @@ fixed ``O`` keeps the int8 kernel's layout and makes the full-precision part one
 (``k`` columns). With SmoothQuant on as well, the channels are chosen on the smoothed inputs.
 
 Measured on SmolLM2-135M (teacher-forced α against the float32 sampler on real text,
-``docs/results/smoothquant.md``, tenth session): ``int8`` 0.931 → 0.971 with ``k = 16``; with
+``docs/results/smoothquant.md``): ``int8`` 0.931 → 0.971 with ``k = 16``; with
 SmoothQuant 0.5 as well, 0.972 (``k = 8``) and 0.974 (``k = 16``). On the bench's generated tokens
 0.957-0.961 (``k = 16`` + SmoothQuant), where the 8-bit weights alone reach 0.974.
 """
