@@ -1,6 +1,6 @@
 """Carry an OpenVINO IR to a machine that cannot export one, without its weights.
 
-The lent GPU machines' host is an AMX Xeon (docs/results/cuda/), the CPU issue 33's goals are set on, but
+The lent GPU machines' host is an AMX Xeon (docs/results/cuda/), the CPU the bf16 targets are set on, but
 a device call carries 64 MiB and reaches no package registry: SmolLM2-135M's fp32 IR (540 MB) does not
 travel, and optimum-intel's exporter cannot be installed there. The model that runs there is SmolLM2's
 shapes with random weights anyway (tools/random_smollm2.py), so the IR need not carry SmolLM2's

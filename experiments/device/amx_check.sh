@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 33's AMX check, for a machine whose CPU has AMX tiles (amx_bf16, amx_int8), such as the host
-# Xeon of the lent GPU machines (docs/results/cuda/README.md). Runs on 2 pinned cores, as the issue's
+# The AMX check, for a machine whose CPU has AMX tiles (amx_bf16, amx_int8), such as the host
+# Xeon of the lent GPU machines (docs/results/cuda/README.md). Runs on 2 pinned cores, as a
 # 2-core Xeon, with the GPU hidden:
 #   1. which bf16 kernel this CPU runs (native.bf16_kernel(): "amx" expected) and the bf16 tests on it
 #      (the product against its float32 bound, the AMX tile layout on a hand-built matrix, the fused
@@ -10,7 +10,7 @@
 #      experiments/kernels/bf16_kernel_variants.py: the AMX path with its B tiles prefetched 0-4 k-blocks ahead;
 #   3. experiments/rollout/bf16_decode.py: the fused bf16 step (on each bf16 kernel, and on the one the engine
 #      measured and chose: rollout/bf16_kernel_choice.py) against float32 and the eager bf16 step in one
-#      process, batch 16, 256 and 1,024 tokens (the issue's >= 1.6x our float32);
+#      process, batch 16, 256 and 1,024 tokens (the target: >= 1.6x our float32);
 #   4. sparserl bench learner: the main job's learner step (scoring, update) in float32 and in bf16 mixed
 #      precision, in one process (torch's bf16 products, on AMX where oneDNN takes it).
 # The model is SmolLM2-135M's shapes with random weights (tools/random_smollm2.py) where the embedded

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 33 in one device call (~9 min) on the lent GPU machine's host, a 16-vCPU AMX Xeon
+# The bf16 / AMX measurements in one device call (~9 min) on the lent GPU machine's host, a 16-vCPU AMX Xeon
 # (docs/results/cuda/): the jobs of experiments/device/amx_check.sh and the OpenVINO GenAI comparisons, side by side,
 # each on 2 vCPUs of its own (one physical core's two threads where the CPU has them, as a 2-vCPU cloud
 # instance), plus the CUDA determinism tests on the GPU with the remaining vCPUs:
@@ -11,7 +11,7 @@
 #           (SPARSERL_NATIVE_ARCH=... -mno-amx-*) and the log says so.
 #   pair 0  the bf16 tests on AMX, the weight products per kernel, the AMX path's B-tile prefetch variants;
 #   pair 1  bf16_decode.py at 256 tokens: fused bf16 (each kernel) against our float32, in one process;
-#   pair 2  `sparserl bench rollout` bf16 at 256 tokens with OpenVINO GenAI's rows (the issue's command),
+#   pair 2  `sparserl bench rollout` bf16 at 256 tokens with OpenVINO GenAI's rows (docs/results/bench_openvino.md),
 #           then the same in float32;
 #   pair 3  the same at 1,024 tokens, R-KV 256 + 32 against OpenVINO's eviction at equal KV bytes;
 #   pair 4  `sparserl bench learner`: float32 against bf16 mixed precision;

@@ -1,10 +1,10 @@
 """The fused decode attention (native/decode_attention.c) against memory: its effective read rate
 over a decode step's caches, and the same against the kernel of another commit, in one process
-(issue 7; results: docs/results/native_attention.md).
+(results: docs/results/native_attention.md).
 
 For each cache length L: 30 layers of distinct [16, 3, 1100, 64] float32 K and V buffers (SmolLM2's
 KV heads at batch 16, so that they come from memory as in a decode step), one query token of 9
-heads, best of 9 rounds; the rate counts the K and V bytes of the L slots read. The ceiling beside
+heads, best of 9 rotating rounds (:func:`sparserl.bench.measure.time_rounds`); the rate counts the K and V bytes of the L slots read. The ceiling beside
 it is torch summing the same slices (a pure read, both threads). With ``--against COMMIT`` the
 native sources of that commit are compiled with the same flags and timed alternately, their
 outputs compared bit for bit; with ``--generate N`` the two libraries also run whole ``generate``
@@ -15,11 +15,11 @@ calls (batch 16, N new tokens, float32 dense, alternating, 2 rounds), as the ben
 import argparse
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
+from sparserl.bench.measure import time_rounds
 from sparserl.rollout import native
 
 B, HQ, HKV, D, LAYERS, CAP = 16, 9, 3, 64, 30, 1100
@@ -46,18 +46,17 @@ def kernel_rates(libs: dict, lengths: list[int]) -> None:
     q = torch.randn(B, HQ, 1, D, generator=gen)
     for L in lengths:
         bias = torch.zeros(B, 1, 1, L)
-        best = {name: float("inf") for name in [*libs, "torch sum"]}
-        for _ in range(9):
-            for name, lib in libs.items():
-                t = time.perf_counter()
-                for K, V in zip(Ks, Vs):
-                    native.decode_attention(q, K, V, bias, lib=lib)
-                best[name] = min(best[name], time.perf_counter() - t)
-            t = time.perf_counter()
+
+        def attend(lib):
+            return lambda: [native.decode_attention(q, K, V, bias, lib=lib) for K, V in zip(Ks, Vs)]
+
+        def read():
             for K, V in zip(Ks, Vs):
                 K[:, :, :L].sum()
                 V[:, :, :L].sum()
-            best["torch sum"] = min(best["torch sum"], time.perf_counter() - t)
+
+        res = time_rounds({**{name: attend(lib) for name, lib in libs.items()}, "torch sum": read}, 9)
+        best = {name: min(ts) for name, ts in res.seconds.items()}
         gb = LAYERS * 2 * B * HKV * L * D * 4 / 1e9
         row = ", ".join(f"{name} {1e3 * s:.1f} ms ({gb / s:.1f} GB/s)" for name, s in best.items())
         print(f"L {L}: {row}")
@@ -73,14 +72,16 @@ def generate_ab(libs: dict, max_new_tokens: int) -> None:
     from sparserl.rollout.profile import profile
 
     model = load_model("smollm2-135m", dtype="float32")
-    ms = {name: [] for name in libs}
-    for _ in range(2):
-        for name, lib in libs.items():
+
+    def arm(lib):
+        def run():
             native._LIB[:] = [lib]  # the packed weights' layout is the same in both libraries
-            out = profile(batch=B, max_new_tokens=max_new_tokens, loaded=model)
-            ms[name].append(out["ms_per_step"])
-            print(f"generate {max_new_tokens}: {name} {out['ms_per_step']:.2f} ms/step, {out['tokens_per_s']:.1f} tok/s",
-                  flush=True)
+            return profile(batch=B, max_new_tokens=max_new_tokens, loaded=model)
+        return run
+
+    res = time_rounds({name: arm(lib) for name, lib in libs.items()}, 2, on_run=lambda r, name, s, out: print(
+        f"generate {max_new_tokens}: {name} {out['ms_per_step']:.2f} ms/step, {out['tokens_per_s']:.1f} tok/s", flush=True))
+    ms = {name: res.values(name, lambda out: out["ms_per_step"]) for name in libs}
     if "against" in ms:
         print(f"  decode step, best of 2: against / this commit = {min(ms['against']) / min(ms['this commit']):.3f}")
 

@@ -15,11 +15,11 @@ import argparse
 import json
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
+from sparserl.bench.measure import best_seconds, time_rounds
 from sparserl.rollout import native
 from sparserl.rollout.dtype_auto import cpu_name
 
@@ -64,26 +64,19 @@ def main() -> None:
                 native.linear_bf16(x[s], p, lib=lib)
 
     def best(v):
-        step(v)
-        t_best = float("inf")
-        for _ in range(PASSES):
-            t = time.perf_counter()
-            step(v)
-            t_best = min(t_best, time.perf_counter() - t)
-        return t_best
+        step(v)  # warm-up
+        return best_seconds(lambda: step(v), passes=PASSES)
 
     names = list(libs)
-    rounds = []
-    for r in range(args.rounds):
-        row = {v: best(v) for v in names[r % len(names):] + names[: r % len(names)]}
-        rounds.append(row)
-        print(f"round {r + 1}: " + ", ".join(f"{v} {1e3 * t:.2f} ms" for v, t in row.items()), flush=True)
+    res = time_rounds({v: (lambda v=v: best(v)) for v in names}, args.rounds,
+                      on_run=lambda r, v, sec, t: print(f"round {r + 1}: {v} {1e3 * t:.2f} ms", flush=True))
+    rounds = [{v: res.results[v][r] for v in names} for r in range(args.rounds)]
     weight_bytes = sum(N * K * 2 for N, K in SHAPES.values()) * LAYERS
     macs = sum(ROWS * N * K for N, K in SHAPES.values()) * LAYERS
     summary = {}
     for v in names:
-        med = statistics.median(r[v] for r in rounds)
-        per = [r["shipped"] / r[v] for r in rounds]
+        med = res.median(v, float)
+        per = res.ratios("shipped", v, float)
         summary[v] = {"ms_median": 1e3 * med, "GB_per_s": weight_bytes / med / 1e9, "GMAC_per_s": macs / med / 1e9,
                       "shipped_over_variant": {"median": statistics.median(per), "rounds": per}}
         print(f"{v:>14}: {1e3 * med:6.2f} ms  {weight_bytes / med / 1e9:5.1f} GB/s  {macs / med / 1e9:6.1f} GMAC/s  "

@@ -1,9 +1,8 @@
 """The bfloat16 weight products (linear_bf16.c) against the float32 ones (linear.c) and torch's
-bfloat16 matmul, at a decode step's 16 rows on SmolLM2-135M's product shapes (issue 33's first
-building block). Every shape is timed over 30 layers of distinct weights called one after the other
+bfloat16 matmul, at a decode step's 16 rows on SmolLM2-135M's product shapes. Every shape is timed over 30 layers of distinct weights called one after the other
 (the model's 30 layers: the weights stream from memory as in a decode step), best of 3 passes; in
-each of 5 rounds every arm runs in the same process (arms in a rotated order), and a ratio is the
-median of the per-round ratios. Writes docs/results/bf16_linear/products.json.
+each of 5 rounds (``--rounds``) every arm runs in the same process (arms in a rotated order:
+:func:`sparserl.bench.measure.time_rounds`), and a ratio is the median of the per-round ratios. Writes docs/results/bf16_linear/products.json.
 
 Arms: ``float32`` native.linear on its panels; ``bf16`` native.linear_bf16 on pack_linear_bf16's
 layout (x float32 in, rounded to bf16 in the kernel, float32 out); ``torch_bf16``
@@ -20,12 +19,12 @@ import json
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from sparserl.bench.measure import best_seconds, time_rounds
 from sparserl.rollout import native
 from sparserl.rollout.dtype_auto import cpu_name
 
@@ -58,13 +57,8 @@ def arms_for(N: int, K: int, gen: torch.Generator) -> tuple[dict, torch.Tensor]:
 
 
 def best_time(fn) -> float:
-    fn()  # warm
-    best = float("inf")
-    for _ in range(PASSES):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+    fn()  # warm-up
+    return best_seconds(fn, passes=PASSES)
 
 
 def main() -> None:
@@ -74,12 +68,12 @@ def main() -> None:
                "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()}
     print(json.dumps({"machine": machine}), flush=True)
     setups = {name: arms_for(N, K, gen)[0] for name, (N, K) in SHAPES.items()}
+    arms = {f"{name}/{arm}": (lambda fn=fns[arm]: 1e6 * best_time(fn) / LAYERS)  # µs per product
+            for name, fns in setups.items() for arm in ARMS}
+    res = time_rounds(arms, ROUNDS)
     rounds = []
     for r in range(ROUNDS):
-        order = ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]
-        row = {}
-        for name, fns in setups.items():
-            row[name] = {arm: 1e6 * best_time(fns[arm]) / LAYERS for arm in order}  # µs per product
+        row = {name: {arm: res.results[f"{name}/{arm}"][r] for arm in ARMS} for name in setups}
         row["step"] = {arm: sum(row[s][arm] for s in SHAPES) for arm in ARMS}  # the 4 products of a layer
         rounds.append(row)
         print(json.dumps({"round": r, "us_per_product": {k: {a: round(v, 1) for a, v in d.items()} for k, d in row.items()}}),

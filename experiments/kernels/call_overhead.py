@@ -1,25 +1,19 @@
 """What one call from Python costs on this machine, before any arithmetic: a native product through
 its wrapper and bare through ctypes, the RMSNorm wrapper against torch's, and single torch
 operations (best of 5 x 3,000 calls, µs). Why the decode step became three native calls a layer
-(sparserl.rollout.fused). Results: docs/results/engine_profile.md (seventh session).
+(sparserl.rollout.fused). Results: docs/results/engine_profile.md.
 
     python3 experiments/kernels/call_overhead.py
 """
-import time
 
 import torch
 
+from sparserl.bench.measure import best_seconds
 from sparserl.rollout import native
 
 
 def per_call_us(fn, n: int = 3000) -> float:
-    best = 1e9
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t) / n)
-    return best * 1e6
+    return best_seconds(fn, passes=5, calls=n) * 1e6
 
 
 def main() -> None:

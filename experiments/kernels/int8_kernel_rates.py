@@ -2,29 +2,19 @@
 and ``int8_group`` (linear_int8.c), in GMAC/s (10⁹ multiply-adds a second), best of 5 in one
 process; weights hot (one layer, called repeatedly) and streamed (30 layers of distinct weights,
 as in a decode step); and each kernel's fixed cost per call (N = 16 outputs: the activation
-quantization, Python and ctypes). Results: docs/results/bench_quant.md (sixth session).
+quantization, Python and ctypes). Results: docs/results/bench_quant.md.
 
     python3 experiments/kernels/int8_kernel_rates.py
 """
-import time
 
 import torch
 
+from sparserl.bench.measure import best_rate
 from sparserl.rollout import native
 from sparserl.rollout.quant import build_quant
 
 ROWS = 16
 SHAPES = [(3072, 576), (576, 1536), (960, 576)]  # gate/up, down, q/k/v of SmolLM2-135M
-
-
-def best_rate(fn, macs: int, reps: int) -> float:
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        best = min(best, time.perf_counter() - t)
-    return macs * reps / best / 1e9
 
 
 def kernels(ws):

@@ -9,20 +9,18 @@ groups of 32. GMAC/s (10⁹ multiply-adds
 a second), best of 5.
 Then R-KV's redundancy kernel (``kv_scores.c``) on a batch-16 compression's shapes (480 sequence ×
 layer pairs, 3 KV heads, 288 and 384 slots, keys sharing a direction so that many pairs are kept),
-ms, best of 3. Results: docs/results/bench_quant.md and compression_cost.md (eighth session).
+ms, best of 3. Results: docs/results/bench_quant.md and compression_cost.md.
 
     python3 experiments/kernels/isa_rates.py
 """
-import time
 from pathlib import Path
 
 import torch
 
+from sparserl.bench.measure import best_rate, best_seconds
 from sparserl.rollout import native
 from sparserl.rollout.quant.int8 import QMAX_FBGEMM, quantize_int8_per_channel
 from sparserl.rollout.quant.int8_group import quantize_int8_weight_groups
-
-from int8_kernel_rates import best_rate  # experiments/ is on the path when run as a script
 
 ROWS, LAYERS = 16, 30
 SHAPES = [(3072, 576), (576, 1536), (960, 576), (576, 576)]  # gate/up, down, q/k/v, o
@@ -73,12 +71,7 @@ def main() -> None:
         valid = torch.ones(480, L, dtype=torch.bool)
         ms = {}
         for name, lib in builds.items():
-            best = float("inf")
-            for _ in range(3):
-                t = time.perf_counter()
-                native.rkv_redundancy(keys, valid, 0.5, lib=lib)
-                best = min(best, time.perf_counter() - t)
-            ms[name] = 1e3 * best
+            ms[name] = 1e3 * best_seconds(lambda: native.rkv_redundancy(keys, valid, 0.5, lib=lib), passes=3)
         print(f"R-KV redundancy, {L} slots: " + "  ".join(f"{n} {v:.1f} ms" for n, v in ms.items()), flush=True)
 
 

@@ -1,9 +1,9 @@
 """The decode step's weight products and small operators: sparserl's C kernels against torch's, in
-one process (issue 7 and 8). Results: docs/results/native_linear.md.
+one process. Results: docs/results/native_linear.md.
 
 Products: SmolLM2-135M's four per-layer shapes (q/k/v 960x576, o 576x576, gate/up 3072x576,
 down 576x1536) over 30 layers of distinct random weights (so they stream from memory as in a
-decode step), ``rows`` activation rows, the best of 5 interleaved rounds:
+decode step), ``rows`` activation rows, the best of 5 rotating rounds:
 - float32: the C kernel's panels (linear.c) vs oneDNN's packed weights (torch's mkldnn linear);
 - int8 (the sampler's ``int8``, per-token activations): the C kernel (linear_int8.c) vs fbgemm;
 - int8_group (8-bit weights, activation scales per token and group of 64): its C kernel.
@@ -13,11 +13,11 @@ Small operators: RMSNorm, SiLU·up, RoPE of a batch-16 decode step, C vs torch, 
     python3 experiments/kernels/native_kernels.py 16 64
 """
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
+from sparserl.bench.measure import time_rounds
 from sparserl.rollout import native
 from sparserl.rollout.model import apply_rope
 from sparserl.rollout.quant import build_quant
@@ -27,13 +27,8 @@ LAYERS = 30
 
 
 def best_of(fns: dict, rounds: int = 5) -> dict:
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
-    return {name: min(ts) for name, ts in times.items()}
+    """Each callable's fastest run over ``rounds`` rotating rounds (:func:`sparserl.bench.measure.time_rounds`)."""
+    return {name: min(ts) for name, ts in time_rounds(fns, rounds).seconds.items()}
 
 
 def products(rows: int) -> None:

@@ -1,6 +1,6 @@
 /* The decode products timed in C alone, no Python: float32 (linear.c) and int8 (linear_int8.c), GMAC/s
  * at M rows, best of `reps` passes over `layers` distinct weights (1: hot; 30: streamed). Results:
- * docs/results/engine_profile.md (seventh session).
+ * docs/results/engine_profile.md.
  *
  *   gcc -O3 -march=native -fno-math-errno -fopenmp -Isrc/sparserl/rollout/native -o /tmp/products \
  *       experiments/kernels/native_products.c -lm

@@ -1,5 +1,5 @@
 """This CPU's peak arithmetic rates, against which the decode step's weight products are judged
-(issue 8's "if a target is out of reach, profile and say why"). Results: docs/results/bench_quant.md.
+(what bounds them). Results: docs/results/bench_quant.md.
 
 A small C file is compiled here (gcc -O3 -march=native -fopenmp) and run through ctypes; each loop
 keeps enough independent accumulators in registers to hide latency, with no memory traffic:
@@ -16,9 +16,10 @@ import ctypes
 import os
 import subprocess
 import tempfile
-import time
 
 import torch
+
+from sparserl.bench.measure import best_seconds
 
 SRC = r"""
 #include <immintrin.h>
@@ -132,11 +133,7 @@ def build() -> ctypes.CDLL:
 
 
 def rate(fn, macs_per_iter: int, threads: int, iters: int = 20_000_000) -> float:
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        fn(iters, threads)
-        best = min(best, time.perf_counter() - t)
+    best = best_seconds(lambda: fn(iters, threads), passes=5)
     return macs_per_iter * iters * threads / best / 1e9
 
 

@@ -3,12 +3,12 @@
 On the default job's step-1 batch (the config given, default ``default``), the sampler's precision as
 ``rollout.dtype: auto`` resolves it, two arms, each the rollout and the exact α of its responses:
 
-- ``replay``: the rollout as before, then α with ``q`` from a replay of the sampler on its tokens;
+- ``replay``: the rollout, then α with ``q`` from a replay of the sampler on its tokens;
 - ``kept``: the rollout keeping each step's whole distribution (``SamplingParams.keep_distributions``),
-  then α reading it (``mismatch.alpha_record_mib``, the default since the twenty-second session).
+  then α reading it (``mismatch.alpha_record_mib``, the default).
 
 ``p`` comes from one no-grad forward of the learner made once, outside the timings. Each round runs
-both arms in alternating order; a ratio is the median of the per-round ratios (replay seconds / kept
+both arms in alternating order (:func:`sparserl.bench.measure.time_rounds`); a ratio is the median of the per-round ratios (replay seconds / kept
 seconds, rollout + α). The two arms' α agree (their largest difference is reported), and the kept
 distributions' bytes are recorded.
 
@@ -21,11 +21,11 @@ import dataclasses
 import json
 import os
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
+from sparserl.bench.measure import time_rounds
 from sparserl.config import load_config, validate
 from sparserl.models.mixed_precision import learner_autocast, learner_compute_dtype
 from sparserl.reward import score_responses
@@ -70,22 +70,20 @@ def main() -> None:
         out = engine.generate(prompts, kept_params)
         return out, score_alpha.recorded_alpha(out.distributions, hidden, weight, tau)
 
-    arms = {"replay": replay_arm, "kept": kept_arm}
-    seconds = {name: [] for name in arms}
-    alphas, kept_bytes = {}, 0
-    for r in range(args.rounds):
-        for name in (("replay", "kept") if r % 2 == 0 else ("kept", "replay")):
-            start = time.perf_counter()
-            out, alpha = arms[name]()
-            seconds[name].append(time.perf_counter() - start)
+    alphas, kept = {}, {"bytes": 0}
+
+    def checked(name, arm):
+        def run():  # keeps α and the kept buffers' size, not the output (its distributions are large)
+            out, alphas[name] = arm()
             assert out.response_ids == ro.response_ids, "the arms sampled other tokens"
-            alphas[name] = alpha
             if out.distributions is not None:
                 storages = {d.untyped_storage().data_ptr(): d.untyped_storage().nbytes() for d in out.distributions}
-                kept_bytes = sum(storages.values())  # the buffers allocated (responses x max_new_tokens x V)
-            del out
-        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in seconds.items()), flush=True)
-    ratios = [a / b for a, b in zip(seconds["replay"], seconds["kept"])]
+                kept["bytes"] = sum(storages.values())  # the buffers allocated (responses x max_new_tokens x V)
+        return run
+
+    res = time_rounds({"replay": checked("replay", replay_arm), "kept": checked("kept", kept_arm)}, args.rounds,
+                      on_run=lambda r, name, sec, _: print(f"round {r + 1}: {name} {sec:.2f} s", flush=True))
+    seconds, ratios, kept_bytes = res.seconds, res.ratios("replay", "kept"), kept["bytes"]
     mask = batch.response_mask.cpu().bool()
     diff = float((alphas["replay"] - alphas["kept"])[mask].abs().max())
     print(f"kept against replay (median of per-round ratios, rollout + α): {statistics.median(ratios):.2f}x; "

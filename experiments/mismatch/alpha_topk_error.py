@@ -1,4 +1,4 @@
-"""Sparrow's top-k α against the exact α on the same sampled batch (issue 30 item 1): one rollout of the
+"""Sparrow's top-k α against the exact α on the same sampled batch: one rollout of the
 main job's shape (or GSM8K prompts), both modes measured on it, per-token error and the p5 tails.
 
     python3 experiments/mismatch/alpha_topk_error.py                               # the default task

@@ -4,15 +4,14 @@ process.
 The default job's calibration (the command of ``docs/results/sparrow_schedule/``: ``arith`` with the
 default job's system prompt, R-KV over the whole cache, window 8, compression every 2 steps, ``--n 8``,
 48 new tokens) on ``--limit`` prompts and ``--budgets``, through :func:`sparserl.calibrate.measure.measure`
-(what the command times and writes) twice a round, in alternating order:
+(what the command times and writes) twice a round, in alternating order
+(:func:`sparserl.bench.measure.time_rounds`):
 
-- ``replay``: ``record_mib=0``, each sampler replayed on its own tokens (the command before the
-  twenty-third session, and ``--alpha-record-mib 0`` now);
+- ``replay``: ``record_mib=0``, each sampler replayed on its own tokens (``--alpha-record-mib 0``);
 - ``kept``: ``record_mib=2048``, ``q`` kept while sampling;
-- ``kept_shared``: ``q`` kept, and ``p``'s forward takes each distinct prompt once (the default now);
+- ``kept_shared``: ``q`` kept, and ``p``'s forward takes each distinct prompt once (the command's default);
 
-with ``p`` from a forward over every row whole in the first two (before ``shared_prompt`` existed in
-``measure``). ``--arms A B`` picks two (default ``replay kept``); a ratio is the median of the per-round
+with ``p`` from a forward over every row whole in the first two (``shared_prompt=False``). ``--arms A B`` picks two (default ``replay kept``); a ratio is the median of the per-round
 ratios (A's seconds / B's). The two arms sample the same
 tokens from the same ``q``; their rows' α differ only by the rounding of ``p``'s head product (per response
 when ``q`` is kept, per step in the replay): the largest difference is recorded.
@@ -26,11 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
+from sparserl.bench.measure import time_rounds
 from sparserl.calibrate.measure import measure
 from sparserl.config import load_config
 from sparserl.data import load_dataset
@@ -75,26 +74,26 @@ def main() -> None:
 
     arms = {arm: ARMS[arm] for arm in args.arms}
     first, second = args.arms
-    seconds = {arm: [] for arm in arms}
     rows = {}
-    for r in range(args.rounds):
-        order = list(arms) if r % 2 == 0 else list(reversed(arms))
-        for arm in order:
-            start = time.perf_counter()
+
+    def arm_run(arm):
+        def run():
             record_mib, shared = arms[arm]
             result = measure(dense, lm.model, samplers, prompt_ids, params, 32, tokens="sampler",
                              record_mib=record_mib, shared_prompt=shared, log=lambda _: None)
-            seconds[arm].append(time.perf_counter() - start)
             rows.setdefault(arm, result.rows)
-            assert result.rows == rows[arm], f"{arm}: round {r + 1}'s rows differ from round 1's (not deterministic)"
-            if arms[arm][0] == 0:
+            assert result.rows == rows[arm], f"{arm}: a round's rows differ from round 1's (not deterministic)"
+            if record_mib == 0:
                 assert result.replay_err_max is not None and result.replay_err_max <= 1e-5, result.replay_err_max
-        ratio = seconds[first][-1] / seconds[second][-1]
-        print(f"round {r + 1}: {first} {seconds[first][-1]:.1f} s, {second} {seconds[second][-1]:.1f} s: {ratio:.2f}x")
+        return run
+
+    res = time_rounds({arm: arm_run(arm) for arm in arms}, args.rounds,
+                      on_run=lambda r, arm, sec, _: print(f"round {r + 1}: {arm} {sec:.1f} s", flush=True))
+    seconds = res.seconds
     keys = [{k: v for k, v in row.items() if not k.startswith("alpha")} for row in rows[first]]
     assert keys == [{k: v for k, v in row.items() if not k.startswith("alpha")} for row in rows[second]]
     diff = max(abs(a[k] - b[k]) for a, b in zip(rows[first], rows[second]) for k in ("alpha_mean", "alpha_p5"))
-    ratios = [a / b for a, b in zip(seconds[first], seconds[second])]
+    ratios = res.ratios(first, second)
     doc = {
         "command": "python3 experiments/mismatch/calibrate_kept.py " + " ".join(
             f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"

@@ -17,7 +17,7 @@ Run with the Python that has the ``bench`` extra (OpenVINO); elsewhere the OpenV
 
     /work/venvs/ov/bin/python experiments/mismatch/openvino_alpha.py
 
-Results: docs/results/bench_openvino.md and bench_quant.md (twelfth session).
+Results: docs/results/bench_openvino.md and bench_quant.md.
 """
 from __future__ import annotations
 

@@ -9,11 +9,11 @@ largest smoothed calibration max, kept in float. Weight grids: per output channe
 group of G inputs); activation grids: per token or per (token, group). The first rows reproduce the
 bench's α for `int8` (0.914) and `int8` + SmoothQuant + 16 outliers (0.957-0.961). With ``7bit``
 only the group rows on the 8-bit and on the 7-bit weight grid (|Q| ≤ 64: what AVX2 without VNNI
-multiplies exactly on the unsigned-code tile; twelfth session).
+multiplies exactly on the unsigned-code tile).
 
     python3 experiments/mismatch/w8a8_grid_emulation.py [7bit]
 
-Results: docs/results/smoothquant.md (eleventh session).
+Results: docs/results/smoothquant.md.
 """
 import sys
 

@@ -18,7 +18,7 @@ tokens). Roundings:
 
     python3 experiments/mismatch/weight_grid_ceiling.py
 
-Results: docs/results/smoothquant.md (eleventh session).
+Results: docs/results/smoothquant.md.
 """
 import json
 import time

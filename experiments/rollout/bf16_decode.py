@@ -1,13 +1,14 @@
-"""The bf16 sampler's decode step against the float32 one, in one process (issue 33), and its mismatch
+"""The bf16 sampler's decode step against the float32 one, in one process, and its mismatch
 against the float32 policy.
 
 Speed: SmolLM2-135M (embedded), batch 16, ``--tokens`` new tokens from the bench's prompt, dense and R-KV
 (budget ``--budget``), each in float32 (the fused float32 step), bfloat16 fused (``linear_bf16.c`` on
 bf16 panels, a bf16 KV cache in decode_attention.c) and bfloat16 eager (``fused=False``: torch's bf16
-operators one at a time, what the bf16 sampler ran before). Where the CPU runs two bf16 kernels (an AMX
+operators one at a time). Where the CPU runs two bf16 kernels (an AMX
 Xeon: ``amx`` and ``avx512_bf16``, :func:`native.bf16_kernels`), the fused bf16 arm runs once on each
 (``bfloat16_fused_amx``, ``bfloat16_fused_avx512_bf16``). Every round runs every arm once, in a rotated
-order; a ratio is the median of the per-round ratios against float32 of the same compressor.
+order (:func:`sparserl.bench.measure.time_rounds`); a ratio is the median of the per-round ratios
+against float32 of the same compressor.
 
 Mismatch: the bf16 samplers' responses (dense cache) replayed on the float32 dense sampler (the policy
 the learner holds, float32 by default): per token α = Σ_x min(p(x), q(x)) over the vocabulary and k3 =
@@ -21,17 +22,17 @@ import argparse
 import json
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
-from sparserl.rollout.profile import BENCH_PROMPT
+from sparserl.bench.measure import time_rounds
 from sparserl.models.loading import load_model
 from sparserl.rollout import native
 from sparserl.rollout.dtype_auto import cpu_name
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import build_compressor
+from sparserl.rollout.profile import BENCH_PROMPT
 from sparserl.mismatch.replay import replay
 from sparserl.rollout.sampling import SamplingParams
 
@@ -97,25 +98,25 @@ def main() -> None:
     for engine in engines.values():  # warm-up: packing, allocations, thread pool
         engine.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))
     keys = list(engines)
+
+    def show(k, name, seconds, out):
+        print(f"round {k + 1} {name:>20}: {args.batch * args.tokens / seconds:7.1f} tok/s  "
+              f"kv_peak {out.kv.bytes_peak / 2**20:7.1f} MiB", flush=True)
+
+    res = time_rounds({f"{name}/{comp}": (lambda e=engine: e.generate([BENCH_PROMPT], params))
+                       for (name, comp), engine in engines.items()}, args.rounds, on_run=show)
     rounds = []
     for k in range(args.rounds):
-        speeds = {}
-        for key in keys[k % len(keys):] + keys[: k % len(keys)]:
-            t0 = time.perf_counter()
-            out = engines[key].generate([BENCH_PROMPT], params)
-            seconds = time.perf_counter() - t0
-            speeds[f"{key[0]}/{key[1]}"] = args.batch * args.tokens / seconds
-            kv = out.kv.bytes_peak
-            print(f"round {k + 1} {key[0]:>15} {key[1]:>4}: {speeds[f'{key[0]}/{key[1]}']:7.1f} tok/s  "
-                  f"kv_peak {kv / 2**20:7.1f} MiB", flush=True)
-            speeds[f"{key[0]}/{key[1]}/kv_peak_bytes"] = kv
-        rounds.append(speeds)
+        rounds.append({})
+        for name in res.seconds:
+            rounds[-1][name] = args.batch * args.tokens / res.seconds[name][k]
+            rounds[-1][f"{name}/kv_peak_bytes"] = res.results[name][k].kv.bytes_peak
     ratios = {}
     for name, comp in keys:
-        per_round = [r[f"{name}/{comp}"] / r[f"float32/{comp}"] for r in rounds]
+        per_round = res.ratios(f"float32/{comp}", f"{name}/{comp}")  # seconds: float32's over this arm's
         ratios[f"{name}/{comp}_vs_float32"] = {"median": statistics.median(per_round), "rounds": per_round}
         if comp != "none":
-            per_round = [r[f"{name}/{comp}"] / r[f"{name}/none"] for r in rounds]
+            per_round = res.ratios(f"{name}/none", f"{name}/{comp}")
             ratios[f"{name}/{comp}_vs_{name}/none"] = {"median": statistics.median(per_round), "rounds": per_round}
     result = {"machine": {"cpu": cpu_name(), "isa": native.isa(), "bf16_kernels": native.bf16_kernels(),
                           "torch": torch.__version__, "python": platform.python_version(),

@@ -1,8 +1,8 @@
 """The bf16 decode step with ``linear_bf16.c`` built with prefetch 64 panel rows ahead (the shipped
-build) against none (``-DPREFETCH_K2=0``, the build before), in one process: SmolLM2-135M, the fused bf16
+build) against none (``-DPREFETCH_K2=0``, no prefetch), in one process: SmolLM2-135M, the fused bf16
 sampler, batch 16 from the bench's prompt, dense cache (or ``--compressor``); the same engine and packed
-weights, the library swapped between runs; rounds alternate the order, and the ratio is the median of the
-per-round ratios. Also checks both sample the same tokens.
+weights, the library swapped between runs; rounds alternate the order (:func:`sparserl.bench.measure.time_rounds`),
+and the ratio is the median of the per-round ratios. Also checks both sample the same tokens.
 
     python3 experiments/rollout/bf16_prefetch_step.py --tokens 256 --json docs/results/bf16_linear/step_L256.json
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
+from sparserl.bench.measure import time_rounds
 from sparserl.models.loading import load_model
 from sparserl.rollout import native
 from sparserl.rollout.dtype_auto import cpu_name
@@ -40,25 +40,22 @@ def main() -> None:
     params = SamplingParams(n=16, max_new_tokens=args.tokens, ignore_eos=True, seed=0)
     tokens = {}
 
-    def run(name: str) -> float:
-        native.library = lambda: libs[name]
-        try:
-            t0 = time.perf_counter()
-            out = engine.generate([BENCH_PROMPT], params)
-            seconds = time.perf_counter() - t0
-        finally:
-            native.library = shipped
-        tokens[name] = out.response_ids
-        return out.tokens_generated / seconds
+    def arm(name: str):
+        def run():
+            native.library = lambda: libs[name]
+            try:
+                out = engine.generate([BENCH_PROMPT], params)
+            finally:
+                native.library = shipped
+            tokens[name] = out.response_ids
+            return out
+        return run
 
-    for name in libs:  # warm-up
-        run(name)
-    rounds = []
-    for r in range(args.rounds):
-        order = list(libs) if r % 2 == 0 else list(libs)[::-1]
-        rounds.append({name: run(name) for name in order})
-        print(f"round {r + 1}: " + ", ".join(f"{n} {v:.0f} tok/s" for n, v in rounds[-1].items()), flush=True)
-    per = [r["prefetch_64"] / r["prefetch_0"] for r in rounds]
+    res = time_rounds({name: arm(name) for name in libs}, args.rounds, warmup=1, on_run=lambda r, name, sec, out: print(
+        f"round {r + 1}: {name} {out.tokens_generated / sec:.0f} tok/s", flush=True))
+    rounds = [{name: res.results[name][r].tokens_generated / res.seconds[name][r] for name in libs}
+              for r in range(args.rounds)]
+    per = res.ratios("prefetch_0", "prefetch_64")  # seconds: none over prefetch = prefetch's speed-up
     result = {"machine": {"cpu": cpu_name(), "isa": native.isa(), "torch_threads": torch.get_num_threads(),
                           "torch": torch.__version__},
               "command": f"python3 experiments/rollout/bf16_prefetch_step.py --tokens {args.tokens} --compressor "

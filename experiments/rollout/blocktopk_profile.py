@@ -16,7 +16,8 @@
 
 ``--only kernel`` runs the second alone (``--only step,kernel,lengths,scattered``: all four); ``--against OLD.c`` builds the library a second time with another
 ``blocktopk.c`` (e.g. ``git show 2936d6b:src/sparserl/rollout/native/blocktopk.c > /tmp/old.c``) and runs
-the kernel measurement on both in turn, ``--rounds`` times, in one process: per-round ratios, and whether
+the kernel measurement on both in turn, ``--rounds`` rotating rounds in one process
+(:func:`sparserl.bench.measure.time_rounds`): per-round ratios, and whether
 both give the same pages and the same bits.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from sparserl.bench.measure import best_seconds, time_rounds
 from sparserl.models.loading import load_model
 from sparserl.rollout import native
 from sparserl.rollout.engine import RolloutEngine
@@ -116,13 +118,8 @@ def length_profile(new_tokens: int = 2048, budget: int = 256) -> dict:
 
 
 def _best_per_layer(fn, reps: int = 5) -> float:
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        for layer in range(LAYERS):
-            fn(layer)
-        best = min(best, (time.perf_counter() - t) / LAYERS)
-    return best * 1e6
+    """µs per layer: the best of ``reps`` passes over the 30 layers."""
+    return best_seconds(lambda: [fn(layer) for layer in range(LAYERS)], passes=reps) / LAYERS * 1e6
 
 
 def kernel_profile(tokens: int, pages=(3, 8, 16, 32), against: str | None = None, rounds: int = 1) -> dict:
@@ -157,21 +154,21 @@ def kernel_profile(tokens: int, pages=(3, 8, 16, 32), against: str | None = None
                 got.append((run(lib, k, 3, chosen), chosen))
             out[f"same_pages_and_bits_{k}"] = bool(torch.equal(got[0][0], got[1][0])
                                                    and torch.equal(got[0][1], got[1][1]))
-    times: dict = {"dense_us": []}
-    for _ in range(rounds):
-        times["dense_us"].append(_best_per_layer(lambda l: native.decode_attention(queries[l], K[l], V[l], bias)))
-        for k in pages:
-            chosen = torch.empty(B, HKV, k, dtype=torch.int32)
-            for name, lib in libs.items():
-                times.setdefault(f"{name}blocktopk_{k}_pages_us", []).append(
-                    _best_per_layer(lambda l: run(lib, k, l, chosen)))
+    def blocktopk(lib, k):
+        chosen = torch.empty(B, HKV, k, dtype=torch.int32)
+        return lambda: _best_per_layer(lambda l: run(lib, k, l, chosen))
+
+    arms = {"dense_us": lambda: _best_per_layer(lambda l: native.decode_attention(queries[l], K[l], V[l], bias))}
+    arms.update({f"{name}blocktopk_{k}_pages_us": blocktopk(lib, k) for k in pages for name, lib in libs.items()})
+    res = time_rounds(arms, rounds)  # each arm returns its own best per-layer µs
+    times = {key: res.values(key, float) for key in arms}
     for key, ts in times.items():
         out[key] = statistics.median(ts)
         if rounds > 1:
             out[key.replace("_us", "_us_rounds")] = ts
     if against:
         for k in pages:
-            ratios = [a / b for a, b in zip(times[f"against_blocktopk_{k}_pages_us"], times[f"blocktopk_{k}_pages_us"])]
+            ratios = res.ratios(f"against_blocktopk_{k}_pages_us", f"blocktopk_{k}_pages_us", float)
             out[f"speedup_{k}_pages_vs_against"] = statistics.median(ratios)
             out[f"speedup_{k}_pages_vs_against_rounds"] = ratios
     lo, hi = min(pages), max(pages)  # the cost of a page read: the slope; the scores and the rest: the intercept

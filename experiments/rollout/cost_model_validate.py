@@ -1,9 +1,9 @@
-"""The cost model (``sparserl.cost``) against the engine's measured time (issue 30 item 4).
+"""The cost model (``sparserl.cost``) against the engine's measured time.
 
 For every response length and KV budget (``none`` = dense), runs the rollout engine on batch ``--batch``
 with ``ignore_eos`` (exactly L new tokens per sequence) for ``--rounds`` rounds (every budget once a
-round, in a rotating order), and predicts the same rollout with :func:`sparserl.cost.rollout_cost` from
-the model's config and this machine's rates measured by the bench's probes
+round, in a rotating order: :func:`sparserl.bench.measure.time_rounds`), and predicts the same rollout
+with :func:`sparserl.cost.rollout_cost` from the model's config and this machine's rates measured by the bench's probes
 (:func:`sparserl.bench.machine.measure_rates`). Writes ``cost_model.md`` (a table: predicted s, measured s
 (median of the rounds), measured / predicted, the predicted and the measured speedup over dense, the
 predicted and the counted compressions) and ``cost_model.json`` into ``--out``, with the machine
@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from sparserl.bench.machine import machine_info, measure_rates
+from sparserl.bench.measure import time_rounds
 from sparserl.bench.rollout import bench_compressor, sparserl_commit
 from sparserl.cost import ModelShape, rollout_cost
 from sparserl.models.loading import LoadedModel, load_model, resolve_device
@@ -124,15 +125,12 @@ def run(args) -> dict:
     results = []
     order = list(args.budgets)
     for L in args.lengths:
-        seconds = {b: [] for b in order}
-        counted = {}
-        for r in range(args.rounds):
-            for b in order[r % len(order):] + order[: r % len(order)]:
-                out = generate(engines[b], N, L)
-                seconds[b].append(out.seconds)
-                counted[b] = out.kv.compressions
-            print(f"L {L} round {r + 1}: " + ", ".join(f"{b or 'dense'} {seconds[b][-1]:.2f}s" for b in order),
-                  flush=True)
+        res = time_rounds({b: (lambda b=b: generate(engines[b], N, L)) for b in order}, args.rounds,
+                          on_run=lambda r, b, sec, out: print(f"L {L} round {r + 1}: {b or 'dense'} {out.seconds:.2f}s",
+                                                              flush=True))
+        engine_seconds = lambda out: out.seconds  # noqa: E731  (the engine's own clock, prefill included)
+        seconds = {b: res.values(b, engine_seconds) for b in order}
+        counted = {b: res.results[b][-1].kv.compressions for b in order}
         dense_pred = rollout_cost(shape, rates, N, P, L)
         for b in order:
             pred = dense_pred if b is None else rollout_cost(shape, rates, N, P, L, compressor=comps[b])
@@ -144,7 +142,7 @@ def run(args) -> dict:
                 "predicted_s": pred.seconds, "measured_s": measured, "measured_s_runs": seconds[b],
                 "measured_over_predicted": measured / pred.seconds,
                 "predicted_speedup_vs_dense": dense_pred.seconds / pred.seconds,
-                "measured_speedup_vs_dense": statistics.median(d / s for d, s in zip(seconds[None], seconds[b])),
+                "measured_speedup_vs_dense": res.median_ratio(None, b, engine_seconds),
                 "compressions_predicted": pred.compressions, "compressions_counted": counted[b],
                 "cost": pred.to_dict(),
             })

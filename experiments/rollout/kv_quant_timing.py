@@ -3,7 +3,8 @@
     flock /work/exp/cpu.lock python experiments/rollout/kv_quant_timing.py --batch 16 --max-new-tokens 256
 
 Dense cache (compressor ``none``), float32 sampler, the bench prompt, ``ignore_eos``; the kv_quant
-settings run interleaved in rounds, best round kept. Decode tokens/s excludes the prefill. Mismatch:
+settings run in rotating rounds (:func:`sparserl.bench.measure.time_rounds`): decode tokens/s (the prefill
+excluded) is the median over rounds, a ratio to the float32 cache the median of the per-round ratios. Mismatch:
 teacher-forced on the float32 cache's tokens (the step hook feeds them), per token over the full
 vocabulary: |Δ log p| of the token, k3 KL(p_float ‖ p_quant) and α = Σ_x min(p, q). Also times the
 attention function alone on a decode-shaped cache: the fused form (scales applied after the products)
@@ -13,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
+from sparserl.bench.measure import best_seconds, time_rounds
 from sparserl.bench.mismatch import stepwise_logprobs
 from sparserl.models.loading import load_model
 from sparserl.rollout.cache import attention
@@ -40,14 +41,8 @@ def attention_timing(B=16, hkv=3, hq=9, L=300, D=64, reps=50):
     res = {}
 
     def best(f):
-        f()
-        times = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                f()
-            times.append((time.perf_counter() - t0) / reps)
-        return min(times) * 1e6
+        f()  # warm-up
+        return best_seconds(f, passes=5, calls=reps) * 1e6
 
     res["float32_us"] = best(lambda: attention(q, K, V, bias))
     for name in ("int8", "fp8"):
@@ -75,23 +70,27 @@ def main():
     prompt_ids = [engines["none"].encode(BENCH_PROMPT)]
     params = SamplingParams(n=a.batch, max_new_tokens=a.max_new_tokens, ignore_eos=True, seed=0)
     engines["none"].generate(None, SamplingParams(n=2, max_new_tokens=8, ignore_eos=True), prompt_ids=prompt_ids)  # warm-up
-    rows = {q: {"kv_quant": q, "decode_tok_s": 0.0} for q in quants}
-    for _ in range(a.rounds):
-        for q in quants:
-            out = engines[q].generate(None, params, prompt_ids=prompt_ids)
-            dec = out.tokens_generated / max(out.seconds - out.prefill_seconds, 1e-9)
-            r = rows[q]
-            r["decode_tok_s"] = max(r["decode_tok_s"], dec)
-            r["kv_bytes_peak"] = out.kv.bytes_peak
-            print(f"{q:5s} decode {dec:7.1f} tok/s  total {out.tokens_per_s:7.1f} tok/s  kv {out.kv.bytes_peak / 2**20:.2f} MiB",
-                  flush=True)
+    rows = {q: {"kv_quant": q} for q in quants}
+
+    def decode_rate(out):
+        return out.tokens_generated / max(out.seconds - out.prefill_seconds, 1e-9)
+
+    def show(r, q, seconds, out):
+        print(f"{q:5s} decode {decode_rate(out):7.1f} tok/s  total {out.tokens_per_s:7.1f} tok/s  "
+              f"kv {out.kv.bytes_peak / 2**20:.2f} MiB", flush=True)
+
+    res = time_rounds({q: (lambda e=engines[q]: e.generate(None, params, prompt_ids=prompt_ids)) for q in quants},
+                      a.rounds, on_run=show)
+    for q in quants:
+        if a.rounds:
+            rows[q].update(decode_tok_s=res.median(q, decode_rate), kv_bytes_peak=res.results[q][-1].kv.bytes_peak)
     mp = SamplingParams(n=a.mismatch_rows, max_new_tokens=a.max_new_tokens, ignore_eos=True, seed=1)
     ref_tokens, ref = teacher_forced(engines["none"], prompt_ids, mp)
     nxt = ref_tokens[:, 1:, None]
     for q in quants:
         r = rows[q]
         if a.rounds:  # --rounds 0: mismatch and attention timing only
-            r["ratio_tok_s_vs_float32_kv"] = r["decode_tok_s"] / rows["none"]["decode_tok_s"]
+            r["ratio_tok_s_vs_float32_kv"] = res.median_ratio(q, "none", decode_rate)
             r["kv_bytes_ratio_vs_float32"] = r["kv_bytes_peak"] / rows["none"]["kv_bytes_peak"]
         if q == "none":
             continue

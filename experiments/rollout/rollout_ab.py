@@ -1,6 +1,6 @@
 """One timed ``generate`` (batch 16, the bench's prompt, EOS ignored), no profiler: for A/B timings
 of two source trees, run alternately with PYTHONPATH=<tree>/src. Prints the tree, the compressor
-and tokens/s. Results: docs/results/compression_cost.md (sixth session).
+and tokens/s. Results: docs/results/compression_cost.md.
 
     PYTHONPATH=<tree>/src python3 experiments/rollout/rollout_ab.py rkv 1024     # compressor, new tokens
 """

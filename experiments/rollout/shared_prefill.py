@@ -4,8 +4,9 @@ The default training job's rollout shape (``python -m sparserl.rollout.profile -
 x 8 samples, the system prompt and a one-digit sum, 48 new tokens, R-KV holding the KV to 40 tokens,
 budget 40, step 2, window 8, the prompt compressible), SmolLM2-135M (embedded), in each sampler dtype.
 Arms: ``shared`` (the engine: :meth:`RolloutEngine._prefill_distinct`) and ``every_row`` (the
-prefill over all 32 rows, as before). Each round runs both arms of both dtypes in a rotated order; a
-ratio is the median of the per-round ratios (every_row seconds / shared seconds). Also checks the two
+prefill over all 32 rows). Each round runs both arms of both dtypes in a rotated order
+(:func:`sparserl.bench.measure.time_rounds`); a ratio is the median of the per-round ratios
+(every_row seconds / shared seconds). Also checks the two
 arms sample the same tokens.
 
     python3 experiments/rollout/shared_prefill.py --json docs/results/shared_prefill/default_job.json
@@ -16,11 +17,11 @@ import argparse
 import json
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
+from sparserl.bench.measure import time_rounds
 from sparserl.models.loading import load_model
 from sparserl.rollout import native
 from sparserl.rollout.dtype_auto import cpu_name
@@ -52,22 +53,16 @@ def main() -> None:
     same = {}
     for key, engine in engines.items():  # warm-up, and the tokens each arm samples
         same[key] = engine.generate(prompts, params).response_ids
-    keys = list(engines)
-    rounds = []
-    for k in range(args.rounds):
-        row = {}
-        for key in keys[k % len(keys):] + keys[: k % len(keys)]:
-            t0 = time.perf_counter()
-            out = engines[key].generate(prompts, params)
-            row["/".join(key)] = {"seconds": time.perf_counter() - t0, "prefill_seconds": out.prefill_seconds,
-                                  "tokens": out.tokens_generated}
-            print(f"round {k + 1} {'/'.join(key):>18}: {row['/'.join(key)]['seconds']:.3f} s "
-                  f"(prefill {out.prefill_seconds:.3f} s)", flush=True)
-        rounds.append(row)
+    res = time_rounds({"/".join(key): (lambda e=engine: e.generate(prompts, params)) for key, engine in engines.items()},
+                      args.rounds, on_run=lambda k, name, sec, out: print(
+                          f"round {k + 1} {name:>18}: {sec:.3f} s (prefill {out.prefill_seconds:.3f} s)", flush=True))
+    rounds = [{name: {"seconds": res.seconds[name][k], "prefill_seconds": res.results[name][k].prefill_seconds,
+                      "tokens": res.results[name][k].tokens_generated} for name in res.seconds}
+              for k in range(args.rounds)]
     ratios = {}
     for dtype in ("bfloat16", "float32"):
-        for part in ("seconds", "prefill_seconds"):
-            per = [r[f"{dtype}/every_row"][part] / r[f"{dtype}/shared"][part] for r in rounds]
+        for part, value in (("seconds", None), ("prefill_seconds", lambda out: out.prefill_seconds)):
+            per = res.ratios(f"{dtype}/every_row", f"{dtype}/shared", value)
             ratios[f"{dtype}/{part}"] = {"median": statistics.median(per), "rounds": per}
     result = {"machine": {"cpu": cpu_name(), "isa": native.isa(), "bf16_kernels": native.bf16_kernels(),
                           "torch": torch.__version__, "python": platform.python_version(),

@@ -1,9 +1,9 @@
 """One-step-asynchronous rollouts against synchronous ones: the step time on this machine, and its
-projection to a cluster from the measured station times (issue 31, item 4).
+projection to a cluster from the measured station times.
 
 Each round runs, in this one process, the same short training run twice on one rollout worker (a local
 Ray started by each run): ``sync`` (cluster.rollout_workers=1) and ``async`` (+ rollout.async=true), in
-alternating order. A step's time is the sum of its stations (``time/rollout_s`` + reward + score +
+alternating order (:func:`sparserl.bench.measure.time_rounds`). A step's time is the sum of its stations (``time/rollout_s`` + reward + score +
 update, the push included); step 1 is left out (warm-up, and the async run sends two rollouts there).
 The ratio of a round is sync's mean step over async's; the figure is the median of the rounds' ratios.
 
@@ -33,14 +33,15 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from sparserl.bench.measure import time_rounds
 
 BASE = ["train.prompts_per_step=2", "mismatch.alpha=off", "data.eval=null", "checkpoint.every=0",
         "log.progress=plain", "log.tensorboard=false"]
 ARMS = {"one": [], "sync": ["cluster.rollout_workers=1"], "async": ["cluster.rollout_workers=1", "rollout.async=true"],
         "learners2": ["cluster.learners=2"],
-        # the exact α with a rollout worker: replayed in the training process (before the twenty-third session),
+        # the exact α with a rollout worker: replayed in the training process,
         # or from the q the worker kept while it sampled, synchronous or one step ahead
         "sync_replay": ["cluster.rollout_workers=1", "mismatch.alpha=exact", "mismatch.alpha_record_mib=0"],
         "sync_kept": ["cluster.rollout_workers=1", "mismatch.alpha=exact"],
@@ -122,7 +123,6 @@ def main(argv=None) -> int:
         add_projection(out)
         args.out.write_text(json.dumps(out, indent=1))
         return 0
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import os
 
     import torch
@@ -133,22 +133,21 @@ def main(argv=None) -> int:
     machine = {"cpu": cpu_name(), "isa": isa(), "cores": os.cpu_count(), "torch": torch.__version__}
 
     first, second = args.arms
-    rounds = []
-    for k in range(args.rounds):
-        order = (first, second) if k % 2 == 0 else (second, first)
-        got = {}
-        with tempfile.TemporaryDirectory() as tmp:
-            for arm in order:
-                start = time.perf_counter()
+
+    def arm_run(arm):
+        def run():
+            with tempfile.TemporaryDirectory() as tmp:
                 rows = run_arm(arm, args.steps, args.overrides, Path(tmp))
-                got[arm] = {"steps": [{"step_s": step_time(r), **{key: r.get(key) for key in r if key.startswith("time/")},
-                                       "lag": r.get("mismatch/policy_lag_steps")} for r in rows],
-                            "mean": stations(rows), "run_s": time.perf_counter() - start}
-        got["ratio"] = got[first]["mean"]["step_s"] / got[second]["mean"]["step_s"]
-        rounds.append(got)
-        print(f"round {k + 1}: {first} {got[first]['mean']['step_s']:.2f} s/step, {second} "
-              f"{got[second]['mean']['step_s']:.2f} s/step, ratio {got['ratio']:.3f}", flush=True)
-    ratios = [r["ratio"] for r in rounds]
+            return {"steps": [{"step_s": step_time(r), **{key: r.get(key) for key in r if key.startswith("time/")},
+                               "lag": r.get("mismatch/policy_lag_steps")} for r in rows], "mean": stations(rows)}
+        return run
+
+    step_s = lambda got: got["mean"]["step_s"]  # noqa: E731
+    res = time_rounds({first: arm_run(first), second: arm_run(second)}, args.rounds, on_run=lambda k, arm, sec, got: print(
+        f"round {k + 1}: {arm} {step_s(got):.2f} s/step", flush=True))
+    ratios = res.ratios(first, second, step_s)
+    rounds = [{**{arm: {**res.results[arm][k], "run_s": res.seconds[arm][k]} for arm in (first, second)},
+               "ratio": ratios[k]} for k in range(args.rounds)]
     out = {"command": "python3 experiments/training/async_step_time.py " + " ".join(argv or sys.argv[1:]),
            "machine": machine, "arms": args.arms, "rounds": rounds, "ratios": ratios,
            "median_ratio": statistics.median(ratios)}

@@ -1,4 +1,4 @@
-"""The main job with the bf16 sampler against the float32 one (issue 33, item 3): the same config and seed,
+"""The main job with the bf16 sampler against the float32 one: the same config and seed,
 ``rollout.dtype`` float32 then bfloat16, one after the other in this process's machine; per step the
 reward, the sampler's mismatch against the dense old policy (k3, Sparrow's exact α: mean and p5) and the
 rollout's time, and their means. The learner is float32 in both (``model.dtype``).

@@ -1,5 +1,5 @@
 """DistillSparse on the default task: the KV budget a distilled sampler needs for the α tail of a plain one
-(issue 32, item 3; Sparrow, docs/algorithms.md §3). Results: docs/results/distill_sparse/.
+(Sparrow, docs/algorithms.md §3). Results: docs/results/distill_sparse/.
 
 Per seed, in one process:
 

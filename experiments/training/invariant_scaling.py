@@ -17,10 +17,11 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
 import time
 
 import torch
+
+from sparserl.bench.measure import time_rounds
 
 TEXT = ("Tom has 17 apples. He gives 5 apples to his sister and buys 8 more at the market. "
         "How many apples does Tom have now? Tom has 17 - 5 + 8 = 20 apples, so the answer is \\boxed{20}.")
@@ -62,16 +63,10 @@ def metric_cost(repeats: int = 5) -> dict:
     w = 0.02 * torch.randn(1536, 576, generator=g)
     name = "model.layers.0.mlp.gate_proj.weight"
     before, after = {name: w}, {name: w + 3e-5 * torch.sign(torch.randn(w.shape, generator=g))}
-    times, qtimes = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        update_visible_frac(before, after)
-        times.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        quantize_int8_per_channel(w)
-        qtimes.append(time.perf_counter() - t0)
-    return {"shape": [1536, 576], "metric_ms": 1e3 * statistics.median(times),
-            "quantize_ms": 1e3 * statistics.median(qtimes), "threads": torch.get_num_threads()}
+    res = time_rounds({"metric": lambda: update_visible_frac(before, after),
+                       "quantize": lambda: quantize_int8_per_channel(w)}, repeats)
+    return {"shape": [1536, 576], "metric_ms": 1e3 * res.median("metric"),
+            "quantize_ms": 1e3 * res.median("quantize"), "threads": torch.get_num_threads()}
 
 
 def main(argv=None) -> int:

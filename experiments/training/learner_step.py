@@ -2,7 +2,8 @@
 
 The batch: 4 arith prompts under the default system prompt and SmolLM2's chat template (~80 tokens
 each), 8 responses per prompt of 30-48 random tokens (mean ~40); the real default model
-(``smollm2-135m``, float32). Per mode, after one warm-up of each:
+(``smollm2-135m``, float32). Per mode, after one warm-up of each, the two passes alternating in rounds
+(:func:`sparserl.bench.measure.time_rounds`):
 
 - ``score``: :func:`sparserl.score.score_logprobs` (no grad, micro-batches of 16) -- median of 3;
 - ``update``: one optimizer step as the trainer takes it: micro-batches of 16 through the mode's
@@ -24,9 +25,10 @@ import json
 import resource
 import statistics
 import sys
-import time
 
 import torch
+
+from sparserl.bench.measure import time_rounds
 
 MODES = ("plain", "shared", "shared_plain_head")
 SYSTEM_PROMPT = ("You are a careful math tutor. Read the problem, add or subtract the numbers it gives, and reply "
@@ -98,17 +100,8 @@ def run_mode(mode: str, repeats: int = 3, micro: int = 16, model_name: str = "sm
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
-    def timed(fn):
-        fn()  # warm-up
-        out = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-        return out
-
-    score_s = timed(score)
-    update_s = timed(update)
+    res = time_rounds({"score": score, "update": update}, repeats, warmup=1)
+    score_s, update_s = res.seconds["score"], res.seconds["update"]
     N, L = batch.input_ids.shape
     T = batch.response_ids.shape[1]
     return {"mode": mode, "model": model_name, "score_s": score_s, "score_median_s": statistics.median(score_s), "update_s": update_s,

@@ -1,5 +1,4 @@
-"""LoRA (peft) against full training on the main job: optimizer-state bytes, step time and the reward curve
-(issue 32, item 2).
+"""LoRA (peft) against full training on the main job: optimizer-state bytes, step time and the reward curve.
 
 One round per seed: in this one process, the default job with full training and with LoRA
 (``train.lora_rank``, ``lora_alpha``, ``train.lr`` as given), in alternating order. Per run: the bytes of the

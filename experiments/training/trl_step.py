@@ -1,6 +1,6 @@
 """TRL GRPOTrainer's RL step on the job of sparserl's ``dense`` preset, timed step by step.
 
-The peer for issue 7 item 5 (target: sparserl's dense RL step <= 0.6x TRL's). Run it in a venv that
+The peer of sparserl's dense RL step (docs/results/rl_step_vs_trl.md). Run it in a venv that
 sees the main site-packages plus TRL (``python3 -m venv --system-site-packages /work/venvs/trl &&
 /work/venvs/trl/bin/pip install trl==1.13.0``)::
 

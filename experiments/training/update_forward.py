@@ -1,15 +1,15 @@
-"""The main job's learner before and after ``algorithm.old_logprobs=update``, in one process.
+"""The main job's learner with a scoring forward against ``algorithm.old_logprobs=update``, in one process.
 
 On the default job's first rollout batch (4 prompts x 8 samples; the config given, default ``default``),
 in the learner's precision as ``model.mixed_precision: auto`` resolves it on this machine, three arms:
 
-- ``score_micro16``: the shipped path before: a scoring forward, then the update, micro-batches of 16;
+- ``score_micro16``: a scoring forward, then the update, micro-batches of 16;
 - ``score_micro32``: the same with one micro-batch of 32 (what the micro-batch size alone changes);
 - ``update_micro32``: ``old_logprobs=update`` with one micro-batch of 32: the update's forward, the
   corrections from its detached log-probs, the update on it (no scoring forward).
 
-Each round runs every arm in a rotated order, the learner's weights and optimizer state restored after
-each; a ratio is the median of the per-round ratios (``score_micro16`` seconds / the arm's). The peak
+Each round runs every arm in a rotated order (:func:`sparserl.bench.measure.time_rounds`), the learner's
+weights and optimizer state restored after each, untimed; a ratio is the median of the per-round ratios (``score_micro16`` seconds / the arm's). The peak
 of the process's resident memory cannot tell arms in one process apart, so the memory a micro-batch
 size costs is read from autograd: the most bytes saved for one backward (:class:`SavedBytes`).
 
@@ -23,12 +23,12 @@ import json
 import os
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from sparserl.bench.learner import _forward_and_update, _score, _State, _update
+from sparserl.bench.measure import time_rounds
 from sparserl.config import load_config, validate
 from sparserl.models.mixed_precision import choose as choose_mixed_precision
 from sparserl.reward import score_responses
@@ -113,16 +113,10 @@ def main() -> None:
             run(arm)
         state.restore()
         saved[arm] = counter.peak
-    seconds = {arm: [] for arm in ARMS}
-    for r in range(args.rounds):
-        order = ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]
-        for arm in order:
-            start = time.perf_counter()
-            run(arm)
-            seconds[arm].append(time.perf_counter() - start)
-            state.restore()
-        print(f"round {r + 1}: " + ", ".join(f"{arm} {seconds[arm][-1]:.2f} s" for arm in ARMS), flush=True)
-    ratios = {arm: [a / b for a, b in zip(seconds["score_micro16"], seconds[arm])] for arm in ARMS[1:]}
+    res = time_rounds({arm: (lambda arm=arm: run(arm)) for arm in ARMS}, args.rounds, reset=state.restore,
+                      on_run=lambda r, arm, sec, _: print(f"round {r + 1}: {arm} {sec:.2f} s", flush=True))
+    seconds = res.seconds
+    ratios = {arm: res.ratios("score_micro16", arm) for arm in ARMS[1:]}
     speedup = {arm: statistics.median(v) for arm, v in ratios.items()}
     print("against score_micro16 (median of per-round ratios): "
           + ", ".join(f"{arm} {v:.2f}x" for arm, v in speedup.items()))
