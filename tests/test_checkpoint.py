@@ -343,6 +343,46 @@ def test_a_non_finite_weight_or_optimizer_state_is_never_saved(tmp_path, tiny, w
     assert not (tmp_path / "empty").exists()
 
 
+def _run_without_config(tmp_path: Path) -> Path:
+    """A run folder with a complete checkpoint (what resume looks for: a manifest) whose config.yaml is gone."""
+    run = tmp_path / "run"
+    ck = run / "checkpoints" / "step-000001"
+    ck.mkdir(parents=True)
+    (ck / "COMPLETE").write_text('{"format": 2, "step": 1, "files": {}}')
+    (run / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
+    return run
+
+
+def test_a_run_with_checkpoints_but_no_config_yaml_is_refused_naming_the_file(tmp_path):
+    from sparserl.config import Config
+    from sparserl.train.run_folder import ResumeError, check_resume_config
+
+    run = _run_without_config(tmp_path)
+    with pytest.raises(ResumeError) as e:
+        check_resume_config(run, Config(name="default"))
+    msg = str(e.value)
+    assert "\n" not in msg and str(run / "config.yaml") in msg and "missing" in msg and "step-000001" in msg
+    assert "pass the config it ran with explicitly" in msg and "--allow-config-change" in msg
+    assert check_resume_config(run, Config(name="default"), allow_config_change=True) == []  # given explicitly
+    shutil.rmtree(run / "checkpoints")
+    assert check_resume_config(run, Config(name="default")) == []  # no checkpoint: a resume starts at step 0
+
+
+def test_sparserl_train_resume_without_config_yaml_says_so_before_loading_anything(tmp_path, capsys, monkeypatch):
+    from sparserl import cli
+    from sparserl.models import loading
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded before the missing config.yaml was named")
+
+    monkeypatch.setattr(loading, "load_model", no_load)
+    run = _run_without_config(tmp_path)
+    code = cli.main(["train", "--resume", "--run-dir", str(run)])
+    err = capsys.readouterr().err
+    assert code != 0 and f"{run / 'config.yaml'} is missing" in err and "Traceback" not in err, err
+    assert not (run / "config.yaml").exists()
+
+
 def test_pruning_debris_and_rewriting_a_step(tmp_path, tiny):
     run = tmp_path / "run"
     torch.manual_seed(0)

@@ -4,7 +4,9 @@ whether its config may change, and the record of every config it ran with.
 ``config.yaml`` is the config a run started with and is never overwritten; a resume with a changed
 config (``--allow-config-change``) adds ``config-resume-<step>.yaml``. Keys that cannot change a
 run's past (``RESUME_FREE_KEYS``: more ``train.steps``, logging, checkpoint frequency) may change
-freely; any other change is refused with the list of keys, old -> new.
+freely; any other change is refused with the list of keys, old -> new. A run folder that has
+checkpoints but no recorded config is refused too, before anything loads: the config its weights were
+trained with is unknown, and a default one would fail later on a weight mismatch without saying why.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from ..config import Config, ConfigError, config_to_dict, load_config, save_conf
 from ..data import DataError
 from ..errors import SparserlError
 from ..models.loading import check_model, resolve_device
+from .checkpoint import complete_checkpoints
 from .eval_set import load_eval_set
 
 
@@ -157,9 +160,19 @@ def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
 def check_resume_config(run: Path, cfg: Config, allow_config_change: bool = False) -> list[tuple[str, Any, Any]]:
     """Compare ``cfg`` with the config the run last ran with (its newest recorded config); returns the
     changes. A change of a key outside :data:`RESUME_FREE_KEYS` raises :class:`ResumeError` listing
-    each such key with its old and new value, unless ``allow_config_change``."""
+    each such key with its old and new value, unless ``allow_config_change``. A run that has a complete
+    checkpoint but no recorded config (``config.yaml`` deleted or never copied) raises :class:`ResumeError`
+    naming the missing file, unless ``allow_config_change`` says that ``cfg`` is the run's config, given
+    explicitly (it is then recorded as the run's ``config.yaml``)."""
     recorded = recorded_configs(run)
     if not recorded:
+        checkpoints = complete_checkpoints(run)
+        if checkpoints and not allow_config_change:
+            raise ResumeError(
+                f"--resume: {run / CONFIG_FILE} is missing, so the config that {run} (checkpoint "
+                f"{checkpoints[0].name}) ran with is unknown and another one would not fit its weights; pass the "
+                f"config it ran with explicitly: sparserl train CONFIG [key=value ...] --resume --run-dir {run} "
+                "--allow-config-change")
         return []
     try:
         old = config_to_dict(load_recorded_config(recorded[-1]))
