@@ -73,6 +73,10 @@ def test_make_report_writes_plots_and_numbers(tmp_path):
     assert "2.00 MiB vs 8.00 MiB (4x less" in md
     assert "kept vs dense: mean 20 vs 80; kept fraction mean 0.25 (4x fewer), worst step 0.25" in md
     assert "saved" not in md and "dense equivalent" not in md
+    # the headline first: a single run states no verdict against dense, it names the comparison that measures it
+    assert md.index("## Headline") < md.index("## Configuration")
+    assert "- KV allocated: 1/4.0 of a dense engine's for the same batches" in md
+    assert "- verdict: no dense run to compare with: `sparserl compare default --arms dense,default --seeds 6`" in md
     assert "| mismatch/k3_kl | 0.003 | 0.005 | 0.005 |" in md
     assert "| rs/token_masked_frac | 0.02 |" in md
     assert "| step | problems | dense/pass@1 | dense/avg@1 | sparse/pass@1 | sparse/avg@1 |" in md

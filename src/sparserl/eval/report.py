@@ -10,7 +10,8 @@
     kv_memory.png  KV bytes allocated, sampler vs dense engine; tokens kept vs dense at each end
     time.png       seconds per station per step, stacked (time/*_s)
     loss.png       policy/loss, grad_norm, policy/entropy, policy/kl_ref
-    report.md      the figures that matter, with links to the plots
+    report.md      the headline (:func:`headline_lines`: KV vs dense, α's tail vs the threshold, final
+                   reward, a verdict only where measured), the figures that matter, links to the plots
 
 A plot whose metrics are all absent is skipped. Several runs are compared by ``sparserl compare``
 (``sparserl.compare``), which reuses the readers and plot helpers here.
@@ -32,7 +33,8 @@ import yaml
 from .. import runlog as names
 from ..runlog import STATIONS, SUBTIMES, TIME_STEP, read_metrics, step_seconds
 
-__all__ = ["make_report", "load_run", "RunData", "summarize", "alpha_figure", "SPARROW_ALPHA_P5_THRESHOLD"]
+__all__ = ["make_report", "load_run", "RunData", "summarize", "alpha_figure", "alpha_threshold", "headline",
+           "headline_lines", "rows_by_step", "SPARROW_ALPHA_P5_THRESHOLD"]
 
 MISMATCH_NAMED = (names.MISMATCH_LOG_RATIO, names.MISMATCH_K3)
 ALPHA_NAMED = (names.MISMATCH_ALPHA_MEAN, names.MISMATCH_ALPHA_P5, names.MISMATCH_ALPHA_P5_NOPHI)
@@ -118,11 +120,7 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 def load_run(run_dir: str | Path) -> RunData:
     """Read a run folder: metrics.jsonl, config.yaml (if any), eval*.json (if any)."""
     run_dir = Path(run_dir)
-    by_step: dict[int, dict] = {}
-    for r in read_metrics(run_dir):
-        if _is_num(r.get("step")):
-            by_step[int(r["step"])] = r  # a resumed run's redone step replaces the old one
-    rows = [by_step[s] for s in sorted(by_step)]
+    rows = rows_by_step(read_metrics(run_dir))  # a resumed run's redone step replaces the old one
     config = None
     cfg_path = run_dir / "config.yaml"
     if cfg_path.is_file():
@@ -174,11 +172,20 @@ def _mean(v: Sequence[float]) -> float | None:
     return statistics.fmean(v) if v else None
 
 
+def alpha_threshold(config: dict | None) -> tuple[float, str]:
+    """The threshold a run's α tail is read against, and its name: the controller's
+    (``rollout.kv_controller.threshold``) when the run has one, else Sparrow's (:data:`SPARROW_ALPHA_P5_THRESHOLD`)."""
+    threshold = _dig(config or {}, "rollout.kv_controller.threshold")
+    if _is_num(threshold):
+        return float(threshold), "the controller's threshold"
+    return SPARROW_ALPHA_P5_THRESHOLD, "Sparrow's threshold"
+
+
 def summarize(run: RunData, tail: int = 5) -> dict[str, Any]:
-    """Headline figures of a run: reward/accuracy first, last, best,
+    """The figures of a run: reward/accuracy first, last, best,
     tail mean; the same of α's mean and 5th percentile, and the 5th percentile's (overall and per length bin)
-    last, worst and steps below Sparrow's threshold; mean seconds per step and per station; KV and mismatch
-    means; final eval accuracy."""
+    last, worst and steps below the run's threshold (:func:`alpha_threshold`); mean seconds per step and per
+    station; KV and mismatch means; final eval accuracy."""
     out: dict[str, Any] = {"name": run.name, "steps": len(run.rows),
                            "first_step": run.rows[0]["step"] if run.rows else None,
                            "last_step": run.rows[-1]["step"] if run.rows else None}
@@ -205,13 +212,15 @@ def summarize(run: RunData, tail: int = 5) -> dict[str, Any]:
             i = max(range(len(ys)), key=lambda j: ys[j])
             out[key] = {"first": ys[0], "last": ys[-1], "best": ys[i], "best_step": xs[i],
                         "tail_mean": _mean(ys[-tail:]), "key": key}
+    thr, thr_name = alpha_threshold(run.config)
+    out["alpha_threshold"], out["alpha_threshold_name"] = thr, thr_name
     out["alpha_tail"] = {}
     for key in [names.MISMATCH_ALPHA_P5] + alpha_bin_keys(run):
         xs, ys = run.series(key)
         if ys:
             i = min(range(len(ys)), key=lambda j: ys[j])
             out["alpha_tail"][key] = {"last": ys[-1], "worst": ys[i], "worst_step": xs[i], "steps": len(ys),
-                                      "below": sum(y < SPARROW_ALPHA_P5_THRESHOLD for y in ys)}
+                                      "below": sum(y < thr for y in ys)}
     out["mismatch"] = {}
     for k in _mismatch_keys(run) + _group_keys(run, "is/", IS_NAMED) + _group_keys(run, "rs/", RS_NAMED):
         ys = run.series(k)[1]
@@ -241,6 +250,174 @@ def alpha_bin_keys(run: RunData) -> list[str]:
     prefix = names.MISMATCH_ALPHA_P5_BIN
     keys = [k for k in run.keys() if k.startswith(prefix) and k[len(prefix):].isdigit() and run.series(k)[0]]
     return sorted(keys, key=lambda k: int(k[len(prefix):]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Headline: the figures that judge a run's promise, and a verdict only where one is measured
+# ---------------------------------------------------------------------------------------------
+#: the reward a run is judged by: the verifier's mean (a shaped reward's first part), else reward/mean
+HEADLINE_REWARD_KEYS = (names.REWARD_VERIFIER_MEAN, names.REWARD_MEAN)
+
+
+def rows_by_step(rows: Iterable[dict]) -> list[dict]:
+    """Metrics rows deduplicated by step (the last row of a step wins: a resumed run's redone step) and sorted."""
+    by_step: dict[int, dict] = {}
+    for r in rows:
+        if _is_num(r.get("step")):
+            by_step[int(r["step"])] = r
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def compare_command(config: dict | None) -> str:
+    """The comparison that measures a run against dense: ``sparserl compare <config> --arms dense,<config>
+    --seeds 6`` for a preset (six seeds: a paired 95% interval narrow enough to tell a few points of reward
+    apart; docs/results/compare_shipped), else the same with the arm ``base`` (the config as given)."""
+    if not config:
+        return "sparserl compare CONFIG --arms dense,base --seeds 6"
+    name = config.get("name") or "default"
+    try:
+        from ..config import list_presets
+
+        preset = name in list_presets()
+    except Exception:  # noqa: BLE001 - the presets cannot be listed: name the config file instead
+        preset = name == "default"
+    if preset:
+        return f"sparserl compare {name} --arms dense,{name} --seeds 6"
+    return "sparserl compare RUN/config.yaml --arms dense,base --seeds 6"
+
+
+def _final(run: RunData, key: str, steps: Iterable[int] | None = None, tail: int = 5) -> float | None:
+    """Mean of ``key`` over the last ``tail`` steps logged (of ``steps`` when given)."""
+    xs, ys = run.series(key)
+    pts = [(x, y) for x, y in zip(xs, ys) if steps is None or x in steps]
+    return _mean([y for _, y in pts[-tail:]])
+
+
+def _is_dense(config: dict | None) -> bool:
+    return _dig(config or {}, "rollout.compressor") == "none"
+
+
+def headline(rows: Sequence[dict], config: dict | None = None, dense_rows: Sequence[dict] | None = None,
+             tail: int = 5) -> dict[str, Any]:
+    """The figures that judge a run's promise, from its metrics rows (as in ``metrics.jsonl``) and its config
+    (a dict, as in ``config.yaml``): KV bytes allocated against a dense engine for the same batches (mean
+    dense / mean sampler allocation), KV tokens held at each response's end against dense, α's tail (5th
+    percentile per length bin) against the run's threshold (:func:`alpha_threshold`) at the last step and over
+    the run, the final reward (mean of the last ``tail`` steps of :data:`HEADLINE_REWARD_KEYS`' first logged
+    key), and, with ``dense_rows`` (a dense run of the same seed: a compare's dense arm), the paired
+    difference of the final rewards over the steps both logged: ``d = mean_t (r_t − r_t^dense)`` over the
+    last ``tail`` common steps."""
+    run = RunData(Path("."), rows_by_step(rows), config)
+    s = summarize(run, tail)
+    out: dict[str, Any] = {"steps": len(run.rows), "last_step": s["last_step"], "dense": _is_dense(config),
+                           "compare": compare_command(config)}
+    alloc, dense = s[names.KV_SAMPLER_ALLOC]["mean"], s[names.KV_DENSE_ALLOC]["mean"]
+    ratio = dense / alloc if alloc and dense else _mean(run.series(names.KV_ALLOC_REDUCTION)[1])
+    out["kv_alloc"] = {"sampler": alloc, "dense": dense, "reduction": ratio}
+    out["kv_tokens"] = {"kept": s[names.KV_KEPT_TOKENS]["mean"], "dense": s[names.KV_DENSE_TOKENS]["mean"],
+                        "kept_frac": s[names.KV_KEPT_FRAC]["mean"]}
+    # α's tail: per bin at the last step, and the steps where any bin (else the overall p5) was below
+    thr, thr_name = s["alpha_threshold"], s["alpha_threshold_name"]
+    bins = alpha_bin_keys(run)
+    tail_keys = bins or ([names.MISMATCH_ALPHA_P5] if run.series(names.MISMATCH_ALPHA_P5)[0] else [])
+    alpha = None
+    if tail_keys:
+        measured = [r for r in run.rows if any(_is_num(r.get(k)) for k in tail_keys)]
+        last = measured[-1]
+        last_values = {k: float(last[k]) for k in tail_keys if _is_num(last.get(k))}
+        alpha = {"threshold": thr, "threshold_name": thr_name, "controller": thr_name != "Sparrow's threshold",
+                 "per_bin": bool(bins), "last_step": int(last["step"]), "last": last_values,
+                 "below_last": {k: v for k, v in last_values.items() if v < thr},
+                 "steps": len(measured),
+                 "steps_below": sum(any(_is_num(r.get(k)) and r[k] < thr for k in tail_keys) for r in measured),
+                 "p5_last": last.get(names.MISMATCH_ALPHA_P5) if _is_num(last.get(names.MISMATCH_ALPHA_P5)) else None}
+    out["alpha"] = alpha
+    key = next((k for k in HEADLINE_REWARD_KEYS if run.series(k)[0]), None)
+    out["reward"] = None if key is None else {
+        "key": key, "final": _final(run, key, tail=tail), "tail": min(tail, len(run.series(key)[0])),
+        "first": run.series(key)[1][0], "last": run.series(key)[1][-1]}
+    out["versus_dense"] = None
+    if dense_rows is not None:
+        ref = RunData(Path("."), rows_by_step(dense_rows))
+        ref_key = next((k for k in HEADLINE_REWARD_KEYS if ref.series(k)[0]), None)
+        versus: dict[str, Any] = {"pairs": 0}
+        if key is not None and ref_key is not None:
+            common = sorted(set(run.series(key)[0]) & set(ref.series(ref_key)[0]))[-tail:]
+            mine, theirs = dict(zip(*run.series(key))), dict(zip(*ref.series(ref_key)))
+            diffs = [mine[t] - theirs[t] for t in common]
+            versus = {"pairs": len(diffs), "steps": common, "final": _mean([mine[t] for t in common]),
+                      "dense_final": _mean([theirs[t] for t in common]), "difference": _mean(diffs)}
+        ref_alloc = _mean(ref.series(names.KV_SAMPLER_ALLOC)[1])
+        versus["kv_alloc_vs_dense_run"] = ref_alloc / alloc if ref_alloc and alloc else None
+        out["versus_dense"] = versus
+    return out
+
+
+def _bin_start(key: str) -> str:
+    return key[len(names.MISMATCH_ALPHA_P5_BIN):] if key.startswith(names.MISMATCH_ALPHA_P5_BIN) else "all"
+
+
+def headline_lines(rows: Sequence[dict], config: dict | None = None, dense_rows: Sequence[dict] | None = None,
+                   tail: int = 5) -> list[str]:
+    """:func:`headline` as lines a person reads (the run summary prints them, ``report.md`` opens with them):
+    KV allocated vs dense, KV tokens kept vs dense, α's tail vs the threshold, the final reward, and a verdict
+    only where one is measured: a single run cannot tell whether its compression costs reward, so without
+    ``dense_rows`` the last line says so and names the comparison that measures it."""
+    h = headline(rows, config, dense_rows, tail)
+    lines = []
+    kv, tok = h["kv_alloc"], h["kv_tokens"]
+    if kv["reduction"] is None:
+        lines.append("KV allocated: not logged")
+    elif h["dense"]:
+        lines.append(f"KV allocated: as much as a dense engine (1/{kv['reduction']:.1f}; rollout.compressor=none "
+                     "keeps every token)")
+    else:
+        amounts = f" (mean {_fmt_bytes(kv['sampler'])} vs {_fmt_bytes(kv['dense'])} per step)" if kv["sampler"] else ""
+        lines.append(f"KV allocated: 1/{kv['reduction']:.1f} of a dense engine's for the same batches{amounts}")
+    if tok["kept_frac"] is not None:
+        counts = (f"{_fmt(tok['kept'], 3)} kept vs {_fmt(tok['dense'], 3)} dense, "
+                  if tok["kept"] is not None and tok["dense"] is not None else "")
+        lines.append(f"KV tokens held at each response's end: {counts}{100 * tok['kept_frac']:.0f}% "
+                     f"(1/{1 / tok['kept_frac']:.1f})" if tok["kept_frac"] > 0 else
+                     f"KV tokens held at each response's end: {counts}0%")
+    a = h["alpha"]
+    if a is None:
+        lines.append("α tail: not measured (mismatch.alpha=off): how far the sampler is from the dense policy "
+                     "is unknown")
+    else:
+        what = "5th percentile per length bin" if a["per_bin"] else "5th percentile"
+        steer = " (rollout.kv_controller.threshold)" if a["controller"] else \
+            " (no controller: rollout.kv_controller is unset)"
+        below = ", ".join(f"bin {_bin_start(k)}: {_fmt(v, 3)}" for k, v in a["below_last"].items())
+        lines.append(f"α tail ({what}) against {a['threshold_name']} {a['threshold']:g}{steer}: at the last step "
+                     f"({a['last_step']}) {len(a['below_last'])} of {len(a['last'])} "
+                     f"{'bins' if a['per_bin'] else 'values'} below{f' ({below})' if below else ''}; "
+                     f"{a['steps_below']} of {a['steps']} steps "
+                     f"{'had a bin below' if a['per_bin'] else 'were below'}")
+    r = h["reward"]
+    if r is None:
+        lines.append("final reward: not logged")
+    else:
+        over = "the last step" if r["tail"] == 1 else f"mean of the last {r['tail']} steps"
+        lines.append(f"final reward ({r['key']}, {over}): {_fmt(r['final'], 3)} "
+                     f"(first step {_fmt(r['first'], 3)}, last {_fmt(r['last'], 3)})")
+    v = h["versus_dense"]
+    if v is not None and v["pairs"]:
+        kv_vs = (f"; KV allocated 1/{v['kv_alloc_vs_dense_run']:.1f} of the dense run's"
+                 if v["kv_alloc_vs_dense_run"] else "")
+        lines.append(f"versus the dense run (same seed, the last {v['pairs']} steps both logged): final reward "
+                     f"{_fmt(v['final'], 3)} vs {_fmt(v['dense_final'], 3)}, paired difference "
+                     f"{v['difference']:+.3f}{kv_vs}; one seed pair gives no 95% interval: `{h['compare']}` "
+                     "gives one")
+    elif v is not None:
+        lines.append("versus the dense run: no reward logged at the same steps, no difference measured")
+    elif h["dense"]:
+        lines.append("verdict: none, this run is the dense reference (rollout.compressor=none) a compressed run is "
+                     "measured against (`sparserl compare CONFIG --arms dense,base --seeds 6`)")
+    else:
+        lines.append(f"verdict: no dense run to compare with: `{h['compare']}` measures it (a single run cannot "
+                     "tell whether its compression costs reward)")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,7 +502,7 @@ def _plot_panels(run: RunData, panels: list[tuple[str, list[str], str | None]], 
 def alpha_figure(run: RunData):
     """The α plot's figure (None when the run measured no α, ``mismatch.alpha=off``): one line per
     length bin's 5th percentile (short to long, dark to light), the 5th percentile over all tokens, the
-    mean, and Sparrow's threshold as a dashed horizontal line."""
+    mean, and the run's threshold (:func:`alpha_threshold`) as a dashed horizontal line."""
     bins = alpha_bin_keys(run)
     overall = [k for k in ALPHA_NAMED if run.series(k)[0]]
     if not bins and not overall:
@@ -340,8 +517,8 @@ def alpha_figure(run: RunData):
     _line(ax, run, names.MISMATCH_ALPHA_MEAN, color="tab:orange", linewidth=2.2)
     if run.series(names.MISMATCH_ALPHA_P5_NOPHI)[0]:  # DistillSparse: the same sampler without φ
         _line(ax, run, names.MISMATCH_ALPHA_P5_NOPHI, color="gray", linewidth=1.6, linestyle=":")
-    thr = SPARROW_ALPHA_P5_THRESHOLD
-    ax.axhline(thr, color="tab:red", linestyle="--", linewidth=1.5, label=f"Sparrow's threshold {thr:g}")
+    thr, thr_name = alpha_threshold(run.config)
+    ax.axhline(thr, color="tab:red", linestyle="--", linewidth=1.5, label=f"{thr_name} {thr:g}")
     lo = min([thr] + [y for k in bins + overall for y in run.series(k)[1]])
     ax.set_ylim(max(0.0, lo - 0.05), 1.01)
     width = _dig(run.config or {}, "mismatch.alpha_bin")
@@ -457,13 +634,14 @@ def _kv_lines(s: dict) -> list[str]:
 
 
 def _alpha_lines(s: dict) -> list[str]:
-    """α's tail against Sparrow's threshold: per length bin (and overall), last, worst and steps below."""
+    """α's tail against the run's threshold (the controller's, else Sparrow's): per length bin (and overall),
+    last, worst and steps below."""
     tail = s["alpha_tail"]
     if not tail:
         return []
-    thr = SPARROW_ALPHA_P5_THRESHOLD
-    md = [f"Acceptance α's 5th percentile against Sparrow's threshold {thr:g} (Sparrow's training stayed "
-          "stable while every length bin's stayed above it):", "",
+    thr = s["alpha_threshold"]
+    md = [f"Acceptance α's 5th percentile against {s['alpha_threshold_name']} {thr:g} (Sparrow's training "
+          "stayed stable while every length bin's stayed above its threshold):", "",
           f"| metric | last | worst (step) | steps below {thr:g} |", "|---|---|---|---|"]
     for k, v in tail.items():
         md.append(f"| {k} | {_fmt(v['last'])} | {_fmt(v['worst'])} ({v['worst_step']}) | {v['below']}/{v['steps']} |")
@@ -498,6 +676,8 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
 
     md: list[str] = [f"# Run report: {run.name}", "",
                      f"Run folder `{run.run_dir}`; report written {time.strftime('%Y-%m-%d %H:%M:%S')}.", ""]
+    if run.rows:  # the figures that judge the run, as the run's summary prints them
+        md += ["## Headline", ""] + [f"- {line}" for line in headline_lines(run.rows, run.config)] + [""]
     if run.config:
         md += ["## Configuration", "", "| setting | value |", "|---|---|"]
         if run.config.get("name"):
