@@ -355,7 +355,7 @@ def _run_without_config(tmp_path: Path) -> Path:
 
 def test_a_run_with_checkpoints_but_no_config_yaml_is_refused_naming_the_file(tmp_path):
     from sparserl.config import Config
-    from sparserl.train.run_folder import ResumeError, check_resume_config
+    from sparserl.train.run_folder import ResumeError, check_resume_config, find_resume_folder
 
     run = _run_without_config(tmp_path)
     with pytest.raises(ResumeError) as e:
@@ -364,8 +364,15 @@ def test_a_run_with_checkpoints_but_no_config_yaml_is_refused_naming_the_file(tm
     assert "\n" not in msg and str(run / "config.yaml") in msg and "missing" in msg and "step-000001" in msg
     assert "pass the config it ran with explicitly" in msg and "--allow-config-change" in msg
     assert check_resume_config(run, Config(name="default"), allow_config_change=True) == []  # given explicitly
+    # `sparserl train --resume` without a config reads the run's own: refused as the folder is found
+    locator = Config(name="default")
+    with pytest.raises(ResumeError, match="config.yaml is missing") as found:
+        find_resume_folder(locator, run, config_from_run=True)
+    assert str(found.value) == msg
+    assert find_resume_folder(locator, run) == run  # a config given: check_resume_config decides
     shutil.rmtree(run / "checkpoints")
     assert check_resume_config(run, Config(name="default")) == []  # no checkpoint: a resume starts at step 0
+    assert find_resume_folder(locator, run, config_from_run=True) == run
 
 
 def test_sparserl_train_resume_without_config_yaml_says_so_before_loading_anything(tmp_path, capsys, monkeypatch):
@@ -377,7 +384,8 @@ def test_sparserl_train_resume_without_config_yaml_says_so_before_loading_anythi
 
     monkeypatch.setattr(loading, "load_model", no_load)
     run = _run_without_config(tmp_path)
-    code = cli.main(["train", "--resume", "--run-dir", str(run)])
+    # rollout.dtype=float32: validation does not time the sampler's dtypes (config's rollout.dtype=auto)
+    code = cli.main(["train", "rollout.dtype=float32", "--resume", "--run-dir", str(run)])
     err = capsys.readouterr().err
     assert code != 0 and f"{run / 'config.yaml'} is missing" in err and "Traceback" not in err, err
     assert not (run / "config.yaml").exists()

@@ -113,16 +113,20 @@ def newest_run(out_dir: str | Path) -> Path | None:
     return max(runs, key=_last_written) if runs else None
 
 
-def find_resume_folder(cfg: Config, run_dir: str | Path | None, log=print) -> Path:
+def find_resume_folder(cfg: Config, run_dir: str | Path | None, log=print, *, config_from_run: bool = False) -> Path:
     """The run folder ``--resume`` continues: ``run_dir``; else ``log.out_dir/log.run_name`` when the
     config names the run; else the newest run under ``log.out_dir`` (logged). It must exist and hold a
-    run: a :class:`ResumeError` says what is missing."""
+    run: a :class:`ResumeError` says what is missing. ``config_from_run``: the caller resumes with the
+    run's own recorded config (no config was given), so a run that has a checkpoint but no recorded
+    config is refused here, naming the missing file, before any config is validated or model loaded."""
     if run_dir is None and not cfg.log.run_name:
         run = newest_run(cfg.log.out_dir)
         if run is None:
             raise ResumeError(f"--resume without --run-dir: no run folder under log.out_dir={cfg.log.out_dir} to "
                               "resume; give the run with --run-dir DIR (or drop --resume to start a new run)")
         log(f"resuming the newest run under {cfg.log.out_dir}: {run}")
+        if config_from_run:
+            _refuse_missing_config(run)
         return run
     run = resolve_run_dir(cfg, str(run_dir) if run_dir else None)
     what = f"--run-dir {run}" if run_dir else f"log.out_dir/log.run_name {run}"
@@ -132,7 +136,20 @@ def find_resume_folder(cfg: Config, run_dir: str | Path | None, log=print) -> Pa
     if not is_run_folder(run):
         raise ResumeError(f"--resume: {what} is not a run folder (no {CONFIG_FILE}, {names.METRICS_FILE} or "
                           "checkpoints/)")
+    if config_from_run:
+        _refuse_missing_config(run)
     return run
+
+
+def _refuse_missing_config(run: Path) -> None:
+    """Raise :class:`ResumeError` when ``run`` has a complete checkpoint but no recorded config: the config its
+    weights were trained with is unknown, and another would fail later on a weight mismatch without saying why."""
+    checkpoints = complete_checkpoints(run)
+    if checkpoints and not recorded_configs(run):
+        raise ResumeError(
+            f"--resume: {run / CONFIG_FILE} is missing, so the config that {run} (checkpoint {checkpoints[0].name}) "
+            f"ran with is unknown and another one would not fit its weights; pass the config it ran with "
+            f"explicitly: sparserl train CONFIG [key=value ...] --resume --run-dir {run} --allow-config-change")
 
 
 def _flat(d: dict) -> dict:
@@ -166,13 +183,8 @@ def check_resume_config(run: Path, cfg: Config, allow_config_change: bool = Fals
     explicitly (it is then recorded as the run's ``config.yaml``)."""
     recorded = recorded_configs(run)
     if not recorded:
-        checkpoints = complete_checkpoints(run)
-        if checkpoints and not allow_config_change:
-            raise ResumeError(
-                f"--resume: {run / CONFIG_FILE} is missing, so the config that {run} (checkpoint "
-                f"{checkpoints[0].name}) ran with is unknown and another one would not fit its weights; pass the "
-                f"config it ran with explicitly: sparserl train CONFIG [key=value ...] --resume --run-dir {run} "
-                "--allow-config-change")
+        if not allow_config_change:
+            _refuse_missing_config(run)
         return []
     try:
         old = config_to_dict(load_recorded_config(recorded[-1]))
