@@ -1,0 +1,125 @@
+"""Every check a run makes before its real work, without loading any weights: :func:`preflight`.
+
+``sparserl train`` and ``sparserl config`` ask the same questions of a config, in this order, and the
+first problem ends it with one line naming the key:
+
+1. the rules between keys (:func:`sparserl.config.validate`);
+2. the model: ``model.name`` is the embedded default, ``tiny``, a Hugging Face folder with a
+   ``config.json`` of a supported family, or a ``.gguf`` file (:func:`sparserl.models.loading.check_model`),
+   and ``model.device`` exists on this machine;
+3. the reward: every ``module:function`` of ``reward.fn`` imports and names a callable;
+4. LoRA: every name of ``train.lora_target`` (and ``algorithm.distill_sparse.target``) is a linear module
+   of the model, whose modules are listed from its architecture alone: the model is built on PyTorch's
+   meta device from its ``config.json`` or its GGUF header, so no weight is read;
+5. the data: ``data.train`` and ``data.eval`` read, with their columns.
+
+The run folder (writable, resumable) and Ray's address are the run's own checks, made where the run
+starts.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .config import Config, ConfigError, validate
+
+__all__ = ["preflight", "check_rewards", "check_lora_targets", "check_data", "model_linear_names"]
+
+
+def preflight(cfg: Config) -> None:
+    """Raise the first problem that would stop ``train`` before its first step, loading no weights:
+    a :class:`~sparserl.config.ConfigError`, :class:`~sparserl.models.loading.ModelLoadError`,
+    :class:`~sparserl.reward.registry.RewardSpecError` or :class:`~sparserl.data.DataError`, each a
+    :class:`~sparserl.errors.SparserlError` whose message names the key."""
+    from .models.loading import check_model, resolve_device
+
+    validate(cfg)
+    check_model(cfg.model.name)
+    resolve_device(cfg.model.device)
+    check_rewards(cfg)
+    check_lora_targets(cfg)
+    check_data(cfg)
+
+
+def check_rewards(cfg: Config) -> None:
+    """Every ``module:function`` of ``reward.fn`` imports and is callable (a built-in name is known);
+    nothing starts: no checker process, no reward pool."""
+    from .reward.registry import BUILTIN_REWARDS, load_reward
+
+    specs = [cfg.reward.fn] if isinstance(cfg.reward.fn, str) else list(cfg.reward.fn)
+    for spec in specs:
+        if spec.strip() not in BUILTIN_REWARDS:
+            load_reward(spec, timeout_s=None, workers=0)  # imports the module; RewardSpecError names reward.fn
+
+
+def check_lora_targets(cfg: Config) -> None:
+    """Every module name of ``train.lora_target`` (when ``train.lora_rank`` > 0) and of
+    ``algorithm.distill_sparse.target`` is a linear module of the model (peft's ``target_modules``
+    match the last part of a module's name); ``all-linear`` always is."""
+    wanted = []
+    if cfg.train.lora_rank and cfg.train.lora_target != "all-linear":
+        wanted.append(("train.lora_target", cfg.train.lora_target))
+    ds = cfg.algorithm.distill_sparse
+    if ds is not None and ds.target != "all-linear":
+        wanted.append(("algorithm.distill_sparse.target", ds.target))
+    if not wanted:
+        return
+    names = model_linear_names(cfg.model.name, cfg.model.seed)
+    for key, target in wanted:
+        missing = [t for t in target if t not in names]
+        if missing:
+            raise ConfigError(f"{key}={list(target)}: {', '.join(missing)} names no linear module of "
+                              f"{cfg.model.name}; its linear modules: {', '.join(names)} (or all-linear)")
+
+
+def model_linear_names(name: str, seed: int = 0) -> list[str]:
+    """The last name part of every ``nn.Linear`` of the model ``name``, sorted, once each: the model built
+    on the meta device from its architecture (no weight is read or allocated)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(_architecture(name, seed))
+    return sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+
+
+def _architecture(name: str, seed: int) -> Any:
+    """The Hugging Face config of ``model.name``: ``tiny``'s own, a folder's ``config.json``, a GGUF file's
+    header (the embedded default's converted folder when it exists, else its GGUF)."""
+    from transformers import AutoConfig
+
+    from .models.loading import DEFAULT_MODEL, ModelLoadError, cache_dir, embedded_gguf_path, tiny_config
+
+    if name == "tiny":
+        return tiny_config()
+    if name in (DEFAULT_MODEL, "default", "smollm2"):
+        folder = cache_dir() / "smollm2-135m-instruct"
+        path = folder if (folder / "config.json").exists() else embedded_gguf_path()
+    else:
+        path = Path(name).expanduser()
+    try:
+        if path.suffix == ".gguf":
+            return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        return AutoConfig.from_pretrained(str(path))
+    except Exception as e:  # noqa: BLE001 - re-raised with the file named
+        raise ModelLoadError(f"{path}: cannot read the model's architecture: {e}") from e
+
+
+def check_data(cfg: Config) -> None:
+    """``data.train`` and ``data.eval`` read as the run reads them, their columns found; a problem is a
+    :class:`~sparserl.data.DataError` naming the key."""
+    from .data import DataError, load_dataset
+
+    d = cfg.data
+    sets = [("data.train", d.train, dict(prompt_key=d.prompt_key, label_key=d.label_key, limit=d.limit,
+                                         key_options=("data.prompt_key", "data.label_key"),
+                                         skip_bad_rows=d.skip_bad_rows if d.skip_bad_rows else None))]
+    if d.eval:
+        sets.append(("data.eval", d.eval, dict(prompt_key=d.eval_prompt_key, label_key=d.eval_label_key,
+                                               limit=d.eval_limit, preferred_keys=(d.prompt_key, d.label_key),
+                                               key_options=("data.eval_prompt_key", "data.eval_label_key"))))
+    for key, spec, options in sets:
+        try:
+            load_dataset(spec, template=d.template, system_prompt=d.system_prompt, **options)
+        except DataError as e:
+            raise type(e)(f"{key}={spec!r}: {e}") from None
