@@ -10,7 +10,7 @@ predicted and the counted compressions) and ``cost_model.json`` into ``--out``, 
 (CPU, instruction sets, bandwidth, GEMM rate) and the command line at the top.
 
 The default model is SmolLM2-135M's shape with seeded random weights (no load, no download: the
-probe model of :mod:`sparserl.rollout.dtype_auto`), prompts of ``--prompt-len`` token ids; its time
+probe model of :mod:`sparserl.rollout.dtype_choice`), prompts of ``--prompt-len`` token ids; its time
 is the real model's, since every sequence runs exactly L tokens. ``--model smollm2-135m`` loads the
 real one as the bench does and uses the bench's prompt. The compressor is built as the bench builds
 its rows (:func:`sparserl.bench.rollout.bench_compressor`).
@@ -37,7 +37,8 @@ from sparserl.bench.measure import time_rounds
 from sparserl.bench.rollout import bench_compressor, sparserl_commit
 from sparserl.cost import ModelShape, rollout_cost
 from sparserl.models.loading import LoadedModel, load_model, resolve_device
-from sparserl.rollout.dtype_auto import probe_model, resolve_dtype
+from sparserl.rollout.dtype_auto import resolve_dtype
+from sparserl.rollout.dtype_choice import probe_model
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import build_compressor
 from sparserl.rollout.profile import BENCH_PROMPT

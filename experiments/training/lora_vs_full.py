@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from sparserl.bench.measure import round_order
+
 
 def run(arm: str, seed: int, lora: list[str], extra: list[str], folder: Path) -> dict:
     from sparserl import runlog as names
@@ -57,7 +59,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.table:
         return table(args.table)
-    order = ("full", "lora") if args.seed % 2 == 0 else ("lora", "full")
+    order = round_order(["full", "lora"], args.seed)  # a seed is a round: the order rotates across processes
     out = {"command": "python3 experiments/training/lora_vs_full.py " + " ".join(argv or sys.argv[1:])}
     from sparserl.rollout.dtype_auto import cpu_name
     from sparserl.rollout.native import isa
