@@ -450,7 +450,7 @@ def test_openvino_rows_on_tiny(tiny, fast_machine, monkeypatch):
     assert rows["openvino", "eviction"]["openvino"]["cache_eviction"]["max_cache_size"] == 128
 
 
-# --- quantized sampler rows (issue 8 item 5) ------------------------------------------------------
+# --- quantized sampler rows ---------------------------------------------------------------------
 def test_bench_quant_rows_fields_and_mismatch(tiny, fast_machine, monkeypatch):
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
     report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=4, kv_budget=8, step_length=2,
@@ -525,7 +525,7 @@ def test_bench_bad_quant_name_fails_before_loading(monkeypatch, option):
         rollout.run_bench(model="tiny", **{option: ["int9"]})
 
 
-# --- decode-step kernels (issue 7: the native kernels against torch, in one process) ---------------
+# --- decode-step kernels (the native kernels against torch, in one process) ---------------------
 def test_bench_kernels_rows(tiny, fast_machine, monkeypatch):
     from sparserl.rollout import native
 
