@@ -403,7 +403,7 @@ def test_custom_reward_in_pool_errors_crash_and_prompt(custom_module):
         crash("a", "b")
     echo = load_reward(f"{custom_module}:echo", timeout_s=2.0)
     assert score_responses(echo, ["a", "b"], ["a", "c"], prompts=["bonus", None]) == ([2.0, 0.0], 0)
-    # without a timeout (or with workers=0) the function runs in this process, as before
+    # without a timeout (or with workers=0) the function runs in this process
     assert load_reward(f"{custom_module}:echo")("a", "a") == 1.0
     assert load_reward(f"{custom_module}:echo", timeout_s=2.0, workers=0)("a", "a") == 1.0
 

@@ -180,7 +180,7 @@ def load_reward(spec: str | Callable[..., Any], timeout_s: float | None = None, 
     ``timeout_s`` per math-verify check (default 5 s); its checker processes start now, in the
     background. ``"package.module:function"`` → that function, imported; with ``timeout_s`` each
     call runs in a checker process under that limit (:class:`PooledReward`), without it in this
-    process as before. A callable is passed through (no time limit). ``workers``: checker
+    process without a time limit. A callable is passed through (no time limit). ``workers``: checker
     processes (None: the default; 0: run in-process without a time limit).
 
     Raises :class:`RewardSpecError` (a :class:`~sparserl.errors.SparserlError` and ``ValueError``)

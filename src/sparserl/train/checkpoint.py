@@ -30,8 +30,8 @@ temporary folder is ignored (and cleaned up by :func:`remove_debris` on resume).
 (disk full) removes the temporary folder and raises :class:`CheckpointWriteError`; the previous
 checkpoint and the ``latest`` pointer stay as they were.
 
-The old format (``optimizer.pt``/``trainer.pt``, which only Python object
-deserialization can read) is refused, not read.
+A folder holding ``optimizer.pt``/``trainer.pt`` (files only Python object deserialization can read) is
+refused, not read.
 """
 from __future__ import annotations
 
@@ -444,7 +444,7 @@ def _read_manifest(path: Path) -> dict[str, dict]:
     if not isinstance(manifest, dict):
         if any((path / f).exists() for f in _OLD_FILES):
             raise CheckpointError(
-                f"{path}: old checkpoint format ({', '.join(_OLD_FILES)}) is no longer read: loading it "
+                f"{path}: old checkpoint format ({', '.join(_OLD_FILES)}) is not read: loading it "
                 f"would deserialize Python objects, which can run any code put in it. Its weights in "
                 f"{path / 'model'} still load with from_pretrained (model.name={path / 'model'}); "
                 f"start a new run from them")

@@ -70,9 +70,10 @@ def is_run_folder(path: str | Path) -> bool:
                            or (p / "checkpoints").is_dir())
 
 
-#: keys added after runs were recorded without them, with the value those runs ran with (a recorded
-#: config lacking one reads as that value, not as the key's new default)
-LATER_KEYS = {"model.mixed_precision": "off"}  # twenty-first session: before it the learner computed in its dtype
+#: keys that recorded configs may lack, with the value a run without the key ran with (a recorded config
+#: lacking one reads as that value, not as the key's default): a config without model.mixed_precision
+#: computed the learner in its own dtype
+LATER_KEYS = {"model.mixed_precision": "off"}
 
 
 def load_recorded_config(path: Path, overrides: list[str] | tuple = ()) -> Config:
