@@ -12,7 +12,7 @@ import torch
 from ..config import Config
 from ..data import PromptSampler, load_dataset
 from ..mismatch.measure import check_exact_alpha_under_async
-from ..models.loading import check_model
+from ..preflight import preflight
 from ..reward.weighted import load_rewards
 from ..rollout.build import engine_from_fields, sampler_section
 from ..rollout.engine import RolloutEngine
@@ -61,8 +61,10 @@ class Trainer:
 
 
 def build_trainer(cfg: Config) -> Trainer:
-    """The learner, sampler, optimizer, data and reward of a config. The cheap parts come first (data,
-    the model's path, the reward spec), so a bad input fails before any weights load."""
+    """The learner, sampler, optimizer, data and reward of a config. Every check that loads no weight
+    comes first (:func:`sparserl.preflight.preflight`: the rules, the model's path and device, the reward
+    modules, the LoRA targets, the data), so a bad input fails before any weights load."""
+    preflight(cfg)
     torch.manual_seed(cfg.train.seed)
     d = cfg.data
     with naming_data_key("data.train", d.train):
@@ -72,7 +74,6 @@ def build_trainer(cfg: Config) -> Trainer:
                             skip_bad_rows=d.skip_bad_rows if d.skip_bad_rows else None)
     if data.skipped:
         print(f"data: {len(data)} examples from {data.source}, {data.skipped} bad rows skipped")
-    check_model(cfg.model.name)
     reward_fn = load_rewards(cfg.reward.fn, cfg.reward.weights, timeout_s=cfg.reward.timeout_s)
     if cfg.cluster.rollout_workers is not None or cfg.cluster.learners > 1:  # Ray there, its address answering
         from ..cluster.pool import preflight as cluster_preflight

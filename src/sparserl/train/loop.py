@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import runlog as names
+from ..checks import check_output_dir
 from ..config import Config, config_to_dict
 from ..eval.report import make_report
 from ..models.invariant_scaling import refold_after_load
@@ -15,10 +16,11 @@ from .build import Trainer, build_trainer, close_cluster
 from .checkpoint import latest_checkpoint, load_latest, remove_debris, save_checkpoint, set_rng_state
 from .determinism import deterministic_state, naming_nondeterministic_ops, restore_deterministic_state
 from .due import checkpoint_due, eval_due
+from .headline import headline_lines
 from .held_out import held_out_eval
 from .metrics import MetricsLogger
 from .run_folder import (CONFIG_FILE, ResumeError, check_resume_config, checkpoint_step, find_resume_folder,
-                         holds_run, preflight, record_config, resolve_run_dir)
+                         holds_run, record_config, resolve_run_dir)
 from .sampler_sync import push_weights
 from .step import train_step
 from .summary import run_summary
@@ -48,9 +50,9 @@ def train(cfg: Config, resume: bool = False, run_dir: str | Path | None = None, 
         if holds_run(run):
             raise ResumeError(f"{option} {run} already holds a run ({names.METRICS_FILE} or checkpoints/): "
                               "continue it with --resume, or choose another run folder")
-    preflight(cfg, run, option)
+    check_output_dir(run, option)
     kernels = deterministic_state()
-    trainer = build_trainer(cfg)
+    trainer = build_trainer(cfg)  # sparserl.preflight's checks first, before any weight loads
     try:
         return run_steps(trainer, run, resume, changes, log)
     finally:  # the rollout workers, the other learners and a Ray started for the run stop with it
@@ -133,14 +135,9 @@ def run_steps(trainer: Trainer, run: Path, resume: bool, changes: list, log=prin
     finally:
         logger.close()
     report = make_report(run)
-    log(run_summary(read_metrics(run), run, report, latest_checkpoint(run), headline_lines(trainer, run)))
+    rows = read_metrics(run)
+    log(run_summary(rows, run, report, latest_checkpoint(run), headline_lines(rows, cfg)))
     return run
-
-
-def headline_lines(trainer: Trainer, run: Path) -> list[str]:
-    """The run's headline against its claim (KV allocated vs dense, α's tail vs the controller's threshold,
-    a verdict only where measured): :func:`.headline.headline_lines` when that module is installed."""
-    return []
 
 
 def trainer_state(trainer: Trainer) -> dict:

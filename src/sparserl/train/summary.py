@@ -25,8 +25,10 @@ def last_eval_samplers(run: Path) -> dict[str, str]:
 
 def run_summary(rows: list[dict], run: Path, report: Path, checkpoint: Path | None,
                 headline: list[str] = ()) -> str:
-    """The end-of-run summary of ``rows`` (the run's metrics); ``headline``: lines that state the run's
-    result against its claim (:func:`.headline.headline_lines`), printed after the figures."""
+    """The end-of-run summary of ``rows`` (the run's metrics); ``headline``: the lines that state the run's
+    result against its claim (:func:`.headline.headline_lines`: KV allocated and kept against dense, α's
+    tail against the controller's threshold, the final reward, a verdict only where measured), printed
+    after the reward, mismatch and held-out lines, in place of the summary's own KV lines."""
     def series(key):
         return [r[key] for r in rows if isinstance(r.get(key), (int, float))]
 
@@ -42,7 +44,7 @@ def run_summary(rows: list[dict], run: Path, report: Path, checkpoint: Path | No
         lines.append(f"  reward      {reward[0]:.2f} (step 1) -> {reward[-1]:.2f} (last); mean of first {k} "
                      f"{sum(reward[:k]) / k:.2f}, of last {k} {sum(reward[-k:]) / k:.2f}")
     kept = series(names.KV_KEPT_FRAC)
-    if kept:
+    if kept and not headline:  # the headline states KV allocated and kept against dense
         lines.append(f"  KV tokens   the sampler held {mean(names.KV_KEPT_FRAC):.0%} of a dense cache's tokens at "
                      f"each response's end ({1 / mean(names.KV_KEPT_FRAC):.1f}x fewer; worst step {max(kept):.0%})")
         lines.append(f"  KV bytes    allocated {mean(names.KV_SAMPLER_ALLOC) / 2**20:.1f} MiB vs "
