@@ -110,3 +110,26 @@ def test_training_steers_logs_budgets_and_resumes_exactly(tmp_path):
     wa = (latest_checkpoint(full) / "model" / "model.safetensors").read_bytes()
     wb = (latest_checkpoint(resumed) / "model" / "model.safetensors").read_bytes()
     assert wa == wb
+
+
+def test_the_held_out_sparse_eval_runs_the_controllers_budgets_and_names_them(tmp_path):
+    """With the online controller the held-out sparse evaluation runs the per-bin budgets the controller
+    has reached, not rollout.kv_budget, and its record names the sampler it ran."""
+    from sparserl.train.held_out import held_out_eval
+    from sparserl.train.trainer import build_trainer, train_step
+
+    cfg = validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", "data.eval=arith:seed=7",
+                                           "data.eval_limit=1", "eval.max_new_tokens=4", "reward.fn=math"]))
+    trainer = build_trainer(cfg)
+    for step in (1, 2):
+        train_step(trainer, step)
+    pairs = trainer.kv_controller.schedule().pairs
+    assert pairs != [[0, 8]]  # a random model's α tail is far below 0.999: budgets were raised
+    lines = []
+    metrics = held_out_eval(trainer, 2, tmp_path, log=lines.append)
+    record = json.loads((tmp_path / "eval-step00002.json").read_text())
+    sampler = record["sparse"]["sampler"]
+    assert sampler.startswith(f"{cfg.rollout.compressor}, per-bin budgets ") and "KV controller" in sampler
+    assert all(f"{length}:{budget}" in sampler for length, budget in pairs)
+    assert record["dense"]["sampler"].startswith("dense")
+    assert any("sparse" in k and k.endswith("pass@1") for k in metrics) and any(sampler in x for x in lines)
