@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sparserl.config import (SECTIONS, AlgorithmConfig, Config, ConfigError, apply_overrides,
+from sparserl.config import (SECTIONS, AlgorithmConfig, Config, ConfigError, apply_overrides, config_from_dict,
                              config_help, config_to_dict, list_presets, load_config, save_config,
                              validate)
 from sparserl.correct import available_corrections, available_presets, register_correction
@@ -201,7 +201,7 @@ def test_round_trip_save_load(tmp_path):
     path = save_config(cfg, tmp_path / "run" / "config.yaml")
     back = load_config(str(path))
     assert back == cfg
-    assert Config.from_dict(config_to_dict(cfg)) == cfg
+    assert config_from_dict(config_to_dict(cfg)) == cfg
 
 
 def test_apply_overrides_on_object_and_section_mapping():

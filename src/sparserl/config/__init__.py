@@ -25,8 +25,8 @@ from __future__ import annotations
 from typing import Any
 
 from .help import config_help
-from .loading import (PRESET_DIR, apply_overrides, config_to_dict, config_yaml, list_presets, load_config,
-                      preset_path, save_config)
+from .loading import (PRESET_DIR, apply_overrides, config_from_dict, config_to_dict, config_yaml, list_presets,
+                      load_config, preset_path, save_config)
 from .messages import ConfigError
 from .schema import (FLOAT32_MAX, SECTIONS, AlgorithmConfig, CheckpointConfig, ClusterConfig, Config, DataConfig,
                      DistillSparseConfig, EvalConfig, KVControllerConfig, LogConfig, MismatchConfig, ModelConfig,
@@ -35,8 +35,8 @@ from .schema import (FLOAT32_MAX, SECTIONS, AlgorithmConfig, CheckpointConfig, C
 __all__ = ["ConfigError", "ModelConfig", "KVControllerConfig", "RolloutConfig", "DataConfig", "OverlongBufferConfig",
            "RewardConfig", "DistillSparseConfig", "AlgorithmConfig", "TrainConfig", "LogConfig", "CheckpointConfig",
            "EvalConfig", "MismatchConfig", "ClusterConfig", "Config", "SECTIONS", "FLOAT32_MAX", "load_config",
-           "apply_overrides", "validate", "config_to_dict", "save_config", "list_presets", "preset_path",
-           "PRESET_DIR", "config_help", "config_yaml", "fields_of"]
+           "apply_overrides", "config_from_dict", "validate", "config_to_dict", "save_config", "list_presets",
+           "preset_path", "PRESET_DIR", "config_help", "config_yaml", "fields_of"]
 
 
 def __getattr__(name: str) -> Any:

@@ -25,7 +25,8 @@ from ..registry import did_you_mean
 from .messages import ConfigError, fail, messages
 from .schema import SECTIONS, Config, field_at, strip_annotated, subsection
 
-__all__ = ["PRESET_DIR", "list_presets", "preset_path", "load_config", "apply_overrides", "config_to_dict",
+__all__ = ["PRESET_DIR", "list_presets", "preset_path", "load_config", "apply_overrides", "config_from_dict",
+           "config_to_dict",
            "config_yaml", "save_config", "build"]
 
 #: the shipped presets (package data: sparserl/configs/*.yaml)
@@ -197,6 +198,12 @@ def load_config(path_or_name: str | Path | None = None, overrides: Iterable[str]
     raw = _load_raw(path)
     raw.setdefault("name", path.stem)
     return _with_overrides(raw, overrides, str(path))
+
+
+def config_from_dict(data: dict | None, source: str = "dict") -> Config:
+    """A Config from a nested mapping (missing keys keep their defaults); one ConfigError naming ``source``
+    lists every unknown key and bad value."""
+    return build(dict(data or {}), lambda _key: source)
 
 
 def apply_overrides(cfg: Config, overrides: Iterable[str]) -> Config:

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from ..errors import SparserlError
 from ..registry import did_you_mean
+from . import schema
 from .schema import SECTIONS, Config, field_at, fields_of, strip_annotated, subsection, type_name
 
 __all__ = ["ConfigError", "messages", "fail"]
@@ -71,3 +72,13 @@ def fail(errors: list[str]) -> typing.NoReturn:
     if len(errors) == 1:
         raise ConfigError(errors[0])
     raise ConfigError(f"{len(errors)} problems in the config:\n  - " + "\n  - ".join(errors))
+
+
+def _assignment_error(err: ValidationError, prefix: tuple) -> ConfigError:
+    """A failed assignment to a section's key as a ConfigError naming the key (source ``assignment``)."""
+    lines = messages(err, lambda _key: "assignment", {}, prefix)
+    return ConfigError(lines[0] if len(lines) == 1 else
+                       f"{len(lines)} problems in the config:\n  - " + "\n  - ".join(lines))
+
+
+schema.assignment_error = _assignment_error

@@ -147,6 +147,12 @@ def F(default: Any = None, help: str = "", factory: Any = None, **bounds: Any) -
     return Field(default, description=help, **bounds)
 
 
+#: the error a failed assignment raises (``cfg.rollout.kv_budget = 0``), given pydantic's error and the
+#: section's key: :mod:`sparserl.config.messages` installs its ConfigError with one line per problem, so that
+#: the schema needs nothing from the modules that read it
+assignment_error: Optional[Callable[[ValidationError, tuple], Exception]] = None
+
+
 class _Section(BaseModel):
     """Unknown keys, wrong types and out-of-range values are errors, also on assignment; every
     float anywhere in a section lies within float32's finite range."""
@@ -159,9 +165,10 @@ class _Section(BaseModel):
         try:
             super().__setattr__(name, value)
         except ValidationError as e:  # cfg.rollout.kv_budget = 0 -> a ConfigError naming the key
-            from .messages import fail, messages
             sec = next((k for k, c in SECTIONS.items() if c is type(self)), None)
-            fail(messages(e, lambda _key: "assignment", {}, (sec,) if sec else ()))
+            if assignment_error is None:
+                raise
+            raise assignment_error(e, (sec,) if sec else ()) from None
 
 
 # --- sections ------------------------------------------------------------------------------------
@@ -547,21 +554,9 @@ class Config(_Section):
     mismatch: MismatchConfig = F(help="Mismatch measurement (Sparrow's α).", factory=MismatchConfig)
     cluster: ClusterConfig = F(help="Scaling out on Ray.", factory=ClusterConfig)
 
-    @classmethod
-    def from_dict(cls, data: dict | None, source: str = "dict") -> "Config":
-        """Build a Config from a nested mapping (missing keys keep their defaults); one ConfigError
-        naming ``source`` lists every unknown key and bad value."""
-        from .loading import build
-        return build(dict(data or {}), lambda _key: source)
-
     def to_dict(self) -> dict:
         """The config as plain nested dicts/lists/scalars (YAML- and JSON-ready)."""
         return self.model_dump(mode="json", by_alias=True)
-
-    def override(self, overrides: Iterable[str]) -> "Config":
-        """Apply dotted ``section.key=value`` overrides in place; returns self."""
-        from .loading import apply_overrides
-        return apply_overrides(self, overrides)
 
     def update_shape(self) -> tuple[int, int, int]:
         """(samples per rollout batch, samples per optimizer step, micro-batches per optimizer step) of
