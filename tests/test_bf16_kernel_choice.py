@@ -1,5 +1,5 @@
 """Where a CPU runs two bf16 kernels (AMX tiles and AVX512-BF16 on an AMX Xeon), the bf16 sampler runs
-the one measured faster on its decode step, not the one the library would guess (issue 33): the
+the one measured faster on its decode step, not the one the library would guess: the
 measurement (median of per-round ratios, cached per machine), the engine packing its weights for the
 chosen kernel, an explicit kernel, and a CPU with one kernel measuring nothing. The second kernel is the
 ``-DSPARSERL_AMX_EMULATE`` build's AMX path (tests/test_native_bf16.py) where this CPU has no AMX."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sparserl.models.loading import load_model
-from sparserl.rollout import bf16_kernel_choice, dtype_auto, native
+from sparserl.rollout import bf16_kernel_choice, dtype_auto, dtype_choice, native
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import get_compressor
 from sparserl.rollout.model import NATIVE_BF16
@@ -25,7 +25,7 @@ QUIET = dict(log=lambda *a: None)
 @pytest.fixture
 def cache(monkeypatch, tmp_path):
     path = tmp_path / "dtype_auto.json"
-    monkeypatch.setattr(dtype_auto, "_cache_path", lambda: path)
+    monkeypatch.setattr(dtype_choice, "_cache_path", lambda: path)
     return path
 
 
@@ -67,9 +67,9 @@ def test_the_faster_kernel_by_the_median_of_per_round_ratios_is_chosen_and_cache
     assert choice.kernel == fast and not choice.cached
     assert f"on {fast} is 1.30x one on {slow}" in choice.reason and "median of 3" in choice.reason
     assert calls[:2] == ["amx", "avx512_bf16"] and calls[2:4] == ["avx512_bf16", "amx"]  # alternating order
-    assert len(calls) == 2 * dtype_auto.ROUNDS
+    assert len(calls) == 2 * dtype_choice.ROUNDS
     again = bf16_kernel_choice.choose("cpu", timer_of({}, calls), kernels=kernels, **QUIET)
-    assert again.cached and again.kernel == fast and len(calls) == 2 * dtype_auto.ROUNDS  # read back
+    assert again.cached and again.kernel == fast and len(calls) == 2 * dtype_choice.ROUNDS  # read back
     stored = json.loads(cache.read_text())
     assert stored[bf16_kernel_choice.cache_key(torch.device("cpu"))]["kernel"] == fast
     # beside dtype auto's answer, under its own key: dtype auto still measures (and keeps this one)
@@ -98,7 +98,7 @@ def tiny():
 @pytest.mark.parametrize("fast", ["amx", "vector"])
 def test_the_engine_packs_for_the_measured_kernel_not_the_librarys_default(cache, tiny, emulated, monkeypatch, fast):
     """The emulated build's default is AMX (as an AMX Xeon's would be); the measurement decides."""
-    monkeypatch.setattr(native, "library", lambda: emulated)
+    monkeypatch.setattr(native.compiler, "_LIB", [emulated])  # every wrapper and caller loads this build
     kernels = native.bf16_kernels()
     assert kernels[0] == "amx" == native.bf16_kernel() and len(kernels) == 2
     winner = kernels[0] if fast == "amx" else kernels[1]

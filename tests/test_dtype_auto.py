@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from sparserl.models.loading import ModelLoadError, parse_dtype
-from sparserl.rollout import dtype_auto
+from sparserl.models import machine
+from sparserl.rollout import dtype_auto, dtype_choice
 
 
 @pytest.fixture
 def cache(monkeypatch, tmp_path):
     path = tmp_path / "dtype_auto.json"
-    monkeypatch.setattr(dtype_auto, "_cache_path", lambda: path)
+    monkeypatch.setattr(dtype_choice, "_cache_path", lambda: path)
     return path
 
 
@@ -33,7 +34,7 @@ def test_a_faked_timing_picks_the_faster(cache, fast):
     choice = dtype_auto.choose("cpu", timer=fake_timer({fast: 0.010, slow: 0.015}, calls), log=lambda *a: None)
     assert choice.dtype == fast and not choice.cached
     assert f"{fast} decode step is 1.50x {slow}'s" in choice.reason and "median of 3" in choice.reason
-    assert sorted(calls) == sorted(["float32", "bfloat16"] * dtype_auto.ROUNDS)
+    assert sorted(calls) == sorted(["float32", "bfloat16"] * dtype_choice.ROUNDS)
     assert calls[:2] == ["float32", "bfloat16"] and calls[2:4] == ["bfloat16", "float32"]  # alternating order
 
 
@@ -53,19 +54,19 @@ def test_the_answer_is_cached_and_measured_again_when_the_cpu_or_torch_changes(c
     assert again.cached and again.dtype == "float32" and len(calls) == 6  # read back, not re-measured
     assert json.loads(cache.read_text())[first.key]["reason"] == first.reason
 
-    monkeypatch.setattr(dtype_auto, "cpu_name", lambda: "Intel(R) Xeon(R) Platinum 8480+")  # another CPU
+    monkeypatch.setattr(machine, "cpu_name", lambda: "Intel(R) Xeon(R) Platinum 8480+")  # another CPU
     other = dtype_auto.choose("cpu", timer=fake_timer({"float32": 2.0, "bfloat16": 1.0}, calls), log=lambda *a: None)
     assert other.dtype == "bfloat16" and not other.cached and len(calls) == 12 and other.key != first.key
     monkeypatch.undo()
-    monkeypatch.setattr(dtype_auto, "_cache_path", lambda: cache)
+    monkeypatch.setattr(dtype_choice, "_cache_path", lambda: cache)
     monkeypatch.setattr(torch, "__version__", "2.99.0+cpu")  # another torch
     assert not dtype_auto.choose("cpu", timer=timer, log=lambda *a: None).cached and len(calls) == 18
     assert len(json.loads(cache.read_text())) == 3  # one answer per machine key, all kept
 
 
 def test_the_key_names_the_cpu_its_instruction_sets_torch_and_kernels(monkeypatch):
-    monkeypatch.setattr(dtype_auto, "cpu_name", lambda: "Some CPU")
-    monkeypatch.setattr(dtype_auto.native, "isa", lambda: ["avx2", "amx_bf16"])
+    monkeypatch.setattr(machine, "cpu_name", lambda: "Some CPU")
+    monkeypatch.setattr(machine, "isa", lambda: ["avx2", "amx_bf16"])
     key = dtype_auto.machine_key(torch.device("cpu"))
     assert key.startswith("cpu:Some CPU [avx2 amx_bf16]") and f"torch {torch.__version__}" in key
     monkeypatch.setenv("SPARSERL_NATIVE", "0")
@@ -93,8 +94,8 @@ def test_engine_resolves_auto_and_records_why(tiny, cache):
 
 def test_the_real_measurement_times_both_dtypes(cache, monkeypatch):
     """The engine's own decode step on the probe model, cut to 1 round of 2 steps (a few seconds)."""
-    monkeypatch.setattr(dtype_auto, "ROUNDS", 1)
-    monkeypatch.setattr(dtype_auto, "STEPS", 2)
+    monkeypatch.setattr(dtype_choice, "ROUNDS", 1)
+    monkeypatch.setattr(dtype_choice, "STEPS", 2)
     choice = dtype_auto.choose("cpu", log=lambda *a: None)
     assert choice.dtype in ("float32", "bfloat16")
     assert all(s > 0 for s in choice.seconds_per_step.values()) and len(choice.ratio_rounds) == 1

@@ -1,4 +1,4 @@
-"""The bfloat16 sampler's fused decode step (issue 33; ``sparserl.rollout.fused`` on bf16 weights):
+"""The bfloat16 sampler's fused decode step (``sparserl.rollout.fused`` on bf16 weights):
 bf16 weight panels (``linear_bf16.c``), a bf16 KV cache read by the C attention, float32 everywhere
 else. Checked against exact references where the arithmetic is exact (a bf16 cache reads as its
 float32 values), and against the float32 policy where it is not (closer than the eager bf16 step)."""
@@ -10,7 +10,7 @@ from sparserl.rollout import fused, native
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import get_compressor
 from sparserl.rollout.model import NATIVE_BF16
-from sparserl.rollout.replay import replay
+from sparserl.mismatch.replay import replay
 from sparserl.rollout.sampling import SamplingParams
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="native kernels unavailable")
@@ -173,7 +173,7 @@ def test_the_fused_bf16_step_on_emulated_amx_tiles(tiny_bf16_rounded, generate_f
     emulated = native.load(native.build(flags=native.flags_for("-march=native -DSPARSERL_AMX_EMULATE")))
     params = SamplingParams(n=2, max_new_tokens=24, seed=3, temperature=1.0, ignore_eos=True)
     here = RolloutEngine(tiny_bf16_rounded, make("rkv"), dtype="bfloat16")
-    monkeypatch.setattr(native, "library", lambda: emulated)
+    monkeypatch.setattr(native.compiler, "_LIB", [emulated])  # every wrapper and caller loads this build
     amx = RolloutEngine(tiny_bf16_rounded, make("rkv"), dtype="bfloat16", bf16_kernel="amx")  # not measured
     panels = getattr(amx.model.layers[0].qkv, NATIVE_BF16)
     assert (panels.panel_width, panels.k_pad) == (16, 32) and native.bf16_kernel(emulated) == "amx"

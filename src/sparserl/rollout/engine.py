@@ -27,7 +27,7 @@ import torch
 from ..batch import distinct_prompts
 from ..models.loading import DTYPES, LoadedModel
 from .bf16_kernel_choice import choose as choose_bf16_kernel
-from .dtype_auto import choose, for_sampler, resolve_dtype
+from .dtype_choice import choose, for_sampler, resolve_dtype
 from .cache import CompressedKVCache
 from . import fused, native
 from .compiled import decode_layers
@@ -121,8 +121,8 @@ class RolloutEngine:
         step, operator by operator (profiling)."""
         self.tokenizer = loaded.tokenizer
         param = next(loaded.model.parameters())
-        #: what ``dtype="auto"`` chose and why (:mod:`sparserl.rollout.dtype_auto`); None for a named dtype
-        self.dtype_choice = for_sampler(choose(param.device), quant) if dtype == "auto" else None
+        #: what ``dtype="auto"`` chose and why (:mod:`sparserl.rollout.dtype_choice`); None for a named dtype
+        self.dtype_choice = for_sampler(choose(param.device, engine=type(self)), quant) if dtype == "auto" else None
         self.dtype = (DTYPES[self.dtype_choice.dtype] if self.dtype_choice else
                       resolve_dtype(dtype) if dtype is not None else param.dtype)
         #: which bf16 kernel was chosen and why (:mod:`sparserl.rollout.bf16_kernel_choice`); None where
@@ -130,7 +130,7 @@ class RolloutEngine:
         self.bf16_kernel_choice = None
         if (bf16_kernel is None and self.dtype == torch.bfloat16 and param.device.type == "cpu" and native.active()
                 and quant == "none"):
-            self.bf16_kernel_choice = choose_bf16_kernel(param.device)
+            self.bf16_kernel_choice = choose_bf16_kernel(param.device, engine=type(self))
             bf16_kernel = self.bf16_kernel_choice.kernel
         calibration_ids = None
         if quant_smooth or quant_outliers:

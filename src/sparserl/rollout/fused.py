@@ -19,7 +19,7 @@ compressor). Weights the kernels do not take (``fp8``, ``int8_weight_only``, tor
 packings), per-head q/k norms (Qwen3), another device or dtype, or native kernels off: the eager
 step runs (:func:`decode_layers` returns None).
 
-A bfloat16 sampler (issue 33) runs the same three calls with its weights as bf16 panels
+A bfloat16 sampler runs the same three calls with its weights as bf16 panels
 (``linear_bf16.c``: ``vdpbf16ps`` on AVX512-BF16, AMX tiles where the CPU has them) and its KV cache
 in bf16 (written rounded to nearest even, read widened exactly); everything else in float32: the
 residual stream, the norms, RoPE (cos / sin computed in float32), SiLU·up, the attention's softmax and

@@ -17,7 +17,7 @@
  *
  * On a CPU with AVX512 the panels are 32 columns wide and the tile is 4 x 32 (8 accumulators of 16
  * floats): the same FMAs per output in the same order, half the instructions (measured in
- * docs/results/bench_quant.md, eighth session).
+ * docs/results/bench_quant.md).
  *
  * `accumulate` = 1 adds to what Y holds (the residual stream: h += a W^T in place).
  */

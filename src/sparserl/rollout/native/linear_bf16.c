@@ -1,4 +1,4 @@
-/* The decode step's weight products in bfloat16 (issue 33's first building block):
+/* The decode step's weight products in bfloat16:
  *
  *     Y[m][n] (+)= sum_k bf16(X[m][k]) * Wb[n][k]  (+ bias[n])        float32 accumulation
  *
