@@ -19,13 +19,10 @@ from typing import Any
 import yaml
 
 from .. import runlog as names
-from ..checks import check_output_dir
 from ..config import Config, ConfigError, config_to_dict, load_config, save_config
 from ..data import DataError
 from ..errors import SparserlError
-from ..models.loading import check_model, resolve_device
 from .checkpoint import complete_checkpoints
-from .eval_set import load_eval_set
 
 
 @contextmanager
@@ -225,15 +222,3 @@ def record_config(run: Path, cfg: Config, step: int, changes: list, resume: bool
 def checkpoint_step(path: Path | None) -> int | None:
     m = _STEP_DIR.match(path.name) if path is not None else None
     return int(m.group(1)) if m else None
-
-
-def preflight(cfg: Config, run: Path, option: str) -> None:
-    """The cheap checks of a run before anything heavy loads: the run folder is writable, the model
-    path exists and looks like a model, the device exists, the evaluation set reads (the training set and the reward
-    spec are read first thing by :func:`build_trainer`)."""
-    check_output_dir(run, option)
-    check_model(cfg.model.name)
-    resolve_device(cfg.model.device)  # model.device=cuda on a machine without CUDA fails now
-    if cfg.data.eval:
-        with naming_data_key("data.eval", cfg.data.eval):
-            load_eval_set(cfg.data)
