@@ -608,3 +608,28 @@ def test_gsm8k_labels_from_hashes():
         assert re.fullmatch(r"-?\d+(\.\d+)?", ex.label)
         # the label checks against its own solution's number
         assert math_reward(f"... so the answer is {expected}.", ex.label) == 1.0
+
+
+def test_a_training_step_with_a_1e300_reward_keeps_every_weight_finite(tmp_path):
+    """The reward 1e300 is finite in Python and inf in the float32 reward tensor: in a group with finite rewards it
+    would make the group's advantages, then every weight, NaN. It scores 0 and is counted instead."""
+    import torch
+
+    from sparserl.train.trainer import build_trainer, train_step
+    from test_train import cfg_for
+
+    calls = []
+
+    def half_huge(response, label):
+        calls.append(response)
+        return 1e300 if len(calls) % 2 else 1.0
+
+    trainer = build_trainer(cfg_for(tmp_path, "rollout.max_new_tokens=8"))
+    trainer.reward_fn = half_huge
+    before = {k: v.detach().clone() for k, v in trainer.learner.state_dict().items()}
+    metrics = train_step(trainer, 1)
+    assert metrics["reward/errors"] == (len(calls) + 1) // 2 > 0
+    assert metrics["reward/mean"] == pytest.approx(len(calls) // 2 / len(calls))
+    after = trainer.learner.state_dict()
+    assert all(torch.isfinite(v).all() for v in after.values() if v.is_floating_point())
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # the step was applied
