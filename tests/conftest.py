@@ -10,20 +10,38 @@ import torch
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 #: where the suite's caches live: the folder ``$SPARSERL_TEST_CACHE`` names, else a temporary folder made
-#: here and removed when the process that made it exits. The pytest-xdist controller imports this file
-#: before it starts its workers, which inherit the variable: one folder for the whole session, so the
-#: native kernels compile and the embedded model converts once per session, not once per worker.
+#: here (``<tmp>/sparserl-test-caches/session-<pid>-*``) and removed when the process that made it exits.
+#: The pytest-xdist controller imports this file before it starts its workers, which inherit the variable:
+#: one folder for the whole session, so the embedded model converts once per session, not once per worker.
 TEST_CACHE_ENV = "SPARSERL_TEST_CACHE"
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _temporary_caches() -> str:
-    """Point every cache the code writes (``$SPARSERL_CACHE``: the embedded model's Hugging Face folder;
-    ``$SPARSERL_NATIVE_CACHE``: the native kernels and the dtype-auto / mixed-precision measurements) at
-    the session's folder, so the suite never reads or writes the user's ``~/.cache/sparserl``. Set at
-    import, before collection: test modules build the native kernels in their ``skipif`` marks."""
+    """Point every cache the code writes (``$SPARSERL_CACHE``: the embedded model's Hugging Face folder,
+    ~520 MB; ``$SPARSERL_NATIVE_CACHE``: the native kernels and the dtype-auto / mixed-precision
+    measurements) at the session's folder, so the suite never reads or writes the user's
+    ``~/.cache/sparserl``. Set at import, before collection: test modules build the native kernels in
+    their ``skipif`` marks. The folders of sessions whose process is gone (killed before its exit handler
+    ran) are removed here."""
     root = os.environ.get(TEST_CACHE_ENV, "").strip()
     if not root:
-        root = tempfile.mkdtemp(prefix="sparserl-test-cache-")
+        parent = os.path.join(tempfile.gettempdir(), "sparserl-test-caches")
+        os.makedirs(parent, exist_ok=True)
+        for name in os.listdir(parent):
+            pid = name.split("-")[1] if name.startswith("session-") else ""
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        root = tempfile.mkdtemp(prefix=f"session-{os.getpid()}-", dir=parent)
         os.environ[TEST_CACHE_ENV] = root
         atexit.register(shutil.rmtree, root, ignore_errors=True)
     os.environ["SPARSERL_CACHE"] = root
@@ -31,7 +49,23 @@ def _temporary_caches() -> str:
     return root
 
 
+def _native_kernels_once(root: str) -> None:
+    """Under pytest-xdist the workers share the session's folder and each collects the test modules,
+    which build the native kernels: the first worker here builds them while the others wait on a lock,
+    then find the library built, instead of each compiling the same one at the same time."""
+    import fcntl
+
+    from sparserl.rollout import native
+
+    with open(os.path.join(root, ".native.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        native.library()
+
+
 TEST_CACHE = _temporary_caches()
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _native_kernels_once(TEST_CACHE)
+
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
