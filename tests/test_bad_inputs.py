@@ -338,7 +338,7 @@ MATRIX = [
     case("data", [*E, "--prompt-key", "q"], "--data good.jsonl", "prompt-key-missing"),
     case("data", [*E, "--label-key", "zz"], "--data good.jsonl", "label-key-missing"),
     case("data", [*E[:4], "nocol.jsonl", *E[5:]], "--data nocol.jsonl", "columns-unguessable"),
-    case("data", [*E, "--template", "no slot"], "--data good.jsonl", "template-without-problem"),
+    case("flags", [*E, "--template", "no slot"], "--template", "template-without-problem"),
     case("flags", [*E, "--reward", "no_such_module:fn"], "--reward no_such_module:fn", "reward-unknown-module"),
     case("flags", [*E, "--reward", "mathh"], "--reward mathh", "reward-unknown-name"),
     case("numbers", [*E, "--reward-timeout-s", "0"], "--reward-timeout-s", "reward-timeout-zero"),

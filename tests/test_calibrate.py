@@ -1,4 +1,4 @@
-"""``sparserl calibrate`` (issue 30 item 2): the schedule search on constructed tables, α per length bin,
+"""``sparserl calibrate``: the schedule search on constructed tables, α per length bin,
 the shared exact-α core on the tiny model, the command end to end (JSON whose schedules load, PNG), and
 one clear error line for each bad option before any work."""
 from __future__ import annotations
@@ -307,7 +307,7 @@ def test_the_default_compressors_and_budgets_fit_together(tmp_path):
     cut to a quarter of it, one window per compressor; the others keep their own."""
     import argparse
 
-    from sparserl.calibrate.command import add_parser, check, sampler, window_for
+    from sparserl.commands.calibrate import add_parser, check, sampler, window_for
 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())

@@ -258,7 +258,7 @@ def test_compare_reports_each_arm_against_dense_seed_by_seed(tmp_path):
 
 
 def test_paired_against_must_name_an_arm(tmp_path):
-    from sparserl.compare.command import plan
+    from sparserl.compare.comparison import plan
 
     p = plan("sparse_rl_fixed40", TINY, "dense,sparse_rl", 1, out=tmp_path / "o", paired_against="sparse_rl")
     assert p.paired_against == ["sparse_rl"]

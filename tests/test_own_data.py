@@ -104,9 +104,9 @@ def test_rollout_command_reads_the_prompt_key(tmp_path):
 
 
 def test_calibrate_and_compare_read_the_same_columns(tmp_path):
-    from sparserl.calibrate.command import command_line
+    from sparserl.commands.calibrate import command_line
     from sparserl.compare import CompareError
-    from sparserl.compare.command import plan
+    from sparserl.compare.comparison import plan
     from sparserl.data.options import load_from_options
     from test_compare import TINY
 

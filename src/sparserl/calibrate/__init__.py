@@ -13,5 +13,5 @@ predicted and measured cost against dense come with it (:mod:`.speed`).
 - :mod:`.speed`: the schedule's measured tokens/s against dense, and the cost model's prediction;
 - :mod:`.output`: the JSON document and the console table;
 - :mod:`.plot`: α per bin, a subplot per compressor;
-- :mod:`.command`: the command's options, their checks and the run.
+- the command (its options, their checks and the run): :mod:`sparserl.commands.calibrate`.
 """

@@ -6,10 +6,10 @@
   the collapse rule, KV and time means (pure functions);
 - ``evals.py``: ``--eval``: final models under dense and sparse inference;
 - ``report.py``: plots, ``comparison.md``, ``comparison.json``;
-- ``command.py``: :func:`compare` (the Python API) and the CLI entry.
+- ``comparison.py``: :func:`plan` and :func:`compare` (the Python API; the command is
+  :mod:`sparserl.commands.compare`).
 """
 from .arms import BUILTIN_ARMS, Arm, CompareError, RunSpec, expand, parse_arms
-from .command import compare, compare_cli, plan
+from .comparison import compare, plan
 
-__all__ = ["Arm", "BUILTIN_ARMS", "CompareError", "RunSpec", "compare", "compare_cli", "expand", "parse_arms",
-           "plan"]
+__all__ = ["Arm", "BUILTIN_ARMS", "CompareError", "RunSpec", "compare", "expand", "parse_arms", "plan"]

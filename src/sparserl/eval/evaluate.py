@@ -3,8 +3,7 @@ inference (any compressor and budget), written as JSON.
 
 With ``n`` samples per problem: ``avg@n`` = mean reward over all samples, ``pass@1`` = the fraction of
 samples that pass (reward >= 1: the unbiased estimate of pass@1; = avg@n for a 0/1 reward), ``pass@n`` =
-the fraction of problems with at least one sample that passes. (Until this change ``pass@1`` was the mean
-reward at n > 1 and the pass fraction at n = 1: the same for a 0/1 reward such as ``math``.)
+the fraction of problems with at least one sample that passes.
 """
 from __future__ import annotations
 
@@ -56,6 +55,7 @@ def evaluate_cli(args) -> int:
     """``sparserl eval``: every option, the output path, the compressor, the data and the model's path
     are checked before the model loads (errors are :class:`~sparserl.errors.SparserlError` s)."""
     from ..checks import check_choice, check_int, check_number, check_output_file, check_sampler_options
+    from ..errors import OptionError
     from ..models.loading import check_model
 
     check_int(args.n, "--n", 1, what="samples per problem")
@@ -65,6 +65,12 @@ def evaluate_cli(args) -> int:
     check_number(args.temperature, "--temperature", ge=0, what="0 = greedy")
     check_number(args.reward_timeout_s, "--reward-timeout-s", gt=0, le=86400, what="seconds to score one response")
     check_choice(args.dtype, "--dtype", ("auto", "float32", "bfloat16", "float16"))
+    for option, value, what in (("--prompt-key", args.prompt_key, "prompt"), ("--label-key", args.label_key,
+                                                                          "reference answer")):
+        if value is not None and not value.strip():
+            raise OptionError(f"{option} {value!r}: name the column that holds the {what} (or leave it out)")
+    if args.template is not None and "{problem}" not in args.template and "{prompt}" not in args.template:
+        raise OptionError(f"--template {args.template!r}: must contain '{{problem}}' (where the problem goes)")
     sparse = check_sampler_options(args)  # --compressor, --kv-budget, ..., --compressor-options
     if args.out:
         check_output_file(args.out, "--out")

@@ -1,7 +1,5 @@
-"""``sparserl compare``: every arm × seed as an ordinary training run, then one comparison.
-
-    sparserl compare CONFIG [key=value ...] --arms dense,sparse_naive,sparse_rl --seeds 3 \\
-        [--steps N] [--eval DATA [--eval-limit N] [--eval-n N]] [--collapse-k3 X] [--paired-against ARM,...] --out DIR
+"""A comparison's plan and run: every arm × seed as an ordinary training run, then one comparison
+(:func:`compare`, the Python API behind ``sparserl compare``: :mod:`sparserl.commands.compare`).
 
 Everything is checked before the first run starts (:func:`plan`): the arms, the seeds, the steps,
 every run's full config, run folders left by an earlier call, the evaluation set, that ``--out`` is
@@ -13,7 +11,6 @@ final models are evaluated with ``--eval``, and ``DIR`` gets the plots, ``compar
 from __future__ import annotations
 
 import math
-import shlex
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +19,7 @@ from typing import Callable, Sequence
 from .aggregate import COLLAPSE_K3
 from .arms import Arm, CompareError, RunSpec, expand, parse_arms, resolve_seeds
 
-__all__ = ["Plan", "compare", "compare_cli", "plan"]
+__all__ = ["DEFAULT_ARMS", "Plan", "compare", "plan"]
 
 DEFAULT_ARMS = "dense,sparse_naive,sparse_rl"
 
@@ -149,28 +146,3 @@ def compare(config: str | None, overrides: Sequence[str] = (), arms: str | Seque
                             starts=starts, paired_against=p.paired_against)
     log(f"comparison: {path}")
     return path
-
-
-def command_line(args) -> str:
-    """The ``sparserl compare`` command the parsed ``args`` stand for."""
-    parts = ["sparserl", "compare", args.config, *args.overrides, "--arms", ",".join(args.arms or [DEFAULT_ARMS])]
-    parts += ["--seed-list", args.seed_list] if args.seed_list else ["--seeds", str(args.seeds)]
-    for opt, val in (("--steps", args.steps), ("--eval", args.eval), ("--eval-limit", args.eval_limit)):
-        if val is not None:
-            parts += [opt, str(val)]
-    if args.eval is not None:
-        parts += ["--eval-n", str(args.eval_n), "--eval-temperature", f"{args.eval_temperature:g}"]
-    if args.collapse_k3 != COLLAPSE_K3:
-        parts += ["--collapse-k3", f"{args.collapse_k3:g}"]
-    if getattr(args, "paired_against", None):
-        parts += ["--paired-against", args.paired_against]
-    return shlex.join([*parts, "--out", str(args.out)])
-
-
-def compare_cli(args) -> int:
-    """``sparserl compare``: the parsed arguments to :func:`compare` (errors are SparserlErrors)."""
-    compare(args.config, args.overrides, args.arms or DEFAULT_ARMS, args.seeds, out=args.out,
-            seed_list=args.seed_list, steps=args.steps, eval_data=args.eval, eval_limit=args.eval_limit,
-            eval_n=args.eval_n, eval_temperature=args.eval_temperature, collapse_k3=args.collapse_k3,
-            command=command_line(args), paired_against=args.paired_against)
-    return 0

@@ -1,4 +1,5 @@
-"""``sparserl calibrate``: the command's options, their checks (all before any work) and the run.
+"""``sparserl calibrate``: the command's options, their checks (all before any work) and the run; the
+measurement, the search and the outputs are :mod:`sparserl.calibrate`'s.
 
     sparserl calibrate --model M --data gsm8k --limit 64 --n 8 --compressors rkv,snapkv \\
         --budgets 32,64,128,256 --max-new-tokens 1024 --min-new-tokens 1024 --bin 128 \\
@@ -15,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..data.options import add_data_options
+from .options import DTYPES
 
 DEFAULT_COMPRESSORS = "rkv,snapkv,streaming,h2o"
 DEFAULT_BUDGETS = "32,64,128,256"
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 #: the largest q a sampler keeps (MiB): twice training's mismatch.alpha_record_mib, since calibrate holds no
 #: learner, gradients or optimizer state beside it (the default job's 128 calibration responses: 1152 MiB)
 ALPHA_RECORD_MIB = 2048
@@ -131,7 +132,7 @@ def check(args) -> Plan:
     from ..checks import check_choice, check_int, check_number, check_output_file
     from ..errors import OptionError
     from ..registry import UnknownNameError
-    from .measure import TOKENS
+    from ..calibrate.measure import TOKENS
 
     check_int(args.n, "--n", 1, what="responses per prompt")
     check_int(args.limit, "--limit", 1, allow_none=True, what="prompts; leave it out for all")
@@ -201,12 +202,13 @@ def run(args) -> int:
 
     from ..data import DataError
     from ..models.loading import load_model
-    from ..rollout.dtype_auto import cpu_name, resolve_dtype
+    from ..models.machine import cpu_name
+    from ..rollout.dtype_auto import resolve_dtype
     from ..rollout.engine import RolloutEngine
     from ..rollout.kv import build_compressor
     from ..rollout.sampling import SamplingParams
-    from . import output, plot, search, speed
-    from .measure import measure
+    from ..calibrate import output, plot, search, speed
+    from ..calibrate.measure import measure
 
     t_start = time.perf_counter()
     dtype = resolve_dtype(args.dtype, device)
