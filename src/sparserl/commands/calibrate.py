@@ -129,10 +129,10 @@ def sampler(name: str, budget: int | None, args, schedule: list[list[int]] | Non
 
 def check(args) -> Plan:
     """Every option, before any work: one :class:`~sparserl.errors.SparserlError` naming the first bad one."""
+    from ..calibrate.measure import TOKENS
     from ..checks import check_choice, check_int, check_number, check_output_file
     from ..errors import OptionError
     from ..registry import UnknownNameError
-    from ..calibrate.measure import TOKENS
 
     check_int(args.n, "--n", 1, what="responses per prompt")
     check_int(args.limit, "--limit", 1, allow_none=True, what="prompts; leave it out for all")
@@ -200,6 +200,8 @@ def run(args) -> int:
 
     import torch
 
+    from ..calibrate import output, plot, search, speed
+    from ..calibrate.measure import measure
     from ..data import DataError
     from ..models.loading import load_model
     from ..models.machine import cpu_name
@@ -207,8 +209,6 @@ def run(args) -> int:
     from ..rollout.engine import RolloutEngine
     from ..rollout.kv import build_compressor
     from ..rollout.sampling import SamplingParams
-    from ..calibrate import output, plot, search, speed
-    from ..calibrate.measure import measure
 
     t_start = time.perf_counter()
     dtype = resolve_dtype(args.dtype, device)

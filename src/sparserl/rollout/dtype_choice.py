@@ -32,7 +32,7 @@ import torch
 
 from .. import json_cache
 from ..models.loading import DTYPES, IdsOnlyTokenizer, LoadedModel, ModelLoadError, resolve_device
-from ..models.machine import cpu_name, device_label
+from ..models.machine import device_label
 from . import native
 from .kv import build_compressor
 from .sampling import SamplingParams

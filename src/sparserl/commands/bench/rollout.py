@@ -59,8 +59,8 @@ def add_parser(subparsers, parents=()):
 
 def run(args) -> int:
     from ...bench.rollout import KERNELS, PEERS, bench_compressor, run_bench, write_json
-    from ...rollout.quant.smooth import check_strength
     from ...models.loading import check_model, resolve_device
+    from ...rollout.quant.smooth import check_strength
 
     resolve_device(args.device, key="--device")  # a device this machine lacks fails before anything loads
     check_int(args.batch, "--batch", 1, what="sequences generated at once")

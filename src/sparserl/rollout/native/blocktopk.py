@@ -7,6 +7,7 @@ import torch
 
 from . import compiler
 
+
 def blocktopk_attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, sums: torch.Tensor, start: torch.Tensor,
                         lens: torch.Tensor, k_pages: torch.Tensor | None, page: int, sink: int, recent: int,
                         update: bool = True, attend: bool = True, chosen: torch.Tensor | None = None, lib=None):

@@ -8,6 +8,7 @@ import torch
 
 from . import compiler
 
+
 def rkv_redundancy(keys: torch.Tensor, valid: torch.Tensor, threshold: float, lib=None) -> torch.Tensor | None:
     """R-KV's mean thresholded similarity of every key (``kv_scores.c``; before the softmax of
     :func:`sparserl.rollout.kv.rkv.redundancy`): keys [n, H, L, D] float32 or bfloat16 (the bf16

@@ -8,6 +8,7 @@ import torch
 from . import compiler
 from .operands import rows_view
 
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, lib=None) -> torch.Tensor | None:
     """``x / sqrt(mean(x²) + eps) · w`` over the last dimension (``layer_ops.c``), or None."""
     lib = compiler.lib_for(lib, x, w)

@@ -8,6 +8,7 @@ import torch
 from . import compiler
 from .operands import product_io
 
+
 def pack_linear(w: torch.Tensor, lib=None) -> torch.Tensor | None:
     """W [N, K] float32 (CPU) → its panels for :func:`linear` (``linear.c``: ``Wp[p][k][j] =
     W[NR p + j][k]``, NR = 24, or 32 where the build has AVX512; zero past N), or None when the library is not available."""

@@ -12,6 +12,7 @@ from . import compiler
 from .linear import pack_panels
 from .operands import rows_view
 
+
 def pack_int8(q: torch.Tensor, lib=None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Int8 codes Q [N, K] → (panels, column sums) for :func:`linear_int8` (|Q| ≤ 64 per token,
     ≤ 127 where :func:`int8_full_range`; |Q| ≤ 127 with groups; see ``linear_int8.c``), or None when the library is not available."""
