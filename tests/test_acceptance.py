@@ -82,14 +82,14 @@ def test_exact_alpha_from_kept_distributions_equals_the_replay(tmp_path, monkeyp
     metrics agree to float rounding (the same q up to the replay's 1e-5)."""
     from sparserl import runlog as names
     from sparserl.config import load_config, validate
-    from sparserl.rollout import replay as replay_module
-    from sparserl.mismatch import exact_alpha as score_alpha
+    from sparserl.mismatch import exact_alpha
+    from sparserl.mismatch import replay as replay_module
     from sparserl.train.trainer import build_trainer, train_step
     from test_train import TINY
 
     replays = []
     real = replay_module.replay
-    monkeypatch.setattr(score_alpha, "replay", lambda *a, **k: replays.append(1) or real(*a, **k))
+    monkeypatch.setattr(exact_alpha, "replay", lambda *a, **k: replays.append(1) or real(*a, **k))
     out = {}
     for mib in (36, 35, 0):  # fits; one MiB short (replay); never
         cfg = validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", "mismatch.alpha=exact",
