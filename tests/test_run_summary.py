@@ -13,7 +13,8 @@ ROWS = [{"step": s, names.REWARD_MEAN: r, names.KV_KEPT_FRAC: 0.25, names.KV_SAM
 
 def test_the_headline_replaces_the_kv_lines_and_the_eval_names_its_sampler(tmp_path):
     sampler = "rkv, per-bin budgets 0:12, 64:16 (the KV controller's budgets at this step)"
-    (tmp_path / "eval-step00002.json").write_text(json.dumps({"step": 2, "sparse": {"pass@1": 0.5, "sampler": sampler}}))
+    record = {"step": 2, "sparse": {"pass@1": 0.5, "sampler": sampler}}
+    (tmp_path / "eval-step00002.json").write_text(json.dumps(record))
     headline = ["KV allocated: 1/4.0 of a dense engine's", "verdict: no dense run to compare with"]
     text = run_summary(ROWS, tmp_path, tmp_path / "report.md", None, headline)
     assert "KV bytes" not in text and "KV tokens" not in text

@@ -4,15 +4,21 @@ the LR schedule as they were), it is logged as ``train/skipped_nonfinite``, and 
 such steps in a row stop the run with one error naming the step."""
 import pytest
 import torch
+from test_train import cfg_for, toy_reward
 
 from sparserl import runlog as names
 from sparserl.runlog import read_metrics
 from sparserl.train import update
 from sparserl.train.nonfinite import NonfiniteTrainingError
-from sparserl.train.trainer import (build_trainer, corrections_and_advantages, rollout, rollout_batch, train,
-                                    train_step, update_policy)
-
-from test_train import cfg_for, toy_reward
+from sparserl.train.trainer import (
+    build_trainer,
+    corrections_and_advantages,
+    rollout,
+    rollout_batch,
+    train,
+    train_step,
+    update_policy,
+)
 
 
 def _state(trainer):

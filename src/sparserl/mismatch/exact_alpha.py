@@ -63,8 +63,8 @@ def exact_alpha(engine, prompt_ids: list[list[int]], response_ids: list[list[int
                 hidden: torch.Tensor, lm_weight: torch.Tensor, tau: float,
                 recorded: torch.Tensor | None = None, on_decode=None) -> tuple[torch.Tensor, float | None]:
     """(α [N, T] float64 on the CPU, replay error): ``engine`` replayed on ``prompt_ids[i]`` forced to
-    ``response_ids[i]`` with the sampling ``params`` (:func:`.replay.replay`), each
-    step's ``q`` against ``p`` from ``hidden`` [N, T, H] (:func:`sparserl.score.hidden.dense_hidden`) and ``lm_weight`` at
+    ``response_ids[i]`` with the sampling ``params`` (:func:`.replay.replay`), each step's ``q`` against
+    ``p`` from ``hidden`` [N, T, H] (:func:`sparserl.score.hidden.dense_hidden`) and ``lm_weight`` at
     temperature ``tau``. α is 0 past each response's end. ``recorded`` [N, T]: the sampler's log-probs of
     its tokens; the error is then the largest difference from the replayed ones, else None. ``on_decode``:
     handed to the replay (what each step attended: :class:`~sparserl.rollout.attended.AttendedPositions`)."""

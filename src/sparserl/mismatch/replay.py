@@ -12,7 +12,7 @@ in training ``mismatch/replay_err`` logs the largest difference).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

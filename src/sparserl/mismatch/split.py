@@ -29,7 +29,8 @@ def mismatch_split(sampler_model, batch: RolloutBatch, temperature: float, micro
     """k3 of the dense learner (``batch.old_logprobs``) against the sampler's quantized weights on a dense
     cache (``sampler_model``, holding the weights that sampled), and of those against the sampler
     (``batch.sampler_logprobs``)."""
-    q_weights = teacher_forced_logprobs(sampler_model, batch, temperature, micro_batch_size).to(batch.old_logprobs.device)
+    q_weights = teacher_forced_logprobs(sampler_model, batch, temperature, micro_batch_size)
+    q_weights = q_weights.to(batch.old_logprobs.device)
     return {names.MISMATCH_K3_WEIGHTS: k3_mean(q_weights, batch.old_logprobs, batch.response_mask),
             names.MISMATCH_K3_CACHE: k3_mean(batch.sampler_logprobs, q_weights, batch.response_mask)}
 

@@ -66,7 +66,7 @@ class DenseCacheReading:
     alpha: list[torch.Tensor] | None = None
 
     @staticmethod
-    def concat(readings: list["DenseCacheReading"]) -> "DenseCacheReading":
+    def concat(readings: list[DenseCacheReading]) -> DenseCacheReading:
         """One reading of the responses of ``readings`` in order (the shards of a step)."""
         def joined(name):
             parts = [getattr(r, name) for r in readings]

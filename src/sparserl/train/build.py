@@ -84,7 +84,7 @@ def build_trainer(cfg: Config) -> Trainer:
         use_deterministic_kernels(cfg.model.device)
     lm, learner, opt, sched = build_learner(cfg)
     engine = engine_from_fields(lm, r, sampler_state(learner))
-    old_policy = OldPolicy.choose(cfg, engine, learner)  # the model's own facts (its dropout): a refused source fails here
+    old_policy = OldPolicy.choose(cfg, engine, learner)  # the model's facts (its dropout): a refused source fails here
     check_exact_alpha_under_async(cfg, learner)  # the vocabulary's size: before any worker starts
     ref = None
     if cfg.algorithm.kl_coef > 0:

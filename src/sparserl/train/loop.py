@@ -19,8 +19,16 @@ from .due import checkpoint_due, eval_due
 from .headline import headline_lines
 from .held_out import held_out_eval
 from .metrics import MetricsLogger
-from .run_folder import (CONFIG_FILE, ResumeError, check_resume_config, checkpoint_step, find_resume_folder,
-                         holds_run, record_config, resolve_run_dir)
+from .run_folder import (
+    CONFIG_FILE,
+    ResumeError,
+    check_resume_config,
+    checkpoint_step,
+    find_resume_folder,
+    holds_run,
+    record_config,
+    resolve_run_dir,
+)
 from .sampler_sync import push_weights
 from .step import train_step
 from .summary import run_summary
@@ -117,8 +125,9 @@ def run_steps(trainer: Trainer, run: Path, resume: bool, changes: list, log=prin
     saved = record_config(run, cfg, start, changes, resume, notes)
     if resume and saved is not None and saved.name != CONFIG_FILE:
         log(f"config changed on resume ({', '.join(k for k, *_ in changes)}): kept as {saved}")
-    logger = MetricsLogger(run, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project,
-                           config_dict=config_to_dict(cfg), progress=cfg.log.progress, total_steps=cfg.train.steps)
+    logger = MetricsLogger(run, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb,
+                           wandb_project=cfg.log.wandb_project, config_dict=config_to_dict(cfg),
+                           progress=cfg.log.progress, total_steps=cfg.train.steps)
     if resume:
         logger.truncate_after(start)  # steps logged after the checkpoint are redone: each step once
     try:

@@ -43,7 +43,7 @@ class OldPolicy:
     keep_hidden: bool = False  # α reads p from the forward's hidden states (mismatch.alpha is not off)
 
     @classmethod
-    def choose(cls, cfg, engine, learner) -> "OldPolicy":
+    def choose(cls, cfg, engine, learner) -> OldPolicy:
         """The source for ``cfg``'s sampler (``engine``) and ``learner``: the config's rules and the loaded
         model's own facts (its dropout, its compute dtype), so that a refused source, e.g. ``update`` on a
         model with dropout, fails here, before any rollout (:class:`~sparserl.score.old_policy.OldLogprobsError`)."""

@@ -18,8 +18,8 @@ from .. import runlog as names
 from ..batch import RolloutBatch
 from ..models.mixed_precision import learner_autocast
 from ..score import forward_response, forward_response_shared
-from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
 from .lora import sampler_state
+from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
 from .nonfinite import NonfiniteSteps
 from .update_forward import UpdateForward
 from .update_visible import quantized_weight_snapshot, update_visible_frac
