@@ -37,6 +37,9 @@ from pathlib import Path
 
 from sparserl.bench.measure import time_rounds
 
+#: R-KV at a fixed budget of 40 with Sparse-RL: the measured job (the default's α-tail controller needs
+#: ``mismatch.alpha``, which BASE turns off to time the stations alone)
+JOB = "sparse_rl_fixed40"
 BASE = ["train.prompts_per_step=2", "mismatch.alpha=off", "data.eval=null", "checkpoint.every=0",
         "log.progress=plain", "log.tensorboard=false"]
 ARMS = {"one": [], "sync": ["cluster.rollout_workers=1"], "async": ["cluster.rollout_workers=1", "rollout.async=true"],
@@ -53,7 +56,7 @@ def run_arm(arm: str, steps: int, extra: list[str], folder: Path) -> list[dict]:
     from sparserl.runlog import read_metrics
     from sparserl.train.trainer import train
 
-    cfg = validate(load_config("default", [*BASE, *ARMS[arm], f"train.steps={steps}", *extra]))
+    cfg = validate(load_config(JOB, [*BASE, *ARMS[arm], f"train.steps={steps}", *extra]))
     run = train(cfg, run_dir=folder / arm, log=lambda *_: None)
     return read_metrics(run)
 
