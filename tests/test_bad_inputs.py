@@ -385,7 +385,7 @@ MATRIX = [
     case("model", ["demo", "--model", "no_such_dir"], "no_such_dir", "missing-model"),
     case("model", ["demo", "--model", "x.gguf"], "not a GGUF file", "corrupt-gguf"),
     case("numbers", ["compare", "--seeds", "0", "--out", "cmp"], "seeds", "seeds-zero"),
-    case("output", ["compare", "--out", "afile"], "afile", "out-is-file"),
+    case("output", ["compare", "sparse_rl_fixed40", "--out", "afile"], "afile", "out-is-file"),
     case("flags", ["compare", "--arms", "nope", "--out", "cmp"], "nope", "unknown-arm"),
     case("flags", ["compare", "--arms", "dense,sparse_rl", "--paired-against", "sparse_r", "--out", "cmp"],
          "did you mean 'sparse_rl'", "paired-against-unknown-arm"),
