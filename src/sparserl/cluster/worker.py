@@ -9,6 +9,7 @@ controller has reached, and refuses to sample with weights other than the ones t
 
 The class is plain Python (Ray wraps it in :mod:`.pool`), so it runs and tests without Ray too.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,13 @@ class RolloutWorker:
         """Where the worker runs: its process id, device, sampler dtype and the threads torch uses."""
         import torch
 
-        return {"index": self.index, "pid": os.getpid(), "device": str(self.engine.device),
-                "dtype": str(self.engine.model.dtype).removeprefix("torch."), "threads": torch.get_num_threads()}
+        return {
+            "index": self.index,
+            "pid": os.getpid(),
+            "device": str(self.engine.device),
+            "dtype": str(self.engine.model.dtype).removeprefix("torch."),
+            "threads": torch.get_num_threads(),
+        }
 
     def load_weights(self, state: dict, version: int) -> int:
         """The learner's state dict (``version``: the driver's push count) into the sampler; a quantized
@@ -47,20 +53,22 @@ class RolloutWorker:
         self.version = version
         return version
 
-    def generate(self, prompts: list, params, first_prompt: int, version: int, schedule=None,
-                 read_dense_cache: int | None = None):
+    def generate(
+        self, prompts: list, params, first_prompt: int, version: int, schedule=None, read_dense_cache: int | None = None
+    ):
         """Sample ``params.n`` responses for each of ``prompts`` (global prompts ``first_prompt`` on) with the
         weights of push ``version`` and, when given, the driver's current KV schedule (a
         :class:`~sparserl.rollout.kv.schedule.KVSchedule`). ``read_dense_cache`` (top-k, 0 for none): also
         read the responses with these weights on a dense cache
-        (:func:`sparserl.rollout.teacher_forced.read_dense_cache`), before newer weights arrive. With
+        (:func:`sparserl.mismatch.teacher_forced.read_dense_cache`), before newer weights arrive. With
         ``params.keep_distributions`` each response's ``q`` comes back in a tensor of its own (the engine's are
         views of one buffer, and serializing a view writes its whole buffer: the step's ``q`` once per response)."""
         from ..mismatch.teacher_forced import read_dense_cache as read
 
         if version != self.version:
-            raise WorkerStateError(f"rollout worker {self.index} holds weights of push {self.version}, "
-                                   f"asked to sample with push {version}")
+            raise WorkerStateError(
+                f"rollout worker {self.index} holds weights of push {self.version}, asked to sample with push {version}"
+            )
         if schedule is not None and schedule != self.engine.compressor.schedule:
             self.engine.compressor.set_schedule(schedule)
         out = self.engine.generate(prompts, params, first_prompt=first_prompt)
@@ -68,6 +76,12 @@ class RolloutWorker:
         if out.distributions is not None:  # views of one [B, T, V] buffer: each would carry all of it to the driver
             out.distributions = [d.clone() for d in out.distributions]
         if read_dense_cache is not None:
-            out.dense_cache = read(self.engine.model, out, params.temperature, read_dense_cache,
-                                   self.micro_batch_size, self.engine.tokenizer.pad_token_id or 0)
+            out.dense_cache = read(
+                self.engine.model,
+                out,
+                params.temperature,
+                read_dense_cache,
+                self.micro_batch_size,
+                self.engine.tokenizer.pad_token_id or 0,
+            )
         return out

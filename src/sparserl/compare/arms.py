@@ -11,7 +11,7 @@ comparison's ``CONFIG [key=value ...]``. ``--arms`` names them, comma-separated:
   still apply on top;
 - a user's own arm, ``NAME=key=value;key=value``, e.g. ``tight=rollout.kv_budget=16;algorithm.correction=tis``,
   or a variant of a preset, ``NAME=preset:<name>;key=value``, e.g.
-  ``loose=preset:sparrow;rollout.kv_controller.threshold=0.7`` (the preset is its CONFIG, then the
+  ``loose=preset:default;rollout.kv_controller.threshold=0.7`` (the preset is its CONFIG, then the
   comparison's overrides, then its own).
 
 Commas and semicolons inside brackets or quotes do not split (``c=algorithm.correction=[tis,mis]``).
@@ -20,25 +20,40 @@ Commas and semicolons inside brackets or quotes do not split (``c=algorithm.corr
 ``train.seed=<k>``, and builds and validates every run's full config first: every problem of every
 arm comes back in one :class:`CompareError` naming the arm, before any run starts.
 """
+
 from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from ..config import Config, ConfigError, list_presets, load_config, validate
 from ..errors import SparserlError
 from ..registry import did_you_mean
 
-__all__ = ["Arm", "BUILTIN_ARMS", "CompareError", "RunSpec", "expand", "parse_arm", "parse_arms",
-           "resolve_seeds", "run_name", "split_top_level"]
+__all__ = [
+    "Arm",
+    "BUILTIN_ARMS",
+    "CompareError",
+    "RunSpec",
+    "expand",
+    "parse_arm",
+    "parse_arms",
+    "resolve_seeds",
+    "run_name",
+    "split_top_level",
+]
 
 #: name -> (overrides, what the arm is)
 BUILTIN_ARMS: dict[str, tuple[tuple[str, ...], str]] = {
     "base": ((), "the config as given"),
-    "dense": (("rollout.compressor=none", "algorithm.correction=none"), "full KV cache, no correction"),
+    # the controller steers a compressor's budgets: with none it has nothing to steer
+    "dense": (
+        ("rollout.compressor=none", "rollout.kv_controller=null", "algorithm.correction=none"),
+        "full KV cache, no correction",
+    ),
     "sparse_naive": (("algorithm.correction=none",), "the config's compressed sampler, no correction"),
     "sparse_rl": (("algorithm.correction=sparse_rl",), "the config's compressed sampler, Sparse-RL correction"),
 }
@@ -99,8 +114,10 @@ def _known() -> list[str]:
 def _preset(preset: str, arm: str) -> str:
     """``preset`` when it names a preset, else a CompareError naming the arm, with a did-you-mean hint."""
     if preset not in list_presets():
-        raise CompareError(f"arm '{arm}': no preset named '{preset}'{did_you_mean(preset, list_presets())}; "
-                           f"presets: {', '.join(list_presets())}")
+        raise CompareError(
+            f"arm '{arm}': no preset named '{preset}'{did_you_mean(preset, list_presets())}; "
+            f"presets: {', '.join(list_presets())}"
+        )
     return preset
 
 
@@ -117,10 +134,18 @@ def parse_arm(item: str) -> Arm:
         name, rest = item.split("=", 1)
         name = name.strip()
         if not _NAME.match(name):
-            hint = (" (it looks like an override: give overrides shared by all arms after CONFIG, or name "
-                    "the arm: NAME=key=value;key=value)") if "." in name else ""
-            raise CompareError(f"arm '{item}': '{name}' is not a valid arm name (letters, digits, '_' and '-'; "
-                               f"it names the run folders){hint}")
+            hint = (
+                (
+                    " (it looks like an override: give overrides shared by all arms after CONFIG, or name "
+                    "the arm: NAME=key=value;key=value)"
+                )
+                if "." in name
+                else ""
+            )
+            raise CompareError(
+                f"arm '{item}': '{name}' is not a valid arm name (letters, digits, '_' and '-'; "
+                f"it names the run folders){hint}"
+            )
         overrides = tuple(o.strip() for o in split_top_level(rest, ";") if o.strip())
         preset = None
         if overrides and overrides[0].startswith("preset:"):  # NAME=preset:<p>;key=value: a variant of a preset
@@ -131,17 +156,21 @@ def parse_arm(item: str) -> Arm:
         bad = [o for o in overrides if "=" not in o]
         if bad:
             where = " (a preset goes first: NAME=preset:<name>;key=value)" if bad[0].startswith("preset:") else ""
-            raise CompareError(f"arm '{name}': '{bad[0]}' is not of the form section.key=value "
-                               f"(separate an arm's overrides with ';', arms with ','){where}")
+            raise CompareError(
+                f"arm '{name}': '{bad[0]}' is not of the form section.key=value "
+                f"(separate an arm's overrides with ';', arms with ','){where}"
+            )
         return Arm(name, overrides, preset, f"preset {preset}, user-defined" if preset else "user-defined")
     if item in BUILTIN_ARMS:
         overrides, what = BUILTIN_ARMS[item]
         return Arm(item, overrides, None, what)
     if item in list_presets():
         return Arm(item, (), item, f"preset {item}")
-    raise CompareError(f"unknown arm '{item}'{did_you_mean(item, _known())}; built-in arms: "
-                       f"{', '.join(BUILTIN_ARMS)}; presets: {', '.join(list_presets())} (or preset:<name>); "
-                       "or define one as NAME=key=value;key=value (NAME=preset:<name>;key=value: a variant of a preset)")
+    raise CompareError(
+        f"unknown arm '{item}'{did_you_mean(item, _known())}; built-in arms: "
+        f"{', '.join(BUILTIN_ARMS)}; presets: {', '.join(list_presets())} (or preset:<name>); "
+        "or define one as NAME=key=value;key=value (NAME=preset:<name>;key=value: a variant of a preset)"
+    )
 
 
 def parse_arms(spec: str | Arm | Iterable[str | Arm]) -> list[Arm]:
@@ -159,8 +188,10 @@ def parse_arms(spec: str | Arm | Iterable[str | Arm]) -> list[Arm]:
     seen: set[str] = set()
     dup = [a.name for a in arms if a.name in seen or seen.add(a.name)]
     if dup:
-        raise CompareError(f"--arms: arm '{dup[0]}' is given twice; arm names must be unique (they name the run "
-                           "folders); name a variant yourself as NAME=key=value;key=value")
+        raise CompareError(
+            f"--arms: arm '{dup[0]}' is given twice; arm names must be unique (they name the run "
+            "folders); name a variant yourself as NAME=key=value;key=value"
+        )
     return arms
 
 
@@ -173,7 +204,9 @@ def resolve_seeds(seeds: int | Sequence[int] | str | None, seed_list: Sequence[i
             try:
                 out = [int(s) for s in seed_list.split(",") if s.strip()]
             except ValueError:
-                raise CompareError(f"--seed-list {seed_list!r}: expected comma-separated integers, e.g. 0,1,2") from None
+                raise CompareError(
+                    f"--seed-list {seed_list!r}: expected comma-separated integers, e.g. 0,1,2"
+                ) from None
         else:
             out = [int(s) for s in seed_list]
         if not out:
@@ -216,8 +249,14 @@ def _indent(msg: str) -> str:
     return msg.replace("\n", "\n    ")
 
 
-def expand(config: str | Path | None, overrides: Sequence[str], arms: Sequence[Arm] | str,
-           seeds: int | Sequence[int], steps: int | None = None, runs_dir: str | Path = "runs") -> list[RunSpec]:
+def expand(
+    config: str | Path | None,
+    overrides: Sequence[str],
+    arms: Sequence[Arm] | str,
+    seeds: int | Sequence[int],
+    steps: int | None = None,
+    runs_dir: str | Path = "runs",
+) -> list[RunSpec]:
     """Every arm × seed as a :class:`RunSpec` (arm-major order), each config built and validated.
 
     Overrides of a run, in order: the comparison's ``overrides``, the arm's, ``train.steps=<steps>``
@@ -237,8 +276,12 @@ def expand(config: str | Path | None, overrides: Sequence[str], arms: Sequence[A
     for arm in arms:
         src = arm.config or config
         for seed in seed_values:
-            over = (*overrides, *arm.overrides, *([f"train.steps={steps}"] if steps is not None else []),
-                    f"train.seed={seed}")
+            over = (
+                *overrides,
+                *arm.overrides,
+                *([f"train.steps={steps}"] if steps is not None else []),
+                f"train.seed={seed}",
+            )
             try:
                 cfg = validate(load_config(src, over))
             except ConfigError as e:

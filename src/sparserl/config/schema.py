@@ -11,53 +11,81 @@ import inside the check: importing the schema loads nothing heavy, building a ``
 Each value is checked as it is set (type, range, choice, registered name); the rules that tie keys
 together are :mod:`sparserl.config.rules`'.
 """
+
 from __future__ import annotations
 
 import math
 import re
 import typing
-from typing import Annotated, Any, Callable, Iterable, Literal, Optional, Union
+from collections.abc import Callable, Iterable
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
-                      field_validator)
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from ..registry import did_you_mean
 
-__all__ = ["ModelConfig", "KVControllerConfig", "RolloutConfig", "DataConfig", "OverlongBufferConfig",
-           "RewardConfig", "DistillSparseConfig", "AlgorithmConfig", "TrainConfig", "LogConfig",
-           "CheckpointConfig", "EvalConfig", "MismatchConfig", "ClusterConfig", "Config", "SECTIONS",
-           "FLOAT32_MAX", "QUANT_GROUP", "fields_of", "field_at", "subsection", "type_name", "strip_annotated",
-           "Registered"]
+__all__ = [
+    "ModelConfig",
+    "KVControllerConfig",
+    "RolloutConfig",
+    "DataConfig",
+    "OverlongBufferConfig",
+    "RewardConfig",
+    "DistillSparseConfig",
+    "AlgorithmConfig",
+    "TrainConfig",
+    "LogConfig",
+    "CheckpointConfig",
+    "EvalConfig",
+    "MismatchConfig",
+    "ClusterConfig",
+    "Config",
+    "SECTIONS",
+    "FLOAT32_MAX",
+    "QUANT_GROUP",
+    "fields_of",
+    "field_at",
+    "subsection",
+    "type_name",
+    "strip_annotated",
+    "Registered",
+]
 
 
 # --- the registries' names, looked up when a value is checked --------------------------------------
 def _compressors() -> list[str]:
     from ..rollout.kv import available_compressors
+
     return available_compressors()
 
 
 def _quants() -> list[str]:
     from ..rollout.quant import available_quants
+
     return available_quants()
 
 
 def _kv_quants() -> list[str]:
     from ..rollout.kv_quant import available_kv_quants
+
     return available_kv_quants()
 
 
 def _adv_ests() -> list[str]:
     from ..advantages import available_adv_ests
+
     return available_adv_ests()
 
 
 # --- field types and checks ----------------------------------------------------------------------
 def _check(ok: Callable[[Any], Any], msg: str) -> AfterValidator:
     """A field check: ``msg`` names the problem when ``ok(value)`` is false."""
+
     def check(v: Any) -> Any:
         if not ok(v):
             raise ValueError(msg)
         return v
+
     return AfterValidator(check)
 
 
@@ -69,8 +97,7 @@ class Registered:
 
     def __call__(self, v: str) -> str:
         if v not in (valid := self.names()):
-            raise ValueError(f"not a registered {self.kind}{did_you_mean(v, valid)}; "
-                             f"registered: {', '.join(valid)}")
+            raise ValueError(f"not a registered {self.kind}{did_you_mean(v, valid)}; registered: {', '.join(valid)}")
         return v
 
 
@@ -78,6 +105,7 @@ def _correction(v: Any) -> Any:
     if not v:
         raise ValueError("must not be empty (use 'none')")
     from ..correct.presets import resolve
+
     try:
         resolve(v)  # the error lists the presets, the methods and the closest name
     except TypeError as e:
@@ -88,19 +116,28 @@ def _correction(v: Any) -> Any:
 # numbers given to a string field keep their text (run_name: 2024); mapping keys are strings
 Str = Annotated[str, BeforeValidator(lambda v: str(v) if type(v) in (int, float) else v)]
 NonEmpty = Annotated[Str, _check(bool, "must not be empty")]
-Options = Annotated[dict[str, Any], BeforeValidator(lambda v: {str(k): x for k, x in v.items()}
-                                                    if isinstance(v, dict) else v)]
+Options = Annotated[
+    dict[str, Any], BeforeValidator(lambda v: {str(k): x for k, x in v.items()} if isinstance(v, dict) else v)
+]
 Compressor = Annotated[str, AfterValidator(Registered("compressor", _compressors))]
 Quant = Annotated[str, AfterValidator(Registered("weight quantization", _quants))]
 KVQuant = Annotated[str, AfterValidator(Registered("KV-cache quantization", _kv_quants))]
 AdvEstimator = Annotated[str, AfterValidator(Registered("advantage estimator", _adv_ests))]
-Correction = Annotated[Union[Str, list], AfterValidator(_correction)]
-Device = Annotated[str, _check(lambda v: v in ("auto", "cpu", "mps") or re.fullmatch(r"cuda(:\d+)?", v),
-                               "is not auto, cpu, cuda or cuda:N")]
-Folder = Annotated[Optional[Str], _check(lambda v: v is None or ("/" not in v and v not in ("", ".", "..")),
-                                         "must be a plain folder name")]
+Correction = Annotated[Str | list, AfterValidator(_correction)]
+Device = Annotated[
+    str,
+    _check(
+        lambda v: v in ("auto", "cpu", "mps") or re.fullmatch(r"cuda(:\d+)?", v), "is not auto, cpu, cuda or cuda:N"
+    ),
+]
+Folder = Annotated[
+    Str | None,
+    _check(lambda v: v is None or ("/" not in v and v not in ("", ".", "..")), "must be a plain folder name"),
+]
 Beta = Annotated[float, Field(ge=0, lt=1)]
 Betas = Annotated[tuple[Beta, Beta], BeforeValidator(lambda v: tuple(v) if isinstance(v, list) else v)]
+
+
 def _lora_target(v: Any) -> Any:
     if v == "all-linear" or (isinstance(v, list) and v and all(isinstance(x, str) and x for x in v)):
         return v
@@ -135,8 +172,9 @@ def _within_float32(v: Any) -> Any:
     for x in _floats(v):
         if not (math.isfinite(x) and abs(x) <= FLOAT32_MAX):
             which = "" if x is v else f"{x!r} "
-            raise ValueError(f"{which}must lie within float32's finite range, ±{FLOAT32_MAX:.8g} (numbers "
-                             "reach torch as float32)")
+            raise ValueError(
+                f"{which}must lie within float32's finite range, ±{FLOAT32_MAX:.8g} (numbers reach torch as float32)"
+            )
     return v
 
 
@@ -150,7 +188,7 @@ def F(default: Any = None, help: str = "", factory: Any = None, **bounds: Any) -
 #: the error a failed assignment raises (``cfg.rollout.kv_budget = 0``), given pydantic's error and the
 #: section's key: :mod:`sparserl.config.messages` installs its ConfigError with one line per problem, so that
 #: the schema needs nothing from the modules that read it
-assignment_error: Optional[Callable[[ValidationError, tuple], Exception]] = None
+assignment_error: Callable[[ValidationError, tuple], Exception] | None = None
 
 
 class _Section(BaseModel):
@@ -175,15 +213,21 @@ class _Section(BaseModel):
 class ModelConfig(_Section):
     """Which policy to train, and in what precision."""
 
-    name: NonEmpty = F("smollm2-135m", "Model: a built-in name ('smollm2-135m', the embedded default; 'tiny', "
-                       "a small random model for tests), a local Hugging Face folder, or a .gguf file.")
+    name: NonEmpty = F(
+        "smollm2-135m",
+        "Model: a built-in name ('smollm2-135m', the embedded default; 'tiny', "
+        "a small random model for tests), a local Hugging Face folder, or a .gguf file.",
+    )
     dtype: Literal["float32", "bfloat16"] = F(
-        "float32", "Learner (trained weights) dtype: float32 | bfloat16. The dense scorer uses the same dtype.")
+        "float32", "Learner (trained weights) dtype: float32 | bfloat16. The dense scorer uses the same dtype."
+    )
     mixed_precision: Literal["auto", "off", "bfloat16"] = F(
-        "auto", "The learner's forwards and backward in bfloat16 under torch.autocast, its weights, gradients and "
+        "auto",
+        "The learner's forwards and backward in bfloat16 under torch.autocast, its weights, gradients and "
         "AdamW state in float32 (TRL's bf16=True, verl's FSDP mixed precision): auto (bfloat16 where this "
         "machine runs it measurably faster, timed once and cached) | off | bfloat16. With model.dtype=float32 "
-        "only. `sparserl bench learner` measures the whole step.")
+        "only. `sparserl bench learner` measures the whole step.",
+    )
     seed: int = F(0, "Seed of the random initialisation of a 'tiny' model (ignored for real models).")
     device: Device = F("auto", "Device: auto (cuda if available, else cpu) | cpu | cuda | cuda:N.")
 
@@ -192,6 +236,7 @@ def _schedule_pairs(v: Any) -> Any:
     """A schedule given inline is checked here (a file is read by ``validate``)."""
     if isinstance(v, list):
         from ..rollout.kv.schedule import ScheduleError, parse_pairs
+
         try:
             parse_pairs(v, "kv_schedule")
         except ScheduleError as e:
@@ -199,21 +244,35 @@ def _schedule_pairs(v: Any) -> Any:
     return v
 
 
-Schedule = Annotated[Optional[Union[Str, list]], AfterValidator(_schedule_pairs)]
+Schedule = Annotated[Str | list | None, AfterValidator(_schedule_pairs)]
 
 
 class KVControllerConfig(_Section):
     """The online budget controller (sparserl.train.kv_controller): each length bin's KV budget is raised
     or lowered between training steps from the measured α tail (mismatch/alpha_p5_bin/<start>)."""
 
-    threshold: float = F(0.86, "Sparrow's threshold on the 5th percentile of α per length bin: a bin below it gets "
-                         "more KV (Sparrow: training stayed stable above ~0.86).", gt=0, le=1)
-    margin: float = F(0.04, "Hysteresis: a bin's budget is lowered only while its α tail stays at or above "
-                      "threshold + margin.", ge=0, lt=1)
-    patience: int = F(2, "Steps in a row a bin's α tail must clear threshold + margin before its budget is lowered.",
-                      ge=1)
-    bin: Optional[int] = F(None, "Width in tokens of the sequence-length bins; None = mismatch.alpha_bin (the bins "
-                           "α is measured on; another width is an error).", ge=1)
+    threshold: float = F(
+        0.86,
+        "Sparrow's threshold on the 5th percentile of α per length bin: a bin below it gets "
+        "more KV (Sparrow: training stayed stable above ~0.86).",
+        gt=0,
+        le=1,
+    )
+    margin: float = F(
+        0.04,
+        "Hysteresis: a bin's budget is lowered only while its α tail stays at or above threshold + margin.",
+        ge=0,
+        lt=1,
+    )
+    patience: int = F(
+        2, "Steps in a row a bin's α tail must clear threshold + margin before its budget is lowered.", ge=1
+    )
+    bin: int | None = F(
+        None,
+        "Width in tokens of the sequence-length bins; None = mismatch.alpha_bin (the bins "
+        "α is measured on; another width is an error).",
+        ge=1,
+    )
     min_budget: int = F(16, "Smallest budget a bin may get.", ge=1)
     max_budget: int = F(256, "Largest budget a bin may get (sizes the sampler's buffers).", ge=1)
     step: int = F(8, "Tokens a bin's budget moves by at one adjustment.", ge=1)
@@ -222,83 +281,142 @@ class KVControllerConfig(_Section):
 class RolloutConfig(_Section):
     """The sampler: how responses are generated and how its KV cache is compressed."""
 
-    compressor: Compressor = F("rkv", "KV-cache compressor of the sampler, a registered name: none (dense) | "
-                               "streaming | snapkv | rkv | h2o | ...")
+    compressor: Compressor = F(
+        "rkv",
+        "KV-cache compressor of the sampler, a registered name: none (dense) | streaming | snapkv | rkv | h2o | ...",
+    )
     kv_budget: int = F(64, "KV budget B in tokens per sequence (per layer) kept by the compressor.", ge=1)
     trigger: Literal["step_length", "newline"] = F(
-        "step_length", "When to compress: step_length (every `step_length` decode steps once the cache "
-        "exceeds the budget) | newline (after a newline token).")
+        "step_length",
+        "When to compress: step_length (every `step_length` decode steps once the cache "
+        "exceeds the budget) | newline (after a newline token).",
+    )
     step_length: int = F(32, "Decode steps between two compressions (R-KV / Sparse-RL: 128).", ge=1)
-    window: int = F(8, "Observation window w: the last w tokens are always kept and their queries score "
-                    "the others (R-KV: 8).", ge=0)
+    window: int = F(
+        8, "Observation window w: the last w tokens are always kept and their queries score the others (R-KV: 8).", ge=0
+    )
     compress_prompt: bool = F(False, "Also compress the prompt's KV (R-KV leaves it whole).")
-    tail_slack: int = F(0, "Spare KV slots past kv_budget + step_length: a compression due when the rest of "
-                        "the generation fits in them is skipped (it could not pay for its scoring). 0 = the "
-                        "buffer is exactly kv_budget + step_length.", ge=0)
-    compressor_options: Options = F(help="Method-specific options, passed to the compressor as keyword "
-                                    "arguments: e.g. lam, kernel, threshold, per_head, sinks.", factory=dict)
-    kv_schedule: Schedule = F(None, "Sparrow's sparsity schedule: the KV budget as a function of the sequence length "
-                              "(prompt + tokens generated), [[length, budget], ...] with lengths increasing, or a JSON "
-                              "file (such pairs, or `sparserl calibrate`'s output: the schedule of rollout.compressor). "
-                              "Replaces kv_budget; the buffers hold the largest budget. None = the fixed kv_budget.")
-    blocktopk_pages: Optional[int] = F(None, "Block top-k (rollout.compressor=blocktopk): pages of 16 tokens each decode "
-                                       "step reads per layer and KV head, the first page and the last 2 among them "
-                                       "(layers 0 and 1 read every page). Wins over kv_budget (tokens read = 16 x "
-                                       "pages); None = kv_budget / 16, or with kv_schedule its budget / 16. At least 3.")
-    kv_controller: Optional[KVControllerConfig] = F(None, "The online budget controller (threshold, margin, patience, "
-                                                   "bin, min_budget, max_budget, step); it starts from kv_schedule, "
-                                                   "else kv_budget in every bin. None = off.")
+    tail_slack: int = F(
+        0,
+        "Spare KV slots past kv_budget + step_length: a compression due when the rest of "
+        "the generation fits in them is skipped (it could not pay for its scoring). 0 = the "
+        "buffer is exactly kv_budget + step_length.",
+        ge=0,
+    )
+    compressor_options: Options = F(
+        help="Method-specific options, passed to the compressor as keyword "
+        "arguments: e.g. lam, kernel, threshold, per_head, sinks.",
+        factory=dict,
+    )
+    kv_schedule: Schedule = F(
+        None,
+        "Sparrow's sparsity schedule: the KV budget as a function of the sequence length "
+        "(prompt + tokens generated), [[length, budget], ...] with lengths increasing, or a JSON "
+        "file (such pairs, or `sparserl calibrate`'s output: the schedule of rollout.compressor). "
+        "Replaces kv_budget; the buffers hold the largest budget. None = the fixed kv_budget.",
+    )
+    blocktopk_pages: int | None = F(
+        None,
+        "Block top-k (rollout.compressor=blocktopk): pages of 16 tokens each decode "
+        "step reads per layer and KV head, the first page and the last 2 among them "
+        "(layers 0 and 1 read every page). Wins over kv_budget (tokens read = 16 x "
+        "pages); None = kv_budget / 16, or with kv_schedule its budget / 16. At least 3.",
+    )
+    kv_controller: KVControllerConfig | None = F(
+        None,
+        "The online budget controller (threshold, margin, patience, "
+        "bin, min_budget, max_budget, step); it starts from kv_schedule, "
+        "else kv_budget in every bin. None = off.",
+    )
     n: int = F(8, "Samples (responses) per prompt; GRPO needs n >= 2.", ge=1)
     temperature: float = F(1.0, "Sampling temperature (0 = greedy).", ge=0)
-    top_p: float = F(1.0, "Nucleus sampling: keep the smallest set of tokens with this mass (1 = off).",
-                     gt=0, le=1)
+    top_p: float = F(1.0, "Nucleus sampling: keep the smallest set of tokens with this mass (1 = off).", gt=0, le=1)
     top_k: int = F(0, "Keep only the k most likely tokens (0 = off).", ge=0)
     max_new_tokens: int = F(96, "Maximum response length in tokens.", ge=1)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = F(
-        "bfloat16", "Sampler dtype: auto | float32 | bfloat16 | float16.")
-    quant: Quant = F("none", "The sampler's weight quantization (the learner stays in full precision; "
-                     "re-quantized at every weight push): none | int8 (W8A8, QuRL) | int8_group (W8A8 with "
-                     "weight and activation scales per group of 64 inputs: more accurate) | int8_weight_only | fp8 "
-                     "(E4M3, FP8-RL; emulated where the device has no FP8 matmul).")
-    kv_quant: KVQuant = F("none", "How the sampler's KV cache stores K and V: none | int8 | fp8 (1 byte per "
-                          "element plus a float32 scale per token and KV head).")
-    quant_scale: float = F(1.0, "QuRL's invariant scaling s: before training, W X = (W/s)(s X) with s folded "
-                           "into the RMSNorms before q/k/v and gate/up (learner and sampler alike; full-precision "
-                           "function unchanged, checkpoints keep the original form). QuRL: 1.5.", gt=0)
-    quant_smooth: float = F(0.0, "SmoothQuant's migration strength a (sampler only): per input channel s_j = "
-                             "max|X_j|^a / max|W_j|^(1-a), X W^T = (X/s)(W s)^T, so activation outliers move into "
-                             "the weights before W8A8; the activation maxima are calibrated on a fixed text at every "
-                             "push. 0 = off (QuRL/FP8-RL as published); 0.5 = the paper's default. Needs "
-                             "rollout.quant int8, int8_group or fp8.", ge=0, lt=1)
-    quant_outliers: int = F(0, "Input channels of every quantized linear kept in float32 (LLM.int8's mixed-precision "
-                            "decomposition, with the channels fixed per push as QUIK does): the k inputs of largest "
-                            "max|X_j| on the calibration text (after SmoothQuant's division when that is on), "
-                            "re-chosen at every push; the rest quantized with scales over them alone. 0 = off "
-                            "(QuRL/FP8-RL as published). Needs rollout.quant int8, int8_group or fp8.", ge=0)
-    quant_head: bool = F(False, "Quantize the sampler's LM head too, with rollout.quant (and its SmoothQuant factors "
-                         "and outlier channels, calibrated on the final norm's output). The head is ~20% of a "
-                         "quantized decode step of SmolLM2-135M in float32; plain per-token int8 on it costs "
-                         "acceptance, with outlier channels little (docs/results/smoothquant.md). Off: the head "
-                         "stays in rollout.dtype, as QuRL/FP8-RL keep it.")
-    quant_group: int = F(QUANT_GROUP, "Inputs per scale of rollout.quant=int8_group, for the weights (per output "
-                         "and group) and the activations (per token and group); a multiple of 4: smaller groups "
-                         "follow outlier channels more closely, at a little more cost. Only with int8_group.", ge=4)
-    mismatch_split: bool = F(False, "Also score the responses with the sampler's quantized weights on a dense "
-                             "full-precision cache and log the mismatch's two parts: mismatch/k3_kl_weights "
-                             "(quantization) and mismatch/k3_kl_cache (eviction, KV rounding). Needs rollout.quant; "
-                             "costs one teacher-forced forward of the sampler per step.")
-    async_: bool = Field(False, alias="async", description=(
-        "One-step-asynchronous rollouts (verl's one-step-off): the rollout workers sample step k + 1 with the "
-        "weights before step k's update while the learner updates on step k; the learner scores the old "
-        "policy itself and the corrections treat the one step of lag like any other mismatch "
-        "(mismatch/policy_lag_steps; k3 and α split into mismatch/k3_kl_lag and mismatch/k3_kl_cache, "
-        "mismatch/alpha_lag_* and mismatch/alpha_cache_*). The step after a checkpoint samples with fresh "
-        "weights, so that a resumed run is exact. Needs cluster.rollout_workers."))
-    compile: bool = F(False, "torch.compile the sampler's decode step (inductor: C++ on CPU, Triton on CUDA; "
-                      "the first step compiles, ~20 s per graph on 2 cores); measure with `sparserl bench "
-                      "rollout --compile` before turning it on.")
-    stop: list[NonEmpty] = F(help="Stop strings: generation of a response ends after any of them (EOS always "
-                             "stops).", factory=list)
+        "bfloat16", "Sampler dtype: auto | float32 | bfloat16 | float16."
+    )
+    quant: Quant = F(
+        "none",
+        "The sampler's weight quantization (the learner stays in full precision; "
+        "re-quantized at every weight push): none | int8 (W8A8, QuRL) | int8_group (W8A8 with "
+        "weight and activation scales per group of 64 inputs: more accurate) | int8_weight_only | fp8 "
+        "(E4M3, FP8-RL; emulated where the device has no FP8 matmul).",
+    )
+    kv_quant: KVQuant = F(
+        "none",
+        "How the sampler's KV cache stores K and V: none | int8 | fp8 (1 byte per "
+        "element plus a float32 scale per token and KV head).",
+    )
+    quant_scale: float = F(
+        1.0,
+        "QuRL's invariant scaling s: before training, W X = (W/s)(s X) with s folded "
+        "into the RMSNorms before q/k/v and gate/up (learner and sampler alike; full-precision "
+        "function unchanged, checkpoints keep the original form). QuRL: 1.5.",
+        gt=0,
+    )
+    quant_smooth: float = F(
+        0.0,
+        "SmoothQuant's migration strength a (sampler only): per input channel s_j = "
+        "max|X_j|^a / max|W_j|^(1-a), X W^T = (X/s)(W s)^T, so activation outliers move into "
+        "the weights before W8A8; the activation maxima are calibrated on a fixed text at every "
+        "push. 0 = off (QuRL/FP8-RL as published); 0.5 = the paper's default. Needs "
+        "rollout.quant int8, int8_group or fp8.",
+        ge=0,
+        lt=1,
+    )
+    quant_outliers: int = F(
+        0,
+        "Input channels of every quantized linear kept in float32 (LLM.int8's mixed-precision "
+        "decomposition, with the channels fixed per push as QUIK does): the k inputs of largest "
+        "max|X_j| on the calibration text (after SmoothQuant's division when that is on), "
+        "re-chosen at every push; the rest quantized with scales over them alone. 0 = off "
+        "(QuRL/FP8-RL as published). Needs rollout.quant int8, int8_group or fp8.",
+        ge=0,
+    )
+    quant_head: bool = F(
+        False,
+        "Quantize the sampler's LM head too, with rollout.quant (and its SmoothQuant factors "
+        "and outlier channels, calibrated on the final norm's output). The head is ~20% of a "
+        "quantized decode step of SmolLM2-135M in float32; plain per-token int8 on it costs "
+        "acceptance, with outlier channels little (docs/results/smoothquant.md). Off: the head "
+        "stays in rollout.dtype, as QuRL/FP8-RL keep it.",
+    )
+    quant_group: int = F(
+        QUANT_GROUP,
+        "Inputs per scale of rollout.quant=int8_group, for the weights (per output "
+        "and group) and the activations (per token and group); a multiple of 4: smaller groups "
+        "follow outlier channels more closely, at a little more cost. Only with int8_group.",
+        ge=4,
+    )
+    mismatch_split: bool = F(
+        False,
+        "Also score the responses with the sampler's quantized weights on a dense "
+        "full-precision cache and log the mismatch's two parts: mismatch/k3_kl_weights "
+        "(quantization) and mismatch/k3_kl_cache (eviction, KV rounding). Needs rollout.quant; "
+        "costs one teacher-forced forward of the sampler per step.",
+    )
+    async_: bool = Field(
+        False,
+        alias="async",
+        description=(
+            "One-step-asynchronous rollouts (verl's one-step-off): the rollout workers sample step k + 1 with the "
+            "weights before step k's update while the learner updates on step k; the learner scores the old "
+            "policy itself and the corrections treat the one step of lag like any other mismatch "
+            "(mismatch/policy_lag_steps; k3 and α split into mismatch/k3_kl_lag and mismatch/k3_kl_cache, "
+            "mismatch/alpha_lag_* and mismatch/alpha_cache_*). The step after a checkpoint samples with fresh "
+            "weights, so that a resumed run is exact. Needs cluster.rollout_workers."
+        ),
+    )
+    compile: bool = F(
+        False,
+        "torch.compile the sampler's decode step (inductor: C++ on CPU, Triton on CUDA; "
+        "the first step compiles, ~20 s per graph on 2 cores); measure with `sparserl bench "
+        "rollout --compile` before turning it on.",
+    )
+    stop: list[NonEmpty] = F(
+        help="Stop strings: generation of a response ends after any of them (EOS always stops).", factory=list
+    )
 
     @property
     def quantized(self) -> bool:
@@ -309,51 +427,74 @@ class RolloutConfig(_Section):
 class DataConfig(_Section):
     """Prompts and labels for training and evaluation."""
 
-    train: NonEmpty = F("arith", "Training set: a built-in task name ('arith', options as 'arith:digits=1,"
-                        "terms=2'), a data set name, or a local .jsonl/.json/.parquet path.")
-    eval: Optional[Str] = F(None, "Evaluation set (same forms as `train`); None = no evaluation.")
-    prompt_key: Optional[NonEmpty] = F(None, "Column holding the prompt (None = guess: problem, question, prompt...).")
-    label_key: Optional[NonEmpty] = F(None, "Column holding the reference answer (None = guess: answer, solution...).")
-    eval_prompt_key: Optional[NonEmpty] = F(None, "Column holding the prompt in the evaluation set (None = data.prompt_key "
-                                       "where the evaluation file has that column, else a built-in set's own or a "
-                                       "guess).")
-    eval_label_key: Optional[NonEmpty] = F(None, "Column holding the reference answer in the evaluation set (None = "
-                                      "data.label_key where the evaluation file has that column, else a built-in "
-                                      "set's own or a guess).")
-    template: Optional[Str] = F(None, "Prompt template with {prompt} (None = the model's chat template when it "
-                                "has one, else the task's default).")
-    system_prompt: Optional[Str] = F(None, "System message prepended when a chat template is used.")
+    train: NonEmpty = F(
+        "arith",
+        "Training set: a built-in task name ('arith', options as 'arith:digits=1,"
+        "terms=2'), a data set name, or a local .jsonl/.json/.parquet path.",
+    )
+    eval: Str | None = F(None, "Evaluation set (same forms as `train`); None = no evaluation.")
+    prompt_key: NonEmpty | None = F(None, "Column holding the prompt (None = guess: problem, question, prompt...).")
+    label_key: NonEmpty | None = F(None, "Column holding the reference answer (None = guess: answer, solution...).")
+    eval_prompt_key: NonEmpty | None = F(
+        None,
+        "Column holding the prompt in the evaluation set (None = data.prompt_key "
+        "where the evaluation file has that column, else a built-in set's own or a "
+        "guess).",
+    )
+    eval_label_key: NonEmpty | None = F(
+        None,
+        "Column holding the reference answer in the evaluation set (None = "
+        "data.label_key where the evaluation file has that column, else a built-in "
+        "set's own or a guess).",
+    )
+    template: Str | None = F(
+        None,
+        "Prompt template with {prompt} (None = the model's chat template when it has one, else the task's default).",
+    )
+    system_prompt: Str | None = F(None, "System message prepended when a chat template is used.")
     skip_bad_rows: bool = F(False, "Skip rows without prompt or label instead of failing.")
-    limit: Optional[int] = F(None, "Use only the first `limit` training rows (None = all).", ge=1)
-    eval_limit: Optional[int] = F(64, "Use only the first `eval_limit` evaluation rows (None = all).", ge=1)
+    limit: int | None = F(None, "Use only the first `limit` training rows (None = all).", ge=1)
+    eval_limit: int | None = F(64, "Use only the first `eval_limit` evaluation rows (None = all).", ge=1)
 
 
 class OverlongBufferConfig(_Section):
     """DAPO's soft overlong punishment (sparserl.reward.overlong; verl's reward_model.overlong_buffer)."""
 
-    len: int = Field(description="L_cache: the last this many tokens up to rollout.max_new_tokens are the buffer where "
-                     "the length penalty falls linearly from 0 to -penalty_factor (DAPO: 4,096 of 20,480).", ge=1)
+    len: int = Field(
+        description="L_cache: the last this many tokens up to rollout.max_new_tokens are the buffer where "
+        "the length penalty falls linearly from 0 to -penalty_factor (DAPO: 4,096 of 20,480).",
+        ge=1,
+    )
     penalty_factor: float = F(1.0, "The penalty at rollout.max_new_tokens, where a response is cut (DAPO: 1).", ge=0)
 
 
 class RewardConfig(_Section):
     """The verifier."""
 
-    fn: Union[NonEmpty, list[NonEmpty]] = F(
-        "math", "Reward function: a built-in name ('math': 1 if the final / boxed answer equals the label, else 0) or "
+    fn: NonEmpty | list[NonEmpty] = F(
+        "math",
+        "Reward function: a built-in name ('math': 1 if the final / boxed answer equals the label, else 0) or "
         "'module:function' taking (response, label[, prompt]); prompt is the problem as the model was asked it (its "
         "last user message, after data.template). A list sums several, weighted by reward.weights (TRL's "
-        "reward_funcs); the first is the verifier held-out pass@k reads.")
-    weights: Optional[list[float]] = F(None, "One weight per reward of reward.fn: R = sum of w_k r_k (TRL's "
-                                       "reward_weights); None = 1 each.")
-    timeout_s: float = F(5.0, "Seconds allowed to verify one response (in a checker process) before "
-                         "it scores 0 (at most a day: the checker's timer takes no more than ~1e9 s).",
-                         gt=0, le=86400)
-    overlong_buffer: Optional[OverlongBufferConfig] = F(
-        None, "DAPO's soft overlong punishment, {len, penalty_factor}: a response longer than rollout.max_new_tokens - "
+        "reward_funcs); the first is the verifier held-out pass@k reads.",
+    )
+    weights: list[float] | None = F(
+        None, "One weight per reward of reward.fn: R = sum of w_k r_k (TRL's reward_weights); None = 1 each."
+    )
+    timeout_s: float = F(
+        5.0,
+        "Seconds allowed to verify one response (in a checker process) before "
+        "it scores 0 (at most a day: the checker's timer takes no more than ~1e9 s).",
+        gt=0,
+        le=86400,
+    )
+    overlong_buffer: OverlongBufferConfig | None = F(
+        None,
+        "DAPO's soft overlong punishment, {len, penalty_factor}: a response longer than rollout.max_new_tokens - "
         "len tokens gets penalty_factor x (max_new_tokens - len - length) / len added to its reward, -penalty_factor "
         "at the limit (verl's reward_model.overlong_buffer, TRL's soft_overlong_punishment); logged as "
-        "reward/part/overlong. None = off.")
+        "reward/part/overlong. None = off.",
+    )
 
 
 class DistillSparseConfig(_Section):
@@ -361,9 +502,15 @@ class DistillSparseConfig(_Section):
     each update with θ frozen (sparserl.train.distill_sparse)."""
 
     rank: int = Field(description="LoRA rank of φ (Sparrow: must be set).", ge=1)
-    lambda_: float = Field(0.001, alias="lambda", ge=0, description=(
-        "λ of L = L_PPO^sparse + λ·KL(q_φ ‖ p): the weight of the k3 estimate of the sampler's KL to the "
-        "dense policy (Sparrow: 0.001)."))
+    lambda_: float = Field(
+        0.001,
+        alias="lambda",
+        ge=0,
+        description=(
+            "λ of L = L_PPO^sparse + λ·KL(q_φ ‖ p): the weight of the k3 estimate of the sampler's KL to the "
+            "dense policy (Sparrow: 0.001)."
+        ),
+    )
     lr: float = F(1e-4, "Learning rate of φ (AdamW, the learner's betas and eps).", gt=0)
     alpha: int = F(16, "LoRA alpha of φ (scale alpha / rank; Sparrow: 16).", gt=0)
     target: LoraTarget = F("all-linear", "Linear modules that get φ: all-linear or a list of module names.")
@@ -372,51 +519,77 @@ class DistillSparseConfig(_Section):
 class AlgorithmConfig(_Section):
     """Advantages, policy loss and the correction of the sampler/dense mismatch."""
 
-    adv_estimator: AdvEstimator = F("grpo", "Advantage estimator, a registered name: grpo ((R - mean) / std "
-                                    "within the group) | dr_grpo (R - mean, no std) | rloo (leave-one-out).")
-    scale_rewards: Literal["group", "batch", "none"] = F(
-        "group", "Std used to scale advantages: group | batch | none.")
+    adv_estimator: AdvEstimator = F(
+        "grpo",
+        "Advantage estimator, a registered name: grpo ((R - mean) / std "
+        "within the group) | dr_grpo (R - mean, no std) | rloo (leave-one-out).",
+    )
+    scale_rewards: Literal["group", "batch", "none"] = F("group", "Std used to scale advantages: group | batch | none.")
     loss_agg: Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"] = F(
-        "seq_mean_token_mean", "Loss aggregation: seq_mean_token_mean (mean over a response's tokens, then over "
-        "responses) | token_mean (over all tokens) | seq_mean_token_sum_norm (token sum / max length, Dr. GRPO).")
+        "seq_mean_token_mean",
+        "Loss aggregation: seq_mean_token_mean (mean over a response's tokens, then over "
+        "responses) | token_mean (over all tokens) | seq_mean_token_sum_norm (token sum / max length, Dr. GRPO).",
+    )
     clip_eps: float = F(0.2, "PPO clip range epsilon: the ratio pi/p is clipped to [1-eps, 1+eps_high].", gt=0)
-    clip_eps_high: Optional[float] = F(None, "Upper clip epsilon (DAPO 'clip higher'); None = clip_eps.", gt=0)
+    clip_eps_high: float | None = F(None, "Upper clip epsilon (DAPO 'clip higher'); None = clip_eps.", gt=0)
     importance_sampling_level: Literal["token", "sequence"] = F(
-        "token", "The PPO ratio pi/p per token, or per response: sequence = GSPO (TRL's importance_sampling_level, "
+        "token",
+        "The PPO ratio pi/p per token, or per response: sequence = GSPO (TRL's importance_sampling_level, "
         "verl's loss_mode=gspo), the response's length-normalised ratio on every token; GSPO clips at "
-        "clip_eps=3e-4, clip_eps_high=4e-4.")
-    kl_coef: float = F(0.0, "Coefficient of the KL penalty to the reference (initial) model; 0 = no reference "
-                       "model is kept (Sparse-RL: 1e-4).", ge=0)
+        "clip_eps=3e-4, clip_eps_high=4e-4.",
+    )
+    kl_coef: float = F(
+        0.0,
+        "Coefficient of the KL penalty to the reference (initial) model; 0 = no reference "
+        "model is kept (Sparse-RL: 1e-4).",
+        ge=0,
+    )
     kl_kind: Literal["k1", "k2", "k3", "low_var_kl"] = F(
-        "low_var_kl", "KL estimator: k1 | k2 | k3 | low_var_kl (k3, clamped).")
+        "low_var_kl", "KL estimator: k1 | k2 | k3 | low_var_kl (k3, clamped)."
+    )
     entropy_coef: float = F(0.0, "Coefficient of the entropy bonus (0 = off).", ge=0)
-    filter_groups: bool = F(False, "DAPO's dynamic sampling (verl's filter_groups): sample further batches of "
-                            "train.prompts_per_step prompts until that many groups have rewards that differ (a group "
-                            "of equal rewards has advantage 0), at most max_gen_batches, and train on the first ones; "
-                            "short of them, groups of equal rewards fill the step. Logs sampling/gen_batches.")
+    filter_groups: bool = F(
+        False,
+        "DAPO's dynamic sampling (verl's filter_groups): sample further batches of "
+        "train.prompts_per_step prompts until that many groups have rewards that differ (a group "
+        "of equal rewards has advantage 0), at most max_gen_batches, and train on the first ones; "
+        "short of them, groups of equal rewards fill the step. Logs sampling/gen_batches.",
+    )
     max_gen_batches: int = F(4, "At most this many batches sampled in a step under filter_groups.", ge=1)
-    mask_truncated: bool = F(False, "Leave responses cut at rollout.max_new_tokens (finish reason 'length') out of "
-                             "the loss and the corrections, as TRL's mask_truncated_completions and DAPO's overlong "
-                             "filtering; their rewards still count in their group's advantages "
-                             "(response/clipped_frac logs how many).")
-    correction: Correction = F("sparse_rl", "Mismatch correction: a preset or method name from sparserl.correct "
-                               "(e.g. sparse_rl, naive, none, tis, mis, qurl), or a list of method names / "
-                               "[name, {options}] pairs.")
-    correction_options: Options = F(help="Options of the correction overriding the preset's defaults (e.g. "
-                                    "token_low, token_high, veto, is_cap).", factory=dict)
+    mask_truncated: bool = F(
+        False,
+        "Leave responses cut at rollout.max_new_tokens (finish reason 'length') out of "
+        "the loss and the corrections, as TRL's mask_truncated_completions and DAPO's overlong "
+        "filtering; their rewards still count in their group's advantages "
+        "(response/clipped_frac logs how many).",
+    )
+    correction: Correction = F(
+        "sparse_rl",
+        "Mismatch correction: a preset or method name from sparserl.correct "
+        "(e.g. sparse_rl, naive, none, tis, mis, qurl), or a list of method names / "
+        "[name, {options}] pairs.",
+    )
+    correction_options: Options = F(
+        help="Options of the correction overriding the preset's defaults (e.g. token_low, token_high, veto, is_cap).",
+        factory=dict,
+    )
     old_logprobs: Literal["auto", "score", "sampler", "update"] = F(
-        "auto", "Where the old policy's log-probs come from: score (a no-grad forward of the learner before the "
+        "auto",
+        "Where the old policy's log-probs come from: score (a no-grad forward of the learner before the "
         "update) | sampler (the sampler's own; only when it runs the old policy exactly: rollout.compressor=none, "
         "temperature > 0, top_p=1, top_k=0, float32 sampler and learner) | update (the update's own forward, "
         "detached, as TRL with num_iterations=1; only when the step is one optimizer step over one micro-batch: "
         "ppo_epochs=1, the whole batch per mini-batch and per micro-batch, one learner, no dropout) | auto "
-        "(sampler when that holds, else update when that holds, else score).")
+        "(sampler when that holds, else update when that holds, else score).",
+    )
 
-    distill_sparse: Optional[DistillSparseConfig] = F(
-        None, "DistillSparse (Sparrow): {rank, lambda, lr}: LoRA weights φ on the sparse sampler only; after each "
+    distill_sparse: DistillSparseConfig | None = F(
+        None,
+        "DistillSparse (Sparrow): {rank, lambda, lr}: LoRA weights φ on the sparse sampler only; after each "
         "update, θ frozen, φ minimises L_PPO^sparse + λ·k3 KL(q_φ ‖ p) through a replay of the sampler's "
         "attention; the learner and the dense scorer never see φ. Logs mismatch/alpha_p5 (with φ) and "
-        "mismatch/alpha_p5_nophi. Needs a sparse sampler and mismatch.alpha=exact. None = off.")
+        "mismatch/alpha_p5_nophi. Needs a sparse sampler and mismatch.alpha=exact. None = off.",
+    )
 
     @property
     def clip_eps_upper(self) -> float:
@@ -429,41 +602,73 @@ class TrainConfig(_Section):
 
     steps: int = F(20, "RL steps (one rollout batch each).", ge=1)
     prompts_per_step: int = F(8, "Prompts per rollout batch (each sampled rollout.n times).", ge=1)
-    mini_batch_prompts: Optional[int] = F(None, "Prompts per optimizer update; None = all: one update per "
-                                          "rollout batch (on-policy); smaller = several updates.", ge=1)
+    mini_batch_prompts: int | None = F(
+        None,
+        "Prompts per optimizer update; None = all: one update per "
+        "rollout batch (on-policy); smaller = several updates.",
+        ge=1,
+    )
     ppo_epochs: int = F(1, "Passes over each rollout batch.", ge=1)
-    micro_batch_size: int = F(8, "Sequences per forward/backward (gradient accumulation inside a mini-batch); "
-                              "lower it to save memory.", ge=1)
-    shared_prompt: bool = F(True, "Forward each distinct prompt of a micro-batch once and only the responses "
-                            "after it (its K/V shared by the group's rows): the same log-probs and gradients "
-                            "with fewer tokens through the model; false = every row whole.")
+    micro_batch_size: int = F(
+        8, "Sequences per forward/backward (gradient accumulation inside a mini-batch); lower it to save memory.", ge=1
+    )
+    shared_prompt: bool = F(
+        True,
+        "Forward each distinct prompt of a micro-batch once and only the responses "
+        "after it (its K/V shared by the group's rows): the same log-probs and gradients "
+        "with fewer tokens through the model; false = every row whole.",
+    )
     lr: float = F(1e-5, "Learning rate (AdamW).", gt=0)
     weight_decay: float = F(0.0, "AdamW weight decay.", ge=0)
     betas: Betas = F((0.9, 0.98), "AdamW betas.")
     eps: float = F(1e-8, "AdamW epsilon.", gt=0)
-    grad_clip: Optional[float] = F(1.0, "Clip the gradient's global norm to this (None or 0 = no clipping).", ge=0)
-    warmup_steps: int = F(0, "Linear learning-rate warm-up over this many optimizer updates (not RL steps: a "
-                          "step makes ppo_epochs x prompts_per_step / mini_batch_prompts); train.lr_scheduler after.",
-                          ge=0)
+    grad_clip: float | None = F(1.0, "Clip the gradient's global norm to this (None or 0 = no clipping).", ge=0)
+    warmup_steps: int = F(
+        0,
+        "Linear learning-rate warm-up over this many optimizer updates (not RL steps: a "
+        "step makes ppo_epochs x prompts_per_step / mini_batch_prompts); train.lr_scheduler after.",
+        ge=0,
+    )
     lr_scheduler: Literal["constant", "linear", "cosine"] = F(
-        "constant", "The learning rate after the warm-up, over the run's optimizer updates (TRL's and verl's "
+        "constant",
+        "The learning rate after the warm-up, over the run's optimizer updates (TRL's and verl's "
         "lr_scheduler_type; sparserl.train.lr_schedule): constant | linear (to min_lr_ratio x lr at the last update) | "
-        "cosine (likewise). A resume with another train.steps stretches it to the new length.")
-    min_lr_ratio: float = F(0.0, "The learning rate at the last update, as a fraction of train.lr, under linear and "
-                            "cosine (verl's min_lr_ratio).", ge=0, le=1)
-    max_nonfinite_steps: int = F(3, "A step whose loss or gradient norm is not finite is skipped, weights "
-                                 "unchanged; this many such steps in a row stop the run with an error.", ge=1)
+        "cosine (likewise). A resume with another train.steps stretches it to the new length.",
+    )
+    min_lr_ratio: float = F(
+        0.0,
+        "The learning rate at the last update, as a fraction of train.lr, under linear and "
+        "cosine (verl's min_lr_ratio).",
+        ge=0,
+        le=1,
+    )
+    max_nonfinite_steps: int = F(
+        3,
+        "A step whose loss or gradient norm is not finite is skipped, weights "
+        "unchanged; this many such steps in a row stop the run with an error.",
+        ge=1,
+    )
     seed: int = F(0, "Seed of data order and sampling.")
-    deterministic: bool = F(True, "On CUDA, torch's deterministic kernels and a fixed cuBLAS workspace, so that a "
-                            "rerun and a --resume give the same bits (as the CPU always does); false lets CUDA "
-                            "add in any order (faster backward scatter-adds, last bits vary run to run).")
-    lora_rank: int = F(0, "LoRA rank r: train peft LoRA adapters (W + alpha/r B A on the lora_target linears, the "
-                       "rest frozen); the sampler receives the merged weights at each push, checkpoints hold the "
-                       "adapter in peft's format. 0 = train all weights.", ge=0)
+    deterministic: bool = F(
+        True,
+        "On CUDA, torch's deterministic kernels and a fixed cuBLAS workspace, so that a "
+        "rerun and a --resume give the same bits (as the CPU always does); false lets CUDA "
+        "add in any order (faster backward scatter-adds, last bits vary run to run).",
+    )
+    lora_rank: int = F(
+        0,
+        "LoRA rank r: train peft LoRA adapters (W + alpha/r B A on the lora_target linears, the "
+        "rest frozen); the sampler receives the merged weights at each push, checkpoints hold the "
+        "adapter in peft's format. 0 = train all weights.",
+        ge=0,
+    )
     lora_alpha: int = F(16, "LoRA alpha (scale = alpha / rank).", gt=0)
     lora_dropout: float = F(0.0, "Dropout on the LoRA adapters' input.", ge=0, lt=1)
-    lora_target: LoraTarget = F("all-linear", "Linear modules that get adapters: all-linear (peft: every linear but "
-                                "the LM head) or a list of module names, e.g. [q_proj, k_proj, v_proj, o_proj].")
+    lora_target: LoraTarget = F(
+        "all-linear",
+        "Linear modules that get adapters: all-linear (peft: every linear but "
+        "the LM head) or a list of module names, e.g. [q_proj, k_proj, v_proj, o_proj].",
+    )
 
 
 class LogConfig(_Section):
@@ -475,8 +680,8 @@ class LogConfig(_Section):
     wandb: bool = F(False, "Log to Weights & Biases (if installed).")
     wandb_project: Str = F("sparserl", "W&B project name.")
     progress: Literal["auto", "rich", "plain", "none"] = F(
-        "auto", "Progress display: auto (live when stdout is a terminal, else one line per step) | rich | "
-        "plain | none.")
+        "auto", "Progress display: auto (live when stdout is a terminal, else one line per step) | rich | plain | none."
+    )
 
 
 class CheckpointConfig(_Section):
@@ -492,50 +697,76 @@ class EvalConfig(_Section):
     every: int = F(0, "Evaluate every N steps (0 = only at the end, if data.eval is set).", ge=0)
     n: int = F(1, "Samples per evaluation prompt.", ge=1)
     temperature: float = F(0.0, "Evaluation temperature (0 = greedy).", ge=0)
-    max_new_tokens: Optional[int] = F(None, "Maximum response length; None = rollout.max_new_tokens.", ge=1)
-    compressor: Optional[Compressor] = F(None, "KV compressor during evaluation; None = same as rollout (budget "
-                                         "and trigger too), 'none' = dense.")
+    max_new_tokens: int | None = F(None, "Maximum response length; None = rollout.max_new_tokens.", ge=1)
+    compressor: Compressor | None = F(
+        None, "KV compressor during evaluation; None = same as rollout (budget and trigger too), 'none' = dense."
+    )
 
 
 class MismatchConfig(_Section):
-    """Sparrow's acceptance α between the sampler and the dense old policy (sparserl.train.alpha)."""
+    """Sparrow's acceptance α between the sampler and the dense old policy (sparserl.mismatch.measure)."""
 
     alpha: Literal["exact", "topk", "off"] = F(
-        "exact", "α per token: exact (the sampler replayed on its tokens, whole vocabulary; about one more "
+        "exact",
+        "α per token: exact (the sampler replayed on its tokens, whole vocabulary; about one more "
         "rollout) | topk (Sparrow's approximation from the sampler's top-k log-probs: no replay, but on the "
-        "default task it read 0.087 low per token and its p5 0.43 for 0.60: docs/results/alpha_topk_error.md) | off.")
+        "default task it read 0.087 low per token and its p5 0.43 for 0.60: docs/results/alpha_topk_error.md) | off.",
+    )
     alpha_bin: int = F(128, "Width in tokens of the sequence-length bins of mismatch/alpha_p5_bin/<start>.", ge=1)
     alpha_topk: int = F(20, "k of the topk mode (log-probs kept per sampled token).", ge=1)
     alpha_record_mib: int = F(
-        1024, "exact α: the sampler keeps each step's whole distribution q while it samples when a step's q fit in "
+        1024,
+        "exact α: the sampler keeps each step's whole distribution q while it samples when a step's q fit in "
         "this many MiB (responses x rollout.max_new_tokens x vocabulary x 4 bytes; the default job: 288 MiB), and α "
         "reads them instead of replaying the sampler (rollout workers send their shards' back); above it (or with "
         "DistillSparse, which replays what the sampler read) the sampler is replayed, which rollout.async cannot "
-        "do. 0 = always replay.", ge=0)
+        "do. 0 = always replay.",
+        ge=0,
+    )
 
 
 class ClusterConfig(_Section):
     """Scaling out on Ray: rollout workers as Ray actors (sparserl.cluster), data-parallel learners
     (sparserl.train.data_parallel)."""
 
-    rollout_workers: Optional[int] = F(None, "Rollout workers, each a Ray actor holding the run's sampler; a step's "
-                                       "prompts are split across them. None = the sampler runs in the training "
-                                       "process (no Ray).", ge=1)
-    address: Optional[Str] = F(None, "Ray to use: None = a local Ray started for the run and shut down after it; "
-                               "auto = the cluster this machine has joined (`ray start`); host:port = that head.")
+    rollout_workers: int | None = F(
+        None,
+        "Rollout workers, each a Ray actor holding the run's sampler; a step's "
+        "prompts are split across them. None = the sampler runs in the training "
+        "process (no Ray).",
+        ge=1,
+    )
+    address: Str | None = F(
+        None,
+        "Ray to use: None = a local Ray started for the run and shut down after it; "
+        "auto = the cluster this machine has joined (`ray start`); host:port = that head.",
+    )
     worker_cpus: float = F(1.0, "Ray CPUs per rollout worker (also its torch threads).", gt=0)
     worker_gpus: float = F(0.0, "Ray GPUs per rollout worker (a fraction shares a GPU).", ge=0)
-    learners: int = F(1, "Data-parallel learners: the training process and learners - 1 Ray actors in one "
-                      "torch.distributed group (gloo on CPU, NCCL on GPU); gradients summed, loss normalised over "
-                      "the whole batch.", ge=1)
+    learners: int = F(
+        1,
+        "Data-parallel learners: the training process and learners - 1 Ray actors in one "
+        "torch.distributed group (gloo on CPU, NCCL on GPU); gradients summed, loss normalised over "
+        "the whole batch.",
+        ge=1,
+    )
     learner_cpus: float = F(1.0, "Ray CPUs per learner actor (also its torch threads).", gt=0)
     learner_gpus: float = F(0.0, "Ray GPUs per learner actor.", ge=0)
 
 
 SECTIONS: dict[str, type[_Section]] = {
-    "model": ModelConfig, "rollout": RolloutConfig, "data": DataConfig, "reward": RewardConfig,
-    "algorithm": AlgorithmConfig, "train": TrainConfig, "log": LogConfig, "checkpoint": CheckpointConfig,
-    "eval": EvalConfig, "mismatch": MismatchConfig, "cluster": ClusterConfig}
+    "model": ModelConfig,
+    "rollout": RolloutConfig,
+    "data": DataConfig,
+    "reward": RewardConfig,
+    "algorithm": AlgorithmConfig,
+    "train": TrainConfig,
+    "log": LogConfig,
+    "checkpoint": CheckpointConfig,
+    "eval": EvalConfig,
+    "mismatch": MismatchConfig,
+    "cluster": ClusterConfig,
+}
 
 
 class Config(_Section):
@@ -572,13 +803,16 @@ class Config(_Section):
         learner's, measured on the model (:func:`~sparserl.score.old_policy.model_dropout`); None = what the
         config alone says (``train.lora_dropout`` when LoRA trains)."""
         from ..score.old_policy import why_update_forward_is_not_old_policy
+
         batch, mini, micro = self.update_shape()
         if dropout is None:
             dropout = self.train.lora_dropout if self.train.lora_rank else 0.0
-        return why_update_forward_is_not_old_policy(optimizer_steps=self.train.ppo_epochs * -(-batch // mini),
-                                                    micro_batches=micro, learners=self.cluster.learners,
-                                                    dropout=dropout)
-
+        return why_update_forward_is_not_old_policy(
+            optimizer_steps=self.train.ppo_epochs * -(-batch // mini),
+            micro_batches=micro,
+            learners=self.cluster.learners,
+            dropout=dropout,
+        )
 
 
 # --- looking fields up by key ---------------------------------------------------------------------
@@ -625,7 +859,7 @@ def field_at(loc: tuple) -> Any:
     return fields_of(Config).get(str(loc[0])) if loc else None
 
 
-def subsection(info: Any) -> "type[_Section] | None":
+def subsection(info: Any) -> type[_Section] | None:
     """The section class a field holds (``Optional[KVControllerConfig]``), else None."""
     if info is None:
         return None

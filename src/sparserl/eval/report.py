@@ -18,28 +18,40 @@ A plot whose metrics are all absent is skipped. Several runs are compared by ``s
 
 Plots use matplotlib's object API on the Agg canvas: no pyplot state, no display needed.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import statistics
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import yaml
 
 from .. import runlog as names
 from ..runlog import STATIONS, SUBTIMES, TIME_STEP, read_metrics, step_seconds
 
-__all__ = ["make_report", "load_run", "RunData", "summarize", "alpha_figure", "alpha_threshold", "headline",
-           "headline_lines", "rows_by_step", "SPARROW_ALPHA_P5_THRESHOLD"]
+__all__ = [
+    "make_report",
+    "load_run",
+    "RunData",
+    "summarize",
+    "alpha_figure",
+    "alpha_threshold",
+    "headline",
+    "headline_lines",
+    "rows_by_step",
+    "SPARROW_ALPHA_P5_THRESHOLD",
+]
 
 MISMATCH_NAMED = (names.MISMATCH_LOG_RATIO, names.MISMATCH_K3)
 ALPHA_NAMED = (names.MISMATCH_ALPHA_MEAN, names.MISMATCH_ALPHA_P5, names.MISMATCH_ALPHA_P5_NOPHI)
 #: Sparrow (Zhou et al., 2026, arXiv 2606.08446): training stayed stable while the 5th percentile of
-#: the acceptance α in every sequence-length bin stayed above this (``sparserl.score.acceptance``)
+#: the acceptance α in every sequence-length bin stayed above this (``sparserl.mismatch.acceptance``)
 SPARROW_ALPHA_P5_THRESHOLD = 0.86
 IS_NAMED = (names.IS_WEIGHT_MIN, names.IS_WEIGHT_MAX)
 RS_NAMED = (names.TOKEN_MASKED_FRAC, names.SEQ_VETOED_FRAC)
@@ -96,10 +108,12 @@ class RunData:
         """``time/*_s`` keys present that add up to a step: the stations first, then any other, never
         ``time/step_s`` nor a part of a station (``runlog.SUBTIMES``)."""
         present = self.keys()
-        extra = sorted(k for k in present if k.startswith("time/") and k.endswith("_s")
-                       and k not in STATIONS and k not in SUBTIMES and k != TIME_STEP)
-        return [k for k in STATIONS if k in present and self.series(k)[0]] + \
-               [k for k in extra if self.series(k)[0]]
+        extra = sorted(
+            k
+            for k in present
+            if k.startswith("time/") and k.endswith("_s") and k not in STATIONS and k not in SUBTIMES and k != TIME_STEP
+        )
+        return [k for k in STATIONS if k in present and self.series(k)[0]] + [k for k in extra if self.series(k)[0]]
 
 
 def _is_num(v: Any) -> bool:
@@ -186,22 +200,36 @@ def summarize(run: RunData, tail: int = 5) -> dict[str, Any]:
     tail mean; the same of α's mean and 5th percentile, and the 5th percentile's (overall and per length bin)
     last, worst and steps below the run's threshold (:func:`alpha_threshold`); mean seconds per step and per
     station; KV and mismatch means; final eval accuracy."""
-    out: dict[str, Any] = {"name": run.name, "steps": len(run.rows),
-                           "first_step": run.rows[0]["step"] if run.rows else None,
-                           "last_step": run.rows[-1]["step"] if run.rows else None}
+    out: dict[str, Any] = {
+        "name": run.name,
+        "steps": len(run.rows),
+        "first_step": run.rows[0]["step"] if run.rows else None,
+        "last_step": run.rows[-1]["step"] if run.rows else None,
+    }
     for label, key in (("reward", names.REWARD_MEAN), ("accuracy", names.ACCURACY)):
         xs, ys = run.series(key)
         if ys:
             i = max(range(len(ys)), key=lambda j: ys[j])
-            out[label] = {"first": ys[0], "last": ys[-1], "best": ys[i], "best_step": xs[i],
-                          "tail_mean": _mean(ys[-tail:]), "key": key}
+            out[label] = {
+                "first": ys[0],
+                "last": ys[-1],
+                "best": ys[i],
+                "best_step": xs[i],
+                "tail_mean": _mean(ys[-tail:]),
+                "key": key,
+            }
     _, st = run.step_times()
     out["time_per_step_s"] = _mean(st)
     out["total_time_s"] = sum(st) if st else None
     out["stations"] = {k: _mean(run.series(k)[1]) for k in run.station_keys()}
     out["subtimes"] = {k: _mean(run.series(k)[1]) for k in SUBTIMES if run.series(k)[0]}
-    for key in (names.KV_SAMPLER_ALLOC, names.KV_DENSE_ALLOC, names.KV_KEPT_FRAC, names.KV_KEPT_TOKENS,
-                names.KV_DENSE_TOKENS):
+    for key in (
+        names.KV_SAMPLER_ALLOC,
+        names.KV_DENSE_ALLOC,
+        names.KV_KEPT_FRAC,
+        names.KV_KEPT_TOKENS,
+        names.KV_DENSE_TOKENS,
+    ):
         ys = run.series(key)[1]
         out[key] = {"mean": _mean(ys), "min": min(ys, default=None), "max": max(ys, default=None)}
     # Sparrow's acceptance α (higher is closer to dense): its mean and 5th percentile like the reward,
@@ -210,8 +238,14 @@ def summarize(run: RunData, tail: int = 5) -> dict[str, Any]:
         xs, ys = run.series(key)
         if ys:
             i = max(range(len(ys)), key=lambda j: ys[j])
-            out[key] = {"first": ys[0], "last": ys[-1], "best": ys[i], "best_step": xs[i],
-                        "tail_mean": _mean(ys[-tail:]), "key": key}
+            out[key] = {
+                "first": ys[0],
+                "last": ys[-1],
+                "best": ys[i],
+                "best_step": xs[i],
+                "tail_mean": _mean(ys[-tail:]),
+                "key": key,
+            }
     thr, thr_name = alpha_threshold(run.config)
     out["alpha_threshold"], out["alpha_threshold_name"] = thr, thr_name
     out["alpha_tail"] = {}
@@ -219,8 +253,13 @@ def summarize(run: RunData, tail: int = 5) -> dict[str, Any]:
         xs, ys = run.series(key)
         if ys:
             i = min(range(len(ys)), key=lambda j: ys[j])
-            out["alpha_tail"][key] = {"last": ys[-1], "worst": ys[i], "worst_step": xs[i], "steps": len(ys),
-                                      "below": sum(y < thr for y in ys)}
+            out["alpha_tail"][key] = {
+                "last": ys[-1],
+                "worst": ys[i],
+                "worst_step": xs[i],
+                "steps": len(ys),
+                "below": sum(y < thr for y in ys),
+            }
     out["mismatch"] = {}
     for k in _mismatch_keys(run) + _group_keys(run, "is/", IS_NAMED) + _group_keys(run, "rs/", RS_NAMED):
         ys = run.series(k)[1]
@@ -248,8 +287,8 @@ def _mismatch_keys(run: RunData) -> list[str]:
 def alpha_bin_keys(run: RunData) -> list[str]:
     """The ``mismatch/alpha_p5_bin/<start>`` keys with values, by bin start."""
     prefix = names.MISMATCH_ALPHA_P5_BIN
-    keys = [k for k in run.keys() if k.startswith(prefix) and k[len(prefix):].isdigit() and run.series(k)[0]]
-    return sorted(keys, key=lambda k: int(k[len(prefix):]))
+    keys = [k for k in run.keys() if k.startswith(prefix) and k[len(prefix) :].isdigit() and run.series(k)[0]]
+    return sorted(keys, key=lambda k: int(k[len(prefix) :]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,8 +335,9 @@ def _is_dense(config: dict | None) -> bool:
     return _dig(config or {}, "rollout.compressor") == "none"
 
 
-def headline(rows: Sequence[dict], config: dict | None = None, dense_rows: Sequence[dict] | None = None,
-             tail: int = 5) -> dict[str, Any]:
+def headline(
+    rows: Sequence[dict], config: dict | None = None, dense_rows: Sequence[dict] | None = None, tail: int = 5
+) -> dict[str, Any]:
     """The figures that judge a run's promise, from its metrics rows (as in ``metrics.jsonl``) and its config
     (a dict, as in ``config.yaml``): KV bytes allocated against a dense engine for the same batches (mean
     dense / mean sampler allocation), KV tokens held at each response's end against dense, α's tail (5th
@@ -308,13 +348,20 @@ def headline(rows: Sequence[dict], config: dict | None = None, dense_rows: Seque
     last ``tail`` common steps."""
     run = RunData(Path("."), rows_by_step(rows), config)
     s = summarize(run, tail)
-    out: dict[str, Any] = {"steps": len(run.rows), "last_step": s["last_step"], "dense": _is_dense(config),
-                           "compare": compare_command(config)}
+    out: dict[str, Any] = {
+        "steps": len(run.rows),
+        "last_step": s["last_step"],
+        "dense": _is_dense(config),
+        "compare": compare_command(config),
+    }
     alloc, dense = s[names.KV_SAMPLER_ALLOC]["mean"], s[names.KV_DENSE_ALLOC]["mean"]
     ratio = dense / alloc if alloc and dense else _mean(run.series(names.KV_ALLOC_REDUCTION)[1])
     out["kv_alloc"] = {"sampler": alloc, "dense": dense, "reduction": ratio}
-    out["kv_tokens"] = {"kept": s[names.KV_KEPT_TOKENS]["mean"], "dense": s[names.KV_DENSE_TOKENS]["mean"],
-                        "kept_frac": s[names.KV_KEPT_FRAC]["mean"]}
+    out["kv_tokens"] = {
+        "kept": s[names.KV_KEPT_TOKENS]["mean"],
+        "dense": s[names.KV_DENSE_TOKENS]["mean"],
+        "kept_frac": s[names.KV_KEPT_FRAC]["mean"],
+    }
     # α's tail: per bin at the last step, and the steps where any bin (else the overall p5) was below
     thr, thr_name = s["alpha_threshold"], s["alpha_threshold_name"]
     bins = alpha_bin_keys(run)
@@ -324,17 +371,31 @@ def headline(rows: Sequence[dict], config: dict | None = None, dense_rows: Seque
         measured = [r for r in run.rows if any(_is_num(r.get(k)) for k in tail_keys)]
         last = measured[-1]
         last_values = {k: float(last[k]) for k in tail_keys if _is_num(last.get(k))}
-        alpha = {"threshold": thr, "threshold_name": thr_name, "controller": thr_name != "Sparrow's threshold",
-                 "per_bin": bool(bins), "last_step": int(last["step"]), "last": last_values,
-                 "below_last": {k: v for k, v in last_values.items() if v < thr},
-                 "steps": len(measured),
-                 "steps_below": sum(any(_is_num(r.get(k)) and r[k] < thr for k in tail_keys) for r in measured),
-                 "p5_last": last.get(names.MISMATCH_ALPHA_P5) if _is_num(last.get(names.MISMATCH_ALPHA_P5)) else None}
+        alpha = {
+            "threshold": thr,
+            "threshold_name": thr_name,
+            "controller": thr_name != "Sparrow's threshold",
+            "per_bin": bool(bins),
+            "last_step": int(last["step"]),
+            "last": last_values,
+            "below_last": {k: v for k, v in last_values.items() if v < thr},
+            "steps": len(measured),
+            "steps_below": sum(any(_is_num(r.get(k)) and r[k] < thr for k in tail_keys) for r in measured),
+            "p5_last": last.get(names.MISMATCH_ALPHA_P5) if _is_num(last.get(names.MISMATCH_ALPHA_P5)) else None,
+        }
     out["alpha"] = alpha
     key = next((k for k in HEADLINE_REWARD_KEYS if run.series(k)[0]), None)
-    out["reward"] = None if key is None else {
-        "key": key, "final": _final(run, key, tail=tail), "tail": min(tail, len(run.series(key)[0])),
-        "first": run.series(key)[1][0], "last": run.series(key)[1][-1]}
+    out["reward"] = (
+        None
+        if key is None
+        else {
+            "key": key,
+            "final": _final(run, key, tail=tail),
+            "tail": min(tail, len(run.series(key)[0])),
+            "first": run.series(key)[1][0],
+            "last": run.series(key)[1][-1],
+        }
+    )
     out["versus_dense"] = None
     if dense_rows is not None:
         ref = RunData(Path("."), rows_by_step(dense_rows))
@@ -344,8 +405,13 @@ def headline(rows: Sequence[dict], config: dict | None = None, dense_rows: Seque
             common = sorted(set(run.series(key)[0]) & set(ref.series(ref_key)[0]))[-tail:]
             mine, theirs = dict(zip(*run.series(key))), dict(zip(*ref.series(ref_key)))
             diffs = [mine[t] - theirs[t] for t in common]
-            versus = {"pairs": len(diffs), "steps": common, "final": _mean([mine[t] for t in common]),
-                      "dense_final": _mean([theirs[t] for t in common]), "difference": _mean(diffs)}
+            versus = {
+                "pairs": len(diffs),
+                "steps": common,
+                "final": _mean([mine[t] for t in common]),
+                "dense_final": _mean([theirs[t] for t in common]),
+                "difference": _mean(diffs),
+            }
         ref_alloc = _mean(ref.series(names.KV_SAMPLER_ALLOC)[1])
         versus["kv_alloc_vs_dense_run"] = ref_alloc / alloc if ref_alloc and alloc else None
         out["versus_dense"] = versus
@@ -353,11 +419,12 @@ def headline(rows: Sequence[dict], config: dict | None = None, dense_rows: Seque
 
 
 def _bin_start(key: str) -> str:
-    return key[len(names.MISMATCH_ALPHA_P5_BIN):] if key.startswith(names.MISMATCH_ALPHA_P5_BIN) else "all"
+    return key[len(names.MISMATCH_ALPHA_P5_BIN) :] if key.startswith(names.MISMATCH_ALPHA_P5_BIN) else "all"
 
 
-def headline_lines(rows: Sequence[dict], config: dict | None = None, dense_rows: Sequence[dict] | None = None,
-                   tail: int = 5) -> list[str]:
+def headline_lines(
+    rows: Sequence[dict], config: dict | None = None, dense_rows: Sequence[dict] | None = None, tail: int = 5
+) -> list[str]:
     """:func:`headline` as lines a person reads (the run summary prints them, ``report.md`` opens with them):
     KV allocated vs dense, KV tokens kept vs dense, α's tail vs the threshold, the final reward, and a verdict
     only where one is measured: a single run cannot tell whether its compression costs reward, so without
@@ -368,54 +435,79 @@ def headline_lines(rows: Sequence[dict], config: dict | None = None, dense_rows:
     if kv["reduction"] is None:
         lines.append("KV allocated: not logged")
     elif h["dense"]:
-        lines.append(f"KV allocated: as much as a dense engine (1/{kv['reduction']:.1f}; rollout.compressor=none "
-                     "keeps every token)")
+        lines.append(
+            f"KV allocated: as much as a dense engine (1/{kv['reduction']:.1f}; rollout.compressor=none "
+            "keeps every token)"
+        )
     else:
         amounts = f" (mean {_fmt_bytes(kv['sampler'])} vs {_fmt_bytes(kv['dense'])} per step)" if kv["sampler"] else ""
         lines.append(f"KV allocated: 1/{kv['reduction']:.1f} of a dense engine's for the same batches{amounts}")
     if tok["kept_frac"] is not None:
-        counts = (f"{_fmt(tok['kept'], 3)} kept vs {_fmt(tok['dense'], 3)} dense, "
-                  if tok["kept"] is not None and tok["dense"] is not None else "")
-        lines.append(f"KV tokens held at each response's end: {counts}{100 * tok['kept_frac']:.0f}% "
-                     f"(1/{1 / tok['kept_frac']:.1f})" if tok["kept_frac"] > 0 else
-                     f"KV tokens held at each response's end: {counts}0%")
+        counts = (
+            f"{_fmt(tok['kept'], 3)} kept vs {_fmt(tok['dense'], 3)} dense, "
+            if tok["kept"] is not None and tok["dense"] is not None
+            else ""
+        )
+        lines.append(
+            f"KV tokens held at each response's end: {counts}{100 * tok['kept_frac']:.0f}% "
+            f"(1/{1 / tok['kept_frac']:.1f})"
+            if tok["kept_frac"] > 0
+            else f"KV tokens held at each response's end: {counts}0%"
+        )
     a = h["alpha"]
     if a is None:
-        lines.append("α tail: not measured (mismatch.alpha=off): how far the sampler is from the dense policy "
-                     "is unknown")
+        lines.append(
+            "α tail: not measured (mismatch.alpha=off): how far the sampler is from the dense policy is unknown"
+        )
     else:
         what = "5th percentile per length bin" if a["per_bin"] else "5th percentile"
-        steer = " (rollout.kv_controller.threshold)" if a["controller"] else \
-            " (no controller: rollout.kv_controller is unset)"
+        steer = (
+            " (rollout.kv_controller.threshold)"
+            if a["controller"]
+            else " (no controller: rollout.kv_controller is unset)"
+        )
         below = ", ".join(f"bin {_bin_start(k)}: {_fmt(v, 3)}" for k, v in a["below_last"].items())
-        lines.append(f"α tail ({what}) against {a['threshold_name']} {a['threshold']:g}{steer}: at the last step "
-                     f"({a['last_step']}) {len(a['below_last'])} of {len(a['last'])} "
-                     f"{'bins' if a['per_bin'] else 'values'} below{f' ({below})' if below else ''}; "
-                     f"{a['steps_below']} of {a['steps']} steps "
-                     f"{'had a bin below' if a['per_bin'] else 'were below'}")
+        lines.append(
+            f"α tail ({what}) against {a['threshold_name']} {a['threshold']:g}{steer}: at the last step "
+            f"({a['last_step']}) {len(a['below_last'])} of {len(a['last'])} "
+            f"{'bins' if a['per_bin'] else 'values'} below{f' ({below})' if below else ''}; "
+            f"{a['steps_below']} of {a['steps']} steps "
+            f"{'had a bin below' if a['per_bin'] else 'were below'}"
+        )
     r = h["reward"]
     if r is None:
         lines.append("final reward: not logged")
     else:
         over = "the last step" if r["tail"] == 1 else f"mean of the last {r['tail']} steps"
-        lines.append(f"final reward ({r['key']}, {over}): {_fmt(r['final'], 3)} "
-                     f"(first step {_fmt(r['first'], 3)}, last {_fmt(r['last'], 3)})")
+        lines.append(
+            f"final reward ({r['key']}, {over}): {_fmt(r['final'], 3)} "
+            f"(first step {_fmt(r['first'], 3)}, last {_fmt(r['last'], 3)})"
+        )
     v = h["versus_dense"]
     if v is not None and v["pairs"]:
-        kv_vs = (f"; KV allocated 1/{v['kv_alloc_vs_dense_run']:.1f} of the dense run's"
-                 if v["kv_alloc_vs_dense_run"] else "")
-        lines.append(f"versus the dense run (same seed, the last {v['pairs']} steps both logged): final reward "
-                     f"{_fmt(v['final'], 3)} vs {_fmt(v['dense_final'], 3)}, paired difference "
-                     f"{v['difference']:+.3f}{kv_vs}; one seed pair gives no 95% interval: `{h['compare']}` "
-                     "gives one")
+        kv_vs = (
+            f"; KV allocated 1/{v['kv_alloc_vs_dense_run']:.1f} of the dense run's"
+            if v["kv_alloc_vs_dense_run"]
+            else ""
+        )
+        lines.append(
+            f"versus the dense run (same seed, the last {v['pairs']} steps both logged): final reward "
+            f"{_fmt(v['final'], 3)} vs {_fmt(v['dense_final'], 3)}, paired difference "
+            f"{v['difference']:+.3f}{kv_vs}; one seed pair gives no 95% interval: `{h['compare']}` "
+            "gives one"
+        )
     elif v is not None:
         lines.append("versus the dense run: no reward logged at the same steps, no difference measured")
     elif h["dense"]:
-        lines.append("verdict: none, this run is the dense reference (rollout.compressor=none) a compressed run is "
-                     "measured against (`sparserl compare CONFIG --arms dense,base --seeds 6`)")
+        lines.append(
+            "verdict: none, this run is the dense reference (rollout.compressor=none) a compressed run is "
+            "measured against (`sparserl compare CONFIG --arms dense,base --seeds 6`)"
+        )
     else:
-        lines.append(f"verdict: no dense run to compare with: `{h['compare']}` measures it (a single run cannot "
-                     "tell whether its compression costs reward)")
+        lines.append(
+            f"verdict: no dense run to compare with: `{h['compare']}` measures it (a single run cannot "
+            "tell whether its compression costs reward)"
+        )
     return lines
 
 
@@ -481,8 +573,13 @@ def _plot_reward(run: RunData, out: Path) -> Path | None:
     return _save(fig, out / "reward.png")
 
 
-def _plot_panels(run: RunData, panels: list[tuple[str, list[str], str | None]], title: str,
-                 path: Path, scale: dict[str, float] | None = None) -> Path | None:
+def _plot_panels(
+    run: RunData,
+    panels: list[tuple[str, list[str], str | None]],
+    title: str,
+    path: Path,
+    scale: dict[str, float] | None = None,
+) -> Path | None:
     panels = [(t, [k for k in keys if run.series(k)[0]], yl) for t, keys, yl in panels]
     panels = [p for p in panels if p[1]]
     if not panels:
@@ -523,8 +620,13 @@ def alpha_figure(run: RunData):
     width = _dig(run.config or {}, "mismatch.alpha_bin")
     bin_words = f" ({width} tokens)" if _is_num(width) else ""
     _finish(ax, f"α: p5 per length bin{bin_words}, p5, mean\n{run.name}", "α")  # two lines: the legend takes the right
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
-              ncols=2 if len(bins) > 16 else 1)
+    ax.legend(
+        fontsize="small",
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        borderaxespad=0.0,
+        ncols=2 if len(bins) > 16 else 1,
+    )
     return fig
 
 
@@ -551,23 +653,39 @@ def _plot_time(run: RunData, out: Path) -> Path | None:
 def _run_plots(run: RunData, out: Path) -> dict[str, Path]:
     plots: dict[str, Path | None] = {}
     plots["reward"] = _plot_reward(run, out)
-    plots["mismatch"] = _plot_panels(run, [
-        ("sampler vs dense", _mismatch_keys(run), None),
-        ("importance weights", _group_keys(run, "is/", IS_NAMED), None),
-        ("rejection", _group_keys(run, "rs/", RS_NAMED), "fraction"),
-    ], "Mismatch and correction", out / "mismatch.png")
+    plots["mismatch"] = _plot_panels(
+        run,
+        [
+            ("sampler vs dense", _mismatch_keys(run), None),
+            ("importance weights", _group_keys(run, "is/", IS_NAMED), None),
+            ("rejection", _group_keys(run, "rs/", RS_NAMED), "fraction"),
+        ],
+        "Mismatch and correction",
+        out / "mismatch.png",
+    )
     plots["alpha"] = _plot_alpha(run, out)
-    plots["kv_memory"] = _plot_panels(run, [
-        ("KV bytes allocated: sampler vs dense engine", [names.KV_SAMPLER_ALLOC, names.KV_DENSE_ALLOC], "MiB"),
-        ("tokens held at each response's end", [names.KV_KEPT_TOKENS, names.KV_DENSE_TOKENS], "tokens"),
-    ], "KV cache", out / "kv_memory.png", scale={names.KV_SAMPLER_ALLOC: MiB, names.KV_DENSE_ALLOC: MiB})
+    plots["kv_memory"] = _plot_panels(
+        run,
+        [
+            ("KV bytes allocated: sampler vs dense engine", [names.KV_SAMPLER_ALLOC, names.KV_DENSE_ALLOC], "MiB"),
+            ("tokens held at each response's end", [names.KV_KEPT_TOKENS, names.KV_DENSE_TOKENS], "tokens"),
+        ],
+        "KV cache",
+        out / "kv_memory.png",
+        scale={names.KV_SAMPLER_ALLOC: MiB, names.KV_DENSE_ALLOC: MiB},
+    )
     plots["time"] = _plot_time(run, out)
-    plots["loss"] = _plot_panels(run, [
-        ("policy loss", [names.POLICY_LOSS], None),
-        ("gradient norm", [names.GRAD_NORM], None),
-        ("entropy", [names.ENTROPY], "nats / token"),
-        ("KL to reference", [names.KL_REF], None),
-    ], "Learner", out / "loss.png")
+    plots["loss"] = _plot_panels(
+        run,
+        [
+            ("policy loss", [names.POLICY_LOSS], None),
+            ("gradient norm", [names.GRAD_NORM], None),
+            ("entropy", [names.ENTROPY], "nats / token"),
+            ("KL to reference", [names.KL_REF], None),
+        ],
+        "Learner",
+        out / "loss.png",
+    )
     return {k: v for k, v in plots.items() if v is not None}
 
 
@@ -575,15 +693,25 @@ def _run_plots(run: RunData, out: Path) -> dict[str, Path]:
 # One run
 # ---------------------------------------------------------------------------------------------
 _CONFIG_SUMMARY = (
-    ("model", "model.name"), ("learner dtype", "model.dtype"),
-    ("compressor", "rollout.compressor"), ("KV budget", "rollout.kv_budget"),
-    ("trigger", "rollout.trigger"), ("step length", "rollout.step_length"), ("window", "rollout.window"),
+    ("model", "model.name"),
+    ("learner dtype", "model.dtype"),
+    ("compressor", "rollout.compressor"),
+    ("KV budget", "rollout.kv_budget"),
+    ("trigger", "rollout.trigger"),
+    ("step length", "rollout.step_length"),
+    ("window", "rollout.window"),
     ("tail slack", "rollout.tail_slack"),
-    ("samples per prompt", "rollout.n"), ("prompts per step", "train.prompts_per_step"),
-    ("max new tokens", "rollout.max_new_tokens"), ("temperature", "rollout.temperature"),
-    ("task", "data.train"), ("reward", "reward.fn"), ("advantages", "algorithm.adv_estimator"),
-    ("correction", "algorithm.correction"), ("KL coef", "algorithm.kl_coef"),
-    ("steps", "train.steps"), ("lr", "train.lr"),
+    ("samples per prompt", "rollout.n"),
+    ("prompts per step", "train.prompts_per_step"),
+    ("max new tokens", "rollout.max_new_tokens"),
+    ("temperature", "rollout.temperature"),
+    ("task", "data.train"),
+    ("reward", "reward.fn"),
+    ("advantages", "algorithm.adv_estimator"),
+    ("correction", "algorithm.correction"),
+    ("KL coef", "algorithm.kl_coef"),
+    ("steps", "train.steps"),
+    ("lr", "train.lr"),
 )
 
 
@@ -596,12 +724,16 @@ def _trained_weights(config: dict) -> str:
     else:
         target = _dig(config, "train.lora_target")
         target = ", ".join(target) if isinstance(target, list) else target
-        text = (f"LoRA adapters only (peft): rank {rank}, alpha {_dig(config, 'train.lora_alpha')}, dropout "
-                f"{_dig(config, 'train.lora_dropout')}, on {target}; base weights frozen")
+        text = (
+            f"LoRA adapters only (peft): rank {rank}, alpha {_dig(config, 'train.lora_alpha')}, dropout "
+            f"{_dig(config, 'train.lora_dropout')}, on {target}; base weights frozen"
+        )
     phi = _dig(config, "algorithm.distill_sparse")
     if isinstance(phi, dict):
-        text += (f"; and on the sparse sampler only, DistillSparse's LoRA φ (rank {phi.get('rank')}, alpha "
-                 f"{phi.get('alpha')}, λ {phi.get('lambda')}, lr {phi.get('lr')})")
+        text += (
+            f"; and on the sparse sampler only, DistillSparse's LoRA φ (rank {phi.get('rank')}, alpha "
+            f"{phi.get('alpha')}, λ {phi.get('lambda')}, lr {phi.get('lr')})"
+        )
     return text
 
 
@@ -622,13 +754,17 @@ def _kv_lines(s: dict) -> list[str]:
         return []
     md = ["## KV cache", ""]
     if alloc["mean"] is not None and dense["mean"]:
-        md.append(f"- bytes allocated, sampler vs dense engine for the same batch: mean "
-                  f"{_fmt_bytes(alloc['mean'])} vs {_fmt_bytes(dense['mean'])} "
-                  f"({_fmt(dense['mean'] / alloc['mean'], 3)}x less; peak {_fmt_bytes(alloc['max'])})")
+        md.append(
+            f"- bytes allocated, sampler vs dense engine for the same batch: mean "
+            f"{_fmt_bytes(alloc['mean'])} vs {_fmt_bytes(dense['mean'])} "
+            f"({_fmt(dense['mean'] / alloc['mean'], 3)}x less; peak {_fmt_bytes(alloc['max'])})"
+        )
     if kept_frac["mean"] is not None:
-        md.append(f"- tokens held at the end of each response, kept vs dense: mean {_fmt(kept['mean'], 3)} vs "
-                  f"{_fmt(dense_tok['mean'], 3)}; kept fraction mean {kept_frac['mean']:.2f} "
-                  f"({_fmt(1 / kept_frac['mean'], 3)}x fewer), worst step {kept_frac['max']:.2f}")
+        md.append(
+            f"- tokens held at the end of each response, kept vs dense: mean {_fmt(kept['mean'], 3)} vs "
+            f"{_fmt(dense_tok['mean'], 3)}; kept fraction mean {kept_frac['mean']:.2f} "
+            f"({_fmt(1 / kept_frac['mean'], 3)}x fewer), worst step {kept_frac['max']:.2f}"
+        )
     return md + [""]
 
 
@@ -639,9 +775,13 @@ def _alpha_lines(s: dict) -> list[str]:
     if not tail:
         return []
     thr = s["alpha_threshold"]
-    md = [f"Acceptance α's 5th percentile against {s['alpha_threshold_name']} {thr:g} (Sparrow's training "
-          "stayed stable while every length bin's stayed above its threshold):", "",
-          f"| metric | last | worst (step) | steps below {thr:g} |", "|---|---|---|---|"]
+    md = [
+        f"Acceptance α's 5th percentile against {s['alpha_threshold_name']} {thr:g} (Sparrow's training "
+        "stayed stable while every length bin's stayed above its threshold):",
+        "",
+        f"| metric | last | worst (step) | steps below {thr:g} |",
+        "|---|---|---|---|",
+    ]
     for k, v in tail.items():
         md.append(f"| {k} | {_fmt(v['last'])} | {_fmt(v['worst'])} ({v['worst_step']}) | {v['below']}/{v['steps']} |")
     return md + [""]
@@ -653,14 +793,20 @@ def _eval_table(evals: list[tuple[str, dict]]) -> list[str]:
     for _, d in evals:
         for k in d:
             mode, _, stat = k.partition("/")
-            if mode in names.EVAL_MODES and (stat == "pass@1" or stat.startswith(("avg@", "pass@"))) \
-                    and stat not in stats:
+            if (
+                mode in names.EVAL_MODES
+                and (stat == "pass@1" or stat.startswith(("avg@", "pass@")))
+                and stat not in stats
+            ):
                 stats.append(stat)
     cols = [f"{mode}/{stat}" for mode in names.EVAL_MODES for stat in stats]
     lines = ["| step | problems | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
     for _, d in evals:
         problems = next((d[f"{m}/problems"] for m in names.EVAL_MODES if f"{m}/problems" in d), None)
         lines.append(f"| {_fmt(d.get('step'))} | {_fmt(problems)} | " + " | ".join(_fmt(d.get(k)) for k in cols) + " |")
+    samplers = {m: d[f"{m}/sampler"] for _, d in evals[-1:] for m in names.EVAL_MODES if d.get(f"{m}/sampler")}
+    if samplers:  # which sampler each mode ran (the controller's budgets for a controller run)
+        lines += [""] + [f"- {mode} inference ran {sampler}" for mode, sampler in samplers.items()]
     return lines
 
 
@@ -673,8 +819,12 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
     plots = _run_plots(run, out)
     s = summarize(run)
 
-    md: list[str] = [f"# Run report: {run.name}", "",
-                     f"Run folder `{run.run_dir}`; report written {time.strftime('%Y-%m-%d %H:%M:%S')}.", ""]
+    md: list[str] = [
+        f"# Run report: {run.name}",
+        "",
+        f"Run folder `{run.run_dir}`; report written {time.strftime('%Y-%m-%d %H:%M:%S')}.",
+        "",
+    ]
     if run.rows:  # the figures that judge the run, as the run's summary prints them
         md += ["## Headline", ""] + [f"- {line}" for line in headline_lines(run.rows, run.config)] + [""]
     if run.config:
@@ -686,8 +836,17 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
             if v is not None:
                 md.append(f"| {label} | {_fmt(v)} |")
         md.append(f"| trained weights | {_trained_weights(run.config)} |")
-        md += ["", "<details><summary>full config</summary>", "", "```yaml",
-               yaml.safe_dump(run.config, sort_keys=False).rstrip(), "```", "", "</details>", ""]
+        md += [
+            "",
+            "<details><summary>full config</summary>",
+            "",
+            "```yaml",
+            yaml.safe_dump(run.config, sort_keys=False).rstrip(),
+            "```",
+            "",
+            "</details>",
+            "",
+        ]
 
     md += ["## Training", ""]
     if not run.rows:
@@ -702,8 +861,10 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
             md += ["| metric | first | last | best (step) | mean of last 5 |", "|---|---|---|---|---|"]
             for label in rows:
                 r = s[label]
-                md.append(f"| {r['key']} | {_fmt(r['first'])} | {_fmt(r['last'])} | "
-                          f"{_fmt(r['best'])} ({r['best_step']}) | {_fmt(r['tail_mean'])} |")
+                md.append(
+                    f"| {r['key']} | {_fmt(r['first'])} | {_fmt(r['last'])} | "
+                    f"{_fmt(r['best'])} ({r['best_step']}) | {_fmt(r['tail_mean'])} |"
+                )
             md.append("")
         md += _alpha_lines(s)
 
@@ -713,8 +874,10 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
         for k, v in s["stations"].items():
             md.append(f"| {k.removeprefix('time/').removesuffix('_s')} | {_fmt(v, 3)} | {100 * v / total:.0f}% |")
         for k, v in s.get("subtimes", {}).items():  # parts of a station, not added to the total
-            md.append(f"| {k.removeprefix('time/').removesuffix('_s')} (part of "
-                      f"{SUBTIMES[k].removeprefix('time/').removesuffix('_s')}) | {_fmt(v, 3)} | |")
+            md.append(
+                f"| {k.removeprefix('time/').removesuffix('_s')} (part of "
+                f"{SUBTIMES[k].removeprefix('time/').removesuffix('_s')}) | {_fmt(v, 3)} | |"
+            )
         md.append("")
 
     md += _kv_lines(s)

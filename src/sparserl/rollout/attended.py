@@ -3,13 +3,14 @@
 A compressed sampler's next-token distribution at response step t + 1 is the model's with each layer's
 query at position ``P + t`` (P prompt tokens; the input is response token t) attending only to the
 tokens its cache held, or for block top-k the pages it chose, per KV head. Recorded during a replay
-(:func:`sparserl.rollout.replay.replay`'s ``on_decode``, after each decode step's attention and before
+(:func:`sparserl.mismatch.replay.replay`'s ``on_decode``, after each decode step's attention and before
 any compression), these sets turn the sequential sparse decode into one teacher-forced forward with a
 mask per layer and KV head (:func:`replay_masks`): every token's keys and values are computed from its
 hidden state as the sampler computed them, so the forward reproduces the sampler's log-probs up to
 float rounding, with gradients (DistillSparse, :mod:`sparserl.train.distill_sparse`). The prompt's rows
 are causal: the prefill attends to the whole prompt, and response token 0 comes from it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,10 @@ class AttendedPositions:
 
     def __init__(self, prompt_ids: list[list[int]], response_ids: list[list[int]], n_layers: int, n_kv: int):
         self.prompt_ids, self.response_ids = prompt_ids, response_ids
-        self.masks = [torch.zeros(n_layers, n_kv, max(len(r) - 1, 0), len(p) + len(r) - 1, dtype=torch.bool)
-                      for p, r in zip(prompt_ids, response_ids)]
+        self.masks = [
+            torch.zeros(n_layers, n_kv, max(len(r) - 1, 0), len(p) + len(r) - 1, dtype=torch.bool)
+            for p, r in zip(prompt_ids, response_ids)
+        ]
         self.width = max((m.shape[-1] for m in self.masks), default=0)
 
     def __call__(self, t: int, rows: torch.Tensor, cache) -> None:

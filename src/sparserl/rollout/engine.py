@@ -17,6 +17,7 @@ from a trainer (:meth:`update_weights`) or replaced by quantized linear layers; 
 ``budget_for(length)`` lets a schedule change the budget with position; the engine holds no global
 state, so it can live in another process (a Ray actor) as is.
 """
+
 from __future__ import annotations
 
 import time
@@ -26,16 +27,16 @@ import torch
 
 from ..batch import distinct_prompts
 from ..models.loading import DTYPES, LoadedModel
-from .bf16_kernel_choice import choose as choose_bf16_kernel
-from .dtype_choice import choose, for_sampler, resolve_dtype
-from .cache import CompressedKVCache
 from . import fused, native
+from .bf16_kernel_choice import choose as choose_bf16_kernel
+from .cache import CompressedKVCache
 from .compiled import decode_layers
+from .dtype_choice import choose, for_sampler, resolve_dtype
 from .kv.base import KVCompressor
 from .kv.none import Dense
 from .kv_quant import get_kv_quantizer
-from .quant.smooth import CALIBRATION_TEXT, CALIBRATION_TOKENS
 from .model import SamplerModel
+from .quant.smooth import CALIBRATION_TEXT, CALIBRATION_TOKENS
 from .sampling import SamplingParams, row_uniforms, sample
 
 Prompt = str | list[dict]
@@ -71,7 +72,7 @@ class RolloutOutput:
     distributions: list[torch.Tensor] | None = None
     texts: list[str] = field(default_factory=list)
     #: the sampler's own weights on a dense cache, read where it sampled
-    #: (:class:`~sparserl.rollout.teacher_forced.DenseCacheReading`; rollout workers under rollout.async)
+    #: (:class:`~sparserl.mismatch.teacher_forced.DenseCacheReading`; rollout workers under rollout.async)
     dense_cache: object | None = None
     weights_version: int | None = None  # the weight push the sampler held (rollout workers), None: here
 
@@ -94,12 +95,24 @@ class RolloutOutput:
 
 
 class RolloutEngine:
-    def __init__(self, loaded: LoadedModel, compressor: KVCompressor,
-                 dtype: str | torch.dtype | None = None, max_batch: int | None = None, compile: bool | str = False,
-                 pack_weights: bool | None = None, kv_quant: str = "none", quant: str = "none",
-                 quant_smooth: float = 0.0, quant_group: int | None = None, fused: bool = True,
-                 quant_outliers: int = 0, quant_head: bool = False, weights: dict | None = None,
-                 bf16_kernel: str | None = None):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        compressor: KVCompressor,
+        dtype: str | torch.dtype | None = None,
+        max_batch: int | None = None,
+        compile: bool | str = False,
+        pack_weights: bool | None = None,
+        kv_quant: str = "none",
+        quant: str = "none",
+        quant_smooth: float = 0.0,
+        quant_group: int | None = None,
+        fused: bool = True,
+        quant_outliers: int = 0,
+        quant_head: bool = False,
+        weights: dict | None = None,
+        bf16_kernel: str | None = None,
+    ):
         """``compressor``: a :class:`KVCompressor`; ``get_compressor("none")`` for a dense cache. ``weights``: the
         state dict the sampler starts from (None: ``loaded.model``'s own; see :class:`SamplerModel`).
         ``compile``: run each decode layer through ``torch.compile`` (:mod:`sparserl.rollout.compiled`;
@@ -123,23 +136,42 @@ class RolloutEngine:
         param = next(loaded.model.parameters())
         #: what ``dtype="auto"`` chose and why (:mod:`sparserl.rollout.dtype_choice`); None for a named dtype
         self.dtype_choice = for_sampler(choose(param.device, engine=type(self)), quant) if dtype == "auto" else None
-        self.dtype = (DTYPES[self.dtype_choice.dtype] if self.dtype_choice else
-                      resolve_dtype(dtype) if dtype is not None else param.dtype)
+        self.dtype = (
+            DTYPES[self.dtype_choice.dtype]
+            if self.dtype_choice
+            else resolve_dtype(dtype)
+            if dtype is not None
+            else param.dtype
+        )
         #: which bf16 kernel was chosen and why (:mod:`sparserl.rollout.bf16_kernel_choice`); None where
         #: given or not a bf16 sampler on the native kernels
         self.bf16_kernel_choice = None
-        if (bf16_kernel is None and self.dtype == torch.bfloat16 and param.device.type == "cpu" and native.active()
-                and quant == "none"):
+        if (
+            bf16_kernel is None
+            and self.dtype == torch.bfloat16
+            and param.device.type == "cpu"
+            and native.active()
+            and quant == "none"
+        ):
             self.bf16_kernel_choice = choose_bf16_kernel(param.device, engine=type(self))
             bf16_kernel = self.bf16_kernel_choice.kernel
         calibration_ids = None
         if quant_smooth or quant_outliers:
             ids = self.tokenizer(CALIBRATION_TEXT, add_special_tokens=False)["input_ids"]
             calibration_ids = torch.tensor(ids[:CALIBRATION_TOKENS])[None]
-        self.model = SamplerModel(loaded.model, self.dtype, pack_weights, quant=quant, quant_smooth=quant_smooth,
-                                  calibration_ids=calibration_ids, quant_group=quant_group,
-                                  quant_outliers=quant_outliers, quant_head=quant_head, weights=weights,
-                                  bf16_kernel=bf16_kernel)
+        self.model = SamplerModel(
+            loaded.model,
+            self.dtype,
+            pack_weights,
+            quant=quant,
+            quant_smooth=quant_smooth,
+            calibration_ids=calibration_ids,
+            quant_group=quant_group,
+            quant_outliers=quant_outliers,
+            quant_head=quant_head,
+            weights=weights,
+            bf16_kernel=bf16_kernel,
+        )
         self.device = self.model.device
         self.compressor = _checked(compressor)
         self.max_batch = max_batch
@@ -151,7 +183,7 @@ class RolloutEngine:
         self.step_hook = None  # tests/debugging: called as hook(event, **state) around each decode step
 
     @classmethod
-    def from_engine(cls, other: "RolloutEngine", compressor: KVCompressor) -> "RolloutEngine":
+    def from_engine(cls, other: RolloutEngine, compressor: KVCompressor) -> RolloutEngine:
         """Another engine over the same sampler weights (no copy) with a different compressor."""
         new = cls.__new__(cls)
         new.__dict__.update(other.__dict__)
@@ -201,12 +233,17 @@ class RolloutEngine:
         return self._newline_ids
 
     # --- generation ----------------------------------------------------------------------------
-    def generate(self, prompts: list[Prompt], params: SamplingParams | None = None,
-                 prompt_ids: list[list[int]] | None = None, forced: list[list[int]] | None = None,
-                 first_prompt: int = 0) -> RolloutOutput:
+    def generate(
+        self,
+        prompts: list[Prompt],
+        params: SamplingParams | None = None,
+        prompt_ids: list[list[int]] | None = None,
+        forced: list[list[int]] | None = None,
+        first_prompt: int = 0,
+    ) -> RolloutOutput:
         """Sample ``params.n`` responses per prompt. ``forced`` (one token list per response, in output
         order): each step's token is the given one instead of a draw, so the run replays a sampled batch
-        (:mod:`sparserl.rollout.replay`): the same tokens enter the cache, the compressor sees the same
+        (:mod:`sparserl.mismatch.replay`): the same tokens enter the cache, the compressor sees the same
         states, rows end where they ended, and ``sampler_logprobs`` are the forced tokens' log-probs.
         ``first_prompt``: the global index of the first prompt when this call samples a shard of a larger
         batch; response ``j`` of prompt ``i`` draws from row ``(first_prompt + i)·n + j``'s stream
@@ -222,17 +259,22 @@ class RolloutEngine:
                 raise ValueError(f"prompt {i} is empty")
             if len(ids) >= self.model.max_positions:
                 raise ValueError(
-                    f"prompt {i} has {len(ids)} tokens, longer than the model's context "
-                    f"({self.model.max_positions})"
+                    f"prompt {i} has {len(ids)} tokens, longer than the model's context ({self.model.max_positions})"
                 )
         expanded = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(params.n)]
         if forced is not None and (len(forced) != len(expanded) or any(len(f) == 0 for f in forced)):
             raise ValueError(f"forced: {len(forced)} token lists for {len(expanded)} responses (each non-empty)")
         rows = torch.arange(len(expanded), dtype=torch.long) + first_prompt * params.n  # global row ids
         chunk = self.max_batch or len(expanded)
-        outs = [self._generate_batch([e[1] for e in expanded[s : s + chunk]], params, rows[s : s + chunk],
-                                     forced[s : s + chunk] if forced is not None else None)
-                for s in range(0, len(expanded), chunk)]
+        outs = [
+            self._generate_batch(
+                [e[1] for e in expanded[s : s + chunk]],
+                params,
+                rows[s : s + chunk],
+                forced[s : s + chunk] if forced is not None else None,
+            )
+            for s in range(0, len(expanded), chunk)
+        ]
         out = join_sequential(outs)
         out.prompt_index = [e[0] for e in expanded]
         out.prompt_ids = [list(e[1]) for e in expanded]
@@ -252,17 +294,26 @@ class RolloutEngine:
         if len(rows) == ids.shape[0]:
             return self.model.prefill(ids, valid, positions, want_q, want_attn)
         out = self.model.prefill(ids[rows], valid[rows], positions[rows], want_q, want_attn)
-        return tuple(None if x is None else x.index_select(0, back) if isinstance(x, torch.Tensor)
-                     else [t.index_select(0, back) for t in x] for x in out)
+        return tuple(
+            None
+            if x is None
+            else x.index_select(0, back)
+            if isinstance(x, torch.Tensor)
+            else [t.index_select(0, back) for t in x]
+            for x in out
+        )
 
     @torch.inference_mode()
-    def _generate_batch(self, prompts: list[list[int]], p: SamplingParams, row_ids: torch.Tensor,
-                        forced: list[list[int]] | None = None) -> RolloutOutput:
+    def _generate_batch(
+        self, prompts: list[list[int]], p: SamplingParams, row_ids: torch.Tensor, forced: list[list[int]] | None = None
+    ) -> RolloutOutput:
         """One batch; ``row_ids`` [B] (int64): each response's random stream."""
         m, c, dev = self.model, self.compressor, self.device
         if self.compile and c.selects_per_step:  # the compiled layer step attends over every slot
-            raise ValueError(f"compile={self.compile!r} with compressor {c.name!r}: the compiled decode step reads "
-                             "the whole cache and cannot choose pages per step; use compile=False")
+            raise ValueError(
+                f"compile={self.compile!r} with compressor {c.name!r}: the compiled decode step reads "
+                "the whole cache and cannot choose pages per step; use compile=False"
+            )
         row_ids = row_ids.to(dev)
         B = len(prompts)
         P = max(len(x) for x in prompts)
@@ -286,8 +337,9 @@ class RolloutEngine:
         want_q = c.window if c.needs_queries else 0
         want_attn = c.needs_attention and c.compress_prompt
         logits, keys, values, queries, acc = self._prefill_distinct(ids, valid, positions, want_q, want_attn)
-        cache = CompressedKVCache(keys, values, valid, positions, c.capacity(P, max_new), c, m.n_heads, queries, acc,
-                                  kv_quant=self.kv_quant)
+        cache = CompressedKVCache(
+            keys, values, valid, positions, c.capacity(P, max_new), c, m.n_heads, queries, acc, kv_quant=self.kv_quant
+        )
         del keys, values, queries, acc
         prefill_s = time.perf_counter() - t0
 
@@ -300,8 +352,11 @@ class RolloutEngine:
         finish = ["length"] * B
         kept = [0] * B
         active = torch.arange(B, device=dev)  # original row of each live row
-        eos = (torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=dev)
-               if (self.eos_ids and not p.ignore_eos) else None)
+        eos = (
+            torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=dev)
+            if (self.eos_ids and not p.ignore_eos)
+            else None
+        )
         newline = self.newline_ids() if c.needs_newlines else None
         stop_tail = max((len(self.tokenizer(s, add_special_tokens=False)["input_ids"]) for s in p.stop), default=0) + 2
         dense_tokens_peak = 0
@@ -371,14 +426,19 @@ class RolloutEngine:
         top_v = top_v.cpu() if top_v is not None else None
         top_i = top_i.cpu() if top_i is not None else None
         return RolloutOutput(
-            prompt_index=[], prompt_ids=[],
+            prompt_index=[],
+            prompt_ids=[],
             response_ids=[tokens_out[b, : lens[b]].tolist() for b in range(B)],
             sampler_logprobs=[logp_out[b, : lens[b]].tolist() for b in range(B)],
             finish_reason=finish,
             kv_tokens_kept=kept,
-            kv=KVStats(cache.bytes_peak, cache.bytes_theory_peak,
-                       dense_tokens_peak * m.kv_bytes_per_token(), cache.n_compressions,
-                       B * DENSE.capacity(P, max_new) * m.kv_bytes_per_token()),
+            kv=KVStats(
+                cache.bytes_peak,
+                cache.bytes_theory_peak,
+                dense_tokens_peak * m.kv_bytes_per_token(),
+                cache.n_compressions,
+                B * DENSE.capacity(P, max_new) * m.kv_bytes_per_token(),
+            ),
             tokens_generated=sum(lens),
             seconds=seconds,
             prefill_seconds=prefill_s,
@@ -411,8 +471,10 @@ class RolloutEngine:
 
 def _checked(compressor: KVCompressor) -> KVCompressor:
     if not isinstance(compressor, KVCompressor):
-        raise TypeError(f"compressor must be a KVCompressor (get_compressor('none') for a dense cache), "
-                        f"got {type(compressor).__name__}")
+        raise TypeError(
+            f"compressor must be a KVCompressor (get_compressor('none') for a dense cache), "
+            f"got {type(compressor).__name__}"
+        )
     return compressor
 
 

@@ -6,7 +6,8 @@ the seed, the response's row id and the step), integer arithmetic with the same 
 A response's draws depend on nothing else: not on the device (a CPU run and a GPU run differ only by the
 arithmetic of the logits), not on which other responses share its batch, how the batch is chunked, when
 its neighbours end, or which rollout worker runs it (``sparserl.cluster`` shards a step's prompts and
-passes their global row ids). """
+passes their global row ids)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ class SamplingParams:
     seed: int = 0
     logprobs_topk: int = 0  # also return the top-k log-probs of each position
     # also return each response's whole sampled distributions [T, V] (the tempered, filtered log-probs each
-    # token was drawn from): the exact α without a replay (sparserl.train.alpha)
+    # token was drawn from): the exact α without a replay (sparserl.mismatch.measure)
     keep_distributions: bool = False
 
     def validate(self) -> None:
@@ -45,8 +46,9 @@ class SamplingParams:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
-                             f"got {self.min_new_tokens}")
+            raise ValueError(
+                f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], got {self.min_new_tokens}"
+            )
 
 
 def sampling_logprobs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -98,7 +100,7 @@ def row_uniforms(seed: int, rows: torch.Tensor, step: int) -> torch.Tensor:
     independent of its batch."""
     base = _splitmix64(rows.to(torch.long) * _GOLDEN + _int64(seed + _GOLDEN))
     z = _splitmix64(base + _int64((step + 1) * _GOLDEN))
-    return _shr(z, 40).to(torch.float32) * (2.0 ** -24)
+    return _shr(z, 40).to(torch.float32) * (2.0**-24)
 
 
 def sample(logits: torch.Tensor, p: SamplingParams, uniforms: torch.Tensor):

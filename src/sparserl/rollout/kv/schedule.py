@@ -5,7 +5,7 @@ as a piecewise-constant function of the current sequence length.
 
 given as pairs ``[[l_0, b_0], [l_1, b_1], ...]`` with the lengths strictly increasing. ``L`` is the
 sequence length the sampler has reached (prompt tokens + tokens generated so far), the same axis as
-the α tail's length bins (:mod:`sparserl.score.acceptance`), so a calibrated ``budget_by_bin`` is a
+the α tail's length bins (:mod:`sparserl.mismatch.acceptance`), so a calibrated ``budget_by_bin`` is a
 schedule as it stands. Sparrow's schedules grow with length; any positive budgets are accepted (the
 online controller may lower one bin below the next). The cache's buffers are sized to the largest
 budget (:attr:`KVSchedule.max_budget`).
@@ -14,13 +14,15 @@ Where a schedule comes from (:func:`load_schedule`): the pairs themselves, or a 
 pairs, an object with ``budget_by_bin``, or ``sparserl calibrate``'s output (the schedule of the
 sampler's compressor).
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -41,7 +43,7 @@ class KVSchedule:
     budgets: tuple[int, ...]
 
     @classmethod
-    def from_pairs(cls, pairs: Sequence[Sequence[int]], source: str = "kv_schedule") -> "KVSchedule":
+    def from_pairs(cls, pairs: Sequence[Sequence[int]], source: str = "kv_schedule") -> KVSchedule:
         lengths, budgets = zip(*parse_pairs(pairs, source))
         return cls(tuple(lengths), tuple(budgets))
 
@@ -84,8 +86,11 @@ def parse_pairs(pairs: Any, source: str = "kv_schedule") -> list[tuple[int, int]
         raise ScheduleError(f"{source}: expected a non-empty list of [length, budget] pairs, got {pairs!r}")
     out: list[tuple[int, int]] = []
     for i, pair in enumerate(pairs):
-        if (not isinstance(pair, (list, tuple)) or len(pair) != 2
-                or not all(isinstance(x, int) and not isinstance(x, bool) for x in pair)):
+        if (
+            not isinstance(pair, (list, tuple))
+            or len(pair) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in pair)
+        ):
             raise ScheduleError(f"{source}[{i}]: expected a pair of integers [length, budget], got {pair!r}")
         length, budget = pair
         if length < 0:
@@ -123,13 +128,19 @@ def load_schedule(spec: Any, compressor: str | None = None, source: str = "rollo
             if not isinstance(entries, list) or not entries:
                 raise ScheduleError(f"{source}: 'schedules' holds no schedule")
             names = sorted({str(e.get("compressor")) for e in entries if isinstance(e, dict)})
-            mine = [e for e in entries if isinstance(e, dict) and (compressor is None or e.get("compressor") == compressor)]
+            mine = [
+                e for e in entries if isinstance(e, dict) and (compressor is None or e.get("compressor") == compressor)
+            ]
             if not mine:
                 raise ScheduleError(f"{source}: no schedule for compressor {compressor!r}; it has: {', '.join(names)}")
             if len(mine) > 1:
-                raise ScheduleError(f"{source}: {len(mine)} schedules match (compressors {', '.join(names)}); "
-                                    "name the sampler's compressor (rollout.compressor) or keep one")
+                raise ScheduleError(
+                    f"{source}: {len(mine)} schedules match (compressors {', '.join(names)}); "
+                    "name the sampler's compressor (rollout.compressor) or keep one"
+                )
             return load_schedule(mine[0], compressor, source)
-        raise ScheduleError(f"{source}: a JSON object needs 'budget_by_bin' or 'schedules', got keys "
-                            f"{', '.join(map(str, spec)) or 'none'}")
+        raise ScheduleError(
+            f"{source}: a JSON object needs 'budget_by_bin' or 'schedules', got keys "
+            f"{', '.join(map(str, spec)) or 'none'}"
+        )
     return KVSchedule.from_pairs(spec, source)
