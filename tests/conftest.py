@@ -110,10 +110,19 @@ def tiny_family(tiny):
     from sparserl.models.loading import LoadedModel
 
     def build(family: str) -> LoadedModel:
-        cfg = AutoConfig.for_model(family, vocab_size=len(tiny.tokenizer), hidden_size=64, intermediate_size=128,
-                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                   max_position_embeddings=512, eos_token_id=tiny.tokenizer.eos_token_id,
-                                   tie_word_embeddings=False)
+        cfg = AutoConfig.for_model(
+            family,
+            vocab_size=len(tiny.tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=512,
+            eos_token_id=tiny.tokenizer.eos_token_id,
+            tie_word_embeddings=False,
+        )
         torch.manual_seed(0)
         return LoadedModel(AutoModelForCausalLM.from_config(cfg).eval(), tiny.tokenizer, family, None)
 

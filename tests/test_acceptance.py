@@ -1,6 +1,7 @@
 """Sparrow's acceptance α: exact on hand-built distributions, its top-k approximation a lower bound,
 the tail by length bin; in training, the exact mode's replay reproduces the sampler and gives α = 1
 when the sampler is the dense policy itself."""
+
 from __future__ import annotations
 
 import math
@@ -34,7 +35,9 @@ def test_tail_by_bin_and_summary():
     assert set(bins) == {0, 12}
     assert bins[0][1] == 2 and bins[12][1] == 4  # 10, 11 | 12, 13, 20, 21
     assert bins[0][0] == pytest.approx(torch.quantile(torch.tensor([1.0, 0.9], dtype=torch.float64), 0.05).item())
-    assert bins[12][0] == pytest.approx(torch.quantile(torch.tensor([0.5, 0.8, 0.95, 0.7], dtype=torch.float64), 0.05).item())
+    assert bins[12][0] == pytest.approx(
+        torch.quantile(torch.tensor([0.5, 0.8, 0.95, 0.7], dtype=torch.float64), 0.05).item()
+    )
     mean, p5 = summary(alpha, mask)
     assert mean == pytest.approx((1.0 + 0.9 + 0.5 + 0.8 + 0.95 + 0.7) / 6) and p5 < 0.6
     assert all(math.isnan(x) for x in summary(alpha, torch.zeros_like(mask)))
@@ -42,16 +45,27 @@ def test_tail_by_bin_and_summary():
 
 @pytest.mark.parametrize("mode", ["exact", "exact_replay", "topk"])
 def test_alpha_in_training_is_logged_and_exact_replay_reproduces_the_sampler(tmp_path, monkeypatch, mode):
-    from sparserl import runlog as names
-    from sparserl.config import load_config, validate
-    from sparserl.train.trainer import build_trainer, train_step
     from test_train import TINY
 
+    from sparserl import runlog as names
+    from sparserl.config import load_config, validate
     from sparserl.train import step as step_module
+    from sparserl.train.trainer import build_trainer, train_step
 
     record = "mismatch.alpha_record_mib=0" if mode == "exact_replay" else "mismatch.alpha_record_mib=1024"
-    cfg = validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", f"mismatch.alpha={mode.split('_')[0]}",
-                                           "mismatch.alpha_bin=64", "rollout.max_new_tokens=24", record]))
+    cfg = validate(
+        load_config(
+            "sparse_rl_fixed40",
+            [
+                *TINY,
+                f"log.out_dir={tmp_path}",
+                f"mismatch.alpha={mode.split('_')[0]}",
+                "mismatch.alpha_bin=64",
+                "rollout.max_new_tokens=24",
+                record,
+            ],
+        )
+    )
     trainer = build_trainer(cfg)
     seen = []
 
@@ -80,20 +94,31 @@ def test_exact_alpha_from_kept_distributions_equals_the_replay(tmp_path, monkeyp
     """mismatch.alpha_record_mib: the sampler keeps q while it samples (the 8 x 24 x 49,152 float32 of the tiny
     job: 36 MiB) and α reads it, without a replay; at 0, or when q would not fit, the replay runs. The α
     metrics agree to float rounding (the same q up to the replay's 1e-5)."""
+    from test_train import TINY
+
     from sparserl import runlog as names
     from sparserl.config import load_config, validate
     from sparserl.mismatch import exact_alpha
     from sparserl.mismatch import replay as replay_module
     from sparserl.train.trainer import build_trainer, train_step
-    from test_train import TINY
 
     replays = []
     real = replay_module.replay
     monkeypatch.setattr(exact_alpha, "replay", lambda *a, **k: replays.append(1) or real(*a, **k))
     out = {}
     for mib in (36, 35, 0):  # fits; one MiB short (replay); never
-        cfg = validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", "mismatch.alpha=exact",
-                                               "rollout.max_new_tokens=24", f"mismatch.alpha_record_mib={mib}"]))
+        cfg = validate(
+            load_config(
+                "sparse_rl_fixed40",
+                [
+                    *TINY,
+                    f"log.out_dir={tmp_path}",
+                    "mismatch.alpha=exact",
+                    "rollout.max_new_tokens=24",
+                    f"mismatch.alpha_record_mib={mib}",
+                ],
+            )
+        )
         replays.clear()
         out[mib] = train_step(build_trainer(cfg), 1)
         assert len(replays) == (0 if mib == 36 else 1), mib
@@ -104,13 +129,24 @@ def test_exact_alpha_from_kept_distributions_equals_the_replay(tmp_path, monkeyp
 
 def test_exact_alpha_is_one_when_the_sampler_is_the_dense_policy(tmp_path):
     """A dense float32 sampler of the learner's own weights: p = q at every token, α = 1."""
+    from test_train import TINY
+
     from sparserl import runlog as names
     from sparserl.config import load_config, validate
     from sparserl.train.trainer import build_trainer, train_step
-    from test_train import TINY
 
-    cfg = validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", "mismatch.alpha=exact",
-                                           "rollout.compressor=none", "rollout.max_new_tokens=12"]))
+    cfg = validate(
+        load_config(
+            "sparse_rl_fixed40",
+            [
+                *TINY,
+                f"log.out_dir={tmp_path}",
+                "mismatch.alpha=exact",
+                "rollout.compressor=none",
+                "rollout.max_new_tokens=12",
+            ],
+        )
+    )
     m = train_step(build_trainer(cfg), 1)
     assert m[names.MISMATCH_ALPHA_P5] == pytest.approx(1.0, abs=1e-4)
     assert m[names.MISMATCH_ALPHA_MEAN] == pytest.approx(1.0, abs=1e-5)

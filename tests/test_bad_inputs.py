@@ -9,6 +9,7 @@ Below the table: ``--debug`` shows the traceback, an unexpected exception is not
 resume (refused config changes, ``--allow-config-change``, the run keeps every config, the newest run,
 fallback over a corrupt checkpoint), and no unpickling anywhere in ``src/``.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,11 +26,23 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "sparserl"
 
 #: the tiny-run settings shared with test_train (fast, no math-verify workers)
 TINY = [
-    "model.name=tiny", "train.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=8",
-    "rollout.kv_budget=8", "rollout.step_length=4", "rollout.window=2", "train.micro_batch_size=4",
-    "log.tensorboard=false", "log.progress=plain", "checkpoint.every=1", "checkpoint.keep_last=0",
-    "train.lr=1e-3", "reward.fn=test_bad_inputs:zero_reward",
-    "data.eval=null", "data.system_prompt=null", "rollout.compress_prompt=false",
+    "model.name=tiny",
+    "train.prompts_per_step=2",
+    "rollout.n=2",
+    "rollout.max_new_tokens=8",
+    "rollout.kv_budget=8",
+    "rollout.step_length=4",
+    "rollout.window=2",
+    "train.micro_batch_size=4",
+    "log.tensorboard=false",
+    "log.progress=plain",
+    "checkpoint.every=1",
+    "checkpoint.keep_last=0",
+    "train.lr=1e-3",
+    "reward.fn=test_bad_inputs:zero_reward",
+    "data.eval=null",
+    "data.system_prompt=null",
+    "rollout.compress_prompt=false",
 ]
 
 
@@ -117,72 +130,170 @@ MATRIX = [
     case("config", ["train", "mismatch.alpha_bin=0"], "mismatch.alpha_bin", "alpha-bin-zero"),
     case("config", ["train", "mismatch.alpha_record_mib=-1"], "mismatch.alpha_record_mib", "alpha-record-negative"),
     case("config", ["train", "mismatch.alpha_record_mib=lots"], "mismatch.alpha_record_mib", "alpha-record-not-int"),
-    case("config", ["train", "algorithm.old_logprobs=update", "train.micro_batch_size=16"],
-         "algorithm.old_logprobs=update", "old-logprobs-update-two-micro-batches"),
+    case(
+        "config",
+        ["train", "algorithm.old_logprobs=update", "train.micro_batch_size=16"],
+        "algorithm.old_logprobs=update",
+        "old-logprobs-update-two-micro-batches",
+    ),
     case("config", ["train", "algorithm.old_logprobs=forward"], "algorithm.old_logprobs", "unknown-old-logprobs"),
-    case("config", ["train", "rollout.kv_schedule=[[64, 16], [32, 24]]"], "rollout.kv_schedule", "schedule-not-increasing"),
+    case(
+        "config",
+        ["train", "rollout.kv_schedule=[[64, 16], [32, 24]]"],
+        "rollout.kv_schedule",
+        "schedule-not-increasing",
+    ),
     case("config", ["train", "rollout.kv_schedule=[[0, 0]]"], "budget 0", "schedule-budget-zero"),
     case("config", ["train", "rollout.kv_schedule=missing_sched.json"], "missing_sched.json", "schedule-missing-file"),
     case("config", ["train", "rollout.kv_schedule=sched_broken.json"], "sched_broken.json:2", "schedule-bad-json"),
-    case("config", ["train", "rollout.kv_schedule=sched_calib.json"], "no schedule for compressor 'rkv'",
-         "schedule-other-compressor"),
-    case("config", ["train", "rollout.kv_controller={threshold: 0}"], "rollout.kv_controller.threshold",
-         "controller-threshold-zero"),
-    case("config", ["train", "rollout.kv_controller={treshold: 0.9}"], "rollout.kv_controller.treshold",
-         "controller-unknown-key"),
-    case("config", ["train", "default", "rollout.kv_controller.treshold=0.7"],
-         "did you mean 'rollout.kv_controller.threshold'", "controller-dotted-unknown-key"),
-    case("config", ["train", "default", "rollout.kv_controller.threshold.x=1"],
-         "'rollout.kv_controller.threshold' is not a mapping", "controller-dotted-too-deep"),
-    case("config", ["train", "rollout.kv_controller={min_budget: 80, max_budget: 40}"], "min_budget=80",
-         "controller-min-above-max"),
-    case("config", ["train", "rollout.kv_controller={}", "mismatch.alpha=off"], "mismatch.alpha",
-         "controller-without-alpha"),
+    case(
+        "config",
+        ["train", "rollout.kv_schedule=sched_calib.json"],
+        "no schedule for compressor 'rkv'",
+        "schedule-other-compressor",
+    ),
+    case(
+        "config",
+        ["train", "rollout.kv_controller={threshold: 0}"],
+        "rollout.kv_controller.threshold",
+        "controller-threshold-zero",
+    ),
+    case(
+        "config",
+        ["train", "rollout.kv_controller={treshold: 0.9}"],
+        "rollout.kv_controller.treshold",
+        "controller-unknown-key",
+    ),
+    case(
+        "config",
+        ["train", "default", "rollout.kv_controller.treshold=0.7"],
+        "did you mean 'rollout.kv_controller.threshold'",
+        "controller-dotted-unknown-key",
+    ),
+    case(
+        "config",
+        ["train", "default", "rollout.kv_controller.threshold.x=1"],
+        "'rollout.kv_controller.threshold' is not a mapping",
+        "controller-dotted-too-deep",
+    ),
+    case(
+        "config",
+        ["train", "rollout.kv_controller={min_budget: 80, max_budget: 40}"],
+        "min_budget=80",
+        "controller-min-above-max",
+    ),
+    case(
+        "config",
+        ["train", "rollout.kv_controller={}", "mismatch.alpha=off"],
+        "mismatch.alpha",
+        "controller-without-alpha",
+    ),
     case("config", ["train", "cluster.rollout_workers=0"], "cluster.rollout_workers=0", "cluster-workers-zero"),
     case("config", ["train", "cluster.address=auto"], "needs cluster.rollout_workers", "cluster-address-alone"),
-    case("config", ["train", "cluster.rollout_workers=2", "cluster.address=127.0.0.1:1"], "127.0.0.1:1",
-         "cluster-address-unreachable"),
-    case("config", ["train", "cluster.rollout_workers=2", "cluster.address=nowhere"], "expected auto or host:port",
-         "cluster-address-malformed"),
-    case("config", ["train", "cluster.rolout_workers=2"], "did you mean 'cluster.rollout_workers'",
-         "cluster-unknown-key"),
-    case("config", ["train", "rollout.async=true"], "rollout.async=true needs cluster.rollout_workers",
-         "async-without-workers"),
-    case("config", ["train", "cluster.rollout_workers=1", "rollout.async=true", "mismatch.alpha_record_mib=0"],
-         "mismatch.alpha_record_mib=0", "async-exact-alpha-replay"),
+    case(
+        "config",
+        ["train", "cluster.rollout_workers=2", "cluster.address=127.0.0.1:1"],
+        "127.0.0.1:1",
+        "cluster-address-unreachable",
+    ),
+    case(
+        "config",
+        ["train", "cluster.rollout_workers=2", "cluster.address=nowhere"],
+        "expected auto or host:port",
+        "cluster-address-malformed",
+    ),
+    case(
+        "config", ["train", "cluster.rolout_workers=2"], "did you mean 'cluster.rollout_workers'", "cluster-unknown-key"
+    ),
+    case(
+        "config",
+        ["train", "rollout.async=true"],
+        "rollout.async=true needs cluster.rollout_workers",
+        "async-without-workers",
+    ),
+    case(
+        "config",
+        ["train", "cluster.rollout_workers=1", "rollout.async=true", "mismatch.alpha_record_mib=0"],
+        "mismatch.alpha_record_mib=0",
+        "async-exact-alpha-replay",
+    ),
     case("config", ["train", "rollout.async=maybe"], "rollout.async", "async-not-a-bool"),
     case("config", ["train", "train.lora_rank=-2"], "train.lora_rank=-2", "lora-rank-negative"),
     case("config", ["train", "train.deterministic=sometimes"], "train.deterministic", "deterministic-not-bool"),
     case("config", ["train", "train.lora_target=[]"], "train.lora_target", "lora-target-empty"),
-    case("config", ["train", "train.lora_rank=4", "train.lora_target=[qkv_proj]"], "qkv_proj names no linear module",
-         "lora-target-unknown-module"),
-    case("config", ["train", "rollout.compressor=none", "algorithm.distill_sparse={rank: 4}"],
-         "algorithm.distill_sparse needs a sparse sampler", "distill-dense-sampler"),
-    case("config", ["train", "algorithm.distill_sparse={lr: 0.001}"], "algorithm.distill_sparse.rank is required",
-         "distill-no-rank"),
-    case("config", ["train", "algorithm.distill_sparse={rank: 4, lambda: -1}"], "algorithm.distill_sparse.lambda=-1",
-         "distill-lambda-negative"),
-    case("config", ["train", "algorithm.distill_sparse={rank: 4}", "mismatch.alpha=topk"], "set mismatch.alpha=exact",
-         "distill-without-exact-alpha"),
-    case("config", ["train", "algorithm.distill_sparse={rank: 4}", "rollout.quant=int8"], "not the rounding",
-         "distill-quantized-sampler"),
-    case("config", ["train", "algorithm.distill_sparse={rank: 4}", "rollout.dtype=bfloat16"],
-         "algorithm.distill_sparse with rollout.dtype=bfloat16", "distill-half-precision-sampler"),
-    case("config", ["train", "algorithm.distill_sparse={rank: 4, target: [qkv_proj]}"],
-         "algorithm.distill_sparse.target=['qkv_proj']: qkv_proj names no linear module", "distill-target-unknown"),
+    case(
+        "config",
+        ["train", "train.lora_rank=4", "train.lora_target=[qkv_proj]"],
+        "qkv_proj names no linear module",
+        "lora-target-unknown-module",
+    ),
+    case(
+        "config",
+        ["train", "rollout.compressor=none", "algorithm.distill_sparse={rank: 4}"],
+        "algorithm.distill_sparse needs a sparse sampler",
+        "distill-dense-sampler",
+    ),
+    case(
+        "config",
+        ["train", "algorithm.distill_sparse={lr: 0.001}"],
+        "algorithm.distill_sparse.rank is required",
+        "distill-no-rank",
+    ),
+    case(
+        "config",
+        ["train", "algorithm.distill_sparse={rank: 4, lambda: -1}"],
+        "algorithm.distill_sparse.lambda=-1",
+        "distill-lambda-negative",
+    ),
+    case(
+        "config",
+        ["train", "algorithm.distill_sparse={rank: 4}", "mismatch.alpha=topk"],
+        "set mismatch.alpha=exact",
+        "distill-without-exact-alpha",
+    ),
+    case(
+        "config",
+        ["train", "algorithm.distill_sparse={rank: 4}", "rollout.quant=int8"],
+        "not the rounding",
+        "distill-quantized-sampler",
+    ),
+    case(
+        "config",
+        ["train", "algorithm.distill_sparse={rank: 4}", "rollout.dtype=bfloat16"],
+        "algorithm.distill_sparse with rollout.dtype=bfloat16",
+        "distill-half-precision-sampler",
+    ),
+    case(
+        "config",
+        ["train", "algorithm.distill_sparse={rank: 4, target: [qkv_proj]}"],
+        "algorithm.distill_sparse.target=['qkv_proj']: qkv_proj names no linear module",
+        "distill-target-unknown",
+    ),
     case("config", ["train", "rollout.compressor_options.lamda=0.1"], "lamda", "unknown-compressor-option"),
     case("config", ["train", "algorithm.correction=nope"], "algorithm.correction", "unknown-correction"),
-    case("config", ["train", "algorithm.correction_options.normalize_over=bogus"], "normalize_over",
-         "correction-option-value"),
+    case(
+        "config",
+        ["train", "algorithm.correction_options.normalize_over=bogus"],
+        "normalize_over",
+        "correction-option-value",
+    ),
     case("config", ["train", "algorithm.correction_options.is_mode=bogus"], "is_mode", "correction-is-mode"),
     case("config", ["train", "rollout.quant=int9"], "rollout.quant", "unknown-quant"),
     case("config", ["train", "rollout.kv_quant=int4"], "rollout.kv_quant", "unknown-kv-quant"),
     case("config", ["train", "rollout.quant_scale=0"], "rollout.quant_scale", "quant-scale-zero"),
-    case("config", ["train", "train.lr=1e300"], "train.lr=1e+300: must lie within float32's finite range",
-         "lr-beyond-float32"),
+    case(
+        "config",
+        ["train", "train.lr=1e300"],
+        "train.lr=1e+300: must lie within float32's finite range",
+        "lr-beyond-float32",
+    ),
     case("config", ["train", "algorithm.kl_coef=1e39"], "algorithm.kl_coef=1e+39", "kl-coef-beyond-float32"),
-    case("config", ["train", "rollout.compressor_options.lam=1e300"], "rollout.compressor_options",
-         "compressor-option-beyond-float32"),
+    case(
+        "config",
+        ["train", "rollout.compressor_options.lam=1e300"],
+        "rollout.compressor_options",
+        "compressor-option-beyond-float32",
+    ),
     case("config", ["train", "train.lr=3e38"], "AdamW's first step size", "lr-step-overflows-float32"),
     case("config", ["train", "reward.timeout_s=1e10"], "reward.timeout_s", "reward-timeout-beyond-a-day"),
     case("config", ["train", "rollout.quant_smooth=1.5"], "rollout.quant_smooth", "quant-smooth-range"),
@@ -191,12 +302,24 @@ MATRIX = [
     case("config", ["train", "rollout.tail_slack=-4"], "rollout.tail_slack", "tail-slack-config-negative"),
     case("config", ["train", "rollout.quant_outliers=8"], "rollout.quant_outliers", "quant-outliers-no-int8"),
     case("config", ["train", "rollout.quant_head=true"], "rollout.quant_head", "quant-head-no-quant"),
-    case("config", ["train", "rollout.quant=int8_group", "rollout.quant_group=6"], "rollout.quant_group",
-         "quant-group-not-multiple-of-4"),
-    case("config", ["train", "rollout.quant=int8", "rollout.quant_group=32"], "rollout.quant_group",
-         "quant-group-without-int8-group"),
-    case("config", ["train", "rollout.quant=int8_group", "rollout.quant_group=0"], "rollout.quant_group",
-         "quant-group-zero"),
+    case(
+        "config",
+        ["train", "rollout.quant=int8_group", "rollout.quant_group=6"],
+        "rollout.quant_group",
+        "quant-group-not-multiple-of-4",
+    ),
+    case(
+        "config",
+        ["train", "rollout.quant=int8", "rollout.quant_group=32"],
+        "rollout.quant_group",
+        "quant-group-without-int8-group",
+    ),
+    case(
+        "config",
+        ["train", "rollout.quant=int8_group", "rollout.quant_group=0"],
+        "rollout.quant_group",
+        "quant-group-zero",
+    ),
     case("config", ["train", "rollout.mismatch_split=true"], "rollout.mismatch_split", "mismatch-split-no-quant"),
     case("config", ["train", "model.device=tpu"], "model.device", "bad-device"),
     case("config", ["train", "model.dtype=float64"], "model.dtype", "bad-dtype"),
@@ -225,26 +348,50 @@ MATRIX = [
     case("data", [*T, "data.template=no placeholder"], "template", "template-without-placeholder"),
     case("data", [*T, "data.eval=missing_eval.jsonl"], "data.eval='missing_eval.jsonl'", "missing-eval-file"),
     case("data", [*T, "data.eval=nocol.jsonl"], "data.eval='nocol.jsonl'", "eval-columns-unguessable"),
-    case("data", [*T, "data.eval=good.jsonl", "data.eval_prompt_key=q"], "data.eval='good.jsonl'",
-         "eval-prompt-key-missing"),
-    case("data", [*T, "data.eval=good.jsonl", "data.eval_label_key=zz"], "data.eval='good.jsonl'",
-         "eval-label-key-missing"),
+    case(
+        "data",
+        [*T, "data.eval=good.jsonl", "data.eval_prompt_key=q"],
+        "data.eval='good.jsonl'",
+        "eval-prompt-key-missing",
+    ),
+    case(
+        "data",
+        [*T, "data.eval=good.jsonl", "data.eval_label_key=zz"],
+        "data.eval='good.jsonl'",
+        "eval-label-key-missing",
+    ),
     case("config", [*T, "data.eval_prompt_key=''"], "data.eval_prompt_key", "eval-prompt-key-empty"),
     case("config", [*T, "data.prompt_key=''"], "data.prompt_key", "prompt-key-empty"),
     case("config", [*T, "algorithm.mask_truncated=maybe"], "algorithm.mask_truncated", "mask-truncated-not-bool"),
     case("config", [*T, "algorithm.max_gen_batches=0"], "algorithm.max_gen_batches", "max-gen-batches-zero"),
-    case("config", [*T, "algorithm.filter_groups=true", "rollout.async=true", "cluster.rollout_workers=1"],
-         "invalid config", "filter-groups-async"),
+    case(
+        "config",
+        [*T, "algorithm.filter_groups=true", "rollout.async=true", "cluster.rollout_workers=1"],
+        "invalid config",
+        "filter-groups-async",
+    ),
     case("config", [*T, "train.lr_scheduler=cosin"], "did you mean 'cosine'", "lr-scheduler-typo"),
     case("config", [*T, "train.min_lr_ratio=2"], "train.min_lr_ratio=2", "min-lr-ratio-above-one"),
-    case("config", [*T, "algorithm.importance_sampling_level=sequense"], "did you mean 'sequence'",
-         "importance-sampling-level-typo"),
-    case("config", [*T, "reward.overlong_buffer.penalty_factor=1"], "override: reward.overlong_buffer.len is required",
-         "overlong-buffer-without-len"),
+    case(
+        "config",
+        [*T, "algorithm.importance_sampling_level=sequense"],
+        "did you mean 'sequence'",
+        "importance-sampling-level-typo",
+    ),
+    case(
+        "config",
+        [*T, "reward.overlong_buffer.penalty_factor=1"],
+        "override: reward.overlong_buffer.len is required",
+        "overlong-buffer-without-len",
+    ),
     case("config", [*T, "reward.overlong_buffer.len=49"], "reward.overlong_buffer.len=49", "overlong-buffer-too-long"),
     case("config", [*T, "reward.overlong_buffer.len=0"], "reward.overlong_buffer.len", "overlong-buffer-zero"),
-    case("config", [*T, "reward.overlong_buffer.lenght=8"], "did you mean 'reward.overlong_buffer.len'",
-         "overlong-buffer-typo"),
+    case(
+        "config",
+        [*T, "reward.overlong_buffer.lenght=8"],
+        "did you mean 'reward.overlong_buffer.len'",
+        "overlong-buffer-typo",
+    ),
     # --- train: model and reward ---------------------------------------------------------------
     case("model", ["train", *TINY, "model.name=no_such_dir"], "no_such_dir", "missing-folder"),
     case("model", ["train", *TINY, "model.name=x.gguf"], "not a GGUF file", "corrupt-gguf"),
@@ -252,18 +399,30 @@ MATRIX = [
     case("model", ["train", *TINY, "model.name=nomodel"], "no config.json", "folder-without-config"),
     case("model", ["train", *TINY, "model.name=gpt2"], "'gpt2' is not supported", "unsupported-family"),
     case("model", ["train", *TINY, "model.name=badcfg"], "config.json: invalid JSON", "broken-config-json"),
-    case("model", [*T, "rollout.quant=int8", "rollout.quant_outliers=64"], "rollout.quant_outliers=64",
-         "quant-outliers-whole-linear"),
+    case(
+        "model",
+        [*T, "rollout.quant=int8", "rollout.quant_outliers=64"],
+        "rollout.quant_outliers=64",
+        "quant-outliers-whole-linear",
+    ),
     case("model", ["train", *TINY, "model.name=afile"], "afile", "a-file"),
     case("model", ["train", *TINY, "model.device=cuda:99"], "model.device='cuda:99'", "missing-device"),
     case("reward", ["train", *TINY, "reward.fn=no_such_module:fn"], "no_such_module", "missing-module"),
     case("reward", ["train", *TINY, "reward.fn=nope"], "unknown reward name", "unknown-name"),
     case("reward", ["train", *TINY, "reward.fn=os:sep"], "not callable", "not-callable"),
     case("reward", ["train", *TINY, "reward.fn=json:no_such_fn"], "no_such_fn", "missing-attribute"),
-    case("reward", ["train", *TINY, "reward.fn=[test_bad_inputs:zero_reward, no_such_module:fn]"], "no_such_module",
-         "list-part-missing-module"),
-    case("reward", ["train", *TINY, "reward.fn=[math, test_bad_inputs:zero_reward]", "reward.weights=[1]"],
-         "1 weights for the 2 reward", "weights-count"),
+    case(
+        "reward",
+        ["train", *TINY, "reward.fn=[test_bad_inputs:zero_reward, no_such_module:fn]"],
+        "no_such_module",
+        "list-part-missing-module",
+    ),
+    case(
+        "reward",
+        ["train", *TINY, "reward.fn=[math, test_bad_inputs:zero_reward]", "reward.weights=[1]"],
+        "1 weights for the 2 reward",
+        "weights-count",
+    ),
     case("reward", ["train", *TINY, "reward.weights=[1, x]"], "reward.weights", "weights-not-numbers"),
     # --- train: checkpoints, resume, output paths, flags ---------------------------------------
     case("checkpoint", ["train", "--resume", "--run-dir", "no_such_run"], "no_such_run", "resume-missing-folder"),
@@ -271,8 +430,12 @@ MATRIX = [
     case("checkpoint", ["train", "--resume", "log.out_dir=notrun"], "no run folder under", "resume-newest-none"),
     case("checkpoint", [*RESUME, "train.lr=0.01"], "train.lr: 0.001 -> 0.01", "resume-changed-lr"),
     case("checkpoint", [*RESUME, "train.seed=7"], "train.seed: 0 -> 7", "resume-changed-seed"),
-    case("checkpoint", ["train", "sparse_rl_fixed40", "--resume", "--run-dir", "runs/r1"], "reward.fn: 'test_bad_inputs:zero_reward' -> ",
-         "resume-other-config"),
+    case(
+        "checkpoint",
+        ["train", "sparse_rl_fixed40", "--resume", "--run-dir", "runs/r1"],
+        "reward.fn: 'test_bad_inputs:zero_reward' -> ",
+        "resume-other-config",
+    ),
     case("checkpoint", ["train", "--resume", "--run-dir", "ahead", "train.steps=3"], "at step 5", "resume-fewer-steps"),
     case("checkpoint", ["train", "--resume", "--run-dir", "corrupt"], "COMPLETE", "resume-corrupt-checkpoint"),
     case("checkpoint", [*T, "--run-dir", "runs/r1"], "already holds a run", "fresh-into-existing-run"),
@@ -293,8 +456,15 @@ MATRIX = [
     case("numbers", [*R, "--step-length", "0"], "--step-length", "step-length-zero"),
     case("numbers", [*R, "--window", "-1"], "--window", "window-negative"),
     case("numbers", [*R, "--compressor", "rkv", "--tail-slack", "-1"], "--tail-slack", "tail-slack-negative"),
-    case("numbers", [*R, "--compressor", "rkv", "--kv-budget", "4", "--window", "8"], "--window 8", "budget-below-window"),
-    case("numbers", [*R, "--compressor", "rkv", "--kv-budget", "4"], "observation window (8)", "budget-below-default-window"),
+    case(
+        "numbers", [*R, "--compressor", "rkv", "--kv-budget", "4", "--window", "8"], "--window 8", "budget-below-window"
+    ),
+    case(
+        "numbers",
+        [*R, "--compressor", "rkv", "--kv-budget", "4"],
+        "observation window (8)",
+        "budget-below-default-window",
+    ),
     case("numbers", [*R, "--n", "two"], "--n", "n-not-a-number"),
     case("flags", [*R, "--compressor", "nope"], "nope", "unknown-compressor"),
     case("flags", [*R, "--compressor-options", "{bad"], "--compressor-options", "options-bad-json"),
@@ -305,7 +475,9 @@ MATRIX = [
     case("data", [*R[:3], "--prompts", "missing.jsonl", *R[5:]], "missing.jsonl", "prompts-missing"),
     case("data", [*R[:3], "--prompts", "bin.jsonl", *R[5:]], "not UTF-8 text", "prompts-binary"),
     case("data", [*R[:3], "--prompts", "empty.jsonl", *R[5:]], "empty.jsonl", "prompts-empty"),
-    case("data", [*R[:3], "--prompts", "prompts_broken.jsonl", *R[5:]], "prompts_broken.jsonl line 2", "prompts-broken"),
+    case(
+        "data", [*R[:3], "--prompts", "prompts_broken.jsonl", *R[5:]], "prompts_broken.jsonl line 2", "prompts-broken"
+    ),
     case("data", [*R[:3], "--prompts", "prompts_nokey.jsonl", *R[5:]], "missing key 'prompt'", "prompts-no-key"),
     case("data", [*R[:3], "--prompts", "prompts_bad.jsonl", *R[5:]], "'prompt' must be", "prompts-bad-type"),
     case("model", ["rollout", "--model", "no_such_dir", *R[3:]], "no_such_dir", "missing-model"),
@@ -333,7 +505,9 @@ MATRIX = [
     case("output", [*E[:-1], "afile/e.json"], "afile", "out-under-file"),
     case("output", [*E[:-1], "/proc/sparserl-no/e.json"], "cannot write", "out-unwritable"),
     case("flags", [*E, "--compressor", "nope"], "nope", "unknown-compressor"),
-    case("flags", [*E, "--compressor", "rkv", "--compressor-options", "{bad"], "--compressor-options", "options-bad-json"),
+    case(
+        "flags", [*E, "--compressor", "rkv", "--compressor-options", "{bad"], "--compressor-options", "options-bad-json"
+    ),
     case("flags", [*E, "--dtype", "float64"], "--dtype", "bad-dtype"),
     case("data", [*E, "--prompt-key", "q"], "--data good.jsonl", "prompt-key-missing"),
     case("data", [*E, "--label-key", "zz"], "--data good.jsonl", "label-key-missing"),
@@ -348,8 +522,12 @@ MATRIX = [
     case("numbers", [*B, "--kv-budget", "0"], "--kv-budget", "kv-budget-zero"),
     case("data", [*B, "--kv-schedule", "missing_sched.json"], "--kv-schedule", "kv-schedule-missing"),
     case("data", [*B, "--kv-schedule", "sched_broken.json"], "sched_broken.json:2", "kv-schedule-bad-json"),
-    case("data", [*B, "--compressors", "rkv", "--kv-schedule", "sched_calib.json"], "no schedule for compressor 'rkv'",
-         "kv-schedule-other-compressor"),
+    case(
+        "data",
+        [*B, "--compressors", "rkv", "--kv-schedule", "sched_calib.json"],
+        "no schedule for compressor 'rkv'",
+        "kv-schedule-other-compressor",
+    ),
     case("numbers", [*B, "--step-length", "-1"], "--step-length", "step-length-negative"),
     case("numbers", [*B, "--tail-slack", "-2"], "--tail-slack", "bench-tail-slack-negative"),
     case("flags", [*B, "--compressors", "rkv,nope"], "nope", "unknown-compressor"),
@@ -371,13 +549,18 @@ MATRIX = [
     case("output", ["bench", "setup-openvino", "--venv", "afile"], "afile", "setup-venv-is-file"),
     # --- bench learner ---------------------------------------------------------------------------
     case("numbers", ["bench", "learner", "model.name=tiny", "--repeat", "0"], "--repeat", "learner-repeat-zero"),
-    case("config", ["bench", "learner", "model.mixed_precison=bfloat16"], "model.mixed_precison",
-         "learner-unknown-key"),
-    case("config", ["bench", "learner", "model.mixed_precision=fp16"], "model.mixed_precision",
-         "learner-bad-precision"),
-    case("config", ["bench", "learner", "model.name=tiny", "model.dtype=bfloat16"], "model.dtype",
-         "learner-bf16-weights"),
-    case("output", ["bench", "learner", "model.name=tiny", "--json", "afile/l.json"], "afile", "learner-json-under-file"),
+    case(
+        "config", ["bench", "learner", "model.mixed_precison=bfloat16"], "model.mixed_precison", "learner-unknown-key"
+    ),
+    case(
+        "config", ["bench", "learner", "model.mixed_precision=fp16"], "model.mixed_precision", "learner-bad-precision"
+    ),
+    case(
+        "config", ["bench", "learner", "model.name=tiny", "model.dtype=bfloat16"], "model.dtype", "learner-bf16-weights"
+    ),
+    case(
+        "output", ["bench", "learner", "model.name=tiny", "--json", "afile/l.json"], "afile", "learner-json-under-file"
+    ),
     # --- report, demo, compare ------------------------------------------------------------------
     case("output", ["report", "no_such_run"], "no_such_run", "missing-folder"),
     case("output", ["report", "notrun"], "not a run folder", "not-a-run"),
@@ -387,16 +570,28 @@ MATRIX = [
     case("numbers", ["compare", "--seeds", "0", "--out", "cmp"], "seeds", "seeds-zero"),
     case("output", ["compare", "sparse_rl_fixed40", "--out", "afile"], "afile", "out-is-file"),
     case("flags", ["compare", "--arms", "nope", "--out", "cmp"], "nope", "unknown-arm"),
-    case("flags", ["compare", "--arms", "dense,sparse_rl", "--paired-against", "sparse_r", "--out", "cmp"],
-         "did you mean 'sparse_rl'", "paired-against-unknown-arm"),
-    case("flags", ["compare", "--arms", "dense,loose=preset:sparow;rollout.n=4", "--out", "cmp"],
-         "no preset named 'sparow'", "preset-variant-unknown-preset"),
+    case(
+        "flags",
+        ["compare", "--arms", "dense,sparse_rl", "--paired-against", "sparse_r", "--out", "cmp"],
+        "did you mean 'sparse_rl'",
+        "paired-against-unknown-arm",
+    ),
+    case(
+        "flags",
+        ["compare", "--arms", "dense,loose=preset:sparow;rollout.n=4", "--out", "cmp"],
+        "no preset named 'sparow'",
+        "preset-variant-unknown-preset",
+    ),
     # --- config -------------------------------------------------------------------------------
     case("config", ["config", "no_such_preset"], "no_such_preset", "unknown-preset"),
     case("config", ["config", "rollout.kv_bugdet=3"], "rollout.kv_bugdet", "unknown-key"),
     case("config", ["config", "typo.yaml"], "typo.yaml", "typo-in-file"),
-    case("config", ["config", "rollout.kv_controller={}", "rollout.compressor=none"], "invalid config",
-         "cross-field-rule"),
+    case(
+        "config",
+        ["config", "rollout.kv_controller={}", "rollout.compressor=none"],
+        "invalid config",
+        "cross-field-rule",
+    ),
     case("flags", ["config", "--keys", "zz_no_such_key"], "--keys", "keys-match-nothing"),
     case("flags", ["config", "default", "--keys"], "--keys", "keys-with-config"),
     # --- calibrate ------------------------------------------------------------------------------
@@ -410,8 +605,12 @@ MATRIX = [
     case("numbers", [*C, "--alpha-record-mib", "lots"], "--alpha-record-mib", "alpha-record-mib-not-int"),
     case("numbers", [*C, "--max-new-tokens", "8", "--min-new-tokens", "16"], "--min-new-tokens", "min-above-max"),
     case("flags", [*C, "--compressors", "rkvv"], "rkvv", "unknown-compressor"),
-    case("data", ["calibrate", "--model", "tiny", "--data", "missing.jsonl", "--json", "c.json"], "missing.jsonl",
-         "data-missing"),
+    case(
+        "data",
+        ["calibrate", "--model", "tiny", "--data", "missing.jsonl", "--json", "c.json"],
+        "missing.jsonl",
+        "data-missing",
+    ),
     case("output", [*C, "--json", "afile/c.json"], "afile", "json-under-file"),
 ]
 
@@ -451,14 +650,34 @@ def test_bad_input_gives_a_clear_error(argv, culprit, workspace, capsys):
 #: cannot be made, is one error naming the variable and the path, before any model loads
 ENV_MATRIX = [
     pytest.param("SPARSERL_CACHE", "afile", ["train"], "SPARSERL_CACHE='afile': it is a file", id="cache-is-a-file"),
-    pytest.param("SPARSERL_CACHE", "afile/cache", ["rollout", "--model", "smollm2-135m", *R[3:]],
-                 "SPARSERL_CACHE='afile/cache': afile is a file", id="cache-under-a-file"),
-    pytest.param("SPARSERL_CACHE", "/proc/sparserl-no", ["demo"], "SPARSERL_CACHE='/proc/sparserl-no': cannot create",
-                 id="cache-cannot-be-made"),
-    pytest.param("SPARSERL_DATA_DIR", "afile", [*T, "data.train=gsm8k"], "SPARSERL_DATA_DIR='afile': it is a file",
-                 id="data-dir-is-a-file"),
-    pytest.param("SPARSERL_NATIVE_CACHE", "afile", [*B, "--compressors", "none"],
-                 "SPARSERL_NATIVE_CACHE='afile': it is a file", id="native-cache-is-a-file"),
+    pytest.param(
+        "SPARSERL_CACHE",
+        "afile/cache",
+        ["rollout", "--model", "smollm2-135m", *R[3:]],
+        "SPARSERL_CACHE='afile/cache': afile is a file",
+        id="cache-under-a-file",
+    ),
+    pytest.param(
+        "SPARSERL_CACHE",
+        "/proc/sparserl-no",
+        ["demo"],
+        "SPARSERL_CACHE='/proc/sparserl-no': cannot create",
+        id="cache-cannot-be-made",
+    ),
+    pytest.param(
+        "SPARSERL_DATA_DIR",
+        "afile",
+        [*T, "data.train=gsm8k"],
+        "SPARSERL_DATA_DIR='afile': it is a file",
+        id="data-dir-is-a-file",
+    ),
+    pytest.param(
+        "SPARSERL_NATIVE_CACHE",
+        "afile",
+        [*B, "--compressors", "none"],
+        "SPARSERL_NATIVE_CACHE='afile': it is a file",
+        id="native-cache-is-a-file",
+    ),
 ]
 
 
@@ -492,10 +711,21 @@ def test_every_float_field_is_checked_against_float32():
     def has_float(tp) -> bool:
         return tp is float or any(has_float(a) for a in typing.get_args(tp))
 
-    keys = [f"{sec}.{name}" for sec, cls in SECTIONS.items() for name, f in cls.model_fields.items()
-            if has_float(f.annotation)]
-    assert {"train.lr", "train.eps", "train.betas", "algorithm.clip_eps_high", "rollout.temperature",
-            "eval.temperature", "reward.timeout_s"} <= set(keys)
+    keys = [
+        f"{sec}.{name}"
+        for sec, cls in SECTIONS.items()
+        for name, f in cls.model_fields.items()
+        if has_float(f.annotation)
+    ]
+    assert {
+        "train.lr",
+        "train.eps",
+        "train.betas",
+        "algorithm.clip_eps_high",
+        "rollout.temperature",
+        "eval.temperature",
+        "reward.timeout_s",
+    } <= set(keys)
     lists = {"train.betas": "[0.9, {}]", "reward.weights": "[{}]"}  # list fields: the value inside a list
     for key in keys:
         form = lists.get(key, "{}")
@@ -504,9 +734,14 @@ def test_every_float_field_is_checked_against_float32():
         assert f"override: {key}" in str(e.value) and "1e+39" in str(e.value), str(e.value)
         if "must be <" not in str(e.value):  # a field without a smaller upper bound of its own
             assert "float32's finite range" in str(e.value), str(e.value)
-            assert load_config("sparse_rl_fixed40", [f"{key}={form.format(repr(FLOAT32_MAX))}"])  # the largest float32 is fine
-    for over in ("rollout.compressor_options.lam=-1e39", "algorithm.correction_options.is_cap=.inf",
-                 "algorithm.correction=[[tis, {is_cap: 1e300}]]"):
+            assert load_config(
+                "sparse_rl_fixed40", [f"{key}={form.format(repr(FLOAT32_MAX))}"]
+            )  # the largest float32 is fine
+    for over in (
+        "rollout.compressor_options.lam=-1e39",
+        "algorithm.correction_options.is_cap=.inf",
+        "algorithm.correction=[[tis, {is_cap: 1e300}]]",
+    ):
         with pytest.raises(ConfigError, match="float32's finite range"):
             load_config("sparse_rl_fixed40", [over])
 
@@ -521,6 +756,7 @@ def test_matrix_covers_every_command_and_class():
 
 
 # ------------------------------------------------------------------------------------- the boundary
+
 
 def test_a_native_arch_that_does_not_build_is_a_clear_error(workspace, capsys, monkeypatch):
     """$SPARSERL_NATIVE_ARCH asks for one build of the kernels: when it does not build, the command
@@ -584,9 +820,21 @@ def test_every_user_error_shares_one_base():
     from sparserl.train.checkpoint import CheckpointError, CheckpointWriteError
     from sparserl.train.run_folder import ResumeError
 
-    for cls in (CompareError, ConfigError, DataError, DataFileNotFoundError, OptionError, ModelLoadError,
-                UnknownNameError, RewardSpecError, CompressorOptionError, CheckpointError, CheckpointWriteError,
-                ResumeError, EnvPathError):
+    for cls in (
+        CompareError,
+        ConfigError,
+        DataError,
+        DataFileNotFoundError,
+        OptionError,
+        ModelLoadError,
+        UnknownNameError,
+        RewardSpecError,
+        CompressorOptionError,
+        CheckpointError,
+        CheckpointWriteError,
+        ResumeError,
+        EnvPathError,
+    ):
         assert issubclass(cls, SparserlError), cls
     assert issubclass(DataFileNotFoundError, FileNotFoundError) and issubclass(DataError, ValueError)
 
@@ -594,15 +842,18 @@ def test_every_user_error_shares_one_base():
 def test_no_unpickling_in_src():
     """Checkpoints and data are read as safetensors / JSON / YAML only: no pickle module, no
     torch.load without weights_only=True anywhere in src/."""
-    pickle_use = re.compile(r"^\s*(import\s+(c?pickle|dill|joblib)\b|from\s+(c?pickle|dill|joblib)\s+import)"
-                            r"|\b(c?pickle|dill|joblib)\.(loads?|Unpickler)\b", re.M)
+    pickle_use = re.compile(
+        r"^\s*(import\s+(c?pickle|dill|joblib)\b|from\s+(c?pickle|dill|joblib)\s+import)"
+        r"|\b(c?pickle|dill|joblib)\.(loads?|Unpickler)\b",
+        re.M,
+    )
     offenders = []
     for path in SRC.rglob("*.py"):
         text = path.read_text(encoding="utf-8")
         if pickle_use.search(text):
             offenders.append(f"{path}: pickle")
         for m in re.finditer(r"torch\.load\(", text):
-            call = text[m.start():text.find(")", m.start()) + 1]
+            call = text[m.start() : text.find(")", m.start()) + 1]
             if "weights_only=True" not in call:
                 offenders.append(f"{path}: {call}")
         if re.search(r"yaml\.load\((?![^)]*Loader=_Loader)", text) or "yaml.unsafe_load" in text:
@@ -612,8 +863,17 @@ def test_no_unpickling_in_src():
 
 # ------------------------------------------------------------------------------------ strict resume
 
+
 def _train(tmp_path, capsys, *extra, run="run"):
-    argv = ["train", "sparse_rl_fixed40", *TINY, f"log.out_dir={tmp_path / 'runs'}", "--run-dir", str(tmp_path / run), *extra]
+    argv = [
+        "train",
+        "sparse_rl_fixed40",
+        *TINY,
+        f"log.out_dir={tmp_path / 'runs'}",
+        "--run-dir",
+        str(tmp_path / run),
+        *extra,
+    ]
     return run_cli(argv, capsys)
 
 
@@ -676,15 +936,18 @@ def test_resume_falls_back_over_a_corrupt_checkpoint(tmp_path, capsys, one_step_
     assert "resumed from" in text and "step-000001" in text
 
 
-@pytest.mark.parametrize("argv,culprit", [
-    (["--quant", "int4"], "int4"),
-    (["--quant", "int8", "--quant-group", "64"], "--quant-group"),
-    (["--quant", "int8_group", "--quant-group", "6"], "multiple of 4"),
-    (["--quant", "int8", "--quant-smooth", "1.5"], "--quant-smooth"),
-    (["--quant", "int8", "--quant-outliers", "-1"], "--quant-outliers"),
-    (["--kv-quant", "int3"], "int3"),
-    (["--compressor", "rkvv"], "rkvv"),
-])
+@pytest.mark.parametrize(
+    "argv,culprit",
+    [
+        (["--quant", "int4"], "int4"),
+        (["--quant", "int8", "--quant-group", "64"], "--quant-group"),
+        (["--quant", "int8_group", "--quant-group", "6"], "multiple of 4"),
+        (["--quant", "int8", "--quant-smooth", "1.5"], "--quant-smooth"),
+        (["--quant", "int8", "--quant-outliers", "-1"], "--quant-outliers"),
+        (["--kv-quant", "int3"], "int3"),
+        (["--compressor", "rkvv"], "rkvv"),
+    ],
+)
 def test_profiler_options_fail_before_the_model_loads(argv, culprit, monkeypatch, capsys):
     """``python -m sparserl.rollout.profile``: a bad option is one line on stderr and exit 2; the
     model is never loaded."""

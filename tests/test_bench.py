@@ -1,6 +1,7 @@
 """``sparserl bench rollout``: the roofline bound, repeated runs and their medians, batch limits, and
 the OpenVINO peer (a clear error naming ``sparserl bench setup-openvino`` when it is not set up; run
 on the tiny model when it is)."""
+
 from __future__ import annotations
 
 import json
@@ -15,13 +16,26 @@ from sparserl import cli
 from sparserl.bench import machine, rollout
 from sparserl.bench.measure import Row, Run, best_seconds, median_round_ratio, round_order, run_rounds, time_rounds
 from sparserl.bench.openvino_peer import KV_BLOCK, PeerUnavailable, eviction_sizes, import_openvino_genai
-from sparserl.rollout import native
 from sparserl.bench.openvino_setup import OpenVINOSetupError, check_ready
 from sparserl.bench.roofline import decode_step_flops, mean_kv_tokens, roofline
 from sparserl.errors import OptionError, SparserlError
+from sparserl.rollout import native
 
-TINY_BENCH = ["bench", "rollout", "--model", "tiny", "--no-hf", "--max-new-tokens", "3", "--batch", "2",
-              "--kv-budget", "8", "--step-length", "2"]
+TINY_BENCH = [
+    "bench",
+    "rollout",
+    "--model",
+    "tiny",
+    "--no-hf",
+    "--max-new-tokens",
+    "3",
+    "--batch",
+    "2",
+    "--kv-budget",
+    "8",
+    "--step-length",
+    "2",
+]
 
 
 @pytest.fixture
@@ -53,7 +67,10 @@ def test_roofline_rejects_zero_ceilings():
 
 def test_decode_step_flops_and_mean_kv_tokens():
     # 2 per weight element per row + 4 · layers · heads · head_dim per kept token per row
-    assert decode_step_flops(2, 1000, n_layers=3, n_heads=4, head_dim=8, kv_tokens_avg=10) == 2 * 2 * 1000 + 4 * 2 * 3 * 4 * 8 * 10
+    assert (
+        decode_step_flops(2, 1000, n_layers=3, n_heads=4, head_dim=8, kv_tokens_avg=10)
+        == 2 * 2 * 1000 + 4 * 2 * 3 * 4 * 8 * 10
+    )
     assert mean_kv_tokens(10, 4) == pytest.approx((10 + 11 + 12 + 13) / 4)  # dense: grows a token a step
     assert mean_kv_tokens(10, 4, cap=11.5) == pytest.approx((10 + 11 + 11.5 + 11.5) / 4)
 
@@ -85,7 +102,9 @@ def test_gemm_flops_of_a_bf16_sampler_time_its_panels_kernel(tiny, monkeypatch):
     sm = RolloutEngine(tiny, build_compressor("none"), dtype="bfloat16").model
     weights = machine.decode_linear_weights(sm)
     calls, real = [], native.linear_bf16
-    monkeypatch.setattr(native, "linear_bf16", lambda x, p, *a, **k: calls.append((x.dtype, p.data_ptr())) or real(x, p, *a, **k))
+    monkeypatch.setattr(
+        native, "linear_bf16", lambda x, p, *a, **k: calls.append((x.dtype, p.data_ptr())) or real(x, p, *a, **k)
+    )
     sm.linear = lambda *a, **k: pytest.fail("torch's product timed instead of the panels")
     assert machine.gemm_flops_per_s(sm, rows=2, repeats=1) > 0
     assert calls == [(torch.float32, getattr(w, NATIVE_BF16).data_ptr()) for w in weights] * 2
@@ -114,6 +133,7 @@ def test_run_rounds_interleaves_rows_and_reports_the_median():
         def run():
             order.append(name)
             return Run(seconds=next(it), tokens=100, kv_bytes_peak=1, kv_bytes_theory=1)
+
         return run
 
     a = Row({"engine": "a"}, runner("a", [1.0, 4.0, 2.0]), 0.0)
@@ -144,6 +164,7 @@ def test_time_rounds_rotates_the_order_and_warms_up_untimed():
             calls.append(name)
             clock.now += 1.0
             return name
+
         return fn
 
     r = time_rounds({"a": arm("a"), "b": arm("b"), "c": arm("c")}, rounds=3, warmup=1, clock=clock)
@@ -165,10 +186,15 @@ def test_time_rounds_ratios_are_the_median_of_per_round_ratios():
         def fn():
             clock.now += next(durations[name])
             return {"tokens": 100}
+
         return fn
 
-    r = time_rounds({"dense": arm("dense"), "sparse": arm("sparse")}, rounds=3, clock=clock,
-                    on_run=lambda i, name, s, res: seen.append((i, name)))
+    r = time_rounds(
+        {"dense": arm("dense"), "sparse": arm("sparse")},
+        rounds=3,
+        clock=clock,
+        on_run=lambda i, name, s, res: seen.append((i, name)),
+    )
     assert r.ratios("dense", "sparse") == pytest.approx([1.5, 1.5, 1.5])
     assert r.median_ratio("dense", "sparse") == pytest.approx(1.5)
     assert r.median("dense") == 2.0
@@ -204,8 +230,17 @@ def test_median_round_ratio_is_not_a_ratio_of_medians():
 
 def test_bench_repeat_reports_median_and_ratios_of_rounds(tiny, fast_machine, monkeypatch, capsys):
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
-    report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=3, kv_budget=8, step_length=2,
-                               compressors=["streaming"], dtype="float32", hf_baseline=True, repeat=3)
+    report = rollout.run_bench(
+        model="tiny",
+        batch=2,
+        max_new_tokens=3,
+        kv_budget=8,
+        step_length=2,
+        compressors=["streaming"],
+        dtype="float32",
+        hf_baseline=True,
+        repeat=3,
+    )
     m = report["machine"]
     assert m["repeat"] == 3 and m["gemm_flops_per_s"] > 0 and m["gemm_rows"] == 2
     assert m["memory_bandwidth_bytes_per_s"] == 20e9
@@ -230,8 +265,17 @@ def test_bench_compile_adds_compiled_rows_beside_eager(tiny, fast_machine, monke
     """``--compile``: every sparserl row once eager and once compiled, in the same process; the
     ratios stay against the eager dense row; compiled generation gives the same tokens."""
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
-    report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=3, kv_budget=8, step_length=2,
-                               compressors=["rkv"], dtype="float32", hf_baseline=False, compile=True)
+    report = rollout.run_bench(
+        model="tiny",
+        batch=2,
+        max_new_tokens=3,
+        kv_budget=8,
+        step_length=2,
+        compressors=["rkv"],
+        dtype="float32",
+        hf_baseline=False,
+        compile=True,
+    )
     rows = {(r["compressor"], r["compiled"]): r for r in report["results"]}
     assert set(rows) == {("none", False), ("rkv", False), ("none", True), ("rkv", True)}
     eager_dense = rows["none", False]["tokens_per_s"]
@@ -253,7 +297,9 @@ def test_bench_compress_prompt_bounds_the_buffer_to_budget_plus_period(tiny, fas
         assert rows["rkv"]["compress_prompt"] is bool(flag) and rows["none"]["compress_prompt"] is False
         peaks[bool(flag)] = rows["rkv"]["kv_bytes_peak"]
     # the bench's own dtype (``auto``: bfloat16 on a CPU with bf16 units, float32 elsewhere)
-    engine = rollout.RolloutEngine(tiny, rollout.build_compressor("none"), dtype=getattr(torch, report["machine"]["dtype"]))
+    engine = rollout.RolloutEngine(
+        tiny, rollout.build_compressor("none"), dtype=getattr(torch, report["machine"]["dtype"])
+    )
     per_slot = engine.model.kv_bytes_per_token() * 2  # batch 2
     assert peaks[True] == (8 + 2) * per_slot  # budget + step length
     assert peaks[False] == (len(engine.encode(rollout.BENCH_PROMPT)) + 8 + 2) * per_slot
@@ -296,8 +342,9 @@ def test_bench_kv_schedule_adds_a_row_per_compressor_it_fits(tiny, fast_machine,
 
 
 # --- options ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("option,value", [("--batch", "0"), ("--batch", "-3"), ("--repeat", "0"),
-                                          ("--repeat", "-1"), ("--peers", "vllm")])
+@pytest.mark.parametrize(
+    "option,value", [("--batch", "0"), ("--batch", "-3"), ("--repeat", "0"), ("--repeat", "-1"), ("--peers", "vllm")]
+)
 def test_bench_rejects_bad_numbers_and_peers(option, value):
     args = cli.build_parser().parse_args([*TINY_BENCH, option, value])
     with pytest.raises(OptionError, match=option):
@@ -318,8 +365,17 @@ def test_bench_runs_on_the_device_asked_and_skips_cpu_peers_elsewhere(tiny, fast
     its reason when the rows run elsewhere (a stand-in device here: no GPU on this machine)."""
     seen = []
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: seen.append(k["device"]) or tiny)
-    kw = dict(model="tiny", batch=2, max_new_tokens=3, kv_budget=8, step_length=2, compressors=[],
-              dtype="float32", hf_baseline=False, log=lambda *a: None)
+    kw = dict(
+        model="tiny",
+        batch=2,
+        max_new_tokens=3,
+        kv_budget=8,
+        step_length=2,
+        compressors=[],
+        dtype="float32",
+        hf_baseline=False,
+        log=lambda *a: None,
+    )
     report = rollout.run_bench(device="cpu", **kw)
     assert seen == [torch.device("cpu")] and report["machine"]["device"] == "cpu"
     assert report["machine"]["gpu"] is None
@@ -332,8 +388,7 @@ def test_bench_runs_on_the_device_asked_and_skips_cpu_peers_elsewhere(tiny, fast
 def test_bench_batch_64_runs(tiny, fast_machine, monkeypatch, tmp_path):
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
     out = tmp_path / "b.json"
-    rc = cli.main([*TINY_BENCH, "--max-new-tokens", "2", "--batch", "64", "--compressors", "none",
-                   "--json", str(out)])
+    rc = cli.main([*TINY_BENCH, "--max-new-tokens", "2", "--batch", "64", "--compressors", "none", "--json", str(out)])
     assert rc == 0
     (row,) = json.loads(out.read_text())["results"]
     assert row["batch"] == 64 and row["tokens_per_s_runs"] and len(row["tokens_per_s_runs"]) == 1
@@ -434,13 +489,27 @@ def _openvino_ready() -> bool:
 def test_openvino_rows_on_tiny(tiny, fast_machine, monkeypatch):
     """The export runs (in the set-up's environment) and the peer's rows come back."""
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
-    report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=4, kv_budget=128, step_length=32,
-                               compressors=[], dtype="float32", hf_baseline=False, peers=["openvino"],
-                               quants=["none", "int8"])
+    report = rollout.run_bench(
+        model="tiny",
+        batch=2,
+        max_new_tokens=4,
+        kv_budget=128,
+        step_length=32,
+        compressors=[],
+        dtype="float32",
+        hf_baseline=False,
+        peers=["openvino"],
+        quants=["none", "int8"],
+    )
     assert "peers_skipped" not in report, report.get("peers_skipped")
     rows = {(r["engine"], r["compressor"], r["quant"]): r for r in report["results"]}
-    assert set(rows) == {("sparserl", "none", "none"), ("sparserl", "none", "int8"), ("openvino", "none", "none"),
-                         ("openvino", "eviction", "none"), ("openvino", "none", "int8")}
+    assert set(rows) == {
+        ("sparserl", "none", "none"),
+        ("sparserl", "none", "int8"),
+        ("openvino", "none", "none"),
+        ("openvino", "eviction", "none"),
+        ("openvino", "none", "int8"),
+    }
     assert rows["openvino", "none", "int8"]["openvino"]["ir"].endswith("-int8")
     rows = {(e, c): r for (e, c, q), r in rows.items() if q == "none"}
     for key in (("openvino", "none"), ("openvino", "eviction")):
@@ -453,9 +522,19 @@ def test_openvino_rows_on_tiny(tiny, fast_machine, monkeypatch):
 # --- quantized sampler rows ---------------------------------------------------------------------
 def test_bench_quant_rows_fields_and_mismatch(tiny, fast_machine, monkeypatch):
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
-    report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=4, kv_budget=8, step_length=2,
-                               compressors=[], dtype="float32", hf_baseline=False, quants=["none", "int8"],
-                               kv_quants=["none"], log=lambda *a: None)
+    report = rollout.run_bench(
+        model="tiny",
+        batch=2,
+        max_new_tokens=4,
+        kv_budget=8,
+        step_length=2,
+        compressors=[],
+        dtype="float32",
+        hf_baseline=False,
+        quants=["none", "int8"],
+        kv_quants=["none"],
+        log=lambda *a: None,
+    )
     rows = {(r["quant"], r["kv_quant"]): r for r in report["results"]}
     assert set(rows) == {("none", "none"), ("int8", "none")}
     dense, q = rows["none", "none"], rows["int8", "none"]
@@ -475,11 +554,25 @@ def test_bench_quant_rows_roofline_uses_their_own_ceilings(tiny, fast_machine, m
     seen = []
     real = rollout.roofline
     monkeypatch.setattr(rollout, "roofline", lambda *a: seen.append(a) or real(*a))
-    report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=3, kv_budget=8, step_length=2,
-                               compressors=[], dtype="float32", hf_baseline=False, quants=["none", "int8"],
-                               kv_quants=["none", "int8"], log=lambda *a: None)
-    assert report["machine"]["gemm_flops_per_s_by_quant"] == {"none/none": 50e9, "int8/none": 120e9,
-                                                              "none/int8": 50e9, "int8/int8": 120e9}
+    report = rollout.run_bench(
+        model="tiny",
+        batch=2,
+        max_new_tokens=3,
+        kv_budget=8,
+        step_length=2,
+        compressors=[],
+        dtype="float32",
+        hf_baseline=False,
+        quants=["none", "int8"],
+        kv_quants=["none", "int8"],
+        log=lambda *a: None,
+    )
+    assert report["machine"]["gemm_flops_per_s_by_quant"] == {
+        "none/none": 50e9,
+        "int8/none": 120e9,
+        "none/int8": 50e9,
+        "int8/int8": 120e9,
+    }
     rows = {(r["quant"], r["kv_quant"]): r for r in report["results"]}
     by_rate = {}
     for batch, bytes_read, flops, bw, rate in seen:
@@ -494,9 +587,19 @@ def test_bench_quant_rows_roofline_uses_their_own_ceilings(tiny, fast_machine, m
 def test_bench_int8_group_rows_carry_their_group(tiny, fast_machine, monkeypatch):
     """--quant-group reaches the int8_group rows' sampler (the row reports what its quantizer used)."""
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
-    report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=3, kv_budget=8, step_length=2,
-                               compressors=[], dtype="float32", hf_baseline=False, quants=["int8", "int8_group"],
-                               quant_group=32, log=lambda *a: None)
+    report = rollout.run_bench(
+        model="tiny",
+        batch=2,
+        max_new_tokens=3,
+        kv_budget=8,
+        step_length=2,
+        compressors=[],
+        dtype="float32",
+        hf_baseline=False,
+        quants=["int8", "int8_group"],
+        quant_group=32,
+        log=lambda *a: None,
+    )
     groups = {r["quant"]: r["quant_group"] for r in report["results"]}
     assert groups == {"none": None, "int8": None, "int8_group": 32}
 
@@ -530,13 +633,29 @@ def test_bench_kernels_rows(tiny, fast_machine, monkeypatch):
     from sparserl.rollout import native
 
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
-    report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=4, kv_budget=8, step_length=2,
-                               compressors=["rkv"], dtype="float32", hf_baseline=False,
-                               kernels=["native", "torch"], kv_quants=["none", "fp8"], log=lambda *a: None)
+    report = rollout.run_bench(
+        model="tiny",
+        batch=2,
+        max_new_tokens=4,
+        kv_budget=8,
+        step_length=2,
+        compressors=["rkv"],
+        dtype="float32",
+        hf_baseline=False,
+        kernels=["native", "torch"],
+        kv_quants=["none", "fp8"],
+        log=lambda *a: None,
+    )
     rows = {(r["compressor"], r["kv_quant"], r["kernels"]): r for r in report["results"]}
     first = native.kernels("cpu", torch.float32)  # "native" wherever the kernel builds
-    assert set(rows) == {("none", "none", first), ("rkv", "none", first), ("none", "none", "torch"),
-                         ("rkv", "none", "torch"), ("none", "fp8", first), ("rkv", "fp8", first)}
+    assert set(rows) == {
+        ("none", "none", first),
+        ("rkv", "none", first),
+        ("none", "none", "torch"),
+        ("rkv", "none", "torch"),
+        ("none", "fp8", first),
+        ("rkv", "fp8", first),
+    }
     assert rows["none", "none", first]["ratio_vs_sparserl_dense"] == 1.0  # the first kernel's dense row
     # the fused step runs with the native kernels only (and with a quantized KV cache too)
     assert {k: r["fused"] for k, r in rows.items()} == {k: k[2] == "native" for k in rows}
@@ -561,12 +680,23 @@ def test_bench_quantized_rows_run_the_first_kernels(tiny, fast_machine, monkeypa
 
     monkeypatch.setattr(rollout, "_sparserl_run", record)
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny)
-    report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=3, kv_budget=8, step_length=2, compressors=[],
-                               dtype="float32", hf_baseline=False, quants=["none", "int8"], kernels=["torch"],
-                               log=lambda *a: None)
+    report = rollout.run_bench(
+        model="tiny",
+        batch=2,
+        max_new_tokens=3,
+        kv_budget=8,
+        step_length=2,
+        compressors=[],
+        dtype="float32",
+        hf_baseline=False,
+        quants=["none", "int8"],
+        kernels=["torch"],
+        log=lambda *a: None,
+    )
     assert sorted(ran) == [("int8", "torch"), ("none", "torch")]
     assert {r["kernels"] for r in report["results"]} == {"torch"}
     from sparserl.rollout.quant.int8 import fbgemm_available
+
     assert all(ready) or not fbgemm_available("cpu")
 
 

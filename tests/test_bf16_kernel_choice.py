@@ -3,6 +3,7 @@ the one measured faster on its decode step, not the one the library would guess:
 measurement (median of per-round ratios, cached per machine), the engine packing its weights for the
 chosen kernel, an explicit kernel, and a CPU with one kernel measuring nothing. The second kernel is the
 ``-DSPARSERL_AMX_EMULATE`` build's AMX path (tests/test_native_bf16.py) where this CPU has no AMX."""
+
 from __future__ import annotations
 
 import json
@@ -39,6 +40,7 @@ def timer_of(seconds: dict, calls: list):
     def timer(kernel):
         calls.append(kernel)
         return seconds[kernel]
+
     return timer
 
 
@@ -107,7 +109,9 @@ def test_the_engine_packs_for_the_measured_kernel_not_the_librarys_default(cache
     assert engine.bf16_kernel_choice.kernel == winner and engine.bf16_kernel_choice.cached
     panels = getattr(engine.model.layers[0].qkv, NATIVE_BF16)
     assert engine.model.bf16_kernel == winner == native.bf16_kernel_of(panels)
-    assert (panels.panel_width, panels.k_pad) == ((16, 32) if winner == "amx" else (emulated.sparserl_bf16_panel_width(), 2))
+    assert (panels.panel_width, panels.k_pad) == (
+        (16, 32) if winner == "amx" else (emulated.sparserl_bf16_panel_width(), 2)
+    )
     out = engine.generate(["a b c"], SamplingParams(n=2, max_new_tokens=6, seed=0, ignore_eos=True))
     assert all(len(r) == 6 for r in out.response_ids)
     engine.update_weights(tiny.model)  # a push packs for the same kernel

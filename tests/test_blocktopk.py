@@ -4,6 +4,7 @@ the C kernel and on the torch path, neither reading any other row; dense when k 
 page sums kept up to date; layers 0 and 1 dense; the replay's log-probs; a schedule's k by length;
 honest KV statistics; bad inputs. The shared matrix (tests/test_kv_compressors.py and the others that
 parametrize over every compressor) runs it too."""
+
 from __future__ import annotations
 
 import math
@@ -12,12 +13,12 @@ import pytest
 import torch
 
 from sparserl.config import ConfigError, load_config, validate
+from sparserl.mismatch.replay import replay
 from sparserl.rollout import native
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import CompressorOptionError, build_compressor, compressor_from_fields, get_compressor
 from sparserl.rollout.kv.blocktopk import PAGE_TOKENS, choose_pages, page_scores
 from sparserl.rollout.page_attention import gathered_attention
-from sparserl.mismatch.replay import replay
 from sparserl.rollout.sampling import SamplingParams
 
 PROMPTS = [[{"role": "user", "content": "Count from one to twenty, slowly please."}], "a b c"]
@@ -51,8 +52,14 @@ def attention_over(q, K, V, pages, start, lens):
     out = torch.zeros(B, hq, D, dtype=torch.float64)
     for b in range(B):
         for h in range(hkv):
-            slots = [s for j in pages[b, h].tolist() if j >= 0
-                     for s in range(int(start[b]) + j * PAGE_TOKENS, min(int(start[b]) + (j + 1) * PAGE_TOKENS, int(lens[b])))]
+            slots = [
+                s
+                for j in pages[b, h].tolist()
+                if j >= 0
+                for s in range(
+                    int(start[b]) + j * PAGE_TOKENS, min(int(start[b]) + (j + 1) * PAGE_TOKENS, int(lens[b]))
+                )
+            ]
             Ks, Vs = K[b, h, slots].double(), V[b, h, slots].double()
             for i in range(h * g, (h + 1) * g):
                 out[b, i] = torch.softmax(q[b, i, 0].double() @ Ks.T / math.sqrt(D), -1) @ Vs
@@ -69,8 +76,9 @@ def torch_path(q, K, V, sums, start, lens, k_pages):
 
 def native_path(q, K, V, sums, start, lens, k_pages, width=None, lib=None):
     chosen = torch.empty(K.shape[0], K.shape[1], width or int(k_pages.max()), dtype=torch.int32)
-    out = native.blocktopk_attention(q, K, V, sums, start, lens, k_pages.to(torch.int32), PAGE_TOKENS, 1, 2,
-                                     update=False, chosen=chosen, lib=lib)
+    out = native.blocktopk_attention(
+        q, K, V, sums, start, lens, k_pages.to(torch.int32), PAGE_TOKENS, 1, 2, update=False, chosen=chosen, lib=lib
+    )
     assert out is not None
     return out, chosen
 
@@ -134,7 +142,7 @@ def test_attention_is_dense_attention_over_exactly_the_chosen_pages(k):
     n_pages = ((lens - start + 15) // 16).tolist()
     for b in range(3):
         read = pages[b, :, : min(n_pages[b], k[b])]
-        assert (read >= 0).all() and (pages[b, :, min(n_pages[b], k[b]):] == -1).all()
+        assert (read >= 0).all() and (pages[b, :, min(n_pages[b], k[b]) :] == -1).all()
         assert (read[:, 0] == 0).all() and (read[:, -2:] == torch.tensor([n_pages[b] - 2, n_pages[b] - 1])).all()
     if k == [4, 5, 3]:
         assert not torch.equal(pages[0, 0], pages[0, 1])  # each KV head its own pages
@@ -146,7 +154,7 @@ def test_attention_is_dense_attention_over_exactly_the_chosen_pages(k):
 
         bias = torch.zeros(3, 100)
         for b in range(3):
-            bias[b, : int(start[b])] = bias[b, int(lens[b]):] = float("-inf")
+            bias[b, : int(start[b])] = bias[b, int(lens[b]) :] = float("-inf")
         dense = attention(q, K, V, bias[:, None, None, :])[0]
         torch.testing.assert_close(out_n, dense, atol=1e-6, rtol=1e-5)
 
@@ -200,8 +208,11 @@ def test_k_covering_every_page_is_the_dense_engine(tiny4):
     """Reading as many pages as the longest sequence has: the dense step, to the bit."""
     p = SamplingParams(n=2, max_new_tokens=40, seed=3, ignore_eos=True)
     dense = RolloutEngine(tiny4, get_compressor("none")).generate(PROMPTS, p)
-    for comp in (get_compressor("blocktopk", budget=80), get_compressor("blocktopk", pages=5),
-                 get_compressor("blocktopk", budget=48, dense_layers=4)):  # 39 + 40 tokens: 5 pages
+    for comp in (
+        get_compressor("blocktopk", budget=80),
+        get_compressor("blocktopk", pages=5),
+        get_compressor("blocktopk", budget=48, dense_layers=4),
+    ):  # 39 + 40 tokens: 5 pages
         assert same(RolloutEngine(tiny4, comp).generate(PROMPTS, p), dense)
     sparse = RolloutEngine(tiny4, get_compressor("blocktopk", budget=48)).generate(PROMPTS, p)
     assert sparse.sampler_logprobs != dense.sampler_logprobs
@@ -221,14 +232,22 @@ def test_layers_0_and_1_dense_and_steps_equal_attention_over_the_read_slots(tiny
     def hook(event, t, cache, **kw):
         if event == "before_decode" and t == 30:
             L = cache.max_len
-            snap.update(tokens=kw["tokens"].clone(), positions=kw["positions"].clone(), start=cache.start.clone(),
-                        lens=cache.lens.clone(), k=[x[:, :, :L].clone() for x in cache.k],
-                        v=[x[:, :, :L].clone() for x in cache.v])
+            snap.update(
+                tokens=kw["tokens"].clone(),
+                positions=kw["positions"].clone(),
+                start=cache.start.clone(),
+                lens=cache.lens.clone(),
+                k=[x[:, :, :L].clone() for x in cache.k],
+                v=[x[:, :, :L].clone() for x in cache.v],
+            )
         elif event == "after_decode":
             sel = cache.selector
             if t == 30:
-                snap.update(logits=kw["logits"].clone(), read=[cache.attended(li) for li in range(4)],
-                            sparse=[sel.sparse(li) for li in range(4)])
+                snap.update(
+                    logits=kw["logits"].clone(),
+                    read=[cache.attended(li) for li in range(4)],
+                    sparse=[sel.sparse(li) for li in range(4)],
+                )
             if sel.sums is not None:
                 for i in range(sel.n_sparse):
                     ref = reference_sums(cache.k[sel.first_sparse + i], cache.start, cache.lens, sel.max_pages)
@@ -295,9 +314,13 @@ def test_replay_reproduces_the_sampler(tiny4):
     step and layer, the same log-probs."""
     eng = RolloutEngine(tiny4, get_compressor("blocktopk", budget=64))
     chosen = []
-    eng.step_hook = lambda event, cache=None, **kw: chosen.append(
-        None if cache.selector.chosen is None or not cache.selector.reading else cache.selector.chosen.clone()
-    ) if event == "after_decode" else None
+    eng.step_hook = lambda event, cache=None, **kw: (
+        chosen.append(
+            None if cache.selector.chosen is None or not cache.selector.reading else cache.selector.chosen.clone()
+        )
+        if event == "after_decode"
+        else None
+    )
     p = SamplingParams(n=2, max_new_tokens=48, seed=7, temperature=1.0)
     out = eng.generate(PROMPTS, p)
     first, chosen[:] = list(chosen), []
@@ -311,9 +334,16 @@ def test_replay_reproduces_the_sampler(tiny4):
 
 def test_schedule_changes_k_with_length(tiny):
     """A schedule's budget at each row's own length: 3 pages under 64 tokens, 4 from 64, 5 from 80."""
-    comp = compressor_from_fields(load_config("sparse_rl_fixed40", [
-        "rollout.compressor=blocktopk", "rollout.kv_schedule=[[0, 48], [64, 64], [80, 80]]",
-        "rollout.compressor_options={dense_layers: 1}"]).rollout)
+    comp = compressor_from_fields(
+        load_config(
+            "sparse_rl_fixed40",
+            [
+                "rollout.compressor=blocktopk",
+                "rollout.kv_schedule=[[0, 48], [64, 64], [80, 80]]",
+                "rollout.compressor_options={dense_layers: 1}",
+            ],
+        ).rollout
+    )
     assert comp.schedule is not None and comp.budget == 80
     eng = RolloutEngine(tiny, comp)
     seen = []
@@ -340,8 +370,9 @@ def test_kv_statistics_are_dense(tiny):
     p = SamplingParams(n=2, max_new_tokens=40, seed=1, ignore_eos=True)
     eng = RolloutEngine(tiny, get_compressor("blocktopk", budget=48, dense_layers=1))
     nbytes = []
-    eng.step_hook = lambda event, cache=None, **kw: nbytes.append(
-        (cache.selector.nbytes(), cache.keys[1].numel() * 4)) if event == "after_decode" else None
+    eng.step_hook = lambda event, cache=None, **kw: (
+        nbytes.append((cache.selector.nbytes(), cache.keys[1].numel() * 4)) if event == "after_decode" else None
+    )
     out = eng.generate(PROMPTS, p)
     dense = RolloutEngine(tiny, get_compressor("none")).generate(PROMPTS, p)
     assert out.kv == dense.kv and out.kv.compressions == 0 and out.kv.bytes_peak == out.kv.bytes_dense_alloc
@@ -351,18 +382,29 @@ def test_kv_statistics_are_dense(tiny):
 
 
 # ---- bad inputs -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("overrides, message", [
-    (["rollout.kv_budget=40"], r"rollout\.kv_budget=40 is not a multiple of 16: block top-k reads whole pages of 16 "
-                               r"tokens; use 48"),
-    (["rollout.kv_budget=72"], r"rollout\.kv_budget=72 is not a multiple of 16.*use 64 or 80"),
-    (["rollout.kv_budget=32"], r"rollout\.kv_budget=32 is 2 pages, fewer than the 3 block top-k always reads"),
-    (["rollout.blocktopk_pages=2"], r"rollout\.blocktopk_pages=2: block top-k reads at least the 3 pages it always "
-                                    r"keeps \(the first and the last 2\); give 3 or more"),
-    (["rollout.kv_schedule=[[0, 48], [100, 72]]"], r"rollout\.kv_schedule budget 72 is not a multiple of 16"),
-    (["rollout.blocktopk_pages=4", "rollout.kv_schedule=[[0, 48]]"],
-     r"rollout\.blocktopk_pages=4 and rollout\.kv_schedule both decide the pages"),
-    (["rollout.compile=true"], r"rollout\.compile=true with rollout\.compressor=blocktopk"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["rollout.kv_budget=40"],
+            r"rollout\.kv_budget=40 is not a multiple of 16: block top-k reads whole pages of 16 "
+            r"tokens; use 48",
+        ),
+        (["rollout.kv_budget=72"], r"rollout\.kv_budget=72 is not a multiple of 16.*use 64 or 80"),
+        (["rollout.kv_budget=32"], r"rollout\.kv_budget=32 is 2 pages, fewer than the 3 block top-k always reads"),
+        (
+            ["rollout.blocktopk_pages=2"],
+            r"rollout\.blocktopk_pages=2: block top-k reads at least the 3 pages it always "
+            r"keeps \(the first and the last 2\); give 3 or more",
+        ),
+        (["rollout.kv_schedule=[[0, 48], [100, 72]]"], r"rollout\.kv_schedule budget 72 is not a multiple of 16"),
+        (
+            ["rollout.blocktopk_pages=4", "rollout.kv_schedule=[[0, 48]]"],
+            r"rollout\.blocktopk_pages=4 and rollout\.kv_schedule both decide the pages",
+        ),
+        (["rollout.compile=true"], r"rollout\.compile=true with rollout\.compressor=blocktopk"),
+    ],
+)
 def test_bad_blocktopk_config_is_one_clear_error(overrides, message):
     cfg = load_config("sparse_rl_fixed40", ["rollout.compressor=blocktopk", "rollout.kv_budget=64", *overrides])
     with pytest.raises(ConfigError, match=message) as e:
@@ -371,16 +413,22 @@ def test_bad_blocktopk_config_is_one_clear_error(overrides, message):
 
 
 def test_blocktopk_options_with_another_compressor():
-    with pytest.raises(ConfigError, match=r"rollout\.blocktopk_pages=8 is an option of rollout\.compressor=blocktopk, "
-                                          r"not 'rkv'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"rollout\.blocktopk_pages=8 is an option of rollout\.compressor=blocktopk, "
+        r"not 'rkv'",
+    ):
         validate(load_config("sparse_rl_fixed40", ["rollout.blocktopk_pages=8"]))
     with pytest.raises(CompressorOptionError, match="blocktopk_pages=8 is an option of blocktopk only"):
         build_compressor("rkv", blocktopk_pages=8)
 
 
 def test_pages_win_over_the_budget():
-    cfg = validate(load_config("sparse_rl_fixed40", ["rollout.compressor=blocktopk", "rollout.kv_budget=50",
-                                           "rollout.blocktopk_pages=6"]))  # kv_budget is not read
+    cfg = validate(
+        load_config(
+            "sparse_rl_fixed40", ["rollout.compressor=blocktopk", "rollout.kv_budget=50", "rollout.blocktopk_pages=6"]
+        )
+    )  # kv_budget is not read
     comp = compressor_from_fields(cfg.rollout)
     assert (comp.pages, comp.budget) == (6, 96)
     assert comp.pages_for(torch.tensor([10, 5000])).tolist() == [6, 6]
@@ -388,10 +436,12 @@ def test_pages_win_over_the_budget():
 
 
 def test_compressor_and_engine_errors(tiny):
-    for options, message in [({"budget": 40}, "budget=40 is not a multiple of 16"),
-                             ({"pages": 2}, "pages=2: block top-k reads at least the 3"),
-                             ({"schedule": [[0, 48], [64, 20]]}, "schedule budget 20 is not a multiple of 16"),
-                             ({"dense_layers": -1}, "dense_layers must be an integer >= 0")]:
+    for options, message in [
+        ({"budget": 40}, "budget=40 is not a multiple of 16"),
+        ({"pages": 2}, "pages=2: block top-k reads at least the 3"),
+        ({"schedule": [[0, 48], [64, 20]]}, "schedule budget 20 is not a multiple of 16"),
+        ({"dense_layers": -1}, "dense_layers must be an integer >= 0"),
+    ]:
         with pytest.raises(CompressorOptionError, match=message):
             get_compressor("blocktopk", **options)
     engine = RolloutEngine(tiny, get_compressor("blocktopk", budget=48), compile="aot_eager")
@@ -408,8 +458,16 @@ def test_bench_rows(tiny4, monkeypatch):
 
     monkeypatch.setattr(rollout, "load_model", lambda *a, **k: tiny4)
     monkeypatch.setattr(rollout, "memory_bandwidth", lambda **kw: 20e9)
-    report = rollout.run_bench(model="tiny", batch=2, max_new_tokens=60, kv_budget=48, step_length=8,
-                               compressors=["rkv", "blocktopk", "h2o"], dtype="float32", hf_baseline=False)
+    report = rollout.run_bench(
+        model="tiny",
+        batch=2,
+        max_new_tokens=60,
+        kv_budget=48,
+        step_length=8,
+        compressors=["rkv", "blocktopk", "h2o"],
+        dtype="float32",
+        hf_baseline=False,
+    )
     rows = {r["compressor"]: r for r in report["results"]}
     assert set(rows) == {"none", "rkv", "blocktopk", "h2o"}
     top, dense = rows["blocktopk"], rows["none"]
@@ -418,7 +476,9 @@ def test_bench_rows(tiny4, monkeypatch):
     m = report["machine"]
     shape, rates = ModelShape.from_config(tiny4.model.config, "float32"), MachineRates.from_machine_info(m)
     P = m["prompt_tokens"]
-    expect = rollout_cost(shape, rates, 2, P, 60).seconds / rollout_cost(
-        shape, rates, 2, P, 60, blocktopk_pages=3, dense_layers=2).seconds
+    expect = (
+        rollout_cost(shape, rates, 2, P, 60).seconds
+        / rollout_cost(shape, rates, 2, P, 60, blocktopk_pages=3, dense_layers=2).seconds
+    )
     assert top["predicted_ratio_vs_dense"] == pytest.approx(expect) and expect > 1
     assert rows["rkv"]["predicted_ratio_vs_dense"] > 0  # R-KV's side of 1 depends on the measured GEMM rate

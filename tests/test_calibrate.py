@@ -1,6 +1,7 @@
 """``sparserl calibrate``: the schedule search on constructed tables, α per length bin,
 the shared exact-α core on the tiny model, the command end to end (JSON whose schedules load, PNG), and
 one clear error line for each bad option before any work."""
+
 from __future__ import annotations
 
 import json
@@ -30,16 +31,29 @@ def _rows(table: dict, compressor: str = "rkv", width: int = 100) -> list[dict]:
     for budget, p5s in table.items():
         for i, p5 in enumerate(p5s):
             if p5 is not None:
-                rows.append({"compressor": compressor, "budget": budget, "bin_start": i * width,
-                             "bin_end": (i + 1) * width, "alpha_mean": 1.0, "alpha_p5": p5, "n_tokens": 10})
+                rows.append(
+                    {
+                        "compressor": compressor,
+                        "budget": budget,
+                        "bin_start": i * width,
+                        "bin_end": (i + 1) * width,
+                        "alpha_mean": 1.0,
+                        "alpha_p5": p5,
+                        "n_tokens": 10,
+                    }
+                )
     return rows
 
 
 # --- the search ------------------------------------------------------------------------------------
 def test_search_picks_the_cheapest_non_decreasing_schedule_and_marks_a_bin_no_budget_meets():
-    rows = _rows({8: [0.99, 0.80, 0.90, 0.50],  # bin 2: 8 meets again (noise), but 16 came before
-                  16: [0.99, 0.88, 0.91, 0.60],
-                  32: [0.99, 0.95, 0.97, 0.70]})  # bin 3: no budget meets 0.86
+    rows = _rows(
+        {
+            8: [0.99, 0.80, 0.90, 0.50],  # bin 2: 8 meets again (noise), but 16 came before
+            16: [0.99, 0.88, 0.91, 0.60],
+            32: [0.99, 0.95, 0.97, 0.70],
+        }
+    )  # bin 3: no budget meets 0.86
     rows += _rows({8: [0.10, 0.10, 0.10, 0.10]}, compressor="snapkv")  # ignored for rkv
     s = cheapest_schedule(rows, "rkv", 0.86)
     assert s["budget_by_bin"] == [[0, 8], [100, 16], [200, 16], [300, 32]]
@@ -87,11 +101,11 @@ def test_exact_alpha_on_the_tiny_model(tiny):
     """The shared core: α = 1 for the dense float32 sampler of the dense model's own weights; under a
     compressor α ≤ 1, lower once it evicts; the replay reproduces the sampler (error 0) in both."""
     from sparserl.batch import RolloutBatch
+    from sparserl.mismatch.acceptance import token_seq_len
+    from sparserl.mismatch.exact_alpha import exact_alpha
     from sparserl.rollout.engine import RolloutEngine
     from sparserl.rollout.kv import build_compressor
     from sparserl.rollout.sampling import SamplingParams
-    from sparserl.mismatch.acceptance import token_seq_len
-    from sparserl.mismatch.exact_alpha import exact_alpha
     from sparserl.score.hidden import dense_hidden
     from sparserl.score.shared_prompt import lm_head_weight
 
@@ -100,14 +114,17 @@ def test_exact_alpha_on_the_tiny_model(tiny):
     weight = lm_head_weight(tiny.model)
     found = {}
     for name in ("none", "streaming"):
-        comp = build_compressor(name) if name == "none" else build_compressor(name, kv_budget=6, step_length=2, window=2)
+        comp = (
+            build_compressor(name) if name == "none" else build_compressor(name, kv_budget=6, step_length=2, window=2)
+        )
         engine = RolloutEngine(tiny, comp, dtype="float32")
         out = engine.generate(prompts, params)
         batch = RolloutBatch.from_rollout(out.prompt_ids, out.response_ids, out.sampler_logprobs, out.prompt_index)
         T = batch.response_ids.shape[1]
         hidden = dense_hidden(tiny.model, batch.input_ids, batch.attention_mask, batch.position_ids, T, 1)
-        alpha, err = exact_alpha(engine, out.prompt_ids, out.response_ids, params, hidden, weight, 1.0,
-                                 recorded=batch.sampler_logprobs)
+        alpha, err = exact_alpha(
+            engine, out.prompt_ids, out.response_ids, params, hidden, weight, 1.0, recorded=batch.sampler_logprobs
+        )
         assert alpha.shape == (2, 12) and alpha.dtype == torch.float64 and err <= 1e-5
         found[name] = alpha
     assert torch.allclose(found["none"], torch.ones(2, 12, dtype=torch.float64), atol=1e-4)
@@ -119,17 +136,45 @@ def test_exact_alpha_on_the_tiny_model(tiny):
 # --- the command -------------------------------------------------------------------------------------
 @pytest.fixture
 def data_file(tmp_path):
-    rows = [{"problem": "What is 2 + 3?", "answer": "5"}, {"problem": "Tom has 3 apples and buys 4. How many?",
-                                                          "answer": "7"}, {"problem": "unused", "answer": "0"}]
+    rows = [
+        {"problem": "What is 2 + 3?", "answer": "5"},
+        {"problem": "Tom has 3 apples and buys 4. How many?", "answer": "7"},
+        {"problem": "unused", "answer": "0"},
+    ]
     path = tmp_path / "calib.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 def _argv(data_file, out, *extra):
-    return ["calibrate", "--model", "tiny", "--data", str(data_file), "--limit", "2", "--n", "2",
-            "--compressors", "rkv,streaming", "--budgets", "6,10", "--max-new-tokens", "12",
-            "--min-new-tokens", "12", "--bin", "8", "--step-length", "2", "--window", "2", "--json", str(out), *extra]
+    return [
+        "calibrate",
+        "--model",
+        "tiny",
+        "--data",
+        str(data_file),
+        "--limit",
+        "2",
+        "--n",
+        "2",
+        "--compressors",
+        "rkv,streaming",
+        "--budgets",
+        "6,10",
+        "--max-new-tokens",
+        "12",
+        "--min-new-tokens",
+        "12",
+        "--bin",
+        "8",
+        "--step-length",
+        "2",
+        "--window",
+        "2",
+        "--json",
+        str(out),
+        *extra,
+    ]
 
 
 def _check_document(doc: dict, out, threshold: float, compressors=("rkv", "streaming"), budgets=(6, 10)):
@@ -146,8 +191,15 @@ def _check_document(doc: dict, out, threshold: float, compressors=("rkv", "strea
             assert sum(r["n_tokens"] for r in rows if r["compressor"] == c and r["budget"] == b) == 48
     assert [s["compressor"] for s in doc["schedules"]] == list(compressors)
     for s in doc["schedules"]:
-        assert set(s) >= {"compressor", "threshold", "budget_by_bin", "unmet_bins", "predicted_cost_vs_dense",
-                          "measured_tokens_per_s_vs_dense", "measured_rounds"}
+        assert set(s) >= {
+            "compressor",
+            "threshold",
+            "budget_by_bin",
+            "unmet_bins",
+            "predicted_cost_vs_dense",
+            "measured_tokens_per_s_vs_dense",
+            "measured_rounds",
+        }
         assert s["measured_rounds"] == 1 and s["measured_tokens_per_s_vs_dense"] > 0
         assert s["measured_tokens_per_s"] > 0 and s["measured_dense_tokens_per_s"] > 0
         assert s["predicted_cost_vs_dense"] is None or s["predicted_cost_vs_dense"] > 0
@@ -206,8 +258,9 @@ def test_calibrate_keeps_q_while_sampling_and_finds_the_replays_alpha(tmp_path, 
     assert replayed["meta"]["q"] == "replayed" and replayed["meta"]["replay_err_max"] <= 1e-5
     assert len(kept["rows"]) == len(replayed["rows"])
     for a, b in zip(kept["rows"], replayed["rows"]):
-        assert {k: v for k, v in a.items() if not k.startswith("alpha")} == \
-            {k: v for k, v in b.items() if not k.startswith("alpha")}
+        assert {k: v for k, v in a.items() if not k.startswith("alpha")} == {
+            k: v for k, v in b.items() if not k.startswith("alpha")
+        }
         assert a["alpha_mean"] == pytest.approx(b["alpha_mean"], abs=1e-6)
         assert a["alpha_p5"] == pytest.approx(b["alpha_p5"], abs=1e-6)
     assert any(r["alpha_p5"] < 1 for r in kept["rows"])  # the samplers evicted: α measured something
@@ -260,8 +313,10 @@ def test_calibrate_measures_the_prompts_training_sees(tmp_path, data_file):
     the sequences start later (the bins are by prompt + response length) and the JSON records both."""
     firsts = {}
     system = "You are a careful math tutor. Read the problem and reply with one short sentence. " * 2
-    for label, extra in (("plain", ("--template", "Problem: {problem}")),
-                         ("run", ("--template", "Problem: {problem}", "--system-prompt", system))):
+    for label, extra in (
+        ("plain", ("--template", "Problem: {problem}")),
+        ("run", ("--template", "Problem: {problem}", "--system-prompt", system)),
+    ):
         out = tmp_path / f"{label}.json"
         argv = _argv(data_file, out, "--tokens", "dense", "--compressors", "rkv", "--budgets", "6", *extra)
         assert cli.main(argv) == 0

@@ -1,5 +1,6 @@
 """Checkpoints: round trip, bit-exact continuation, nothing unpickled, corrupt files named (with a
 fall-back to the previous checkpoint), and a failing write (disk full) that leaves the previous one."""
+
 import copy
 import json
 import pickle
@@ -13,9 +14,18 @@ import torch
 
 from sparserl.errors import SparserlError
 from sparserl.train import checkpoint as ckpt_mod
-from sparserl.train.checkpoint import (CheckpointError, CheckpointWriteError, NonfiniteCheckpointError,
-                                       complete_checkpoints, latest_checkpoint, load_checkpoint, load_latest,
-                                       remove_debris, save_checkpoint, set_rng_state)
+from sparserl.train.checkpoint import (
+    CheckpointError,
+    CheckpointWriteError,
+    NonfiniteCheckpointError,
+    complete_checkpoints,
+    latest_checkpoint,
+    load_checkpoint,
+    load_latest,
+    remove_debris,
+    save_checkpoint,
+    set_rng_state,
+)
 
 DATA = {"epoch": 1, "position": 3, "seed": 7, "num_examples": 10, "batch_size": 2, "shuffle": True}
 
@@ -58,8 +68,14 @@ def test_round_trip(tmp_path, tiny):
     train_step(model, opt, sched)
     ck = save(tmp_path, 2, model, opt, sched, tiny)
     after = (torch.rand(3), random.random(), float(np.random.rand()))  # what the RNGs give right after saving
-    assert sorted(p.name for p in ck.iterdir()) == ["COMPLETE", "model", "optimizer.json", "optimizer.safetensors",
-                                                     "rng.safetensors", "trainer.json"]
+    assert sorted(p.name for p in ck.iterdir()) == [
+        "COMPLETE",
+        "model",
+        "optimizer.json",
+        "optimizer.safetensors",
+        "rng.safetensors",
+        "trainer.json",
+    ]
     manifest = json.loads((ck / "COMPLETE").read_text())
     assert "model/model.safetensors" in manifest["files"] and "trainer.json" in manifest["files"]
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step-000002"
@@ -158,11 +174,13 @@ def test_pickle_payloads_are_never_run(tmp_path, tiny):
     model, opt, sched = fresh(tiny)
     train_step(model, opt, sched)
     good = save(tmp_path / "new", 1, model, opt, sched, tiny)
-    for name, match in [("trainer.json", "trainer.json: not readable JSON"),
-                        ("optimizer.json", "optimizer.json: not readable JSON"),
-                        ("optimizer.safetensors", "optimizer.safetensors: not a readable safetensors"),
-                        ("rng.safetensors", "rng.safetensors: not a readable safetensors"),
-                        ("model/model.safetensors", "model.safetensors: not a readable safetensors")]:
+    for name, match in [
+        ("trainer.json", "trainer.json: not readable JSON"),
+        ("optimizer.json", "optimizer.json: not readable JSON"),
+        ("optimizer.safetensors", "optimizer.safetensors: not a readable safetensors"),
+        ("rng.safetensors", "rng.safetensors: not a readable safetensors"),
+        ("model/model.safetensors", "model.safetensors: not a readable safetensors"),
+    ]:
         bad = tmp_path / "planted" / name.replace("/", "_")
         shutil.copytree(good, bad)
         (bad / name).write_bytes(payload)
@@ -187,8 +205,9 @@ def two_checkpoints(tmp_path_factory, tiny):
     return run
 
 
-@pytest.mark.parametrize("name", ["model/model.safetensors", "optimizer.safetensors", "trainer.json",
-                                  "rng.safetensors", "optimizer.json"])
+@pytest.mark.parametrize(
+    "name", ["model/model.safetensors", "optimizer.safetensors", "trainer.json", "rng.safetensors", "optimizer.json"]
+)
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_corrupt_file_is_named_and_resume_falls_back(tmp_path, tiny, two_checkpoints, name, damage):
     run = tmp_path / "run"
@@ -201,7 +220,7 @@ def test_corrupt_file_is_named_and_resume_falls_back(tmp_path, tiny, two_checkpo
         match = rf"{f.name}: truncated or corrupt \(expected {len(data)} bytes, got {len(data) // 2}\)"
     else:
         mid = len(data) // 2
-        f.write_bytes(data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1:])
+        f.write_bytes(data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1 :])
         match = rf"{f.name}: truncated or corrupt \(expected sha256"
     m2, o2, s2 = fresh(tiny)
     before, opt_before, lr_before = weights(m2), copy.deepcopy(o2.state_dict()), s2.get_last_lr()
@@ -287,8 +306,14 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, tiny, mo
 
         def failing(obj, path):
             calls.append(path.name)
-            if path.name == {"optimizer tensors": "optimizer.safetensors", "optimizer json": "optimizer.json",
-                             "manifest": "COMPLETE"}[fail]:
+            if (
+                path.name
+                == {
+                    "optimizer tensors": "optimizer.safetensors",
+                    "optimizer json": "optimizer.json",
+                    "manifest": "COMPLETE",
+                }[fail]
+            ):
                 path.write_text("partial")
                 raise full
             real(obj, path)

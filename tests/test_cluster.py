@@ -4,6 +4,7 @@ workers equal to the single-process step, and the cluster options' bad inputs.
 
 One local Ray for the module (num_cpus=2, the cores; each actor asks for half a CPU): the pools find it
 running and leave it so."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,8 +51,9 @@ def test_the_training_process_leaves_the_cores_of_the_actors_computing_beside_it
 
 
 def _cfg(tmp_path, *extra):
-    from sparserl.config import load_config, validate
     from test_train import TINY
+
+    from sparserl.config import load_config, validate
 
     return validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", *HALF_CPU, *extra]))
 
@@ -174,8 +176,11 @@ def test_a_training_step_on_workers_and_learners_equals_the_single_process_step(
     from sparserl.train.trainer import build_trainer, close_cluster, train_step
 
     out, weights = {}, {}
-    for label, extra in (("one", ()), ("workers", ("cluster.rollout_workers=2",)),
-                         ("learners", ("cluster.rollout_workers=2", "cluster.learners=2"))):
+    for label, extra in (
+        ("one", ()),
+        ("workers", ("cluster.rollout_workers=2",)),
+        ("learners", ("cluster.rollout_workers=2", "cluster.learners=2")),
+    ):
         cfg = _cfg(tmp_path / label, "mismatch.alpha=exact", *extra)
         trainer = build_trainer(cfg)
         try:
@@ -190,8 +195,15 @@ def test_a_training_step_on_workers_and_learners_equals_the_single_process_step(
         finally:
             close_cluster(trainer)
     for label in ("workers", "learners"):
-        for key in (names.REWARD_MEAN, names.LENGTH_MEAN, names.MISMATCH_K3, names.MISMATCH_ALPHA_MEAN,
-                    names.POLICY_LOSS, names.GRAD_NORM, names.ENTROPY):
+        for key in (
+            names.REWARD_MEAN,
+            names.LENGTH_MEAN,
+            names.MISMATCH_K3,
+            names.MISMATCH_ALPHA_MEAN,
+            names.POLICY_LOSS,
+            names.GRAD_NORM,
+            names.ENTROPY,
+        ):
             assert out[label][key] == pytest.approx(out["one"][key], rel=1e-4, abs=1e-6), (label, key)
         _same_weights(weights[label], weights["one"])
     assert out["workers"][names.CLUSTER_WORKER_RESTARTS] == 0 and names.CLUSTER_WORKER_RESTARTS not in out["one"]
@@ -205,16 +217,29 @@ def test_dynamic_sampling_on_workers_samples_what_one_process_samples(tmp_path, 
 
     out = {}
     for label, extra in (("one", ()), ("workers", ("cluster.rollout_workers=2",))):
-        cfg = _cfg(tmp_path / label, "algorithm.filter_groups=true", "algorithm.max_gen_batches=3", "rollout.n=2",
-                   "mismatch.alpha=off", *extra)
+        cfg = _cfg(
+            tmp_path / label,
+            "algorithm.filter_groups=true",
+            "algorithm.max_gen_batches=3",
+            "rollout.n=2",
+            "mismatch.alpha=off",
+            *extra,
+        )
         trainer = build_trainer(cfg)
         try:
             out[label] = train_step(trainer, 1)
         finally:
             close_cluster(trainer)
     assert out["one"][names.GEN_BATCHES] >= 2  # it did sample further batches
-    for key in (names.GEN_BATCHES, names.INFORMATIVE_GROUPS, names.REWARD_MEAN,
-                names.REWARD_MEAN_KEPT, names.LENGTH_MEAN, names.POLICY_LOSS, names.GRAD_NORM):
+    for key in (
+        names.GEN_BATCHES,
+        names.INFORMATIVE_GROUPS,
+        names.REWARD_MEAN,
+        names.REWARD_MEAN_KEPT,
+        names.LENGTH_MEAN,
+        names.POLICY_LOSS,
+        names.GRAD_NORM,
+    ):
         assert out["workers"][key] == pytest.approx(out["one"][key], rel=1e-4, abs=1e-6), key
 
 
@@ -253,8 +278,15 @@ def test_async_rollouts_lag_one_step_split_the_mismatch_and_survive_a_killed_wor
     from sparserl.rollout.build import engine_from_fields
     from sparserl.train.trainer import build_trainer, close_cluster, sampling_params, train_step
 
-    cfg = _cfg(tmp_path, "cluster.rollout_workers=2", "rollout.async=true", "mismatch.alpha=topk",
-               "checkpoint.every=0", "train.steps=3", "rollout.max_new_tokens=48")
+    cfg = _cfg(
+        tmp_path,
+        "cluster.rollout_workers=2",
+        "rollout.async=true",
+        "mismatch.alpha=topk",
+        "checkpoint.every=0",
+        "train.steps=3",
+        "rollout.max_new_tokens=48",
+    )
     first = engine_from_fields(tiny, cfg.rollout)  # the weights before any update
     trainer = build_trainer(cfg)
     collected, metrics = [], []
@@ -347,7 +379,9 @@ def _same_run(resumed, through, *keys) -> list[dict]:
     from sparserl.runlog import read_metrics
     from sparserl.train.checkpoint import latest_checkpoint
 
-    a, b = (load_file(str(next((latest_checkpoint(run) / "model").glob("*.safetensors")))) for run in (through, resumed))
+    a, b = (
+        load_file(str(next((latest_checkpoint(run) / "model").glob("*.safetensors")))) for run in (through, resumed)
+    )
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     rows_through, rows_resumed = read_metrics(through), read_metrics(resumed)
     assert [r["step"] for r in rows_resumed] == [r["step"] for r in rows_through]
@@ -356,22 +390,32 @@ def _same_run(resumed, through, *keys) -> list[dict]:
     return rows_through
 
 
-@pytest.mark.parametrize("override,message", [
-    ("cluster.rollout_workers=0", "cluster.rollout_workers=0: must be >= 1"),
-    ("cluster.rollout_workers=3", "more than train.prompts_per_step=2"),
-    ("cluster.address=auto", "needs cluster.rollout_workers"),
-    ("cluster.learners=9", "more than the 8 samples per step"),
-    ("cluster.learners=3", "more than the 2 micro-batches of an optimizer step"),
-    ("cluster.worker_cpus=0", "cluster.worker_cpus=0"),
-    ("rollout.async=true", "rollout.async=true needs cluster.rollout_workers"),
-    ("cluster.rollout_workers=1 rollout.async=true mismatch.alpha_record_mib=0",
-     "mismatch.alpha_record_mib=0: under rollout.async the exact α reads the q the workers keep"),
-    ("cluster.rollout_workers=1 rollout.async=true mismatch.alpha=off rollout.quant=int8 rollout.mismatch_split=true",
-     "rollout.mismatch_split=true: the asynchronous split"),
-    ("cluster.rollout_workers=1 rollout.async=true mismatch.alpha=off algorithm.old_logprobs=sampler "
-     "rollout.compressor=none", "rollout.async samples with the weights of the step before"),
-    ("rollout.asynch=true", "did you mean 'rollout.async'"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("cluster.rollout_workers=0", "cluster.rollout_workers=0: must be >= 1"),
+        ("cluster.rollout_workers=3", "more than train.prompts_per_step=2"),
+        ("cluster.address=auto", "needs cluster.rollout_workers"),
+        ("cluster.learners=9", "more than the 8 samples per step"),
+        ("cluster.learners=3", "more than the 2 micro-batches of an optimizer step"),
+        ("cluster.worker_cpus=0", "cluster.worker_cpus=0"),
+        ("rollout.async=true", "rollout.async=true needs cluster.rollout_workers"),
+        (
+            "cluster.rollout_workers=1 rollout.async=true mismatch.alpha_record_mib=0",
+            "mismatch.alpha_record_mib=0: under rollout.async the exact α reads the q the workers keep",
+        ),
+        (
+            "cluster.rollout_workers=1 rollout.async=true mismatch.alpha=off rollout.quant=int8 rollout.mismatch_split=true",
+            "rollout.mismatch_split=true: the asynchronous split",
+        ),
+        (
+            "cluster.rollout_workers=1 rollout.async=true mismatch.alpha=off algorithm.old_logprobs=sampler "
+            "rollout.compressor=none",
+            "rollout.async samples with the weights of the step before",
+        ),
+        ("rollout.asynch=true", "did you mean 'rollout.async'"),
+    ],
+)
 def test_bad_cluster_options_fail_before_any_work(tmp_path, override, message):
     from sparserl.config import ConfigError
 
@@ -431,8 +475,13 @@ def test_a_learner_killed_mid_run_stops_it_and_resume_continues_exactly(tmp_path
     from sparserl.train.data_parallel import LearnerError
     from sparserl.train.trainer import train
 
-    extra = ("cluster.rollout_workers=2", "cluster.learners=2", "mismatch.alpha=off", "checkpoint.every=1",
-             "train.steps=3")
+    extra = (
+        "cluster.rollout_workers=2",
+        "cluster.learners=2",
+        "mismatch.alpha=off",
+        "checkpoint.every=1",
+        "train.steps=3",
+    )
     through = train(_cfg(tmp_path, *extra), run_dir=tmp_path / "through", log=_quiet)
     step = trainer_module.train_step
 
@@ -455,9 +504,10 @@ def test_a_driver_killed_mid_run_resumes_exactly(tmp_path, local_ray):
     import subprocess
     import sys
 
+    from test_train import TINY
+
     from sparserl.train.checkpoint import latest_checkpoint
     from sparserl.train.trainer import train
-    from test_train import TINY
 
     steps = ("train.steps=6", "cluster.rollout_workers=2", "rollout.async=true", "mismatch.alpha=off")
     through = train(_cfg(tmp_path, *steps), run_dir=tmp_path / "through", log=_quiet)
@@ -465,8 +515,19 @@ def test_a_driver_killed_mid_run_resumes_exactly(tmp_path, local_ray):
     address = ray.get_runtime_context().gcs_address
     tests = os.path.dirname(__file__)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "sparserl.cli", "train", "sparse_rl_fixed40", *TINY, *HALF_CPU, *steps,
-           f"cluster.address={address}", "--run-dir", str(killed)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sparserl.cli",
+        "train",
+        "sparse_rl_fixed40",
+        *TINY,
+        *HALF_CPU,
+        *steps,
+        f"cluster.address={address}",
+        "--run-dir",
+        str(killed),
+    ]
     driver = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     while latest_checkpoint(killed) is None and driver.poll() is None and time.monotonic() < deadline:
@@ -484,5 +545,7 @@ def test_more_ray_resources_than_the_cluster_has_is_an_error_not_a_wait(tmp_path
 
     cfg = _cfg(tmp_path, "cluster.rollout_workers=2", "cluster.worker_cpus=3")
     # what is free depends on the actors earlier tests left being released (asynchronously): 2 in all
-    with pytest.raises(ClusterError, match=r"2 rollout workers need 6 Ray CPUs and the cluster has [0-2](\.5)? free \(2 in all\)"):
+    with pytest.raises(
+        ClusterError, match=r"2 rollout workers need 6 Ray CPUs and the cluster has [0-2](\.5)? free \(2 in all\)"
+    ):
         RolloutPool(cfg, tiny.model)  # after waiting up to 15 s for resources being released

@@ -1,5 +1,6 @@
 """sparserl compare: arm × seed expansion, the runs (skipped when done, resumed when killed), the
 aggregation, the report, --eval, and bad input caught before any run starts."""
+
 import json
 import shutil
 
@@ -15,11 +16,22 @@ from sparserl.train import trainer as trainer_mod
 from sparserl.train.checkpoint import latest_checkpoint
 
 TINY = [
-    "model.name=tiny", "train.prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=16",
-    "rollout.kv_budget=8", "rollout.step_length=4", "rollout.window=2", "rollout.compress_prompt=false",
-    "train.micro_batch_size=4", "log.tensorboard=false", "log.progress=plain", "checkpoint.every=1",
-    "train.lr=1e-3", "reward.fn=test_train:toy_reward",
-    "data.eval=null", "data.system_prompt=null",
+    "model.name=tiny",
+    "train.prompts_per_step=2",
+    "rollout.n=4",
+    "rollout.max_new_tokens=16",
+    "rollout.kv_budget=8",
+    "rollout.step_length=4",
+    "rollout.window=2",
+    "rollout.compress_prompt=false",
+    "train.micro_batch_size=4",
+    "log.tensorboard=false",
+    "log.progress=plain",
+    "checkpoint.every=1",
+    "train.lr=1e-3",
+    "reward.fn=test_train:toy_reward",
+    "data.eval=null",
+    "data.system_prompt=null",
 ]
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -33,6 +45,7 @@ class Spy:
         def spy(cfg, resume=False, run_dir=None, **kw):
             self.calls.append((run_dir.name, resume))
             return real(cfg, resume=resume, run_dir=run_dir, **kw)
+
         mp.setattr(trainer_mod, "train", spy)
 
 
@@ -42,8 +55,9 @@ def quiet(*_):
 
 # ------------------------------------------------------------------------------ arms and seeds
 def test_parse_arms_builtin_user_and_preset():
-    arms = parse_arms("dense,sparse_naive,sparse_rl,tight=rollout.kv_budget=16;algorithm.correction=[tis,mis],"
-                      "preset:default")
+    arms = parse_arms(
+        "dense,sparse_naive,sparse_rl,tight=rollout.kv_budget=16;algorithm.correction=[tis,mis],preset:default"
+    )
     assert [a.name for a in arms] == ["dense", "sparse_naive", "sparse_rl", "tight", "default"]
     assert arms[0].overrides == ("rollout.compressor=none", "algorithm.correction=none")
     assert arms[1].overrides == ("algorithm.correction=none",)
@@ -62,8 +76,14 @@ def test_parse_arms_builtin_user_and_preset():
 
 
 def test_a_preset_variant_arm_builds_the_preset_with_its_overrides(tmp_path):
-    specs = expand("sparse_rl_fixed40", TINY, "preset:default,loose=preset:default;rollout.kv_controller.threshold=0.7", 1,
-                   steps=2, runs_dir=tmp_path)
+    specs = expand(
+        "sparse_rl_fixed40",
+        TINY,
+        "preset:default,loose=preset:default;rollout.kv_controller.threshold=0.7",
+        1,
+        steps=2,
+        runs_dir=tmp_path,
+    )
     base, loose = specs[0].cfg, specs[1].cfg
     assert base.rollout.kv_controller.threshold == 0.86 and loose.rollout.kv_controller.threshold == 0.7
     assert loose.rollout.kv_controller.max_budget == base.rollout.kv_controller.max_budget  # the rest: the preset's
@@ -71,9 +91,17 @@ def test_a_preset_variant_arm_builds_the_preset_with_its_overrides(tmp_path):
 
 
 def test_expand_names_runs_and_sets_seed_and_steps(tmp_path):
-    specs = expand("sparse_rl_fixed40", TINY, "dense,sparse_rl,tight=rollout.kv_budget=16", 2, steps=3, runs_dir=tmp_path)
-    assert [s.name for s in specs] == ["dense-seed0", "dense-seed1", "sparse_rl-seed0", "sparse_rl-seed1",
-                                       "tight-seed0", "tight-seed1"]
+    specs = expand(
+        "sparse_rl_fixed40", TINY, "dense,sparse_rl,tight=rollout.kv_budget=16", 2, steps=3, runs_dir=tmp_path
+    )
+    assert [s.name for s in specs] == [
+        "dense-seed0",
+        "dense-seed1",
+        "sparse_rl-seed0",
+        "sparse_rl-seed1",
+        "tight-seed0",
+        "tight-seed1",
+    ]
     assert [s.run_dir for s in specs] == [tmp_path / s.name for s in specs]
     assert [s.cfg.train.seed for s in specs] == [0, 1] * 3
     assert all(s.cfg.train.steps == 3 and s.cfg.model.name == "tiny" for s in specs)
@@ -125,10 +153,20 @@ def test_collapse_rule_on_constructed_curves():
 
 def test_summarize_arm_and_versus_dense():
     def seed(r, k3, alloc):
-        return {REWARD_MEAN: r, MISMATCH_K3: k3, KV_SAMPLER_ALLOC: {1: alloc, 2: alloc},
-                KV_DENSE_ALLOC: {1: 400.0, 2: 400.0}, KV_KEPT_FRAC: {1: 0.25, 2: 0.25}}
-    sparse = agg.summarize_arm({"s-seed0": seed({1: 0.2, 2: 0.6}, {1: 0.1, 2: 0.2}, 100.0),
-                                "s-seed1": seed({1: 0.6, 2: 0.2}, {1: 0.1, 2: 5.0}, 100.0)})
+        return {
+            REWARD_MEAN: r,
+            MISMATCH_K3: k3,
+            KV_SAMPLER_ALLOC: {1: alloc, 2: alloc},
+            KV_DENSE_ALLOC: {1: 400.0, 2: 400.0},
+            KV_KEPT_FRAC: {1: 0.25, 2: 0.25},
+        }
+
+    sparse = agg.summarize_arm(
+        {
+            "s-seed0": seed({1: 0.2, 2: 0.6}, {1: 0.1, 2: 0.2}, 100.0),
+            "s-seed1": seed({1: 0.6, 2: 0.2}, {1: 0.1, 2: 5.0}, 100.0),
+        }
+    )
     dense = agg.summarize_arm({"d-seed0": seed({1: 0.3, 2: 0.5}, {1: 0.0, 2: 0.0}, 400.0)})
     assert sparse["final_k"] == 1
     assert sparse["final_reward"]["mean"] == pytest.approx(0.4)
@@ -136,8 +174,12 @@ def test_summarize_arm_and_versus_dense():
     assert sparse["n_collapsed"] == 1 and sparse["collapsed"]["s-seed1"]["collapsed"]
     assert sparse["k3"]["max"] == 5.0
     assert sparse["kv"]["alloc_reduction"] == pytest.approx(4.0) and sparse["kv"]["tokens_saved_frac"] == 0.75
-    assert sparse["alpha"]["mean"] == {"mean": None, "std": None, "per_seed": {"s-seed0": None, "s-seed1": None},
-                                       "seeds": 0}  # no α logged
+    assert sparse["alpha"]["mean"] == {
+        "mean": None,
+        "std": None,
+        "per_seed": {"s-seed0": None, "s-seed1": None},
+        "seeds": 0,
+    }  # no α logged
     sums = {"s": sparse, "d": dense}
     agg.versus_dense(sums, "d")
     assert sparse["kv"]["vs_dense_arm"] == pytest.approx(4.0) and dense["kv"]["vs_dense_arm"] == 1.0
@@ -149,7 +191,7 @@ def _table(md: str, header_cell: str) -> dict[str, dict[str, str]]:
     i = next(j for j, line in enumerate(lines) if line.startswith("|") and f"| {header_cell} |" in line)
     head = [c.strip() for c in lines[i].strip("|").split("|")]
     rows = {}
-    for line in lines[i + 2:]:
+    for line in lines[i + 2 :]:
         if not line.startswith("|"):
             break
         cells = [c.strip() for c in line.strip("|").split("|")]
@@ -164,12 +206,23 @@ def test_compare_table_has_alpha_columns(tmp_path):
     from sparserl.runlog import MISMATCH_ALPHA_MEAN, MISMATCH_ALPHA_P5, MISMATCH_ALPHA_P5_BIN
 
     steps = 8  # k = 2 last steps
-    specs = expand("sparse_rl_fixed40", [], "dense,sparse_rl,tight=rollout.kv_budget=16", 2, steps=steps,
-                   runs_dir=tmp_path / "runs")
+    specs = expand(
+        "sparse_rl_fixed40",
+        [],
+        "dense,sparse_rl,tight=rollout.kv_budget=16",
+        2,
+        steps=steps,
+        runs_dir=tmp_path / "runs",
+    )
     # the last two steps' α (mean, p5) per run; None: the run measured no α
-    tails = {"dense-seed0": None, "dense-seed1": None,
-             "sparse_rl-seed0": ((0.96, 0.94), (0.86, 0.84)), "sparse_rl-seed1": ((0.92, 0.90), (0.80, 0.78)),
-             "tight-seed0": ((0.90, 0.88), (0.70, 0.66)), "tight-seed1": None}
+    tails = {
+        "dense-seed0": None,
+        "dense-seed1": None,
+        "sparse_rl-seed0": ((0.96, 0.94), (0.86, 0.84)),
+        "sparse_rl-seed1": ((0.92, 0.90), (0.80, 0.78)),
+        "tight-seed0": ((0.90, 0.88), (0.70, 0.66)),
+        "tight-seed1": None,
+    }
     for spec in specs:
         rows = []
         for step in range(1, steps + 1):
@@ -186,7 +239,7 @@ def test_compare_table_has_alpha_columns(tmp_path):
     md = write_comparison(out, specs, {}, config="default", overrides=[], seeds=[0, 1], collapse_k3=1.0).read_text()
     table = _table(md, "α mean")
     assert table["sparse_rl"]["α mean"] == "0.930 ± 0.028"  # seeds 0.95 and 0.91
-    assert table["sparse_rl"]["α p5"] == "0.820 ± 0.042"    # seeds 0.85 and 0.79
+    assert table["sparse_rl"]["α p5"] == "0.820 ± 0.042"  # seeds 0.85 and 0.79
     assert table["tight"]["α mean"] == "0.890 ± 0.000" and table["tight"]["α p5"] == "0.680 ± 0.000"  # one seed
     assert table["dense"]["α mean"] == "–" and table["dense"]["α p5"] == "–"
     assert table["sparse_rl"]["seeds"] == "2" and table["sparse_rl"]["final reward"] == "0.750 ± 0.000"
@@ -205,7 +258,7 @@ def test_paired_difference_seed_by_seed_with_a_t_interval():
     better = paired_difference({0: 0.40, 1: 0.51, 2: 0.45}, ref)
     assert better["n"] == 3 and better["seeds"] == [0, 1, 2]
     assert better["mean"] == pytest.approx(0.10) and better["std"] == pytest.approx(0.01)
-    half = 4.303 * 0.01 / 3 ** 0.5
+    half = 4.303 * 0.01 / 3**0.5
     assert better["ci95"] == pytest.approx([0.10 - half, 0.10 + half]) and better["verdict"] == "better"
     worse = paired_difference({0: 0.20, 1: 0.29, 2: 0.27}, ref)
     assert worse["mean"] == pytest.approx(-0.10) and worse["verdict"] == "worse"
@@ -223,8 +276,14 @@ def test_compare_reports_each_arm_against_dense_seed_by_seed(tmp_path):
     from sparserl.compare.report import write_comparison
 
     steps = 8
-    specs = expand("sparse_rl_fixed40", [], "dense,sparse_rl,tight=rollout.kv_budget=16", 3, steps=steps,
-                   runs_dir=tmp_path / "runs")
+    specs = expand(
+        "sparse_rl_fixed40",
+        [],
+        "dense,sparse_rl,tight=rollout.kv_budget=16",
+        3,
+        steps=steps,
+        runs_dir=tmp_path / "runs",
+    )
     shift = {"dense": (0.0, 0.0, 0.0), "sparse_rl": (0.05, -0.04, 0.02), "tight": (-0.20, -0.22, -0.18)}
     for spec in specs:
         base = (0.3, 0.5, 0.4)[spec.seed] + shift[spec.arm.name][spec.seed]
@@ -243,14 +302,16 @@ def test_compare_reports_each_arm_against_dense_seed_by_seed(tmp_path):
     assert paired["mean"] == pytest.approx(-0.20) and paired["seeds"] == [0, 1, 2] and paired["verdict"] == "worse"
 
     # --paired-against sparse_rl: one more section, every other arm (dense included) minus sparse_rl's run
-    md = write_comparison(out, specs, {}, config="default", overrides=[], seeds=[0, 1, 2], collapse_k3=1.0,
-                          paired_against=["sparse_rl"]).read_text()
+    md = write_comparison(
+        out, specs, {}, config="default", overrides=[], seeds=[0, 1, 2], collapse_k3=1.0, paired_against=["sparse_rl"]
+    ).read_text()
     assert "## Against `sparse_rl`, seed by seed" in md
-    against = _table(md[md.index("## Against `sparse_rl`"):], "pairs")
+    against = _table(md[md.index("## Against `sparse_rl`") :], "pairs")
     assert set(against) == {"dense", "tight"}
     assert against["tight"]["final reward"].startswith("−0.210 [")  # −0.25, −0.18, −0.20
     assert against["dense"]["final reward"].startswith("−0.010 [") and against["dense"]["final reward"].endswith(
-        "within noise")
+        "within noise"
+    )
     record = json.loads((out / "comparison.json").read_text())
     assert record["paired_against"] == ["sparse_rl"]
     assert record["arms"]["tight"]["paired"]["sparse_rl"]["final_reward"]["mean"] == pytest.approx(-0.21)
@@ -262,7 +323,9 @@ def test_paired_against_must_name_an_arm(tmp_path):
 
     p = plan("sparse_rl_fixed40", TINY, "dense,sparse_rl", 1, out=tmp_path / "o", paired_against="sparse_rl")
     assert p.paired_against == ["sparse_rl"]
-    with pytest.raises(CompareError, match="--paired-against sparse_r: not one of this comparison's arms.*did you mean"):
+    with pytest.raises(
+        CompareError, match="--paired-against sparse_r: not one of this comparison's arms.*did you mean"
+    ):
         plan("sparse_rl_fixed40", TINY, "dense,sparse_rl", 1, out=tmp_path / "o", paired_against="sparse_r")
     with pytest.raises(CompareError, match="--paired-against: no arm given"):
         plan("sparse_rl_fixed40", TINY, "dense,sparse_rl", 1, out=tmp_path / "o", paired_against=" , ")
@@ -277,8 +340,21 @@ def done(tmp_path_factory):
     out = tmp_path_factory.mktemp("cmp") / "out"
     with pytest.MonkeyPatch.context() as mp:
         spy = Spy(mp)
-        rc = main(["compare", "sparse_rl_fixed40", *TINY, "--arms", "dense,sparse_rl", "--seeds", "2", "--steps", "1",
-                   "--out", str(out)])
+        rc = main(
+            [
+                "compare",
+                "sparse_rl_fixed40",
+                *TINY,
+                "--arms",
+                "dense,sparse_rl",
+                "--seeds",
+                "2",
+                "--steps",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
     assert rc == 0
     return out, spy.calls
 
@@ -341,7 +417,9 @@ def test_eval_dense_and_sparse_per_run(done, tmp_path, monkeypatch):
     for n in ("dense-seed0", "sparse_rl-seed0"):
         shutil.copytree(src / "runs" / n, out / "runs" / n)
     spy = Spy(monkeypatch)
-    compare("sparse_rl_fixed40", TINY, "dense,sparse_rl", 1, steps=1, out=out, eval_data="arith", eval_limit=2, log=quiet)
+    compare(
+        "sparse_rl_fixed40", TINY, "dense,sparse_rl", 1, steps=1, out=out, eval_data="arith", eval_limit=2, log=quiet
+    )
     assert spy.calls == []
     for n in ("dense-seed0", "sparse_rl-seed0"):
         rec = json.loads((out / "eval" / f"{n}.json").read_text())
@@ -354,10 +432,21 @@ def test_eval_dense_and_sparse_per_run(done, tmp_path, monkeypatch):
     assert "Held-out evaluation" in md and "sparse − dense" in md and "*before training*" in md
     row = _table(md, "pairs")["sparse_rl"]  # one seed: the difference alone, no interval
     assert row["pairs"] == "1" and row["held-out pass@1, dense inference"].endswith("(one seed)")
-    assert json.loads((out / "comparison.json").read_text())["arms"]["dense"]["eval"]["dense"]["pass@1_mean"] is not None
+    assert (
+        json.loads((out / "comparison.json").read_text())["arms"]["dense"]["eval"]["dense"]["pass@1_mean"] is not None
+    )
     lines = []
-    compare("sparse_rl_fixed40", TINY, "dense,sparse_rl", 1, steps=1, out=out, eval_data="arith", eval_limit=2,
-            log=lines.append)
+    compare(
+        "sparse_rl_fixed40",
+        TINY,
+        "dense,sparse_rl",
+        1,
+        steps=1,
+        out=out,
+        eval_data="arith",
+        eval_limit=2,
+        log=lines.append,
+    )
     assert sum("cached" in x for x in lines) == 3  # two runs and the starting model
 
 
@@ -373,22 +462,38 @@ def test_eval_prompts_are_the_runs_own(done, tmp_path, monkeypatch):
     monkeypatch.setattr(data_module, "load_dataset", lambda *a, **k: seen.append(k) or real(*a, **k))
     cfg = load_config("sparse_rl_fixed40", [*TINY, "data.system_prompt=Be brief."])
     model = latest_checkpoint(src / "runs" / "sparse_rl-seed0") / "model"
-    rec = evaluate_model(str(model), cfg, "arith", limit=1, n=1, temperature=0.0, sparse=None,
-                         path=tmp_path / "e.json", record={"run": "r"}, log=quiet)
+    rec = evaluate_model(
+        str(model),
+        cfg,
+        "arith",
+        limit=1,
+        n=1,
+        temperature=0.0,
+        sparse=None,
+        path=tmp_path / "e.json",
+        record={"run": "r"},
+        log=quiet,
+    )
     assert seen[-1]["system_prompt"] == "Be brief." and rec["settings"]["system_prompt"] == "Be brief."
 
 
 # ------------------------------------------------------------------------------ bad input
-@pytest.mark.parametrize("kw, message", [
-    (dict(arms="dense,sparse_r"), "unknown arm 'sparse_r' (did you mean 'sparse_rl'?)"),
-    (dict(arms="dense,dense"), "arm 'dense' is given twice"),
-    (dict(arms="dense,rollout.kv_budget=16"), "looks like an override"),
-    (dict(arms="dense,bad=rollout.kv_budget=0"), "arm 'bad' (bad=rollout.kv_budget=0): override: rollout.kv_budget=0"),
-    (dict(arms="bad=rollout.kv_budget=2"), "rollout.kv_budget=2 must be larger than rollout.window=2"),
-    (dict(seeds=0), "--seeds 0: must be >= 1"),
-    (dict(steps=0), "--steps 0"),
-    (dict(eval_data="no_such_set"), "--eval no_such_set"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(arms="dense,sparse_r"), "unknown arm 'sparse_r' (did you mean 'sparse_rl'?)"),
+        (dict(arms="dense,dense"), "arm 'dense' is given twice"),
+        (dict(arms="dense,rollout.kv_budget=16"), "looks like an override"),
+        (
+            dict(arms="dense,bad=rollout.kv_budget=0"),
+            "arm 'bad' (bad=rollout.kv_budget=0): override: rollout.kv_budget=0",
+        ),
+        (dict(arms="bad=rollout.kv_budget=2"), "rollout.kv_budget=2 must be larger than rollout.window=2"),
+        (dict(seeds=0), "--seeds 0: must be >= 1"),
+        (dict(steps=0), "--steps 0"),
+        (dict(eval_data="no_such_set"), "--eval no_such_set"),
+    ],
+)
 def test_bad_input_fails_before_any_run(tmp_path, monkeypatch, kw, message):
     spy = Spy(monkeypatch)
     args = {"arms": "dense,sparse_rl", "seeds": 2, "steps": 1, **kw}

@@ -5,6 +5,7 @@ Every compressor runs through ``torch.compile``'s capture (dynamo + AOT autograd
 inductor's generated code, which costs ~20 s of gcc per graph on 2 cores, is checked on R-KV (the
 default sampler, which exercises the attention accumulator too) and, with ``SPARSERL_TEST_INDUCTOR=1``,
 on every compressor."""
+
 import os
 
 import pytest
@@ -27,7 +28,8 @@ ALL_INDUCTOR = os.environ.get("SPARSERL_TEST_INDUCTOR") == "1"
 # refuses compile (tests/test_blocktopk.py)
 COMPILED = [name for name in available_compressors() if not get_compressor(name).selects_per_step]
 CASES = [(name, "aot_eager") for name in COMPILED] + [
-    (name, "inductor") for name in COMPILED if ALL_INDUCTOR or name == "rkv"]
+    (name, "inductor") for name in COMPILED if ALL_INDUCTOR or name == "rkv"
+]
 
 
 @pytest.mark.parametrize("name,backend", CASES)
@@ -46,7 +48,11 @@ def test_compiled_decode_matches_eager(tiny, name, backend):
     assert "stop" in a.finish_reason and len({len(r) for r in a.response_ids}) > 1
     for x, y in zip(a.sampler_logprobs, b.sampler_logprobs):
         assert (torch.tensor(x) - torch.tensor(y)).abs().max().item() <= 1e-4
-    assert (a.kv.compressions, a.kv.bytes_peak, a.kv_tokens_kept) == (b.kv.compressions, b.kv.bytes_peak, b.kv_tokens_kept)
+    assert (a.kv.compressions, a.kv.bytes_peak, a.kv_tokens_kept) == (
+        b.kv.compressions,
+        b.kv.bytes_peak,
+        b.kv_tokens_kept,
+    )
     assert (sum(counters["inductor"].values()) > inductor_graphs) == (backend == "inductor")  # really that backend
 
 

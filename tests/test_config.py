@@ -1,4 +1,5 @@
 """Config: presets, YAML + overrides with types, errors that name the key, validation, round trip."""
+
 from __future__ import annotations
 
 import typing
@@ -6,16 +7,37 @@ from pathlib import Path
 
 import pytest
 
-from sparserl.config import (SECTIONS, AlgorithmConfig, Config, ConfigError, apply_overrides, config_from_dict,
-                             config_help, config_to_dict, list_presets, load_config, save_config,
-                             validate)
+from sparserl import advantages
+from sparserl.config import (
+    SECTIONS,
+    AlgorithmConfig,
+    Config,
+    ConfigError,
+    apply_overrides,
+    config_from_dict,
+    config_help,
+    config_to_dict,
+    list_presets,
+    load_config,
+    save_config,
+    validate,
+)
 from sparserl.correct import available_corrections, available_presets, register_correction
 from sparserl.errors import SparserlError
 from sparserl.rollout import kv
-from sparserl import advantages
 from sparserl.train import losses
 
-PRESETS = ("default", "sparse_rl_fixed40", "sparse_rl_math", "dense", "sparse_naive", "qurl", "qurl_group", "fp8rl", "rkv_int8")
+PRESETS = (
+    "default",
+    "sparse_rl_fixed40",
+    "sparse_rl_math",
+    "dense",
+    "sparse_naive",
+    "qurl",
+    "qurl_group",
+    "fp8rl",
+    "rkv_int8",
+)
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -80,15 +102,29 @@ def test_dense_and_naive_are_the_fixed_budget_job_with_one_change():
 
 
 def test_yaml_file_and_overrides_with_types(tmp_path):
-    (tmp_path / "parent.yaml").write_text("base: sparse_rl_fixed40\nrollout:\n  compressor_options: {lam: 0.3, kernel: 3}\n")
+    (tmp_path / "parent.yaml").write_text(
+        "base: sparse_rl_fixed40\nrollout:\n  compressor_options: {lam: 0.3, kernel: 3}\n"
+    )
     p = tmp_path / "mine.yaml"
-    p.write_text("base: parent.yaml\n"
-                 "rollout:\n  kv_budget: 48\n  compressor_options: {kernel: 5}\n"
-                 "train:\n  lr: 2e-5\n  betas: [0.8, 0.9]\n")
-    cfg = load_config(str(p), ["rollout.n=4", "train.lr=3e-6", 'rollout.stop=["\\n\\n", "###"]',
-                               "algorithm.clip_eps_high=0.28", "rollout.compressor_options.lam=0.2",
-                               "data.limit=null", "data.train=arith:digits=2", "log.run_name=007",
-                               "rollout.compress_prompt=true"])
+    p.write_text(
+        "base: parent.yaml\n"
+        "rollout:\n  kv_budget: 48\n  compressor_options: {kernel: 5}\n"
+        "train:\n  lr: 2e-5\n  betas: [0.8, 0.9]\n"
+    )
+    cfg = load_config(
+        str(p),
+        [
+            "rollout.n=4",
+            "train.lr=3e-6",
+            'rollout.stop=["\\n\\n", "###"]',
+            "algorithm.clip_eps_high=0.28",
+            "rollout.compressor_options.lam=0.2",
+            "data.limit=null",
+            "data.train=arith:digits=2",
+            "log.run_name=007",
+            "rollout.compress_prompt=true",
+        ],
+    )
     assert cfg.name == "mine"
     assert cfg.rollout.kv_budget == 48 and isinstance(cfg.rollout.kv_budget, int)
     assert cfg.rollout.n == 4
@@ -167,18 +203,21 @@ def test_unknown_preset():
         load_config("dence")
 
 
-@pytest.mark.parametrize("overrides, pattern", [
-    (["rollout.kv_budget=8", "rollout.window=8"], r"kv_budget=8 must be larger than rollout\.window=8"),
-    (["rollout.n=1"], r"rollout\.n=1.*n >= 2"),
-    (["rollout.compressor=rkvv"], r"rollout\.compressor='rkvv'.*did you mean 'rkv'"),
-    (["rollout.top_p=0"], r"top_p"),
-    (["rollout.temperature=-1"], r"temperature"),
-    (["train.prompts_per_step=8", "train.mini_batch_prompts=3"], r"divisible"),
-    (["train.lr=0"], r"train\.lr"),
-    (["algorithm.loss_agg=sum"], r"loss_agg"),
-    (["algorithm.kl_kind=k4"], r"kl_kind"),
-    (["algorithm.adv_estimator=ppo"], r"adv_estimator"),
-])
+@pytest.mark.parametrize(
+    "overrides, pattern",
+    [
+        (["rollout.kv_budget=8", "rollout.window=8"], r"kv_budget=8 must be larger than rollout\.window=8"),
+        (["rollout.n=1"], r"rollout\.n=1.*n >= 2"),
+        (["rollout.compressor=rkvv"], r"rollout\.compressor='rkvv'.*did you mean 'rkv'"),
+        (["rollout.top_p=0"], r"top_p"),
+        (["rollout.temperature=-1"], r"temperature"),
+        (["train.prompts_per_step=8", "train.mini_batch_prompts=3"], r"divisible"),
+        (["train.lr=0"], r"train\.lr"),
+        (["algorithm.loss_agg=sum"], r"loss_agg"),
+        (["algorithm.kl_kind=k4"], r"kl_kind"),
+        (["algorithm.adv_estimator=ppo"], r"adv_estimator"),
+    ],
+)
 def test_validation_errors(overrides, pattern):
     # a value's own type/range/name fails as it is loaded, a cross-field rule in validate
     with pytest.raises(ConfigError, match=pattern):
@@ -196,8 +235,15 @@ def test_validation_accepts_dense_small_budget_and_lists_all_errors():
 
 
 def test_round_trip_save_load(tmp_path):
-    cfg = load_config("sparse_rl_math", ["rollout.stop=['\\n\\n']", "rollout.compressor_options.kernel=7",
-                                         "algorithm.clip_eps_high=0.28", "train.mini_batch_prompts=32"])
+    cfg = load_config(
+        "sparse_rl_math",
+        [
+            "rollout.stop=['\\n\\n']",
+            "rollout.compressor_options.kernel=7",
+            "algorithm.clip_eps_high=0.28",
+            "train.mini_batch_prompts=32",
+        ],
+    )
     path = save_config(cfg, tmp_path / "run" / "config.yaml")
     back = load_config(str(path))
     assert back == cfg
@@ -228,14 +274,22 @@ def test_compressor_options_checked_when_compressors_present():
 
 def test_all_errors_of_a_file_in_one_message(tmp_path):
     p = tmp_path / "many.yaml"
-    p.write_text("rollout:\n  kv_budgett: 64\n  n: 0\n  trigger: often\n"
-                 "train:\n  lr: fast\n  betas: [0.9, 1.5]\nalgorithm:\n  clip_eps: -0.1\n")
+    p.write_text(
+        "rollout:\n  kv_budgett: 64\n  n: 0\n  trigger: often\n"
+        "train:\n  lr: fast\n  betas: [0.9, 1.5]\nalgorithm:\n  clip_eps: -0.1\n"
+    )
     with pytest.raises(ConfigError) as e:
         load_config(str(p), ["data.limit=0"])
     msg = str(e.value)
     assert msg.startswith("7 problems")
-    for key in ("rollout.kv_budgett", "rollout.n=0", "rollout.trigger='often'", "'train.lr'",
-                "train.betas[1]=1.5", "algorithm.clip_eps=-0.1"):
+    for key in (
+        "rollout.kv_budgett",
+        "rollout.n=0",
+        "rollout.trigger='often'",
+        "'train.lr'",
+        "train.betas[1]=1.5",
+        "algorithm.clip_eps=-0.1",
+    ):
         assert f"{p}: " in msg.split(key)[0].rsplit("\n", 1)[-1], key  # each line names the file
     assert "override: data.limit=0: must be >= 1" in msg
     assert "did you mean 'rollout.kv_budget'" in msg and "not one of step_length, newline" in msg
@@ -243,11 +297,13 @@ def test_all_errors_of_a_file_in_one_message(tmp_path):
 
 
 def test_field_constraint_names_key_and_bound():
-    for ov, text in [("rollout.top_p=0", "rollout.top_p=0: must be > 0"),
-                     ("rollout.top_p=2", "rollout.top_p=2: must be <= 1"),
-                     ("rollout.kv_budget=0", "rollout.kv_budget=0: must be >= 1"),
-                     ("train.betas=[0.9, 1.0]", "train.betas[1]=1.0: must be < 1"),
-                     ("eval.max_new_tokens=0", "eval.max_new_tokens=0: must be >= 1")]:
+    for ov, text in [
+        ("rollout.top_p=0", "rollout.top_p=0: must be > 0"),
+        ("rollout.top_p=2", "rollout.top_p=2: must be <= 1"),
+        ("rollout.kv_budget=0", "rollout.kv_budget=0: must be >= 1"),
+        ("train.betas=[0.9, 1.0]", "train.betas[1]=1.0: must be < 1"),
+        ("eval.max_new_tokens=0", "eval.max_new_tokens=0: must be >= 1"),
+    ]:
         with pytest.raises(ConfigError) as e:
             load_config("sparse_rl_fixed40", [ov])
         assert str(e.value) == f"override: {text}"
@@ -257,12 +313,15 @@ def test_field_constraint_names_key_and_bound():
     assert cfg.rollout.kv_budget == 64
 
 
-@pytest.mark.parametrize("key, bad, good, names", [
-    ("rollout.compressor", "snapkvv", "snapkv", kv.available_compressors),
-    ("eval.compressor", "stream", "streaming", kv.available_compressors),
-    ("algorithm.correction", "tiss", "tis", available_corrections),
-    ("algorithm.adv_estimator", "rlooo", "rloo", advantages.available_adv_ests),
-])
+@pytest.mark.parametrize(
+    "key, bad, good, names",
+    [
+        ("rollout.compressor", "snapkvv", "snapkv", kv.available_compressors),
+        ("eval.compressor", "stream", "streaming", kv.available_compressors),
+        ("algorithm.correction", "tiss", "tis", available_corrections),
+        ("algorithm.adv_estimator", "rlooo", "rloo", advantages.available_adv_ests),
+    ],
+)
 def test_unknown_registry_name_lists_names_and_closest(key, bad, good, names):
     with pytest.raises(ConfigError) as e:
         load_config("sparse_rl_fixed40", [f"{key}={bad}"])
@@ -307,8 +366,7 @@ def test_group_rule_comes_from_the_estimator_registry():
 
 @needs_kv_registry
 def test_registries_share_one_duplicate_rule():
-    for register, taken in [(register_correction, "tis"), (advantages.register_adv_est, "grpo"),
-                            (kv.register, "rkv")]:
+    for register, taken in [(register_correction, "tis"), (advantages.register_adv_est, "grpo"), (kv.register, "rkv")]:
         with pytest.raises(ValueError, match="already registered"):
             register(taken)(lambda *a, **k: None)
     same = advantages.get_adv_est("grpo")
@@ -321,8 +379,15 @@ def test_literal_choices_are_ones_the_losses_know():
 
 
 def test_overrides_sections_and_mapping_entries():
-    cfg = load_config("sparse_rl_fixed40", ["rollout.compressor_options={lam: 0.1}", "rollout.compressor_options.kernel=3",
-                                  "--train.seed=3", "algorithm.correction=[tis, [rejection, {high: 1.6}]]"])
+    cfg = load_config(
+        "sparse_rl_fixed40",
+        [
+            "rollout.compressor_options={lam: 0.1}",
+            "rollout.compressor_options.kernel=3",
+            "--train.seed=3",
+            "algorithm.correction=[tis, [rejection, {high: 1.6}]]",
+        ],
+    )
     assert cfg.rollout.compressor_options == {"lam": 0.1, "kernel": 3} and cfg.train.seed == 3
     assert cfg.algorithm.correction == ["tis", ["rejection", {"high": 1.6}]]
     validate(cfg)

@@ -1,4 +1,5 @@
 """The configuration package's shape and its rules between keys (sparserl.config.rules)."""
+
 import subprocess
 import sys
 
@@ -9,11 +10,13 @@ from sparserl.config.rules import LAST, RULES
 
 
 def test_the_schema_and_the_package_import_no_torch():
-    code = ("import sys, sparserl.config.schema; assert 'torch' not in sys.modules, 'schema'\n"
-            "import sparserl.config; assert 'torch' not in sys.modules, 'package'\n"
-            "bad = sorted(m for m in sys.modules if m.startswith('sparserl.') and not m.startswith("
-            "('sparserl.config', 'sparserl.errors', 'sparserl.registry')))\n"
-            "assert not bad, bad")
+    code = (
+        "import sys, sparserl.config.schema; assert 'torch' not in sys.modules, 'schema'\n"
+        "import sparserl.config; assert 'torch' not in sys.modules, 'package'\n"
+        "bad = sorted(m for m in sys.modules if m.startswith('sparserl.') and not m.startswith("
+        "('sparserl.config', 'sparserl.errors', 'sparserl.registry')))\n"
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -40,8 +43,11 @@ UNUSED = [
     (["train.lora_target=[q_proj]"], "train.lora_target", "train.lora_rank"),
     (["train.lora_alpha=32"], "train.lora_alpha", "train.lora_rank"),
     (["train.lora_dropout=0.1"], "train.lora_dropout", "train.lora_rank"),
-    (["rollout.compressor=none", "rollout.kv_controller=null", "rollout.kv_schedule=[[0, 32]]"],
-     "rollout.kv_schedule", "rollout.compressor"),
+    (
+        ["rollout.compressor=none", "rollout.kv_controller=null", "rollout.kv_schedule=[[0, 32]]"],
+        "rollout.kv_schedule",
+        "rollout.compressor",
+    ),
     (["algorithm.max_gen_batches=8"], "algorithm.max_gen_batches", "algorithm.filter_groups"),
     (["train.min_lr_ratio=0.1"], "train.min_lr_ratio", "train.lr_scheduler"),
     (["algorithm.kl_kind=k3"], "algorithm.kl_kind", "algorithm.kl_coef"),
@@ -76,12 +82,24 @@ def test_a_key_given_at_its_default_counts_as_not_given(tmp_path):
     """A preset or override that writes a key at its default value (kl_kind: low_var_kl, lora_target:
     all-linear, max_gen_batches: 4) changes nothing and is not refused; a value set in a file that bases on
     a preset and then overridden back to the default is accepted too."""
-    validate(load_config("default", ["algorithm.kl_kind=low_var_kl", "train.lora_target=all-linear",
-                                     "algorithm.max_gen_batches=4", "train.min_lr_ratio=0"]))
+    validate(
+        load_config(
+            "default",
+            [
+                "algorithm.kl_kind=low_var_kl",
+                "train.lora_target=all-linear",
+                "algorithm.max_gen_batches=4",
+                "train.min_lr_ratio=0",
+            ],
+        )
+    )
     mine = tmp_path / "mine.yaml"
     mine.write_text("base: default\ntrain:\n  lora_target: [q_proj, v_proj]\n")
-    with pytest.raises(ConfigError, match=r"train\.lora_target=\['q_proj', 'v_proj'\] does nothing with "
-                                          r"train\.lora_rank=0"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train\.lora_target=\['q_proj', 'v_proj'\] does nothing with "
+        r"train\.lora_rank=0",
+    ):
         validate(load_config(str(mine)))
     validate(load_config(str(mine), ["train.lora_target=all-linear"]))
     validate(load_config(str(mine), ["train.lora_rank=8"]))

@@ -109,8 +109,7 @@ def test_unknown_name_lists_available():
 
 
 def test_all_methods_registered():
-    assert set(available_corrections()) >= {"none", "sparse_rl", "tis", "mis", "rejection",
-                                             "bypass", "acr"}
+    assert set(available_corrections()) >= {"none", "sparse_rl", "tis", "mis", "rejection", "bypass", "acr"}
 
 
 # --------------------------------------------------------------------------- metrics
@@ -209,8 +208,7 @@ def test_sparse_rl_hand_computed():
     assert close(c.metrics["is/ess"], 2.9**2 / (3 * (1.44 + 1.0 + 0.49)))
 
     raw = get_correction("sparse_rl")(q, p, m, normalize=False)
-    assert torch.allclose(raw.weights, torch.tensor([[1.2, 0, 1.0], [0, 0, 0], [0.7, 0, 0]]),
-                          atol=1e-5)
+    assert torch.allclose(raw.weights, torch.tensor([[1.2, 0, 1.0], [0, 0, 0], [0.7, 0, 0]]), atol=1e-5)
 
 
 def test_sparse_rl_is_modes():
@@ -409,7 +407,9 @@ def test_resolve_forms():
     assert resolve("naive") == [("none", {})]
     assert resolve("mis") == [("mis", {})]
     assert resolve(["tis", ("rejection", {"level": "geometric"})]) == [
-        ("tis", {}), ("rejection", {"level": "geometric"})]
+        ("tis", {}),
+        ("rejection", {"level": "geometric"}),
+    ]
     # fresh copies: mutating the result does not change the preset
     spec = resolve("flashrl_tis")
     spec[0][1]["cap"] = 99.0

@@ -1,5 +1,6 @@
 """The rollout cost model (sparserl.cost): every term on a hand-computed case, the orderings it must
 respect, the engine's own cache trajectory, and bad input."""
+
 import pytest
 import torch
 
@@ -21,9 +22,20 @@ SLOW = MachineRates(bandwidth=1000.0, gemm_flops=1000.0)
 # → max(0.768, 0.720) = 0.768 s
 PREFILL = 0.768
 
-SMOL = ModelShape.from_config({"num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9,
-                               "num_key_value_heads": 3, "head_dim": 64, "intermediate_size": 1536,
-                               "vocab_size": 49152, "tie_word_embeddings": True, "model_type": "llama"}, "float32")
+SMOL = ModelShape.from_config(
+    {
+        "num_hidden_layers": 30,
+        "hidden_size": 576,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "intermediate_size": 1536,
+        "vocab_size": 49152,
+        "tie_word_embeddings": True,
+        "model_type": "llama",
+    },
+    "float32",
+)
 CPU = MachineRates(bandwidth=10e9, gemm_flops=100e9)
 
 
@@ -32,9 +44,18 @@ def test_shape_hand_computed():
     assert TINY.decode_weights == 184
     assert TINY.params == 196
     assert TINY.kv_width == 4 and TINY.gqa_ratio == 2
-    bf16 = ModelShape.from_config({"num_hidden_layers": 1, "hidden_size": 4, "num_attention_heads": 2,
-                                   "num_key_value_heads": 1, "intermediate_size": 8, "vocab_size": 10}, "bfloat16",
-                                  kv_dtype=torch.float32)
+    bf16 = ModelShape.from_config(
+        {
+            "num_hidden_layers": 1,
+            "hidden_size": 4,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "intermediate_size": 8,
+            "vocab_size": 10,
+        },
+        "bfloat16",
+        kv_dtype=torch.float32,
+    )
     assert bf16.head_dim == 2 and bf16.weight_bytes == 2 and bf16.kv_bytes == 4
 
 
@@ -73,8 +94,9 @@ def test_dense_compute_bound_hand_computed():
     assert c.weight_s == pytest.approx(2 * 3.68)
     assert c.attention_s == pytest.approx(0.48 + 0.64)
     # the prefill's own GEMM rate (1000 FLOP/s at its rows): max(768/1000, 720/1000) = 0.768 s
-    assert rollout_cost(TINY, MachineRates(1000.0, 100.0, prefill_flops=1000.0), 1, 2, 3).prefill_s == \
-        pytest.approx(PREFILL)
+    assert rollout_cost(TINY, MachineRates(1000.0, 100.0, prefill_flops=1000.0), 1, 2, 3).prefill_s == pytest.approx(
+        PREFILL
+    )
 
 
 def test_dense_attention_flops_are_kinetics():
@@ -102,10 +124,12 @@ def test_rkv_compression_hand_computed():
     assert c.seconds == pytest.approx(PREFILL + 2.944 + 0.272 + 0.168)
     # SnapKV scores by the window alone (40 FLOPs), StreamingLLM not at all: its compression is the
     # copy, 8 · 16 = 128 bytes → 0.128 s
-    assert rollout_cost(TINY, SLOW, 1, 2, 5, budget=2, step_length=1, window=1,
-                        compressor="snapkv").compression_s == pytest.approx(0.168)
-    assert rollout_cost(TINY, MachineRates(1e6, 1.0), 1, 2, 5, budget=2, step_length=1, window=1,
-                        compressor="snapkv").compression_s == pytest.approx(40.0)
+    assert rollout_cost(
+        TINY, SLOW, 1, 2, 5, budget=2, step_length=1, window=1, compressor="snapkv"
+    ).compression_s == pytest.approx(0.168)
+    assert rollout_cost(
+        TINY, MachineRates(1e6, 1.0), 1, 2, 5, budget=2, step_length=1, window=1, compressor="snapkv"
+    ).compression_s == pytest.approx(40.0)
     streaming = build_compressor("streaming", kv_budget=2, step_length=1, window=1, options={"sinks": 0})
     assert rollout_cost(TINY, SLOW, 1, 2, 5, compressor=streaming).compression_s == pytest.approx(0.128)
 
@@ -142,7 +166,8 @@ def test_dense_costs_more_than_a_budget_on_long_responses():
     assert costs[0].seconds < costs[1].seconds < costs[2].seconds
     # a budget the response never reaches costs what dense does
     assert rollout_cost(SMOL, CPU, 16, 32, 100, budget=256).seconds == pytest.approx(
-        rollout_cost(SMOL, CPU, 16, 32, 100).seconds)
+        rollout_cost(SMOL, CPU, 16, 32, 100).seconds
+    )
 
 
 def test_schedule_between_its_smallest_and_largest_budget():
@@ -161,25 +186,34 @@ def test_ratio_to_dense():
     assert predicted_cost_vs_dense(SMOL, CPU, 16, 32, 512) == 1.0
     r = predicted_cost_vs_dense(SMOL, CPU, 16, 32, 2048, budget=128)
     assert 0 < r < 1
-    assert r == pytest.approx(rollout_cost(SMOL, CPU, 16, 32, 2048, budget=128).seconds
-                              / rollout_cost(SMOL, CPU, 16, 32, 2048).seconds)
+    assert r == pytest.approx(
+        rollout_cost(SMOL, CPU, 16, 32, 2048, budget=128).seconds / rollout_cost(SMOL, CPU, 16, 32, 2048).seconds
+    )
 
 
-@pytest.mark.parametrize("options", [
-    dict(budget=8, step_length=4, window=2),
-    dict(budget=8, step_length=3, window=2, tail_slack=5),
-    dict(schedule=[[0, 6], [14, 10]], step_length=4, window=2),
-    dict(budget=6, step_length=4, window=2, compress_prompt=True),
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(budget=8, step_length=4, window=2),
+        dict(budget=8, step_length=3, window=2, tail_slack=5),
+        dict(schedule=[[0, 6], [14, 10]], step_length=4, window=2),
+        dict(budget=6, step_length=4, window=2, compress_prompt=True),
+    ],
+)
 def test_trajectory_is_the_engines(tiny_lm, options):
     """The compressions and the final cache the model predicts are the engine's."""
     from sparserl.rollout.engine import RolloutEngine
     from sparserl.rollout.sampling import SamplingParams
 
-    comp = build_compressor("rkv", kv_budget=options.get("budget"), step_length=options["step_length"],
-                            window=options["window"], compress_prompt=options.get("compress_prompt", False),
-                            tail_slack=options.get("tail_slack", 0),
-                            options={"schedule": options["schedule"]} if "schedule" in options else None)
+    comp = build_compressor(
+        "rkv",
+        kv_budget=options.get("budget"),
+        step_length=options["step_length"],
+        window=options["window"],
+        compress_prompt=options.get("compress_prompt", False),
+        tail_slack=options.get("tail_slack", 0),
+        options={"schedule": options["schedule"]} if "schedule" in options else None,
+    )
     engine = RolloutEngine(tiny_lm, comp, dtype=torch.float32)
     prompt = list(range(3, 15))  # 12 tokens: longer than the compressible prompt's buffer
     out = engine.generate(["-"], SamplingParams(n=2, max_new_tokens=30, ignore_eos=True, seed=0), prompt_ids=[prompt])
@@ -190,23 +224,26 @@ def test_trajectory_is_the_engines(tiny_lm, options):
     assert out.kv_tokens_kept == [c.kv_tokens_last] * 2
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(n=0), "n must be"),
-    (dict(prompt_len=-1), "prompt_len must be"),
-    (dict(response_len=-5), "response_len must be"),
-    (dict(response_len=0), "response_len must be"),
-    (dict(budget=0), "budget must be"),
-    (dict(budget=-3), "budget must be"),
-    (dict(step_length=0), "step_length must be"),
-    (dict(budget=64, schedule=[[0, 64]]), "not both"),
-    (dict(budget=64, compressor="h2o"), "no cost terms for compressor 'h2o'"),
-    (dict(budget=4, window=8), "larger than the observation window"),
-    (dict(schedule=[[0, 0]]), "budget 0 must be >= 1"),
-    (dict(blocktopk_pages=0), "blocktopk_pages must be"),
-    (dict(blocktopk_pages=4, budget=64), "block top-k keeps the whole cache"),
-    (dict(blocktopk_pages=4, dense_layers=31), "dense_layers"),
-    (dict(budget=64, compressor="none"), "compressor 'none' is dense"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(n=0), "n must be"),
+        (dict(prompt_len=-1), "prompt_len must be"),
+        (dict(response_len=-5), "response_len must be"),
+        (dict(response_len=0), "response_len must be"),
+        (dict(budget=0), "budget must be"),
+        (dict(budget=-3), "budget must be"),
+        (dict(step_length=0), "step_length must be"),
+        (dict(budget=64, schedule=[[0, 64]]), "not both"),
+        (dict(budget=64, compressor="h2o"), "no cost terms for compressor 'h2o'"),
+        (dict(budget=4, window=8), "larger than the observation window"),
+        (dict(schedule=[[0, 0]]), "budget 0 must be >= 1"),
+        (dict(blocktopk_pages=0), "blocktopk_pages must be"),
+        (dict(blocktopk_pages=4, budget=64), "block top-k keeps the whole cache"),
+        (dict(blocktopk_pages=4, dense_layers=31), "dense_layers"),
+        (dict(budget=64, compressor="none"), "compressor 'none' is dense"),
+    ],
+)
 def test_bad_input_raises(kwargs, match):
     args = dict(n=16, prompt_len=32, response_len=256)
     args.update(kwargs)
@@ -229,12 +266,19 @@ def test_bad_shapes_and_rates_raise():
         ModelShape.from_config(SMOL_CONFIG, "float33")
     with pytest.raises(ValueError, match="memory_bandwidth_bytes_per_s"):
         MachineRates.from_machine_info({"gemm_flops_per_s": 1e9})
-    assert MachineRates.from_machine_info({"memory_bandwidth_bytes_per_s": 2e9, "gemm_flops_per_s": 5e9}) == \
-        MachineRates(2e9, 5e9)
+    assert MachineRates.from_machine_info(
+        {"memory_bandwidth_bytes_per_s": 2e9, "gemm_flops_per_s": 5e9}
+    ) == MachineRates(2e9, 5e9)
 
 
-SMOL_CONFIG = {"num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3,
-               "intermediate_size": 1536, "vocab_size": 49152}
+SMOL_CONFIG = {
+    "num_hidden_layers": 30,
+    "hidden_size": 576,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "intermediate_size": 1536,
+    "vocab_size": 49152,
+}
 
 
 @pytest.fixture(scope="module")
@@ -244,8 +288,17 @@ def tiny_lm():
 
     from sparserl.models.loading import IdsOnlyTokenizer, LoadedModel
 
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=8, max_position_embeddings=256, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     return LoadedModel(LlamaForCausalLM(cfg).eval(), IdsOnlyTokenizer(), "cost-test", None)
 

@@ -7,8 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from sparserl.data import (DATASETS, DEFAULT_TEMPLATE, Example, LoadedData, PromptSampler,
-                           load_dataset, make_arith, resolve_data_dir)
+from sparserl.data import (
+    DATASETS,
+    DEFAULT_TEMPLATE,
+    Example,
+    LoadedData,
+    PromptSampler,
+    load_dataset,
+    make_arith,
+    resolve_data_dir,
+)
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -27,6 +35,7 @@ def _write_jsonl(path: Path, rows: list) -> Path:
 # --------------------------------------------------------------------------------------------
 # Built-in sets
 # --------------------------------------------------------------------------------------------
+
 
 @needs_data
 @pytest.mark.parametrize("name", sorted(DATASETS))
@@ -55,7 +64,8 @@ def test_named_set_mappings():
     assert sv.label == "145"
     assert _user_text(sv).startswith(
         "There are 87 oranges and 290 bananas in Philip's collection. If the bananas are organized "
-        "into 2 groups and oranges are organized into 93 groups How big is each group of bananas?")
+        "into 2 groups and oranges are organized into 93 groups How big is each group of bananas?"
+    )
     m5 = load_dataset("math500", limit=1, data_dir=DATA)[0]
     assert m5.label == "\\left( 3, \\frac{\\pi}{2} \\right)" and m5.meta["level"] == 2
     assert _user_text(m5).endswith("put your final answer within \\boxed{}.")
@@ -73,8 +83,7 @@ def test_math_level3to5_skips_empty_labels_by_default():
 
 @needs_data
 def test_template_and_system_prompt():
-    ex = load_dataset("gsm8k", limit=1, data_dir=DATA, template="Q: {problem}\nA:",
-                      system_prompt="Be brief.")[0]
+    ex = load_dataset("gsm8k", limit=1, data_dir=DATA, template="Q: {problem}\nA:", system_prompt="Be brief.")[0]
     assert ex.prompt[0] == {"role": "system", "content": "Be brief."}
     assert ex.prompt[1]["content"].startswith("Q: Janet") and ex.prompt[1]["content"].endswith("\nA:")
     # a system prompt replaces the data set's own system message
@@ -151,14 +160,18 @@ def test_missing_key_names_key_and_line(tmp_path):
 
 
 def test_skip_bad_rows_counts(tmp_path):
-    rows = GOOD[:2] + [
-        "{broken",
-        {"problem": "no label"},
-        {"problem": "empty label", "answer": "  "},
-        {"problem": "", "answer": "3"},
-        [1, 2, 3],
-        {"problem": "null label", "answer": None},
-    ] + GOOD[2:]
+    rows = (
+        GOOD[:2]
+        + [
+            "{broken",
+            {"problem": "no label"},
+            {"problem": "empty label", "answer": "  "},
+            {"problem": "", "answer": "3"},
+            [1, 2, 3],
+            {"problem": "null label", "answer": None},
+        ]
+        + GOOD[2:]
+    )
     path = _write_jsonl(tmp_path / "mixed.jsonl", rows)
     data = load_dataset(str(path), skip_bad_rows=True)
     assert data.skipped == 6
@@ -173,8 +186,7 @@ def test_key_overrides_and_label_kinds(tmp_path):
         {"q": "b", "sol": "so \\boxed{\\frac{1}{2}}.", "n": 3, "lst": ["$x$"]},
     ]
     path = _write_jsonl(tmp_path / "k.jsonl", rows)
-    assert [e.label for e in load_dataset(str(path), prompt_key="q", label_key="sol")] == \
-        ["1250", "\\frac{1}{2}"]
+    assert [e.label for e in load_dataset(str(path), prompt_key="q", label_key="sol")] == ["1250", "\\frac{1}{2}"]
     assert [e.label for e in load_dataset(str(path), prompt_key="q", label_key="n")] == ["27", "3"]
     lst = load_dataset(str(path), prompt_key="q", label_key="lst")
     assert [e.label for e in lst] == ["69, 84", "x"]  # the parts of reward.math.normalize_label
@@ -182,8 +194,9 @@ def test_key_overrides_and_label_kinds(tmp_path):
 
 def test_chat_message_prompts_kept(tmp_path):
     msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi \\boxed{}"}]
-    path = _write_jsonl(tmp_path / "c.jsonl", [{"prompt": msgs, "label": "1"},
-                                               {"prompt": [{"role": "user"}], "label": "2"}])
+    path = _write_jsonl(
+        tmp_path / "c.jsonl", [{"prompt": msgs, "label": "1"}, {"prompt": [{"role": "user"}], "label": "2"}]
+    )
     with pytest.raises(ValueError, match="c.jsonl line 2"):
         load_dataset(str(path))
     data = load_dataset(str(path), skip_bad_rows=True)
@@ -218,6 +231,7 @@ def test_json_array_file(tmp_path):
 # arith
 # --------------------------------------------------------------------------------------------
 
+
 def _check_arith(examples):
     for ex in examples:
         value = eval(ex.meta["expression"], {"__builtins__": {}})  # noqa: S307 - our own digits/ops
@@ -243,12 +257,15 @@ def test_arith_deterministic_and_correct():
     assert 20 < plain < 150
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(digits=2, ops=("+", "-"), terms=3),
-    dict(digits=1, ops=("-",), terms=4),
-    dict(digits=2, ops=("+", "-", "*"), terms=3, word_problems=False),
-    dict(difficulty=7),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(digits=2, ops=("+", "-"), terms=3),
+        dict(digits=1, ops=("-",), terms=4),
+        dict(digits=2, ops=("+", "-", "*"), terms=3, word_problems=False),
+        dict(difficulty=7),
+    ],
+)
 def test_arith_options(kwargs):
     ex = make_arith(100, seed=1, **kwargs)
     _check_arith(ex)
@@ -271,6 +288,7 @@ def test_arith_spec():
 # --------------------------------------------------------------------------------------------
 # PromptSampler
 # --------------------------------------------------------------------------------------------
+
 
 def _ids(batch):
     return [e.meta["index"] for e in batch]

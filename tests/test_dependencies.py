@@ -30,8 +30,9 @@ Further rules:
 - ``sparserl.data.arith`` and ``sparserl.data.loaders`` do not import each other both ways (the
   loaders build the arithmetic task; both share ``sparserl.data.example``).
 """
+
 import ast
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -39,10 +40,34 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "sparserl"
 
 #: the top-level packages, lowest first: each imports only packages before it (the module docstring)
-PACKAGE_ORDER = ("errors", "envpath", "json_cache", "registry", "runlog", "batch",
-                 "models", "rollout", "checks", "cost", "score", "correct", "advantages", "reward", "data",
-                 "config", "preflight", "mismatch", "eval", "cluster", "train",
-                 "bench", "calibrate", "compare", "commands", "cli")
+PACKAGE_ORDER = (
+    "errors",
+    "envpath",
+    "json_cache",
+    "registry",
+    "runlog",
+    "batch",
+    "models",
+    "rollout",
+    "checks",
+    "cost",
+    "score",
+    "correct",
+    "advantages",
+    "reward",
+    "data",
+    "config",
+    "preflight",
+    "mismatch",
+    "eval",
+    "cluster",
+    "train",
+    "bench",
+    "calibrate",
+    "compare",
+    "commands",
+    "cli",
+)
 
 
 def module_name(path: Path) -> str:
@@ -56,7 +81,7 @@ def files(sub: str = "") -> list[Path]:
     return sorted((SRC / sub).rglob("*.py"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def modules() -> frozenset[str]:
     """Every module of the source tree, packages (their ``__init__``) included."""
     return frozenset(module_name(p) for p in files())
@@ -122,7 +147,7 @@ def package_of(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
-@lru_cache(maxsize=None)
+@cache
 def module_graph() -> dict[str, frozenset[str]]:
     return {module_name(p): frozenset(module_imports(p)) for p in files() if p.parent != SRC or p.name != "__init__.py"}
 
@@ -130,8 +155,9 @@ def module_graph() -> dict[str, frozenset[str]]:
 def package_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for mod, targets in module_graph().items():
-        graph.setdefault(package_of(mod), set()).update(package_of(t) for t in targets
-                                                         if t != "sparserl" and package_of(t) != package_of(mod))
+        graph.setdefault(package_of(mod), set()).update(
+            package_of(t) for t in targets if t != "sparserl" and package_of(t) != package_of(mod)
+        )
     return graph
 
 
@@ -229,14 +255,20 @@ def test_no_package_imports_another_that_imports_it_back():
     """Top-level packages form no cycle (their order is the module docstring's)."""
     found = cycles(package_graph())
     assert not found, "import cycles between packages:\n" + "\n".join(
-        f"{_describe(c)}  (" + "; ".join(f"{a} -> {b}: {', '.join(_witnesses(a, b))}"
-                                          for a, b in zip(c, c[1:] + c[:1])) + ")" for c in found)
+        f"{_describe(c)}  ("
+        + "; ".join(f"{a} -> {b}: {', '.join(_witnesses(a, b))}" for a, b in zip(c, c[1:] + c[:1]))
+        + ")"
+        for c in found
+    )
 
 
 def _witnesses(a: str, b: str) -> list[str]:
     """The modules of package ``a`` that import package ``b`` (what to move)."""
-    return sorted(f"{m.removeprefix(a + '.')}" for m, ts in module_graph().items()
-                  if package_of(m) == a and any(package_of(t) == b for t in ts))
+    return sorted(
+        f"{m.removeprefix(a + '.')}"
+        for m, ts in module_graph().items()
+        if package_of(m) == a and any(package_of(t) == b for t in ts)
+    )
 
 
 def test_packages_import_only_packages_before_them():
@@ -244,8 +276,9 @@ def test_packages_import_only_packages_before_them():
     rank = {p: i for i, p in enumerate(f"sparserl.{name}" for name in PACKAGE_ORDER)}
     graph = package_graph()
     assert not set(graph) - set(rank), f"packages missing from PACKAGE_ORDER: {sorted(set(graph) - set(rank))}"
-    upward = sorted(f"{a} -> {b} ({', '.join(_witnesses(a, b))})" for a, bs in graph.items() for b in bs
-                    if rank[b] > rank[a])
+    upward = sorted(
+        f"{a} -> {b} ({', '.join(_witnesses(a, b))})" for a, bs in graph.items() for b in bs if rank[b] > rank[a]
+    )
     assert not upward, "imports of a later package:\n" + "\n".join(upward)
 
 
@@ -282,8 +315,12 @@ def test_data_arith_and_loaders_one_way():
 
 def test_rollout_kv_is_the_one_builder():
     """The commands, train, eval and bench build compressors through sparserl.rollout.kv's builder only."""
-    for path in [*files("commands"), SRC / "train" / "trainer.py", SRC / "eval" / "evaluate.py",
-                 SRC / "bench" / "rollout.py"]:
+    for path in [
+        *files("commands"),
+        SRC / "train" / "trainer.py",
+        SRC / "eval" / "evaluate.py",
+        SRC / "bench" / "rollout.py",
+    ]:
         text = path.read_text()
         assert "def build_compressor" not in text and "def compressor_from_args" not in text, module_name(path)
 
@@ -302,8 +339,15 @@ def test_cluster_sits_under_train():
     """train -> cluster -> rollout / models: the rollout workers never reach up into the training loop,
     and only the trainer starts them."""
     for path in files("cluster"):
-        bad = {n for pkg in ("sparserl.train", "sparserl.compare", "sparserl.cli") for n in refers_to(imports_of(path), pkg)}
+        bad = {
+            n
+            for pkg in ("sparserl.train", "sparserl.compare", "sparserl.cli")
+            for n in refers_to(imports_of(path), pkg)
+        }
         assert not bad, f"{module_name(path)} imports {sorted(bad)}"
-    users = {module_name(p) for p in files() if refers_to(imports_of(p), "sparserl.cluster")
-             and not module_name(p).startswith("sparserl.cluster")}
+    users = {
+        module_name(p)
+        for p in files()
+        if refers_to(imports_of(p), "sparserl.cluster") and not module_name(p).startswith("sparserl.cluster")
+    }
     assert users and all(u.startswith("sparserl.train.") for u in users), users

@@ -1,6 +1,7 @@
 """DistillSparse (issue 32, item 3; Sparrow, docs/algorithms.md §3): the replay of what the sparse sampler read
 reproduces its log-probs with gradients; φ's update leaves θ and the dense scorer untouched, moves φ, and
 φ reaches the sampler; α is logged with and without φ; φ is saved and resumed with the run."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,11 +12,15 @@ PROMPTS = ["What is 2 + 3? Answer with one careful and rather long sentence.", "
 
 
 def _cfg(tmp_path, *extra):
-    from sparserl.config import load_config, validate
     from test_train import TINY
 
-    return validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", "rollout.compress_prompt=true", DISTILL,
-                                            *extra]))
+    from sparserl.config import load_config, validate
+
+    return validate(
+        load_config(
+            "sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", "rollout.compress_prompt=true", DISTILL, *extra]
+        )
+    )
 
 
 def _recorded(trainer, ro, params):
@@ -32,11 +37,23 @@ def _max_err(log_q, ro) -> float:
     return max(abs(float(log_q[i, t]) - lp) for i, row in enumerate(ro.sampler_logprobs) for t, lp in enumerate(row))
 
 
-@pytest.mark.parametrize("compressor, extra", [
-    ("rkv", []), ("snapkv", []), ("streaming", []),
-    ("blocktopk", ["rollout.kv_budget=48", "rollout.max_new_tokens=40", "rollout.compress_prompt=false",
-                   "rollout.compressor_options={dense_layers: 0}"]),  # the tiny model's 2 layers both sparse
-])
+@pytest.mark.parametrize(
+    "compressor, extra",
+    [
+        ("rkv", []),
+        ("snapkv", []),
+        ("streaming", []),
+        (
+            "blocktopk",
+            [
+                "rollout.kv_budget=48",
+                "rollout.max_new_tokens=40",
+                "rollout.compress_prompt=false",
+                "rollout.compressor_options={dense_layers: 0}",
+            ],
+        ),  # the tiny model's 2 layers both sparse
+    ],
+)
 def test_the_replayed_attention_gives_the_samplers_logprobs(tmp_path, compressor, extra):
     """One forward with the recorded masks = the sparse sampler (per-head eviction, the prompt compressed,
     block top-k's pages), where the dense forward is far from it (the test can fail)."""
@@ -63,10 +80,10 @@ def test_phi_moves_alone_and_reaches_the_sampler(tmp_path):
     """φ's step leaves the learner (θ) and the dense scorer's log-probs as they were, moves φ (B leaves zero),
     the sampler's weights become θ + (α/r) B A, and the sampler then samples from q_φ: its log-probs on
     forced tokens equal the replayed forward's with φ, and differ from θ's."""
+    from sparserl.advantages import compute_advantages
     from sparserl.batch import RolloutBatch
     from sparserl.rollout.sampling import SamplingParams
     from sparserl.score import score_logprobs
-    from sparserl.advantages import compute_advantages
     from sparserl.train.distill_sparse import REPLAY_ATTENTION
     from sparserl.train.lora import sampler_state
     from sparserl.train.trainer import build_trainer, push_weights
@@ -142,7 +159,9 @@ def test_phi_is_saved_and_resumed(tmp_path):
     stopped = train(_cfg(tmp_path, "train.steps=1"), run_dir=tmp_path / "stopped", log=quiet)
     train(_cfg(tmp_path, "train.steps=2"), resume=True, run_dir=stopped, log=quiet)
     keys = ("distill/loss", "distill/k3_kl", "mismatch/alpha_p5", "mismatch/alpha_p5_nophi", "policy/loss")
-    assert [[r[k] for k in keys] for r in read_metrics(stopped)] == [[r[k] for k in keys] for r in read_metrics(through)]
+    assert [[r[k] for k in keys] for r in read_metrics(stopped)] == [
+        [r[k] for k in keys] for r in read_metrics(through)
+    ]
     for name in ("adapter_model.safetensors", "optimizer.safetensors"):
         a = load_file(str(latest_checkpoint(through) / "distill_sparse" / name))
         b = load_file(str(latest_checkpoint(stopped) / "distill_sparse" / name))
@@ -157,10 +176,13 @@ def test_a_checkpoint_without_phi_is_refused_on_resume_with_distill(tmp_path):
     from sparserl.train.trainer import build_trainer, train
 
     quiet = lambda *_: None  # noqa: E731
-    from sparserl.config import load_config, validate
     from test_train import TINY
 
-    plain = validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", "train.steps=1", "mismatch.alpha=off"]))
+    from sparserl.config import load_config, validate
+
+    plain = validate(
+        load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", "train.steps=1", "mismatch.alpha=off"])
+    )
     run = train(plain, run_dir=tmp_path / "plain", log=quiet)
     trainer = build_trainer(_cfg(tmp_path))
     with pytest.raises(CheckpointError, match="no DistillSparse adapter"):

@@ -1,6 +1,7 @@
 """``dtype: auto`` is measured: the faster of float32 and bfloat16 in a timed decode step, cached per
 machine (CPU model and instruction sets, device, torch version, kernels) and measured again when one
 of them changes; the engine, the bench's JSON and the run's config record what it chose and why."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ import json
 import pytest
 import torch
 
-from sparserl.models.loading import ModelLoadError, parse_dtype
 from sparserl.models import machine
+from sparserl.models.loading import ModelLoadError, parse_dtype
 from sparserl.rollout import dtype_auto, dtype_choice
 
 
@@ -24,6 +25,7 @@ def fake_timer(seconds: dict, calls: list):
     def timer(name):
         calls.append(name)
         return seconds[name]
+
     return timer
 
 
@@ -102,14 +104,19 @@ def test_the_real_measurement_times_both_dtypes(cache, monkeypatch):
 
 
 def test_the_run_config_records_what_auto_chose(cache, tmp_path):
+    from test_train import TINY
+
     from sparserl.config import load_config, validate
     from sparserl.train.trainer import train
-    from test_train import TINY
 
     dtype_auto.choose("cpu", timer=fake_timer({"float32": 1.0, "bfloat16": 3.0}, []), log=lambda *a: None)
     overrides = [o for o in TINY if not o.startswith("rollout.dtype=")]
-    cfg = validate(load_config("sparse_rl_fixed40", [*overrides, "rollout.dtype=auto", "train.steps=1", "checkpoint.every=0",
-                                           f"log.out_dir={tmp_path}"]))
+    cfg = validate(
+        load_config(
+            "sparse_rl_fixed40",
+            [*overrides, "rollout.dtype=auto", "train.steps=1", "checkpoint.every=0", f"log.out_dir={tmp_path}"],
+        )
+    )
     lines = []
     run = train(cfg, run_dir=tmp_path / "run", log=lines.append)
     text = (run / "config.yaml").read_text()

@@ -1,17 +1,18 @@
 """DAPO's dynamic sampling (algorithm.filter_groups): further batches until enough groups have rewards that
 differ, the first ones kept in draw order, groups of equal rewards filling up when the batches run out; a run
 with it trains, logs how many batches it sampled, and resumes exactly."""
+
 import json
 
 import pytest
 import torch
+from test_train import cfg_for
 
 from sparserl.reward.weighted import RewardScores
 from sparserl.rollout.engine import KVStats, RolloutOutput
 from sparserl.train.checkpoint import latest_checkpoint
 from sparserl.train.dynamic_sampling import concat_rollouts, filter_groups, informative_groups
 from sparserl.train.trainer import build_trainer, train, train_step
-from test_train import cfg_for
 
 
 def fake_batch(tag: str, rewards_per_prompt: list[list[float]]):
@@ -20,11 +21,19 @@ def fake_batch(tag: str, rewards_per_prompt: list[list[float]]):
     examples = [f"{tag}{p}" for p in range(len(rewards_per_prompt))]
     index = [p for p, group in enumerate(rewards_per_prompt) for _ in group]
     texts = [f"{tag}{p}:{r}" for p, group in enumerate(rewards_per_prompt) for r in group]
-    ro = RolloutOutput(prompt_index=index, prompt_ids=[[ord(tag) * 10 + p] for p in index], response_ids=[[7, i] for i in range(len(index))],
-                       sampler_logprobs=[[-0.5, -0.5] for _ in index], finish_reason=["stop"] * len(index),
-                       kv_tokens_kept=[3] * len(index), kv=KVStats(bytes_peak=100 * len(examples), compressions=1),
-                       tokens_generated=2 * len(index), seconds=1.0, texts=texts,
-                       distributions=[torch.full((2, 4), float(i)) for i in range(len(index))])
+    ro = RolloutOutput(
+        prompt_index=index,
+        prompt_ids=[[ord(tag) * 10 + p] for p in index],
+        response_ids=[[7, i] for i in range(len(index))],
+        sampler_logprobs=[[-0.5, -0.5] for _ in index],
+        finish_reason=["stop"] * len(index),
+        kv_tokens_kept=[3] * len(index),
+        kv=KVStats(bytes_peak=100 * len(examples), compressions=1),
+        tokens_generated=2 * len(index),
+        seconds=1.0,
+        texts=texts,
+        distributions=[torch.full((2, 4), float(i)) for i in range(len(index))],
+    )
     return examples, ro
 
 
@@ -43,8 +52,12 @@ def test_the_first_informative_groups_are_kept_in_draw_order():
     batches = iter([fake_batch("a", [[1, 0], [0, 0]]), fake_batch("b", [[0, 1], [1, 0]]), fake_batch("c", [[1, 0]])])
     examples, ro, scores, sampled, stats = filter_groups(lambda: next(batches), score, want=2, max_batches=4)
     assert examples == ["a0", "b0"]  # b1 differs too, but two were enough; c was never sampled
-    assert stats == {"sampling/gen_batches": 2, "sampling/informative_groups": 3, "sampling/kept_informative_frac": 1.0,
-                     "sampling/reward_mean_kept": 2 / 4}
+    assert stats == {
+        "sampling/gen_batches": 2,
+        "sampling/informative_groups": 3,
+        "sampling/kept_informative_frac": 1.0,
+        "sampling/reward_mean_kept": 2 / 4,
+    }
     # everything sampled, a1 and b1 too: its mean, and the verifier's passes (what reward/mean and accuracy read)
     assert sum(sampled.total) / len(sampled.total) == 3 / 8
     assert sum(x >= 1 for x in sampled.verified) / len(sampled.verified) == 5 / 8
@@ -86,7 +99,7 @@ def test_a_run_with_dynamic_sampling_trains_and_resumes_exactly(tmp_path, monkey
             break
     assert 1 <= metrics["sampling/gen_batches"] <= 3 and metrics["sampling/kept_informative_frac"] > 0
     # the step's reward/mean is the mean over all that was sampled, not the trained batch's (the kept groups')
-    (_, _, scores, sampled, _), = seen
+    ((_, _, scores, sampled, _),) = seen
     assert metrics["reward/mean"] == pytest.approx(sum(sampled.total) / len(sampled.total))
     assert metrics["reward/mean"] != sum(scores.total) / len(scores.total)
     assert metrics["reward/accuracy"] == sum(x >= 1 for x in sampled.verified) / len(sampled.verified)
@@ -94,8 +107,7 @@ def test_a_run_with_dynamic_sampling_trains_and_resumes_exactly(tmp_path, monkey
     monkeypatch.undo()
     full = train(cfg_for(tmp_path, "train.steps=3", *args), run_dir=tmp_path / "a", log=lambda *_: None)
     train(cfg_for(tmp_path, "train.steps=2", *args), run_dir=tmp_path / "b", log=lambda *_: None)
-    resumed = train(cfg_for(tmp_path, "train.steps=3", *args), run_dir=tmp_path / "b", resume=True,
-                    log=lambda *_: None)
+    resumed = train(cfg_for(tmp_path, "train.steps=3", *args), run_dir=tmp_path / "b", resume=True, log=lambda *_: None)
     ra = [json.loads(x) for x in (full / "metrics.jsonl").read_text().splitlines()]
     rb = [json.loads(x) for x in (resumed / "metrics.jsonl").read_text().splitlines()]
     assert [r["sampling/gen_batches"] for r in ra] == [r["sampling/gen_batches"] for r in rb]
@@ -107,5 +119,7 @@ def test_a_run_with_dynamic_sampling_trains_and_resumes_exactly(tmp_path, monkey
 def test_the_step_line_says_how_many_batches_were_sampled():
     from sparserl.train.metrics import format_step_line
 
-    assert format_step_line(3, {"reward/mean": 0.5, "sampling/gen_batches": 2}, 12) == "step 3/12 reward 0.500 batches 2"
+    assert (
+        format_step_line(3, {"reward/mean": 0.5, "sampling/gen_batches": 2}, 12) == "step 3/12 reward 0.500 batches 2"
+    )
     assert "batches" not in format_step_line(3, {"reward/mean": 0.5}, 12)

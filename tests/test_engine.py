@@ -1,4 +1,5 @@
 """Rollout engine: fidelity against transformers, determinism, finish reasons, bad input."""
+
 import json
 
 import pytest
@@ -41,8 +42,9 @@ def test_dense_logprobs_bf16_tolerance(peaked, dtype, logit_scale):
     uniform distributions a sampler with logits scaled by 0.7 stays within mean 0.05, max 0.25). The bound has
     teeth: the same sampler with logits x0.7 (temperature 1/0.7: its log-probs are those of 0.7 z) fails it."""
     eng = RolloutEngine(peaked, DENSE, dtype=dtype)
-    out = eng.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=24, seed=1, ignore_eos=True,
-                                                   temperature=1.0 / logit_scale))
+    out = eng.generate(
+        PROMPTS[:1], SamplingParams(n=2, max_new_tokens=24, seed=1, ignore_eos=True, temperature=1.0 / logit_scale)
+    )
     within = []
     for i in range(2):
         ref = hf_logprobs(peaked.model, out.prompt_ids[i], out.response_ids[i])
@@ -106,10 +108,10 @@ def test_row_uniforms_are_splitmix64_counters():
 
     def reference(seed, row, step):
         base = mix((row * gamma + seed + gamma) & mask)
-        return (mix((base + (step + 1) * gamma) & mask) >> 40) / 2 ** 24
+        return (mix((base + (step + 1) * gamma) & mask) >> 40) / 2**24
 
-    rows = torch.tensor([0, 1, 7, 1000, 2 ** 40])
-    for seed, step in ((0, 0), (12345, 7), (2 ** 62 + 3, 250)):
+    rows = torch.tensor([0, 1, 7, 1000, 2**40])
+    for seed, step in ((0, 0), (12345, 7), (2**62 + 3, 250)):
         assert row_uniforms(seed, rows, step).tolist() == [reference(seed, int(r), step) for r in rows]
     u = torch.cat([row_uniforms(3, torch.arange(100), t) for t in range(100)]).double()
     assert 0 <= float(u.min()) and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.01
@@ -127,8 +129,11 @@ def test_a_response_samples_the_same_in_any_batch(tiny, compressor):
     prompts = ["hello there", "What is 3 + 4?", "one two three", "Tell me a story."]
     p = SamplingParams(n=3, max_new_tokens=20, seed=7)
     whole = eng.generate(prompts, p)
-    shards = [eng.generate(prompts[:1], p), eng.generate(prompts[1:3], p, first_prompt=1),
-              eng.generate(prompts[3:], p, first_prompt=3)]
+    shards = [
+        eng.generate(prompts[:1], p),
+        eng.generate(prompts[1:3], p, first_prompt=1),
+        eng.generate(prompts[3:], p, first_prompt=3),
+    ]
     assert [r for s in shards for r in s.response_ids] == whole.response_ids
     lps = [torch.tensor(x) for s in shards for x in s.sampler_logprobs]
     for a, b in zip(lps, whole.sampler_logprobs):
@@ -146,8 +151,11 @@ def test_a_prompt_held_by_many_rows_is_prefilled_once(tiny, compressor, dtype, m
     (two equal prompts count once), and every row gets its own prefill's outputs: the logits, keys and
     values, SnapKV's window queries, H2O's prompt attention (the tokens and log-probs of a prefill over
     every row, on the tiny model the same bits)."""
-    kw = {"none": {}, "snapkv": {"budget": 12, "step_length": 4, "window": 4},
-          "h2o_prompt": {"budget": 6, "step_length": 2, "compress_prompt": True}}[compressor]
+    kw = {
+        "none": {},
+        "snapkv": {"budget": 12, "step_length": 4, "window": 4},
+        "h2o_prompt": {"budget": 6, "step_length": 2, "compress_prompt": True},
+    }[compressor]
     eng = RolloutEngine(tiny, get_compressor(compressor.split("_")[0], **kw), dtype=dtype)
     prompts = ["What is 3 + 5?", "a b c d e f g", "What is 3 + 5?", "Tell me a story, a long one."]
     params = SamplingParams(n=3, max_new_tokens=24, seed=1, temperature=1.0, ignore_eos=True)
@@ -156,11 +164,13 @@ def test_a_prompt_held_by_many_rows_is_prefilled_once(tiny, compressor, dtype, m
     def spy(ids, *a, **k):
         rows.append(ids.shape[0])
         return prefill(ids, *a, **k)
+
     monkeypatch.setattr(eng.model, "prefill", spy)
     shared = eng.generate(prompts, params)
     assert rows == [3]  # 12 rows, 3 distinct prompts
-    monkeypatch.setattr(eng, "_prefill_distinct", lambda ids, valid, positions, q, at:
-                        eng.model.prefill(ids, valid, positions, q, at))
+    monkeypatch.setattr(
+        eng, "_prefill_distinct", lambda ids, valid, positions, q, at: eng.model.prefill(ids, valid, positions, q, at)
+    )
     each = eng.generate(prompts, params)
     assert rows == [3, 12] and shared.response_ids == each.response_ids
     for a, b in zip(shared.sampler_logprobs, each.sampler_logprobs):
@@ -195,7 +205,9 @@ def test_finished_sequences_leave_the_batch(tiny):
     eng = RolloutEngine(tiny, DENSE)
     eng.eos_ids = set(range(0, len(tiny.tokenizer), 2))  # half the vocabulary ends a sequence
     sizes = []
-    eng.step_hook = lambda ev, cache=None, **kw: sizes.append((cache.batch, cache.k[0].shape[0])) if ev == "before_decode" else None
+    eng.step_hook = lambda ev, cache=None, **kw: (
+        sizes.append((cache.batch, cache.k[0].shape[0])) if ev == "before_decode" else None
+    )
     out = eng.generate(PROMPTS[:1], SamplingParams(n=8, max_new_tokens=30, seed=0))
     assert "stop" in out.finish_reason
     live = [b for b, _ in sizes]
@@ -228,11 +240,38 @@ def test_cli_rollout_contract(tmp_path, tiny, monkeypatch, capsys):
     from sparserl import cli
 
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"prompt": "hi"}) + "\n" + json.dumps({"prompt": [{"role": "user", "content": "2+2?"}]}) + "\n")
+    prompts.write_text(
+        json.dumps({"prompt": "hi"}) + "\n" + json.dumps({"prompt": [{"role": "user", "content": "2+2?"}]}) + "\n"
+    )
     out = tmp_path / "o.jsonl"
-    assert cli.main(["rollout", "--model", "tiny", "--prompts", str(prompts), "--n", "2", "--max-new-tokens", "20",
-                     "--compressor", "rkv", "--kv-budget", "12", "--step-length", "4", "--dtype", "float32",
-                     "--seed", "0", "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "rollout",
+                "--model",
+                "tiny",
+                "--prompts",
+                str(prompts),
+                "--n",
+                "2",
+                "--max-new-tokens",
+                "20",
+                "--compressor",
+                "rkv",
+                "--kv-budget",
+                "12",
+                "--step-length",
+                "4",
+                "--dtype",
+                "float32",
+                "--seed",
+                "0",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 4
     for r in rows:
@@ -242,9 +281,12 @@ def test_cli_rollout_contract(tmp_path, tiny, monkeypatch, capsys):
     empty.write_text("")
     bad = tmp_path / "b.jsonl"
     bad.write_text('{"prompt": "a"}\n{oops\n')
-    cases = [(["--prompts", str(empty)], "empty"), (["--prompts", str(bad)], "line 2"),
-             (["--prompts", str(prompts), "--compressor", "zip"], "unknown compressor"),
-             (["--prompts", str(prompts), "--model", str(tmp_path / "nomodel")], "not found")]
+    cases = [
+        (["--prompts", str(empty)], "empty"),
+        (["--prompts", str(bad)], "line 2"),
+        (["--prompts", str(prompts), "--compressor", "zip"], "unknown compressor"),
+        (["--prompts", str(prompts), "--model", str(tmp_path / "nomodel")], "not found"),
+    ]
     for extra, message in cases:  # one "error: ..." line, exit code 1, no traceback
         assert cli.main(["rollout", "--model", "tiny", "--out", str(out), *extra]) == 1
         err = capsys.readouterr().err

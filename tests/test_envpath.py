@@ -1,5 +1,6 @@
 """Folders named by environment variables (sparserl.envpath.env_dir): the one check behind
 SPARSERL_CACHE, SPARSERL_NATIVE_CACHE and SPARSERL_DATA_DIR."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -56,8 +57,11 @@ def test_a_folder_that_cannot_be_made(monkeypatch):
     if Path("/proc/sparserl-no").exists() or not Path("/proc").is_dir():
         pytest.skip("needs /proc, where no folder can be made")
     monkeypatch.setenv(VAR, "/proc/sparserl-no/cache")
-    with pytest.raises(EnvPathError, match=rf"{VAR}='/proc/sparserl-no/cache': cannot create the folder "
-                                           r"/proc/sparserl-no/cache \(.+\); set"):
+    with pytest.raises(
+        EnvPathError,
+        match=rf"{VAR}='/proc/sparserl-no/cache': cannot create the folder "
+        r"/proc/sparserl-no/cache \(.+\); set",
+    ):
         env_dir(VAR)
     assert issubclass(EnvPathError, SparserlError)
 
@@ -68,8 +72,11 @@ def test_every_folder_variable_goes_through_env_dir(tmp_path, monkeypatch):
     from sparserl.rollout import native
 
     (tmp_path / "f").write_text("x")
-    for var, read in (("SPARSERL_CACHE", cache_dir), ("SPARSERL_NATIVE_CACHE", native.cache_dir),
-                      ("SPARSERL_DATA_DIR", resolve_data_dir)):
+    for var, read in (
+        ("SPARSERL_CACHE", cache_dir),
+        ("SPARSERL_NATIVE_CACHE", native.cache_dir),
+        ("SPARSERL_DATA_DIR", resolve_data_dir),
+    ):
         monkeypatch.setenv(var, str(tmp_path / "f"))
         with pytest.raises(EnvPathError, match=f"^{var}="):
             read()

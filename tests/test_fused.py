@@ -2,6 +2,7 @@
 eager one, operator by operator: the same kernels in the same order, so the same tokens and
 bit-identical log-probs, for every compressor, the weight quantizations it takes, SmoothQuant, outlier
 channels in float32 and a quantized KV cache (which attends through the cache's own path)."""
+
 import pytest
 import torch
 
@@ -39,8 +40,11 @@ def assert_same(a, b):
     assert a.response_ids == b.response_ids
     for x, y in zip(a.sampler_logprobs, b.sampler_logprobs):
         assert torch.equal(torch.as_tensor(x), torch.as_tensor(y))
-    assert (a.kv.compressions, a.kv.bytes_peak, a.kv_tokens_kept) == (b.kv.compressions, b.kv.bytes_peak,
-                                                                      b.kv_tokens_kept)
+    assert (a.kv.compressions, a.kv.bytes_peak, a.kv_tokens_kept) == (
+        b.kv.compressions,
+        b.kv.bytes_peak,
+        b.kv_tokens_kept,
+    )
 
 
 @pytest.mark.parametrize("name", available_compressors())
@@ -53,14 +57,32 @@ def test_fused_step_is_the_eager_step(tiny, name, run_both):
     assert_same(a, b)
 
 
-@pytest.mark.parametrize("quant,smooth,kv_quant,outliers", [
-    ("int8", 0.0, "none", 0), ("int8_group", 0.0, "none", 0), ("int8", 0.5, "none", 0), ("int8_group", 0.5, "none", 0),
-    ("none", 0.0, "int8", 0), ("int8", 0.0, "fp8", 0), ("int8", 0.0, "none", 4), ("int8", 0.5, "none", 4),
-    ("int8_group", 0.5, "none", 2), ("int8", 0.5, "none", -4)])
+@pytest.mark.parametrize(
+    "quant,smooth,kv_quant,outliers",
+    [
+        ("int8", 0.0, "none", 0),
+        ("int8_group", 0.0, "none", 0),
+        ("int8", 0.5, "none", 0),
+        ("int8_group", 0.5, "none", 0),
+        ("none", 0.0, "int8", 0),
+        ("int8", 0.0, "fp8", 0),
+        ("int8", 0.0, "none", 4),
+        ("int8", 0.5, "none", 4),
+        ("int8_group", 0.5, "none", 2),
+        ("int8", 0.5, "none", -4),
+    ],
+)
 def test_fused_step_quantized(tiny, quant, smooth, kv_quant, outliers, run_both):
     """outliers < 0: that many outlier channels, and the LM head quantized too (rollout.quant_head)."""
-    engine = RolloutEngine(tiny, make("rkv"), quant=quant, quant_smooth=smooth, kv_quant=kv_quant,
-                           quant_outliers=abs(outliers), quant_head=outliers < 0)
+    engine = RolloutEngine(
+        tiny,
+        make("rkv"),
+        quant=quant,
+        quant_smooth=smooth,
+        kv_quant=kv_quant,
+        quant_outliers=abs(outliers),
+        quant_head=outliers < 0,
+    )
     assert fused.available(engine.model)
     a, b = run_both(engine, SamplingParams(n=2, max_new_tokens=24, seed=3, temperature=1.0, ignore_eos=True))
     assert_same(a, b)
@@ -100,8 +122,7 @@ def test_apply_bad_descriptor_is_an_error():
     """An unknown kernel kind or int8_group without a group: -1, nothing written."""
     lib = native.library()
     x, y = torch.ones(2, 8), torch.full((2, 16), 7.0)
-    d = native.Weight.of(native.Weight.INT8_GROUP, torch.zeros(16 * 8, dtype=torch.int8), 16, 8,
-                         scales=torch.ones(16))
+    d = native.Weight.of(native.Weight.INT8_GROUP, torch.zeros(16 * 8, dtype=torch.int8), 16, 8, scales=torch.ones(16))
     assert lib.sparserl_apply(d, 2, x.data_ptr(), 8, y.data_ptr(), 16, 0) == -1
     d.kind = 9
     assert lib.sparserl_apply(d, 2, x.data_ptr(), 8, y.data_ptr(), 16, 0) == -1

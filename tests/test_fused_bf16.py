@@ -2,15 +2,16 @@
 bf16 weight panels (``linear_bf16.c``), a bf16 KV cache read by the C attention, float32 everywhere
 else. Checked against exact references where the arithmetic is exact (a bf16 cache reads as its
 float32 values), and against the float32 policy where it is not (closer than the eager bf16 step)."""
+
 import pytest
 import torch
 
+from sparserl.mismatch.replay import replay
 from sparserl.models.loading import load_model
 from sparserl.rollout import fused, native
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import get_compressor
 from sparserl.rollout.model import NATIVE_BF16
-from sparserl.mismatch.replay import replay
 from sparserl.rollout.sampling import SamplingParams
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="native kernels unavailable")
@@ -53,8 +54,9 @@ def test_block_topk_over_a_bf16_cache_is_the_float32_kernel_on_its_values(D):
             for t in range(int(lens[b] - start[b]) - 1):
                 sums[b, :, t // page] += k_[b, :, int(start[b]) + t].float()
         chosen = torch.empty(B, hkv, 4, dtype=torch.int32)
-        out = native.blocktopk_attention(q, k_, v_, sums, start, lens, torch.full((B,), 4, dtype=torch.int32), page,
-                                         1, 2, chosen=chosen)
+        out = native.blocktopk_attention(
+            q, k_, v_, sums, start, lens, torch.full((B,), 4, dtype=torch.int32), page, 1, 2, chosen=chosen
+        )
         outs.append((out, sums, chosen))
     assert outs[0][0] is not None
     for a, b in zip(outs[0], outs[1]):
@@ -125,8 +127,14 @@ def test_fused_bf16_is_closer_to_the_float32_policy_than_the_eager_bf16_step(tin
     eager = replay(bf16, sampled.prompt_ids, sampled.response_ids, params)
 
     def gap(out):  # mean |Δ log-prob| over the decoded tokens (the first comes from the prefill, eager in both)
-        return float(torch.cat([(torch.as_tensor(a) - torch.as_tensor(b)).abs()[1:]
-                                for a, b in zip(out.sampler_logprobs, ref.sampler_logprobs)]).mean())
+        return float(
+            torch.cat(
+                [
+                    (torch.as_tensor(a) - torch.as_tensor(b)).abs()[1:]
+                    for a, b in zip(out.sampler_logprobs, ref.sampler_logprobs)
+                ]
+            ).mean()
+        )
 
     fused_gap, eager_gap = gap(sampled), gap(eager)
     assert 0 < fused_gap < 0.7 * eager_gap, (fused_gap, eager_gap)  # measured: 2.9e-4 against 5.6e-4
@@ -135,8 +143,10 @@ def test_fused_bf16_is_closer_to_the_float32_policy_than_the_eager_bf16_step(tin
 def test_blocktopk_and_a_quantized_cache_in_the_bf16_step(tiny_bf16_rounded, generate_fused):
     """Block top-k reads its pages of the bf16 cache in its own kernel, int8 KV codes go through the
     cache's attention between the native calls; the step runs fused and replays exactly."""
-    for compressor, kv_quant in ((get_compressor("blocktopk", budget=48, dense_layers=1), "none"),
-                                 (make("rkv"), "int8")):
+    for compressor, kv_quant in (
+        (get_compressor("blocktopk", budget=48, dense_layers=1), "none"),
+        (make("rkv"), "int8"),
+    ):
         engine = RolloutEngine(tiny_bf16_rounded, compressor, dtype="bfloat16", kv_quant=kv_quant)
         params = SamplingParams(n=2, max_new_tokens=40, seed=5, temperature=1.0, ignore_eos=True)
         out = generate_fused(engine, PROMPTS, params)
@@ -184,6 +194,8 @@ def test_the_fused_bf16_step_on_emulated_amx_tiles(tiny_bf16_rounded, generate_f
         assert torch.equal(torch.as_tensor(x), torch.as_tensor(y))
     monkeypatch.undo()
     ours = replay(here, out.prompt_ids, out.response_ids, params)
-    gap = max(float((torch.as_tensor(x) - torch.as_tensor(y)).abs().max())
-              for x, y in zip(out.sampler_logprobs, ours.sampler_logprobs))
+    gap = max(
+        float((torch.as_tensor(x) - torch.as_tensor(y)).abs().max())
+        for x, y in zip(out.sampler_logprobs, ours.sampler_logprobs)
+    )
     assert gap < 1e-3, gap  # only the order of the float32 sums differs

@@ -1,5 +1,6 @@
 """QuRL's invariant scaling (sparserl.models.invariant_scaling) and the visible-update fraction
 (sparserl.train.update_visible) on tiny seeded models."""
+
 import copy
 
 import pytest
@@ -7,8 +8,13 @@ import torch
 
 from sparserl.errors import SparserlError
 from sparserl.models.invariant_scaling import (
-    InvariantScalingError, applied_scale, apply_invariant_scaling, fold_groups, refold_after_load,
-    remove_invariant_scaling, unscaled_state_dict,
+    InvariantScalingError,
+    applied_scale,
+    apply_invariant_scaling,
+    fold_groups,
+    refold_after_load,
+    remove_invariant_scaling,
+    unscaled_state_dict,
 )
 from sparserl.train.update_visible import is_sampler_quantized, quantized_weight_snapshot, update_visible_frac
 
@@ -25,8 +31,14 @@ def int8_per_channel(w: torch.Tensor):
 def qwen(kind: str, seed: int = 0):
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    shape = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2)
+    shape = dict(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     torch.manual_seed(seed)
     if kind == "qwen2":  # q/k/v biases
         model = Qwen2ForCausalLM(Qwen2Config(**shape, tie_word_embeddings=False))
@@ -125,7 +137,9 @@ def test_unscaled_state_dict_is_the_original_and_loads_as_it_is(tiny, llama, tmp
     assert (logits(loaded) - ref).abs().max().item() <= 1e-5
     # the learner itself is still scaled
     assert applied_scale(llama) == 1.5
-    torch.testing.assert_close(llama.model.layers[0].self_attn.q_proj.weight, orig["model.layers.0.self_attn.q_proj.weight"] / 1.5)
+    torch.testing.assert_close(
+        llama.model.layers[0].self_attn.q_proj.weight, orig["model.layers.0.self_attn.q_proj.weight"] / 1.5
+    )
 
 
 def test_remove_is_the_inverse_on_a_plain_state_dict(llama):
@@ -219,11 +233,13 @@ def scaled_update_fracs(tiny, s: float, rule: str, lr: float) -> tuple[float, fl
         step = lr * torch.sign(grad_v) if rule == "adam" else lr * grad_v
         after[n] = v - step
     just_scaled = {n: t for n, t in before.items() if any(f"{p}.weight" in n for p in SCALED)}
-    return (update_visible_frac(just_scaled, after, int8_per_channel),
-            update_visible_frac(before, after, int8_per_channel))
+    return (
+        update_visible_frac(just_scaled, after, int8_per_channel),
+        update_visible_frac(before, after, int8_per_channel),
+    )
 
 
-@pytest.mark.parametrize("rule,expected", [("adam", 1.5), ("sgd", 1.5 ** 2)])
+@pytest.mark.parametrize("rule,expected", [("adam", 1.5), ("sgd", 1.5**2)])
 def test_invariant_scaling_raises_the_visible_update_fraction(tiny, rule, expected):
     """Per-output-channel INT8 gives row r the step Δ_r = max_j|V_rj|/127. With V = W/s the step is
     Δ_r(W)/s. An update u (|u| < Δ) flips a code iff V/Δ and (V+u)/Δ straddle a rounding boundary: with

@@ -6,17 +6,26 @@ through the same matrix: it never compresses and its buffers hold ``prompt + max
 top-k (``blocktopk``), which keeps every token and reads chosen pages at each step (the matrix checks
 its steps against attention over exactly the slots it read, ``cache.attended``).
 """
+
 import math
 
 import pytest
 import torch
 
-from sparserl.rollout.engine import RolloutEngine
 from sparserl.errors import SparserlError
 from sparserl.registry import UnknownNameError
-from sparserl.rollout.kv import (COMPRESSORS, CompressorOptionError, KVCompressor, ScoreInputs,
-                                 available_compressors, build_compressor, compressor_from_fields,
-                                 get_compressor, register)
+from sparserl.rollout.engine import RolloutEngine
+from sparserl.rollout.kv import (
+    COMPRESSORS,
+    CompressorOptionError,
+    KVCompressor,
+    ScoreInputs,
+    available_compressors,
+    build_compressor,
+    compressor_from_fields,
+    get_compressor,
+    register,
+)
 from sparserl.rollout.kv.rkv import redundancy
 from sparserl.rollout.sampling import SamplingParams
 
@@ -65,7 +74,11 @@ def test_budget_respected_and_memory_bounded(tiny, name):
     comp = make(name, B, step)
     eng = RolloutEngine(tiny, comp)
     caps = []
-    eng.step_hook = lambda ev, cache=None, **kw: caps.append((cache.k[0].shape[2], int(cache.region_len().max()), cache.region_start)) if ev == "after_decode" else None
+    eng.step_hook = lambda ev, cache=None, **kw: (
+        caps.append((cache.k[0].shape[2], int(cache.region_len().max()), cache.region_start))
+        if ev == "after_decode"
+        else None
+    )
     out = eng.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=60, seed=0, ignore_eos=True))
     P = max(len(p) for p in out.prompt_ids)
     per_tok = eng.model.kv_bytes_per_token()
@@ -127,9 +140,16 @@ def test_next_step_equals_attention_over_kept_keys(tiny, name):
         ready = cache.n_compressions > 0 if comp.evicts else t >= 20  # dense, block top-k: any late step
         if event == "before_decode" and ready and "k" not in snap:
             L = cache.max_len
-            snap.update(t=t, tokens=kw["tokens"].clone(), positions=kw["positions"].clone(),
-                        k=[x[:, :, :L].clone() for x in cache.k], v=[x[:, :, :L].clone() for x in cache.v],
-                        pos=cache.pos[:, :, :, :L].clone(), start=cache.start.clone(), lens=cache.lens.clone())
+            snap.update(
+                t=t,
+                tokens=kw["tokens"].clone(),
+                positions=kw["positions"].clone(),
+                k=[x[:, :, :L].clone() for x in cache.k],
+                v=[x[:, :, :L].clone() for x in cache.v],
+                pos=cache.pos[:, :, :, :L].clone(),
+                start=cache.start.clone(),
+                lens=cache.lens.clone(),
+            )
         elif event == "after_decode" and "k" in snap and "logits" not in snap:
             snap["logits"] = kw["logits"].clone()
             snap["read"] = [cache.attended(li) for li in range(cache.n_layers)]  # [B, Hkv, L + 1] each
@@ -182,8 +202,14 @@ def test_next_step_equals_attention_over_kept_keys(tiny, name):
 # ---- hand-built cases: each method keeps the right tokens by its own definition ------------------
 def _inputs(L=10, D=4, w=2, hq=2, hkv=1, keys=None, queries=None, acc=None):
     keys = keys if keys is not None else torch.randn(1, hkv, L, D, generator=torch.Generator().manual_seed(0))
-    return ScoreInputs(keys=keys, region=slice(0, L), valid=torch.ones(1, L, dtype=torch.bool),
-                       queries=queries, positions=torch.arange(L)[None, None].expand(1, hkv, L), attn_acc=acc)
+    return ScoreInputs(
+        keys=keys,
+        region=slice(0, L),
+        valid=torch.ones(1, L, dtype=torch.bool),
+        queries=queries,
+        positions=torch.arange(L)[None, None].expand(1, hkv, L),
+        attn_acc=acc,
+    )
 
 
 def case_streaming():
@@ -265,8 +291,14 @@ def case_blocktopk():
     return c, None, None, None
 
 
-HAND_CASES = {"streaming": case_streaming, "h2o": case_h2o, "snapkv": case_snapkv, "rkv": case_rkv,
-              "none": case_none, "blocktopk": case_blocktopk}
+HAND_CASES = {
+    "streaming": case_streaming,
+    "h2o": case_h2o,
+    "snapkv": case_snapkv,
+    "rkv": case_rkv,
+    "none": case_none,
+    "blocktopk": case_blocktopk,
+}
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -293,7 +325,9 @@ def test_rkv_redundancy_definition():
 def test_prompt_compression_bounds_the_prompt(tiny, name):
     comp = make(name, budget=10, step=4, compress_prompt=True)
     long_prompt = " ".join(["word"] * 40)
-    out = RolloutEngine(tiny, comp).generate([long_prompt, "short"], SamplingParams(n=1, max_new_tokens=12, seed=0, ignore_eos=True))
+    out = RolloutEngine(tiny, comp).generate(
+        [long_prompt, "short"], SamplingParams(n=1, max_new_tokens=12, seed=0, ignore_eos=True)
+    )
     assert max(out.kv_tokens_kept) <= 10 + 4
     assert out.kv.bytes_peak == 2 * RolloutEngine(tiny, DENSE).model.kv_bytes_per_token() * (10 + 4)
 
@@ -353,16 +387,34 @@ def test_engine_buffers_follow_the_capacity_rule(tiny, name, compress_prompt):
     assert out.kv.bytes_peak == 2 * per_tok * comp.capacity(P, 9)
     # what the dense engine allocates for the same batch: the same rule, for `none`
     assert out.kv.bytes_dense_alloc == 2 * per_tok * DENSE.capacity(P, 9) == 2 * per_tok * (P + 9)
-    assert out.kv.bytes_dense_alloc == RolloutEngine(tiny, DENSE).generate(
-        prompts, SamplingParams(n=1, max_new_tokens=9, seed=0, ignore_eos=True)).kv.bytes_peak
+    assert (
+        out.kv.bytes_dense_alloc
+        == RolloutEngine(tiny, DENSE)
+        .generate(prompts, SamplingParams(n=1, max_new_tokens=9, seed=0, ignore_eos=True))
+        .kv.bytes_peak
+    )
 
 
 # ---- the one builder ---------------------------------------------------------------------------
 def test_builder_maps_common_and_method_options():
-    c = build_compressor("rkv", kv_budget=24, trigger="newline", step_length=5, window=3,
-                         compress_prompt=True, options={"lam": 0.3, "kernel": 3})
-    assert (c.budget, c.trigger, c.step_length, c.window, c.compress_prompt, c.lam, c.kernel) == \
-        (24, "newline", 5, 3, True, 0.3, 3)
+    c = build_compressor(
+        "rkv",
+        kv_budget=24,
+        trigger="newline",
+        step_length=5,
+        window=3,
+        compress_prompt=True,
+        options={"lam": 0.3, "kernel": 3},
+    )
+    assert (c.budget, c.trigger, c.step_length, c.window, c.compress_prompt, c.lam, c.kernel) == (
+        24,
+        "newline",
+        5,
+        3,
+        True,
+        0.3,
+        3,
+    )
     assert build_compressor("rkv", kv_budget=24, options='{"lam": 0.2}').lam == 0.2  # JSON, as a CLI gives it
     assert build_compressor("snapkv", kv_budget=64).window == 32  # left out: the method's default
     dense = build_compressor("none", kv_budget=4, window=8)  # common options are ignored by dense
@@ -370,8 +422,11 @@ def test_builder_maps_common_and_method_options():
 
 
 def test_builder_rejects_unknown_option_with_hint():
-    with pytest.raises(CompressorOptionError, match=r"compressor 'rkv': unknown option 'lamda' "
-                                                    r"\(did you mean 'lam'\?\); valid options: .*kernel.*lam") as e:
+    with pytest.raises(
+        CompressorOptionError,
+        match=r"compressor 'rkv': unknown option 'lamda' "
+        r"\(did you mean 'lam'\?\); valid options: .*kernel.*lam",
+    ) as e:
         build_compressor("rkv", kv_budget=16, options={"lamda": 0.1})
     assert isinstance(e.value, SparserlError) and isinstance(e.value, ValueError)
     with pytest.raises(CompressorOptionError, match="'sinks'"):
@@ -391,16 +446,29 @@ def test_builder_rejects_unknown_option_with_hint():
 def test_compressor_from_fields_reads_config_and_command_options():
     from types import SimpleNamespace
 
-    rollout = SimpleNamespace(compressor="streaming", kv_budget=20, trigger="step_length", step_length=6,
-                              window=2, compress_prompt=False, compressor_options={"sinks": 3})
+    rollout = SimpleNamespace(
+        compressor="streaming",
+        kv_budget=20,
+        trigger="step_length",
+        step_length=6,
+        window=2,
+        compress_prompt=False,
+        compressor_options={"sinks": 3},
+    )
     c = compressor_from_fields(rollout)
     assert (c.name, c.budget, c.step_length, c.window, c.sinks) == ("streaming", 20, 6, 2, 3)
     # a name override (eval.compressor) keeps the common fields, and method options must fit it
     with pytest.raises(CompressorOptionError, match="'h2o'.*'sinks'"):
         compressor_from_fields(rollout, name="h2o")
     # parsed command options: no compress_prompt, window left out, options as a JSON string
-    args = SimpleNamespace(compressor="rkv", kv_budget=12, step_length=4, trigger="step_length", window=None,
-                           compressor_options='{"lam": 0.5}')
+    args = SimpleNamespace(
+        compressor="rkv",
+        kv_budget=12,
+        step_length=4,
+        trigger="step_length",
+        window=None,
+        compressor_options='{"lam": 0.5}',
+    )
     c = compressor_from_fields(args)
     assert (c.name, c.budget, c.window, c.lam, c.compress_prompt) == ("rkv", 12, 8, 0.5, False)
 
@@ -454,7 +522,9 @@ def test_tail_slack_in_the_engine(tiny, name):
     for tail in (0, slack):
         eng = RolloutEngine(tiny, make(name, B, step, tail_slack=tail), dtype=torch.float32)
         regions = []
-        eng.step_hook = lambda ev, cache=None, **kw: regions.append(int(cache.region_len().max())) if ev == "after_decode" else None
+        eng.step_hook = lambda ev, cache=None, **kw: (
+            regions.append(int(cache.region_len().max())) if ev == "after_decode" else None
+        )
         outs.append(eng.generate(PROMPTS[:1], params))
         peaks.append(max(regions))
     # the region reaches 24 three times (decodes t = 23, 31, 39): 16, 8 and 0 tokens left. Without
@@ -472,7 +542,9 @@ def test_skip_rule_in_the_engine_keeps_the_memory_promise(tiny):
     comp = make("rkv", B, step)
     eng = RolloutEngine(tiny, comp)
     regions = []
-    eng.step_hook = lambda ev, cache=None, **kw: regions.append(int(cache.region_len().max())) if ev == "after_decode" else None
+    eng.step_hook = lambda ev, cache=None, **kw: (
+        regions.append(int(cache.region_len().max())) if ev == "after_decode" else None
+    )
     # region = t + 1 after decoding token t; decodes run for t < max_new - 1; due at 24, 32, 40
     out = eng.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=41, seed=0, ignore_eos=True))
     assert out.kv.compressions == 2  # at 24 and 32; the one at 40 (last decode) is skipped

@@ -1,6 +1,7 @@
 """The online budget controller (:mod:`sparserl.train.kv_controller`): its rule on constructed α tails
 (raise, hold, lower after patience, bounds, new bins), its schedule, and a training run that steers,
 logs kv/budget_bin/<start> and resumes exactly."""
+
 from __future__ import annotations
 
 import json
@@ -71,8 +72,12 @@ def test_state_round_trip_and_steer_sets_the_compressor():
 
 def test_controller_config_errors():
     with pytest.raises(ConfigError) as e:
-        validate(load_config("sparse_rl_fixed40", ["mismatch.alpha=off", "rollout.kv_controller={bin: 64, min_budget: 80, "
-                                         "max_budget: 40}"]))
+        validate(
+            load_config(
+                "sparse_rl_fixed40",
+                ["mismatch.alpha=off", "rollout.kv_controller={bin: 64, min_budget: 80, max_budget: 40}"],
+            )
+        )
     msg = str(e.value)
     assert "set mismatch.alpha to exact or topk" in msg
     assert "rollout.kv_controller.bin=64 must equal mismatch.alpha_bin=128" in msg
@@ -82,11 +87,25 @@ def test_controller_config_errors():
 
 
 TINY = [
-    "model.name=tiny", "rollout.dtype=float32", "train.prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=16",
-    "rollout.kv_budget=8", "rollout.step_length=4", "rollout.window=2", "train.micro_batch_size=4",
-    "log.tensorboard=false", "log.progress=plain", "checkpoint.every=1", "checkpoint.keep_last=0",
-    "train.lr=1e-3", "reward.fn=test_train:toy_reward", "data.eval=null", "data.system_prompt=null",
-    "rollout.compress_prompt=false", "mismatch.alpha_bin=8",
+    "model.name=tiny",
+    "rollout.dtype=float32",
+    "train.prompts_per_step=2",
+    "rollout.n=4",
+    "rollout.max_new_tokens=16",
+    "rollout.kv_budget=8",
+    "rollout.step_length=4",
+    "rollout.window=2",
+    "train.micro_batch_size=4",
+    "log.tensorboard=false",
+    "log.progress=plain",
+    "checkpoint.every=1",
+    "checkpoint.keep_last=0",
+    "train.lr=1e-3",
+    "reward.fn=test_train:toy_reward",
+    "data.eval=null",
+    "data.system_prompt=null",
+    "rollout.compress_prompt=false",
+    "mismatch.alpha_bin=8",
     "rollout.kv_controller={threshold: 0.999, min_budget: 4, max_budget: 24, step: 4}",
 ]
 
@@ -104,8 +123,9 @@ def test_training_steers_logs_budgets_and_resumes_exactly(tmp_path):
     train(cfg(2), run_dir=tmp_path / "b", log=lambda *_: None)
     resumed = train(cfg(3), run_dir=tmp_path / "b", resume=True, log=lambda *_: None)
     again = [json.loads(x) for x in (resumed / "metrics.jsonl").read_text().splitlines()]
-    assert {k: v for k, v in again[2].items() if k.startswith("kv/")} == \
-        {k: v for k, v in rows[2].items() if k.startswith("kv/")}
+    assert {k: v for k, v in again[2].items() if k.startswith("kv/")} == {
+        k: v for k, v in rows[2].items() if k.startswith("kv/")
+    }
     assert again[2]["reward/mean"] == pytest.approx(rows[2]["reward/mean"])
     wa = (latest_checkpoint(full) / "model" / "model.safetensors").read_bytes()
     wb = (latest_checkpoint(resumed) / "model" / "model.safetensors").read_bytes()
@@ -118,8 +138,19 @@ def test_the_held_out_sparse_eval_runs_the_controllers_budgets_and_names_them(tm
     from sparserl.train.held_out import held_out_eval
     from sparserl.train.trainer import build_trainer, train_step
 
-    cfg = validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", "data.eval=arith:seed=7",
-                                           "data.eval_limit=1", "eval.max_new_tokens=4", "reward.fn=math"]))
+    cfg = validate(
+        load_config(
+            "sparse_rl_fixed40",
+            [
+                *TINY,
+                f"log.out_dir={tmp_path}",
+                "data.eval=arith:seed=7",
+                "data.eval_limit=1",
+                "eval.max_new_tokens=4",
+                "reward.fn=math",
+            ],
+        )
+    )
     trainer = build_trainer(cfg)
     for step in (1, 2):
         train_step(trainer, step)

@@ -2,6 +2,7 @@
 head]): round-trip bounds, real one-byte storage and byte accounting, attention over exactly the
 dequantized kept keys for every compressor, scales that travel with their tokens through evictions
 and batch shrinks, log-probs close to the float32 cache's (teacher-forced), the compiled step, errors."""
+
 import math
 
 import pytest
@@ -80,8 +81,9 @@ def _cache(kv_quant, compressor="none", B=3, P=10, layers=2, hkv=2, D=64, capaci
     valid = torch.ones(B, P, dtype=torch.bool)
     valid[0, :3] = False
     positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-    c = CompressedKVCache(keys, values, valid, positions, capacity, get_compressor(compressor), n_heads=2 * hkv,
-                          kv_quant=kv_quant)
+    c = CompressedKVCache(
+        keys, values, valid, positions, capacity, get_compressor(compressor), n_heads=2 * hkv, kv_quant=kv_quant
+    )
     return c, keys, values
 
 
@@ -157,11 +159,20 @@ def test_attention_over_dequantized_kept_keys(tiny, name, quant):
         elif event == "after_decode":
             if "tokens" in snap and "logits" not in snap:
                 L = cache.max_len  # the new token is written (quantized) and attended
-                snap.update(logits=kw["logits"].clone(), start=cache.start.clone(), lens=cache.lens.clone(),
-                            kv=[tuple(x.clone() for x in cache.dequantized(li, L)) for li in range(cache.n_layers)],
-                            read=[cache.attended(li) for li in range(cache.n_layers)])
-            last.update(pos=cache.pos[0].clone(), start=cache.start.clone(), lens=cache.lens.clone(),
-                        kv=cache.dequantized(0), scales=(cache.k_scale[0].clone(), cache.v_scale[0].clone()))
+                snap.update(
+                    logits=kw["logits"].clone(),
+                    start=cache.start.clone(),
+                    lens=cache.lens.clone(),
+                    kv=[tuple(x.clone() for x in cache.dequantized(li, L)) for li in range(cache.n_layers)],
+                    read=[cache.attended(li) for li in range(cache.n_layers)],
+                )
+            last.update(
+                pos=cache.pos[0].clone(),
+                start=cache.start.clone(),
+                lens=cache.lens.clone(),
+                kv=cache.dequantized(0),
+                scales=(cache.k_scale[0].clone(), cache.v_scale[0].clone()),
+            )
 
     eng.step_hook = hook
     out = eng.generate(PROMPTS, SamplingParams(n=1, max_new_tokens=40, seed=2, ignore_eos=True))
@@ -269,7 +280,9 @@ def test_compiled_step_with_quantized_kv(tiny, quant):
 
 # ---- errors ---------------------------------------------------------------------------------------
 def test_unknown_name_is_a_clear_error(tiny):
-    with pytest.raises(SparserlError, match=r"rollout\.kv_quant 'int9' \(did you mean 'int8'\?\); available: fp8, int8, none"):
+    with pytest.raises(
+        SparserlError, match=r"rollout\.kv_quant 'int9' \(did you mean 'int8'\?\); available: fp8, int8, none"
+    ):
         RolloutEngine(tiny, make("none"), kv_quant="int9")
     with pytest.raises(ValueError, match="fp8"):
         _cache("fp16")

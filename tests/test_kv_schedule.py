@@ -1,6 +1,7 @@
 """Sparrow's sparsity schedule (:mod:`sparserl.rollout.kv.schedule`): the budget follows the sequence
 length, the cache's buffers hold the largest budget, each row is compressed to its own length's budget,
 the replay reproduces a scheduled sampler, and bad schedules fail with one clear line."""
+
 from __future__ import annotations
 
 import json
@@ -9,11 +10,11 @@ import pytest
 import torch
 
 from sparserl.config import ConfigError, load_config, validate
+from sparserl.mismatch.replay import replay
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import build_compressor
 from sparserl.rollout.kv.base import CompressorOptionError
 from sparserl.rollout.kv.schedule import KVSchedule, ScheduleError, load_schedule
-from sparserl.mismatch.replay import replay
 from sparserl.rollout.sampling import SamplingParams
 
 
@@ -25,11 +26,18 @@ def test_budget_for_is_piecewise_constant():
     assert (s.max_budget, s.min_budget, s.pairs) == (32, 8, [[16, 8], [40, 24], [100, 32]])
 
 
-@pytest.mark.parametrize("pairs, match", [
-    ([], "non-empty"), ([[0, 8], [0, 16]], r"\[1\]: lengths must increase strictly"),
-    ([[0, 8], [10, 0]], r"\[1\]: budget 0 must be >= 1"), ([[-1, 8]], "length -1 must be >= 0"),
-    ([[0, 8, 3]], r"\[0\]: expected a pair"), ([[0, 8.5]], "pair of integers"), ("0:8", "list of"),
-])
+@pytest.mark.parametrize(
+    "pairs, match",
+    [
+        ([], "non-empty"),
+        ([[0, 8], [0, 16]], r"\[1\]: lengths must increase strictly"),
+        ([[0, 8], [10, 0]], r"\[1\]: budget 0 must be >= 1"),
+        ([[-1, 8]], "length -1 must be >= 0"),
+        ([[0, 8, 3]], r"\[0\]: expected a pair"),
+        ([[0, 8.5]], "pair of integers"),
+        ("0:8", "list of"),
+    ],
+)
 def test_bad_pairs_are_named(pairs, match):
     with pytest.raises(ScheduleError, match=match):
         KVSchedule.from_pairs(pairs)
@@ -40,9 +48,17 @@ def test_load_schedule_from_files(tmp_path):
     plain.write_text("[[0, 16], [64, 32]]")
     assert load_schedule(str(plain)).pairs == [[0, 16], [64, 32]]
     calib = tmp_path / "calib.json"
-    calib.write_text(json.dumps({"rows": [], "schedules": [
-        {"compressor": "rkv", "threshold": 0.86, "budget_by_bin": [[0, 32], [128, 64]]},
-        {"compressor": "snapkv", "threshold": 0.86, "budget_by_bin": [[0, 64]]}]}))
+    calib.write_text(
+        json.dumps(
+            {
+                "rows": [],
+                "schedules": [
+                    {"compressor": "rkv", "threshold": 0.86, "budget_by_bin": [[0, 32], [128, 64]]},
+                    {"compressor": "snapkv", "threshold": 0.86, "budget_by_bin": [[0, 64]]},
+                ],
+            }
+        )
+    )
     assert load_schedule(str(calib), "snapkv").pairs == [[0, 64]]
     with pytest.raises(ScheduleError, match="no schedule for compressor 'h2o'; it has: rkv, snapkv"):
         load_schedule(str(calib), "h2o")
@@ -99,8 +115,9 @@ def test_the_cache_follows_the_schedule_row_by_row(tiny):
         region_budgets.update(region[region == budget - 0].tolist())
     # rows were compressed down to both budgets: 6 below length 40, 14 from there on
     assert {6, 14} <= {int(r) for region, _ in seen for r in region}
-    fixed = RolloutEngine(tiny, build_compressor("snapkv", kv_budget=14, step_length=step_length, window=2),
-                          dtype="float32").generate([], params, prompt_ids=prompts)
+    fixed = RolloutEngine(
+        tiny, build_compressor("snapkv", kv_budget=14, step_length=step_length, window=2), dtype="float32"
+    ).generate([], params, prompt_ids=prompts)
     # the same buffers as the largest fixed budget
     assert out.kv.bytes_peak == fixed.kv.bytes_peak
     assert out.kv.compressions > fixed.kv.compressions  # the small early budget fills sooner

@@ -1,6 +1,7 @@
 """The learner's log-prob paths agree with the plain one: the chunked LM head (values and gradients),
 the shared-prompt forward (values and gradients, on tiny models of every sampler family), and the rule
 that lets the sampler's log-probs stand in for the old policy's."""
+
 from __future__ import annotations
 
 import copy
@@ -10,9 +11,16 @@ import pytest
 import torch
 
 from sparserl.batch import RolloutBatch
-from sparserl.score import (forward_response, forward_response_shared, head_logprobs, model_dropout,
-                            old_logprobs_source, sampler_is_old_policy, score_logprobs,
-                            why_update_forward_is_not_old_policy)
+from sparserl.score import (
+    forward_response,
+    forward_response_shared,
+    head_logprobs,
+    model_dropout,
+    old_logprobs_source,
+    sampler_is_old_policy,
+    score_logprobs,
+    why_update_forward_is_not_old_policy,
+)
 from sparserl.score.old_policy import OldLogprobsError
 
 
@@ -43,8 +51,9 @@ def test_chunked_head_equals_plain_values_and_gradients(temperature, chunk, entr
         loss.backward()
         return lp.detach(), ent.detach(), h.grad, w.grad
 
-    lp, ent, gh, gw = run(lambda h, w: head_logprobs(h, w, targets, temperature, chunk, with_entropy=True,
-                                                     entropy_grad=entropy_grad))
+    lp, ent, gh, gw = run(
+        lambda h, w: head_logprobs(h, w, targets, temperature, chunk, with_entropy=True, entropy_grad=entropy_grad)
+    )
     lp0, ent0, gh0, gw0 = run(lambda h, w: plain_head(h, w, targets, temperature))
     assert torch.allclose(lp, lp0, atol=1e-5) and torch.allclose(ent, ent0, atol=1e-5)
     if not entropy_grad:  # the reference's loss used only log p
@@ -72,15 +81,30 @@ def tiny_family(family: str):
     """A 2-layer random model of a sampler family with a 97-token vocabulary (seeded)."""
     import transformers as tf
 
-    common = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, tie_word_embeddings=family == "llama")
-    cfg = {"llama": lambda: tf.LlamaConfig(**common),
-           "qwen2": lambda: tf.Qwen2Config(**common),
-           "qwen3": lambda: tf.Qwen3Config(head_dim=8, **common),
-           "mistral": lambda: tf.MistralConfig(**common)}[family]()
+    common = dict(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        tie_word_embeddings=family == "llama",
+    )
+    cfg = {
+        "llama": lambda: tf.LlamaConfig(**common),
+        "qwen2": lambda: tf.Qwen2Config(**common),
+        "qwen3": lambda: tf.Qwen3Config(head_dim=8, **common),
+        "mistral": lambda: tf.MistralConfig(**common),
+    }[family]()
     torch.manual_seed(0)
-    cls = {"llama": tf.LlamaForCausalLM, "qwen2": tf.Qwen2ForCausalLM, "qwen3": tf.Qwen3ForCausalLM,
-           "mistral": tf.MistralForCausalLM}[family]
+    cls = {
+        "llama": tf.LlamaForCausalLM,
+        "qwen2": tf.Qwen2ForCausalLM,
+        "qwen3": tf.Qwen3ForCausalLM,
+        "mistral": tf.MistralForCausalLM,
+    }[family]
     model = cls(cfg).float()
     if family == "qwen2":  # non-zero q/k/v biases, so that they are exercised
         for layer in model.model.layers:
@@ -179,6 +203,7 @@ def test_shared_prompt_forward_names_the_cache_as_the_installed_transformers_doe
             return input_ids
 
     import inspect
+
     takes = inspect.signature(type(model.get_decoder()).forward).parameters
     assert cache_argument(model.get_decoder()) == ("cache" if "cache" in takes else "past_key_values")
     assert cache_argument(OldDecoder()) == "past_key_values"
@@ -198,7 +223,9 @@ def test_scoring_that_keeps_the_hidden_states_for_alpha(shared):
     for temperature in (1.0, 0.7):
         lp, hidden = score_logprobs_keep_hidden(model, batch, 5, temperature, shared_prompt=shared)
         assert (lp - score_logprobs(model, batch, 5, temperature)).abs().max() <= 1e-5
-        ref = dense_hidden(model, batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_ids.shape[1])
+        ref = dense_hidden(
+            model, batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_ids.shape[1]
+        )
         assert hidden.shape == ref.shape
         mask = batch.response_mask.bool()
         assert (hidden[mask] - ref[mask]).abs().max() <= 1e-5
@@ -218,21 +245,25 @@ def test_identical_prompts_in_different_groups_share_one_forward():
 
 
 # --------------------------------------------------------------------------- sampler = old policy
-DENSE_F32 = dict(compresses=False, sampler_dtype=torch.float32, learner_dtype="float32", temperature=1.0,
-                 top_p=1.0, top_k=0)
+DENSE_F32 = dict(
+    compresses=False, sampler_dtype=torch.float32, learner_dtype="float32", temperature=1.0, top_p=1.0, top_k=0
+)
 
 
-@pytest.mark.parametrize("change, holds", [
-    ({}, True),
-    ({"temperature": 0.7}, True),
-    ({"compresses": True}, False),
-    ({"temperature": 0.0}, False),
-    ({"top_p": 0.95}, False),
-    ({"top_k": 50}, False),
-    ({"quantized": True}, False),
-    ({"sampler_dtype": torch.bfloat16}, False),
-    ({"sampler_dtype": "bfloat16", "learner_dtype": torch.bfloat16}, False),
-])
+@pytest.mark.parametrize(
+    "change, holds",
+    [
+        ({}, True),
+        ({"temperature": 0.7}, True),
+        ({"compresses": True}, False),
+        ({"temperature": 0.0}, False),
+        ({"top_p": 0.95}, False),
+        ({"top_k": 50}, False),
+        ({"quantized": True}, False),
+        ({"sampler_dtype": torch.bfloat16}, False),
+        ({"sampler_dtype": "bfloat16", "learner_dtype": torch.bfloat16}, False),
+    ],
+)
 def test_the_sampler_is_the_old_policy_rule(change, holds):
     facts = {**DENSE_F32, **change}
     assert sampler_is_old_policy(**facts) is holds
@@ -245,20 +276,25 @@ def test_the_sampler_is_the_old_policy_rule(change, holds):
     else:
         with pytest.raises(OldLogprobsError, match="algorithm.old_logprobs=sampler"):
             old_logprobs_source("sampler", why_not_update=None, **facts)
-    assert old_logprobs_source("update", why_not_update=None, **facts) == "update"  # asked for, even where sampler holds
+    assert (
+        old_logprobs_source("update", why_not_update=None, **facts) == "update"
+    )  # asked for, even where sampler holds
     with pytest.raises(OldLogprobsError, match="algorithm.old_logprobs=update.*2 micro-batches"):
         old_logprobs_source("update", why_not_update=no_update, **facts)
     with pytest.raises(OldLogprobsError, match="expected one of auto, score, sampler, update"):
         old_logprobs_source("sometimes", why_not_update=None, **facts)
 
 
-@pytest.mark.parametrize("facts, phrase", [
-    ({}, None),
-    ({"optimizer_steps": 2}, "2 optimizer steps"),
-    ({"micro_batches": 3}, "3 micro-batches.*train.micro_batch_size"),
-    ({"learners": 2}, "cluster.learners=2"),
-    ({"dropout": 0.1}, "dropout 0.1"),
-])
+@pytest.mark.parametrize(
+    "facts, phrase",
+    [
+        ({}, None),
+        ({"optimizer_steps": 2}, "2 optimizer steps"),
+        ({"micro_batches": 3}, "3 micro-batches.*train.micro_batch_size"),
+        ({"learners": 2}, "cluster.learners=2"),
+        ({"dropout": 0.1}, "dropout 0.1"),
+    ],
+)
 def test_the_update_forward_is_the_old_policy_rule(facts, phrase):
     why = why_update_forward_is_not_old_policy(**{"optimizer_steps": 1, "micro_batches": 1, **facts})
     if phrase is None:
@@ -286,11 +322,18 @@ def test_where_the_rule_holds_sampler_logprobs_equal_the_scored_ones(tiny):
     from sparserl.rollout.sampling import SamplingParams
 
     engine = RolloutEngine(tiny, get_compressor("none"), dtype="float32")
-    assert sampler_is_old_policy(compresses=engine.compressor.compresses, sampler_dtype=engine.dtype,
-                                 learner_dtype=next(tiny.model.parameters()).dtype, temperature=0.8, top_p=1.0, top_k=0)
+    assert sampler_is_old_policy(
+        compresses=engine.compressor.compresses,
+        sampler_dtype=engine.dtype,
+        learner_dtype=next(tiny.model.parameters()).dtype,
+        temperature=0.8,
+        top_p=1.0,
+        top_k=0,
+    )
     ro = engine.generate(["1 + 2 =", "hello there"], SamplingParams(n=3, max_new_tokens=10, temperature=0.8, seed=0))
-    batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index
-                                      ).to(tiny.model.device)
+    batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index).to(
+        tiny.model.device
+    )
     for shared in (False, True):
         old = score_logprobs(tiny.model, batch, 4, temperature=0.8, shared_prompt=shared)
         assert (old - batch.sampler_logprobs).abs().max() <= 1e-4

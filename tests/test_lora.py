@@ -1,6 +1,7 @@
 """LoRA training on peft (issue 32, item 2): only the adapters move, the sampler receives the merged
 weights, checkpoints hold the adapter in peft's format and load with PeftModel.from_pretrained, resume is
 exact, and a target that names no module fails before any rollout."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,16 +11,17 @@ LORA = ("train.lora_rank=4", "train.lora_alpha=8", "train.lr=1e-2")
 
 
 def _cfg(tmp_path, *extra):
-    from sparserl.config import load_config, validate
     from test_train import TINY
+
+    from sparserl.config import load_config, validate
 
     return validate(load_config("sparse_rl_fixed40", [*TINY, f"log.out_dir={tmp_path}", "mismatch.alpha=off", *extra]))
 
 
 def test_only_the_adapters_move_and_the_sampler_gets_the_merged_weights(tmp_path):
-    from sparserl.score import score_logprobs
     from sparserl.batch import RolloutBatch
     from sparserl.rollout.sampling import SamplingParams
+    from sparserl.score import score_logprobs
     from sparserl.train.lora import sampler_state, trainable_summary
     from sparserl.train.trainer import build_trainer, train_step
 
@@ -49,12 +51,13 @@ def test_only_the_adapters_move_and_the_sampler_gets_the_merged_weights(tmp_path
     scored = score_logprobs(learner, batch, 4, 1.0, False)
     assert (scored - batch.sampler_logprobs).abs().max() < 1e-4
     # and a sampler left with the base weights would not be (the test can fail)
-    from sparserl.rollout.build import engine_from_fields
     from sparserl.models.loading import load_model
+    from sparserl.rollout.build import engine_from_fields
 
     plain = engine_from_fields(load_model("tiny", dtype="float32", seed=0), trainer.cfg.rollout)
-    other = plain.generate(["What is 2 + 3?", "hello"], SamplingParams(n=2, max_new_tokens=12, seed=3),
-                           forced=ro.response_ids)
+    other = plain.generate(
+        ["What is 2 + 3?", "hello"], SamplingParams(n=2, max_new_tokens=12, seed=3), forced=ro.response_ids
+    )
     assert max(abs(a - b) for x, y in zip(other.sampler_logprobs, ro.sampler_logprobs) for a, b in zip(x, y)) > 1e-3
 
 
@@ -73,8 +76,10 @@ def test_a_checkpoint_holds_a_peft_adapter_and_resume_is_exact(tmp_path):
     train(_cfg(tmp_path, *LORA, "train.steps=2"), resume=True, run_dir=stopped, log=quiet)
     folder = latest_checkpoint(through) / "model"
     assert (folder / "adapter_config.json").exists() and not list(folder.glob("model*.safetensors"))
-    a, b = load_file(str(folder / "adapter_model.safetensors")), load_file(str(latest_checkpoint(stopped) / "model"
-                                                                                 / "adapter_model.safetensors"))
+    a, b = (
+        load_file(str(folder / "adapter_model.safetensors")),
+        load_file(str(latest_checkpoint(stopped) / "model" / "adapter_model.safetensors")),
+    )
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert all(k.startswith("base_model.model.") and ".lora_" in k for k in a)
     assert [r["policy/loss"] for r in read_metrics(stopped)] == [r["policy/loss"] for r in read_metrics(through)]
@@ -98,17 +103,23 @@ def test_a_lora_target_that_names_no_module_fails_before_any_rollout(tmp_path):
     from sparserl.config import ConfigError
     from sparserl.train.trainer import build_trainer
 
-    with pytest.raises(ConfigError, match=r"train.lora_target=\['q_proj', 'qkv'\]: qkv names no linear module.*"
-                                          r"its linear modules: down_proj, gate_proj, .*q_proj"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train.lora_target=\['q_proj', 'qkv'\]: qkv names no linear module.*"
+        r"its linear modules: down_proj, gate_proj, .*q_proj",
+    ):
         build_trainer(_cfg(tmp_path, *LORA, "train.lora_target=[q_proj,qkv]"))
 
 
-@pytest.mark.parametrize("override,message", [
-    ("train.lora_rank=-1", "train.lora_rank=-1: must be >= 0"),
-    ("train.lora_target=[]", "expected all-linear or a non-empty list"),
-    ("train.lora_dropout=1", "train.lora_dropout=1: must be <"),
-    ("train.lora_rank=4 rollout.quant_scale=1.5", "QuRL's invariant scaling"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("train.lora_rank=-1", "train.lora_rank=-1: must be >= 0"),
+        ("train.lora_target=[]", "expected all-linear or a non-empty list"),
+        ("train.lora_dropout=1", "train.lora_dropout=1: must be <"),
+        ("train.lora_rank=4 rollout.quant_scale=1.5", "QuRL's invariant scaling"),
+    ],
+)
 def test_bad_lora_options(tmp_path, override, message):
     from sparserl.config import ConfigError
 

@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 
-from sparserl.correct import get_correction
 from sparserl.advantages import (
     available_adv_ests,
     broadcast_to_tokens,
@@ -18,6 +17,7 @@ from sparserl.advantages import (
     grpo,
     rloo,
 )
+from sparserl.correct import get_correction
 from sparserl.train.losses import (
     LOSS_AGGS,
     agg_loss,
@@ -85,8 +85,7 @@ def test_ppo_clip_negative_advantage_and_weights():
 
 def test_dual_clip():
     x = lp([[5.0]])
-    loss, met = policy_loss(x, torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1),
-                            dual_clip_c=3.0)
+    loss, met = policy_loss(x, torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1), dual_clip_c=3.0)
     assert close(loss, 3.0)
     assert met["policy/dual_clip_frac"] == 1.0
 
@@ -126,13 +125,13 @@ def test_unknown_aggregation():
 
 @pytest.mark.parametrize("agg", LOSS_AGGS)
 def test_all_rejected_zero_loss_zero_grad(agg):
-    x = torch.tensor([[float("nan"), float("-inf"), 0.3], [1.0, 2.0, float("inf")]],
-                     requires_grad=True)
+    x = torch.tensor([[float("nan"), float("-inf"), 0.3], [1.0, 2.0, float("inf")]], requires_grad=True)
     beh = torch.tensor([[0.0, float("nan"), -1.0], [float("-inf"), 0.0, 0.0]])
     adv = torch.tensor([float("nan"), 1.0])
     m = torch.zeros(2, 3)
-    loss, met = policy_loss(x, beh, adv, m, weights=torch.full((2, 3), float("nan")),
-                            clip_upper_scale=torch.ones(2, 3), loss_agg=agg)
+    loss, met = policy_loss(
+        x, beh, adv, m, weights=torch.full((2, 3), float("nan")), clip_upper_scale=torch.ones(2, 3), loss_agg=agg
+    )
     assert loss.item() == 0.0
     loss.backward()
     assert torch.equal(x.grad, torch.zeros(2, 3))
@@ -160,8 +159,7 @@ def test_micro_batch_accumulation_equals_full_batch(agg):
     acc_x = base.clone().requires_grad_(True)
     total = 0.0
     for sl in (slice(0, 2), slice(2, 3), slice(3, 6)):
-        part, _ = policy_loss(acc_x[sl], beh[sl], adv[sl], m[sl], weights=w[sl],
-                              clip_upper_scale=scale[sl], **norms)
+        part, _ = policy_loss(acc_x[sl], beh[sl], adv[sl], m[sl], weights=w[sl], clip_upper_scale=scale[sl], **norms)
         part.backward()
         total += part.item()
     assert close(total, full.item(), 1e-5)
@@ -169,12 +167,13 @@ def test_micro_batch_accumulation_equals_full_batch(agg):
     assert full_x.grad.abs().sum() > 0
 
     # and without the global normalisers the full-batch call is unchanged
-    plain, _ = policy_loss(base, beh, adv, m, weights=w, clip_upper_scale=scale, loss_agg=agg,
-                           max_len=7)
+    plain, _ = policy_loss(base, beh, adv, m, weights=w, clip_upper_scale=scale, loss_agg=agg, max_len=7)
     assert close(plain, full, 1e-6)
     if agg == "token_mean":  # whereas per-micro-batch means differ
-        parts = [policy_loss(base[s], beh[s], adv[s], m[s], weights=w[s], loss_agg=agg)[0]
-                 for s in (slice(0, 2), slice(3, 6))]
+        parts = [
+            policy_loss(base[s], beh[s], adv[s], m[s], weights=w[s], loss_agg=agg)[0]
+            for s in (slice(0, 2), slice(3, 6))
+        ]
         assert not close(sum(parts) / 2, full, 1e-3)
 
 
@@ -199,8 +198,9 @@ def test_acr_widens_upper_bound_only_for_positive_advantage_where_truncated():
 
     def run(adv, scale):
         x = (p + LN(1.5)).clone().requires_grad_(True)
-        loss, met = policy_loss(x, corr.behaviour_logprobs, torch.tensor([adv]), corr.mask,
-                                weights=corr.weights, clip_upper_scale=scale)
+        loss, met = policy_loss(
+            x, corr.behaviour_logprobs, torch.tensor([adv]), corr.mask, weights=corr.weights, clip_upper_scale=scale
+        )
         loss.backward()
         return loss.item(), x.grad, met
 
@@ -224,8 +224,7 @@ def test_sparse_rl_correction_feeds_loss():
     p = q + torch.tensor([[0.0, 0.0], [LN(1e-5), 0.0]])  # row 1 vetoed
     corr = get_correction("sparse_rl")(q, p, torch.ones(2, 2))
     x = p.clone().requires_grad_(True)
-    loss, _ = policy_loss(x, corr.behaviour_logprobs, torch.tensor([1.0, 1.0]), corr.mask,
-                          weights=corr.weights)
+    loss, _ = policy_loss(x, corr.behaviour_logprobs, torch.tensor([1.0, 1.0]), corr.mask, weights=corr.weights)
     # only row 0 counts; its weights are 1 / mean over all 4 valid tokens (vetoed row included,
     # as published): w = 1 / ((1 + 1 + 1e-5 + 1) / 4)
     assert close(loss, -4 / (3 + 1e-5))
@@ -302,8 +301,7 @@ def test_grpo_hand_computed():
 def test_grpo_group_ids_and_singletons():
     a = grpo(torch.tensor([1.0, 2.0, 0.0, 2.0]), group_ids=torch.tensor([7, 3, 7, 3]))
     s = math.sqrt(0.5)
-    assert torch.allclose(a, torch.tensor([0.5 / (s + 1e-6), 0.0, -0.5 / (s + 1e-6), 0.0]),
-                          atol=1e-6)
+    assert torch.allclose(a, torch.tensor([0.5 / (s + 1e-6), 0.0, -0.5 / (s + 1e-6), 0.0]), atol=1e-6)
     # singleton group (verl): mean 0, std 1
     a = grpo(torch.tensor([0.7, 1.0, 0.0]), group_ids=torch.tensor([0, 1, 1]))
     assert close(a[0], 0.7 / (1 + 1e-6))
@@ -313,13 +311,11 @@ def test_dr_grpo_rloo_batch_scaling():
     r = torch.tensor([1.0, 0.0, 0.0, 1.0])
     assert torch.allclose(dr_grpo(r, group_size=4), torch.tensor([0.5, -0.5, -0.5, 0.5]))
     assert torch.allclose(grpo(r, group_size=4, scale_rewards="none"), dr_grpo(r, group_size=4))
-    assert torch.allclose(rloo(torch.tensor([1.0, 0.0, 0.0]), group_size=3),
-                          torch.tensor([1.0, -0.5, -0.5]))
+    assert torch.allclose(rloo(torch.tensor([1.0, 0.0, 0.0]), group_size=3), torch.tensor([1.0, -0.5, -0.5]))
     r8 = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
     bstd = math.sqrt(2 / 7)
     a = grpo(r8, group_size=4, scale_rewards="batch")
-    assert torch.allclose(a, torch.tensor([0.5, -0.5, -0.5, 0.5, 0.5, 0.5, -0.5, -0.5])
-                          / (bstd + 1e-6), atol=1e-6)
+    assert torch.allclose(a, torch.tensor([0.5, -0.5, -0.5, 0.5, 0.5, 0.5, -0.5, -0.5]) / (bstd + 1e-6), atol=1e-6)
     with pytest.raises(ValueError):
         grpo(r8, group_size=4, scale_rewards="bogus")
 
@@ -360,7 +356,9 @@ def test_gspo_gives_every_token_its_responses_length_normalised_ratio_and_gspos_
     assert torch.allclose(grad, ref_grad, atol=1e-7)
     assert torch.all(grad[mask == 0] == 0)
     s = s.detach()
-    assert m["policy/ratio_min"] == pytest.approx(float(s.min())) and m["policy/ratio_max"] == pytest.approx(float(s.max()))
+    assert m["policy/ratio_min"] == pytest.approx(float(s.min())) and m["policy/ratio_max"] == pytest.approx(
+        float(s.max())
+    )
     # the token level differs wherever a response's tokens have different ratios
     token_loss, _ = policy_loss(new, old, adv, mask, clip_eps=0.05, clip_eps_high=0.1)
     assert float(token_loss.detach()) != pytest.approx(float(loss.detach()), rel=1e-3)

@@ -1,14 +1,15 @@
 """train.lr_scheduler: the warm-up then constant, linear or cosine, by hand; the trainer's optimizer follows it
 over a run's updates, and a resumed run takes it up where it stopped."""
+
 import json
 import math
 
 import pytest
+from test_train import TINY, cfg_for
 
 from sparserl.config import load_config, validate
 from sparserl.train.lr_schedule import lr_factor, total_updates
 from sparserl.train.trainer import train
-from test_train import TINY, cfg_for
 
 
 def test_the_factors_by_hand():
@@ -25,14 +26,24 @@ def test_the_factors_by_hand():
 
 
 def test_total_updates_counts_epochs_and_mini_batches():
-    cfg = validate(load_config("sparse_rl_fixed40", [*TINY, "train.steps=5", "train.prompts_per_step=4",
-                                           "train.mini_batch_prompts=2", "train.ppo_epochs=3"]))
+    cfg = validate(
+        load_config(
+            "sparse_rl_fixed40",
+            [*TINY, "train.steps=5", "train.prompts_per_step=4", "train.mini_batch_prompts=2", "train.ppo_epochs=3"],
+        )
+    )
     assert total_updates(cfg) == 5 * 3 * 2
 
 
 def test_a_run_follows_the_schedule_and_a_resume_continues_it(tmp_path):
-    extra = ("train.lr_scheduler=linear", "train.min_lr_ratio=0.25", "train.lr=1e-3", "train.mini_batch_prompts=1",
-             "checkpoint.every=1", "mismatch.alpha=off")
+    extra = (
+        "train.lr_scheduler=linear",
+        "train.min_lr_ratio=0.25",
+        "train.lr=1e-3",
+        "train.mini_batch_prompts=1",
+        "checkpoint.every=1",
+        "mismatch.alpha=off",
+    )
     cfg = cfg_for(tmp_path, "train.steps=3", *extra)
     per_step = total_updates(cfg) // 3
     run = train(cfg, run_dir=tmp_path / "a", log=lambda *_: None)
@@ -41,6 +52,7 @@ def test_a_run_follows_the_schedule_and_a_resume_continues_it(tmp_path):
     want = [1e-3 * lr_factor(s * per_step, 0, 3 * per_step, "linear", 0.25) for s in (1, 2, 3)]
     assert lrs == pytest.approx(want) and lrs[-1] == pytest.approx(0.25e-3)
     train(cfg_for(tmp_path, "train.steps=2", *extra), run_dir=tmp_path / "b", log=lambda *_: None)
-    resumed = train(cfg_for(tmp_path, "train.steps=3", *extra), run_dir=tmp_path / "b", resume=True,
-                    log=lambda *_: None)
+    resumed = train(
+        cfg_for(tmp_path, "train.steps=3", *extra), run_dir=tmp_path / "b", resume=True, log=lambda *_: None
+    )
     assert [json.loads(x)["lr"] for x in (resumed / "metrics.jsonl").read_text().splitlines()][-1] == lrs[-1]

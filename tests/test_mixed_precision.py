@@ -1,10 +1,12 @@
 """The learner's bfloat16 mixed precision (model.mixed_precision): float32 weights, gradients and AdamW
 state; bfloat16 products in every learner forward and in the backward; the scoring and the update on
 the same kernels; ``sparserl bench learner``."""
+
 import json
 
 import pytest
 import torch
+from test_train import cfg_for
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sparserl.cli import main
@@ -13,8 +15,6 @@ from sparserl.models import mixed_precision
 from sparserl.models.mixed_precision import autocast_for, learner_compute_dtype, learner_precision
 from sparserl.score.chunked_head import head_logprobs
 from sparserl.train.trainer import build_trainer, train, train_step
-
-from test_train import cfg_for
 
 DENSE = ["rollout.compressor=none", "rollout.dtype=float32"]
 
@@ -66,8 +66,9 @@ def test_chunked_head_runs_its_backward_in_autocasts_dtype():
     # 3 chunks: forward logits (mm) and Σ p z (bmm, a float32 sum); backward logits, grad_h, grad_w (mm)
     bf16, f32 = torch.bfloat16, torch.float32
     assert sorted(products[True].seen) == [("bmm", f32, f32)] * 3 + [("mm", bf16, bf16)] * 12
-    assert sorted(products[False].seen) == ([("addmm_", f32, f32, f32)] * 3 + [("bmm", f32, f32)] * 3
-                                            + [("mm", f32, f32)] * 9)
+    assert sorted(products[False].seen) == (
+        [("addmm_", f32, f32, f32)] * 3 + [("bmm", f32, f32)] * 3 + [("mm", f32, f32)] * 9
+    )
 
 
 def test_what_a_model_section_computes_in(tmp_path):
@@ -139,9 +140,17 @@ def test_mixed_precision_config_errors(tmp_path):
 @pytest.mark.parametrize("micro", [4, 8])  # 8: the whole batch, so old_logprobs=update is timed too
 def test_bench_learner_reports_both_precisions(tmp_path, capsys, micro):
     out = tmp_path / "learner.json"
-    overrides = ["model.name=tiny", "rollout.dtype=float32", "train.prompts_per_step=2", "rollout.n=4",
-                 "rollout.max_new_tokens=12", f"train.micro_batch_size={micro}", "reward.fn=test_train:toy_reward",
-                 "data.eval=null", f"log.out_dir={tmp_path}"]
+    overrides = [
+        "model.name=tiny",
+        "rollout.dtype=float32",
+        "train.prompts_per_step=2",
+        "rollout.n=4",
+        "rollout.max_new_tokens=12",
+        f"train.micro_batch_size={micro}",
+        "reward.fn=test_train:toy_reward",
+        "data.eval=null",
+        f"log.out_dir={tmp_path}",
+    ]
     assert main(["bench", "learner", *overrides, "--repeat", "2", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert set(report["seconds"]) == {"float32", "bfloat16_mixed"}
@@ -243,8 +252,7 @@ def test_a_run_recorded_before_the_key_resumes_in_float32(tmp_path):
     that (not today's default `auto`), and a config that now asks for auto is a change it names."""
     import yaml
 
-    from sparserl.train.run_folder import check_resume_config, load_recorded_config
-    from sparserl.train.run_folder import ResumeError
+    from sparserl.train.run_folder import ResumeError, check_resume_config, load_recorded_config
 
     cfg = cfg_for(tmp_path, "train.steps=1")
     run = train(cfg, run_dir=tmp_path / "old", log=lambda *_: None)
@@ -252,8 +260,10 @@ def test_a_run_recorded_before_the_key_resumes_in_float32(tmp_path):
     del recorded["model"]["mixed_precision"]
     (run / "config.yaml").write_text(yaml.safe_dump(recorded))
     assert load_recorded_config(run / "config.yaml").model.mixed_precision == "off"
-    assert load_recorded_config(run / "config.yaml", ["model.mixed_precision=bfloat16"]).model.mixed_precision \
-        == "bfloat16"  # an explicit override still wins
+    assert (
+        load_recorded_config(run / "config.yaml", ["model.mixed_precision=bfloat16"]).model.mixed_precision
+        == "bfloat16"
+    )  # an explicit override still wins
     newer = cfg_for(tmp_path, "train.steps=1")
     newer.model.mixed_precision = "auto"
     with pytest.raises(ResumeError, match=r"model.mixed_precision: 'off' -> 'auto'"):

@@ -53,7 +53,9 @@ def test_other_families_match_transformers(family, tiny_family):
 
     lm = tiny_family(family)
     model = lm.model
-    out = RolloutEngine(lm, get_compressor("none")).generate(["hello world"], SamplingParams(n=2, max_new_tokens=12, seed=0, ignore_eos=True))
+    out = RolloutEngine(lm, get_compressor("none")).generate(
+        ["hello world"], SamplingParams(n=2, max_new_tokens=12, seed=0, ignore_eos=True)
+    )
     for i in range(2):
         ids = torch.tensor(out.prompt_ids[i] + out.response_ids[i])[None]
         with torch.no_grad():
@@ -125,8 +127,19 @@ def test_model_device_cuda(name):
 
     def hook(event, cache=None, **kw):
         if event == "before_decode":
-            devices.update(t.device.type for t in [*cache.k, *cache.v, cache.pos, cache.lens, cache.start,
-                                                   *(cache.acc or []), kw["tokens"], kw["positions"]])
+            devices.update(
+                t.device.type
+                for t in [
+                    *cache.k,
+                    *cache.v,
+                    cache.pos,
+                    cache.lens,
+                    cache.start,
+                    *(cache.acc or []),
+                    kw["tokens"],
+                    kw["positions"],
+                ]
+            )
 
     eng.step_hook = hook
     p = SamplingParams(n=2, max_new_tokens=24, seed=0, ignore_eos=True, top_p=0.9, temperature=0.8)

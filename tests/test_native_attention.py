@@ -1,4 +1,5 @@
 """The native decode-attention kernel (sparserl.rollout.native) against the torch path it replaces."""
+
 import warnings
 
 import pytest
@@ -14,12 +15,12 @@ from sparserl.rollout.sampling import SamplingParams
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler: the torch path runs everywhere")
 
 SHAPES = [  # B, Hq, Hkv, D, capacity, L
-    (16, 9, 3, 64, 80, 70),   # SmolLM2's heads
-    (3, 4, 2, 128, 50, 37),   # head_dim 128 (Qwen)
-    (2, 6, 6, 64, 20, 9),     # no GQA
-    (4, 8, 2, 32, 30, 17),    # another head size (the generic loop)
-    (2, 4, 1, 24, 12, 12),    # D not a multiple of 16, L = capacity
-    (1, 20, 1, 64, 16, 13),   # many query heads per KV head
+    (16, 9, 3, 64, 80, 70),  # SmolLM2's heads
+    (3, 4, 2, 128, 50, 37),  # head_dim 128 (Qwen)
+    (2, 6, 6, 64, 20, 9),  # no GQA
+    (4, 8, 2, 32, 30, 17),  # another head size (the generic loop)
+    (2, 4, 1, 24, 12, 12),  # D not a multiple of 16, L = capacity
+    (1, 20, 1, 64, 16, 13),  # many query heads per KV head
 ]
 
 
@@ -85,7 +86,7 @@ KV_CASES = [(name, "none") for name in available_compressors()] + [("rkv", "int8
 @pytest.mark.parametrize("name,kv_quant", KV_CASES)
 def test_engine_native_matches_torch(tiny, name, kv_quant):
     """Whole generations: same tokens, log-probs within 1e-4, same KV figures, every compressor."""
-    options = ({"window": 4} if name == "snapkv" else {"budget": 48, "dense_layers": 1} if name == "blocktopk" else {})
+    options = {"window": 4} if name == "snapkv" else {"budget": 48, "dense_layers": 1} if name == "blocktopk" else {}
     comp = lambda: get_compressor(name, **{"budget": 12, "step_length": 6, **options})  # noqa: E731
     p = SamplingParams(n=3, max_new_tokens=30, seed=3, temperature=1.0)
     prompts = ["a b c", [{"role": "user", "content": "Count from one to twenty, slowly please."}]]
@@ -149,8 +150,9 @@ def test_portable_build_equals_torch(tmp_path, monkeypatch, kv_quant):
         assert (out - ref_out).abs().max().item() < 1e-5 and (p - ref_p).abs().max().item() < 1e-6
 
 
-@pytest.mark.parametrize("shape", [(16, 9, 3, 64, 80, 70), (3, 10, 2, 64, 40, 33), (1, 20, 1, 64, 16, 13),
-                                   (2, 8, 1, 128, 30, 29)])
+@pytest.mark.parametrize(
+    "shape", [(16, 9, 3, 64, 80, 70), (3, 10, 2, 64, 40, 33), (1, 20, 1, 64, 16, 13), (2, 8, 1, 128, 30, 29)]
+)
 @pytest.mark.parametrize("kv_quant", ["none", "int8"])
 def test_each_query_head_gets_the_bits_it_gets_alone(shape, kv_quant):
     """The kernel reads each key and value row once for up to 4 query heads of a KV head (g = 3, 5 =

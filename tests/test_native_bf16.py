@@ -5,6 +5,7 @@ a hand-built matrix, determinism, and the builds without AVX512-BF16 (AVX2, the 
 The AMX path runs only on a CPU with amx_bf16: there the default layout is the AMX one, and every
 test below that packs with ``layout=None`` runs it; elsewhere ``layout="amx"`` runs the same packed
 bytes on the portable loops."""
+
 import pytest
 import torch
 
@@ -62,13 +63,13 @@ def case(M: int, N: int, K: int, seed: int = 0):
 
 
 SHAPES = [  # rows M, out N, in K
-    (16, 960, 576),   # SmolLM2's fused q/k/v at batch 16
+    (16, 960, 576),  # SmolLM2's fused q/k/v at batch 16
     (16, 576, 1536),  # its down product
-    (1, 576, 576),    # one row
-    (17, 100, 65),    # rows past two 8-row tiles and one 16-row AMX block; N not a multiple of 16 or 32; K odd
-    (5, 7, 5),        # N smaller than a panel, K smaller than a k-pair block
-    (3, 33, 1),       # K = 1
-    (9, 48, 100),     # K not a multiple of 32, N a multiple of 16 but not of 32
+    (1, 576, 576),  # one row
+    (17, 100, 65),  # rows past two 8-row tiles and one 16-row AMX block; N not a multiple of 16 or 32; K odd
+    (5, 7, 5),  # N smaller than a panel, K smaller than a k-pair block
+    (3, 33, 1),  # K = 1
+    (9, 48, 100),  # K not a multiple of 32, N a multiple of 16 but not of 32
 ]
 LAYOUTS = [None, "panels", "amx"]  # the machine's, the build's panels, the AMX tiles (C loops without AMX)
 
@@ -190,11 +191,31 @@ def test_rounding_to_bf16_is_torchs():
     """The activations' rounding (round to nearest even; overflow → inf; denormals kept) gives the
     bits of ``x.bfloat16()``, in the vector loops and their scalar tail; a NaN gives a NaN (0x7FC0,
     c10::BFloat16's; torch's vectorized conversion writes 0xFFFF)."""
-    special = [0.0, -0.0, 1.0, 1.00390625, 1.01171875, 1.0 + 2**-8 + 2**-20, float("inf"), -float("inf"),
-               float("nan"), -float("nan"), 3.4028235e38, -3.4028235e38, 1e-39, -1e-40, 1.17549435e-38,
-               2**-8 + 2**-16]  # ties to even both ways, just past a tie, largest float → inf, denormals
+    special = [
+        0.0,
+        -0.0,
+        1.0,
+        1.00390625,
+        1.01171875,
+        1.0 + 2**-8 + 2**-20,
+        float("inf"),
+        -float("inf"),
+        float("nan"),
+        -float("nan"),
+        3.4028235e38,
+        -3.4028235e38,
+        1e-39,
+        -1e-40,
+        1.17549435e-38,
+        2**-8 + 2**-16,
+    ]  # ties to even both ways, just past a tie, largest float → inf, denormals
     gen = torch.Generator().manual_seed(4)
-    x = torch.cat([torch.tensor(special), torch.randn(1000, generator=gen) * 10.0 ** torch.randint(-40, 38, (1000,), generator=gen)])
+    x = torch.cat(
+        [
+            torch.tensor(special),
+            torch.randn(1000, generator=gen) * 10.0 ** torch.randint(-40, 38, (1000,), generator=gen),
+        ]
+    )
     x = x.float()
     for n in (len(x), 13):  # the vector loops and the tail
         assert same_bf16(native.to_bf16(x[:n]), x[:n].bfloat16())
@@ -232,8 +253,9 @@ def test_kernel_names_this_cpu():
     elif "avx2" in flags:
         assert kernel == "avx2"
     layout = native.pack_linear_bf16(torch.randn(3, 3))
-    assert (layout.panel_width, layout.k_pad) == ((16, 32) if kernel == "amx" else (
-        native.library().sparserl_bf16_panel_width(), 2))
+    assert (layout.panel_width, layout.k_pad) == (
+        (16, 32) if kernel == "amx" else (native.library().sparserl_bf16_panel_width(), 2)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -275,12 +297,15 @@ def test_the_amx_path_with_emulated_tiles_is_within_the_bound(amx_emulated_build
 def test_the_amx_prefetch_build_gives_the_same_bits(amx_emulated_build):
     """``-DAMX_PREFETCH=2`` (B tiles prefetched two k-blocks ahead, a variant an AMX machine times,
     experiments/kernels/bf16_kernel_variants.py) compiles and changes no bit: a prefetch is only a hint."""
-    prefetching = native.load(native.build(flags=native.flags_for("-march=native -DSPARSERL_AMX_EMULATE -DAMX_PREFETCH=2")))
+    prefetching = native.load(
+        native.build(flags=native.flags_for("-march=native -DSPARSERL_AMX_EMULATE -DAMX_PREFETCH=2"))
+    )
     for M, N, K in [(16, 960, 576), (33, 50, 96), (3, 33, 1)]:
         w, x, b = case(M, N, K, seed=9)
         packed = native.pack_linear_bf16(w, lib=prefetching)
-        assert torch.equal(native.linear_bf16(x, packed, b, lib=prefetching),
-                           native.linear_bf16(x, packed, b, lib=amx_emulated_build))
+        assert torch.equal(
+            native.linear_bf16(x, packed, b, lib=prefetching), native.linear_bf16(x, packed, b, lib=amx_emulated_build)
+        )
 
 
 @pytest.fixture(scope="module")

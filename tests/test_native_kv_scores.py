@@ -1,6 +1,7 @@
 """The compressors' score kernels (sparserl.rollout.native, kv_scores.c) against their torch
 references: R-KV's redundancy term and the observation-window attention, and that R-KV / SnapKV
 select the same slots on either path."""
+
 import pytest
 import torch
 
@@ -82,8 +83,9 @@ def test_redundancy_reads_strided_buffers():
 
 
 @pytest.mark.parametrize("reduce_group", ["max", "mean"])
-@pytest.mark.parametrize("shape", [(2, 9, 3, 8, 40), (2, 4, 2, 3, 5), (1, 2, 2, 1, 1), (3, 6, 3, 4, 4),
-                                   (2, 3, 1, 8, 27)])
+@pytest.mark.parametrize(
+    "shape", [(2, 9, 3, 8, 40), (2, 4, 2, 3, 5), (1, 2, 2, 1, 1), (3, 6, 3, 4, 4), (2, 3, 1, 8, 27)]
+)
 def test_window_attention_equals_torch(shape, reduce_group):
     n, hq, hkv, w, length = shape
     gen = torch.Generator().manual_seed(length)
@@ -139,11 +141,19 @@ def test_kernels_decline_what_they_do_not_take():
 def test_portable_build_equals_torch():
     portable = native.load(native.build(flags=native.flags_for("")))
     keys, valid = _keys(2, 3, 37), _valid(2, 37)
-    torch.testing.assert_close(native.rkv_redundancy(keys, valid, 0.5, lib=portable),
-                               native.rkv_redundancy(keys, valid, 0.5), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        native.rkv_redundancy(keys, valid, 0.5, lib=portable),
+        native.rkv_redundancy(keys, valid, 0.5),
+        atol=1e-6,
+        rtol=1e-5,
+    )
     queries = torch.randn(2, 9, 8, 64)
-    torch.testing.assert_close(native.window_attention(queries, keys, valid, "max", lib=portable),
-                               native.window_attention(queries, keys, valid, "max"), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        native.window_attention(queries, keys, valid, "max", lib=portable),
+        native.window_attention(queries, keys, valid, "max"),
+        atol=1e-6,
+        rtol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("name", ["rkv", "snapkv"])
@@ -151,8 +161,13 @@ def test_compressors_select_the_same_slots_on_either_path(name):
     n, hq, hkv, length = 4, 6, 2, 60
     keys = _keys(n, hkv, length, dim=32, seed=3)
     queries = torch.randn(n, hq, 8, 32, generator=torch.Generator().manual_seed(4))
-    inp = ScoreInputs(keys=keys, region=slice(10, length), valid=_valid(n, length), queries=queries,
-                      positions=torch.arange(length).expand(n, hkv, length))
+    inp = ScoreInputs(
+        keys=keys,
+        region=slice(10, length),
+        valid=_valid(n, length),
+        queries=queries,
+        positions=torch.arange(length).expand(n, hkv, length),
+    )
     comp = get_compressor(name, budget=24, step_length=26, window=8)
     fast = comp.select(inp, 24)
     with native.torch_only():

@@ -1,5 +1,6 @@
 """The native weight-product kernel (sparserl.rollout.native, linear.c) against torch's, and the
 sampler's choice of kernel (sparserl.rollout.model.linear)."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,11 +12,11 @@ pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler:
 
 SHAPES = [  # rows M, out N, in K
     (16, 960, 576),  # SmolLM2's fused q/k/v at batch 16
-    (1, 48, 64),     # one row
-    (3, 25, 17),     # rows not a multiple of the 4-row tile, N one past a 24-column panel
-    (6, 7, 5),       # N smaller than one panel
-    (64, 24, 300),   # one full panel, the most rows a packed product takes
-    (5, 100, 1),     # K = 1
+    (1, 48, 64),  # one row
+    (3, 25, 17),  # rows not a multiple of the 4-row tile, N one past a 24-column panel
+    (6, 7, 5),  # N smaller than one panel
+    (64, 24, 300),  # one full panel, the most rows a packed product takes
+    (5, 100, 1),  # K = 1
 ]
 
 

@@ -1,28 +1,43 @@
 """The non-finite step guard: which steps count as non-finite, the streak that stops a run and its one-line
 message, and the finite check of weights and optimizer state."""
+
 import math
 
 import pytest
 import torch
 
 from sparserl.errors import SparserlError
-from sparserl.train.nonfinite import (NonfiniteSteps, NonfiniteTrainingError, all_finite, first_nonfinite,
-                                      is_finite_number)
+from sparserl.train.nonfinite import (
+    NonfiniteSteps,
+    NonfiniteTrainingError,
+    all_finite,
+    first_nonfinite,
+    is_finite_number,
+)
 
 
-@pytest.mark.parametrize("loss, grad_norm, ok", [
-    (0.5, 1.0, True), (torch.tensor(0.5), torch.tensor(2.0), True), (0.5, None, True),
-    (math.nan, 1.0, False), (0.5, math.inf, False), (torch.tensor(-math.inf), 1.0, False),
-    (torch.tensor(0.1), torch.tensor(math.nan), False), (torch.tensor([1.0, math.nan]), 1.0, False),
-])
+@pytest.mark.parametrize(
+    "loss, grad_norm, ok",
+    [
+        (0.5, 1.0, True),
+        (torch.tensor(0.5), torch.tensor(2.0), True),
+        (0.5, None, True),
+        (math.nan, 1.0, False),
+        (0.5, math.inf, False),
+        (torch.tensor(-math.inf), 1.0, False),
+        (torch.tensor(0.1), torch.tensor(math.nan), False),
+        (torch.tensor([1.0, math.nan]), 1.0, False),
+    ],
+)
 def test_a_step_is_finite_when_its_loss_and_gradient_norm_are(loss, grad_norm, ok):
     assert NonfiniteSteps.finite(loss, grad_norm) is ok
 
 
 def test_limit_steps_in_a_row_raise_one_line_naming_step_count_and_causes():
     guard = NonfiniteSteps(3)
-    assert [guard.record(s, ok) for s, ok in [(1, True), (2, False), (3, False), (4, True), (5, False),
-                                               (6, False)]] == [0, 1, 1, 0, 1, 1]  # a finite step resets
+    assert [
+        guard.record(s, ok) for s, ok in [(1, True), (2, False), (3, False), (4, True), (5, False), (6, False)]
+    ] == [0, 1, 1, 0, 1, 1]  # a finite step resets
     assert (guard.in_a_row, guard.skipped) == (2, 4)
     with pytest.raises(NonfiniteTrainingError) as e:
         guard.record(7, False)

@@ -3,6 +3,7 @@ channels fixed per push): the split is exact where it should be, cuts int8 error
 outlier channels, the channels are chosen on the calibration at every push (deterministically),
 the native descriptor computes what the eager product does to the bit, the 8-bit weight grid
 where the CPU's int8 products are exact, and the bad inputs."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,7 +36,9 @@ def test_channels_are_the_largest_ascending():
     amax = torch.tensor([1.0, 9.0, 0.5, 7.0, 3.0])
     assert outlier_channels(amax, 2).tolist() == [1, 3]
     assert outlier_channels(amax, 0).tolist() == []
-    with pytest.raises(ValueError, match="rollout.quant_outliers=5: 5 outlier channels leave none of a linear's 5 inputs"):
+    with pytest.raises(
+        ValueError, match="rollout.quant_outliers=5: 5 outlier channels leave none of a linear's 5 inputs"
+    ):
         outlier_channels(amax, 5)
 
 
@@ -72,12 +75,20 @@ def test_split_is_the_quantized_rest_plus_the_float_outliers(name):
 
 
 @pytest.mark.skipif(native.library() is None, reason="native kernels unavailable")
-@pytest.mark.parametrize("name,smooth,accumulate,bias", [("int8", False, 0, False), ("int8", True, 1, True),
-                                                         ("int8_group", True, 0, True), ("int8_group", False, 1, False)])
+@pytest.mark.parametrize(
+    "name,smooth,accumulate,bias",
+    [
+        ("int8", False, 0, False),
+        ("int8", True, 1, True),
+        ("int8_group", True, 0, True),
+        ("int8_group", False, 1, False),
+    ],
+)
 def test_native_descriptor_is_the_eager_product(name, smooth, accumulate, bias):
     """decode_layer.c's sparserl_apply with outlier channels (and SmoothQuant, a bias, accumulating
     into the residual stream) gives the eager OutlierLinear's bits."""
     from sparserl.rollout.fused import weight_descriptor
+
     x, w = _outlier_input(rows=7, inp=96)
     b = torch.randn(w.shape[0]) if bias else None
     lin = OutlierLinear.quantize(build_quant(name), w, outlier_channels(x.abs().amax(0), 3))
@@ -98,6 +109,7 @@ def test_native_descriptor_rejects_bad_outliers():
     x, w = _outlier_input(rows=2, inp=64)
     lin = OutlierLinear.quantize(build_quant("int8"), w, torch.tensor([5]))
     from sparserl.rollout.fused import weight_descriptor
+
     desc = weight_descriptor(lin)
     y = torch.full((2, 48), 7.0)
     desc.n_outliers = -1
@@ -106,13 +118,25 @@ def test_native_descriptor_rejects_bad_outliers():
     assert lib.sparserl_apply(desc, 2, x.data_ptr(), 64, y.data_ptr(), 48, 0) == -1
     assert torch.equal(y, torch.full((2, 48), 7.0))
     # indices and panels come together, of matching size
-    assert native.Weight.of(native.Weight.INT8, lin.inner.native[0], 48, 64, colsum=lin.inner.native[1],
-                            scales=lin.inner.scales, outlier_idx=lin.idx32) is None
+    assert (
+        native.Weight.of(
+            native.Weight.INT8,
+            lin.inner.native[0],
+            48,
+            64,
+            colsum=lin.inner.native[1],
+            scales=lin.inner.scales,
+            outlier_idx=lin.idx32,
+        )
+        is None
+    )
 
 
 @pytest.mark.parametrize("smooth", [0.0, 0.5])
 def test_sampler_chooses_channels_at_every_push(tiny, smooth):
-    engine = RolloutEngine(tiny, build_compressor("none"), quant="int8", quant_outliers=3, quant_smooth=smooth, **ENGINE)
+    engine = RolloutEngine(
+        tiny, build_compressor("none"), quant="int8", quant_outliers=3, quant_smooth=smooth, **ENGINE
+    )
     m = engine.model
     for f in QUANTIZED_FIELDS:
         w = getattr(m.layers[0], f)
@@ -120,9 +144,10 @@ def test_sampler_chooses_channels_at_every_push(tiny, smooth):
             assert isinstance(w, SmoothedLinear)
             w = w.inner
         assert isinstance(w, OutlierLinear) and w.idx.numel() == 3
-    again = RolloutEngine(tiny, build_compressor("none"), quant="int8", quant_outliers=3, quant_smooth=smooth,
-                          **ENGINE).model
-    down = (lambda model: model.layers[1].down.inner if smooth else model.layers[1].down)
+    again = RolloutEngine(
+        tiny, build_compressor("none"), quant="int8", quant_outliers=3, quant_smooth=smooth, **ENGINE
+    ).model
+    down = lambda model: model.layers[1].down.inner if smooth else model.layers[1].down
     assert torch.equal(down(again).idx, down(m).idx)  # the same weights choose the same channels
     ids = torch.tensor([[5, 9, 2, 7, 3, 11, 4, 8]])
     valid, pos = torch.ones_like(ids, dtype=torch.bool), torch.arange(8)[None]
@@ -198,6 +223,7 @@ def test_outlier_kernel_gives_the_same_bits_in_every_build(group, avx2_build):
     w_o = w[:, idx.long()].contiguous()
     if group:  # int8_group: weight scales per group; the native build's wide tile where it has one
         from sparserl.rollout.quant.int8_group import quantize_int8_weight_groups
+
         q, g = quantize_int8_weight_groups(rest, group)
         s = torch.ones(200)
     else:
@@ -206,19 +232,28 @@ def test_outlier_kernel_gives_the_same_bits_in_every_build(group, avx2_build):
     def group_kw(lib):
         if not group:
             return {}
-        return dict(group_scales=native.pack_group_scales(g, lib=lib),
-                    group_colsum=native.pack_group_colsums(q, group, lib=lib))
+        return dict(
+            group_scales=native.pack_group_scales(g, lib=lib), group_colsum=native.pack_group_colsums(q, group, lib=lib)
+        )
 
     outs = []
     for lib in (native.library(), avx2_build):
-        outs.append(native.linear_int8_outliers(x, native.pack_int8(q, lib=lib), s, idx,
-                                                native.pack_outliers(w_o, lib=lib), group=group, lib=lib,
-                                                **group_kw(lib)))
+        outs.append(
+            native.linear_int8_outliers(
+                x,
+                native.pack_int8(q, lib=lib),
+                s,
+                idx,
+                native.pack_outliers(w_o, lib=lib),
+                group=group,
+                lib=lib,
+                **group_kw(lib),
+            )
+        )
     assert outs[0] is not None and torch.equal(outs[0], outs[1])
     x_rest = x.clone()
     x_rest[:, idx.long()] = 0
-    ref = (native.linear_int8(x_rest, native.pack_int8(q), s, group=group, **group_kw(None))
-           + x[:, idx.long()] @ w_o.t())
+    ref = native.linear_int8(x_rest, native.pack_int8(q), s, group=group, **group_kw(None)) + x[:, idx.long()] @ w_o.t()
     torch.testing.assert_close(outs[0], ref, rtol=1e-5, atol=1e-4)
 
 

@@ -1,14 +1,15 @@
 """DAPO's soft overlong punishment (reward.overlong_buffer): the penalty's formula on hand-computed lengths, the
 verifier staying the first part, a training step whose rewards carry it and whose accuracy does not, and
 compare ranking arms by the verifier's reward."""
+
 import pytest
+from test_train import cfg_for
 
 from sparserl.compare.aggregate import reward_curve, summarize_arm
 from sparserl.reward.overlong import OVERLONG_PART, overlong_penalty, with_overlong_penalty
 from sparserl.reward.weighted import RewardScores
 from sparserl.train import step as trainer_module
 from sparserl.train.trainer import build_trainer, train_step
-from test_train import cfg_for
 
 
 def test_the_penalty_is_zero_before_the_buffer_and_falls_to_minus_the_factor_at_the_limit():
@@ -37,13 +38,22 @@ def test_the_verifier_stays_the_first_part():
 def test_a_step_trains_on_the_shaped_reward_and_counts_passes_on_the_verifiers(tmp_path, monkeypatch):
     seen = []
     real = trainer_module.rollout_batch
-    monkeypatch.setattr(trainer_module, "rollout_batch",
-                        lambda trainer, ro, rewards: seen.append((ro, list(rewards))) or real(trainer, ro, rewards))
+    monkeypatch.setattr(
+        trainer_module,
+        "rollout_batch",
+        lambda trainer, ro, rewards: seen.append((ro, list(rewards))) or real(trainer, ro, rewards),
+    )
     # the tiny random model rarely stops: a buffer of all 8 tokens penalizes every response by its length
-    trainer = build_trainer(cfg_for(tmp_path, "rollout.max_new_tokens=8", "reward.overlong_buffer.len=8",
-                                    "reward.overlong_buffer.penalty_factor=0.5"))
+    trainer = build_trainer(
+        cfg_for(
+            tmp_path,
+            "rollout.max_new_tokens=8",
+            "reward.overlong_buffer.len=8",
+            "reward.overlong_buffer.penalty_factor=0.5",
+        )
+    )
     metrics = train_step(trainer, 1)
-    (ro, rewards), = seen
+    ((ro, rewards),) = seen
     lengths = [len(x) for x in ro.response_ids]
     penalties = [0.5 * min(0.0, (0 - n) / 8) for n in lengths]
     assert any(p < 0 for p in penalties)

@@ -2,6 +2,7 @@
 set, of the run's evaluation set (``data.eval_prompt_key`` / ``data.eval_label_key``, else the training
 set's columns where the evaluation file has them), ``sparserl eval`` (``--prompt-key``, ``--label-key``,
 ``--reward``), ``sparserl rollout --prompt-key``, ``sparserl calibrate`` and ``sparserl compare --eval``."""
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,12 @@ def test_the_evaluation_file_gets_the_training_sets_columns(tmp_path):
     # a file without the training set's columns: its own, guessed
     assert [e.label for e in load_eval_set(data, str(other))] == ["2"]
     # eval keys of its own win; an absent one is an error naming it
-    assert [e.label for e in load_eval_set(DataConfig(eval_prompt_key="problem", eval_label_key="answer",
-                                                      prompt_key="q", label_key="ans"), str(other))] == ["2"]
+    assert [
+        e.label
+        for e in load_eval_set(
+            DataConfig(eval_prompt_key="problem", eval_label_key="answer", prompt_key="q", label_key="ans"), str(other)
+        )
+    ] == ["2"]
     with pytest.raises(DataError, match="missing key 'q'"):
         load_eval_set(DataConfig(eval_prompt_key="q"), str(other))
     with pytest.raises(DataError, match=r"name it with data\.eval_prompt_key=<column>"):
@@ -74,9 +79,18 @@ def test_a_run_trains_and_evaluates_on_its_own_columns(tmp_path):
     from test_train import cfg_for
 
     own = _jsonl(tmp_path / "own.jsonl", ROWS)
-    cfg = cfg_for(tmp_path, "train.steps=1", f"data.train={own}", f"data.eval={own}", "data.prompt_key=q",
-                  "data.label_key=ans", "data.eval_limit=2", "eval.max_new_tokens=2", "data.template='Q: {problem}'",
-                  "reward.fn=test_own_data:asked_a_sum")
+    cfg = cfg_for(
+        tmp_path,
+        "train.steps=1",
+        f"data.train={own}",
+        f"data.eval={own}",
+        "data.prompt_key=q",
+        "data.label_key=ans",
+        "data.eval_limit=2",
+        "eval.max_new_tokens=2",
+        "data.template='Q: {problem}'",
+        "reward.fn=test_own_data:asked_a_sum",
+    )
     run = train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
     record = json.loads((run / "eval-step00001.json").read_text())
     assert record["dense"]["problems"] == 2 and record["dense"]["pass@1"] == 1.0
@@ -87,9 +101,32 @@ def test_a_run_trains_and_evaluates_on_its_own_columns(tmp_path):
 def test_eval_command_reads_its_columns_and_scores_with_the_reward_named(tmp_path):
     own = _jsonl(tmp_path / "own.jsonl", ROWS)
     out = tmp_path / "eval.json"
-    assert cli.main(["eval", "--model", "tiny", "--data", str(own), "--prompt-key", "q", "--label-key", "ans",
-                     "--template", "Q: {problem}", "--reward", "test_own_data:asked_a_sum", "--max-new-tokens", "2",
-                     "--dtype", "float32", "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "eval",
+                "--model",
+                "tiny",
+                "--data",
+                str(own),
+                "--prompt-key",
+                "q",
+                "--label-key",
+                "ans",
+                "--template",
+                "Q: {problem}",
+                "--reward",
+                "test_own_data:asked_a_sum",
+                "--max-new-tokens",
+                "2",
+                "--dtype",
+                "float32",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     record = json.loads(out.read_text())
     assert record["reward"] == "test_own_data:asked_a_sum"
     assert [(r["problems"], r["pass@1"]) for r in record["runs"]] == [(3, 1.0)]  # the math reward would give 0
@@ -98,26 +135,66 @@ def test_eval_command_reads_its_columns_and_scores_with_the_reward_named(tmp_pat
 def test_rollout_command_reads_the_prompt_key(tmp_path):
     own = _jsonl(tmp_path / "own.jsonl", ROWS)
     out = tmp_path / "r.jsonl"
-    assert cli.main(["rollout", "--model", "tiny", "--prompts", str(own), "--prompt-key", "q", "--n", "1",
-                     "--max-new-tokens", "2", "--dtype", "float32", "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "rollout",
+                "--model",
+                "tiny",
+                "--prompts",
+                str(own),
+                "--prompt-key",
+                "q",
+                "--n",
+                "1",
+                "--max-new-tokens",
+                "2",
+                "--dtype",
+                "float32",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert len(out.read_text().splitlines()) == 3
 
 
 def test_calibrate_and_compare_read_the_same_columns(tmp_path):
+    from test_compare import TINY
+
     from sparserl.commands.calibrate import command_line
     from sparserl.compare import CompareError
     from sparserl.compare.comparison import plan
     from sparserl.data.options import load_from_options
-    from test_compare import TINY
 
     own = _jsonl(tmp_path / "own.jsonl", ROWS)
-    args = cli.build_parser().parse_args(["calibrate", "--model", "tiny", "--data", str(own), "--prompt-key", "q",
-                                          "--label-key", "ans", "--json", str(tmp_path / "c.json")])
+    args = cli.build_parser().parse_args(
+        [
+            "calibrate",
+            "--model",
+            "tiny",
+            "--data",
+            str(own),
+            "--prompt-key",
+            "q",
+            "--label-key",
+            "ans",
+            "--json",
+            str(tmp_path / "c.json"),
+        ]
+    )
     assert [e.label for e in load_from_options(args)] == ["3", "7", "4"]
     assert "--prompt-key q --label-key ans" in command_line(args)
     # compare --eval checks the set as each run's evaluation will read it: with the runs' columns
-    p = plan("default", [*TINY, "data.prompt_key=q", "data.label_key=ans", f"data.train={own}"], "dense", 1,
-             out=tmp_path / "o", eval_data=str(own))
+    p = plan(
+        "default",
+        [*TINY, "data.prompt_key=q", "data.label_key=ans", f"data.train={own}"],
+        "dense",
+        1,
+        out=tmp_path / "o",
+        eval_data=str(own),
+    )
     assert p.specs[0].cfg.data.prompt_key == "q"
     with pytest.raises(CompareError, match=r"--eval .*own\.jsonl.*data\.eval_prompt_key=<column>"):
         plan("default", TINY, "dense", 1, out=tmp_path / "o2", eval_data=str(own))
@@ -137,13 +214,17 @@ def test_weighted_rewards_sum_their_parts_and_the_first_is_the_verifier():
     part's values kept, failed calls counted over the parts, the first part the verifier."""
     from sparserl.reward.weighted import WeightedReward, load_rewards, score_rewards, verifier
 
-    reward = load_rewards(["test_own_data:asked_a_sum", "test_own_data:half_point", "test_own_data:raises"],
-                          [1.0, 0.4, 2.0])
+    reward = load_rewards(
+        ["test_own_data:asked_a_sum", "test_own_data:half_point", "test_own_data:raises"], [1.0, 0.4, 2.0]
+    )
     assert isinstance(reward, WeightedReward)
     scores = score_rewards(reward, ["a", "b"], ["3", "7"], ["Q: What is 1 + 2?", "no sum here"])
     assert scores.total == pytest.approx([1.0 + 0.4 * 0.5, 0.4 * 0.5])
-    assert scores.parts == {"test_own_data:asked_a_sum": [1.0, 0.0], "test_own_data:half_point": [0.5, 0.5],
-                            "test_own_data:raises": [0.0, 0.0]}
+    assert scores.parts == {
+        "test_own_data:asked_a_sum": [1.0, 0.0],
+        "test_own_data:half_point": [0.5, 0.5],
+        "test_own_data:raises": [0.0, 0.0],
+    }
     assert scores.errors == 2
     assert verifier(reward) is reward.parts[0][1]
     one = load_rewards("test_own_data:half_point")  # a name with weight 1: the reward itself
@@ -153,12 +234,15 @@ def test_weighted_rewards_sum_their_parts_and_the_first_is_the_verifier():
     assert score_rewards(scaled, ["a"], ["1"]).total == [1.5]
 
 
-@pytest.mark.parametrize("overrides, problem", [
-    (["reward.fn=[math, test_own_data:half_point]", "reward.weights=[1.0]"], "1 weights for the 2 reward"),
-    (["reward.fn=[math, math]"], "'math' twice"),
-    (["reward.fn=[]"], r"reward.fn=\[\]"),
-    (["reward.weights=[1.0, 2.0]"], "2 weights for the 1 reward"),
-])
+@pytest.mark.parametrize(
+    "overrides, problem",
+    [
+        (["reward.fn=[math, test_own_data:half_point]", "reward.weights=[1.0]"], "1 weights for the 2 reward"),
+        (["reward.fn=[math, math]"], "'math' twice"),
+        (["reward.fn=[]"], r"reward.fn=\[\]"),
+        (["reward.weights=[1.0, 2.0]"], "2 weights for the 1 reward"),
+    ],
+)
 def test_reward_lists_that_do_not_add_up_are_config_errors(overrides, problem):
     from sparserl.config import ConfigError, validate
 
@@ -170,9 +254,19 @@ def test_a_run_logs_each_part_of_its_weighted_reward(tmp_path):
     from test_train import cfg_for
 
     own = _jsonl(tmp_path / "own.jsonl", ROWS)
-    cfg = cfg_for(tmp_path, "train.steps=1", f"data.train={own}", "data.prompt_key=q", "data.label_key=ans",
-                  "data.template='Q: {problem}'", f"data.eval={own}", "data.eval_limit=1", "eval.max_new_tokens=2",
-                  "reward.fn=[test_own_data:half_point, test_own_data:asked_a_sum]", "reward.weights=[2.0, 0.25]")
+    cfg = cfg_for(
+        tmp_path,
+        "train.steps=1",
+        f"data.train={own}",
+        "data.prompt_key=q",
+        "data.label_key=ans",
+        "data.template='Q: {problem}'",
+        f"data.eval={own}",
+        "data.eval_limit=1",
+        "eval.max_new_tokens=2",
+        "reward.fn=[test_own_data:half_point, test_own_data:asked_a_sum]",
+        "reward.weights=[2.0, 0.25]",
+    )
     run = train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
     (row,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert row["reward/part/test_own_data:half_point"] == 0.5 and row["reward/part/test_own_data:asked_a_sum"] == 1.0
@@ -189,8 +283,33 @@ def test_pass_at_1_counts_passes_at_any_n(tmp_path, n):
     reward >= 1, at n = 1 as at n > 1 (pass@1 used to be the mean at n > 1 and the pass fraction at n = 1)."""
     own = _jsonl(tmp_path / "own.jsonl", ROWS)
     out = tmp_path / "eval.json"
-    assert cli.main(["eval", "--model", "tiny", "--data", str(own), "--prompt-key", "q", "--label-key", "ans",
-                     "--reward", "test_own_data:half_point", "--n", str(n), "--temperature", "1.0",
-                     "--max-new-tokens", "2", "--dtype", "float32", "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "eval",
+                "--model",
+                "tiny",
+                "--data",
+                str(own),
+                "--prompt-key",
+                "q",
+                "--label-key",
+                "ans",
+                "--reward",
+                "test_own_data:half_point",
+                "--n",
+                str(n),
+                "--temperature",
+                "1.0",
+                "--max-new-tokens",
+                "2",
+                "--dtype",
+                "float32",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     (run,) = json.loads(out.read_text())["runs"]
     assert (run[f"avg@{n}"], run["pass@1"], run[f"pass@{n}"]) == (0.5, 0.0, 0.0)

@@ -2,6 +2,7 @@
 pass and fail in mixed numbers: pass@k is the unbiased estimator of Chen et al. 2021 (Codex),
 pass@k = mean over problems of 1 - C(n - c, k) / C(n, k) with c of the n samples passing, which for k = 1
 is c / n and for k = n is 1 when any sample passes."""
+
 from __future__ import annotations
 
 from math import comb
@@ -26,8 +27,12 @@ class ScriptedEngine:
 
     def generate(self, prompts, params):
         texts = [t for p in prompts for t in SAMPLES[p][: params.n]]
-        return SimpleNamespace(texts=texts, prompt_index=[i for i in range(len(prompts)) for _ in range(params.n)],
-                               tokens_generated=len(texts), kv=SimpleNamespace(bytes_peak=0, bytes_dense=0))
+        return SimpleNamespace(
+            texts=texts,
+            prompt_index=[i for i in range(len(prompts)) for _ in range(params.n)],
+            tokens_generated=len(texts),
+            kv=SimpleNamespace(bytes_peak=0, bytes_dense=0),
+        )
 
 
 def word_reward(response: str, label: str) -> float:

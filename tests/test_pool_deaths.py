@@ -3,6 +3,7 @@ a new worker; :data:`~sparserl.cluster.pool.MAX_ATTEMPTS` (3) deaths in a row fo
 the run with a :class:`~sparserl.cluster.pool.ClusterError` naming the worker, and fewer deaths followed by
 a success do not. Tested on the pool's bookkeeping with fake actors (no Ray processes): ``ray.get`` of a
 dead actor's call raises Ray's own ``RayActorError``, as it does when a worker is killed."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """sparserl.preflight: a run's checks before its real work, with no weight loaded."""
+
 import pytest
 
 from sparserl.config import ConfigError, load_config
@@ -32,19 +33,34 @@ def test_a_reward_module_that_does_not_import_is_refused_naming_the_key(no_weigh
 
 
 def test_a_lora_target_naming_no_module_is_refused_with_the_model_s_modules(no_weights):
-    with pytest.raises(ConfigError, match=r"train\.lora_target=\['q_proj', 'qq_proj'\]: qq_proj names no linear "
-                                          r"module of tiny; its linear modules: down_proj, .*v_proj"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train\.lora_target=\['q_proj', 'qq_proj'\]: qq_proj names no linear "
+        r"module of tiny; its linear modules: down_proj, .*v_proj",
+    ):
         preflight(load_config("sparse_rl_fixed40", [*TINY, "train.lora_rank=4", "train.lora_target=[q_proj, qq_proj]"]))
     with pytest.raises(ConfigError, match=r"algorithm\.distill_sparse\.target"):
-        preflight(load_config("sparse_rl_fixed40", [*TINY, "algorithm.distill_sparse={rank: 4, target: [attn]}",
-                                                    "rollout.dtype=float32"]))
+        preflight(
+            load_config(
+                "sparse_rl_fixed40",
+                [*TINY, "algorithm.distill_sparse={rank: 4, target: [attn]}", "rollout.dtype=float32"],
+            )
+        )
     preflight(load_config("sparse_rl_fixed40", [*TINY, "train.lora_rank=4", "train.lora_target=[q_proj, v_proj]"]))
 
 
 def test_the_embedded_model_s_modules_come_from_its_gguf_header(tmp_path, monkeypatch, no_weights):
     monkeypatch.setenv("SPARSERL_CACHE", str(tmp_path))  # no converted folder: the GGUF's header is read
-    assert model_linear_names("smollm2-135m") == ["down_proj", "gate_proj", "k_proj", "lm_head", "o_proj",
-                                                  "q_proj", "up_proj", "v_proj"]
+    assert model_linear_names("smollm2-135m") == [
+        "down_proj",
+        "gate_proj",
+        "k_proj",
+        "lm_head",
+        "o_proj",
+        "q_proj",
+        "up_proj",
+        "v_proj",
+    ]
     assert not any(tmp_path.iterdir())  # nothing converted or written
 
 

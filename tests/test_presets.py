@@ -8,85 +8,101 @@ of the main job are that one with one thing changed. Each preset's resolved keys
 schema's defaults are pinned here, as the runs in docs/results/ ran them; a change to a preset, or to a
 default a preset relies on, fails here and says which key moved.
 """
+
 import pytest
 
 from sparserl.config import Config, config_to_dict, list_presets, load_config, validate
 
 #: the fixed-budget job: R-KV holding the whole cache to 40 tokens, Sparse-RL's correction
 FIXED40 = {
-    'checkpoint.every': 6,
-    'checkpoint.keep_last': 1,
-    'data.eval': 'arith:seed=1000',
-    'data.eval_limit': 32,
-    'data.system_prompt': 'You are a careful math tutor. Read the problem, add or subtract the numbers it gives, and reply with one short sentence that ends with the final answer as a number in \\boxed{}.',
-    'rollout.compress_prompt': True,
-    'rollout.dtype': 'auto',
-    'rollout.kv_budget': 40,
-    'rollout.max_new_tokens': 48,
-    'rollout.step_length': 2,
-    'train.lr': 3e-05,
-    'train.micro_batch_size': 32,
-    'train.prompts_per_step': 4,
-    'train.steps': 12,
+    "checkpoint.every": 6,
+    "checkpoint.keep_last": 1,
+    "data.eval": "arith:seed=1000",
+    "data.eval_limit": 32,
+    "data.system_prompt": "You are a careful math tutor. Read the problem, add or subtract the numbers it gives, and reply with one short sentence that ends with the final answer as a number in \\boxed{}.",
+    "rollout.compress_prompt": True,
+    "rollout.dtype": "auto",
+    "rollout.kv_budget": 40,
+    "rollout.max_new_tokens": 48,
+    "rollout.step_length": 2,
+    "train.lr": 3e-05,
+    "train.micro_batch_size": 32,
+    "train.prompts_per_step": 4,
+    "train.steps": 12,
 }
 
 #: every preset's keys that differ from the schema's defaults (``name`` aside)
 EXPECTED = {
     "sparse_rl_fixed40": FIXED40,
-    "default": {**FIXED40,
-                'mismatch.alpha_bin': 32,
-                'rollout.kv_controller': {'bin': None, 'margin': 0.04, 'max_budget': 64, 'min_budget': 16, 'patience': 2, 'step': 8, 'threshold': 0.86},
-                },
-    "dense": {**FIXED40,
-                'algorithm.correction': 'none',
-                'rollout.compressor': 'none',
-                },
-    "sparse_naive": {**FIXED40,
-                'algorithm.correction': 'none',
-                },
-    "fp8rl": {**FIXED40,
-                'algorithm.correction': 'fp8rl',
-                'rollout.compressor': 'none',
-                'rollout.kv_quant': 'fp8',
-                'rollout.quant': 'fp8',
-                },
-    "qurl": {**FIXED40,
-                'algorithm.correction': 'qurl',
-                'rollout.compressor': 'none',
-                'rollout.quant': 'int8',
-                'rollout.quant_scale': 1.5,
-                },
-    "qurl_group": {**FIXED40,
-                'algorithm.correction': 'qurl',
-                'rollout.compressor': 'none',
-                'rollout.quant': 'int8_group',
-                'rollout.quant_group': 32,
-                'rollout.quant_head': True,
-                'rollout.quant_scale': 1.5,
-                'rollout.quant_smooth': 0.5,
-                },
-    "rkv_int8": {**FIXED40,
-                'rollout.kv_quant': 'int8',
-                'rollout.quant': 'int8',
-                },
+    "default": {
+        **FIXED40,
+        "mismatch.alpha_bin": 32,
+        "rollout.kv_controller": {
+            "bin": None,
+            "margin": 0.04,
+            "max_budget": 64,
+            "min_budget": 16,
+            "patience": 2,
+            "step": 8,
+            "threshold": 0.86,
+        },
+    },
+    "dense": {
+        **FIXED40,
+        "algorithm.correction": "none",
+        "rollout.compressor": "none",
+    },
+    "sparse_naive": {
+        **FIXED40,
+        "algorithm.correction": "none",
+    },
+    "fp8rl": {
+        **FIXED40,
+        "algorithm.correction": "fp8rl",
+        "rollout.compressor": "none",
+        "rollout.kv_quant": "fp8",
+        "rollout.quant": "fp8",
+    },
+    "qurl": {
+        **FIXED40,
+        "algorithm.correction": "qurl",
+        "rollout.compressor": "none",
+        "rollout.quant": "int8",
+        "rollout.quant_scale": 1.5,
+    },
+    "qurl_group": {
+        **FIXED40,
+        "algorithm.correction": "qurl",
+        "rollout.compressor": "none",
+        "rollout.quant": "int8_group",
+        "rollout.quant_group": 32,
+        "rollout.quant_head": True,
+        "rollout.quant_scale": 1.5,
+        "rollout.quant_smooth": 0.5,
+    },
+    "rkv_int8": {
+        **FIXED40,
+        "rollout.kv_quant": "int8",
+        "rollout.quant": "int8",
+    },
     "sparse_rl_math": {
-        'algorithm.kl_coef': 0.0001,
-        'checkpoint.every': 20,
-        'data.eval': 'math500',
-        'data.eval_limit': None,
-        'data.train': 'math_level3to5',
-        'eval.compressor': 'none',
-        'eval.every': 20,
-        'model.name': '/path/to/Qwen2.5-1.5B-Instruct',
-        'rollout.compressor_options': {'lam': 0.1, 'per_head': False},
-        'rollout.kv_budget': 512,
-        'rollout.max_new_tokens': 4096,
-        'rollout.step_length': 128,
-        'train.lr': 1e-06,
-        'train.micro_batch_size': 4,
-        'train.prompts_per_step': 128,
-        'train.steps': 100,
-        'train.weight_decay': 0.1,
+        "algorithm.kl_coef": 0.0001,
+        "checkpoint.every": 20,
+        "data.eval": "math500",
+        "data.eval_limit": None,
+        "data.train": "math_level3to5",
+        "eval.compressor": "none",
+        "eval.every": 20,
+        "model.name": "/path/to/Qwen2.5-1.5B-Instruct",
+        "rollout.compressor_options": {"lam": 0.1, "per_head": False},
+        "rollout.kv_budget": 512,
+        "rollout.max_new_tokens": 4096,
+        "rollout.step_length": 128,
+        "train.lr": 1e-06,
+        "train.micro_batch_size": 4,
+        "train.prompts_per_step": 128,
+        "train.steps": 100,
+        "train.weight_decay": 0.1,
     },
 }
 
@@ -114,14 +130,20 @@ def test_every_shipped_preset_is_pinned():
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_preset_resolves_to_what_was_measured(name):
     got, want = non_default(load_config(name)), EXPECTED[name]
-    moved = {k: (want.get(k, "<default>"), got.get(k, "<default>")) for k in set(got) | set(want)
-             if got.get(k, "<default>") != want.get(k, "<default>")}
+    moved = {
+        k: (want.get(k, "<default>"), got.get(k, "<default>"))
+        for k in set(got) | set(want)
+        if got.get(k, "<default>") != want.get(k, "<default>")
+    }
     assert not moved, f"{name}: key: (expected, got): {moved}"
 
 
 def test_default_is_the_controller_on_the_fixed_budget_job():
     """The default differs from sparse_rl_fixed40 only by the controller and the α bins it steers."""
-    default, fixed = flat(config_to_dict(load_config("default"))), flat(config_to_dict(load_config("sparse_rl_fixed40")))
+    default, fixed = (
+        flat(config_to_dict(load_config("default"))),
+        flat(config_to_dict(load_config("sparse_rl_fixed40"))),
+    )
     assert {k for k in default if default[k] != fixed[k]} == {"name", "rollout.kv_controller", "mismatch.alpha_bin"}
     kc = load_config(None).rollout.kv_controller
     assert (kc.threshold, kc.margin, kc.patience, kc.min_budget, kc.max_budget, kc.step) == (0.86, 0.04, 2, 16, 64, 8)
@@ -137,11 +159,22 @@ def test_default_runs_one_step_on_the_tiny_model(tmp_path):
     """``sparserl train``'s preset trains a step on the tiny model, its controller reading the α tail."""
     import json
 
-    from sparserl.train.trainer import train
     from test_train import TINY
 
-    cfg = validate(load_config("default", [*TINY, f"log.out_dir={tmp_path}", "train.steps=1",
-                                           "rollout.kv_controller.min_budget=8", "mismatch.alpha_bin=16"]))
+    from sparserl.train.trainer import train
+
+    cfg = validate(
+        load_config(
+            "default",
+            [
+                *TINY,
+                f"log.out_dir={tmp_path}",
+                "train.steps=1",
+                "rollout.kv_controller.min_budget=8",
+                "mismatch.alpha_bin=16",
+            ],
+        )
+    )
     assert cfg.rollout.kv_controller is not None
     run = train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

@@ -1,5 +1,6 @@
 """The decode-step profiler (``python -m sparserl.rollout.profile``): its parts add up to the decode
 time, a part called inside another counts once, for the outer one, and the quantized sampler is profiled when asked."""
+
 import time
 
 import pytest
@@ -29,8 +30,17 @@ def test_nested_parts_count_once():
 @pytest.mark.parametrize("quant", ["none", "int8"])
 @pytest.mark.parametrize("fused", [True, False])
 def test_profile_splits_the_decode_time(tiny, quant, fused):
-    r = profile_mod.profile(batch=4, max_new_tokens=12, compressor="rkv", kv_budget=8, step_length=2, window=2,
-                            quant=quant, loaded=tiny, fused=fused)
+    r = profile_mod.profile(
+        batch=4,
+        max_new_tokens=12,
+        compressor="rkv",
+        kv_budget=8,
+        step_length=2,
+        window=2,
+        quant=quant,
+        loaded=tiny,
+        fused=fused,
+    )
     parts = r["split_seconds"]
     # the fused step's layers are one part; the eager step's split into products and attention
     layer_parts = ("layers",) if fused else ("matmul", "attention")

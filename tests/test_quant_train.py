@@ -1,8 +1,10 @@
 """The quantized sampler in training: presets, the QuRL step metrics, checkpoints in original form."""
+
 import json
 
 import pytest
 import torch
+from test_train import TINY
 
 from sparserl import runlog as names
 from sparserl.config import ConfigError, load_config, validate
@@ -10,36 +12,60 @@ from sparserl.models.invariant_scaling import applied_scale
 from sparserl.train.checkpoint import latest_checkpoint, load_latest
 from sparserl.train.trainer import build_trainer, train
 
-from test_train import TINY
-
 
 def cfg_for(tmp_path, preset, *extra):
     return validate(load_config(preset, [*TINY, f"log.out_dir={tmp_path}", *extra]))
 
 
-@pytest.mark.parametrize("preset,expect", [
-    ("qurl", {"compressor": "none", "quant": "int8", "kv_quant": "none", "quant_scale": 1.5, "correction": "qurl"}),
-    ("fp8rl", {"compressor": "none", "quant": "fp8", "kv_quant": "fp8", "quant_scale": 1.0, "correction": "fp8rl"}),
-    ("rkv_int8", {"compressor": "rkv", "quant": "int8", "kv_quant": "int8", "quant_scale": 1.0, "correction": "sparse_rl"}),
-    ("qurl_group", {"compressor": "none", "quant": "int8_group", "kv_quant": "none", "quant_scale": 1.5,
-                    "correction": "qurl", "quant_group": 32, "quant_smooth": 0.5, "quant_head": True}),
-])
+@pytest.mark.parametrize(
+    "preset,expect",
+    [
+        ("qurl", {"compressor": "none", "quant": "int8", "kv_quant": "none", "quant_scale": 1.5, "correction": "qurl"}),
+        ("fp8rl", {"compressor": "none", "quant": "fp8", "kv_quant": "fp8", "quant_scale": 1.0, "correction": "fp8rl"}),
+        (
+            "rkv_int8",
+            {"compressor": "rkv", "quant": "int8", "kv_quant": "int8", "quant_scale": 1.0, "correction": "sparse_rl"},
+        ),
+        (
+            "qurl_group",
+            {
+                "compressor": "none",
+                "quant": "int8_group",
+                "kv_quant": "none",
+                "quant_scale": 1.5,
+                "correction": "qurl",
+                "quant_group": 32,
+                "quant_smooth": 0.5,
+                "quant_head": True,
+            },
+        ),
+    ],
+)
 def test_quantized_presets_compose(preset, expect):
     """Each preset is the default job with its sampler and correction; overrides still apply on top."""
     cfg = validate(load_config(preset, ["rollout.quant_scale=2"] if preset == "rkv_int8" else []))
     r = cfg.rollout
-    got = {"compressor": r.compressor, "quant": r.quant, "kv_quant": r.kv_quant, "quant_scale": r.quant_scale,
-           "correction": cfg.algorithm.correction}
+    got = {
+        "compressor": r.compressor,
+        "quant": r.quant,
+        "kv_quant": r.kv_quant,
+        "quant_scale": r.quant_scale,
+        "correction": cfg.algorithm.correction,
+    }
     got.update({key: getattr(r, key) for key in ("quant_group", "quant_smooth", "quant_head") if key in expect})
     expect = {**expect, "quant_scale": 2.0} if preset == "rkv_int8" else expect
     assert got == expect
     assert cfg.train.steps == load_config("sparse_rl_fixed40").train.steps  # the rest is the default job
 
 
-@pytest.mark.parametrize("override,fragment", [
-    ("rollout.quant=int4", "rollout.quant"), ("rollout.kv_quant=int4", "rollout.kv_quant"),
-    ("rollout.quant_scale=0", "rollout.quant_scale"),
-])
+@pytest.mark.parametrize(
+    "override,fragment",
+    [
+        ("rollout.quant=int4", "rollout.quant"),
+        ("rollout.kv_quant=int4", "rollout.kv_quant"),
+        ("rollout.quant_scale=0", "rollout.quant_scale"),
+    ],
+)
 def test_bad_quant_options_name_the_key(override, fragment):
     with pytest.raises(ConfigError, match=fragment.replace(".", r"\.")):
         validate(load_config("sparse_rl_fixed40", [override]))
@@ -50,8 +76,18 @@ def test_asking_for_the_sampler_logprobs_of_a_quantized_sampler_is_an_error():
     trainer then scores: checked in the qurl run below)."""
     for extra in (["rollout.quant=int8"], ["rollout.kv_quant=int8"]):
         with pytest.raises(ConfigError, match="quantized"):
-            validate(load_config("sparse_rl_fixed40", [*TINY, "rollout.compressor=none", "rollout.dtype=float32",
-                                              "algorithm.old_logprobs=sampler", *extra]))
+            validate(
+                load_config(
+                    "sparse_rl_fixed40",
+                    [
+                        *TINY,
+                        "rollout.compressor=none",
+                        "rollout.dtype=float32",
+                        "algorithm.old_logprobs=sampler",
+                        *extra,
+                    ],
+                )
+            )
 
 
 def test_quant_group_reaches_the_trainers_sampler(tmp_path):
@@ -84,6 +120,7 @@ def test_a_qurl_step_logs_quant_metrics_and_saves_the_original_form(tmp_path):
     assert rows[-1][names.QUANT_UPDATE_VISIBLE] > 0  # lr 1e-3 on a tiny model: codes move
 
     from transformers import AutoModelForCausalLM
+
     ck = latest_checkpoint(run)
     plain = AutoModelForCausalLM.from_pretrained(ck / "model").eval()
     trainer = build_trainer(cfg)
@@ -91,6 +128,7 @@ def test_a_qurl_step_logs_quant_metrics_and_saves_the_original_form(tmp_path):
     assert trainer.old_policy.kind == "score"  # dense float32 sampler, but quantized weights
     load_latest(run, trainer.learner)
     from sparserl.models.invariant_scaling import refold_after_load
+
     refold_after_load(trainer.learner)
     ids = torch.tensor([[1, 5, 9, 13, 2, 7]])
     with torch.no_grad():
@@ -105,15 +143,16 @@ def test_teacher_forced_logprobs_are_the_dense_samplers_own(tiny):
     """Scoring a dense float32 sampler's responses teacher-forced gives the log-probs it sampled with
     (the alignment of prompt, response and padding is right)."""
     from sparserl.batch import RolloutBatch
+    from sparserl.mismatch.teacher_forced import teacher_forced_logprobs
     from sparserl.rollout.engine import RolloutEngine
     from sparserl.rollout.kv import get_compressor
     from sparserl.rollout.sampling import SamplingParams
-    from sparserl.mismatch.teacher_forced import teacher_forced_logprobs
 
     engine = RolloutEngine(tiny, get_compressor("none"), dtype="float32")
     engine.eos_ids = set(range(0, len(tiny.tokenizer), 50))  # ragged responses: right padding
-    ro = engine.generate(["a b c", "one two three four five"], SamplingParams(n=3, max_new_tokens=12, seed=3,
-                                                                              temperature=0.8))
+    ro = engine.generate(
+        ["a b c", "one two three four five"], SamplingParams(n=3, max_new_tokens=12, seed=3, temperature=0.8)
+    )
     batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index, pad_id=0)
     got = teacher_forced_logprobs(engine.model, batch, temperature=0.8, micro_batch_size=4)
     assert len({len(r) for r in ro.response_ids}) > 1

@@ -1,24 +1,32 @@
 """Quantized sampler weights (rollout.quant, issue 8 item 1): round trips, the int8 product against a
 float reference of the same quantized values, the quantized sampler on the tiny model, re-quantization
 at every push, bad names."""
+
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 import torch
 
-from sparserl.rollout import native
-
 from sparserl.errors import SparserlError
+from sparserl.rollout import native
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import build_compressor
 from sparserl.rollout.model import SamplerModel
 from sparserl.rollout.quant import QuantizedLinear, available_quants, build_quant
 from sparserl.rollout.quant.fp8 import E4M3, quantize_fp8_per_channel, quantize_fp8_per_token
-from sparserl.rollout.quant.int8 import (QMAX_FBGEMM, Int8Linear, cpu_weight_qmax, dequantize_int8_per_channel, fbgemm_available,
-                                         int8_matmul_per_token, quantize_int8_per_channel, quantize_int8_per_token)
+from sparserl.rollout.quant.int8 import (
+    QMAX_FBGEMM,
+    Int8Linear,
+    cpu_weight_qmax,
+    dequantize_int8_per_channel,
+    fbgemm_available,
+    int8_matmul_per_token,
+    quantize_int8_per_channel,
+    quantize_int8_per_token,
+)
 from sparserl.rollout.sampling import SamplingParams
 
 QUANTIZED = [q for q in available_quants() if q != "none"]
@@ -79,13 +87,15 @@ def test_the_int_mm_paths_run_on_cpu_as_on_cuda(rows, monkeypatch):
     over 16 rows, every size a multiple of 8. The padding changes nothing, and int8_group's per-group
     _int_mm gives the float path's bits (both sums are exact integers)."""
     from sparserl.rollout.quant.int8 import int_mm
-    from sparserl.rollout.quant.int8_group import (int8_matmul_per_group, quantize_int8_weight_groups,
-                                                   transposed_groups)
+    from sparserl.rollout.quant.int8_group import int8_matmul_per_group, quantize_int8_weight_groups, transposed_groups
 
     real = torch._int_mm
 
     def cublaslt_int_mm(a, b):
-        assert a.shape[0] > 16 and a.shape[0] % 8 == 0 and a.shape[1] % 8 == 0 and b.shape[1] % 8 == 0, (a.shape, b.shape)
+        assert a.shape[0] > 16 and a.shape[0] % 8 == 0 and a.shape[1] % 8 == 0 and b.shape[1] % 8 == 0, (
+            a.shape,
+            b.shape,
+        )
         assert b.stride(0) == 1, b.stride()  # column-major
         return real(a, b)
 
@@ -135,7 +145,7 @@ def test_fbgemm_int8_linear_equals_reference_of_the_same_quantized_values():
         y = lin(x)
     assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-6 * float(ref.abs().max()))
     # per token: the small rows are quantized on their own grid (relative error like the big rows')
-    err = ((y - x @ w.t()).norm(dim=-1) / (x @ w.t()).norm(dim=-1))
+    err = (y - x @ w.t()).norm(dim=-1) / (x @ w.t()).norm(dim=-1)
     assert float(err.max()) < 0.05
 
 
@@ -180,8 +190,10 @@ def _group_reference(x, q, g, b, group):
     return out + b.double()
 
 
-@pytest.mark.parametrize("rows,out_features,in_features,group", [(16, 96, 128, 64), (5, 33, 150, 64), (1, 16, 4, 4),
-                                                                  (64, 40, 1537, 64), (3, 20, 96, 32)])
+@pytest.mark.parametrize(
+    "rows,out_features,in_features,group",
+    [(16, 96, 128, 64), (5, 33, 150, 64), (1, 16, 4, 4), (64, 40, 1537, 64), (3, 20, 96, 32)],
+)
 def test_int8_group_linear_equals_reference_of_the_same_quantized_values(rows, out_features, in_features, group):
     """int8_group: 8-bit weights (|Q| ≤ 127) with a scale per output and group of G inputs,
     activations per token and group; every kernel (the AVX2 one, its portable build, the torch
@@ -209,16 +221,25 @@ def test_int8_group_linear_equals_reference_of_the_same_quantized_values(rows, o
         assert lin.kernel == "native" and lin.q is None and torch.equal(lin.codes(), q)
         torch.testing.assert_close(lin(x, b).double(), ref, **tol)
         portable = native.load(native.build(flags=native.flags_for("")))
-        y2 = native.linear_int8(x, native.pack_int8(q, lib=portable), torch.ones(out_features), b, group=group,
-                                group_scales=native.pack_group_scales(g, lib=portable), lib=portable)
+        y2 = native.linear_int8(
+            x,
+            native.pack_int8(q, lib=portable),
+            torch.ones(out_features),
+            b,
+            group=group,
+            group_scales=native.pack_group_scales(g, lib=portable),
+            lib=portable,
+        )
         torch.testing.assert_close(y2.double(), ref, **tol)
         with native.torch_only():
             torch.testing.assert_close(lin(x, b).double(), ref, **tol)
 
 
 @pytest.mark.skipif(not native.int8_group_u8(), reason="the unsigned-code group tile needs an AVX512 VNNI build")
-@pytest.mark.parametrize("rows,out_features,in_features,group", [(16, 96, 128, 64), (5, 33, 150, 64), (1, 16, 4, 4),
-                                                                  (7, 40, 1537, 64), (3, 70, 96, 32)])
+@pytest.mark.parametrize(
+    "rows,out_features,in_features,group",
+    [(16, 96, 128, 64), (5, 33, 150, 64), (1, 16, 4, 4), (7, 40, 1537, 64), (3, 70, 96, 32)],
+)
 def test_int8_group_wide_tile_gives_the_signed_tiles_bits(rows, out_features, in_features, group):
     """With the group column sums, int8_group runs on the per-token kernel's unsigned codes (P + 128)
     and 512-bit tile: sum U Q - 128 cs = sum P Q exactly, then the same float operations, so the
@@ -240,8 +261,10 @@ def test_int8_group_wide_tile_gives_the_signed_tiles_bits(rows, out_features, in
         idx = torch.tensor([0, in_features // 2], dtype=torch.int32)
         panels = native.pack_outliers(w[:, idx.long()].contiguous())
         args = (x, lin.native, ones, idx, panels)
-        assert torch.equal(native.linear_int8_outliers(*args, group=group, group_scales=packed, group_colsum=sums),
-                           native.linear_int8_outliers(*args, group=group, group_scales=packed))
+        assert torch.equal(
+            native.linear_int8_outliers(*args, group=group, group_scales=packed, group_colsum=sums),
+            native.linear_int8_outliers(*args, group=group, group_scales=packed),
+        )
 
 
 @pytest.mark.skipif(native.library() is None, reason="no C compiler: no native kernels")
@@ -291,8 +314,7 @@ def test_int8_group_is_closer_than_per_token_on_outlier_channels():
     x = torch.randn(8, 256, generator=gen)
     x[:, 3] *= 100
     ref = x @ w.t()
-    err = {name: float((build_quant(name).quantize(w)(x) - ref).norm() / ref.norm())
-           for name in ("int8", "int8_group")}
+    err = {name: float((build_quant(name).quantize(w)(x) - ref).norm() / ref.norm()) for name in ("int8", "int8_group")}
     assert err["int8_group"] < 0.6 * err["int8"]
 
 
@@ -342,7 +364,7 @@ def test_fp8_scaled_mm_branch_equals_the_emulation(rows):
     lin.emulated = False
     kernel = lin.matmul(x)
     assert kernel.dtype == torch.float32 and kernel.shape == emulated.shape
-    torch.testing.assert_close(kernel, emulated, rtol=2 ** -8, atol=1e-6 * float(emulated.abs().max()))
+    torch.testing.assert_close(kernel, emulated, rtol=2**-8, atol=1e-6 * float(emulated.abs().max()))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
@@ -447,10 +469,17 @@ def test_update_weights_requantizes(tiny):
     after = engine.model.layers[0].qkv.dequantize()
     assert not torch.equal(after, before)
     assert engine.model.last_quantize_s > 0
-    q_rows = tiny.model.config.num_attention_heads * tiny.model.config.head_dim if hasattr(tiny.model.config, "head_dim") else None
-    ref = dequantize_int8_per_channel(*quantize_int8_per_channel(
-        torch.cat([state[f"model.layers.0.self_attn.{n}_proj.weight"] for n in "qkv"]), cpu_weight_qmax()
-        if fbgemm_available("cpu") else 127))
+    q_rows = (
+        tiny.model.config.num_attention_heads * tiny.model.config.head_dim
+        if hasattr(tiny.model.config, "head_dim")
+        else None
+    )
+    ref = dequantize_int8_per_channel(
+        *quantize_int8_per_channel(
+            torch.cat([state[f"model.layers.0.self_attn.{n}_proj.weight"] for n in "qkv"]),
+            cpu_weight_qmax() if fbgemm_available("cpu") else 127,
+        )
+    )
     assert torch.equal(after, ref)  # exactly the new weights' quantization
     assert q_rows is None or q_rows <= after.shape[0]
 
@@ -459,7 +488,9 @@ def test_quant_with_compiled_decode_matches_eager(tiny):
     """The compiled decode step runs the quantized linears too (aot_eager: the same capture)."""
     params = SamplingParams(n=2, max_new_tokens=4, ignore_eos=True, seed=0)
     eager = RolloutEngine(tiny, build_compressor("none"), quant="int8").generate(["hi there"], params)
-    comp = RolloutEngine(tiny, build_compressor("none"), quant="int8", compile="aot_eager").generate(["hi there"], params)
+    comp = RolloutEngine(tiny, build_compressor("none"), quant="int8", compile="aot_eager").generate(
+        ["hi there"], params
+    )
     assert comp.response_ids == eager.response_ids
     assert torch.allclose(torch.tensor(comp.sampler_logprobs), torch.tensor(eager.sampler_logprobs), atol=1e-5)
 
@@ -467,7 +498,6 @@ def test_quant_with_compiled_decode_matches_eager(tiny):
 def test_bad_quant_name_on_engine(tiny):
     with pytest.raises(SparserlError, match="did you mean 'int8'"):
         RolloutEngine(tiny, build_compressor("none"), quant="int08")
-
 
 
 @pytest.mark.parametrize("in_features", [576, 150])
@@ -492,20 +522,39 @@ def test_int8_group_runs_the_unsigned_tile_on_256_bit_vnni(in_features, avx2_bui
     assert sums is not None and native.pack_group_colsums(q, 64, lib=avx2) is None
 
     def product(lib, **kw):
-        return native.linear_int8(x, native.pack_int8(q, lib=lib), ones, b, group=64,
-                                  group_scales=native.pack_group_scales(g, lib=lib), lib=lib, **kw)
+        return native.linear_int8(
+            x,
+            native.pack_int8(q, lib=lib),
+            ones,
+            b,
+            group=64,
+            group_scales=native.pack_group_scales(g, lib=lib),
+            lib=lib,
+            **kw,
+        )
 
     signed = product(avx2)
     assert torch.equal(product(vnni, group_colsum=sums), signed)
     idx = torch.tensor([5, 77], dtype=torch.int32)
-    outliers = [native.linear_int8_outliers(x, native.pack_int8(q, lib=lib), ones, idx,
-                                            native.pack_outliers(w[:, idx.long()].contiguous(), lib=lib),
-                                            group=64, group_scales=native.pack_group_scales(g, lib=lib),
-                                            group_colsum=native.pack_group_colsums(q, 64, lib=lib), lib=lib)
-                for lib in (vnni, avx2)]
+    outliers = [
+        native.linear_int8_outliers(
+            x,
+            native.pack_int8(q, lib=lib),
+            ones,
+            idx,
+            native.pack_outliers(w[:, idx.long()].contiguous(), lib=lib),
+            group=64,
+            group_scales=native.pack_group_scales(g, lib=lib),
+            group_colsum=native.pack_group_colsums(q, 64, lib=lib),
+            lib=lib,
+        )
+        for lib in (vnni, avx2)
+    ]
     assert outliers[0] is not None and torch.equal(outliers[0], outliers[1])
     qt, st = quantize_int8_per_channel(w, 127)  # per token on the full grid: exact with VNNI
-    per_token = [native.linear_int8(x, native.pack_int8(qt, lib=lib), st, b, lib=lib) for lib in (vnni, native.library())]
+    per_token = [
+        native.linear_int8(x, native.pack_int8(qt, lib=lib), st, b, lib=lib) for lib in (vnni, native.library())
+    ]
     assert torch.equal(per_token[0], per_token[1])
 
 
@@ -554,4 +603,4 @@ def test_fp8_weights_are_laid_out_as_cuda_scaled_mm_takes_them(monkeypatch):
     assert torch.equal(kernel.dequantize(), emulated.dequantize())  # the padding is outside the weight
     got, want = kernel(x), emulated(x)
     assert calls == [(48, 48)] and got.shape == (5, 44)
-    torch.testing.assert_close(got, want, rtol=2 ** -7, atol=2 ** -7 * float(want.abs().max()))
+    torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-7 * float(want.abs().max()))

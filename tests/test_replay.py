@@ -3,6 +3,7 @@ log-probs of those tokens equal the sampler's recorded ones: for every compresso
 it did: same evictions), with int8 KV, and with each weight quantization. The distributions the sampler
 keeps while it samples (``keep_distributions``, what the exact α reads instead of a replay) are the ones
 the replay hands over."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,14 +11,16 @@ import dataclasses
 import pytest
 import torch
 
+from sparserl.mismatch.replay import replay
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import available_compressors, build_compressor
 from sparserl.rollout.quant import available_quants
-from sparserl.mismatch.replay import replay
 from sparserl.rollout.sampling import SamplingParams
 
-PROMPTS = [[{"role": "user", "content": "What is 3 + 5? Think step by step."}],
-           [{"role": "user", "content": "Name a prime number larger than ten, then another one."}]]
+PROMPTS = [
+    [{"role": "user", "content": "What is 3 + 5? Think step by step."}],
+    [{"role": "user", "content": "Name a prime number larger than ten, then another one."}],
+]
 
 
 def _params(**kw):
@@ -80,11 +83,16 @@ def test_replay_equals_the_sampler_for_every_compressor(tiny, name):
     if name == "blocktopk":  # 3 pages of 16 tokens read in the tiny model's layer 1
         comp = build_compressor(name, kv_budget=48, options={"dense_layers": 1})
     else:
-        comp = build_compressor(name, kv_budget=12, step_length=3, window=4) if name != "none" else build_compressor("none")
+        comp = (
+            build_compressor(name, kv_budget=12, step_length=3, window=4)
+            if name != "none"
+            else build_compressor("none")
+        )
     engine = RolloutEngine(tiny, comp, dtype="float32")
     reading = []
-    engine.step_hook = lambda event, cache=None, **kw: reading.append(cache.selector.reading) if (
-        event == "after_decode" and cache.selector is not None) else None
+    engine.step_hook = lambda event, cache=None, **kw: (
+        reading.append(cache.selector.reading) if (event == "after_decode" and cache.selector is not None) else None
+    )
     out = _check_replay(engine, _params())
     if comp.evicts:
         assert out.kv.compressions > 0  # the replay had evictions to reproduce
@@ -93,14 +101,21 @@ def test_replay_equals_the_sampler_for_every_compressor(tiny, name):
 
 
 def test_replay_with_int8_kv_and_rows_ending_early_and_small_batches(tiny):
-    engine = RolloutEngine(tiny, build_compressor("rkv", kv_budget=12, step_length=3, window=4), dtype="float32",
-                           kv_quant="int8", max_batch=4)
+    engine = RolloutEngine(
+        tiny,
+        build_compressor("rkv", kv_budget=12, step_length=3, window=4),
+        dtype="float32",
+        kv_quant="int8",
+        max_batch=4,
+    )
     _check_replay(engine, _params(top_k=50))
 
 
 @pytest.mark.parametrize("quant", [q for q in available_quants() if q != "none"])
 def test_replay_equals_the_sampler_with_each_weight_quantization(tiny, quant):
-    engine = RolloutEngine(tiny, build_compressor("snapkv", kv_budget=12, step_length=3, window=4), dtype="float32", quant=quant)
+    engine = RolloutEngine(
+        tiny, build_compressor("snapkv", kv_budget=12, step_length=3, window=4), dtype="float32", quant=quant
+    )
     _check_replay(engine, _params())
 
 

@@ -1,4 +1,5 @@
 """Metrics logger (jsonl + TensorBoard), tolerant reading and the run report."""
+
 from __future__ import annotations
 
 import json
@@ -17,17 +18,34 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def _rows(n: int = 5, scale: float = 1.0) -> list[dict]:
     rows = []
     for s in range(1, n + 1):
-        rows.append({
-            "step": s,
-            "reward/mean": round(0.1 * s * scale, 4), "reward/std": 0.05, "reward/accuracy": round(0.1 * s * scale, 4),
-            "mismatch/log_ratio_abs_mean": 0.01 * s, "mismatch/k3_kl": 0.001 * s,
-            "is/weight_min": 0.5, "is/weight_max": 1.5, "rs/token_masked_frac": 0.02, "rs/seq_vetoed_frac": 0.0,
-            "kv/sampler_alloc_bytes": 2 * 2**20 * scale, "kv/dense_alloc_bytes": 8 * 2**20,
-            "kv/kept_frac_final": 0.25 * scale, "kv/kept_tokens_final": 20 * scale, "kv/dense_tokens_final": 80,
-            "time/rollout_s": 2.0, "time/reward_s": 0.5, "time/score_s": 1.0, "time/update_s": 1.5,
-            "policy/loss": -0.01 * s, "grad_norm": 0.3, "policy/entropy": 1.2, "policy/kl_ref": 0.0,
-            "time": 1_700_000_000.0 + s,
-        })
+        rows.append(
+            {
+                "step": s,
+                "reward/mean": round(0.1 * s * scale, 4),
+                "reward/std": 0.05,
+                "reward/accuracy": round(0.1 * s * scale, 4),
+                "mismatch/log_ratio_abs_mean": 0.01 * s,
+                "mismatch/k3_kl": 0.001 * s,
+                "is/weight_min": 0.5,
+                "is/weight_max": 1.5,
+                "rs/token_masked_frac": 0.02,
+                "rs/seq_vetoed_frac": 0.0,
+                "kv/sampler_alloc_bytes": 2 * 2**20 * scale,
+                "kv/dense_alloc_bytes": 8 * 2**20,
+                "kv/kept_frac_final": 0.25 * scale,
+                "kv/kept_tokens_final": 20 * scale,
+                "kv/dense_tokens_final": 80,
+                "time/rollout_s": 2.0,
+                "time/reward_s": 0.5,
+                "time/score_s": 1.0,
+                "time/update_s": 1.5,
+                "policy/loss": -0.01 * s,
+                "grad_norm": 0.3,
+                "policy/entropy": 1.2,
+                "policy/kl_ref": 0.0,
+                "time": 1_700_000_000.0 + s,
+            }
+        )
     return rows
 
 
@@ -66,8 +84,8 @@ def test_make_report_writes_plots_and_numbers(tmp_path):
     md = path.read_text()
     assert "# Run report: run1" in md
     assert "5 steps logged (step 1 to 5)" in md
-    assert "| reward/mean | 0.1 | 0.5 | 0.5 (5) |" in md          # first, last, best (step)
-    assert "| rollout | 2 | 40% |" in md                          # 2 s of 5 s per step
+    assert "| reward/mean | 0.1 | 0.5 | 0.5 (5) |" in md  # first, last, best (step)
+    assert "| rollout | 2 | 40% |" in md  # 2 s of 5 s per step
     assert "Total time 25 s, 5 s per step" in md
     # like with like: allocation vs allocation, kept tokens vs dense tokens
     assert "2.00 MiB vs 8.00 MiB (4x less" in md
@@ -92,10 +110,16 @@ def _alpha_rows(n: int = 4) -> list[dict]:
     rows = _rows(n)
     for r in rows:
         s = r["step"]
-        r.update({"mismatch/alpha_mean": round(0.95 - 0.01 * s, 4), "mismatch/alpha_p5": round(0.9 - 0.02 * s, 4),
-                  "mismatch/alpha_p5_bin/0": round(0.92 - 0.01 * s, 4),
-                  "mismatch/alpha_p5_bin/128": round(0.88 - 0.03 * s, 4), "mismatch/replay_err": 0.0,
-                  "time/alpha_s": 0.5})
+        r.update(
+            {
+                "mismatch/alpha_mean": round(0.95 - 0.01 * s, 4),
+                "mismatch/alpha_p5": round(0.9 - 0.02 * s, 4),
+                "mismatch/alpha_p5_bin/0": round(0.92 - 0.01 * s, 4),
+                "mismatch/alpha_p5_bin/128": round(0.88 - 0.03 * s, 4),
+                "mismatch/replay_err": 0.0,
+                "time/alpha_s": 0.5,
+            }
+        )
         if s >= 3:
             r["mismatch/alpha_p5_bin/256"] = round(0.8 - 0.01 * s, 4)
     return rows
@@ -104,8 +128,9 @@ def _alpha_rows(n: int = 4) -> list[dict]:
 def test_report_plots_alpha_tail_per_bin(tmp_path):
     from sparserl.eval.report import SPARROW_ALPHA_P5_THRESHOLD, alpha_figure
 
-    run = _write_run(tmp_path / "alpha", _alpha_rows(), truncated_tail=False,
-                     config="mismatch:\n  alpha: exact\n  alpha_bin: 128\n")
+    run = _write_run(
+        tmp_path / "alpha", _alpha_rows(), truncated_tail=False, config="mismatch:\n  alpha: exact\n  alpha_bin: 128\n"
+    )
     md = make_report(run).read_text()
     data = (run / "alpha.png").read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 2000
@@ -127,8 +152,14 @@ def test_report_plots_alpha_tail_per_bin(tmp_path):
     fig = alpha_figure(load_run(run))
     (ax,) = fig.axes
     labels = [line.get_label() for line in ax.get_lines()]
-    assert labels == ["mismatch/alpha_p5_bin/0", "mismatch/alpha_p5_bin/128", "mismatch/alpha_p5_bin/256",
-                      "mismatch/alpha_p5", "mismatch/alpha_mean", "Sparrow's threshold 0.86"]
+    assert labels == [
+        "mismatch/alpha_p5_bin/0",
+        "mismatch/alpha_p5_bin/128",
+        "mismatch/alpha_p5_bin/256",
+        "mismatch/alpha_p5",
+        "mismatch/alpha_mean",
+        "Sparrow's threshold 0.86",
+    ]
     threshold = ax.get_lines()[-1]
     assert SPARROW_ALPHA_P5_THRESHOLD == 0.86
     assert list(threshold.get_ydata()) == [0.86, 0.86] and threshold.get_linestyle() == "--"
@@ -164,8 +195,17 @@ def test_metrics_logger_writes_jsonl_and_tensorboard(tmp_path, capsys):
     run = tmp_path / "log"
     with MetricsLogger(run, tensorboard=True, progress="plain", total_steps=3) as log:
         for s in (1, 2, 3):
-            log.log(s, {"reward/mean": torch.tensor(0.25 * s), "kv/kept_frac_final": 0.314,
-                        "time/rollout_s": 1.0, "time/update_s": 0.5, "bad": float("nan"), "note": "x"})
+            log.log(
+                s,
+                {
+                    "reward/mean": torch.tensor(0.25 * s),
+                    "kv/kept_frac_final": 0.314,
+                    "time/rollout_s": 1.0,
+                    "time/update_s": 0.5,
+                    "bad": float("nan"),
+                    "note": "x",
+                },
+            )
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[1]["reward/mean"] == 0.5 and rows[0]["bad"] is None and rows[0]["note"] == "x"
@@ -175,6 +215,7 @@ def test_metrics_logger_writes_jsonl_and_tensorboard(tmp_path, capsys):
     assert "step 2/3 reward 0.500 kv kept 31% 1.5s" in out
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(run / "tb"))
     acc.Reload()
     assert [e.value for e in acc.Scalars("reward/mean")] == pytest.approx([0.25, 0.5, 0.75])
@@ -200,9 +241,19 @@ def test_logger_repairs_partial_line_on_open(tmp_path):
 
 
 def test_format_step_line():
-    line = format_step_line(3, {"reward/mean": 0.41, "reward/accuracy": 0.41, "mismatch/k3_kl": 0.002,
-                                "rs/masked_frac": 0.05, "kv/kept_frac_final": 0.34,
-                                "kv/alloc_reduction": 4.5, "time/step_s": 12.3}, 20)
+    line = format_step_line(
+        3,
+        {
+            "reward/mean": 0.41,
+            "reward/accuracy": 0.41,
+            "mismatch/k3_kl": 0.002,
+            "rs/masked_frac": 0.05,
+            "kv/kept_frac_final": 0.34,
+            "kv/alloc_reduction": 4.5,
+            "time/step_s": 12.3,
+        },
+        20,
+    )
     assert line == "step 3/20 reward 0.410 acc 0.410 k3 0.002 masked 5.0% kv kept 34% kv alloc 1/4.5 12.3s"
 
 
@@ -212,8 +263,15 @@ def test_a_step_time_counts_each_second_once(tmp_path):
     report's total and its table."""
     from sparserl.runlog import step_seconds
 
-    row = {"time/rollout_s": 2.0, "time/generate_s": 1.9, "time/reward_s": 0.5, "time/score_s": 1.0,
-           "time/alpha_s": 1.25, "time/update_s": 1.5, "time/push_s": 0.25}
+    row = {
+        "time/rollout_s": 2.0,
+        "time/generate_s": 1.9,
+        "time/reward_s": 0.5,
+        "time/score_s": 1.0,
+        "time/alpha_s": 1.25,
+        "time/update_s": 1.5,
+        "time/push_s": 0.25,
+    }
     assert step_seconds(row) == 6.25
     assert step_seconds({**row, "time/step_s": 6.5}) == 6.5
     assert step_seconds({"reward/mean": 1.0}) is None

@@ -15,9 +15,20 @@ from pathlib import Path
 import pytest
 
 from sparserl.errors import SparserlError
-from sparserl.reward import (CheckPool, MathReward, RewardSpecError, RewardTimeout, answers_equal,
-                             extract_answer, extract_boxed, extract_last_number, get_pool,
-                             load_reward, math_reward, score_responses)
+from sparserl.reward import (
+    CheckPool,
+    MathReward,
+    RewardSpecError,
+    RewardTimeout,
+    answers_equal,
+    extract_answer,
+    extract_boxed,
+    extract_last_number,
+    get_pool,
+    load_reward,
+    math_reward,
+    score_responses,
+)
 from sparserl.reward import math as reward_math
 from sparserl.reward import pool as reward_pool
 
@@ -34,6 +45,7 @@ def _math500_answers() -> list[str]:
 # --------------------------------------------------------------------------------------------
 # MATH-500: every answer matches itself, and not its neighbour's answer
 # --------------------------------------------------------------------------------------------
+
 
 def test_math500_answer_matches_itself():
     answers = _math500_answers()
@@ -57,8 +69,9 @@ def _neighbour_pairs(answers):
 
 def test_math500_answer_differs_from_next_problem():
     pairs = _neighbour_pairs(_math500_answers())
-    scores, n_err = score_responses(load_reward("math", workers=0), [f"\\boxed{{{a}}}" for a, _ in pairs],
-                                    [b for _, b in pairs])
+    scores, n_err = score_responses(
+        load_reward("math", workers=0), [f"\\boxed{{{a}}}" for a, _ in pairs], [b for _, b in pairs]
+    )
     assert n_err == 0
     assert len(scores) >= 490
     assert sum(scores) <= 0.01 * len(scores)
@@ -79,30 +92,37 @@ def test_math500_pool_agrees_with_in_process():
 # Hand cases
 # --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("pred,label", [
-    ("\\boxed{\\frac{1}{2}}", "0.5"),
-    ("\\boxed{0.5}", "\\frac{1}{2}"),
-    ("\\boxed{1/2}", "\\frac{1}{2}"),
-    ("\\boxed{\\dfrac12}", "1/2"),
-    ("\\boxed{27.0}", "27"),
-    ("\\boxed{27}", 27.0),
-    ("\\boxed{27}", "27.0"),
-    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}"),  # symbolic path
-    ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "(3,\\pi/2)"),
-    ("\\boxed{1,234}", "1234"),
-    ("\\fbox{7}", "7"),
-    ("The answer is $\\boxed{\\text{Evelyn}}$.", "\\text{Evelyn}"),
-])
+
+@pytest.mark.parametrize(
+    "pred,label",
+    [
+        ("\\boxed{\\frac{1}{2}}", "0.5"),
+        ("\\boxed{0.5}", "\\frac{1}{2}"),
+        ("\\boxed{1/2}", "\\frac{1}{2}"),
+        ("\\boxed{\\dfrac12}", "1/2"),
+        ("\\boxed{27.0}", "27"),
+        ("\\boxed{27}", 27.0),
+        ("\\boxed{27}", "27.0"),
+        ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}"),  # symbolic path
+        ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "(3,\\pi/2)"),
+        ("\\boxed{1,234}", "1234"),
+        ("\\fbox{7}", "7"),
+        ("The answer is $\\boxed{\\text{Evelyn}}$.", "\\text{Evelyn}"),
+    ],
+)
 def test_equivalent_answers_score_one(pred, label):
     assert math_reward(pred, label) == 1.0
 
 
-@pytest.mark.parametrize("pred,label", [
-    ("\\boxed{\\frac{1}{3}}", "0.5"),
-    ("\\boxed{28}", "27"),
-    ("\\boxed{-27}", "27"),
-    ("\\boxed{x+1}", "x-1"),
-])
+@pytest.mark.parametrize(
+    "pred,label",
+    [
+        ("\\boxed{\\frac{1}{3}}", "0.5"),
+        ("\\boxed{28}", "27"),
+        ("\\boxed{-27}", "27"),
+        ("\\boxed{x+1}", "x-1"),
+    ],
+)
 def test_different_answers_score_zero(pred, label):
     assert math_reward(pred, label) == 0.0
 
@@ -135,8 +155,10 @@ def test_no_box_uses_last_number():
     assert math_reward("the answer is 1,234", "1234") == 1.0
 
 
-@pytest.mark.parametrize("response", ["", "no idea", "\\boxed{}", "}}{{\\boxed{", "\x00\x01",
-                                      "\\boxed{\\frac{}{}}", "\\boxed{" + "(" * 500 + "}"])
+@pytest.mark.parametrize(
+    "response",
+    ["", "no idea", "\\boxed{}", "}}{{\\boxed{", "\x00\x01", "\\boxed{\\frac{}{}}", "\\boxed{" + "(" * 500 + "}"],
+)
 def test_garbage_scores_zero(response):
     assert math_reward(response, "5") == 0.0
 
@@ -153,25 +175,39 @@ def test_list_labels():
     assert math_reward("\\boxed{69}", ["$69$,$84$"], workers=0) == 0.0
 
 
-@pytest.mark.parametrize("label,parts", [
-    (["$69$", "$84$"], ["69", "84"]),
-    (["$69$,$84$"], ["69", "84"]),                       # OlympiadBench: the parts in one element
-    ("(1,8,19), (2,7,13)", ["(1,8,19)", "(2,7,13)"]),    # commas inside brackets do not split
-    ("\\left(3,\\frac{\\pi}{2}\\right)", ["\\left(3,\\frac{\\pi}{2}\\right)"]),
-    ("1,234", ["1234"]),                                 # one number with thousands commas
-    ("work... #### 1,250", ["1250"]),                    # GSM8K
-    ("so \\boxed{\\frac{1}{2}}.", ["\\frac{1}{2}"]),
-    ([27.0, 3, "x"], ["27", "3", "x"]),
-    (True, ["True"]),
-    ("\\boxed{3", []), (float("nan"), []), ("  $ $ ", []), (None, []), ([], []),
-])
+@pytest.mark.parametrize(
+    "label,parts",
+    [
+        (["$69$", "$84$"], ["69", "84"]),
+        (["$69$,$84$"], ["69", "84"]),  # OlympiadBench: the parts in one element
+        ("(1,8,19), (2,7,13)", ["(1,8,19)", "(2,7,13)"]),  # commas inside brackets do not split
+        ("\\left(3,\\frac{\\pi}{2}\\right)", ["\\left(3,\\frac{\\pi}{2}\\right)"]),
+        ("1,234", ["1234"]),  # one number with thousands commas
+        ("work... #### 1,250", ["1250"]),  # GSM8K
+        ("so \\boxed{\\frac{1}{2}}.", ["\\frac{1}{2}"]),
+        ([27.0, 3, "x"], ["27", "3", "x"]),
+        (True, ["True"]),
+        ("\\boxed{3", []),
+        (float("nan"), []),
+        ("  $ $ ", []),
+        (None, []),
+        ([], []),
+    ],
+)
 def test_normalize_label_parts(label, parts):
     assert reward_math.normalize_label(label) == parts
     assert reward_math.normalize_label(", ".join(parts)) == parts  # the joined form reads back
 
 
-LIST_LABELS = [["$69$", "$84$"], ["$69$,$84$"], ["(6,3),(9,3)", "(54,5)"], ["2"], [27.0, "\\frac{1}{2}"],
-               ["so \\boxed{5}.", "#### 1,234"], ["$f(x)=x$,$f(x)=2-x$"]]
+LIST_LABELS = [
+    ["$69$", "$84$"],
+    ["$69$,$84$"],
+    ["(6,3),(9,3)", "(54,5)"],
+    ["2"],
+    [27.0, "\\frac{1}{2}"],
+    ["so \\boxed{5}.", "#### 1,234"],
+    ["$f(x)=x$,$f(x)=2-x$"],
+]
 
 
 @pytest.mark.parametrize("raw", LIST_LABELS, ids=range(len(LIST_LABELS)))
@@ -184,8 +220,12 @@ def test_a_list_label_is_the_same_answer_through_the_loader_and_the_reward(tmp_p
     assert isinstance(ex.label, str)
     parts = reward_math.normalize_label(raw)
     assert reward_math.normalize_label(ex.label) == parts and parts
-    responses = [f"\\boxed{{{', '.join(parts)}}}", f"\\boxed{{{', '.join(reversed(parts))}}}",
-                 f"\\boxed{{{parts[0]}}}", f"\\boxed{{{', '.join(parts)}, 7}}"]
+    responses = [
+        f"\\boxed{{{', '.join(parts)}}}",
+        f"\\boxed{{{', '.join(reversed(parts))}}}",
+        f"\\boxed{{{parts[0]}}}",
+        f"\\boxed{{{', '.join(parts)}, 7}}",
+    ]
     by_loader = [math_reward(r, ex.label, workers=0) for r in responses]
     assert by_loader == [math_reward(r, raw, workers=0) for r in responses]
     assert by_loader[:2] == [1.0, 1.0] and by_loader[3] == 0.0
@@ -225,28 +265,35 @@ def test_expensive_expression_is_not_evaluated():
 # What math-verify decides, and what stays ours
 # --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("pred,label", [
-    ("\\boxed{30^\\circ}", "30"),                        # degrees dropped
-    ("\\boxed{50\\%}", "50"),                            # percent
-    ("\\boxed{x \\in [-2,7]}", "[-2,7]"),                 # interval, with its variable
-    ("\\boxed{\\text{(B)}}", "B"),                         # text answers
-    ("\\boxed{\\{1,2\\}}", "\\{2,1\\}"),                # sets
-    ("\\boxed{\\frac{x+1}{2}}", "\\frac{1}{2}x+\\frac12"),   # symbolic
-    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"),
-    ("\\boxed{y=2x+1}", "2x+1"),                           # an equation's right-hand side
-    ("\\boxed{0.333333}", "\\frac13"),                     # 6 decimals
-    ("\\boxed{\\frac{1}{2}, 3}", ["0.5", "3"]),              # several answers
-])
+
+@pytest.mark.parametrize(
+    "pred,label",
+    [
+        ("\\boxed{30^\\circ}", "30"),  # degrees dropped
+        ("\\boxed{50\\%}", "50"),  # percent
+        ("\\boxed{x \\in [-2,7]}", "[-2,7]"),  # interval, with its variable
+        ("\\boxed{\\text{(B)}}", "B"),  # text answers
+        ("\\boxed{\\{1,2\\}}", "\\{2,1\\}"),  # sets
+        ("\\boxed{\\frac{x+1}{2}}", "\\frac{1}{2}x+\\frac12"),  # symbolic
+        ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"),
+        ("\\boxed{y=2x+1}", "2x+1"),  # an equation's right-hand side
+        ("\\boxed{0.333333}", "\\frac13"),  # 6 decimals
+        ("\\boxed{\\frac{1}{2}, 3}", ["0.5", "3"]),  # several answers
+    ],
+)
 def test_math_verify_equivalences(pred, label):
     assert math_reward(pred, label) == 1.0
     assert math_reward(pred, label, workers=0) == 1.0  # in-process: the same verdict
 
 
-@pytest.mark.parametrize("pred,label", [
-    ("\\boxed{(1,2)}", "(2,1)"),  # tuples are ordered
-    ("\\boxed{0.3333}", "\\frac13"),
-    ("\\boxed{\\pi/2}", "90^\\circ"),
-])
+@pytest.mark.parametrize(
+    "pred,label",
+    [
+        ("\\boxed{(1,2)}", "(2,1)"),  # tuples are ordered
+        ("\\boxed{0.3333}", "\\frac13"),
+        ("\\boxed{\\pi/2}", "90^\\circ"),
+    ],
+)
 def test_math_verify_differences(pred, label):
     assert math_reward(pred, label) == 0.0
 
@@ -263,16 +310,26 @@ def test_last_number_wins_over_an_expression():
 def test_plain_numbers_never_reach_the_pool(monkeypatch):
     seen = []
     monkeypatch.setattr(reward_math, "_run_checks", lambda pairs, *a: seen.extend(pairs) or [False] * len(pairs))
-    for pred, label, want in [("\\boxed{8}", "8", 1.0), ("\\boxed{8.0}", "8", 1.0), ("\\boxed{08}", "8", 1.0),
-                              ("\\boxed{8.5}", "8", 0.0), ("\\boxed{1,234}", 1234, 1.0), ("\\boxed{3/4}", "0.75", 1.0),
-                              ("\\boxed{\\dfrac{3}{4}}", "3/4", 1.0), ("\\boxed{3+4}", "7", 0.0),
-                              ("\\boxed{\\text{Evelyn}}", "\\text{Evelyn}", 1.0), ("\\boxed{69, 84}", ["84", "69"], 1.0)]:
+    for pred, label, want in [
+        ("\\boxed{8}", "8", 1.0),
+        ("\\boxed{8.0}", "8", 1.0),
+        ("\\boxed{08}", "8", 1.0),
+        ("\\boxed{8.5}", "8", 0.0),
+        ("\\boxed{1,234}", 1234, 1.0),
+        ("\\boxed{3/4}", "0.75", 1.0),
+        ("\\boxed{\\dfrac{3}{4}}", "3/4", 1.0),
+        ("\\boxed{3+4}", "7", 0.0),
+        ("\\boxed{\\text{Evelyn}}", "\\text{Evelyn}", 1.0),
+        ("\\boxed{69, 84}", ["84", "69"], 1.0),
+    ]:
         assert math_reward(pred, label) == want, (pred, label)
     assert seen == []
 
 
-@pytest.mark.parametrize("response", ["\\boxed{" * 20000, "1/" * 50000, "-  \\frac {  " * 20000,
-                                      "1" * 100000, "{" * 50000 + "\\boxed{5}" + "}" * 50000])
+@pytest.mark.parametrize(
+    "response",
+    ["\\boxed{" * 20000, "1/" * 50000, "-  \\frac {  " * 20000, "1" * 100000, "{" * 50000 + "\\boxed{5}" + "}" * 50000],
+)
 def test_long_adversarial_text_is_cheap(response):
     t0 = time.monotonic()
     math_reward(response, "x+1")
@@ -409,12 +466,13 @@ def test_custom_reward_in_pool_errors_crash_and_prompt(custom_module):
 
 
 def test_pool_is_shut_down_at_exit():
-    code = ("from sparserl.reward import load_reward, get_pool\n"
-            "load_reward('math')  # starts the workers in the background\n"
-            "print(*get_pool().pids())\n")
+    code = (
+        "from sparserl.reward import load_reward, get_pool\n"
+        "load_reward('math')  # starts the workers in the background\n"
+        "print(*get_pool().pids())\n"
+    )
     env = {**os.environ, "SPARSERL_REWARD_WORKERS": "1"}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     pids = [int(p) for p in done.stdout.split()]
     assert len(pids) == 1
@@ -476,6 +534,7 @@ def test_answers_equal_direct():
 # Registry and batch scoring
 # --------------------------------------------------------------------------------------------
 
+
 def test_load_reward_math():
     fn = load_reward("math")
     assert fn("\\boxed{4}", "4") == 1.0
@@ -484,19 +543,22 @@ def test_load_reward_math():
     assert fn2("\\boxed{4}", "4", None) == 1.0
 
 
-@pytest.mark.parametrize("spec,why", [
-    ("no_such_reward", "unknown reward"),
-    ("maths", "did you mean 'math'"),
-    ("no_such_module_xyz:fn", "not found"),
-    ("sparserl.reward.math:no_such_fn", "no attribute"),
-    ("sparserl.reward.math:DEFAULT_TIMEOUT_S", "not callable"),
-    ("", "expected"),
-    ("sparserl.reward.math:", "expected 'module:function'"),
-    (":math_reward", "expected 'module:function'"),
-    ("a:b:c", "expected 'module:function'"),
-    ("sparserl.reward.math:MathReward.", "expected 'module:function'"),
-    (42, "expected"),
-])
+@pytest.mark.parametrize(
+    "spec,why",
+    [
+        ("no_such_reward", "unknown reward"),
+        ("maths", "did you mean 'math'"),
+        ("no_such_module_xyz:fn", "not found"),
+        ("sparserl.reward.math:no_such_fn", "no attribute"),
+        ("sparserl.reward.math:DEFAULT_TIMEOUT_S", "not callable"),
+        ("", "expected"),
+        ("sparserl.reward.math:", "expected 'module:function'"),
+        (":math_reward", "expected 'module:function'"),
+        ("a:b:c", "expected 'module:function'"),
+        ("sparserl.reward.math:MathReward.", "expected 'module:function'"),
+        (42, "expected"),
+    ],
+)
 def test_load_reward_errors(spec, why):
     with pytest.raises(RewardSpecError) as e:
         load_reward(spec)
@@ -547,8 +609,14 @@ def test_score_responses_counts_errors():
 
 def wild(response, label):
     """1e300 is finite in Python and inf in float32, the dtype of the trainer's reward tensors."""
-    return {"huge": 1e300, "nan": math.nan, "-inf": -math.inf, "-huge": -1e39, "max": 3.4028234663852886e38,
-            "int": 10**400}.get(response, 1.0)
+    return {
+        "huge": 1e300,
+        "nan": math.nan,
+        "-inf": -math.inf,
+        "-huge": -1e39,
+        "max": 3.4028234663852886e38,
+        "int": 10**400,
+    }.get(response, 1.0)
 
 
 def test_a_reward_not_finite_in_float32_scores_zero_counts_and_is_named_once(caplog):
@@ -614,9 +682,9 @@ def test_a_training_step_with_a_1e300_reward_keeps_every_weight_finite(tmp_path)
     """The reward 1e300 is finite in Python and inf in the float32 reward tensor: in a group with finite rewards it
     would make the group's advantages, then every weight, NaN. It scores 0 and is counted instead."""
     import torch
+    from test_train import cfg_for
 
     from sparserl.train.trainer import build_trainer, train_step
-    from test_train import cfg_for
 
     calls = []
 

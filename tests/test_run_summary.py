@@ -1,14 +1,25 @@
 """The run summary (:mod:`sparserl.train.summary`) on constructed metrics: the headline's lines in place of its
 own KV lines, the held-out line naming the sampler the evaluation ran, and the skipped non-finite steps."""
+
 import json
 
 from sparserl import runlog as names
 from sparserl.train.summary import run_summary
 
-ROWS = [{"step": s, names.REWARD_MEAN: r, names.KV_KEPT_FRAC: 0.25, names.KV_SAMPLER_ALLOC: 2**20,
-         names.KV_DENSE_ALLOC: 4 * 2**20, names.KV_ALLOC_REDUCTION: 4.0, names.TIME_STEP: 30.0,
-         names.SKIPPED_NONFINITE: k, names.eval_metric("sparse"): 0.5}
-        for s, r, k in ((1, 0.1, 1), (2, 0.3, 0))]
+ROWS = [
+    {
+        "step": s,
+        names.REWARD_MEAN: r,
+        names.KV_KEPT_FRAC: 0.25,
+        names.KV_SAMPLER_ALLOC: 2**20,
+        names.KV_DENSE_ALLOC: 4 * 2**20,
+        names.KV_ALLOC_REDUCTION: 4.0,
+        names.TIME_STEP: 30.0,
+        names.SKIPPED_NONFINITE: k,
+        names.eval_metric("sparse"): 0.5,
+    }
+    for s, r, k in ((1, 0.1, 1), (2, 0.3, 0))
+]
 
 
 def test_the_headline_replaces_the_kv_lines_and_the_eval_names_its_sampler(tmp_path):

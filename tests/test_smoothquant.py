@@ -1,6 +1,7 @@
 """SmoothQuant in the quantized sampler (rollout.quant_smooth): the factors' formula, the smoothed
 product equal to the plain one in full precision, less int8 error on inputs with an outlier channel,
 the per-push calibration (deterministic: a resumed run quantizes the same), and its bad inputs."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,7 @@ from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import build_compressor
 from sparserl.rollout.model import QUANTIZED_FIELDS, SamplerModel
 from sparserl.rollout.quant import build_quant
-from sparserl.rollout.quant.smooth import (ActivationObserver, SmoothedLinear, check_strength,
-                                           smoothing_factors)
+from sparserl.rollout.quant.smooth import ActivationObserver, SmoothedLinear, check_strength, smoothing_factors
 
 ENGINE = dict(dtype=torch.float32)
 
@@ -114,7 +114,8 @@ def test_config_key_and_its_errors():
 
 @pytest.mark.parametrize("value", ["-0.5", "1.0"])
 def test_bench_rejects_bad_strength(value):
-    args = cli.build_parser().parse_args(["bench", "rollout", "--model", "tiny", "--quant", "int8",
-                                          "--quant-smooth", value])
+    args = cli.build_parser().parse_args(
+        ["bench", "rollout", "--model", "tiny", "--quant", "int8", "--quant-smooth", value]
+    )
     with pytest.raises(OptionError, match="--quant-smooth"):
         args.fn(args)

@@ -1,4 +1,5 @@
 """End-to-end training on the tiny model: weights change, checkpoints load, resume is exact."""
+
 import json
 import os
 import sys
@@ -13,11 +14,25 @@ from sparserl.train.trainer import build_trainer, train, train_step
 # rollout.dtype=float32 and model.mixed_precision=off: `auto` is bfloat16 on a CPU with fast bf16 units, and
 # these tests compare the sampler with the float32 learner exactly
 TINY = [
-    "model.name=tiny", "rollout.dtype=float32", "model.mixed_precision=off", "train.prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=16",
-    "rollout.kv_budget=8", "rollout.step_length=4", "rollout.window=2", "train.micro_batch_size=4",
-    "log.tensorboard=false", "log.progress=plain", "checkpoint.every=1", "checkpoint.keep_last=0",
-    "train.lr=1e-3", "reward.fn=test_train:toy_reward",
-    "data.eval=null", "data.system_prompt=null", "rollout.compress_prompt=false",
+    "model.name=tiny",
+    "rollout.dtype=float32",
+    "model.mixed_precision=off",
+    "train.prompts_per_step=2",
+    "rollout.n=4",
+    "rollout.max_new_tokens=16",
+    "rollout.kv_budget=8",
+    "rollout.step_length=4",
+    "rollout.window=2",
+    "train.micro_batch_size=4",
+    "log.tensorboard=false",
+    "log.progress=plain",
+    "checkpoint.every=1",
+    "checkpoint.keep_last=0",
+    "train.lr=1e-3",
+    "reward.fn=test_train:toy_reward",
+    "data.eval=null",
+    "data.system_prompt=null",
+    "rollout.compress_prompt=false",
 ]
 
 
@@ -45,9 +60,22 @@ def test_two_steps_change_weights_and_write_loadable_checkpoint(tmp_path):
     assert changed, "training did not change any weight"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    for key in ("reward/mean", "mismatch/k3_kl", "is/ess", "rs/token_masked_frac", "kv/sampler_alloc_bytes",
-                "kv/dense_alloc_bytes", "kv/alloc_reduction", "kv/kept_frac_final", "kv/kept_tokens_final",
-                "kv/dense_tokens_final", "time/update_s", "time/step_s", "policy/clip_frac_high", "grad_norm"):
+    for key in (
+        "reward/mean",
+        "mismatch/k3_kl",
+        "is/ess",
+        "rs/token_masked_frac",
+        "kv/sampler_alloc_bytes",
+        "kv/dense_alloc_bytes",
+        "kv/alloc_reduction",
+        "kv/kept_frac_final",
+        "kv/kept_tokens_final",
+        "kv/dense_tokens_final",
+        "time/update_s",
+        "time/step_s",
+        "policy/clip_frac_high",
+        "grad_norm",
+    ):
         assert key in rows[-1]
     # like with like: the sampler's buffers (prompt + budget + period) against the dense engine's
     # (prompt + max_new_tokens) for the same batch, and kept tokens against dense tokens
@@ -78,8 +106,7 @@ def test_resume_gives_the_same_next_step(tmp_path, precision):
     train(part, run_dir=tmp_path / "b", log=lambda *_: None)
     # a run killed while writing step 3 leaves debris that resume ignores
     (tmp_path / "b" / "checkpoints" / ".tmp-step-000003-999").mkdir()
-    resumed = train(cfg_for(tmp_path, "train.steps=3", mixed), run_dir=tmp_path / "b", resume=True,
-                    log=lambda *_: None)
+    resumed = train(cfg_for(tmp_path, "train.steps=3", mixed), run_dir=tmp_path / "b", resume=True, log=lambda *_: None)
     ra = [json.loads(x) for x in (full / "metrics.jsonl").read_text().splitlines()]
     rb = [json.loads(x) for x in (resumed / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rb] == [1, 2, 3]
@@ -114,9 +141,38 @@ def test_eval_and_report_commands(tmp_path):
     from sparserl import cli
 
     out = tmp_path / "eval.json"
-    assert cli.main(["eval", "--model", "tiny", "--data", "arith", "--limit", "3", "--n", "2", "--temperature", "1.0",
-                     "--max-new-tokens", "12", "--compressor", "rkv", "--kv-budget", "6", "--step-length", "2",
-                     "--window", "2", "--dtype", "float32", "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "eval",
+                "--model",
+                "tiny",
+                "--data",
+                "arith",
+                "--limit",
+                "3",
+                "--n",
+                "2",
+                "--temperature",
+                "1.0",
+                "--max-new-tokens",
+                "12",
+                "--compressor",
+                "rkv",
+                "--kv-budget",
+                "6",
+                "--step-length",
+                "2",
+                "--window",
+                "2",
+                "--dtype",
+                "float32",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     res = json.loads(out.read_text())
     assert [r["compressor"] for r in res["runs"]] == ["none", "rkv"]
     for r in res["runs"]:
@@ -129,9 +185,9 @@ def test_eval_and_report_commands(tmp_path):
 
 def test_dense_sampler_and_dense_scoring_agree_at_any_temperature(tmp_path):
     """With no compression the sampler is the dense policy: log q == log p (the correction's ρ is 1)."""
+    from sparserl.batch import RolloutBatch
     from sparserl.rollout.sampling import SamplingParams
     from sparserl.score import score_logprobs
-    from sparserl.batch import RolloutBatch
 
     cfg = cfg_for(tmp_path, "rollout.compressor=none", "rollout.temperature=0.7")
     tr = build_trainer(cfg)
@@ -153,8 +209,18 @@ def test_kill_9_mid_run_resumes_from_last_checkpoint(tmp_path):
     import time
 
     run = tmp_path / "run"
-    args = [sys.executable, "-m", "sparserl.cli", "train", "sparse_rl_fixed40", *TINY, "train.steps=40",
-            f"log.out_dir={tmp_path}", "--run-dir", str(run)]
+    args = [
+        sys.executable,
+        "-m",
+        "sparserl.cli",
+        "train",
+        "sparse_rl_fixed40",
+        *TINY,
+        "train.steps=40",
+        f"log.out_dir={tmp_path}",
+        "--run-dir",
+        str(run),
+    ]
     env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__)}  # for the toy reward
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -169,8 +235,13 @@ def test_kill_9_mid_run_resumes_from_last_checkpoint(tmp_path):
     assert last is not None
     killed_at = int(last.name.split("-")[1])
     assert killed_at < 40
-    resumed = subprocess.run([*args[:-2], "train.steps=" + str(killed_at + 2), "--run-dir", str(run), "--resume"],
-                             env=env, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [*args[:-2], "train.steps=" + str(killed_at + 2), "--run-dir", str(run), "--resume"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed from {last}" in resumed.stdout
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -187,15 +258,13 @@ def test_several_updates_per_rollout_batch(tmp_path):
 
 
 def test_checkpoint_every_0_saves_only_at_the_end(tmp_path):
-    run = train(cfg_for(tmp_path, "train.steps=2", "checkpoint.every=0"), run_dir=tmp_path / "c0",
-                log=lambda *_: None)
+    run = train(cfg_for(tmp_path, "train.steps=2", "checkpoint.every=0"), run_dir=tmp_path / "c0", log=lambda *_: None)
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-000002"]
 
 
 def test_warmup_counts_optimizer_updates(tmp_path):
     # 2 prompts per step, 1 per mini-batch: 2 optimizer updates per RL step
-    cfg = cfg_for(tmp_path, "train.steps=1", "train.mini_batch_prompts=1", "train.warmup_steps=4",
-                  "train.lr=1e-3")
+    cfg = cfg_for(tmp_path, "train.steps=1", "train.mini_batch_prompts=1", "train.warmup_steps=4", "train.lr=1e-3")
     run = train(cfg, run_dir=tmp_path / "w", log=lambda *_: None)
     row = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert row["optimizer_steps"] == 2
@@ -212,8 +281,15 @@ def test_periodic_eval_reaches_metrics_and_report(tmp_path):
     in eval-step<N>.json and in the report's evaluation table (which read no real key before)."""
     from sparserl.eval.report import load_run, summarize
 
-    cfg = cfg_for(tmp_path, "train.steps=2", "data.eval=arith:seed=7", "data.eval_limit=2", "eval.every=1",
-                  "eval.max_new_tokens=8", "reward.fn=math")
+    cfg = cfg_for(
+        tmp_path,
+        "train.steps=2",
+        "data.eval=arith:seed=7",
+        "data.eval_limit=2",
+        "eval.every=1",
+        "eval.max_new_tokens=8",
+        "reward.fn=math",
+    )
     run = train(cfg, run_dir=tmp_path / "ev", log=lambda *_: None)
     assert sorted(p.name for p in run.glob("eval*.json")) == ["eval-step00001.json", "eval-step00002.json"]
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -228,8 +304,15 @@ def test_periodic_eval_reaches_metrics_and_report(tmp_path):
 
 
 def test_eval_every_0_evaluates_once_at_the_end(tmp_path):
-    cfg = cfg_for(tmp_path, "train.steps=2", "data.eval=arith:seed=7", "data.eval_limit=1", "eval.every=0",
-                  "eval.max_new_tokens=4", "reward.fn=math")
+    cfg = cfg_for(
+        tmp_path,
+        "train.steps=2",
+        "data.eval=arith:seed=7",
+        "data.eval_limit=1",
+        "eval.every=0",
+        "eval.max_new_tokens=4",
+        "reward.fn=math",
+    )
     run = train(cfg, run_dir=tmp_path / "e0", log=lambda *_: None)
     assert [p.name for p in run.glob("eval*.json")] == ["eval-step00002.json"]
 
@@ -244,8 +327,13 @@ def test_old_logprobs_come_from_the_sampler_only_where_it_runs_the_old_policy(tm
         real = getattr(old_logprobs, name)
         monkeypatch.setattr(old_logprobs, name, lambda *a, real=real, **k: calls.append(1) or real(*a, **k))
     for mode, scored in (("auto", 0), ("score", 1)):
-        cfg = cfg_for(tmp_path, "rollout.compressor=none", "rollout.dtype=float32", "algorithm.correction=none",
-                      f"algorithm.old_logprobs={mode}")
+        cfg = cfg_for(
+            tmp_path,
+            "rollout.compressor=none",
+            "rollout.dtype=float32",
+            "algorithm.correction=none",
+            f"algorithm.old_logprobs={mode}",
+        )
         calls.clear()
         train_step(build_trainer(cfg), 1)
         assert len(calls) == scored, mode
@@ -257,11 +345,14 @@ def test_old_logprobs_come_from_the_sampler_only_where_it_runs_the_old_policy(tm
         cfg_for(tmp_path, "algorithm.old_logprobs=sampler")
 
 
-@pytest.mark.parametrize("extra", [
-    ("train.shared_prompt=true",),
-    ("train.shared_prompt=false", "mismatch.alpha=off", "algorithm.entropy_coef=0.01"),
-    ("train.shared_prompt=false", "algorithm.kl_coef=0.01", "mismatch.alpha=topk"),
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("train.shared_prompt=true",),
+        ("train.shared_prompt=false", "mismatch.alpha=off", "algorithm.entropy_coef=0.01"),
+        ("train.shared_prompt=false", "algorithm.kl_coef=0.01", "mismatch.alpha=topk"),
+    ],
+)
 def test_old_logprobs_from_the_update_forward_equal_a_scoring_forward(tmp_path, monkeypatch, extra):
     """algorithm.old_logprobs=update (one optimizer step over one micro-batch): no scoring forward, and
     the step is the scored step's up to float rounding: the same mismatch, α, loss, gradient norm and
@@ -269,8 +360,11 @@ def test_old_logprobs_from_the_update_forward_equal_a_scoring_forward(tmp_path, 
     from sparserl.train import old_logprobs, step, update
 
     calls, update_forwards = [], []
-    for module, name in ((old_logprobs, "score_logprobs"), (old_logprobs, "score_logprobs_keep_hidden"),
-                         (step, "score_logprobs")):  # the last: the reference's
+    for module, name in (
+        (old_logprobs, "score_logprobs"),
+        (old_logprobs, "score_logprobs_keep_hidden"),
+        (step, "score_logprobs"),
+    ):  # the last: the reference's
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, real=real, name=name, **k: calls.append(name) or real(*a, **k))
     for name in ("forward_response", "forward_response_shared"):  # the update's own forward, in update_policy
@@ -308,7 +402,9 @@ def test_old_logprobs_from_the_update_forward_equal_a_scoring_forward(tmp_path, 
         if weights["score"][k].device.type == "cpu":
             assert diff.max().item() <= 1e-6, k
     assert differing <= 2e-3 * total, (differing, total)
-    assert any(not torch.equal(weights["update"][k], build_trainer(cfg).learner.state_dict()[k]) for k in weights["update"])
+    assert any(
+        not torch.equal(weights["update"][k], build_trainer(cfg).learner.state_dict()[k]) for k in weights["update"]
+    )
 
 
 def test_auto_takes_the_update_forward_only_where_its_rule_holds(tmp_path):
@@ -316,10 +412,12 @@ def test_auto_takes_the_update_forward_only_where_its_rule_holds(tmp_path):
     two optimizer steps or LoRA dropout; old_logprobs=update there is a config error naming the key."""
     assert build_trainer(cfg_for(tmp_path, "train.micro_batch_size=8")).old_policy.kind == "update"
     assert build_trainer(cfg_for(tmp_path)).old_policy.kind == "score"  # TINY: micro-batches of 4 of 8 samples
-    for extra, phrase in ((("train.micro_batch_size=4",), "2 micro-batches.*train.micro_batch_size"),
-                          (("train.mini_batch_prompts=1",), "2 optimizer steps"),
-                          (("train.ppo_epochs=2",), "2 optimizer steps"),
-                          (("train.lora_rank=4", "train.lora_dropout=0.1"), "dropout 0.1.*train.lora_dropout")):
+    for extra, phrase in (
+        (("train.micro_batch_size=4",), "2 micro-batches.*train.micro_batch_size"),
+        (("train.mini_batch_prompts=1",), "2 optimizer steps"),
+        (("train.ppo_epochs=2",), "2 optimizer steps"),
+        (("train.lora_rank=4", "train.lora_dropout=0.1"), "dropout 0.1.*train.lora_dropout"),
+    ):
         with pytest.raises(ConfigError, match="old_logprobs=update.*" + phrase):
             cfg_for(tmp_path, "train.micro_batch_size=8", "algorithm.old_logprobs=update", *extra)
 
@@ -341,8 +439,7 @@ def test_resume_with_the_update_forward_gives_the_same_next_step(tmp_path, preci
     over = ("train.micro_batch_size=8", "algorithm.old_logprobs=update", f"model.mixed_precision={precision}")
     full = train(cfg_for(tmp_path, "train.steps=3", *over), run_dir=tmp_path / "a", log=lambda *_: None)
     train(cfg_for(tmp_path, "train.steps=2", *over), run_dir=tmp_path / "b", log=lambda *_: None)
-    resumed = train(cfg_for(tmp_path, "train.steps=3", *over), run_dir=tmp_path / "b", resume=True,
-                    log=lambda *_: None)
+    resumed = train(cfg_for(tmp_path, "train.steps=3", *over), run_dir=tmp_path / "b", resume=True, log=lambda *_: None)
     wa = (latest_checkpoint(full) / "model" / "model.safetensors").read_bytes()
     wb = (latest_checkpoint(resumed) / "model" / "model.safetensors").read_bytes()
     assert wa == wb
@@ -384,8 +481,10 @@ def test_an_op_without_a_deterministic_kernel_is_named_with_the_key_that_lifts_i
     from sparserl.errors import SparserlError
     from sparserl.train.determinism import naming_nondeterministic_ops
 
-    torch_says = ("kthvalue CUDA does not have a deterministic implementation, but you set "
-                  "'torch.use_deterministic_algorithms(True)'. You can turn off determinism just for this operation")
+    torch_says = (
+        "kthvalue CUDA does not have a deterministic implementation, but you set "
+        "'torch.use_deterministic_algorithms(True)'. You can turn off determinism just for this operation"
+    )
     with pytest.raises(SparserlError, match=r"train.deterministic=true.*kthvalue CUDA.*train.deterministic=false"):
         with naming_nondeterministic_ops():
             raise RuntimeError(torch_says)
@@ -437,14 +536,21 @@ def test_mask_truncated_leaves_cut_responses_out_of_the_loss(tmp_path):
     assert corr.mask[cut].sum() == 0 and torch.equal(corr.mask[~cut], whole.mask[~cut])
     assert whole.mask[cut].sum() > 0
     # every response cut: nothing is left in the loss and the weights do not move
-    cfg = cfg_for(tmp_path, "algorithm.mask_truncated=true", "rollout.max_new_tokens=2", "rollout.kv_budget=4",
-                  "rollout.step_length=1")
+    cfg = cfg_for(
+        tmp_path,
+        "algorithm.mask_truncated=true",
+        "rollout.max_new_tokens=2",
+        "rollout.kv_budget=4",
+        "rollout.step_length=1",
+    )
     trainer = build_trainer(cfg)
     before = {k: v.clone() for k, v in trainer.learner.state_dict().items()}
     metrics = train_step(trainer, 1)
     assert metrics["response/clipped_frac"] == 1.0
     assert all(torch.equal(before[k], v) for k, v in trainer.learner.state_dict().items())
-    trainer = build_trainer(cfg_for(tmp_path, "rollout.max_new_tokens=2", "rollout.kv_budget=4", "rollout.step_length=1"))
+    trainer = build_trainer(
+        cfg_for(tmp_path, "rollout.max_new_tokens=2", "rollout.kv_budget=4", "rollout.step_length=1")
+    )
     train_step(trainer, 1)
     assert not all(torch.equal(before[k], v) for k, v in trainer.learner.state_dict().items())
 
@@ -456,10 +562,17 @@ def test_a_gspo_step_trains_on_policy(tmp_path, monkeypatch):
 
     levels = []
     real = update.policy_loss
-    monkeypatch.setattr(update, "policy_loss",
-                        lambda *a, **k: levels.append(k.get("importance_sampling_level")) or real(*a, **k))
-    trainer = build_trainer(cfg_for(tmp_path, "algorithm.importance_sampling_level=sequence",
-                                    "algorithm.clip_eps=3e-4", "algorithm.clip_eps_high=4e-4"))
+    monkeypatch.setattr(
+        update, "policy_loss", lambda *a, **k: levels.append(k.get("importance_sampling_level")) or real(*a, **k)
+    )
+    trainer = build_trainer(
+        cfg_for(
+            tmp_path,
+            "algorithm.importance_sampling_level=sequence",
+            "algorithm.clip_eps=3e-4",
+            "algorithm.clip_eps_high=4e-4",
+        )
+    )
     before = {k: v.clone() for k, v in trainer.learner.state_dict().items()}
     metrics = train_step(trainer, 1)
     assert levels and set(levels) == {"sequence"}

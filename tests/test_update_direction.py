@@ -3,18 +3,19 @@ log-probability of each response with a positive advantage rises and of each wit
 falls (summed over the response's tokens, before against after). The rewards come from a function of the
 response text alone, so a step that flipped the advantage's sign or paired rewards with the wrong
 responses fails here."""
+
 from __future__ import annotations
 
 import copy
 import zlib
 
 import torch
+from test_train import cfg_for
 
 from sparserl import runlog as names
 from sparserl.batch import RolloutBatch
 from sparserl.score import forward_response
 from sparserl.train.trainer import build_trainer, train_step
-from test_train import cfg_for
 
 
 def crc_parity_reward(response: str, label: str) -> float:
@@ -32,8 +33,17 @@ def sequence_logprobs(model, batch: RolloutBatch, temperature: float) -> torch.T
 
 def test_one_update_raises_the_rewarded_responses_and_lowers_the_others(tmp_path):
     # a dense float32 sampler: no correction masks a response out of the loss; one optimizer step
-    cfg = cfg_for(tmp_path, "rollout.compressor=none", "rollout.kv_controller=null", "reward.fn=test_update_direction:crc_parity_reward",
-                  "algorithm.correction=none", "train.prompts_per_step=3", "train.lr=1e-4", "train.ppo_epochs=1", "train.warmup_steps=0")
+    cfg = cfg_for(
+        tmp_path,
+        "rollout.compressor=none",
+        "rollout.kv_controller=null",
+        "reward.fn=test_update_direction:crc_parity_reward",
+        "algorithm.correction=none",
+        "train.prompts_per_step=3",
+        "train.lr=1e-4",
+        "train.ppo_epochs=1",
+        "train.warmup_steps=0",
+    )
     trainer = build_trainer(cfg)
     rollouts, generate = [], trainer.engine.generate
 
@@ -54,10 +64,13 @@ def test_one_update_raises_the_rewarded_responses_and_lowers_the_others(tmp_path
         advantage[groups == g] = rewards[groups == g] - rewards[groups == g].mean()
     assert (advantage > 0).sum() >= 2 and (advantage < 0).sum() >= 2, rewards  # the test's premise: mixed groups
 
-    batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index,
-                                      pad_id=trainer.tokenizer.pad_token_id or 0).to(trainer.device)
+    batch = RolloutBatch.from_rollout(
+        ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index, pad_id=trainer.tokenizer.pad_token_id or 0
+    ).to(trainer.device)
     temperature = cfg.rollout.temperature
-    change = (sequence_logprobs(trainer.learner, batch, temperature) - sequence_logprobs(before, batch, temperature)).cpu()
+    change = (
+        sequence_logprobs(trainer.learner, batch, temperature) - sequence_logprobs(before, batch, temperature)
+    ).cpu()
     moved = [(round(float(a), 3), round(float(c), 4)) for a, c in zip(advantage, change)]
     assert bool((change[advantage > 0] > 0).all()), moved  # the rewarded responses became more likely
     assert bool((change[advantage < 0] < 0).all()), moved  # the others less likely

@@ -2,6 +2,7 @@
 step whose loss or gradient norm is not finite is not applied (every weight bit-identical, AdamW's state and
 the LR schedule as they were), it is logged as ``train/skipped_nonfinite``, and ``train.max_nonfinite_steps``
 such steps in a row stop the run with one error naming the step."""
+
 import pytest
 import torch
 from test_train import cfg_for, toy_reward
@@ -22,15 +23,21 @@ from sparserl.train.trainer import (
 
 
 def _state(trainer):
-    return ({k: v.detach().clone() for k, v in trainer.learner.state_dict().items()},
-            trainer.scheduler.last_epoch, len(trainer.optimizer.state))
+    return (
+        {k: v.detach().clone() for k, v in trainer.learner.state_dict().items()},
+        trainer.scheduler.last_epoch,
+        len(trainer.optimizer.state),
+    )
 
 
 def _same(before, trainer):
     weights, epoch, moments = before
     now = trainer.learner.state_dict()
-    return (all(torch.equal(weights[k], now[k]) for k in weights) and trainer.scheduler.last_epoch == epoch
-            and len(trainer.optimizer.state) == moments)
+    return (
+        all(torch.equal(weights[k], now[k]) for k in weights)
+        and trainer.scheduler.last_epoch == epoch
+        and len(trainer.optimizer.state) == moments
+    )
 
 
 def test_an_inf_advantage_leaves_every_weight_bit_identical(tmp_path):

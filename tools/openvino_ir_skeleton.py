@@ -15,6 +15,7 @@ random weights that random_smollm2.py gives the torch side (same distribution, o
     python3 tools/openvino_ir_skeleton.py pack ~/.cache/sparserl/openvino/smollm2-135m-fp32 .ov/ir.tar.xz
     python3 tools/openvino_ir_skeleton.py unpack .ov/ir.tar.xz $SPARSERL_CACHE/openvino/smollm2-135m-fp32
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,12 @@ def weight_ranges(xml_path: Path, min_elements: int) -> list[dict]:
         data = layer.find("data").attrib
         shape = [int(s) for s in data.get("shape", "").split(",") if s.strip()]
         if data["element_type"] in FLOATS and len(shape) >= 2 and int(np.prod(shape)) >= min_elements:
-            ranges[int(data["offset"])] = {"offset": int(data["offset"]), "size": int(data["size"]),
-                                           "element_type": data["element_type"], "shape": shape}
+            ranges[int(data["offset"])] = {
+                "offset": int(data["offset"]),
+                "size": int(data["size"]),
+                "element_type": data["element_type"],
+                "shape": shape,
+            }
     return sorted(ranges.values(), key=lambda r: r["offset"])
 
 
@@ -54,7 +59,7 @@ def pack(ir: Path, out: Path, min_elements: int) -> None:
     for r in weights + [{"offset": len(bin_bytes), "size": 0}]:
         if r["offset"] > pos:
             kept.append({"offset": pos, "size": r["offset"] - pos})
-            pieces.append(bin_bytes[pos:r["offset"]])
+            pieces.append(bin_bytes[pos : r["offset"]])
         pos = max(pos, r["offset"] + r["size"])
     meta = {"bin_size": len(bin_bytes), "weights": weights, "kept": kept, "source": str(ir)}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -67,8 +72,10 @@ def pack(ir: Path, out: Path, min_elements: int) -> None:
             info.size = len(blob)
             tar.addfile(info, io.BytesIO(blob))
     dropped = sum(r["size"] for r in weights)
-    print(f"packed {ir} -> {out} ({out.stat().st_size / 2**20:.1f} MiB): {len(weights)} weight matrices "
-          f"({dropped / 2**20:.0f} MiB) left to redraw, {sum(k['size'] for k in kept) / 2**20:.1f} MiB kept")
+    print(
+        f"packed {ir} -> {out} ({out.stat().st_size / 2**20:.1f} MiB): {len(weights)} weight matrices "
+        f"({dropped / 2**20:.0f} MiB) left to redraw, {sum(k['size'] for k in kept) / 2**20:.1f} MiB kept"
+    )
 
 
 def unpack(archive: Path, target: Path, seed: int) -> None:
@@ -84,7 +91,7 @@ def unpack(archive: Path, target: Path, seed: int) -> None:
             pos = 0
             for k in meta["kept"]:
                 f.seek(k["offset"])
-                f.write(kept[pos:pos + k["size"]])
+                f.write(kept[pos : pos + k["size"]])
                 pos += k["size"]
             for r in meta["weights"]:
                 dtype = FLOATS[r["element_type"]]
@@ -100,7 +107,9 @@ def unpack(archive: Path, target: Path, seed: int) -> None:
         work.rename(target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"unpacked {archive} -> {target}: {len(meta['weights'])} weight matrices drawn from N(0, 0.02^2), seed {seed}")
+    print(
+        f"unpacked {archive} -> {target}: {len(meta['weights'])} weight matrices drawn from N(0, 0.02^2), seed {seed}"
+    )
 
 
 def main(argv=None) -> int:

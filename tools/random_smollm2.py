@@ -10,6 +10,7 @@ memory are the model's, rewards are not (a random model's answers score 0).
 SOURCE holds SmolLM2's config.json and tokenizer files (copied from ``$SPARSERL_CACHE/smollm2-135m-instruct``);
 TARGET receives them with a float32 ``model.safetensors`` (seed 0).
 """
+
 from __future__ import annotations
 
 import shutil

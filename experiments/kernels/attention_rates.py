@@ -12,6 +12,7 @@ calls (batch 16, N new tokens, float32 dense, alternating, 2 rounds), as the ben
 
     python3 experiments/kernels/attention_rates.py --against 7409614 --generate 1024
 """
+
 import argparse
 import subprocess
 import tempfile
@@ -29,13 +30,17 @@ def library_of(commit: str):
     """The native library built from ``commit``'s sources (this checkout's git), same flags."""
     tmp = Path(tempfile.mkdtemp(prefix="sparserl_native_"))
     for src in native.SOURCES + native.HEADERS:
-        text = subprocess.run(["git", "show", f"{commit}:src/sparserl/rollout/native/{src.name}"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout
+        text = subprocess.run(
+            ["git", "show", f"{commit}:src/sparserl/rollout/native/{src.name}"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            check=True,
+        ).stdout
         (tmp / src.name).write_text(text)
     out = tmp / "lib.so"
     cc = native._compiler()
-    subprocess.run([cc, *native.FLAGS, *(str(tmp / s.name) for s in native.SOURCES), "-o", str(out), "-lm"],
-                   check=True)
+    subprocess.run([cc, *native.FLAGS, *(str(tmp / s.name) for s in native.SOURCES), "-o", str(out), "-lm"], check=True)
     return native.load(out)
 
 
@@ -62,8 +67,13 @@ def kernel_rates(libs: dict, lengths: list[int]) -> None:
         print(f"L {L}: {row}")
         if "against" in libs:
             print(f"  this commit / against: {best['against'] / best['this commit']:.2f}x faster")
-            same = all(torch.equal(a, b) for a, b in zip(native.decode_attention(q, Ks[0], Vs[0], bias, lib=libs["this commit"]),
-                                                         native.decode_attention(q, Ks[0], Vs[0], bias, lib=libs["against"])))
+            same = all(
+                torch.equal(a, b)
+                for a, b in zip(
+                    native.decode_attention(q, Ks[0], Vs[0], bias, lib=libs["this commit"]),
+                    native.decode_attention(q, Ks[0], Vs[0], bias, lib=libs["against"]),
+                )
+            )
             print(f"  same bits: {same}")
 
 
@@ -77,10 +87,17 @@ def generate_ab(libs: dict, max_new_tokens: int) -> None:
         def run():
             native._LIB[:] = [lib]  # the packed weights' layout is the same in both libraries
             return profile(batch=B, max_new_tokens=max_new_tokens, loaded=model)
+
         return run
 
-    res = time_rounds({name: arm(lib) for name, lib in libs.items()}, 2, on_run=lambda r, name, s, out: print(
-        f"generate {max_new_tokens}: {name} {out['ms_per_step']:.2f} ms/step, {out['tokens_per_s']:.1f} tok/s", flush=True))
+    res = time_rounds(
+        {name: arm(lib) for name, lib in libs.items()},
+        2,
+        on_run=lambda r, name, s, out: print(
+            f"generate {max_new_tokens}: {name} {out['ms_per_step']:.2f} ms/step, {out['tokens_per_s']:.1f} tok/s",
+            flush=True,
+        ),
+    )
     ms = {name: res.values(name, lambda out: out["ms_per_step"]) for name in libs}
     if "against" in ms:
         print(f"  decode step, best of 2: against / this commit = {min(ms['against']) / min(ms['this commit']):.3f}")

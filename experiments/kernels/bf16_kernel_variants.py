@@ -9,6 +9,7 @@ median of the per-round ratios (shipped time / variant time: > 1, the variant is
 
     python3 experiments/kernels/bf16_kernel_variants.py --json docs/results/bf16_linear/variants.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,12 +26,26 @@ from sparserl.rollout.dtype_auto import cpu_name
 
 ROWS, LAYERS, PASSES = 16, 30, 3
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}  # N, K
-VARIANTS = {"shipped": "", "RB=4": "-DRB=4", "prefetch 0": "-DPREFETCH_K2=0", "prefetch 16": "-DPREFETCH_K2=16",
-            "prefetch 32": "-DPREFETCH_K2=32", "prefetch 64": "-DPREFETCH_K2=64", "prefetch 128": "-DPREFETCH_K2=128",
-            "prefetch 256": "-DPREFETCH_K2=256"}
+VARIANTS = {
+    "shipped": "",
+    "RB=4": "-DRB=4",
+    "prefetch 0": "-DPREFETCH_K2=0",
+    "prefetch 16": "-DPREFETCH_K2=16",
+    "prefetch 32": "-DPREFETCH_K2=32",
+    "prefetch 64": "-DPREFETCH_K2=64",
+    "prefetch 128": "-DPREFETCH_K2=128",
+    "prefetch 256": "-DPREFETCH_K2=256",
+}
 if "amx" in native.bf16_kernels():
-    VARIANTS.update({"amx": "", "amx prefetch 0": "-DAMX_PREFETCH=0", "amx prefetch 1": "-DAMX_PREFETCH=1", "amx prefetch 2": "-DAMX_PREFETCH=2",
-                     "amx prefetch 4": "-DAMX_PREFETCH=4"})
+    VARIANTS.update(
+        {
+            "amx": "",
+            "amx prefetch 0": "-DAMX_PREFETCH=0",
+            "amx prefetch 1": "-DAMX_PREFETCH=1",
+            "amx prefetch 2": "-DAMX_PREFETCH=2",
+            "amx prefetch 4": "-DAMX_PREFETCH=4",
+        }
+    )
 
 
 def main() -> None:
@@ -43,19 +58,32 @@ def main() -> None:
     unknown = chosen - set(VARIANTS)
     if unknown:
         raise SystemExit(f"--only: unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
-    libs = {name: native.load(native.build(flags=native.flags_for(f"-march=native {extra}".strip())))
-            for name, extra in VARIANTS.items() if name in chosen}
+    libs = {
+        name: native.load(native.build(flags=native.flags_for(f"-march=native {extra}".strip())))
+        for name, extra in VARIANTS.items()
+        if name in chosen
+    }
     gen = torch.Generator().manual_seed(0)
     x = {name: torch.randn(ROWS, K, generator=gen) for name, (N, K) in SHAPES.items()}
-    weights = {name: [torch.randn(N, K, generator=gen) * 0.05 for _ in range(LAYERS)] for name, (N, K) in SHAPES.items()}
-    packed = {v: {s: [native.pack_linear_bf16(w, "amx" if v.startswith("amx") else "panels", lib=lib) for w in ws]
-                  for s, ws in weights.items()} for v, lib in libs.items()}
+    weights = {
+        name: [torch.randn(N, K, generator=gen) * 0.05 for _ in range(LAYERS)] for name, (N, K) in SHAPES.items()
+    }
+    packed = {
+        v: {
+            s: [native.pack_linear_bf16(w, "amx" if v.startswith("amx") else "panels", lib=lib) for w in ws]
+            for s, ws in weights.items()
+        }
+        for v, lib in libs.items()
+    }
     ref = {s: native.linear_bf16(x[s], packed["shipped"][s][0], lib=libs["shipped"]) for s in SHAPES}
     for v, lib in libs.items():  # each variant computes the same product (AVX512: the same sums in the same order)
         for s in SHAPES:
             y = native.linear_bf16(x[s], packed[v][s][0], lib=lib)
-            assert (torch.equal(y, ref[s]) if not v.startswith("amx") else
-                    bool(((y - ref[s]).abs() <= 1e-4 * ref[s].abs().max()).all())), (v, s)
+            assert (
+                torch.equal(y, ref[s])
+                if not v.startswith("amx")
+                else bool(((y - ref[s]).abs() <= 1e-4 * ref[s].abs().max()).all())
+            ), (v, s)
 
     def step(v):
         lib = libs[v]
@@ -68,8 +96,11 @@ def main() -> None:
         return best_seconds(lambda: step(v), passes=PASSES)
 
     names = list(libs)
-    res = time_rounds({v: (lambda v=v: best(v)) for v in names}, args.rounds,
-                      on_run=lambda r, v, sec, t: print(f"round {r + 1}: {v} {1e3 * t:.2f} ms", flush=True))
+    res = time_rounds(
+        {v: (lambda v=v: best(v)) for v in names},
+        args.rounds,
+        on_run=lambda r, v, sec, t: print(f"round {r + 1}: {v} {1e3 * t:.2f} ms", flush=True),
+    )
     rounds = [{v: res.results[v][r] for v in names} for r in range(args.rounds)]
     weight_bytes = sum(N * K * 2 for N, K in SHAPES.values()) * LAYERS
     macs = sum(ROWS * N * K for N, K in SHAPES.values()) * LAYERS
@@ -77,18 +108,37 @@ def main() -> None:
     for v in names:
         med = res.median(v, float)
         per = res.ratios("shipped", v, float)
-        summary[v] = {"ms_median": 1e3 * med, "GB_per_s": weight_bytes / med / 1e9, "GMAC_per_s": macs / med / 1e9,
-                      "shipped_over_variant": {"median": statistics.median(per), "rounds": per}}
-        print(f"{v:>14}: {1e3 * med:6.2f} ms  {weight_bytes / med / 1e9:5.1f} GB/s  {macs / med / 1e9:6.1f} GMAC/s  "
-              f"x{statistics.median(per):.3f} (rounds {', '.join(f'{p:.3f}' for p in per)})")
-    result = {"machine": {"cpu": cpu_name(), "isa": native.isa(), "bf16_kernels": native.bf16_kernels(),
-                          "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-                          "python": platform.python_version()},
-              "command": f"python3 experiments/kernels/bf16_kernel_variants.py --rounds {args.rounds}"
-                         + (f" --only {args.only}" if args.only else "") + f" --json {args.json}",
-              "variants": {n: VARIANTS[n] for n in names}, "rows": ROWS, "layers": LAYERS, "shapes": SHAPES,
-              "weight_bytes_per_step": weight_bytes, "macs_per_step": macs,
-              "rounds_seconds": rounds, "summary": summary}
+        summary[v] = {
+            "ms_median": 1e3 * med,
+            "GB_per_s": weight_bytes / med / 1e9,
+            "GMAC_per_s": macs / med / 1e9,
+            "shipped_over_variant": {"median": statistics.median(per), "rounds": per},
+        }
+        print(
+            f"{v:>14}: {1e3 * med:6.2f} ms  {weight_bytes / med / 1e9:5.1f} GB/s  {macs / med / 1e9:6.1f} GMAC/s  "
+            f"x{statistics.median(per):.3f} (rounds {', '.join(f'{p:.3f}' for p in per)})"
+        )
+    result = {
+        "machine": {
+            "cpu": cpu_name(),
+            "isa": native.isa(),
+            "bf16_kernels": native.bf16_kernels(),
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+        "command": f"python3 experiments/kernels/bf16_kernel_variants.py --rounds {args.rounds}"
+        + (f" --only {args.only}" if args.only else "")
+        + f" --json {args.json}",
+        "variants": {n: VARIANTS[n] for n in names},
+        "rows": ROWS,
+        "layers": LAYERS,
+        "shapes": SHAPES,
+        "weight_bytes_per_step": weight_bytes,
+        "macs_per_step": macs,
+        "rounds_seconds": rounds,
+        "summary": summary,
+    }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1))
 

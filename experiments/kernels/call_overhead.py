@@ -23,7 +23,9 @@ def main() -> None:
     xp, pp, op = x.data_ptr(), panels.data_ptr(), out.data_ptr()
     rows = {
         "native.linear 16x576x16 (wrapper)": lambda: native.linear(x, panels),
-        "sparserl_linear 16x576x16 (bare ctypes)": lambda: lib.sparserl_linear(16, 16, 576, xp, 576, pp, None, op, 16, 0),
+        "sparserl_linear 16x576x16 (bare ctypes)": lambda: lib.sparserl_linear(
+            16, 16, 576, xp, 576, pp, None, op, 16, 0
+        ),
         "native.rms_norm 16x576 (wrapper)": lambda: native.rms_norm(x, w[0], 1e-5),
         "F.rms_norm 16x576": lambda: torch.nn.functional.rms_norm(x, (576,), w[0], 1e-5),
         "x.view(-1, 576)": lambda: x.view(-1, 576),

@@ -6,6 +6,7 @@ median of ``--repeat`` calls, the two paths in rotating rounds (:func:`sparserl.
 
     python3 experiments/kernels/compression_cost.py [--repeat 5] [--step-length 32]
 """
+
 import argparse
 import statistics
 
@@ -29,12 +30,17 @@ length = args.prompt + region
 keys = torch.randn(pairs, 3, length, 64)
 queries = torch.randn(pairs, 9, 8, 64)
 valid = torch.ones(pairs, length, dtype=torch.bool)
-inp = ScoreInputs(keys=keys, region=slice(args.prompt, length), valid=valid, queries=queries,
-                  positions=torch.arange(length).expand(pairs, 3, length))
+inp = ScoreInputs(
+    keys=keys,
+    region=slice(args.prompt, length),
+    valid=valid,
+    queries=queries,
+    positions=torch.arange(length).expand(pairs, 3, length),
+)
 rkv = get_compressor("rkv", budget=256, step_length=args.step_length)
 parts = {
     "window attention": lambda: window_attention(inp, "max"),
-    "redundancy": lambda: redundancy(inp.region_keys, valid[:, args.prompt:]),
+    "redundancy": lambda: redundancy(inp.region_keys, valid[:, args.prompt :]),
     "select (whole score + top-k)": lambda: rkv.select(inp, 256),
 }
 print(f"{pairs} pairs, L = {length}, region {region}, torch threads {torch.get_num_threads()}")
@@ -46,4 +52,6 @@ for name, fn in parts.items():
 
     times = time_rounds({"native": fn, "torch": in_torch}, args.repeat, warmup=1).seconds
     med = {p: statistics.median(v) * 1e3 for p, v in times.items()}
-    print(f"{name:30s} native {med['native']:8.1f} ms   torch {med['torch']:8.1f} ms   {med['torch'] / med['native']:5.1f}x")
+    print(
+        f"{name:30s} native {med['native']:8.1f} ms   torch {med['torch']:8.1f} ms   {med['torch'] / med['native']:5.1f}x"
+    )

@@ -13,6 +13,7 @@ ms, best of 3. Results: docs/results/bench_quant.md and compression_cost.md.
 
     python3 experiments/kernels/isa_rates.py
 """
+
 from pathlib import Path
 
 import torch
@@ -29,7 +30,10 @@ SHAPES = [(3072, 576), (576, 1536), (960, 576), (576, 576)]  # gate/up, down, q/
 def main() -> None:
     flags = Path("/proc/cpuinfo").read_text()
     print("CPU VNNI:", "avx_vnni" in flags or "avx512_vnni" in flags, " AVX512:", "avx512f" in flags)
-    builds = {"native": native.library(), "avx2": native.load(native.build(flags=native.flags_for("-mavx2 -mfma -mf16c")))}
+    builds = {
+        "native": native.library(),
+        "avx2": native.load(native.build(flags=native.flags_for("-mavx2 -mfma -mf16c"))),
+    }
     if "avx_vnni" in flags:
         builds["avx_vnni"] = native.load(native.build(flags=native.flags_for("-mavx2 -mfma -mf16c -mavxvnni")))
     torch.manual_seed(0)
@@ -44,27 +48,51 @@ def main() -> None:
         qs = [quantize_int8_per_channel(w, QMAX_FBGEMM) for w in ws]
         for name, lib in builds.items():
             packed = [(native.pack_int8(q, lib=lib), s) for q, s in qs]
-            rates[f"int8 {name}"] = best_rate(lambda: [native.linear_int8(x, p, s, lib=lib) for p, s in packed],
-                                              macs, 3)
+            rates[f"int8 {name}"] = best_rate(
+                lambda: [native.linear_int8(x, p, s, lib=lib) for p, s in packed], macs, 3
+            )
         qgs = [quantize_int8_weight_groups(w, 64) for w in ws]
         ones = torch.ones(N)
         for name, lib in builds.items():
-            packed = [(native.pack_int8(q, lib=lib), native.pack_group_scales(g, lib=lib),
-                       native.pack_group_colsums(q, 64, lib=lib)) for q, g in qgs]
+            packed = [
+                (
+                    native.pack_int8(q, lib=lib),
+                    native.pack_group_scales(g, lib=lib),
+                    native.pack_group_colsums(q, 64, lib=lib),
+                )
+                for q, g in qgs
+            ]
             rates[f"int8_group {name}"] = best_rate(
-                lambda: [native.linear_int8(x, p, ones, group=64, group_scales=g, group_colsum=c, lib=lib)
-                         for p, g, c in packed], macs, 3)
+                lambda: [
+                    native.linear_int8(x, p, ones, group=64, group_scales=g, group_colsum=c, lib=lib)
+                    for p, g, c in packed
+                ],
+                macs,
+                3,
+            )
             if name == "native":  # groups of 32 (the qurl_group preset's)
-                packed32 = [(native.pack_int8(q, lib=lib), native.pack_group_scales(g, lib=lib),
-                             native.pack_group_colsums(q, 32, lib=lib))
-                            for q, g in (quantize_int8_weight_groups(w, 32) for w in ws)]
+                packed32 = [
+                    (
+                        native.pack_int8(q, lib=lib),
+                        native.pack_group_scales(g, lib=lib),
+                        native.pack_group_colsums(q, 32, lib=lib),
+                    )
+                    for q, g in (quantize_int8_weight_groups(w, 32) for w in ws)
+                ]
                 rates["int8_group g32 native"] = best_rate(
-                    lambda: [native.linear_int8(x, p, ones, group=32, group_scales=g, group_colsum=c, lib=lib)
-                             for p, g, c in packed32], macs, 3)
+                    lambda: [
+                        native.linear_int8(x, p, ones, group=32, group_scales=g, group_colsum=c, lib=lib)
+                        for p, g, c in packed32
+                    ],
+                    macs,
+                    3,
+                )
             if native.int8_group_u8(lib):  # the same build's signed tile, as before the unsigned one
                 rates[f"int8_group {name} signed"] = best_rate(
                     lambda: [native.linear_int8(x, p, ones, group=64, group_scales=g, lib=lib) for p, g, _ in packed],
-                    macs, 3)
+                    macs,
+                    3,
+                )
         print(f"{N} x {K}: " + "  ".join(f"{n} {v:.1f}" for n, v in rates.items()), flush=True)
     for L in (288, 384):
         keys = torch.randn(480, 3, L, 64) + 0.8 * torch.randn(1, 3, 1, 64)

@@ -12,6 +12,7 @@ Small operators: RMSNorm, SiLU·up, RoPE of a batch-16 decode step, C vs torch, 
     python3 experiments/kernels/native_kernels.py               # rows 1, 4, 16, 32, 64
     python3 experiments/kernels/native_kernels.py 16 64
 """
+
 import sys
 
 import torch
@@ -62,14 +63,23 @@ def products(rows: int) -> None:
         with native.torch_only():
             run_int8(int8_fbgemm)
 
-    best = best_of({"float32 C": run_panels, "float32 oneDNN": run_onednn,
-                    "int8 C": lambda: run_int8(int8_native), "int8 fbgemm": run_fbgemm,
-                    "int8_group C": lambda: run_int8(int8_group)})
+    best = best_of(
+        {
+            "float32 C": run_panels,
+            "float32 oneDNN": run_onednn,
+            "int8 C": lambda: run_int8(int8_native),
+            "int8 fbgemm": run_fbgemm,
+            "int8_group C": lambda: run_int8(int8_group),
+        }
+    )
     flops = 2 * rows * sum(w.numel() for ws in weights for w in ws)
     cells = " | ".join(f"{best[k] * 1e3:.1f} ms ({flops / best[k] / 1e9:.0f} GF/s)" for k in best)
-    print(f"| {rows} | {cells} | {best['float32 oneDNN'] / best['float32 C']:.2f}x | "
-          f"{best['float32 C'] / best['int8 C']:.2f}x | {best['int8 fbgemm'] / best['int8 C']:.2f}x | "
-          f"{best['float32 C'] / best['int8_group C']:.2f}x |", flush=True)
+    print(
+        f"| {rows} | {cells} | {best['float32 oneDNN'] / best['float32 C']:.2f}x | "
+        f"{best['float32 C'] / best['int8 C']:.2f}x | {best['int8 fbgemm'] / best['int8 C']:.2f}x | "
+        f"{best['float32 C'] / best['int8_group C']:.2f}x |",
+        flush=True,
+    )
 
 
 def small_ops(batch: int = 16, calls: int = 2000) -> None:
@@ -86,12 +96,16 @@ def small_ops(batch: int = 16, calls: int = 2000) -> None:
     cases = {
         "RMSNorm [16, 576]": (lambda: native.rms_norm(h, w, 1e-5), lambda: F.rms_norm(h, (576,), w, 1e-5)),
         "SiLU(gate)·up [16, 3072]": (lambda: native.silu_mul(gu), torch_silu),
-        "RoPE q+k [16, 12 heads, 64]": (lambda: native.rope_(qkv, 12, cos, sin),
-                                        lambda: apply_rope(qkv[..., :12, :], cos.unsqueeze(-2), sin.unsqueeze(-2))),
+        "RoPE q+k [16, 12 heads, 64]": (
+            lambda: native.rope_(qkv, 12, cos, sin),
+            lambda: apply_rope(qkv[..., :12, :], cos.unsqueeze(-2), sin.unsqueeze(-2)),
+        ),
     }
     for name, (c_fn, torch_fn) in cases.items():
+
         def loop(fn):
             return lambda: [fn() for _ in range(calls)]
+
         best = best_of({"C": loop(c_fn), "torch": loop(torch_fn)})
         print(f"| {name} | {best['C'] / calls * 1e6:.1f} | {best['torch'] / calls * 1e6:.1f} |", flush=True)
 
@@ -99,8 +113,10 @@ def small_ops(batch: int = 16, calls: int = 2000) -> None:
 if __name__ == "__main__":
     assert native.library() is not None, "no native kernels (no C compiler, or SPARSERL_NATIVE=0)"
     with torch.inference_mode():
-        print("| rows | float32 C | float32 oneDNN | int8 C | int8 fbgemm | int8_group C | C vs oneDNN "
-              "| int8 C vs float32 C | int8 C vs fbgemm | int8_group C vs float32 C |")
+        print(
+            "| rows | float32 C | float32 oneDNN | int8 C | int8 fbgemm | int8_group C | C vs oneDNN "
+            "| int8 C vs float32 C | int8 C vs fbgemm | int8_group C vs float32 C |"
+        )
         print("|---|---|---|---|---|---|---|---|---|---|")
         for rows in [int(a) for a in sys.argv[1:]] or [1, 4, 16, 32, 64]:
             products(rows)

@@ -12,6 +12,7 @@ Each on 1 thread and on every thread (OpenMP), in giga multiply-accumulates per 
 
     python3 experiments/kernels/peak_rates.py
 """
+
 import ctypes
 import os
 import subprocess
@@ -140,9 +141,11 @@ def rate(fn, macs_per_iter: int, threads: int, iters: int = 20_000_000) -> float
 def main() -> None:
     dll = build()
     threads = torch.get_num_threads()
-    cases = {"fma (float32)": (lambda n, t: dll.fma_loop(n, t), 12 * 8),
-             "int8 (maddubs+madd+add)": (lambda n, t: dll.int8_loop(n, t, 0), 8 * 32),
-             "int8_sign (+2 vpsignb)": (lambda n, t: dll.int8_loop(n, t, 1), 8 * 32)}
+    cases = {
+        "fma (float32)": (lambda n, t: dll.fma_loop(n, t), 12 * 8),
+        "int8 (maddubs+madd+add)": (lambda n, t: dll.int8_loop(n, t, 0), 8 * 32),
+        "int8_sign (+2 vpsignb)": (lambda n, t: dll.int8_loop(n, t, 1), 8 * 32),
+    }
     if hasattr(dll, "fma512_loop"):
         cases["fma512 (float32, zmm)"] = (lambda n, t: dll.fma512_loop(n, t), 12 * 16)
     if hasattr(dll, "bf16_loop"):

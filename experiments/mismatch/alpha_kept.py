@@ -14,6 +14,7 @@ distributions' bytes are recorded.
 
     python3 experiments/mismatch/alpha_kept.py --rounds 5 --json docs/results/alpha_kept/default_job.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,13 +28,13 @@ import torch
 
 from sparserl.bench.measure import time_rounds
 from sparserl.config import load_config, validate
+from sparserl.mismatch import exact_alpha as score_alpha
+from sparserl.mismatch.measure import dense_hidden
 from sparserl.models.mixed_precision import learner_autocast, learner_compute_dtype
 from sparserl.reward import score_responses
 from sparserl.rollout import native
 from sparserl.rollout.dtype_auto import cpu_name
-from sparserl.mismatch import exact_alpha as score_alpha
 from sparserl.score.shared_prompt import lm_head_weight
-from sparserl.mismatch.measure import dense_hidden
 from sparserl.train.trainer import build_trainer, rollout_batch, sampling_params
 
 
@@ -44,8 +45,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
-    cfg = validate(load_config(args.config, ["data.eval=null", "log.tensorboard=false", "checkpoint.every=0",
-                                             "log.out_dir=/tmp/alpha_kept_runs", *args.overrides]))
+    cfg = validate(
+        load_config(
+            args.config,
+            [
+                "data.eval=null",
+                "log.tensorboard=false",
+                "checkpoint.every=0",
+                "log.out_dir=/tmp/alpha_kept_runs",
+                *args.overrides,
+            ],
+        )
+    )
     trainer = build_trainer(cfg)
     engine = trainer.engine
     examples = trainer.data.next_batch()
@@ -79,22 +90,36 @@ def main() -> None:
             if out.distributions is not None:
                 storages = {d.untyped_storage().data_ptr(): d.untyped_storage().nbytes() for d in out.distributions}
                 kept["bytes"] = sum(storages.values())  # the buffers allocated (responses x max_new_tokens x V)
+
         return run
 
-    res = time_rounds({"replay": checked("replay", replay_arm), "kept": checked("kept", kept_arm)}, args.rounds,
-                      on_run=lambda r, name, sec, _: print(f"round {r + 1}: {name} {sec:.2f} s", flush=True))
+    res = time_rounds(
+        {"replay": checked("replay", replay_arm), "kept": checked("kept", kept_arm)},
+        args.rounds,
+        on_run=lambda r, name, sec, _: print(f"round {r + 1}: {name} {sec:.2f} s", flush=True),
+    )
     seconds, ratios, kept_bytes = res.seconds, res.ratios("replay", "kept"), kept["bytes"]
     mask = batch.response_mask.cpu().bool()
     diff = float((alphas["replay"] - alphas["kept"])[mask].abs().max())
-    print(f"kept against replay (median of per-round ratios, rollout + α): {statistics.median(ratios):.2f}x; "
-          f"largest |Δα| {diff:.2e}; kept distributions {kept_bytes / 2**20:.0f} MiB")
+    print(
+        f"kept against replay (median of per-round ratios, rollout + α): {statistics.median(ratios):.2f}x; "
+        f"largest |Δα| {diff:.2e}; kept distributions {kept_bytes / 2**20:.0f} MiB"
+    )
     report = {
-        "command": "python3 experiments/mismatch/alpha_kept.py " + " ".join(
-            [args.config, *args.overrides, "--rounds", str(args.rounds), "--json", args.json]),
-        "machine": {"cpu": cpu_name(), "isa": native.isa(), "cores": os.cpu_count(), "torch": torch.__version__,
-                    "torch_threads": torch.get_num_threads()},
+        "command": "python3 experiments/mismatch/alpha_kept.py "
+        + " ".join([args.config, *args.overrides, "--rounds", str(args.rounds), "--json", args.json]),
+        "machine": {
+            "cpu": cpu_name(),
+            "isa": native.isa(),
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+        },
         "sampler_dtype": str(engine.dtype).removeprefix("torch."),
-        "batch": {"sequences": int(batch.size), "response_tokens_mean": float(batch.response_mask.sum(-1).float().mean())},
+        "batch": {
+            "sequences": int(batch.size),
+            "response_tokens_mean": float(batch.response_mask.sum(-1).float().mean()),
+        },
         "seconds": seconds,
         "ratio_rounds": ratios,
         "speedup_kept_vs_replay": statistics.median(ratios),

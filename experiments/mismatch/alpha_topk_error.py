@@ -4,6 +4,7 @@ main job's shape (or GSM8K prompts), both modes measured on it, per-token error 
     python3 experiments/mismatch/alpha_topk_error.py                               # the default task
     python3 experiments/mismatch/alpha_topk_error.py data.train=gsm8k rollout.max_new_tokens=512 rollout.kv_budget=128
 """
+
 from __future__ import annotations
 
 import json
@@ -14,10 +15,10 @@ import torch
 
 from sparserl.batch import RolloutBatch
 from sparserl.config import load_config, validate
-from sparserl.mismatch.replay import replay
 from sparserl.mismatch.acceptance import acceptance, acceptance_topk, summary
-from sparserl.score.shared_prompt import lm_head_weight
 from sparserl.mismatch.measure import dense_hidden
+from sparserl.mismatch.replay import replay
+from sparserl.score.shared_prompt import lm_head_weight
 from sparserl.train.trainer import build_trainer, sampling_params
 
 
@@ -52,10 +53,21 @@ def main(overrides: list[str]) -> dict:
     mask = batch.response_mask.bool()
     err = (exact - topk)[mask]
     (em, ep5), (tm, tp5) = summary(exact, mask), summary(topk, mask)
-    return {"overrides": overrides, "tokens": int(mask.sum()), "exact_mean": em, "exact_p5": ep5, "topk_mean": tm,
-            "topk_p5": tp5, "err_mean": float(err.mean()), "err_max": float(err.max()), "err_p95": float(torch.quantile(err, 0.95)),
-            "rollout_s": rollout_s, "dense_forward_s": forward_s, "replay_s": replay_s,
-            "cpu": open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": ")}
+    return {
+        "overrides": overrides,
+        "tokens": int(mask.sum()),
+        "exact_mean": em,
+        "exact_p5": ep5,
+        "topk_mean": tm,
+        "topk_p5": tp5,
+        "err_mean": float(err.mean()),
+        "err_max": float(err.max()),
+        "err_p95": float(torch.quantile(err, 0.95)),
+        "rollout_s": rollout_s,
+        "dense_forward_s": forward_s,
+        "replay_s": replay_s,
+        "cpu": open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": "),
+    }
 
 
 if __name__ == "__main__":

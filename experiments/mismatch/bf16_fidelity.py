@@ -1,5 +1,6 @@
 """How far the bf16 sampler's log-probs are from transformers' forward (float32 and bfloat16) on the
 embedded model: python experiments/mismatch/bf16_fidelity.py"""
+
 import torch
 
 from sparserl.models.loading import load_model
@@ -18,6 +19,10 @@ for name, lm in (("float32", lm32), ("bfloat16", lm16)):
             with torch.no_grad():
                 lp = ref(ids).logits[0].float().log_softmax(-1)
             P = len(out.prompt_ids[i])
-            diffs.append((lp[P - 1 : -1].gather(-1, ids[0, P:, None])[:, 0] - torch.tensor(out.sampler_logprobs[i])).abs())
+            diffs.append(
+                (lp[P - 1 : -1].gather(-1, ids[0, P:, None])[:, 0] - torch.tensor(out.sampler_logprobs[i])).abs()
+            )
         d = torch.cat(diffs)
-        print(f"sampler {name:8s} vs {ref_name:11s}: mean |diff| {d.mean():.2e}  p99 {d.quantile(0.99):.2e}  max {d.max():.2e}  ({d.numel()} tokens)")
+        print(
+            f"sampler {name:8s} vs {ref_name:11s}: mean |diff| {d.mean():.2e}  p99 {d.quantile(0.99):.2e}  max {d.max():.2e}  ({d.numel()} tokens)"
+        )

@@ -19,6 +19,7 @@ Run with the Python that has the ``bench`` extra (OpenVINO); elsewhere the OpenV
 
 Results: docs/results/bench_openvino.md and bench_quant.md.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -48,32 +49,45 @@ def openvino_logits(folder: Path, seq: torch.Tensor):
     import openvino as ov
 
     core = ov.Core()
-    compiled = core.compile_model(folder / "openvino_model.xml", "CPU",
-                                  {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"})
+    compiled = core.compile_model(
+        folder / "openvino_model.xml", "CPU", {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
+    )
     names = {p.get_any_name() for p in compiled.inputs}
 
     def run(row: int) -> torch.Tensor:
         req = compiled.create_infer_request()
         req.reset_state()
         ids = seq[row : row + 1].numpy().astype(np.int64)
-        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids),
-                "position_ids": np.arange(ids.shape[1], dtype=np.int64)[None]}
+        feed = {
+            "input_ids": ids,
+            "attention_mask": np.ones_like(ids),
+            "position_ids": np.arange(ids.shape[1], dtype=np.int64)[None],
+        }
         if "beam_idx" in names:
             feed["beam_idx"] = np.zeros(1, dtype=np.int32)
         req.infer({k: v for k, v in feed.items() if k in names})
         return torch.from_numpy(req.get_output_tensor(0).data.copy())[0]
+
     return run
 
 
 def sparserl_logits(lm, quant: str, seq: torch.Tensor, group: int | None = None, head: bool = True):
-    m = RolloutEngine(lm, build_compressor("none"), dtype=torch.float32, quant=quant, quant_smooth=0.5,
-                      quant_group=group, quant_head=head).model
+    m = RolloutEngine(
+        lm,
+        build_compressor("none"),
+        dtype=torch.float32,
+        quant=quant,
+        quant_smooth=0.5,
+        quant_group=group,
+        quant_head=head,
+    ).model
 
     @torch.inference_mode()
     def run(row: int) -> torch.Tensor:
         s = seq[row : row + 1]
         h = m.hidden_states(s, torch.ones_like(s, dtype=torch.bool), torch.arange(s.shape[1])[None])
         return m.logits(h)[0]
+
     return run
 
 
@@ -99,8 +113,11 @@ def main() -> None:
     for name, build in models.items():
         run = build()
         a = torch.cat([alpha(refs[r], run(r)[P - 1 : -1]) for r in range(ROWS)]).double()
-        print(f"{name:48s} alpha mean {float(a.mean()):.4f}  p5 {float(torch.quantile(a, 0.05)):.4f}  "
-              f"over {a.numel()} tokens", flush=True)
+        print(
+            f"{name:48s} alpha mean {float(a.mean()):.4f}  p5 {float(torch.quantile(a, 0.05)):.4f}  "
+            f"over {a.numel()} tokens",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

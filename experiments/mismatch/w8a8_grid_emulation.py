@@ -15,15 +15,18 @@ multiplies exactly on the unsigned-code tile).
 
 Results: docs/results/smoothquant.md.
 """
+
 import sys
 
 import torch
+
 from sparserl.models.loading import load_model
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import build_compressor
-from sparserl.rollout.sampling import SamplingParams
 from sparserl.rollout.profile import BENCH_PROMPT
 from sparserl.rollout.quant.smooth import CALIBRATION_TEXT, smoothing_factors
+from sparserl.rollout.sampling import SamplingParams
+
 torch.manual_seed(0)
 lm = load_model("smollm2", dtype=torch.float32)
 model = lm.model
@@ -33,25 +36,42 @@ seq = torch.tensor([out.prompt_ids[0] + r for r in out.response_ids])
 P = len(out.prompt_ids[0])
 lin = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n}
 amax = {}
+
+
 def obs(n):
     def h(m, inp):
         x = inp[0].detach().reshape(-1, inp[0].shape[-1]).abs().amax(0)
         amax[n] = torch.maximum(amax[n], x) if n in amax else x
+
     return h
+
+
 hs = [m.register_forward_pre_hook(obs(n)) for n, m in lin.items()]
 ids = torch.tensor(lm.tokenizer(CALIBRATION_TEXT, add_special_tokens=False)["input_ids"][:256])[None]
-with torch.no_grad(): model(ids)
-for h in hs: h.remove()
+with torch.no_grad():
+    model(ids)
+for h in hs:
+    h.remove()
 orig = {n: m.weight.data.clone() for n, m in lin.items()}
+
+
 @torch.no_grad()
-def logp(): return torch.log_softmax(model(seq).logits[:, P:-1].float(), -1)
+def logp():
+    return torch.log_softmax(model(seq).logits[:, P:-1].float(), -1)
+
+
 ref = logp()
+
+
 def q8(x, group=None, qmax=127):  # symmetric along last dim, per row or per group, |codes| <= qmax
     sh = x.shape
-    if group: x = x.reshape(*sh[:-1], sh[-1] // group, group)
+    if group:
+        x = x.reshape(*sh[:-1], sh[-1] // group, group)
     s = x.abs().amax(-1, keepdim=True) / qmax
     s = torch.where(s > 0, s, torch.ones_like(s))
     return (torch.round(x / s).clamp(-qmax, qmax) * s).reshape(sh)
+
+
 def run(label, wgroup, agroup, smooth, outliers=0, wqmax=127):
     hs = []
     for n, m in lin.items():
@@ -60,22 +80,31 @@ def run(label, wgroup, agroup, smooth, outliers=0, wqmax=127):
         Ws = W * s[None]
         am = amax[n] / s
         idx = torch.topk(am, outliers).indices if outliers else torch.tensor([], dtype=torch.long)
-        keep = torch.ones(W.shape[1], dtype=torch.bool); keep[idx] = False
-        Wq = Ws.clone(); Wq[:, ~keep] = 0
+        keep = torch.ones(W.shape[1], dtype=torch.bool)
+        keep[idx] = False
+        Wq = Ws.clone()
+        Wq[:, ~keep] = 0
         Wq = q8(Wq, wgroup, wqmax)  # outlier cols zero in the quantized part: scales over the rest
         Wq[:, ~keep] = Ws[:, ~keep]  # outliers float
         m.weight.data.copy_(Wq)
+
         def pre(mod, inp, s=s, keep=keep, ag=agroup):
             x = inp[0] / s
-            xr = x.clone(); xr[..., ~keep] = 0
+            xr = x.clone()
+            xr[..., ~keep] = 0
             xq = q8(xr, ag)
             xq[..., ~keep] = x[..., ~keep]
             return (xq,)
+
         hs.append(m.register_forward_pre_hook(pre))
     a = float(torch.minimum(ref, logp()).exp().sum(-1).mean())
-    for h in hs: h.remove()
-    for n, m in lin.items(): m.weight.data.copy_(orig[n])
+    for h in hs:
+        h.remove()
+    for n, m in lin.items():
+        m.weight.data.copy_(orig[n])
     print(f"{label:60s} alpha {a:.4f}", flush=True)
+
+
 if sys.argv[1:] == ["7bit"]:
     run("W g64, A g64 + SQ0.5", 64, 64, 0.5)
     run("W g64 7-bit, A g64 + SQ0.5", 64, 64, 0.5, wqmax=64)

@@ -20,6 +20,7 @@ tokens). Roundings:
 
 Results: docs/results/smoothquant.md.
 """
+
 import json
 import time
 from pathlib import Path
@@ -113,6 +114,7 @@ def main():
         def hook(module, inputs, output):
             x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).double()
             hessians[name] = hessians.get(name, 0) + x.T @ x
+
         return hook
 
     hooks = [m.register_forward_hook(observe(n)) for n, m in linears.items()]
@@ -130,8 +132,10 @@ def main():
         alpha(f"per channel, only {kind}", {n: w for n, w in per_channel.items() if n.endswith(kind)})
     n_layers = max(layer_of.values()) + 1
     for lo in range(0, n_layers, 5):
-        alpha(f"per channel, only layers {lo}-{min(lo + 4, n_layers - 1)}",
-              {n: w for n, w in per_channel.items() if lo <= layer_of[n] < lo + 5})
+        alpha(
+            f"per channel, only layers {lo}-{min(lo + 4, n_layers - 1)}",
+            {n: w for n, w in per_channel.items() if lo <= layer_of[n] < lo + 5},
+        )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ r - 1 - log r with r = p(y) / q(y) for the sampled y; mean and 5th percentile of
 
     python3 experiments/rollout/bf16_decode.py --tokens 256 --budget 128 --json docs/results/bf16_decode/L256.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,19 +28,23 @@ from pathlib import Path
 import torch
 
 from sparserl.bench.measure import time_rounds
+from sparserl.mismatch.replay import replay
 from sparserl.models.loading import load_model
 from sparserl.rollout import native
 from sparserl.rollout.dtype_auto import cpu_name
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import build_compressor
 from sparserl.rollout.profile import BENCH_PROMPT
-from sparserl.mismatch.replay import replay
 from sparserl.rollout.sampling import SamplingParams
+
 
 def arms(eager: bool = True) -> list[tuple[str, bool, str | None]]:
     """(dtype, fused, bf16 kernel): float32, the fused bf16 step on each bf16 kernel, the eager bf16 step."""
-    return [("float32", True, None), *(("bfloat16", True, k) for k in native.bf16_kernels() or (None,)),
-            *([("bfloat16", False, None)] if eager else [])]
+    return [
+        ("float32", True, None),
+        *(("bfloat16", True, k) for k in native.bf16_kernels() or (None,)),
+        *([("bfloat16", False, None)] if eager else []),
+    ]
 
 
 def arm_name(dtype: str, is_fused: bool, kernel: str | None = None) -> str:
@@ -59,6 +64,7 @@ def mismatch(lm, sampler: RolloutEngine, reference: RolloutEngine, n: int, token
         def on_step(t, rows, logprobs):
             for r, lp in zip(rows.tolist(), logprobs.float()):
                 store[(r, t)] = lp
+
         return on_step
 
     replay(sampler, out.prompt_ids, out.response_ids, params, on_step=keep(q))
@@ -71,8 +77,12 @@ def mismatch(lm, sampler: RolloutEngine, reference: RolloutEngine, n: int, token
         ratio = float((lp[y] - lq[y]).exp())
         k3.append(ratio - 1 - float(lp[y] - lq[y]))
     alphas.sort()
-    return {"tokens": len(alphas), "alpha_mean": statistics.fmean(alphas),
-            "alpha_p5": alphas[int(0.05 * (len(alphas) - 1))], "k3_mean": statistics.fmean(k3)}
+    return {
+        "tokens": len(alphas),
+        "alpha_mean": statistics.fmean(alphas),
+        "alpha_p5": alphas[int(0.05 * (len(alphas) - 1))],
+        "k3_mean": statistics.fmean(k3),
+    }
 
 
 def main() -> None:
@@ -89,22 +99,31 @@ def main() -> None:
     engines = {}
     for dtype, is_fused, kernel in arms(not args.skip_eager):
         name = arm_name(dtype, is_fused, kernel)
-        base = RolloutEngine(lm, build_compressor("none"), dtype=dtype, fused=is_fused,
-                             bf16_kernel=kernel if is_fused else None)
+        base = RolloutEngine(
+            lm, build_compressor("none"), dtype=dtype, fused=is_fused, bf16_kernel=kernel if is_fused else None
+        )
         engines[(name, "none")] = base
-        engines[(name, "rkv")] = RolloutEngine.from_engine(
-            base, build_compressor("rkv", kv_budget=args.budget))
+        engines[(name, "rkv")] = RolloutEngine.from_engine(base, build_compressor("rkv", kv_budget=args.budget))
     params = SamplingParams(n=args.batch, max_new_tokens=args.tokens, ignore_eos=True, seed=0)
     for engine in engines.values():  # warm-up: packing, allocations, thread pool
         engine.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))
     keys = list(engines)
 
     def show(k, name, seconds, out):
-        print(f"round {k + 1} {name:>20}: {args.batch * args.tokens / seconds:7.1f} tok/s  "
-              f"kv_peak {out.kv.bytes_peak / 2**20:7.1f} MiB", flush=True)
+        print(
+            f"round {k + 1} {name:>20}: {args.batch * args.tokens / seconds:7.1f} tok/s  "
+            f"kv_peak {out.kv.bytes_peak / 2**20:7.1f} MiB",
+            flush=True,
+        )
 
-    res = time_rounds({f"{name}/{comp}": (lambda e=engine: e.generate([BENCH_PROMPT], params))
-                       for (name, comp), engine in engines.items()}, args.rounds, on_run=show)
+    res = time_rounds(
+        {
+            f"{name}/{comp}": (lambda e=engine: e.generate([BENCH_PROMPT], params))
+            for (name, comp), engine in engines.items()
+        },
+        args.rounds,
+        on_run=show,
+    )
     rounds = []
     for k in range(args.rounds):
         rounds.append({})
@@ -118,17 +137,27 @@ def main() -> None:
         if comp != "none":
             per_round = res.ratios(f"{name}/none", f"{name}/{comp}")
             ratios[f"{name}/{comp}_vs_{name}/none"] = {"median": statistics.median(per_round), "rounds": per_round}
-    result = {"machine": {"cpu": cpu_name(), "isa": native.isa(), "bf16_kernels": native.bf16_kernels(),
-                          "torch": torch.__version__, "python": platform.python_version(),
-                          "torch_threads": torch.get_num_threads()},
-              "command": "python3 experiments/rollout/bf16_decode.py " + " ".join(
-                  f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
-              "rounds": rounds, "ratios": ratios}
+    result = {
+        "machine": {
+            "cpu": cpu_name(),
+            "isa": native.isa(),
+            "bf16_kernels": native.bf16_kernels(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "torch_threads": torch.get_num_threads(),
+        },
+        "command": "python3 experiments/rollout/bf16_decode.py "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+        "rounds": rounds,
+        "ratios": ratios,
+    }
     if args.mismatch_n:
         reference = engines[("float32", "none")]
         result["mismatch_vs_float32"] = {
             name: mismatch(lm, engines[(name, "none")], reference, args.mismatch_n, args.tokens)
-            for name in dict.fromkeys(n for n, _ in keys) if name != "float32"}
+            for name in dict.fromkeys(n for n, _ in keys)
+            if name != "float32"
+        }
     for key, value in ratios.items():
         print(f"{key:>40}: {value['median']:.3f}x  (rounds {', '.join(f'{x:.3f}' for x in value['rounds'])})")
     print(json.dumps(result.get("mismatch_vs_float32", {}), indent=1))

@@ -6,6 +6,7 @@ and the ratio is the median of the per-round ratios. Also checks both sample the
 
     python3 experiments/rollout/bf16_prefetch_step.py --tokens 256 --json docs/results/bf16_linear/step_L256.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
-    libs = {"prefetch_0": native.load(native.build(flags=native.flags_for("-march=native -DPREFETCH_K2=0"))),
-            "prefetch_64": native.load(native.build())}
+    libs = {
+        "prefetch_0": native.load(native.build(flags=native.flags_for("-march=native -DPREFETCH_K2=0"))),
+        "prefetch_64": native.load(native.build()),
+    }
     shipped = native.library
     lm = load_model("smollm2-135m", dtype="float32")
     engine = RolloutEngine(lm, build_compressor(args.compressor, kv_budget=128), dtype="bfloat16")
@@ -49,21 +52,39 @@ def main() -> None:
                 native.library = shipped
             tokens[name] = out.response_ids
             return out
+
         return run
 
-    res = time_rounds({name: arm(name) for name in libs}, args.rounds, warmup=1, on_run=lambda r, name, sec, out: print(
-        f"round {r + 1}: {name} {out.tokens_generated / sec:.0f} tok/s", flush=True))
-    rounds = [{name: res.results[name][r].tokens_generated / res.seconds[name][r] for name in libs}
-              for r in range(args.rounds)]
+    res = time_rounds(
+        {name: arm(name) for name in libs},
+        args.rounds,
+        warmup=1,
+        on_run=lambda r, name, sec, out: print(
+            f"round {r + 1}: {name} {out.tokens_generated / sec:.0f} tok/s", flush=True
+        ),
+    )
+    rounds = [
+        {name: res.results[name][r].tokens_generated / res.seconds[name][r] for name in libs}
+        for r in range(args.rounds)
+    ]
     per = res.ratios("prefetch_0", "prefetch_64")  # seconds: none over prefetch = prefetch's speed-up
-    result = {"machine": {"cpu": cpu_name(), "isa": native.isa(), "torch_threads": torch.get_num_threads(),
-                          "torch": torch.__version__},
-              "command": f"python3 experiments/rollout/bf16_prefetch_step.py --tokens {args.tokens} --compressor "
-                         f"{args.compressor} --rounds {args.rounds} --json {args.json}",
-              "tokens_per_s_rounds": rounds, "prefetch_64_over_0": {"median": statistics.median(per), "rounds": per},
-              "same_tokens": tokens["prefetch_0"] == tokens["prefetch_64"]}
-    print(f"prefetch 64 / none: {statistics.median(per):.3f}x (rounds {', '.join(f'{p:.3f}' for p in per)}); "
-          f"same tokens {result['same_tokens']}")
+    result = {
+        "machine": {
+            "cpu": cpu_name(),
+            "isa": native.isa(),
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+        },
+        "command": f"python3 experiments/rollout/bf16_prefetch_step.py --tokens {args.tokens} --compressor "
+        f"{args.compressor} --rounds {args.rounds} --json {args.json}",
+        "tokens_per_s_rounds": rounds,
+        "prefetch_64_over_0": {"median": statistics.median(per), "rounds": per},
+        "same_tokens": tokens["prefetch_0"] == tokens["prefetch_64"],
+    }
+    print(
+        f"prefetch 64 / none: {statistics.median(per):.3f}x (rounds {', '.join(f'{p:.3f}' for p in per)}); "
+        f"same tokens {result['same_tokens']}"
+    )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1))
 

@@ -20,6 +20,7 @@ the kernel measurement on both in turn, ``--rounds`` rotating rounds in one proc
 (:func:`sparserl.bench.measure.time_rounds`): per-round ratios, and whether
 both give the same pages and the same bits.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,8 +84,12 @@ def step_profile(tokens: int, steps: int = 24) -> dict:
             engine.generate([], SamplingParams(n=B, max_new_tokens=steps, ignore_eos=True, seed=0), prompt_ids=[ids])
             step = statistics.median(times)
             per_step = {key: v / len(times) for key, v in spent.items()}
-            out[name] = {"cached_tokens": len(ids) + steps, "step_ms": step, **per_step,
-                         "rest_ms": step - sum(per_step.values())}
+            out[name] = {
+                "cached_tokens": len(ids) + steps,
+                "step_ms": step,
+                **per_step,
+                "rest_ms": step - sum(per_step.values()),
+            }
     finally:
         lib.sparserl_decode_attention, lib.sparserl_blocktopk_attention = real
     return out
@@ -110,8 +115,12 @@ def length_profile(new_tokens: int = 2048, budget: int = 256) -> dict:
         t0 = time.perf_counter()
         engine.generate([], SamplingParams(n=B, max_new_tokens=new_tokens, ignore_eos=True, seed=0), prompt_ids=[ids])
         wall = time.perf_counter() - t0
-        out[name] = {"wall_s": wall, "tokens_per_s": B * new_tokens / wall, "decode_s": sum(steps) / 1e3,
-                     "median_step_ms_per_256": [statistics.median(steps[i : i + 256]) for i in range(0, len(steps), 256)]}
+        out[name] = {
+            "wall_s": wall,
+            "tokens_per_s": B * new_tokens / wall,
+            "decode_s": sum(steps) / 1e3,
+            "median_step_ms_per_256": [statistics.median(steps[i : i + 256]) for i in range(0, len(steps), 256)],
+        }
     for name in ("blocktopk", "rkv"):
         out[name]["speedup_vs_dense"] = out["none"]["wall_s"] / out[name]["wall_s"]
     return out
@@ -142,8 +151,9 @@ def kernel_profile(tokens: int, pages=(3, 8, 16, 32), against: str | None = None
 
     def run(lib, k, l, chosen):
         k_pages = torch.full((B,), k, dtype=torch.int32)
-        return native.blocktopk_attention(queries[l], K[l], V[l], sums[l], start, lens, k_pages, 16, 1, 2,
-                                          update=False, chosen=chosen, lib=lib)
+        return native.blocktopk_attention(
+            queries[l], K[l], V[l], sums[l], start, lens, k_pages, 16, 1, 2, update=False, chosen=chosen, lib=lib
+        )
 
     out: dict = {}
     if against:  # the same pages and the same bits?
@@ -152,8 +162,10 @@ def kernel_profile(tokens: int, pages=(3, 8, 16, 32), against: str | None = None
             for lib in libs.values():
                 chosen = torch.empty(B, HKV, k, dtype=torch.int32)
                 got.append((run(lib, k, 3, chosen), chosen))
-            out[f"same_pages_and_bits_{k}"] = bool(torch.equal(got[0][0], got[1][0])
-                                                   and torch.equal(got[0][1], got[1][1]))
+            out[f"same_pages_and_bits_{k}"] = bool(
+                torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+            )
+
     def blocktopk(lib, k):
         chosen = torch.empty(B, HKV, k, dtype=torch.int32)
         return lambda: _best_per_layer(lambda l: run(lib, k, l, chosen))
@@ -188,8 +200,9 @@ def _build_with(source: str) -> Path:
     sources = [str(Path(source).resolve()) if s.name == "blocktopk.c" else str(s) for s in native.SOURCES]
     out = Path(tempfile.mkdtemp()) / "against.so"
     flags = native.default_flags() + ["-I", str(native.SOURCES[0].parent)]
-    res = subprocess.run([native._compiler() or "cc", *flags, *sources, "-o", str(out), "-lm"], capture_output=True,
-                         text=True)
+    res = subprocess.run(
+        [native._compiler() or "cc", *flags, *sources, "-o", str(out), "-lm"], capture_output=True, text=True
+    )
     if res.returncode:
         raise SystemExit(res.stderr)
     return out
@@ -201,15 +214,20 @@ def scattered_read_rate(chunks: int = 1536) -> dict:
     index = [torch.randint(0, buffers[0].shape[0], (chunks,), generator=gen) for _ in range(LAYERS)]
     scattered = _best_per_layer(lambda l: buffers[l].index_select(0, index[l]))
     stream = _best_per_layer(lambda l: buffers[l].sum())
-    return {"random_4kb_chunks_gb_per_s": chunks * 4096 / scattered / 1e3,
-            "streaming_gb_per_s": buffers[0].numel() * 4 / stream / 1e3}
+    return {
+        "random_4kb_chunks_gb_per_s": chunks * 4096 / scattered / 1e3,
+        "streaming_gb_per_s": buffers[0].numel() * 4 / stream / 1e3,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=2040, help="prompt tokens (the cache's length)")
-    ap.add_argument("--only", default="step,kernel,scattered", help="which measurements, comma-separated "
-                    "(step, kernel, lengths, scattered)")
+    ap.add_argument(
+        "--only",
+        default="step,kernel,scattered",
+        help="which measurements, comma-separated (step, kernel, lengths, scattered)",
+    )
     ap.add_argument("--against", help="another blocktopk.c: the kernel measurement on both builds, in turn")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of the kernel measurement")
     args = ap.parse_args()

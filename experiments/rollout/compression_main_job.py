@@ -6,11 +6,11 @@ scores' speed-up over torch's as the median of the per-round ratios. Results: do
 
     python3 experiments/rollout/compression_main_job.py [rounds]
 """
+
 import json
 import sys
 
 from sparserl.bench.measure import time_rounds
-
 from sparserl.rollout import native
 from sparserl.rollout.profile import profile
 
@@ -27,18 +27,35 @@ def arm(compressor: str, c_scores: bool):
     def run():
         scores_in_c(c_scores)
         return profile(job="default", compressor=compressor)
+
     return run
 
 
 def show(rnd, name, seconds, r):
     split = {k: round(v, 3) for k, v in r["split_fraction"].items()}
-    print(rnd, name, json.dumps({"tokens_per_s": round(r["tokens_per_s"], 1), "ms_per_step": round(r["ms_per_step"], 1),
-                                 "compressions": r["compressions"], "split": split}), flush=True)
+    print(
+        rnd,
+        name,
+        json.dumps(
+            {
+                "tokens_per_s": round(r["tokens_per_s"], 1),
+                "ms_per_step": round(r["ms_per_step"], 1),
+                "compressions": r["compressions"],
+                "split": split,
+            }
+        ),
+        flush=True,
+    )
 
 
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-res = time_rounds({"dense": arm("none", True), "rkv, C scores": arm("rkv", True),
-                   "rkv, torch scores": arm("rkv", False)}, rounds, on_run=show)
+res = time_rounds(
+    {"dense": arm("none", True), "rkv, C scores": arm("rkv", True), "rkv, torch scores": arm("rkv", False)},
+    rounds,
+    on_run=show,
+)
 speed = lambda r: r["tokens_per_s"]  # noqa: E731
-print("C scores over torch's, median of per-round ratios:",
-      round(res.median_ratio("rkv, C scores", "rkv, torch scores", speed), 3))
+print(
+    "C scores over torch's, median of per-round ratios:",
+    round(res.median_ratio("rkv, C scores", "rkv, torch scores", speed), 3),
+)

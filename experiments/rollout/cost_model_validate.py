@@ -19,6 +19,7 @@ its rows (:func:`sparserl.bench.rollout.bench_compressor`).
     python3 experiments/rollout/cost_model_validate.py --lengths 32 --budgets none,16 --batch 2 --rounds 1 \
         --out /tmp/cost_smoke                                       # a smoke test, well under a minute
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,10 +64,15 @@ def _budgets(text: str) -> list[int | None]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="random", help="random (SmolLM2-135M's shape, random weights; default) or a "
-                    "name / path load_model takes, e.g. smollm2-135m")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model",
+        default="random",
+        help="random (SmolLM2-135M's shape, random weights; default) or a "
+        "name / path load_model takes, e.g. smollm2-135m",
+    )
     ap.add_argument("--lengths", default="256,512,1024,2048", help="response lengths, comma-separated")
     ap.add_argument("--budgets", default="none,64,128,256", help="KV budgets, comma-separated; none = dense")
     ap.add_argument("--batch", type=int, default=16)
@@ -111,8 +117,9 @@ def run(args) -> dict:
         engines[b] = dense if b is None else RolloutEngine.from_engine(dense, comps[b])
 
     def generate(engine, n, L):
-        return engine.generate(["-"], SamplingParams(n=n, max_new_tokens=L, ignore_eos=True, seed=args.seed),
-                               prompt_ids=[prompt_ids])
+        return engine.generate(
+            ["-"], SamplingParams(n=n, max_new_tokens=L, ignore_eos=True, seed=args.seed), prompt_ids=[prompt_ids]
+        )
 
     for engine in engines.values():  # warm-up: allocator, thread pool, packed weights
         generate(engine, 2, 4)
@@ -120,15 +127,20 @@ def run(args) -> dict:
     prefill_rows = min(N * P, PREFILL_ROWS)
     rates = measure_rates(dense.model, rows=N, prefill_rows=prefill_rows)
     shape = ModelShape.from_config(lm.model.config, dense.model.dtype)
-    print(f"rates: {rates.bandwidth / 1e9:.2f} GB/s, {rates.gemm_flops / 1e9:.2f} GFLOP/s at {N} rows, "
-          f"{rates.prefill_rate / 1e9:.2f} at {prefill_rows}; prompt {P} tokens", flush=True)
+    print(
+        f"rates: {rates.bandwidth / 1e9:.2f} GB/s, {rates.gemm_flops / 1e9:.2f} GFLOP/s at {N} rows, "
+        f"{rates.prefill_rate / 1e9:.2f} at {prefill_rows}; prompt {P} tokens",
+        flush=True,
+    )
 
     results = []
     order = list(args.budgets)
     for L in args.lengths:
-        res = time_rounds({b: (lambda b=b: generate(engines[b], N, L)) for b in order}, args.rounds,
-                          on_run=lambda r, b, sec, out: print(f"L {L} round {r + 1}: {b or 'dense'} {out.seconds:.2f}s",
-                                                              flush=True))
+        res = time_rounds(
+            {b: (lambda b=b: generate(engines[b], N, L)) for b in order},
+            args.rounds,
+            on_run=lambda r, b, sec, out: print(f"L {L} round {r + 1}: {b or 'dense'} {out.seconds:.2f}s", flush=True),
+        )
         engine_seconds = lambda out: out.seconds  # noqa: E731  (the engine's own clock, prefill included)
         seconds = {b: res.values(b, engine_seconds) for b in order}
         counted = {b: res.results[b][-1].kv.compressions for b in order}
@@ -136,33 +148,55 @@ def run(args) -> dict:
         for b in order:
             pred = dense_pred if b is None else rollout_cost(shape, rates, N, P, L, compressor=comps[b])
             measured = statistics.median(seconds[b])
-            results.append({
-                "response_len": L, "kv_budget": b, "compressor": "none" if b is None else args.compressor,
-                "window": None if b is None else comps[b].window,
-                "step_length": None if b is None else args.step_length,
-                "predicted_s": pred.seconds, "measured_s": measured, "measured_s_runs": seconds[b],
-                "measured_over_predicted": measured / pred.seconds,
-                "predicted_speedup_vs_dense": dense_pred.seconds / pred.seconds,
-                "measured_speedup_vs_dense": res.median_ratio(None, b, engine_seconds),
-                "compressions_predicted": pred.compressions, "compressions_counted": counted[b],
-                "cost": pred.to_dict(),
-            })
+            results.append(
+                {
+                    "response_len": L,
+                    "kv_budget": b,
+                    "compressor": "none" if b is None else args.compressor,
+                    "window": None if b is None else comps[b].window,
+                    "step_length": None if b is None else args.step_length,
+                    "predicted_s": pred.seconds,
+                    "measured_s": measured,
+                    "measured_s_runs": seconds[b],
+                    "measured_over_predicted": measured / pred.seconds,
+                    "predicted_speedup_vs_dense": dense_pred.seconds / pred.seconds,
+                    "measured_speedup_vs_dense": res.median_ratio(None, b, engine_seconds),
+                    "compressions_predicted": pred.compressions,
+                    "compressions_counted": counted[b],
+                    "cost": pred.to_dict(),
+                }
+            )
     info = machine_info(rates.bandwidth, rates.gemm_flops, N, device=dev)
-    info.update(dtype=str(dense.model.dtype).replace("torch.", ""), model=lm.name, prompt_tokens=P,
-                sparserl_commit=sparserl_commit())
-    return {"command": shlex.join([Path(sys.executable).name, *sys.argv]),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": info,
-            "shape": {**asdict(shape), "decode_weights": shape.decode_weights, "params": shape.params},
-            "rates": {"bandwidth_bytes_per_s": rates.bandwidth, "gemm_flops_per_s": rates.gemm_flops,
-                      "prefill_flops_per_s": rates.prefill_rate, "prefill_rows": prefill_rows},
-            "batch": N, "rounds": args.rounds, "results": results}
+    info.update(
+        dtype=str(dense.model.dtype).replace("torch.", ""),
+        model=lm.name,
+        prompt_tokens=P,
+        sparserl_commit=sparserl_commit(),
+    )
+    return {
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": info,
+        "shape": {**asdict(shape), "decode_weights": shape.decode_weights, "params": shape.params},
+        "rates": {
+            "bandwidth_bytes_per_s": rates.bandwidth,
+            "gemm_flops_per_s": rates.gemm_flops,
+            "prefill_flops_per_s": rates.prefill_rate,
+            "prefill_rows": prefill_rows,
+        },
+        "batch": N,
+        "rounds": args.rounds,
+        "results": results,
+    }
 
 
 def markdown(report: dict) -> str:
     m = report["machine"]
     lines = [
-        "# Cost model against the engine (`sparserl.cost`)", "",
-        f"    {report['command']}", "",
+        "# Cost model against the engine (`sparserl.cost`)",
+        "",
+        f"    {report['command']}",
+        "",
         f"- CPU: {m['cpu']} ({m['cores']} cores, {m['torch_threads']} torch threads); instruction sets: "
         f"{' '.join(m['isa']) or 'none of the listed'}; device {m['device']}"
         f"{' (' + m['gpu'] + ')' if m.get('gpu') else ''}",
@@ -186,7 +220,8 @@ def markdown(report: dict) -> str:
             f"| {r['measured_over_predicted']:.2f} | {r['predicted_speedup_vs_dense']:.2f}x "
             f"| {r['measured_speedup_vs_dense']:.2f}x | {r['compressions_predicted']} / {r['compressions_counted']} "
             f"| {c['memory_bound_steps']}/{c['decode_steps']} | {c['weight_s']:.2f} / {c['attention_s']:.2f} / "
-            f"{c['compression_s']:.2f} / {c['prefill_s']:.2f} |")
+            f"{c['compression_s']:.2f} / {c['prefill_s']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

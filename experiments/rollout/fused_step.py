@@ -5,10 +5,10 @@ ratios and their median. Results: docs/results/engine_profile.md.
 
     python3 experiments/rollout/fused_step.py 256 none,int8          # new tokens, quantizations [, compressor [, rounds]]
 """
+
 import sys
 
 from sparserl.bench.measure import time_rounds
-
 from sparserl.models.loading import load_model
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import build_compressor
@@ -27,10 +27,21 @@ for quant in quants:
         def run():
             eng.fused = fused
             return eng.generate([BENCH_PROMPT], SamplingParams(n=16, max_new_tokens=L, ignore_eos=True, seed=0))
+
         return run
 
-    res = time_rounds({"fused": arm(True), "eager": arm(False)}, rounds, on_run=lambda r, name, s, out: print(
-        quant, comp, name, f"{out.tokens_per_s:.1f} tok/s", flush=True))
+    res = time_rounds(
+        {"fused": arm(True), "eager": arm(False)},
+        rounds,
+        on_run=lambda r, name, s, out: print(quant, comp, name, f"{out.tokens_per_s:.1f} tok/s", flush=True),
+    )
     speed = lambda out: out.tokens_per_s  # noqa: E731
-    print(quant, comp, "fused / eager per round:", [round(x, 3) for x in res.ratios("fused", "eager", speed)],
-          "median", round(res.median_ratio("fused", "eager", speed), 3), flush=True)
+    print(
+        quant,
+        comp,
+        "fused / eager per round:",
+        [round(x, 3) for x in res.ratios("fused", "eager", speed)],
+        "median",
+        round(res.median_ratio("fused", "eager", speed), 3),
+        flush=True,
+    )

@@ -10,6 +10,7 @@ vocabulary: |Δ log p| of the token, k3 KL(p_float ‖ p_quant) and α = Σ_x mi
 attention function alone on a decode-shaped cache: the fused form (scales applied after the products)
 against dequantize-then-attend.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,10 @@ def attention_timing(B=16, hkv=3, hq=9, L=300, D=64, reps=50):
         (kc, ks), (vc, vs) = qz.quantize(K), qz.quantize(V)
         res[f"{name}_fused_us"] = best(lambda: attention(q, kc, vc, bias, ks, vs, qz))
         res[f"{name}_dequant_then_attend_us"] = best(
-            lambda: attention(q, qz.dequantize(kc[:, :, :L], ks[:, :, :L]), qz.dequantize(vc[:, :, :L], vs[:, :, :L]), bias))
+            lambda: attention(
+                q, qz.dequantize(kc[:, :, :L], ks[:, :, :L]), qz.dequantize(vc[:, :, :L], vs[:, :, :L]), bias
+            )
+        )
     return res
 
 
@@ -69,18 +73,26 @@ def main():
     engines = {q: RolloutEngine(lm, build_compressor("none"), dtype="float32", kv_quant=q) for q in quants}
     prompt_ids = [engines["none"].encode(BENCH_PROMPT)]
     params = SamplingParams(n=a.batch, max_new_tokens=a.max_new_tokens, ignore_eos=True, seed=0)
-    engines["none"].generate(None, SamplingParams(n=2, max_new_tokens=8, ignore_eos=True), prompt_ids=prompt_ids)  # warm-up
+    engines["none"].generate(
+        None, SamplingParams(n=2, max_new_tokens=8, ignore_eos=True), prompt_ids=prompt_ids
+    )  # warm-up
     rows = {q: {"kv_quant": q} for q in quants}
 
     def decode_rate(out):
         return out.tokens_generated / max(out.seconds - out.prefill_seconds, 1e-9)
 
     def show(r, q, seconds, out):
-        print(f"{q:5s} decode {decode_rate(out):7.1f} tok/s  total {out.tokens_per_s:7.1f} tok/s  "
-              f"kv {out.kv.bytes_peak / 2**20:.2f} MiB", flush=True)
+        print(
+            f"{q:5s} decode {decode_rate(out):7.1f} tok/s  total {out.tokens_per_s:7.1f} tok/s  "
+            f"kv {out.kv.bytes_peak / 2**20:.2f} MiB",
+            flush=True,
+        )
 
-    res = time_rounds({q: (lambda e=engines[q]: e.generate(None, params, prompt_ids=prompt_ids)) for q in quants},
-                      a.rounds, on_run=show)
+    res = time_rounds(
+        {q: (lambda e=engines[q]: e.generate(None, params, prompt_ids=prompt_ids)) for q in quants},
+        a.rounds,
+        on_run=show,
+    )
     for q in quants:
         if a.rounds:
             rows[q].update(decode_tok_s=res.median(q, decode_rate), kv_bytes_peak=res.results[q][-1].kv.bytes_peak)
@@ -99,12 +111,22 @@ def main():
         p, lq = ref.exp(), got
         kl_k3 = (p * ((lq - ref).exp() - 1 - (lq - ref))).sum(-1)  # E_p[r - 1 - log r], r = q/p
         alpha = torch.minimum(p, lq.exp()).sum(-1)
-        r.update(mismatch_tokens=int(dlp.numel()), abs_dlogp_mean=dlp.mean().item(), abs_dlogp_max=dlp.max().item(),
-                 k3_kl_mean=kl_k3.mean().item(), alpha_mean=alpha.mean().item(),
-                 alpha_p5=alpha.flatten().quantile(0.05).item())
-    result = {"model": a.model, "batch": a.batch, "max_new_tokens": a.max_new_tokens, "rows": list(rows.values()),
-              "attention": attention_timing(L=len(prompt_ids[0]) + a.max_new_tokens),
-              "threads": torch.get_num_threads()}
+        r.update(
+            mismatch_tokens=int(dlp.numel()),
+            abs_dlogp_mean=dlp.mean().item(),
+            abs_dlogp_max=dlp.max().item(),
+            k3_kl_mean=kl_k3.mean().item(),
+            alpha_mean=alpha.mean().item(),
+            alpha_p5=alpha.flatten().quantile(0.05).item(),
+        )
+    result = {
+        "model": a.model,
+        "batch": a.batch,
+        "max_new_tokens": a.max_new_tokens,
+        "rows": list(rows.values()),
+        "attention": attention_timing(L=len(prompt_ids[0]) + a.max_new_tokens),
+        "threads": torch.get_num_threads(),
+    }
     print(json.dumps(result, indent=1))
     if a.json:
         with open(a.json, "w") as f:

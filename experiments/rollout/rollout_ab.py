@@ -4,13 +4,16 @@ and tokens/s. Results: docs/results/compression_cost.md.
 
     PYTHONPATH=<tree>/src python3 experiments/rollout/rollout_ab.py rkv 1024     # compressor, new tokens
 """
+
 import sys
+
+import sparserl
 from sparserl.models.loading import load_model
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import build_compressor
 from sparserl.rollout.profile import BENCH_PROMPT
 from sparserl.rollout.sampling import SamplingParams
-import sparserl
+
 comp = sys.argv[1]
 lm = load_model("smollm2-135m", dtype="float32")
 eng = RolloutEngine(lm, build_compressor(comp, kv_budget=256, step_length=32), dtype="float32")

@@ -11,6 +11,7 @@ arms sample the same tokens.
 
     python3 experiments/rollout/shared_prefill.py --json docs/results/shared_prefill/default_job.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,28 +54,58 @@ def main() -> None:
     same = {}
     for key, engine in engines.items():  # warm-up, and the tokens each arm samples
         same[key] = engine.generate(prompts, params).response_ids
-    res = time_rounds({"/".join(key): (lambda e=engine: e.generate(prompts, params)) for key, engine in engines.items()},
-                      args.rounds, on_run=lambda k, name, sec, out: print(
-                          f"round {k + 1} {name:>18}: {sec:.3f} s (prefill {out.prefill_seconds:.3f} s)", flush=True))
-    rounds = [{name: {"seconds": res.seconds[name][k], "prefill_seconds": res.results[name][k].prefill_seconds,
-                      "tokens": res.results[name][k].tokens_generated} for name in res.seconds}
-              for k in range(args.rounds)]
+    res = time_rounds(
+        {"/".join(key): (lambda e=engine: e.generate(prompts, params)) for key, engine in engines.items()},
+        args.rounds,
+        on_run=lambda k, name, sec, out: print(
+            f"round {k + 1} {name:>18}: {sec:.3f} s (prefill {out.prefill_seconds:.3f} s)", flush=True
+        ),
+    )
+    rounds = [
+        {
+            name: {
+                "seconds": res.seconds[name][k],
+                "prefill_seconds": res.results[name][k].prefill_seconds,
+                "tokens": res.results[name][k].tokens_generated,
+            }
+            for name in res.seconds
+        }
+        for k in range(args.rounds)
+    ]
     ratios = {}
     for dtype in ("bfloat16", "float32"):
         for part, value in (("seconds", None), ("prefill_seconds", lambda out: out.prefill_seconds)):
             per = res.ratios(f"{dtype}/every_row", f"{dtype}/shared", value)
             ratios[f"{dtype}/{part}"] = {"median": statistics.median(per), "rounds": per}
-    result = {"machine": {"cpu": cpu_name(), "isa": native.isa(), "bf16_kernels": native.bf16_kernels(),
-                          "torch": torch.__version__, "python": platform.python_version(),
-                          "torch_threads": torch.get_num_threads()},
-              "command": f"python3 experiments/rollout/shared_prefill.py --rounds {args.rounds} --json {args.json}",
-              "shape": {"prompts": len(prompts), "n": n, "max_new_tokens": 48, "compressor": "rkv",
-                        "kv_budget": 40, "step_length": 2, "window": 8, "compress_prompt": True},
-              "same_tokens": {d: same[(d, "shared")] == same[(d, "every_row")] for d in ("bfloat16", "float32")},
-              "rounds": rounds, "ratio_every_row_over_shared": ratios}
+    result = {
+        "machine": {
+            "cpu": cpu_name(),
+            "isa": native.isa(),
+            "bf16_kernels": native.bf16_kernels(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "torch_threads": torch.get_num_threads(),
+        },
+        "command": f"python3 experiments/rollout/shared_prefill.py --rounds {args.rounds} --json {args.json}",
+        "shape": {
+            "prompts": len(prompts),
+            "n": n,
+            "max_new_tokens": 48,
+            "compressor": "rkv",
+            "kv_budget": 40,
+            "step_length": 2,
+            "window": 8,
+            "compress_prompt": True,
+        },
+        "same_tokens": {d: same[(d, "shared")] == same[(d, "every_row")] for d in ("bfloat16", "float32")},
+        "rounds": rounds,
+        "ratio_every_row_over_shared": ratios,
+    }
     for key, value in ratios.items():
-        print(f"{key:>24}: every_row / shared {value['median']:.2f}x (rounds "
-              f"{', '.join(f'{x:.2f}' for x in value['rounds'])})")
+        print(
+            f"{key:>24}: every_row / shared {value['median']:.2f}x (rounds "
+            f"{', '.join(f'{x:.2f}' for x in value['rounds'])})"
+        )
     print("same tokens:", result["same_tokens"])
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1))

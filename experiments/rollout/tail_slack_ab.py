@@ -9,6 +9,7 @@ same round and their median.
 
 Results: docs/results/compression_cost.md.
 """
+
 import sys
 
 import torch
@@ -40,13 +41,19 @@ def arm(name):
         out = engines[name].generate([BENCH_PROMPT], params)
         compressions[name] = out.kv.compressions
         return out
+
     return run
 
 
 speed = lambda out: out.tokens_per_s  # noqa: E731
-res = time_rounds({name: arm(name) for name in names}, rounds, on_run=lambda r, name, s, out: print(
-    f"round {r + 1}: {name} {out.tokens_per_s:.1f}", flush=True))
+res = time_rounds(
+    {name: arm(name) for name in names},
+    rounds,
+    on_run=lambda r, name, s, out: print(f"round {r + 1}: {name} {out.tokens_per_s:.1f}", flush=True),
+)
 for name in names:
     ratios = res.ratios(name, "dense", speed)
-    print(f"{name:12s} median {res.median(name, speed):6.1f} tok/s  compressions {compressions[name]}  "
-          f"ratio to dense per round {[round(x, 3) for x in ratios]}  median {res.median_ratio(name, 'dense', speed):.3f}")
+    print(
+        f"{name:12s} median {res.median(name, speed):6.1f} tok/s  compressions {compressions[name]}  "
+        f"ratio to dense per round {[round(x, 3) for x in ratios]}  median {res.median_ratio(name, 'dense', speed):.3f}"
+    )

@@ -26,6 +26,7 @@ weights, and ``L`` the learner's stations (reward + score + update without the p
 takes ``R/W + K + L + P`` and a one-step-asynchronous one ``max(R/W + K, L + P)``: the sampling of step
 k + 1 and the loading run on the workers while the learner updates on step k.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,15 +41,25 @@ from sparserl.bench.measure import time_rounds
 #: R-KV at a fixed budget of 40 with Sparse-RL: the measured job (the default's α-tail controller needs
 #: ``mismatch.alpha``, which BASE turns off to time the stations alone)
 JOB = "sparse_rl_fixed40"
-BASE = ["train.prompts_per_step=2", "mismatch.alpha=off", "data.eval=null", "checkpoint.every=0",
-        "log.progress=plain", "log.tensorboard=false"]
-ARMS = {"one": [], "sync": ["cluster.rollout_workers=1"], "async": ["cluster.rollout_workers=1", "rollout.async=true"],
-        "learners2": ["cluster.learners=2"],
-        # the exact α with a rollout worker: replayed in the training process,
-        # or from the q the worker kept while it sampled, synchronous or one step ahead
-        "sync_replay": ["cluster.rollout_workers=1", "mismatch.alpha=exact", "mismatch.alpha_record_mib=0"],
-        "sync_kept": ["cluster.rollout_workers=1", "mismatch.alpha=exact"],
-        "async_kept": ["cluster.rollout_workers=1", "rollout.async=true", "mismatch.alpha=exact"]}
+BASE = [
+    "train.prompts_per_step=2",
+    "mismatch.alpha=off",
+    "data.eval=null",
+    "checkpoint.every=0",
+    "log.progress=plain",
+    "log.tensorboard=false",
+]
+ARMS = {
+    "one": [],
+    "sync": ["cluster.rollout_workers=1"],
+    "async": ["cluster.rollout_workers=1", "rollout.async=true"],
+    "learners2": ["cluster.learners=2"],
+    # the exact α with a rollout worker: replayed in the training process,
+    # or from the q the worker kept while it sampled, synchronous or one step ahead
+    "sync_replay": ["cluster.rollout_workers=1", "mismatch.alpha=exact", "mismatch.alpha_record_mib=0"],
+    "sync_kept": ["cluster.rollout_workers=1", "mismatch.alpha=exact"],
+    "async_kept": ["cluster.rollout_workers=1", "rollout.async=true", "mismatch.alpha=exact"],
+}
 
 
 def run_arm(arm: str, steps: int, extra: list[str], folder: Path) -> list[dict]:
@@ -71,8 +82,14 @@ def stations(rows: list[dict]) -> dict:
     """Mean per step (step 1 left out) of each station and of the parts the projection needs."""
     from sparserl import runlog as names
 
-    keys = [*names.STATIONS, names.TIME_GENERATE, names.TIME_PUSH, names.ROLLOUT_TOKENS_PER_S,
-            names.LENGTH_MEAN, names.MISMATCH_POLICY_LAG]
+    keys = [
+        *names.STATIONS,
+        names.TIME_GENERATE,
+        names.TIME_PUSH,
+        names.ROLLOUT_TOKENS_PER_S,
+        names.LENGTH_MEAN,
+        names.MISMATCH_POLICY_LAG,
+    ]
     rest = rows[1:]
     out = {k: statistics.fmean(r[k] for r in rest) for k in keys if all(k in r for r in rest)}
     out["step_s"] = statistics.fmean(step_time(r) for r in rest)
@@ -95,8 +112,18 @@ def project(sync: dict, async_: dict, workers: int, rollout_share: float | None 
         R = rollout_share / (1 - rollout_share) * (L + P_sync)
     step_sync = R / workers + L + P_sync
     step_async = max(R / workers + K, L + P_async)
-    return {"workers": workers, "rollout_share": rollout_share, "sync_s": step_sync, "async_s": step_async,
-            "speedup": step_sync / step_async, "R": R, "L": L, "P_sync": P_sync, "P_async": P_async, "K": K}
+    return {
+        "workers": workers,
+        "rollout_share": rollout_share,
+        "sync_s": step_sync,
+        "async_s": step_async,
+        "speedup": step_sync / step_async,
+        "R": R,
+        "L": L,
+        "P_sync": P_sync,
+        "P_async": P_async,
+        "K": K,
+    }
 
 
 def add_projection(out: dict) -> None:
@@ -104,19 +131,27 @@ def add_projection(out: dict) -> None:
     means = {arm: [r[arm]["mean"] for r in out["rounds"]] for arm in ("sync", "async")}
     median = {arm: {k: statistics.median(m[k] for m in ms) for k in ms[0]} for arm, ms in means.items()}
     out["station_medians"] = median
-    out["projection"] = [project(median["sync"], median["async"], w, share) for share in (None, 0.7, 0.8, 0.9)
-                         for w in (1, 2, 4, 8)]
+    out["projection"] = [
+        project(median["sync"], median["async"], w, share) for share in (None, 0.7, 0.8, 0.9) for w in (1, 2, 4, 8)
+    ]
     for p in out["projection"]:
-        print(f"  workers {p['workers']}, rollout share {p['rollout_share']}: sync {p['sync_s']:.2f} s, async "
-              f"{p['async_s']:.2f} s, {p['speedup']:.2f}x")
+        print(
+            f"  workers {p['workers']}, rollout share {p['rollout_share']}: sync {p['sync_s']:.2f} s, async "
+            f"{p['async_s']:.2f} s, {p['speedup']:.2f}x"
+        )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--arms", nargs=2, default=["sync", "async"], choices=list(ARMS),
-                    help="the two arms; a round's ratio is the first's mean step over the second's")
+    ap.add_argument(
+        "--arms",
+        nargs=2,
+        default=["sync", "async"],
+        choices=list(ARMS),
+        help="the two arms; a round's ratio is the first's mean step over the second's",
+    )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--project", action="store_true", help="only recompute the projection of --out's rounds")
     ap.add_argument("overrides", nargs="*", help="more config overrides for both arms")
@@ -141,21 +176,43 @@ def main(argv=None) -> int:
         def run():
             with tempfile.TemporaryDirectory() as tmp:
                 rows = run_arm(arm, args.steps, args.overrides, Path(tmp))
-            return {"steps": [{"step_s": step_time(r), **{key: r.get(key) for key in r if key.startswith("time/")},
-                               "lag": r.get("mismatch/policy_lag_steps")} for r in rows], "mean": stations(rows)}
+            return {
+                "steps": [
+                    {
+                        "step_s": step_time(r),
+                        **{key: r.get(key) for key in r if key.startswith("time/")},
+                        "lag": r.get("mismatch/policy_lag_steps"),
+                    }
+                    for r in rows
+                ],
+                "mean": stations(rows),
+            }
+
         return run
 
     step_s = lambda got: got["mean"]["step_s"]  # noqa: E731
-    res = time_rounds({first: arm_run(first), second: arm_run(second)}, args.rounds, on_run=lambda k, arm, sec, got: print(
-        f"round {k + 1}: {arm} {step_s(got):.2f} s/step", flush=True))
+    res = time_rounds(
+        {first: arm_run(first), second: arm_run(second)},
+        args.rounds,
+        on_run=lambda k, arm, sec, got: print(f"round {k + 1}: {arm} {step_s(got):.2f} s/step", flush=True),
+    )
     ratios = res.ratios(first, second, step_s)
-    rounds = [{**{arm: {**res.results[arm][k], "run_s": res.seconds[arm][k]} for arm in (first, second)},
-               "ratio": ratios[k]} for k in range(args.rounds)]
-    out = {"command": "python3 experiments/training/async_step_time.py " + " ".join(argv or sys.argv[1:]),
-           "machine": machine, "arms": args.arms, "rounds": rounds, "ratios": ratios,
-           "median_ratio": statistics.median(ratios)}
-    print(f"median of per-round ratios {first}/{second}: {out['median_ratio']:.3f} "
-          f"({', '.join(f'{r:.3f}' for r in ratios)})")
+    rounds = [
+        {**{arm: {**res.results[arm][k], "run_s": res.seconds[arm][k]} for arm in (first, second)}, "ratio": ratios[k]}
+        for k in range(args.rounds)
+    ]
+    out = {
+        "command": "python3 experiments/training/async_step_time.py " + " ".join(argv or sys.argv[1:]),
+        "machine": machine,
+        "arms": args.arms,
+        "rounds": rounds,
+        "ratios": ratios,
+        "median_ratio": statistics.median(ratios),
+    }
+    print(
+        f"median of per-round ratios {first}/{second}: {out['median_ratio']:.3f} "
+        f"({', '.join(f'{r:.3f}' for r in ratios)})"
+    )
     if set(args.arms) == {"sync", "async"}:
         add_projection(out)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,45 +16,62 @@ budget (``--reference``, the default job's 40).
 
     python3 experiments/training/distill_sparse_budget.py --seeds 0 1 2 --out docs/results/distill_sparse
 """
+
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
 import torch
 
-import os
-
-from sparserl.rollout import native
-from sparserl.rollout.dtype_auto import cpu_name
 from sparserl.calibrate.measure import measure
 from sparserl.config import load_config, validate
 from sparserl.data import load_dataset
+from sparserl.rollout import native
+from sparserl.rollout.dtype_auto import cpu_name
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import compressor_from_fields, get_compressor
 from sparserl.rollout.sampling import SamplingParams
 from sparserl.train.lora import sampler_state
 from sparserl.train.trainer import build_trainer, sampler_weights, train_step
 
-KEEP = ("reward/mean", "mismatch/k3_kl", "mismatch/alpha_p5", "mismatch/alpha_p5_nophi", "mismatch/alpha_mean",
-        "mismatch/alpha_mean_nophi", "distill/loss", "distill/pg_loss", "distill/k3_kl", "distill/grad_norm",
-        "time/distill_s", "time/alpha_s", "time/update_s", "time/rollout_s")
+KEEP = (
+    "reward/mean",
+    "mismatch/k3_kl",
+    "mismatch/alpha_p5",
+    "mismatch/alpha_p5_nophi",
+    "mismatch/alpha_mean",
+    "mismatch/alpha_mean_nophi",
+    "distill/loss",
+    "distill/pg_loss",
+    "distill/k3_kl",
+    "distill/grad_norm",
+    "time/distill_s",
+    "time/alpha_s",
+    "time/update_s",
+    "time/rollout_s",
+)
 
 
-def calibrate(trainer, weights: dict, budgets: list[int], prompts: int, n: int, seed: int,
-              tokens: str = "sampler") -> list[dict]:
+def calibrate(
+    trainer, weights: dict, budgets: list[int], prompts: int, n: int, seed: int, tokens: str = "sampler"
+) -> list[dict]:
     """α (mean, p5) of the run's sparse sampler with ``weights`` at each budget, on ``prompts`` held-out problems
     x ``n`` samples, against the dense learner; ``tokens``: each sampler's own responses (``sampler``,
     Sparrow's), or the dense θ's responses, the same for every sampler (``dense``: a paired comparison)."""
     cfg = trainer.cfg
     examples = list(load_dataset("arith:seed=1000", limit=prompts, system_prompt=cfg.data.system_prompt))
     prompt_ids = [trainer.engine.encode(e.prompt) for e in examples]
-    params = SamplingParams(n=n, temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
-                            seed=seed)
-    samplers = [(cfg.rollout.compressor, b, compressor_from_fields(cfg.rollout.model_copy(update={"kv_budget": b})))
-                for b in budgets]
+    params = SamplingParams(
+        n=n, temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens, seed=seed
+    )
+    samplers = [
+        (cfg.rollout.compressor, b, compressor_from_fields(cfg.rollout.model_copy(update={"kv_budget": b})))
+        for b in budgets
+    ]
     dense = RolloutEngine.from_engine(trainer.engine, get_compressor("none"))  # shares the engine's weights
     dense_tokens = None
     if tokens == "dense":  # θ's dense sampler draws the tokens, the same whatever ``weights`` are
@@ -62,8 +79,17 @@ def calibrate(trainer, weights: dict, budgets: list[int], prompts: int, n: int, 
         dense_tokens = dense.generate([], params, prompt_ids=prompt_ids)
     trainer.engine.update_weights(weights)
     trainer.engine_stale = True
-    found = measure(dense, trainer.learner, samplers, prompt_ids, params, bin_width=cfg.mismatch.alpha_bin,
-                    tokens=tokens, log=lambda *_: None, dense_out=dense_tokens)
+    found = measure(
+        dense,
+        trainer.learner,
+        samplers,
+        prompt_ids,
+        params,
+        bin_width=cfg.mismatch.alpha_bin,
+        tokens=tokens,
+        log=lambda *_: None,
+        dense_out=dense_tokens,
+    )
     return [{k: s[k] for k in ("budget", "alpha_mean", "alpha_p5", "tokens", "replay_err")} for s in found.samplers]
 
 
@@ -74,9 +100,15 @@ def needed_budget(distilled: list[dict], plain: list[dict], reference: int) -> i
 
 
 def run_seed(seed: int, args) -> dict:
-    overrides = [f"train.seed={seed}", f"train.steps={args.steps}", f"rollout.kv_budget={args.train_budget}",
-                 f"algorithm.distill_sparse={{rank: {args.rank}, lambda: {args.lam}, lr: {args.lr}}}",
-                 "log.tensorboard=false", "data.eval=null", f"rollout.dtype={args.dtype}"]
+    overrides = [
+        f"train.seed={seed}",
+        f"train.steps={args.steps}",
+        f"rollout.kv_budget={args.train_budget}",
+        f"algorithm.distill_sparse={{rank: {args.rank}, lambda: {args.lam}, lr: {args.lr}}}",
+        "log.tensorboard=false",
+        "data.eval=null",
+        f"rollout.dtype={args.dtype}",
+    ]
     cfg = validate(load_config("default", overrides))
     torch.manual_seed(seed)
     trainer = build_trainer(cfg)
@@ -90,12 +122,20 @@ def run_seed(seed: int, args) -> dict:
     delta = max(float((distilled_weights[k] - plain_weights[k]).abs().max()) for k in plain_weights)
     distilled = calibrate(trainer, distilled_weights, args.budgets, args.prompts, args.n, seed)
     plain = calibrate(trainer, plain_weights, args.budgets, args.prompts, args.n, seed)
-    paired = {arm: calibrate(trainer, w, args.budgets, args.prompts, args.n, seed, tokens="dense")
-              for arm, w in (("distilled", distilled_weights), ("plain", plain_weights))}
-    return {"seed": seed, "overrides": overrides, "steps": steps, "phi_max_abs_delta_weight": delta,
-            "calibration": {"distilled": distilled, "plain": plain}, "calibration_dense_tokens": paired,
-            "needed_budget": needed_budget(distilled, plain, args.reference),
-            "needed_budget_dense_tokens": needed_budget(paired["distilled"], paired["plain"], args.reference)}
+    paired = {
+        arm: calibrate(trainer, w, args.budgets, args.prompts, args.n, seed, tokens="dense")
+        for arm, w in (("distilled", distilled_weights), ("plain", plain_weights))
+    }
+    return {
+        "seed": seed,
+        "overrides": overrides,
+        "steps": steps,
+        "phi_max_abs_delta_weight": delta,
+        "calibration": {"distilled": distilled, "plain": plain},
+        "calibration_dense_tokens": paired,
+        "needed_budget": needed_budget(distilled, plain, args.reference),
+        "needed_budget_dense_tokens": needed_budget(paired["distilled"], paired["plain"], args.reference),
+    }
 
 
 def summarize(folder: Path) -> str:
@@ -110,10 +150,14 @@ def summarize(folder: Path) -> str:
 
 
 def _table(docs: list[dict], key: str, needed: str, title: str) -> str:
-    lines = [f"α 5th percentile after training, on {title}:", "", "| λ | lr | seed | " + " | ".join(
-        f"p5 @{r['budget']} φ / plain" for r in docs[0][key]["plain"])
-             + " | budget for plain@ref's p5 | training p5 φ / plain (last 3) | reward (last 3) |",
-             "|---|---|---|" + "---|" * (len(docs[0][key]["plain"]) + 3)]
+    lines = [
+        f"α 5th percentile after training, on {title}:",
+        "",
+        "| λ | lr | seed | "
+        + " | ".join(f"p5 @{r['budget']} φ / plain" for r in docs[0][key]["plain"])
+        + " | budget for plain@ref's p5 | training p5 φ / plain (last 3) | reward (last 3) |",
+        "|---|---|---|" + "---|" * (len(docs[0][key]["plain"]) + 3),
+    ]
     for d in docs:
         lam = next(o for o in d["overrides"] if o.startswith("algorithm.distill_sparse"))
         cal = d[key]
@@ -123,9 +167,12 @@ def _table(docs: list[dict], key: str, needed: str, title: str) -> str:
         def mean(metric):
             return sum(s[metric] for s in last) / len(last)
 
-        lines.append(f"| {lam.split('lambda: ')[1].split(',')[0]} | {lam.split('lr: ')[1].rstrip('}')} | {d['seed']} | "
-                     + " | ".join(cells) + f" | {d[needed]} | {mean('mismatch/alpha_p5'):.3f} / "
-                     f"{mean('mismatch/alpha_p5_nophi'):.3f} | {mean('reward/mean'):.3f} |")
+        lines.append(
+            f"| {lam.split('lambda: ')[1].split(',')[0]} | {lam.split('lr: ')[1].rstrip('}')} | {d['seed']} | "
+            + " | ".join(cells)
+            + f" | {d[needed]} | {mean('mismatch/alpha_p5'):.3f} / "
+            f"{mean('mismatch/alpha_p5_nophi'):.3f} | {mean('reward/mean'):.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -141,8 +188,12 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--dtype", default="float32", help="the sampler's dtype (rollout.dtype): float32, as the "
-                    "first runs had it (their auto measured float32 faster on that machine), unless asked")
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        help="the sampler's dtype (rollout.dtype): float32, as the "
+        "first runs had it (their auto measured float32 faster on that machine), unless asked",
+    )
     ap.add_argument("--out", default="docs/results/distill_sparse")
     ap.add_argument("--summarize", action="store_true", help="print the tables of the JSONs in --out and stop")
     args = ap.parse_args()
@@ -154,13 +205,23 @@ def main() -> None:
     for seed in args.seeds:
         result = run_seed(seed, args)
         machine = {"cpu": cpu_name(), "isa": native.isa(), "cores": os.cpu_count(), "torch": torch.__version__}
-        doc = {"machine": machine, "command": "python3 experiments/training/distill_sparse_budget.py " + " ".join(
-            f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-            for k, v in vars(args).items() if k not in ("seeds", "summarize")) + f" --seeds {seed}", **result}
+        doc = {
+            "machine": machine,
+            "command": "python3 experiments/training/distill_sparse_budget.py "
+            + " ".join(
+                f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+                for k, v in vars(args).items()
+                if k not in ("seeds", "summarize")
+            )
+            + f" --seeds {seed}",
+            **result,
+        }
         name = f"seed{seed}_lam{args.lam:g}.json"
         (out / name).write_text(json.dumps(doc, indent=1))
-        print(f"seed {seed}: needed budget {result['needed_budget']} (reference {args.reference}); wrote {out / name}",
-              flush=True)
+        print(
+            f"seed {seed}: needed budget {result['needed_budget']} (reference {args.reference}); wrote {out / name}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

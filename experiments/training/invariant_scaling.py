@@ -12,6 +12,7 @@ model, and the metric on one [1536, 576] weight (median of 5).
 
     flock /work/exp/cpu.lock python3 experiments/training/invariant_scaling.py --out /tmp/invariant_scaling.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,10 @@ import torch
 
 from sparserl.bench.measure import time_rounds
 
-TEXT = ("Tom has 17 apples. He gives 5 apples to his sister and buys 8 more at the market. "
-        "How many apples does Tom have now? Tom has 17 - 5 + 8 = 20 apples, so the answer is \\boxed{20}.")
+TEXT = (
+    "Tom has 17 apples. He gives 5 apples to his sister and buys 8 more at the market. "
+    "How many apples does Tom have now? Tom has 17 - 5 + 8 = 20 apples, so the answer is \\boxed{20}."
+)
 RESCALED = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 
 
@@ -48,11 +51,17 @@ def one_step(model, ids: torch.Tensor, lr: float) -> dict:
     rest = {n: t for n, t in before.items() if n not in rescaled}
     changed = sum(int((after[n] != b).sum()) for n, b in before.items())
     total = sum(b.numel() for b in before.values())
-    return {"loss": float(loss.detach()), "grad_norm": grad_norm, "update_visible_frac": frac,
-            "update_visible_frac_qkv_gate_up": update_visible_frac(rescaled, after),
-            "update_visible_frac_o_down": update_visible_frac(rest, after),
-            "changed_frac": changed / total, "quantized_elements": total,
-            "snapshot_s": snapshot_s, "metric_s": metric_s}
+    return {
+        "loss": float(loss.detach()),
+        "grad_norm": grad_norm,
+        "update_visible_frac": frac,
+        "update_visible_frac_qkv_gate_up": update_visible_frac(rescaled, after),
+        "update_visible_frac_o_down": update_visible_frac(rest, after),
+        "changed_frac": changed / total,
+        "quantized_elements": total,
+        "snapshot_s": snapshot_s,
+        "metric_s": metric_s,
+    }
 
 
 def metric_cost(repeats: int = 5) -> dict:
@@ -63,10 +72,16 @@ def metric_cost(repeats: int = 5) -> dict:
     w = 0.02 * torch.randn(1536, 576, generator=g)
     name = "model.layers.0.mlp.gate_proj.weight"
     before, after = {name: w}, {name: w + 3e-5 * torch.sign(torch.randn(w.shape, generator=g))}
-    res = time_rounds({"metric": lambda: update_visible_frac(before, after),
-                       "quantize": lambda: quantize_int8_per_channel(w)}, repeats)
-    return {"shape": [1536, 576], "metric_ms": 1e3 * res.median("metric"),
-            "quantize_ms": 1e3 * res.median("quantize"), "threads": torch.get_num_threads()}
+    res = time_rounds(
+        {"metric": lambda: update_visible_frac(before, after), "quantize": lambda: quantize_int8_per_channel(w)},
+        repeats,
+    )
+    return {
+        "shape": [1536, 576],
+        "metric_ms": 1e3 * res.median("metric"),
+        "quantize_ms": 1e3 * res.median("quantize"),
+        "threads": torch.get_num_threads(),
+    }
 
 
 def main(argv=None) -> int:

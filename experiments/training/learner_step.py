@@ -18,6 +18,7 @@ chunked head alone adds).
     flock /work/exp/cpu.lock python3 experiments/training/learner_step.py --mode plain --out /tmp/ls_plain.json
     python3 experiments/training/learner_step.py --table /tmp/ls_plain.json /tmp/ls_shared.json ...
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,10 @@ import torch
 from sparserl.bench.measure import time_rounds
 
 MODES = ("plain", "shared", "shared_plain_head")
-SYSTEM_PROMPT = ("You are a careful math tutor. Read the problem, add or subtract the numbers it gives, and reply "
-                 "with one short sentence that ends with the final answer as a number in \\boxed{}.")
+SYSTEM_PROMPT = (
+    "You are a careful math tutor. Read the problem, add or subtract the numbers it gives, and reply "
+    "with one short sentence that ends with the final answer as a number in \\boxed{}."
+)
 
 
 def default_like_batch(tokenizer, prompts: int = 4, n: int = 8, seed: int = 0):
@@ -50,8 +53,9 @@ def default_like_batch(tokenizer, prompts: int = 4, n: int = 8, seed: int = 0):
             prompt_ids.append(ids)
             responses.append(torch.randint(100, len(tokenizer), (length,), generator=g).tolist())
             groups.append(gi)
-    batch = RolloutBatch.from_rollout(prompt_ids, responses, [[0.0] * len(r) for r in responses], groups,
-                                      pad_id=tokenizer.pad_token_id or 0)
+    batch = RolloutBatch.from_rollout(
+        prompt_ids, responses, [[0.0] * len(r) for r in responses], groups, pad_id=tokenizer.pad_token_id or 0
+    )
     return batch, [len(p) for p in prompt_ids[::n]]
 
 
@@ -68,8 +72,11 @@ def run_mode(mode: str, repeats: int = 3, micro: int = 16, model_name: str = "sm
     lm = load_model(model_name, dtype="float32", device="cpu")
     model = lm.model.train()
     batch, prompt_lens = default_like_batch(lm.tokenizer)
-    forward = {"plain": forward_response, "shared": forward_response_shared,
-               "shared_plain_head": lambda *a, **k: forward_response_shared(*a, chunk_size=None, **k)}[mode]
+    forward = {
+        "plain": forward_response,
+        "shared": forward_response_shared,
+        "shared_plain_head": lambda *a, **k: forward_response_shared(*a, chunk_size=None, **k),
+    }[mode]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.0)
     for p in model.parameters():  # gradients and Adam's state exist before the base line is read
         p.grad = torch.zeros_like(p)
@@ -82,7 +89,10 @@ def run_mode(mode: str, repeats: int = 3, micro: int = 16, model_name: str = "sm
         if mode == "shared_plain_head":  # score_logprobs has no switch for the plain head
             model.eval()
             with torch.no_grad():
-                return torch.cat([forward(model, batch, slice(s, s + micro))[0] for s in range(0, batch.size, micro)]) * mask
+                return (
+                    torch.cat([forward(model, batch, slice(s, s + micro))[0] for s in range(0, batch.size, micro)])
+                    * mask
+                )
         return score_logprobs(model, batch, micro, 1.0, shared_prompt=mode == "shared")
 
     old = score()
@@ -104,25 +114,44 @@ def run_mode(mode: str, repeats: int = 3, micro: int = 16, model_name: str = "sm
     score_s, update_s = res.seconds["score"], res.seconds["update"]
     N, L = batch.input_ids.shape
     T = batch.response_ids.shape[1]
-    return {"mode": mode, "model": model_name, "score_s": score_s, "score_median_s": statistics.median(score_s), "update_s": update_s,
-            "update_median_s": statistics.median(update_s), "peak_rss_mib": peak_rss_mib(),
-            "base_rss_mib": base, "peak_rss_above_base_mib": peak_rss_mib() - base,
-            "batch": {"sequences": N, "columns": L, "response_columns": T, "prompt_tokens": prompt_lens,
-                      "response_tokens_mean": float(mask.sum(-1).mean()), "micro_batch": micro},
-            "threads": torch.get_num_threads(), "torch": torch.__version__}
+    return {
+        "mode": mode,
+        "model": model_name,
+        "score_s": score_s,
+        "score_median_s": statistics.median(score_s),
+        "update_s": update_s,
+        "update_median_s": statistics.median(update_s),
+        "peak_rss_mib": peak_rss_mib(),
+        "base_rss_mib": base,
+        "peak_rss_above_base_mib": peak_rss_mib() - base,
+        "batch": {
+            "sequences": N,
+            "columns": L,
+            "response_columns": T,
+            "prompt_tokens": prompt_lens,
+            "response_tokens_mean": float(mask.sum(-1).mean()),
+            "micro_batch": micro,
+        },
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
 
 
 def table(paths: list[str]) -> str:
     rows = [json.loads(open(p).read()) for p in paths]
     base = next((r for r in rows if r["mode"] == "plain"), rows[0])
-    lines = ["| mode | score_logprobs (s) | update (s) | score + update (s) | vs plain | peak RSS above model+grads+Adam (MiB) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| mode | score_logprobs (s) | update (s) | score + update (s) | vs plain | peak RSS above model+grads+Adam (MiB) |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         tot = r["score_median_s"] + r["update_median_s"]
         ref = base["score_median_s"] + base["update_median_s"]
-        lines.append(f"| {r['mode']} | {r['score_median_s']:.2f} ({', '.join(f'{x:.2f}' for x in r['score_s'])}) | "
-                     f"{r['update_median_s']:.2f} ({', '.join(f'{x:.2f}' for x in r['update_s'])}) | {tot:.2f} | "
-                     f"{tot / ref:.2f}x | {r['peak_rss_above_base_mib']:.0f} |")
+        lines.append(
+            f"| {r['mode']} | {r['score_median_s']:.2f} ({', '.join(f'{x:.2f}' for x in r['score_s'])}) | "
+            f"{r['update_median_s']:.2f} ({', '.join(f'{x:.2f}' for x in r['update_s'])}) | {tot:.2f} | "
+            f"{tot / ref:.2f}x | {r['peak_rss_above_base_mib']:.0f} |"
+        )
     return "\n".join(lines)
 
 

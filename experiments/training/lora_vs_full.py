@@ -11,6 +11,7 @@ the rounds' ratios.
     flock /work/exp/cpu.lock python3 experiments/training/lora_vs_full.py --seed 1 --out docs/results/lora/seed1.json
     python3 experiments/training/lora_vs_full.py --table docs/results/lora/seed*.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,13 +41,18 @@ def run(arm: str, seed: int, lora: list[str], extra: list[str], folder: Path) ->
     ckpt = latest_checkpoint(folder)
     weights = sum(f.stat().st_size for f in (ckpt / "model").glob("*.safetensors"))
     rest = rows[1:]
-    return {"arm": arm, "seed": seed, "overrides": overrides + (lora if arm == "lora" else []), "wall_s": wall,
-            "optimizer_state_bytes": (ckpt / "optimizer.safetensors").stat().st_size,
-            "checkpoint_weight_bytes": weights,
-            "step_s": statistics.fmean(sum(r[k] for k in names.STATIONS) for r in rest),
-            "update_s": statistics.fmean(r[names.TIME_UPDATE] for r in rest),
-            "reward": [r[names.REWARD_MEAN] for r in rows],
-            "eval": {k: v for k, v in rows[-1].items() if k.startswith("eval/")}}
+    return {
+        "arm": arm,
+        "seed": seed,
+        "overrides": overrides + (lora if arm == "lora" else []),
+        "wall_s": wall,
+        "optimizer_state_bytes": (ckpt / "optimizer.safetensors").stat().st_size,
+        "checkpoint_weight_bytes": weights,
+        "step_s": statistics.fmean(sum(r[k] for k in names.STATIONS) for r in rest),
+        "update_s": statistics.fmean(r[names.TIME_UPDATE] for r in rest),
+        "reward": [r[names.REWARD_MEAN] for r in rows],
+        "eval": {k: v for k, v in rows[-1].items() if k.startswith("eval/")},
+    }
 
 
 def main(argv=None) -> int:
@@ -69,7 +75,9 @@ def main(argv=None) -> int:
         for arm in order:
             out[arm] = run(arm, args.seed, args.lora, args.overrides, Path(tmp))
             print(json.dumps({k: v for k, v in out[arm].items() if k != "overrides"}), flush=True)
-    out["ratios"] = {key: out["full"][key] / out["lora"][key] for key in ("optimizer_state_bytes", "step_s", "update_s")}
+    out["ratios"] = {
+        key: out["full"][key] / out["lora"][key] for key in ("optimizer_state_bytes", "step_s", "update_s")
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
     print(out["ratios"])
@@ -80,13 +88,18 @@ def table(files: list[Path]) -> int:
     rounds = [json.loads(f.read_text()) for f in files]
     for key in ("optimizer_state_bytes", "step_s", "update_s"):
         ratios = [r["ratios"][key] for r in rounds]
-        print(f"full / LoRA {key}: median {statistics.median(ratios):.2f}x (rounds {', '.join(f'{x:.2f}' for x in ratios)})")
+        print(
+            f"full / LoRA {key}: median {statistics.median(ratios):.2f}x (rounds {', '.join(f'{x:.2f}' for x in ratios)})"
+        )
     for r in rounds:
         for arm in ("full", "lora"):
             a = r[arm]
-            print(f"seed {a['seed']} {arm}: optimizer state {a['optimizer_state_bytes'] / 2**20:.1f} MiB, step {a['step_s']:.1f} s, "
-                  f"update {a['update_s']:.1f} s, reward " + " ".join(f"{x:.2f}" for x in a["reward"])
-                  + f", eval {a['eval']}")
+            print(
+                f"seed {a['seed']} {arm}: optimizer state {a['optimizer_state_bytes'] / 2**20:.1f} MiB, step {a['step_s']:.1f} s, "
+                f"update {a['update_s']:.1f} s, reward "
+                + " ".join(f"{x:.2f}" for x in a["reward"])
+                + f", eval {a['eval']}"
+            )
     return 0
 
 

@@ -10,6 +10,7 @@ weights before and after each optimizer step).
     python3 experiments/training/quant_rl.py --arms smooth --out /work/exp/quant_rl_smooth   # INT8 with/without SmoothQuant
     python3 experiments/training/quant_rl.py --arms group --out /work/exp/quant_rl_group     # qurl vs qurl_group
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,23 +18,29 @@ import sys
 
 from sparserl.cli import main
 
-ARMS = ",".join([  # run in this order (QuRL before the INT8 baselines: its s = 1.5 against int8_naive's s = 1)
-    "dense",
-    "qurl=rollout.compressor=none;rollout.quant=int8;rollout.quant_scale=1.5;algorithm.correction=qurl",
-    "int8_naive=rollout.compressor=none;rollout.quant=int8;algorithm.correction=none",
-    "int8_tis=rollout.compressor=none;rollout.quant=int8;algorithm.correction=flashrl_tis",
-])
+ARMS = ",".join(
+    [  # run in this order (QuRL before the INT8 baselines: its s = 1.5 against int8_naive's s = 1)
+        "dense",
+        "qurl=rollout.compressor=none;rollout.quant=int8;rollout.quant_scale=1.5;algorithm.correction=qurl",
+        "int8_naive=rollout.compressor=none;rollout.quant=int8;algorithm.correction=none",
+        "int8_tis=rollout.compressor=none;rollout.quant=int8;algorithm.correction=flashrl_tis",
+    ]
+)
 
-SMOOTH_ARMS = ",".join([  # the sampler's mismatch in training with and without SmoothQuant (rollout.quant_smooth)
-    "int8_naive=rollout.compressor=none;rollout.quant=int8;algorithm.correction=none",
-    "int8_smooth=rollout.compressor=none;rollout.quant=int8;rollout.quant_smooth=0.5;algorithm.correction=none",
-])
-GROUP_ARMS = ",".join([  # QuRL's recipe on the per-channel int8 sampler and on the accurate one (groups of 64, as
-    # docs/results/quant_rl_group/ ran it; the qurl_group preset now takes 32)
-    "qurl=rollout.compressor=none;rollout.quant=int8;rollout.quant_scale=1.5;algorithm.correction=qurl",
-    "qurl_group=rollout.compressor=none;rollout.quant=int8_group;rollout.quant_group=64;rollout.quant_smooth=0.5;"
-    "rollout.quant_head=true;rollout.quant_scale=1.5;algorithm.correction=qurl",
-])
+SMOOTH_ARMS = ",".join(
+    [  # the sampler's mismatch in training with and without SmoothQuant (rollout.quant_smooth)
+        "int8_naive=rollout.compressor=none;rollout.quant=int8;algorithm.correction=none",
+        "int8_smooth=rollout.compressor=none;rollout.quant=int8;rollout.quant_smooth=0.5;algorithm.correction=none",
+    ]
+)
+GROUP_ARMS = ",".join(
+    [  # QuRL's recipe on the per-channel int8 sampler and on the accurate one (groups of 64, as
+        # docs/results/quant_rl_group/ ran it; the qurl_group preset now takes 32)
+        "qurl=rollout.compressor=none;rollout.quant=int8;rollout.quant_scale=1.5;algorithm.correction=qurl",
+        "qurl_group=rollout.compressor=none;rollout.quant=int8_group;rollout.quant_group=64;rollout.quant_smooth=0.5;"
+        "rollout.quant_head=true;rollout.quant_scale=1.5;algorithm.correction=qurl",
+    ]
+)
 ARM_SETS = {"main": ARMS, "smooth": SMOOTH_ARMS, "group": GROUP_ARMS}
 
 
@@ -45,9 +52,23 @@ def run(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=2, help="train.prompts_per_step")
     ap.add_argument("--arms", choices=sorted(ARM_SETS), default="main")
     args = ap.parse_args(argv)
-    return main(["compare", "default", f"train.prompts_per_step={args.prompts}", "data.eval=null",
-                 "checkpoint.every=0", "--arms", ARM_SETS[args.arms], "--seeds", str(args.seeds), "--steps", str(args.steps),
-                 "--out", args.out])
+    return main(
+        [
+            "compare",
+            "default",
+            f"train.prompts_per_step={args.prompts}",
+            "data.eval=null",
+            "checkpoint.every=0",
+            "--arms",
+            ARM_SETS[args.arms],
+            "--seeds",
+            str(args.seeds),
+            "--steps",
+            str(args.steps),
+            "--out",
+            args.out,
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ trainer's generation (``_generate_single_turn``: ``model.generate``), reward (``
 and the whole generate-and-score phase are wrapped with timers too, so
 ``update_s = step_s - generate_and_score_s``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,11 @@ def parse_args():
     p.add_argument("--steps", type=int, default=4, help="optimizer steps to time (the first includes warm-up)")
     p.add_argument("--preset", default="dense", help="sparserl preset whose job is reproduced")
     p.add_argument("--out", default="trl_step.json", help="JSON file of per-step times")
-    p.add_argument("--gradient-checkpointing", action="store_true",
-                   help="TRL's own default (True); off by default here because sparserl does not checkpoint")
+    p.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="TRL's own default (True); off by default here because sparserl does not checkpoint",
+    )
     p.add_argument("--output-dir", default="/tmp/trl_step_run", help="TRL's output_dir (nothing is saved)")
     return p.parse_args()
 
@@ -56,8 +60,14 @@ def build_dataset(cfg, n_prompts: int):
     from sparserl.data.loaders import PromptSampler, load_dataset
 
     d = cfg.data
-    data = load_dataset(d.train, prompt_key=d.prompt_key, label_key=d.label_key, template=d.template,
-                        system_prompt=d.system_prompt, limit=d.limit)
+    data = load_dataset(
+        d.train,
+        prompt_key=d.prompt_key,
+        label_key=d.label_key,
+        template=d.template,
+        system_prompt=d.system_prompt,
+        limit=d.limit,
+    )
     sampler = PromptSampler(list(data), cfg.train.prompts_per_step, seed=cfg.train.seed)
     examples = []
     while len(examples) < n_prompts:
@@ -178,10 +188,21 @@ def main():
         def on_step_end(self, targs, state, control, **kw):
             dt = time.perf_counter() - self.t0
             g, rw, gs = (sum(x[m:]) for x, m in zip((gen_s, reward_s, gen_score_s), self.marks))
-            steps.append({"step": state.global_step, "step_s": dt, "generate_s": g, "reward_s": rw,
-                          "generate_and_score_s": gs, "update_s": dt - gs})
-            print(f"step {state.global_step}: {dt:.2f} s (generate {g:.2f}, reward {rw:.2f}, "
-                  f"generate+score {gs:.2f}, update {dt - gs:.2f})", flush=True)
+            steps.append(
+                {
+                    "step": state.global_step,
+                    "step_s": dt,
+                    "generate_s": g,
+                    "reward_s": rw,
+                    "generate_and_score_s": gs,
+                    "update_s": dt - gs,
+                }
+            )
+            print(
+                f"step {state.global_step}: {dt:.2f} s (generate {g:.2f}, reward {rw:.2f}, "
+                f"generate+score {gs:.2f}, update {dt - gs:.2f})",
+                flush=True,
+            )
 
         def on_log(self, targs, state, control, logs=None, **kw):
             if logs:
@@ -195,8 +216,14 @@ def main():
                 logs_list.append(logs_copy)
 
     logs_list = logs
-    trainer = GRPOTrainer(model=model, reward_funcs=make_reward(cfg), args=gcfg, train_dataset=dataset,
-                          processing_class=tok, callbacks=[StepTimer()])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=make_reward(cfg),
+        args=gcfg,
+        train_dataset=dataset,
+        processing_class=tok,
+        callbacks=[StepTimer()],
+    )
     Timed(trainer, "_generate_single_turn", gen_s)
     Timed(trainer, "_calculate_rewards", reward_s)
     Timed(trainer, "_generate_and_score_completions", gen_score_s)
@@ -208,18 +235,52 @@ def main():
     later = [s["step_s"] for s in steps[1:]]
     result = {
         "what": f"TRL GRPOTrainer step on sparserl's {args.preset} job",
-        "versions": {"trl": trl.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
-                     "python": platform.python_version()},
+        "versions": {
+            "trl": trl.__version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },
         "torch_threads": torch.get_num_threads(),
-        "settings": {k: getattr(gcfg, k) for k in (
-            "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size",
-            "steps_per_generation", "num_iterations", "max_completion_length", "temperature", "top_p", "top_k",
-            "loss_type", "scale_rewards", "beta", "epsilon", "epsilon_high", "learning_rate", "adam_beta1",
-            "adam_beta2", "adam_epsilon", "weight_decay", "max_grad_norm", "lr_scheduler_type", "bf16",
-            "gradient_checkpointing", "seed", "use_vllm")},
-        "model_activation_checkpointing": bool(getattr(trainer.model, "is_activation_checkpointing",
-                                                       getattr(trainer.model, "is_gradient_checkpointing", False))),
-        "model": cfg.model.name, "dtype": cfg.model.dtype, "data": cfg.data.train,
+        "settings": {
+            k: getattr(gcfg, k)
+            for k in (
+                "num_generations",
+                "per_device_train_batch_size",
+                "gradient_accumulation_steps",
+                "generation_batch_size",
+                "steps_per_generation",
+                "num_iterations",
+                "max_completion_length",
+                "temperature",
+                "top_p",
+                "top_k",
+                "loss_type",
+                "scale_rewards",
+                "beta",
+                "epsilon",
+                "epsilon_high",
+                "learning_rate",
+                "adam_beta1",
+                "adam_beta2",
+                "adam_epsilon",
+                "weight_decay",
+                "max_grad_norm",
+                "lr_scheduler_type",
+                "bf16",
+                "gradient_checkpointing",
+                "seed",
+                "use_vllm",
+            )
+        },
+        "model_activation_checkpointing": bool(
+            getattr(
+                trainer.model, "is_activation_checkpointing", getattr(trainer.model, "is_gradient_checkpointing", False)
+            )
+        ),
+        "model": cfg.model.name,
+        "dtype": cfg.model.dtype,
+        "data": cfg.data.train,
         "steps": steps,
         "median_step_s_2_to_n": statistics.median(later) if later else None,
         "median_update_s_2_to_n": statistics.median(s["update_s"] for s in steps[1:]) if later else None,
@@ -230,8 +291,14 @@ def main():
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, default=str))
-    print(json.dumps({k: result[k] for k in ("median_step_s_2_to_n", "median_update_s_2_to_n",
-                                             "median_generate_s_2_to_n", "train_wall_s")}))
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in ("median_step_s_2_to_n", "median_update_s_2_to_n", "median_generate_s_2_to_n", "train_wall_s")
+            }
+        )
+    )
     print(f"wrote {out}")
 
 

@@ -16,6 +16,7 @@ size costs is read from autograd: the most bytes saved for one backward (:class:
     python3 experiments/training/update_forward.py --rounds 5 --json docs/results/update_forward/default_job.json
     python3 experiments/training/update_forward.py default model.mixed_precision=off --rounds 3 --json docs/results/update_forward/default_job_float32.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,10 +81,24 @@ class SavedBytes:
 
 def first_batch(config: str, overrides: list[str]):
     """(trainer, its learner's precision as ``auto`` resolves it, step 1's rollout batch with rewards)."""
-    cfg = validate(load_config(config, ["data.eval=null", "log.tensorboard=false", "checkpoint.every=0",
-                                        "log.out_dir=/tmp/update_forward_runs", *overrides]))
+    cfg = validate(
+        load_config(
+            config,
+            [
+                "data.eval=null",
+                "log.tensorboard=false",
+                "checkpoint.every=0",
+                "log.out_dir=/tmp/update_forward_runs",
+                *overrides,
+            ],
+        )
+    )
     trainer = build_trainer(cfg)
-    mode = choose_mixed_precision(trainer.device).mode if cfg.model.mixed_precision == "auto" else cfg.model.mixed_precision
+    mode = (
+        choose_mixed_precision(trainer.device).mode
+        if cfg.model.mixed_precision == "auto"
+        else cfg.model.mixed_precision
+    )
     examples, ro = rollout(trainer, 1)
     rewards, _ = score_responses(trainer.reward_fn, ro.texts, [examples[i].label for i in ro.prompt_index])
     return trainer, mode, rollout_batch(trainer, ro, rewards)
@@ -113,21 +128,36 @@ def main() -> None:
             run(arm)
         state.restore()
         saved[arm] = counter.peak
-    res = time_rounds({arm: (lambda arm=arm: run(arm)) for arm in ARMS}, args.rounds, reset=state.restore,
-                      on_run=lambda r, arm, sec, _: print(f"round {r + 1}: {arm} {sec:.2f} s", flush=True))
+    res = time_rounds(
+        {arm: (lambda arm=arm: run(arm)) for arm in ARMS},
+        args.rounds,
+        reset=state.restore,
+        on_run=lambda r, arm, sec, _: print(f"round {r + 1}: {arm} {sec:.2f} s", flush=True),
+    )
     seconds = res.seconds
     ratios = {arm: res.ratios("score_micro16", arm) for arm in ARMS[1:]}
     speedup = {arm: statistics.median(v) for arm, v in ratios.items()}
-    print("against score_micro16 (median of per-round ratios): "
-          + ", ".join(f"{arm} {v:.2f}x" for arm, v in speedup.items()))
+    print(
+        "against score_micro16 (median of per-round ratios): "
+        + ", ".join(f"{arm} {v:.2f}x" for arm, v in speedup.items())
+    )
     print("autograd's saved tensors: " + ", ".join(f"{arm} {saved[arm] / 2**20:.0f} MiB" for arm in ARMS))
     report = {
-        "command": "python3 experiments/training/update_forward.py " + " ".join(
-            [args.config, *args.overrides, "--rounds", str(args.rounds), "--json", args.json]),
-        "machine": {"cpu": cpu_name(), "isa": native.isa(), "cores": os.cpu_count(), "torch": torch.__version__,
-                    "torch_threads": torch.get_num_threads(), "python": platform.python_version()},
+        "command": "python3 experiments/training/update_forward.py "
+        + " ".join([args.config, *args.overrides, "--rounds", str(args.rounds), "--json", args.json]),
+        "machine": {
+            "cpu": cpu_name(),
+            "isa": native.isa(),
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "python": platform.python_version(),
+        },
         "learner_precision": mode,
-        "batch": {"sequences": int(batch.size), "response_tokens_mean": float(batch.response_mask.sum(-1).float().mean())},
+        "batch": {
+            "sequences": int(batch.size),
+            "response_tokens_mean": float(batch.response_mask.sum(-1).float().mean()),
+        },
         "seconds": seconds,
         "ratio_rounds": ratios,
         "speedup_vs_score_micro16": speedup,

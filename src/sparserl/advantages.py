@@ -21,7 +21,7 @@ Conventions shared by all estimators:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -69,8 +69,9 @@ def get_adv_est(name: str) -> AdvEstFn:
     return ADV_ESTIMATORS.get(name)
 
 
-def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor | None = None,
-                       group_size: int | None = None, **options) -> Tensor:
+def compute_advantages(
+    name: str, rewards: Tensor, group_ids: Tensor | None = None, group_size: int | None = None, **options
+) -> Tensor:
     """``get_adv_est(name)(rewards, group_ids, group_size, **options)``."""
     return get_adv_est(name)(rewards, group_ids, group_size, **options)
 
@@ -101,10 +102,8 @@ def _group_stats(r: Tensor, idx: Tensor, g: int) -> tuple[Tensor, Tensor, Tensor
     mean = s / cnt
     dev2 = torch.zeros(g, dtype=r.dtype, device=r.device).index_add_(0, idx, (r - mean[idx]) ** 2)
     std = (dev2 / (cnt - 1).clamp(min=1)).sqrt()
-    gmax = torch.full((g,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(
-        0, idx, r, reduce="amax")
-    gmin = torch.full((g,), torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(
-        0, idx, r, reduce="amin")
+    gmax = torch.full((g,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(0, idx, r, reduce="amax")
+    gmin = torch.full((g,), torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(0, idx, r, reduce="amin")
     flat = gmax == gmin
     return mean[idx], std[idx], cnt[idx], flat[idx]
 
@@ -189,18 +188,15 @@ def rloo(
 # --------------------------------------------------------------------------- helpers
 
 
-def frac_zero_std_groups(rewards: Tensor, group_ids: Tensor | None = None,
-                         group_size: int | None = None) -> float:
+def frac_zero_std_groups(rewards: Tensor, group_ids: Tensor | None = None, group_size: int | None = None) -> float:
     """Fraction of groups whose rewards are all equal (singletons included): the share of
     prompts that give no GRPO learning signal. 0.0 for an empty batch."""
     r = _as_float(rewards)
     if r.numel() == 0:
         return 0.0
     idx, g = group_index(r, group_ids, group_size)
-    gmax = torch.full((g,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(
-        0, idx, r, reduce="amax")
-    gmin = torch.full((g,), torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(
-        0, idx, r, reduce="amin")
+    gmax = torch.full((g,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(0, idx, r, reduce="amax")
+    gmin = torch.full((g,), torch.inf, dtype=r.dtype, device=r.device).scatter_reduce(0, idx, r, reduce="amin")
     return float((gmax == gmin).float().mean())
 
 

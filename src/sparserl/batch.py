@@ -2,6 +2,7 @@
 :func:`distinct_prompts`, which the sampler's prefill and the learner's shared-prompt forward both use.
 
 It lives outside every station so that each imports it without importing another station."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ class RolloutBatch:
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
 
-    def to(self, device: torch.device | str) -> "RolloutBatch":
+    def to(self, device: torch.device | str) -> RolloutBatch:
         """The same batch with every tensor on ``device`` (the learner's)."""
         for name, value in vars(self).items():
             if isinstance(value, torch.Tensor):
@@ -50,8 +51,14 @@ class RolloutBatch:
         return out.to(self.response_ids.device)
 
     @classmethod
-    def from_rollout(cls, prompt_ids: list[list[int]], response_ids: list[list[int]],
-                     sampler_logprobs: list[list[float]], group_ids: list[int], pad_id: int = 0) -> "RolloutBatch":
+    def from_rollout(
+        cls,
+        prompt_ids: list[list[int]],
+        response_ids: list[list[int]],
+        sampler_logprobs: list[list[float]],
+        group_ids: list[int],
+        pad_id: int = 0,
+    ) -> RolloutBatch:
         N = len(prompt_ids)
         P = max(len(p) for p in prompt_ids)
         T = max(1, max(len(r) for r in response_ids))

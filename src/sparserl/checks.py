@@ -5,18 +5,25 @@ throws work away. Each raises :class:`~sparserl.errors.OptionError` naming the o
 and what would be valid. The output-path checks create nothing that stays: a folder that does not
 exist yet is checked through its nearest existing ancestor (which must be a folder one can write in).
 """
+
 from __future__ import annotations
 
 import math
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from .errors import OptionError
 
-__all__ = ["check_choice", "check_int", "check_number", "check_output_dir", "check_output_file",
-           "check_sampler_options"]
+__all__ = [
+    "check_choice",
+    "check_int",
+    "check_number",
+    "check_output_dir",
+    "check_output_file",
+    "check_sampler_options",
+]
 
 
 def check_int(value, option: str, minimum: int = 1, *, allow_none: bool = False, what: str = "") -> None:
@@ -27,16 +34,22 @@ def check_int(value, option: str, minimum: int = 1, *, allow_none: bool = False,
         raise OptionError(f"{option} {value!r}: must be a whole number >= {minimum}" + (f" ({what})" if what else ""))
 
 
-def check_number(value, option: str, *, ge: float | None = None, gt: float | None = None,
-                 le: float | None = None, what: str = "") -> None:
+def check_number(
+    value, option: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None, what: str = ""
+) -> None:
     """``value`` is a finite number within the given bounds."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (ge is None or value >= ge) and (gt is None or value > gt) and (le is None or value <= le)
     if not ok:
-        bounds = [f">= {ge:g}" if ge is not None else "", f"> {gt:g}" if gt is not None else "",
-                  f"<= {le:g}" if le is not None else ""]
-        raise OptionError(f"{option} {value!r}: must be a finite number {' and '.join(b for b in bounds if b)}"
-                          + (f" ({what})" if what else ""))
+        bounds = [
+            f">= {ge:g}" if ge is not None else "",
+            f"> {gt:g}" if gt is not None else "",
+            f"<= {le:g}" if le is not None else "",
+        ]
+        raise OptionError(
+            f"{option} {value!r}: must be a finite number {' and '.join(b for b in bounds if b)}"
+            + (f" ({what})" if what else "")
+        )
 
 
 def check_choice(value, option: str, choices: Iterable[str]) -> None:
@@ -110,16 +123,22 @@ def check_sampler_options(args):
     check_int(args.window, "--window", 0, allow_none=True)
     check_int(getattr(args, "tail_slack", None), "--tail-slack", 0, allow_none=True)
     if args.compressor != "none" and args.window is not None and args.kv_budget <= args.window:
-        raise OptionError(f"--kv-budget {args.kv_budget} must be larger than --window {args.window} (the window's "
-                          "tokens are always kept)")
+        raise OptionError(
+            f"--kv-budget {args.kv_budget} must be larger than --window {args.window} (the window's "
+            "tokens are always kept)"
+        )
     text = getattr(args, "compressor_options", None)
     if text:
         try:
             options = json.loads(text)
         except json.JSONDecodeError as e:
-            raise OptionError(f"--compressor-options {text!r}: not valid JSON ({e.msg} at column {e.colno}); "
-                              'expected an object such as \'{"lam": 0.1}\'') from None
+            raise OptionError(
+                f"--compressor-options {text!r}: not valid JSON ({e.msg} at column {e.colno}); "
+                "expected an object such as '{\"lam\": 0.1}'"
+            ) from None
         if not isinstance(options, dict):
-            raise OptionError(f"--compressor-options {text!r}: expected a JSON object of option names to values, "
-                              'such as \'{"lam": 0.1}\'')
+            raise OptionError(
+                f"--compressor-options {text!r}: expected a JSON object of option names to values, "
+                "such as '{\"lam\": 0.1}'"
+            )
     return compressor_from_fields(args)

@@ -6,6 +6,7 @@ anything. A problem with the user's input is a :class:`~sparserl.errors.Sparserl
 ``error: <message>`` and returns 1, without a traceback (``--debug`` or ``SPARSERL_DEBUG=1`` shows it).
 Any other exception is a bug and keeps its traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,9 @@ Every command checks its options before it loads a model. A problem with the inp
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser: ``--debug``, and every command's own (:data:`sparserl.commands.COMMANDS`)."""
-    ap = argparse.ArgumentParser(prog="sparserl", description=DESCRIPTION,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="sparserl", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     common = argparse.ArgumentParser(add_help=False)  # --debug after the command too
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
@@ -46,7 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _debug(args) -> bool:
     return bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_ENV, "").strip().lower() not in (
-        "", "0", "false", "no")
+        "",
+        "0",
+        "false",
+        "no",
+    )
 
 
 def quiet_progress_bars_off_terminal() -> None:
@@ -66,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # overrides after an option (train default --run-dir R train.steps=5) join the others
-        if isinstance(getattr(args, "overrides", None), list) and all("=" in x and not x.startswith("-") for x in extra):
+        if isinstance(getattr(args, "overrides", None), list) and all(
+            "=" in x and not x.startswith("-") for x in extra
+        ):
             args.overrides = [*args.overrides, *extra]
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -74,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if os.environ.get("SPARSERL_NATIVE_ARCH"):  # a build the user asked for fails before any work
             from .rollout import native
+
             native.library()
         return args.fn(args)
     except SparserlError as e:

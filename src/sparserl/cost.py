@@ -67,6 +67,7 @@ compressors' C kernels or of attention. The measured/predicted ratio of
     rollout_cost(shape, rates, 16, 32, 1024, budget=128).seconds
     predicted_cost_vs_dense(shape, rates, 16, 32, 1024, schedule=[[0, 128], [2000, 512]])   # < 1: cheaper
 """
+
 from __future__ import annotations
 
 import math
@@ -131,8 +132,9 @@ class ModelShape:
                 raise ValueError(f"ModelShape: {name} must be > 0, got {v!r}")
 
     @classmethod
-    def from_config(cls, config: Any, dtype: str | torch.dtype = "float32",
-                    kv_dtype: str | torch.dtype | None = None) -> "ModelShape":
+    def from_config(
+        cls, config: Any, dtype: str | torch.dtype = "float32", kv_dtype: str | torch.dtype | None = None
+    ) -> ModelShape:
         """From a Hugging Face config (object or dict) of a llama / qwen2 / qwen3 / mistral decoder;
         ``dtype``: the sampler's weights, ``kv_dtype``: the cache's (default: ``dtype``)."""
         heads = _cfg(config, "num_attention_heads")
@@ -141,10 +143,13 @@ class ModelShape:
             raise ValueError("ModelShape.from_config: the config has no num_attention_heads / hidden_size")
         model_type = _cfg(config, "model_type")
         return cls(
-            layers=_cfg(config, "num_hidden_layers"), hidden=hidden, heads=heads,
+            layers=_cfg(config, "num_hidden_layers"),
+            hidden=hidden,
+            heads=heads,
             kv_heads=_cfg(config, "num_key_value_heads") or heads,
             head_dim=_cfg(config, "head_dim") or hidden // heads,
-            intermediate=_cfg(config, "intermediate_size"), vocab=_cfg(config, "vocab_size"),
+            intermediate=_cfg(config, "intermediate_size"),
+            vocab=_cfg(config, "vocab_size"),
             tied_embeddings=bool(_cfg(config, "tie_word_embeddings", True)),
             weight_bytes=float(_element_bytes(dtype)),
             kv_bytes=float(_element_bytes(kv_dtype if kv_dtype is not None else dtype)),
@@ -206,13 +211,14 @@ class MachineRates:
         return self.prefill_flops if self.prefill_flops is not None else self.gemm_flops
 
     @classmethod
-    def from_machine_info(cls, info: dict) -> "MachineRates":
+    def from_machine_info(cls, info: dict) -> MachineRates:
         """From a bench JSON's ``machine`` object (``memory_bandwidth_bytes_per_s``, ``gemm_flops_per_s``)."""
         try:
             return cls(float(info["memory_bandwidth_bytes_per_s"]), float(info["gemm_flops_per_s"]))
         except (KeyError, TypeError) as e:
-            raise ValueError(f"MachineRates.from_machine_info: needs memory_bandwidth_bytes_per_s and "
-                             f"gemm_flops_per_s, got {e!r}") from None
+            raise ValueError(
+                f"MachineRates.from_machine_info: needs memory_bandwidth_bytes_per_s and gemm_flops_per_s, got {e!r}"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -253,8 +259,9 @@ def _compressor(budget, schedule, step_length, window, compressor, compress_prom
         comp = compressor
     else:
         if compressor not in SCORING and compressor != "none":
-            raise ValueError(f"rollout_cost: no cost terms for compressor {compressor!r}; known: "
-                             f"{', '.join(SCORING)} (none: dense)")
+            raise ValueError(
+                f"rollout_cost: no cost terms for compressor {compressor!r}; known: {', '.join(SCORING)} (none: dense)"
+            )
         if budget is not None and schedule is not None:
             raise ValueError("rollout_cost: give a fixed budget or a schedule, not both")
         if budget is not None:
@@ -263,9 +270,15 @@ def _compressor(budget, schedule, step_length, window, compressor, compress_prom
             if budget is not None or schedule is not None:
                 raise ValueError("rollout_cost: compressor 'none' is dense; it takes no budget or schedule")
             return None
-        comp = build_compressor(compressor, kv_budget=budget, step_length=step_length, window=window,
-                                compress_prompt=compress_prompt, tail_slack=tail_slack,
-                                options={"schedule": schedule} if schedule is not None else None)
+        comp = build_compressor(
+            compressor,
+            kv_budget=budget,
+            step_length=step_length,
+            window=window,
+            compress_prompt=compress_prompt,
+            tail_slack=tail_slack,
+            options={"schedule": schedule} if schedule is not None else None,
+        )
     if not comp.compresses:
         return None
     if comp.name not in SCORING:
@@ -300,11 +313,24 @@ def _trajectory(comp: KVCompressor | None, prompt_len: int, response_len: int):
     return kept, events
 
 
-def rollout_cost(shape: ModelShape, rates: MachineRates, n: int, prompt_len: int, response_len: int, *,
-                 budget: int | None = None, schedule: KVSchedule | list | str | None = None,
-                 step_length: int = 128, window: int | None = None, compressor: str | KVCompressor = "rkv",
-                 compress_prompt: bool = False, tail_slack: int = 0, blocktopk_pages: int | None = None,
-                 page_size: int = 16, dense_layers: int = 2) -> Cost:
+def rollout_cost(
+    shape: ModelShape,
+    rates: MachineRates,
+    n: int,
+    prompt_len: int,
+    response_len: int,
+    *,
+    budget: int | None = None,
+    schedule: KVSchedule | list | str | None = None,
+    step_length: int = 128,
+    window: int | None = None,
+    compressor: str | KVCompressor = "rkv",
+    compress_prompt: bool = False,
+    tail_slack: int = 0,
+    blocktopk_pages: int | None = None,
+    page_size: int = 16,
+    dense_layers: int = 2,
+) -> Cost:
     """Predicted seconds of one rollout of ``n`` sequences, ``prompt_len`` prompt tokens each,
     generating exactly ``response_len`` tokens (the formula in the module docstring).
 
@@ -328,8 +354,10 @@ def rollout_cost(shape: ModelShape, rates: MachineRates, n: int, prompt_len: int
         _positive_int("window", window, low=0)
     if blocktopk_pages is not None:
         if budget is not None or schedule is not None or isinstance(compressor, KVCompressor):
-            raise ValueError("rollout_cost: block top-k keeps the whole cache; give blocktopk_pages without "
-                             "a budget, a schedule or a compressor")
+            raise ValueError(
+                "rollout_cost: block top-k keeps the whole cache; give blocktopk_pages without "
+                "a budget, a schedule or a compressor"
+            )
         _positive_int("blocktopk_pages", blocktopk_pages)
         _positive_int("page_size", page_size)
         _positive_int("dense_layers", dense_layers, low=0)
@@ -337,8 +365,15 @@ def rollout_cost(shape: ModelShape, rates: MachineRates, n: int, prompt_len: int
             raise ValueError(f"rollout_cost: dense_layers ({dense_layers}) exceeds the model's {shape.layers} layers")
     comp = _compressor(budget, schedule, step_length, window, compressor, compress_prompt, tail_slack)
     kept, events = _trajectory(comp, prompt_len, response_len)
-    method = ("blocktopk" if blocktopk_pages is not None else "dense" if comp is None
-              else "schedule" if comp.schedule is not None else "budget")
+    method = (
+        "blocktopk"
+        if blocktopk_pages is not None
+        else "dense"
+        if comp is None
+        else "schedule"
+        if comp.schedule is not None
+        else "budget"
+    )
 
     bw, F = rates.bandwidth, rates.gemm_flops
     ell, hq, hkv, d = shape.layers, shape.heads, shape.kv_heads, shape.head_dim
@@ -373,8 +408,9 @@ def rollout_cost(shape: ModelShape, rates: MachineRates, n: int, prompt_len: int
 
     head = shape.vocab * shape.hidden
     p_bytes = w_bytes + n * prompt_len * shape.kv_width * shape.kv_bytes
-    p_flops = (2.0 * n * prompt_len * (shape.decode_weights - head) + 2.0 * n * head
-               + 4.0 * n * ell * hq * d * prompt_len ** 2)
+    p_flops = (
+        2.0 * n * prompt_len * (shape.decode_weights - head) + 2.0 * n * head + 4.0 * n * ell * hq * d * prompt_len**2
+    )
     prefill_s = max(p_bytes / bw, p_flops / rates.prefill_rate)
     total_bytes += p_bytes
     total_flops += p_flops
@@ -394,15 +430,27 @@ def rollout_cost(shape: ModelShape, rates: MachineRates, n: int, prompt_len: int
         total_flops += c_flops
 
     seconds = prefill_s + weight_s + attention_s + scoring_s + compression_s
-    return Cost(seconds=seconds, prefill_s=prefill_s, weight_s=weight_s, attention_s=attention_s,
-                scoring_s=scoring_s, compression_s=compression_s, method=method, decode_steps=len(kept),
-                compressions=len(events), kv_tokens_mean=tokens / len(kept) if kept else 0.0,
-                kv_tokens_last=kept[-1] if kept else (events[0][3] if events else prompt_len),
-                memory_bound_steps=memory_bound, bytes_read=total_bytes, flops=total_flops)
+    return Cost(
+        seconds=seconds,
+        prefill_s=prefill_s,
+        weight_s=weight_s,
+        attention_s=attention_s,
+        scoring_s=scoring_s,
+        compression_s=compression_s,
+        method=method,
+        decode_steps=len(kept),
+        compressions=len(events),
+        kv_tokens_mean=tokens / len(kept) if kept else 0.0,
+        kv_tokens_last=kept[-1] if kept else (events[0][3] if events else prompt_len),
+        memory_bound_steps=memory_bound,
+        bytes_read=total_bytes,
+        flops=total_flops,
+    )
 
 
-def predicted_cost_vs_dense(shape: ModelShape, rates: MachineRates, n: int, prompt_len: int, response_len: int,
-                            **sparsity) -> float:
+def predicted_cost_vs_dense(
+    shape: ModelShape, rates: MachineRates, n: int, prompt_len: int, response_len: int, **sparsity
+) -> float:
     """Predicted seconds of this rollout / predicted seconds of the same rollout dense (lower =
     cheaper; 0.5 = twice as fast). ``sparsity``: :func:`rollout_cost`'s keyword arguments."""
     sparse = rollout_cost(shape, rates, n, prompt_len, response_len, **sparsity)

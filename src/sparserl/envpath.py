@@ -1,6 +1,7 @@
 """Folders named by environment variables (``SPARSERL_CACHE``, ``SPARSERL_NATIVE_CACHE``,
 ``SPARSERL_DATA_DIR``), checked where they are read: one that is a file, or cannot be created, is an
 :class:`EnvPathError` naming the variable and the path, not an ``OSError`` deep inside a command."""
+
 from __future__ import annotations
 
 import os
@@ -39,6 +40,8 @@ def env_dir(var: str, default: str | os.PathLike | None = None, *, create: bool 
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise EnvPathError(f"{where}: cannot create the folder {path} ({e.strerror or e}); set {var} to "
-                               "a folder that can be written") from None
+            raise EnvPathError(
+                f"{where}: cannot create the folder {path} ({e.strerror or e}); set {var} to "
+                "a folder that can be written"
+            ) from None
     return path

@@ -15,6 +15,7 @@ The subclasses live next to what they are about: ``ConfigError`` (``sparserl.con
 (``sparserl.compare``), ``EnvPathError`` (``sparserl.envpath``: a folder variable such as
 ``SPARSERL_CACHE``), and :class:`OptionError` here (a command's own options).
 """
+
 from __future__ import annotations
 
 __all__ = ["OptionError", "SparserlError"]

@@ -2,6 +2,7 @@
 the caches beside the native kernels (``dtype_auto.json``, ``mixed_precision_auto.json``). A missing or
 unreadable file reads as empty (the answer is measured again and the file rewritten); a file that
 cannot be written costs a re-measurement next time, nothing else."""
+
 from __future__ import annotations
 
 import json

@@ -16,6 +16,7 @@ first problem ends it with one line naming the key:
 The run folder (writable, resumable) and Ray's address are the run's own checks, made where the run
 starts.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -68,8 +69,10 @@ def check_lora_targets(cfg: Config) -> None:
     for key, target in wanted:
         missing = [t for t in target if t not in names]
         if missing:
-            raise ConfigError(f"{key}={list(target)}: {', '.join(missing)} names no linear module of "
-                              f"{cfg.model.name}; its linear modules: {', '.join(names)} (or all-linear)")
+            raise ConfigError(
+                f"{key}={list(target)}: {', '.join(missing)} names no linear module of "
+                f"{cfg.model.name}; its linear modules: {', '.join(names)} (or all-linear)"
+            )
 
 
 def model_linear_names(name: str, seed: int = 0) -> list[str]:
@@ -111,13 +114,33 @@ def check_data(cfg: Config) -> None:
     from .data import DataError, load_dataset
 
     d = cfg.data
-    sets = [("data.train", d.train, dict(prompt_key=d.prompt_key, label_key=d.label_key, limit=d.limit,
-                                         key_options=("data.prompt_key", "data.label_key"),
-                                         skip_bad_rows=d.skip_bad_rows if d.skip_bad_rows else None))]
+    sets = [
+        (
+            "data.train",
+            d.train,
+            dict(
+                prompt_key=d.prompt_key,
+                label_key=d.label_key,
+                limit=d.limit,
+                key_options=("data.prompt_key", "data.label_key"),
+                skip_bad_rows=d.skip_bad_rows if d.skip_bad_rows else None,
+            ),
+        )
+    ]
     if d.eval:
-        sets.append(("data.eval", d.eval, dict(prompt_key=d.eval_prompt_key, label_key=d.eval_label_key,
-                                               limit=d.eval_limit, preferred_keys=(d.prompt_key, d.label_key),
-                                               key_options=("data.eval_prompt_key", "data.eval_label_key"))))
+        sets.append(
+            (
+                "data.eval",
+                d.eval,
+                dict(
+                    prompt_key=d.eval_prompt_key,
+                    label_key=d.eval_label_key,
+                    limit=d.eval_limit,
+                    preferred_keys=(d.prompt_key, d.label_key),
+                    key_options=("data.eval_prompt_key", "data.eval_label_key"),
+                ),
+            )
+        )
     for key, spec, options in sets:
         try:
             load_dataset(spec, template=d.template, system_prompt=d.system_prompt, **options)

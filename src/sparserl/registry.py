@@ -12,10 +12,12 @@ estimators (the verl ``@register_adv_est("grpo")`` habit).
 Registering a second, different object under a name already taken raises ``ValueError`` (the same
 object again is a no-op, so re-importing a module is harmless).
 """
+
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from .errors import SparserlError
 
@@ -56,8 +58,8 @@ class Registry(Generic[T]):
             return self._entries[name]
         except KeyError:
             raise UnknownNameError(
-                f"unknown {self.kind} {name!r}{did_you_mean(name, self._entries)}; "
-                f"available: {', '.join(self.names())}") from None
+                f"unknown {self.kind} {name!r}{did_you_mean(name, self._entries)}; available: {', '.join(self.names())}"
+            ) from None
 
     def names(self) -> list[str]:
         return sorted(self._entries)

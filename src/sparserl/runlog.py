@@ -17,6 +17,7 @@ KV memory is stated like with like (never an allocation against a token count):
 
 ``metrics.jsonl`` holds one ``{"step": ..., <metrics>, "time": <unix s>}`` per line.
 """
+
 from __future__ import annotations
 
 import json
@@ -84,7 +85,9 @@ MISMATCH_POLICY_LAG = "mismatch/policy_lag_steps"  # weight pushes between the s
 MISMATCH_K3_LAG = "mismatch/k3_kl_lag"  # k3 of the learner against the sampler's weights on a dense cache
 MISMATCH_ALPHA_LAG_MEAN = "mismatch/alpha_lag_mean"  # α of the same two, over the sampler's weights' top-k
 MISMATCH_ALPHA_LAG_P5 = "mismatch/alpha_lag_p5"
-MISMATCH_ALPHA_CACHE_MEAN = "mismatch/alpha_cache_mean"  # α of the sampler that ran against its weights on a dense cache
+MISMATCH_ALPHA_CACHE_MEAN = (
+    "mismatch/alpha_cache_mean"  # α of the sampler that ran against its weights on a dense cache
+)
 MISMATCH_ALPHA_CACHE_P5 = "mismatch/alpha_cache_p5"
 MASKED_FRAC = "rs/masked_frac"
 TOKEN_MASKED_FRAC = "rs/token_masked_frac"
@@ -142,6 +145,7 @@ EVAL_MODES = ("dense", "sparse")
 def step_seconds(row: dict) -> float | None:
     """A metrics row's step time: ``time/step_s`` when logged, else (a run that did not log it)
     the sum of the :data:`STATIONS` present (never a sub-time: :data:`SUBTIMES`); None without either."""
+
     def number(v):
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 

@@ -21,6 +21,7 @@
 
 The machine record names what ``model.mixed_precision: auto`` chooses on it, and why.
 """
+
 from __future__ import annotations
 
 import copy
@@ -32,10 +33,11 @@ from dataclasses import asdict
 import torch
 
 from ..config import ConfigError
-from ..models.mixed_precision import autocast_for, choose as choose_mixed_precision
+from ..models.mixed_precision import autocast_for
+from ..models.mixed_precision import choose as choose_mixed_precision
 from ..reward.weighted import score_rewards
-from ..rollout.dtype_auto import cpu_name
 from ..rollout import native
+from ..rollout.dtype_auto import cpu_name
 from ..score import model_dropout, score_logprobs
 from ..train.trainer import build_trainer, corrections_and_advantages, rollout, rollout_batch, update_policy
 from ..train.update_forward import run_update_forward
@@ -47,19 +49,22 @@ _NAMES = {"off": "float32", "bfloat16": "bfloat16_mixed"}  # the report's names 
 def _score(trainer, batch, mode: str) -> torch.Tensor:
     cfg = trainer.cfg
     with autocast_for(mode, trainer.device):
-        return score_logprobs(trainer.learner, batch, cfg.train.micro_batch_size, cfg.rollout.temperature,
-                              cfg.train.shared_prompt)
+        return score_logprobs(
+            trainer.learner, batch, cfg.train.micro_batch_size, cfg.rollout.temperature, cfg.train.shared_prompt
+        )
 
 
 def _dot(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 22) -> float:
     """Σ a·b in float64, a chunk at a time (no float64 copy of a whole gradient)."""
-    return sum(float(a[s:s + chunk].double() @ b[s:s + chunk].double()) for s in range(0, a.numel(), chunk))
+    return sum(float(a[s : s + chunk].double() @ b[s : s + chunk].double()) for s in range(0, a.numel(), chunk))
 
 
 def _distance2(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 22) -> float:
     """Σ (a − b)² in float64, a chunk at a time."""
-    return sum(float((a[s:s + chunk].double() - b[s:s + chunk].double()).square().sum())
-               for s in range(0, a.numel(), chunk))
+    return sum(
+        float((a[s : s + chunk].double() - b[s : s + chunk].double()).square().sum())
+        for s in range(0, a.numel(), chunk)
+    )
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -92,8 +97,16 @@ def _update(trainer, batch, corr, mode: str, want_grad: bool = False, update_for
     grads = []
 
     def keep(optimizer, *_):
-        grads.append(torch.cat([p.grad.detach().flatten().float() for g in optimizer.param_groups
-                                for p in g["params"] if p.grad is not None]))
+        grads.append(
+            torch.cat(
+                [
+                    p.grad.detach().flatten().float()
+                    for g in optimizer.param_groups
+                    for p in g["params"]
+                    if p.grad is not None
+                ]
+            )
+        )
 
     hook = trainer.optimizer.register_step_pre_hook(keep) if want_grad else None
     before = trainer.cfg.model.mixed_precision
@@ -112,9 +125,14 @@ def _forward_and_update(trainer, batch, mode: str) -> None:
     from it, the corrections, and the update on that forward."""
     cfg = trainer.cfg
     with autocast_for(mode, trainer.device):
-        forward = run_update_forward(trainer.learner, batch, shared_prompt=cfg.train.shared_prompt,
-                                     temperature=cfg.rollout.temperature,
-                                     entropy_grad=bool(cfg.algorithm.entropy_coef), keep_hidden=False)
+        forward = run_update_forward(
+            trainer.learner,
+            batch,
+            shared_prompt=cfg.train.shared_prompt,
+            temperature=cfg.rollout.temperature,
+            entropy_grad=bool(cfg.algorithm.entropy_coef),
+            keep_hidden=False,
+        )
     batch.old_logprobs = forward.old_logprobs
     _update(trainer, batch, corrections_and_advantages(cfg, batch), mode, update_forward=forward)
 
@@ -122,8 +140,10 @@ def _forward_and_update(trainer, batch, mode: str) -> None:
 def run_bench(cfg, repeat: int = 3, log=print) -> dict:
     """The report (see the module docstring) for the validated config ``cfg``."""
     if cfg.model.dtype != "float32":  # before anything loads
-        raise ConfigError(f"model.dtype={cfg.model.dtype}: bench learner runs float32 weights in float32 and in "
-                          "bfloat16 mixed precision; set model.dtype=float32")
+        raise ConfigError(
+            f"model.dtype={cfg.model.dtype}: bench learner runs float32 weights in float32 and in "
+            "bfloat16 mixed precision; set model.dtype=float32"
+        )
     trainer = build_trainer(cfg)
     examples, ro = rollout(trainer, 1)
     asked = [examples[i] for i in ro.prompt_index]
@@ -153,7 +173,9 @@ def run_bench(cfg, repeat: int = 3, log=print) -> dict:
         "k3_bf16_vs_float32": _k3(logprobs["off"], logprobs["bfloat16"], mask),
         "max_abs_logprob_diff": float(diff.abs().max()) if diff.numel() else 0.0,
         # None where a gradient is 0 (every group's rewards tie)
-        "grad_cosine": None, "grad_rel_l2": None, "grad_cosine_halves_float32": None,
+        "grad_cosine": None,
+        "grad_rel_l2": None,
+        "grad_cosine_halves_float32": None,
     }
     if _dot(g32, g32) > 0:
         numerics["grad_cosine"] = _cosine(g32, g16)
@@ -161,18 +183,25 @@ def run_bench(cfg, repeat: int = 3, log=print) -> dict:
     if _dot(grads["half_a"], grads["half_a"]) > 0 and _dot(grads["half_b"], grads["half_b"]) > 0:
         numerics["grad_cosine_halves_float32"] = _cosine(grads["half_a"], grads["half_b"])
     del grads, g32, g16
-    gradient = (f"gradient cosine {numerics['grad_cosine']:.5f}, relative L2 {numerics['grad_rel_l2']:.4f}"
-                if numerics["grad_cosine"] is not None else "gradient 0 (every group's rewards tie): not compared")
+    gradient = (
+        f"gradient cosine {numerics['grad_cosine']:.5f}, relative L2 {numerics['grad_rel_l2']:.4f}"
+        if numerics["grad_cosine"] is not None
+        else "gradient 0 (every group's rewards tie): not compared"
+    )
     if numerics["grad_cosine_halves_float32"] is not None:
-        gradient += f" (float32, half the groups against the other half: cosine {numerics['grad_cosine_halves_float32']:.3f})"
-    log(f"numerics: k3 {numerics['k3_bf16_vs_float32']:.2e}, max |Δ log p| {numerics['max_abs_logprob_diff']:.3f}, "
-        + gradient)
+        gradient += (
+            f" (float32, half the groups against the other half: cosine {numerics['grad_cosine_halves_float32']:.3f})"
+        )
+    log(
+        f"numerics: k3 {numerics['k3_bf16_vs_float32']:.2e}, max |Δ log p| {numerics['max_abs_logprob_diff']:.3f}, "
+        + gradient
+    )
     why_not_update = cfg.why_update_forward_is_not_old_policy(model_dropout(trainer.learner))
     if why_not_update is not None:
         log(f"old_logprobs=update not timed: {why_not_update}")
     seconds = {mode: {"score": [], "update": [], "update_forward": []} for mode in MODES}
     for r in range(repeat):
-        for mode in (MODES if r % 2 == 0 else MODES[::-1]):
+        for mode in MODES if r % 2 == 0 else MODES[::-1]:
             start = time.perf_counter()
             _score(trainer, batch, mode)
             scored = time.perf_counter()
@@ -186,41 +215,66 @@ def run_bench(cfg, repeat: int = 3, log=print) -> dict:
                 _forward_and_update(trainer, batch, mode)
                 seconds[mode]["update_forward"].append(time.perf_counter() - start)
                 state.restore()
-        log(f"round {r + 1}: " + ", ".join(
-            f"{mode}: score {seconds[mode]['score'][-1]:.2f} s, update {seconds[mode]['update'][-1]:.2f} s"
-            + (f", old_logprobs=update {seconds[mode]['update_forward'][-1]:.2f} s" if why_not_update is None else "")
-            for mode in MODES))
+        log(
+            f"round {r + 1}: "
+            + ", ".join(
+                f"{mode}: score {seconds[mode]['score'][-1]:.2f} s, update {seconds[mode]['update'][-1]:.2f} s"
+                + (
+                    f", old_logprobs=update {seconds[mode]['update_forward'][-1]:.2f} s"
+                    if why_not_update is None
+                    else ""
+                )
+                for mode in MODES
+            )
+        )
     f32, b16 = seconds["off"], seconds["bfloat16"]
     ratios = {
         "score": [a / b for a, b in zip(f32["score"], b16["score"])],
         "update": [a / b for a, b in zip(f32["update"], b16["update"])],
-        "score_and_update": [(a + b) / (c + d) for a, b, c, d in zip(f32["score"], f32["update"], b16["score"],
-                                                                     b16["update"])],
+        "score_and_update": [
+            (a + b) / (c + d) for a, b, c, d in zip(f32["score"], f32["update"], b16["score"], b16["update"])
+        ],
     }
     speedup = {k: statistics.median(v) for k, v in ratios.items()}
-    log("bfloat16 mixed precision against float32 (median of per-round ratios): "
-        + ", ".join(f"{k} {v:.2f}x" for k, v in speedup.items()))
+    log(
+        "bfloat16 mixed precision against float32 (median of per-round ratios): "
+        + ", ".join(f"{k} {v:.2f}x" for k, v in speedup.items())
+    )
     update_forward = {"why_not": why_not_update}
     if why_not_update is None:  # per precision: (scoring + update) / the update-forward path, round by round
         for mode in MODES:
-            rounds = [(a + b) / c for a, b, c in zip(seconds[mode]["score"], seconds[mode]["update"],
-                                                    seconds[mode]["update_forward"])]
+            rounds = [
+                (a + b) / c
+                for a, b, c in zip(seconds[mode]["score"], seconds[mode]["update"], seconds[mode]["update_forward"])
+            ]
             update_forward[_NAMES[mode]] = {"ratio_rounds": rounds, "speedup": statistics.median(rounds)}
-        log("old_logprobs=update against a scoring forward + update (median of per-round ratios): "
-            + ", ".join(f"{_NAMES[m]} {update_forward[_NAMES[m]]['speedup']:.2f}x" for m in MODES))
+        log(
+            "old_logprobs=update against a scoring forward + update (median of per-round ratios): "
+            + ", ".join(f"{_NAMES[m]} {update_forward[_NAMES[m]]['speedup']:.2f}x" for m in MODES)
+        )
     lengths = mask.sum(-1)
     return {
         "bench": "learner",
         "model": cfg.model.name,
         "device": str(trainer.device),
-        "machine": {"cpu": cpu_name(), "isa": native.isa(), "cores": os.cpu_count(), "torch": torch.__version__,
-                    "torch_threads": torch.get_num_threads(),
-                    "gpu": torch.cuda.get_device_name(trainer.device) if trainer.device.type == "cuda" else None,
-                    "mixed_precision_auto": asdict(choose_mixed_precision(trainer.device))},
-        "batch": {"sequences": int(batch.size), "prompts": len(set(ro.prompt_index)),
-                  "prompt_tokens_mean": statistics.mean(len(p) for p in ro.prompt_ids),
-                  "response_tokens_mean": float(lengths.float().mean()), "response_tokens_max": int(lengths.max()),
-                  "micro_batch_size": cfg.train.micro_batch_size, "shared_prompt": cfg.train.shared_prompt},
+        "machine": {
+            "cpu": cpu_name(),
+            "isa": native.isa(),
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "gpu": torch.cuda.get_device_name(trainer.device) if trainer.device.type == "cuda" else None,
+            "mixed_precision_auto": asdict(choose_mixed_precision(trainer.device)),
+        },
+        "batch": {
+            "sequences": int(batch.size),
+            "prompts": len(set(ro.prompt_index)),
+            "prompt_tokens_mean": statistics.mean(len(p) for p in ro.prompt_ids),
+            "response_tokens_mean": float(lengths.float().mean()),
+            "response_tokens_max": int(lengths.max()),
+            "micro_batch_size": cfg.train.micro_batch_size,
+            "shared_prompt": cfg.train.shared_prompt,
+        },
         "repeat": repeat,
         "seconds": {_NAMES[m]: v for m, v in seconds.items()},
         "ratio_rounds": ratios,

@@ -1,6 +1,7 @@
 """What this machine can do, measured: memory read bandwidth and the throughput of the decode's own
 GEMMs (the two ceilings of :mod:`sparserl.bench.roofline`; :func:`measure_rates` gives them to the
 cost model as :class:`~sparserl.cost.MachineRates`), and a description of the machine."""
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,9 @@ def gemm_flops_per_s(model, rows: int, repeats: int = 5) -> float:
     weights = decode_linear_weights(model)
     gen = torch.Generator().manual_seed(0)
     inputs = {}
-    panels = {id(w): getattr(w, NATIVE_BF16) for w in weights
-              if native.active() and getattr(w, NATIVE_BF16, None) is not None}
+    panels = {
+        id(w): getattr(w, NATIVE_BF16) for w in weights if native.active() and getattr(w, NATIVE_BF16, None) is not None
+    }
 
     def key(w):  # a quantized weight or bf16 panels take float32 activations, a plain weight its own dtype
         return w.shape[1], (w.dtype if isinstance(w, torch.Tensor) and id(w) not in panels else torch.float32)
@@ -82,8 +84,11 @@ def measure_rates(model, rows: int = 16, prefill_rows: int | None = None) -> Mac
     :class:`~sparserl.rollout.model.SamplerModel` or a :class:`~sparserl.rollout.engine.RolloutEngine`
     (its dtype and quantization are the ones measured). A few seconds."""
     sampler = getattr(model, "model", model)
-    return MachineRates(memory_bandwidth(device=sampler.device), gemm_flops_per_s(sampler, rows),
-                        gemm_flops_per_s(sampler, prefill_rows) if prefill_rows else None)
+    return MachineRates(
+        memory_bandwidth(device=sampler.device),
+        gemm_flops_per_s(sampler, rows),
+        gemm_flops_per_s(sampler, prefill_rows) if prefill_rows else None,
+    )
 
 
 def machine_info(bandwidth: float, gemm_flops: float, gemm_rows: int, device: torch.device | str = "cpu") -> dict:

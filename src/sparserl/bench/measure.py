@@ -9,14 +9,16 @@ median of the per-round ratios (a round run at half speed moves both sides of it
   :class:`Run` record, peak memory sampled around it).
 - :func:`best_seconds`, :func:`best_rate`: the best of several passes, for kernels timed alone (no other
   arm to pair with)."""
+
 from __future__ import annotations
 
 import os
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 
 def _rss() -> int:
@@ -118,9 +120,15 @@ class Rounds:
         return median_round_ratio(self.values(name, value), self.values(baseline, value))
 
 
-def time_rounds(arms: dict[str, Callable[[], Any]], rounds: int, warmup: int = 0, rotate: bool = True,
-                on_run: Callable[[int, str, float, Any], None] | None = None,
-                reset: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter) -> Rounds:
+def time_rounds(
+    arms: dict[str, Callable[[], Any]],
+    rounds: int,
+    warmup: int = 0,
+    rotate: bool = True,
+    on_run: Callable[[int, str, float, Any], None] | None = None,
+    reset: Callable[[], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Rounds:
     """Call every arm once per round for ``rounds`` rounds (order rotated each round unless ``rotate``
     is false), after ``warmup`` untimed calls of each; ``reset()`` after every call, untimed (e.g. put
     back the weights an arm updated); ``on_run(round, name, seconds, result)`` after each timed call
@@ -133,7 +141,7 @@ def time_rounds(arms: dict[str, Callable[[], Any]], rounds: int, warmup: int = 0
                 reset()
     out = Rounds({n: [] for n in names}, {n: [] for n in names})
     for r in range(rounds):
-        for name in (round_order(names, r) if rotate else names):
+        for name in round_order(names, r) if rotate else names:
             t = clock()
             result = arms[name]()
             seconds = clock() - t
@@ -146,8 +154,9 @@ def time_rounds(arms: dict[str, Callable[[], Any]], rounds: int, warmup: int = 0
     return out
 
 
-def best_seconds(fn: Callable[[], Any], passes: int = 5, calls: int = 1,
-                 clock: Callable[[], float] = time.perf_counter) -> float:
+def best_seconds(
+    fn: Callable[[], Any], passes: int = 5, calls: int = 1, clock: Callable[[], float] = time.perf_counter
+) -> float:
     """The fastest of ``passes`` timed passes of ``calls`` calls of ``fn``, in seconds per call."""
     best = float("inf")
     for _ in range(passes):

@@ -12,6 +12,7 @@ dense float32 sampler) scores the same tokens with one teacher-forced forward. P
 
 at temperature 1 (the distribution ``softmax(logits)`` both samplers sample from).
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,13 @@ from ..rollout.sampling import SamplingParams
 __all__ = ["sampler_mismatch", "stepwise_logprobs"]
 
 
-def stepwise_logprobs(engine: RolloutEngine, prompts, params: SamplingParams, tokens: torch.Tensor | None = None,
-                      prompt_ids: list[list[int]] | None = None):
+def stepwise_logprobs(
+    engine: RolloutEngine,
+    prompts,
+    params: SamplingParams,
+    tokens: torch.Tensor | None = None,
+    prompt_ids: list[list[int]] | None = None,
+):
     """Generate with ``engine`` and capture, through its ``step_hook``, the full next-token
     log-softmax of every decode step: (the engine's output, [B, T, V] float32). With ``tokens``
     [B, T] each decode step is fed those tokens instead of the sampled ones, so two engines are
@@ -46,8 +52,15 @@ def stepwise_logprobs(engine: RolloutEngine, prompts, params: SamplingParams, to
 
 
 @torch.inference_mode()
-def sampler_mismatch(engine: RolloutEngine, reference: SamplerModel, prompt, rows: int, max_new_tokens: int,
-                     seed: int = 0, chunk: int = 32) -> dict:
+def sampler_mismatch(
+    engine: RolloutEngine,
+    reference: SamplerModel,
+    prompt,
+    rows: int,
+    max_new_tokens: int,
+    seed: int = 0,
+    chunk: int = 32,
+) -> dict:
     """``engine`` generates ``rows`` sequences of ``max_new_tokens`` from ``prompt`` (EOS ignored);
     returns {alpha_mean, alpha_p5, k3_kl, mismatch_tokens} against ``reference``."""
     params = SamplingParams(n=rows, max_new_tokens=max_new_tokens, ignore_eos=True, seed=seed)
@@ -70,5 +83,9 @@ def sampler_mismatch(engine: RolloutEngine, reference: SamplerModel, prompt, row
         log_rho = (lp.gather(-1, tok) - lq.gather(-1, tok)).flatten()
         k3s.append(log_rho.exp() - 1 - log_rho)
     alpha, k3 = torch.cat(alphas).double(), torch.cat(k3s).double()
-    return {"alpha_mean": float(alpha.mean()), "alpha_p5": float(torch.quantile(alpha, 0.05)),
-            "k3_kl": float(k3.mean()), "mismatch_tokens": int(alpha.numel())}
+    return {
+        "alpha_mean": float(alpha.mean()),
+        "alpha_p5": float(torch.quantile(alpha, 0.05)),
+        "k3_kl": float(k3.mean()),
+        "mismatch_tokens": int(alpha.numel()),
+    }

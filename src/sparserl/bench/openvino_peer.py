@@ -35,6 +35,7 @@ its own, with its own pins. The model is converted to OpenVINO IR once and cache
 that exporter (``$SPARSERL_OPENVINO_EXPORT_PYTHON`` names another Python with optimum-intel instead).
 docs/results/bench_openvino.md has the measured side-by-side.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -104,8 +105,9 @@ def import_openvino_genai():
     try:
         import openvino_genai
     except ImportError as e:
-        raise PeerUnavailable(f"OpenVINO peer skipped: openvino-genai is not importable ({e}); run "
-                              f"`{SETUP_COMMAND}`") from None
+        raise PeerUnavailable(
+            f"OpenVINO peer skipped: openvino-genai is not importable ({e}); run `{SETUP_COMMAND}`"
+        ) from None
     return openvino_genai
 
 
@@ -134,7 +136,9 @@ def ir_folder(model: str, dtype: str) -> Path | None:
 
 
 def _converted(folder: Path | None) -> bool:
-    return folder is not None and (folder / "openvino_model.xml").exists() and (folder / "openvino_tokenizer.xml").exists()
+    return (
+        folder is not None and (folder / "openvino_model.xml").exists() and (folder / "openvino_tokenizer.xml").exists()
+    )
 
 
 def check_peer(model: str, dtype: str) -> None:
@@ -166,13 +170,15 @@ def converted_model(lm, model: str, dtype: str, log=print) -> Path:
             lm.tokenizer.save_pretrained(src)
         log(f"openvino: converting {model} to OpenVINO IR ({fmt}) with {python} -> {target} (once)")
         t = time.perf_counter()
-        proc = subprocess.run([python, "-c", _EXPORT_SCRIPT, str(src), str(work / "ir"), fmt],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [python, "-c", _EXPORT_SCRIPT, str(src), str(work / "ir"), fmt], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
             raise PeerUnavailable(
                 f"OpenVINO peer skipped: converting {model} with optimum-intel failed ({python}, exit "
-                f"{proc.returncode}; `{SETUP_COMMAND} --force` rebuilds the exporter). Its last lines:\n{tail}")
+                f"{proc.returncode}; `{SETUP_COMMAND} --force` rebuilds the exporter). Its last lines:\n{tail}"
+            )
         if target.exists():
             shutil.rmtree(target)
         (work / "ir").rename(target)
@@ -198,11 +204,15 @@ def int8_model(folder: Path, log=print) -> Path:
     work = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
         log(f"openvino: compressing the weights of {folder.name} to int8 with NNCF -> {target} (once)")
-        proc = subprocess.run([python, "-c", _INT8_SCRIPT, str(folder), str(work / "ir")], capture_output=True, text=True)
+        proc = subprocess.run(
+            [python, "-c", _INT8_SCRIPT, str(folder), str(work / "ir")], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-            raise PeerUnavailable(f"OpenVINO int8 row skipped: NNCF weight compression failed ({python}, exit "
-                                  f"{proc.returncode}; it needs nncf, installed with optimum-intel). Its last lines:\n{tail}")
+            raise PeerUnavailable(
+                f"OpenVINO int8 row skipped: NNCF weight compression failed ({python}, exit "
+                f"{proc.returncode}; it needs nncf, installed with optimum-intel). Its last lines:\n{tail}"
+            )
         if target.exists():
             shutil.rmtree(target)
         (work / "ir").rename(target)
@@ -211,9 +221,20 @@ def int8_model(folder: Path, log=print) -> Path:
     return target
 
 
-def openvino_rows(lm, model: str, dtype: str, batch: int, max_new_tokens: int, kv_budget: int,
-                  prompt_ids: list[int], kv_bytes_per_token: int, threads: int, seed: int = 0,
-                  quants: tuple | list = ("none",), log=print) -> list[Row]:
+def openvino_rows(
+    lm,
+    model: str,
+    dtype: str,
+    batch: int,
+    max_new_tokens: int,
+    kv_budget: int,
+    prompt_ids: list[int],
+    kv_bytes_per_token: int,
+    threads: int,
+    seed: int = 0,
+    quants: tuple | list = ("none",),
+    log=print,
+) -> list[Row]:
     """The OpenVINO rows (dense, eviction, and with ``int8`` in ``quants`` dense on int8 weights) of
     a bench; raises :class:`PeerUnavailable`."""
     ov_genai = import_openvino_genai()
@@ -222,8 +243,11 @@ def openvino_rows(lm, model: str, dtype: str, batch: int, max_new_tokens: int, k
 
     folder = converted_model(lm, model, dtype, log)
     precision = PRECISION[dtype]
-    properties = {"INFERENCE_PRECISION_HINT": precision, "KV_CACHE_PRECISION": precision,
-                  "INFERENCE_NUM_THREADS": threads}
+    properties = {
+        "INFERENCE_PRECISION_HINT": precision,
+        "KV_CACHE_PRECISION": precision,
+        "INFERENCE_NUM_THREADS": threads,
+    }
     P, L = len(prompt_ids), max_new_tokens
     ids = ov.Tensor(np.asarray([prompt_ids], dtype=np.int64))
     configs = []
@@ -245,8 +269,11 @@ def openvino_rows(lm, model: str, dtype: str, batch: int, max_new_tokens: int, k
         if eviction is not None:
             sc.use_cache_eviction = True
             sc.cache_eviction_config = ov_genai.CacheEvictionConfig(
-                eviction["start_size"], eviction["recent_size"], eviction["max_cache_size"],
-                ov_genai.AggregationMode.SUM)
+                eviction["start_size"],
+                eviction["recent_size"],
+                eviction["max_cache_size"],
+                ov_genai.AggregationMode.SUM,
+            )
         return ov_genai.ContinuousBatchingPipeline(str(ir), sc, "CPU", properties)
 
     def row(compressor: str, eviction: dict | None, ir: Path = folder, quant: str = "none") -> Row:
@@ -263,17 +290,31 @@ def openvino_rows(lm, model: str, dtype: str, batch: int, max_new_tokens: int, k
             if any(n != L for n in lengths):
                 raise RuntimeError(f"openvino {compressor}: generated {sorted(set(lengths))} tokens, asked exactly {L}")
             metrics = pipe.get_metrics()
-            return Run(seconds, sum(lengths), int(metrics.kv_cache_size_in_bytes),
-                       batch * kv_bytes_per_token * kept_max,
-                       extra={"kv_cache_usage_max_percent": float(metrics.max_cache_usage)})
+            return Run(
+                seconds,
+                sum(lengths),
+                int(metrics.kv_cache_size_in_bytes),
+                batch * kv_bytes_per_token * kept_max,
+                extra={"kv_cache_usage_max_percent": float(metrics.max_cache_usage)},
+            )
 
-        fields = {"engine": "openvino", "compressor": compressor,
-                  "kv_budget": None if eviction is None else kv_budget, "quant": quant, "kv_quant": "none",
-                  "openvino": {"version": ov_genai.__version__, "precision": precision,
-                               "threads": threads, "ir": str(ir),
-                               **({"weights": "int8_sym per channel (NNCF), activations by the CPU plugin"}
-                                  if quant == "int8" else {}),
-                               **({"cache_eviction": {**eviction, "aggregation_mode": "SUM"}} if eviction else {})}}
+        fields = {
+            "engine": "openvino",
+            "compressor": compressor,
+            "kv_budget": None if eviction is None else kv_budget,
+            "quant": quant,
+            "kv_quant": "none",
+            "openvino": {
+                "version": ov_genai.__version__,
+                "precision": precision,
+                "threads": threads,
+                "ir": str(ir),
+                **(
+                    {"weights": "int8_sym per channel (NNCF), activations by the CPU plugin"} if quant == "int8" else {}
+                ),
+                **({"cache_eviction": {**eviction, "aggregation_mode": "SUM"}} if eviction else {}),
+            },
+        }
         return Row(fields, run, mean_kv_tokens(P, L, cap))
 
     rows = [row("none", None), row("eviction", eviction_sizes(kv_budget))]

@@ -25,6 +25,7 @@ longer be against the engine users run. Measured on a 2-core AMD EPYC: the set-u
 A set-up counts as done when its marker file (:data:`MARKER`) exists: it is written last, after the
 exporter imported in the new environment, so an interrupted set-up is redone, not trusted.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,9 +49,18 @@ MARKER = "sparserl-exporter.json"
 #: the exporter's environment, as resolved by pip for ``optimum-intel[openvino]`` 2.2.0 with torch 2.13.0
 #: (November 2026); what matters is that transformers stays at a version its exporter supports.
 EXPORTER_PINS = (
-    "optimum-intel==2.2.0", "optimum==2.3.0", "nncf==3.4.0", "transformers==5.5.4", "tokenizers==0.22.2",
-    "huggingface_hub==1.21.0", "openvino==2026.4.1", "openvino-tokenizers==2026.4.1.0", "numpy==2.4.6",
-    "scipy==1.17.1", "scikit-learn==1.9.1", "safetensors==0.8.0",
+    "optimum-intel==2.2.0",
+    "optimum==2.3.0",
+    "nncf==3.4.0",
+    "transformers==5.5.4",
+    "tokenizers==0.22.2",
+    "huggingface_hub==1.21.0",
+    "openvino==2026.4.1",
+    "openvino-tokenizers==2026.4.1.0",
+    "numpy==2.4.6",
+    "scipy==1.17.1",
+    "scikit-learn==1.9.1",
+    "safetensors==0.8.0",
 )
 #: installed by optimum-intel's requirements, then removed (see the module docstring)
 EXPORTER_REMOVE = ("torchvision",)
@@ -70,8 +80,10 @@ def runtime_requirements() -> list[str]:
         requires = []
     found = [r.split(";")[0].strip() for r in requires if "extra" in r and "bench" in r.split(";", 1)[-1]]
     if not found:
-        raise OpenVINOSetupError("sparserl's installed metadata has no `bench` extra; reinstall sparserl "
-                                 "(`./install.sh` or `pip install -e .`)")
+        raise OpenVINOSetupError(
+            "sparserl's installed metadata has no `bench` extra; reinstall sparserl "
+            "(`./install.sh` or `pip install -e .`)"
+        )
     return found
 
 
@@ -99,23 +111,32 @@ def exporter_python() -> Path:
     if given:
         path = Path(given).expanduser()
         if not path.is_file() or not os.access(path, os.X_OK):
-            raise OpenVINOSetupError(f"{EXPORT_PYTHON_ENV}={given!r} is not an executable file; point it at a "
-                                     f"Python with optimum-intel, or unset it and run `{SETUP_COMMAND}`")
+            raise OpenVINOSetupError(
+                f"{EXPORT_PYTHON_ENV}={given!r} is not an executable file; point it at a "
+                f"Python with optimum-intel, or unset it and run `{SETUP_COMMAND}`"
+            )
         try:
-            ok = subprocess.run([str(path), "-c", "import optimum.intel"], capture_output=True, timeout=300).returncode == 0
+            ok = (
+                subprocess.run([str(path), "-c", "import optimum.intel"], capture_output=True, timeout=300).returncode
+                == 0
+            )
         except (OSError, subprocess.SubprocessError):
             ok = False
         if not ok:
-            raise OpenVINOSetupError(f"{EXPORT_PYTHON_ENV}={given!r} is not a Python that imports optimum.intel; "
-                                     f"point it at one, or unset it and run `{SETUP_COMMAND}`")
+            raise OpenVINOSetupError(
+                f"{EXPORT_PYTHON_ENV}={given!r} is not a Python that imports optimum.intel; "
+                f"point it at one, or unset it and run `{SETUP_COMMAND}`"
+            )
         return path
     venv = exporter_dir()
     python = _venv_python(venv)
     if not (venv / MARKER).is_file() or not python.is_file():
         state = "is incomplete (an interrupted set-up)" if venv.exists() else "does not exist"
-        raise OpenVINOSetupError(f"the OpenVINO peer's model exporter ({venv}) {state}: run `{SETUP_COMMAND}` "
-                                 f"once (~3 min, ~1.6 GB), or set {EXPORT_PYTHON_ENV} to a Python with "
-                                 "optimum-intel")
+        raise OpenVINOSetupError(
+            f"the OpenVINO peer's model exporter ({venv}) {state}: run `{SETUP_COMMAND}` "
+            f"once (~3 min, ~1.6 GB), or set {EXPORT_PYTHON_ENV} to a Python with "
+            "optimum-intel"
+        )
     return python
 
 
@@ -124,8 +145,10 @@ def check_ready(need_exporter: bool = True) -> None:
     (``need_exporter``) an exporter is there."""
     missing = runtime_missing()
     if missing:
-        raise OpenVINOSetupError(f"the OpenVINO peer needs its runtime: {missing}; run `{SETUP_COMMAND}` "
-                                 f"(or `pip install 'sparserl[bench]'`)")
+        raise OpenVINOSetupError(
+            f"the OpenVINO peer needs its runtime: {missing}; run `{SETUP_COMMAND}` "
+            f"(or `pip install 'sparserl[bench]'`)"
+        )
     if need_exporter:
         exporter_python()
 
@@ -136,8 +159,7 @@ def _run(cmd: list[str], what: str, log) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-12:])
-        raise OpenVINOSetupError(f"{SETUP_COMMAND}: {what} failed (exit {proc.returncode}): "
-                                 f"{' '.join(cmd)}\n{tail}")
+        raise OpenVINOSetupError(f"{SETUP_COMMAND}: {what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
     log(f"openvino setup: done in {time.perf_counter() - t:.0f}s")
 
 
@@ -150,8 +172,11 @@ def setup(venv: Path | None = None, force: bool = False, python: str = sys.execu
     """Install the runtime into this environment (when missing) and the exporter's environment at
     ``venv`` (default :func:`exporter_dir`; recreated with ``force``). Returns the exporter's Python."""
     if runtime_missing():
-        _run([python, "-m", "pip", "install", "--quiet", *runtime_requirements()],
-             f"installing the runtime ({', '.join(runtime_requirements())}) into {python}", log)
+        _run(
+            [python, "-m", "pip", "install", "--quiet", *runtime_requirements()],
+            f"installing the runtime ({', '.join(runtime_requirements())}) into {python}",
+            log,
+        )
         if runtime_missing():
             raise OpenVINOSetupError(f"{SETUP_COMMAND}: the runtime installed but {runtime_missing()}")
     venv = Path(venv) if venv is not None else exporter_dir()
@@ -165,12 +190,17 @@ def setup(venv: Path | None = None, force: bool = False, python: str = sys.execu
     _run([python, "-m", "venv", str(venv)], f"creating the exporter's environment {venv}", log)
     pins = [torch_pin(), *EXPORTER_PINS]
     _run([str(exe), "-m", "pip", "install", "--quiet", *pins], f"installing the exporter ({' '.join(pins)})", log)
-    _run([str(exe), "-m", "pip", "uninstall", "--yes", "--quiet", *EXPORTER_REMOVE],
-         f"removing {', '.join(EXPORTER_REMOVE)} (unused by the export; its operators do not load on torch's CPU build)",
-         log)
+    _run(
+        [str(exe), "-m", "pip", "uninstall", "--yes", "--quiet", *EXPORTER_REMOVE],
+        f"removing {', '.join(EXPORTER_REMOVE)} (unused by the export; its operators do not load on torch's CPU build)",
+        log,
+    )
     _run([str(exe), "-c", _EXPORTER_IMPORT], "checking that the exporter imports", log)
-    (venv / MARKER).write_text(json.dumps({"pins": pins, "removed": list(EXPORTER_REMOVE),
-                                           "created": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=2))
+    (venv / MARKER).write_text(
+        json.dumps(
+            {"pins": pins, "removed": list(EXPORTER_REMOVE), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=2
+        )
+    )
     if venv.resolve() == exporter_dir().resolve():
         log(f"openvino setup: ready; `sparserl bench rollout --peers openvino` exports with {exe}")
     else:

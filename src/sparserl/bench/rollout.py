@@ -33,6 +33,7 @@ cache add the per-token mismatch against the dense sampler of the same process
 (:mod:`sparserl.bench.mismatch`: ``alpha_mean``, ``alpha_p5``, ``k3_kl``, ``mismatch_tokens``, over
 ``mismatch_rows`` sequences of the same length).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from ..cost import MachineRates, ModelShape, rollout_cost
 from ..models.hf_cache import output_cache
 from ..models.loading import load_model, resolve_device
 from ..rollout import fused, native
@@ -56,9 +58,8 @@ from ..rollout.profile import BENCH_PROMPT
 from ..rollout.quant import build_quant
 from ..rollout.quant.outliers import check_outliers_fit
 from ..rollout.sampling import SamplingParams
-from ..cost import MachineRates, ModelShape, rollout_cost
 from .machine import decode_linear_weights, gemm_flops_per_s, machine_info, memory_bandwidth
-from .measure import Row, Run, RssSampler, median_round_ratio, run_rounds
+from .measure import Row, RssSampler, Run, median_round_ratio, run_rounds
 from .mismatch import sampler_mismatch
 from .openvino_peer import PeerUnavailable, openvino_rows
 from .roofline import decode_step_flops, mean_kv_tokens, roofline
@@ -76,8 +77,13 @@ def _hf_generate_run(lm, prompt_ids: list[int], batch: int, L: int, seed: int) -
     with torch.inference_mode():
         t = time.perf_counter()
         out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=L, min_new_tokens=L,
-            return_dict_in_generate=True, pad_token_id=lm.tokenizer.pad_token_id,
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            max_new_tokens=L,
+            min_new_tokens=L,
+            return_dict_in_generate=True,
+            pad_token_id=lm.tokenizer.pad_token_id,
         )
         if model.device.type == "cuda":
             torch.cuda.synchronize(model.device)
@@ -92,8 +98,9 @@ def _hf_generate_run(lm, prompt_ids: list[int], batch: int, L: int, seed: int) -
     return Run(seconds, batch * gen, kv, 0)
 
 
-def bench_compressor(name: str, kv_budget: int, step_length: int, compress_prompt: bool | None = None,
-                     tail_slack: int = 0) -> KVCompressor:
+def bench_compressor(
+    name: str, kv_budget: int, step_length: int, compress_prompt: bool | None = None, tail_slack: int = 0
+) -> KVCompressor:
     """The compressor a benchmark row runs: the method's defaults at this budget, with the
     observation window cut to a quarter of the budget when the default does not fit (e.g.
     SnapKV's 32-query window at a small budget). ``none`` is the dense cache. ``compress_prompt``:
@@ -101,11 +108,17 @@ def bench_compressor(name: str, kv_budget: int, step_length: int, compress_promp
     ``budget + step_length`` slots like an engine that evicts over the whole sequence.
     ``tail_slack``: spare slots for skipping the compressions of a generation's last tokens
     (``rollout.tail_slack``)."""
-    small_window = dict(kv_budget=kv_budget, step_length=step_length, window=max(1, kv_budget // 4),
-                        compress_prompt=compress_prompt, tail_slack=tail_slack)
+    small_window = dict(
+        kv_budget=kv_budget,
+        step_length=step_length,
+        window=max(1, kv_budget // 4),
+        compress_prompt=compress_prompt,
+        tail_slack=tail_slack,
+    )
     try:
-        comp = build_compressor(name, kv_budget=kv_budget, step_length=step_length, compress_prompt=compress_prompt,
-                                tail_slack=tail_slack)
+        comp = build_compressor(
+            name, kv_budget=kv_budget, step_length=step_length, compress_prompt=compress_prompt, tail_slack=tail_slack
+        )
     except CompressorOptionError:
         return build_compressor(name, **small_window)
     if comp.compresses and comp.window >= kv_budget // 2 and name != "h2o":
@@ -113,8 +126,9 @@ def bench_compressor(name: str, kv_budget: int, step_length: int, compress_promp
     return comp
 
 
-def scheduled_compressors(path: str, names: list[str], step_length: int, compress_prompt: bool | None,
-                          tail_slack: int) -> list[KVCompressor]:
+def scheduled_compressors(
+    path: str, names: list[str], step_length: int, compress_prompt: bool | None, tail_slack: int
+) -> list[KVCompressor]:
     """One compressor per name in ``names`` that ``path`` holds a schedule for (a plain schedule: every
     name; ``sparserl calibrate``'s output: the names it calibrated), with the bench's other options.
     The observation window is cut to a quarter of the smallest budget where the method's own does not
@@ -128,8 +142,9 @@ def scheduled_compressors(path: str, names: list[str], step_length: int, compres
                 raise
             misses.append(str(e))
             continue
-        common = dict(kv_schedule=schedule, step_length=step_length, compress_prompt=compress_prompt,
-                      tail_slack=tail_slack)
+        common = dict(
+            kv_schedule=schedule, step_length=step_length, compress_prompt=compress_prompt, tail_slack=tail_slack
+        )
         try:
             comp = build_compressor(name, **common)
         except CompressorOptionError:  # the method's window does not fit the smallest budget: as bench_compressor
@@ -166,15 +181,19 @@ def cost_model_terms(comp: KVCompressor) -> dict | None:
     if not comp.compresses:
         return {}
     if comp.selects_per_step:
-        return None if comp.schedule is not None else {"blocktopk_pages": comp.budget // 16,
-                                                       "dense_layers": comp.dense_layers}
+        return (
+            None
+            if comp.schedule is not None
+            else {"blocktopk_pages": comp.budget // 16, "dense_layers": comp.dense_layers}
+        )
     if comp.name in ("rkv", "snapkv", "streaming") and comp.trigger == "step_length":
         return {"compressor": comp}
     return None
 
 
-def predicted_ratio(shape: ModelShape, rates: MachineRates, n: int, prompt_tokens: int, new_tokens: int,
-                    comp: KVCompressor) -> tuple[float | None, float | None]:
+def predicted_ratio(
+    shape: ModelShape, rates: MachineRates, n: int, prompt_tokens: int, new_tokens: int, comp: KVCompressor
+) -> tuple[float | None, float | None]:
     """(the cost model's predicted tokens/s of this row over the dense row, its mean tokens attended per
     sequence and layer over the decode steps), or (None, None) without cost terms for the method."""
     terms = cost_model_terms(comp)
@@ -188,8 +207,13 @@ def predicted_ratio(shape: ModelShape, rates: MachineRates, n: int, prompt_token
 def _sparserl_run(engine: RolloutEngine, params: SamplingParams, kernels: str = "native") -> Run:
     with native.torch_only() if kernels == "torch" else contextlib.nullcontext():
         out = engine.generate([BENCH_PROMPT], params)
-    return Run(out.seconds, out.tokens_generated, out.kv.bytes_peak, out.kv.bytes_theory,
-               extra={"kv_bytes_dense": out.kv.bytes_dense, "compressions": out.kv.compressions})
+    return Run(
+        out.seconds,
+        out.tokens_generated,
+        out.kv.bytes_peak,
+        out.kv.bytes_theory,
+        extra={"kv_bytes_dense": out.kv.bytes_dense, "compressions": out.kv.compressions},
+    )
 
 
 def _peer_rows(peer: str, **kw) -> list[Row]:
@@ -202,10 +226,15 @@ def sparserl_commit() -> str | None:
     """The sparserl commit measured (``+dirty`` when the work tree differs), when run from a checkout."""
     here = Path(__file__).resolve().parent
     try:
-        head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--", str(here.parent)],
-                               capture_output=True, text=True, timeout=10)
+        head = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--", str(here.parent)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if head.returncode != 0:
@@ -213,14 +242,33 @@ def sparserl_commit() -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int = 256, kv_budget: int = 256,
-              compressors: list[str] | None = None, dtype: str = "auto", step_length: int = 128,
-              seed: int = 0, hf_baseline: bool = True, repeat: int = 1, peers: list[str] | tuple = (),
-              compile: bool = False, quants: list[str] | tuple = ("none",), kv_quants: list[str] | tuple = ("none",),
-              mismatch_rows: int = 4, compress_prompt: bool | None = None, quant_smooth: float = 0.0,
-              quant_group: int | None = None, quant_outliers: int = 0, quant_head: bool = False,
-              kernels: list[str] | tuple = ("native",), tail_slack: int = 0, device: str = "auto",
-              kv_schedule: str | None = None, log=print) -> dict:
+def run_bench(
+    model: str = "smollm2-135m",
+    batch: int = 16,
+    max_new_tokens: int = 256,
+    kv_budget: int = 256,
+    compressors: list[str] | None = None,
+    dtype: str = "auto",
+    step_length: int = 128,
+    seed: int = 0,
+    hf_baseline: bool = True,
+    repeat: int = 1,
+    peers: list[str] | tuple = (),
+    compile: bool = False,
+    quants: list[str] | tuple = ("none",),
+    kv_quants: list[str] | tuple = ("none",),
+    mismatch_rows: int = 4,
+    compress_prompt: bool | None = None,
+    quant_smooth: float = 0.0,
+    quant_group: int | None = None,
+    quant_outliers: int = 0,
+    quant_head: bool = False,
+    kernels: list[str] | tuple = ("native",),
+    tail_slack: int = 0,
+    device: str = "auto",
+    kv_schedule: str | None = None,
+    log=print,
+) -> dict:
     """``device``: where every sparserl row and the transformers baseline run (``auto``: CUDA when
     available, else the CPU; a peer engine that cannot run there is skipped with its reason).
     ``kernels``: the decode-step kernels to time (:data:`KERNELS`); each one after the first adds
@@ -269,19 +317,31 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
     def quant_fields(engine: RolloutEngine, kv_quant: str, kernel: str = kernels[0]) -> dict:
         m = engine.model
         ran = "torch" if kernel == "torch" else native.kernels(m.device, m.dtype)
-        return {"quant": m.quant, "kv_quant": kv_quant, "quant_smooth": m.quant_smooth,
-                "quant_outliers": m.quant_outliers, "quant_head": m.quant_head,
-                "quant_group": getattr(m.quantizer, "group", None),
-                "weight_bytes": m.weight_bytes(), "quant_kernel": m.quant_kernel,
-                "quant_emulated": m.quant_emulated, "quantize_s": m.last_quantize_s, "kernels": ran,
-                "bf16_kernel": m.bf16_kernel if ran == "native" else None,
-                "fused": ran == "native" and engine.fused and not engine.compile and fused.available(m)}
+        return {
+            "quant": m.quant,
+            "kv_quant": kv_quant,
+            "quant_smooth": m.quant_smooth,
+            "quant_outliers": m.quant_outliers,
+            "quant_head": m.quant_head,
+            "quant_group": getattr(m.quantizer, "group", None),
+            "weight_bytes": m.weight_bytes(),
+            "quant_kernel": m.quant_kernel,
+            "quant_emulated": m.quant_emulated,
+            "quantize_s": m.last_quantize_s,
+            "kernels": ran,
+            "bf16_kernel": m.bf16_kernel if ran == "native" else None,
+            "fused": ran == "native" and engine.fused and not engine.compile and fused.available(m),
+        }
 
     rows: list[Row] = []
     if hf_baseline:
-        rows.append(Row({"engine": "hf_generate", "compressor": "none", "kv_budget": None},
-                        lambda: _with_theory(_hf_generate_run(lm, prompt_ids, batch, L, seed), batch * per_tok * (P + L - 1)),
-                        mean_kv_tokens(P, L)))
+        rows.append(
+            Row(
+                {"engine": "hf_generate", "compressor": "none", "kv_budget": None},
+                lambda: _with_theory(_hf_generate_run(lm, prompt_ids, batch, L, seed), batch * per_tok * (P + L - 1)),
+                mean_kv_tokens(P, L),
+            )
+        )
     variants = [(False, kernel) for kernel in kernels] + ([(True, "torch")] if compile else [])
     for compiled, kernel in variants:  # the compiled step runs torch's attention (the kernel is not traced)
         for name in ["none", *(c for c in compressors if c != "none")]:
@@ -295,55 +355,108 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
             # kept tokens grow from P to P + budget + period, then cycle between P + budget and that
             cap = mean_kept_cap(comp, P, kv_budget, step_length)
             predicted, read = predicted_ratio(shape, rates, batch, P, L, comp)
-            rows.append(Row({"engine": "sparserl", "compressor": name, "kv_budget": kv_budget if comp.compresses else None,
-                             "compress_prompt": comp.evicts and comp.compress_prompt,
-                             "tail_slack": comp.tail_slack if comp.evicts else None, "compiled": compiled,
-                             "predicted_ratio_vs_dense": predicted, **quant_fields(engine, "none", kernel)},
-                            lambda engine=engine, kernel=kernel: _sparserl_run(engine, params, kernel),
-                            read if comp.selects_per_step else mean_kv_tokens(P, L, cap)))
+            rows.append(
+                Row(
+                    {
+                        "engine": "sparserl",
+                        "compressor": name,
+                        "kv_budget": kv_budget if comp.compresses else None,
+                        "compress_prompt": comp.evicts and comp.compress_prompt,
+                        "tail_slack": comp.tail_slack if comp.evicts else None,
+                        "compiled": compiled,
+                        "predicted_ratio_vs_dense": predicted,
+                        **quant_fields(engine, "none", kernel),
+                    },
+                    lambda engine=engine, kernel=kernel: _sparserl_run(engine, params, kernel),
+                    read if comp.selects_per_step else mean_kv_tokens(P, L, cap),
+                )
+            )
     scheduled = [c for c in compressors if c != "none"]
-    for comp in (scheduled_compressors(kv_schedule, scheduled, step_length, compress_prompt, tail_slack)
-                 if kv_schedule else ()):
+    for comp in (
+        scheduled_compressors(kv_schedule, scheduled, step_length, compress_prompt, tail_slack) if kv_schedule else ()
+    ):
         engine = RolloutEngine.from_engine(dense_engine, comp)
-        rows.append(Row({"engine": "sparserl", "compressor": comp.name, "kv_budget": comp.budget,
-                         "kv_schedule": comp.schedule.pairs, "compress_prompt": comp.compress_prompt,
-                         "tail_slack": comp.tail_slack, "compiled": False, **quant_fields(engine, "none")},
-                        lambda engine=engine: _sparserl_run(engine, params, kernels[0]),
-                        mean_scheduled_kv_tokens(comp, P, L)))
+        rows.append(
+            Row(
+                {
+                    "engine": "sparserl",
+                    "compressor": comp.name,
+                    "kv_budget": comp.budget,
+                    "kv_schedule": comp.schedule.pairs,
+                    "compress_prompt": comp.compress_prompt,
+                    "tail_slack": comp.tail_slack,
+                    "compiled": False,
+                    **quant_fields(engine, "none"),
+                },
+                lambda engine=engine: _sparserl_run(engine, params, kernels[0]),
+                mean_scheduled_kv_tokens(comp, P, L),
+            )
+        )
     quant_engines = {}
     for q, kq in itertools.product(quants, kv_quants):
         if (q, kq) == ("none", "none"):
             continue
         w8a8 = build_quant(q).quantizes_activations  # SmoothQuant and outlier channels: W8A8-style rows only
-        qe = RolloutEngine(lm, build_compressor("none"), dtype=dt, quant=q, quant_smooth=quant_smooth if w8a8 else 0.0,
-                           kv_quant=kq, quant_group=quant_group, quant_outliers=quant_outliers if w8a8 else 0,
-                           quant_head=quant_head and build_quant(q).quantizes)
+        qe = RolloutEngine(
+            lm,
+            build_compressor("none"),
+            dtype=dt,
+            quant=q,
+            quant_smooth=quant_smooth if w8a8 else 0.0,
+            kv_quant=kq,
+            quant_group=quant_group,
+            quant_outliers=quant_outliers if w8a8 else 0,
+            quant_head=quant_head and build_quant(q).quantizes,
+        )
         qe.model.load_weights(lm.model.state_dict())  # time one re-quantization, as at a push
         with native.torch_only() if kernels[0] == "torch" else contextlib.nullcontext():  # the rows' kernels
             qe.generate([BENCH_PROMPT], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))  # warm-up
         quant_engines[q, kq] = qe
         with native.torch_only() if kernels[0] == "torch" else contextlib.nullcontext():
-            ceilings[q, kq] = (qe.model.decode_read_bytes(),
-                               kv_bytes_per_token(sm.n_layers, sm.n_kv, sm.head_dim, sm.dtype, kq),
-                               gemm if q == "none" else gemm_flops_per_s(qe.model, batch))
+            ceilings[q, kq] = (
+                qe.model.decode_read_bytes(),
+                kv_bytes_per_token(sm.n_layers, sm.n_kv, sm.head_dim, sm.dtype, kq),
+                gemm if q == "none" else gemm_flops_per_s(qe.model, batch),
+            )
         for name in ["none", *(c for c in compressors if c != "none")]:
             comp = bench_compressor(name, kv_budget, step_length, compress_prompt, tail_slack)
             engine = RolloutEngine.from_engine(qe, comp) if comp.compresses else qe
             cap = mean_kept_cap(comp, P, kv_budget, step_length)
-            rows.append(Row({"engine": "sparserl", "compressor": name, "kv_budget": kv_budget if comp.compresses else None,
-                             "compress_prompt": comp.compresses and comp.compress_prompt,
-                             "tail_slack": comp.tail_slack if comp.compresses else None, "compiled": False,
-                             **quant_fields(qe, kq)},
-                            lambda engine=engine: _sparserl_run(engine, params, kernels[0]),
-                            mean_kv_tokens(P, L, cap)))
+            rows.append(
+                Row(
+                    {
+                        "engine": "sparserl",
+                        "compressor": name,
+                        "kv_budget": kv_budget if comp.compresses else None,
+                        "compress_prompt": comp.compresses and comp.compress_prompt,
+                        "tail_slack": comp.tail_slack if comp.compresses else None,
+                        "compiled": False,
+                        **quant_fields(qe, kq),
+                    },
+                    lambda engine=engine: _sparserl_run(engine, params, kernels[0]),
+                    mean_kv_tokens(P, L, cap),
+                )
+            )
     skipped = {}
     for peer in peers:
         try:
             if dev.type != "cpu":
                 raise PeerUnavailable(f"{peer}: a CPU engine, and this bench runs on {dev}; rerun with --device cpu")
-            rows += _peer_rows(peer, lm=lm, model=model, dtype=dtype_name, batch=batch, max_new_tokens=L,
-                               kv_budget=kv_budget, prompt_ids=prompt_ids, kv_bytes_per_token=per_tok,
-                               threads=torch.get_num_threads(), seed=seed, quants=quants, log=log)
+            rows += _peer_rows(
+                peer,
+                lm=lm,
+                model=model,
+                dtype=dtype_name,
+                batch=batch,
+                max_new_tokens=L,
+                kv_budget=kv_budget,
+                prompt_ids=prompt_ids,
+                kv_bytes_per_token=per_tok,
+                threads=torch.get_num_threads(),
+                seed=seed,
+                quants=quants,
+                log=log,
+            )
         except PeerUnavailable as e:
             log(str(e))
             skipped[peer] = str(e)
@@ -351,48 +464,74 @@ def run_bench(model: str = "smollm2-135m", batch: int = 16, max_new_tokens: int 
     def bound(row: Row):
         kv_avg = row.kv_tokens_avg
         flops = decode_step_flops(batch, linear_elements, sm.n_layers, sm.n_heads, sm.head_dim, kv_avg)
-        w_bytes, kv_tok, rate = ceilings.get((row.fields.get("quant", "none"), row.fields.get("kv_quant", "none")),
-                                             ceilings["none", "none"])  # a peer: sparserl's of its precision
+        w_bytes, kv_tok, rate = ceilings.get(
+            (row.fields.get("quant", "none"), row.fields.get("kv_quant", "none")), ceilings["none", "none"]
+        )  # a peer: sparserl's of its precision
         return roofline(batch, w_bytes + batch * kv_tok * kv_avg, flops, bw, rate)
 
     def log_run(row: Row, run: Run) -> None:
         f = row.fields
         quant = f"w:{f['quant']} kv:{f['kv_quant']}" if f.get("quant") else ""
-        log(f"{f['engine'] + ('+compile' if f.get('compiled') else ''):>16} {f['compressor']:>9} {quant:>24} run {len(row.runs)}/{repeat}: {run.tokens / run.seconds:8.1f} tok/s  "
+        log(
+            f"{f['engine'] + ('+compile' if f.get('compiled') else ''):>16} {f['compressor']:>9} {quant:>24} run {len(row.runs)}/{repeat}: {run.tokens / run.seconds:8.1f} tok/s  "
             f"kv_peak {run.kv_bytes_peak / 2**20:8.1f} MiB  kv_theory {run.kv_bytes_theory / 2**20:8.1f} MiB  "
-            f"rss {run.rss_peak_bytes / 2**20:7.0f} MiB  roofline {run.tokens / run.seconds / bound(row).tokens_per_s:.2f}")
+            f"rss {run.rss_peak_bytes / 2**20:7.0f} MiB  roofline {run.tokens / run.seconds / bound(row).tokens_per_s:.2f}"
+        )
 
     run_rounds(rows, repeat, log_run)
     results = []
     for row in rows:
         b, last = bound(row), row.runs[-1]
-        results.append({
-            **row.fields, "batch": batch, "max_new_tokens": L, "tokens_per_s": row.tokens_per_s,
-            "tokens_per_s_runs": row.tokens_per_s_runs, "ratio_vs_hf_generate": None,
-            "kv_bytes_peak": max(r.kv_bytes_peak for r in row.runs),
-            "kv_bytes_theory": max(r.kv_bytes_theory for r in row.runs),
-            "rss_peak_bytes": max(r.rss_peak_bytes for r in row.runs),
-            "roofline_fraction": row.tokens_per_s / b.tokens_per_s, "roofline_bound": b.bound,
-            "roofline_tokens_per_s": b.tokens_per_s, **last.extra,
-        })
+        results.append(
+            {
+                **row.fields,
+                "batch": batch,
+                "max_new_tokens": L,
+                "tokens_per_s": row.tokens_per_s,
+                "tokens_per_s_runs": row.tokens_per_s_runs,
+                "ratio_vs_hf_generate": None,
+                "kv_bytes_peak": max(r.kv_bytes_peak for r in row.runs),
+                "kv_bytes_theory": max(r.kv_bytes_theory for r in row.runs),
+                "rss_peak_bytes": max(r.rss_peak_bytes for r in row.runs),
+                "roofline_fraction": row.tokens_per_s / b.tokens_per_s,
+                "roofline_bound": b.bound,
+                "roofline_tokens_per_s": b.tokens_per_s,
+                **last.extra,
+            }
+        )
     base = next((r["tokens_per_s_runs"] for r in results if r["engine"] == "hf_generate"), None)
-    dense = next(r["tokens_per_s_runs"] for r in results  # the first kernel's dense row
-                 if r["engine"] == "sparserl" and r["compressor"] == "none" and not r["compiled"]
-                 and r["quant"] == "none" and r["kv_quant"] == "none")
+    dense = next(
+        r["tokens_per_s_runs"]
+        for r in results  # the first kernel's dense row
+        if r["engine"] == "sparserl"
+        and r["compressor"] == "none"
+        and not r["compiled"]
+        and r["quant"] == "none"
+        and r["kv_quant"] == "none"
+    )
     for r in results:  # medians of per-round ratios (each round in this process), not ratios of medians
         r["ratio_vs_hf_generate"] = median_round_ratio(r["tokens_per_s_runs"], base) if base else None
         r["ratio_vs_sparserl_dense"] = median_round_ratio(r["tokens_per_s_runs"], dense)
     for (q, kq), qe in quant_engines.items():  # after the timed runs: they are not disturbed
         mm = sampler_mismatch(qe, sm, BENCH_PROMPT, min(mismatch_rows, batch), L, seed)
-        log(f"mismatch w:{q} kv:{kq} vs dense: alpha mean {mm['alpha_mean']:.4f} p5 {mm['alpha_p5']:.4f} "
-            f"k3 {mm['k3_kl']:.2e} over {mm['mismatch_tokens']} tokens")
+        log(
+            f"mismatch w:{q} kv:{kq} vs dense: alpha mean {mm['alpha_mean']:.4f} p5 {mm['alpha_p5']:.4f} "
+            f"k3 {mm['k3_kl']:.2e} over {mm['mismatch_tokens']} tokens"
+        )
         for r in results:
             if r["engine"] == "sparserl" and r["compressor"] == "none" and (r["quant"], r["kv_quant"]) == (q, kq):
                 r.update(mm)
     info = machine_info(bw, gemm, batch, device=dev)
     bf16_choice = dense_engine.bf16_kernel_choice
-    info.update(dtype=dtype_name, dtype_auto=choice.to_dict() if choice else None,
-                bf16_kernel_choice=bf16_choice.to_dict() if bf16_choice else None, model=model, prompt_tokens=P, repeat=repeat, sparserl_commit=sparserl_commit())
+    info.update(
+        dtype=dtype_name,
+        dtype_auto=choice.to_dict() if choice else None,
+        bf16_kernel_choice=bf16_choice.to_dict() if bf16_choice else None,
+        model=model,
+        prompt_tokens=P,
+        repeat=repeat,
+        sparserl_commit=sparserl_commit(),
+    )
     info["gemm_flops_per_s_by_quant"] = {f"{q}/{kq}": c[2] for (q, kq), c in ceilings.items()}
     report = {"machine": info, "results": results}
     if skipped:

@@ -13,6 +13,7 @@ the measured throughput of the decode's own GEMMs ``gemm_flops`` (FLOP/s, see
 
 ``roofline_bound`` is ``"memory"`` when the reads take longer, ``"compute"`` when the FLOPs do.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,8 +36,9 @@ def roofline(batch: int, bytes_read: float, flops: float, bandwidth: float, gemm
     return Roofline(batch / step, "memory" if memory_s >= compute_s else "compute", memory_s, compute_s)
 
 
-def decode_step_flops(batch: int, linear_weight_elements: int, n_layers: int, n_heads: int, head_dim: int,
-                      kv_tokens_avg: float) -> float:
+def decode_step_flops(
+    batch: int, linear_weight_elements: int, n_layers: int, n_heads: int, head_dim: int, kv_tokens_avg: float
+) -> float:
     """FLOPs of one decode step: the GEMMs over ``linear_weight_elements`` (all layers' q/k/v, o,
     gate/up, down and the LM head) and attention over ``kv_tokens_avg`` kept tokens per sequence."""
     return 2.0 * batch * linear_weight_elements + 4.0 * batch * n_layers * n_heads * head_dim * kv_tokens_avg

@@ -20,6 +20,7 @@ null), ``replayed`` on its own tokens, or ``replayed on dense tokens`` (``--toke
 ``schedules`` loads as a sampler's schedule: ``load_schedule(OUT, compressor)``
 (:mod:`sparserl.rollout.kv.schedule`).
 """
+
 from __future__ import annotations
 
 import json
@@ -84,11 +85,17 @@ def print_tables(rows: list[dict], schedules: list[dict], threshold: float, cons
                 out.append(f"[{style}]{text}[/]" if style else text)
             table.add_row(*out, end_section=False)
         console.print(table)
-    table = Table(title="schedules (length:budget, from that length on; * above: the chosen budget)", title_justify="left")
+    table = Table(
+        title="schedules (length:budget, from that length on; * above: the chosen budget)", title_justify="left"
+    )
     for col in ("compressor", "budget_by_bin", "unmet bins", "predicted cost vs dense", "tokens/s vs dense (1 round)"):
         table.add_column(col)
     for s in schedules:
-        table.add_row(s["compressor"], " ".join(f"{a}:{b}" for a, b in s["budget_by_bin"]),
-                      ", ".join(map(str, s["unmet_bins"])) or "-", _fmt(s.get("predicted_cost_vs_dense")),
-                      _fmt(s.get("measured_tokens_per_s_vs_dense"), ".2f"))
+        table.add_row(
+            s["compressor"],
+            " ".join(f"{a}:{b}" for a, b in s["budget_by_bin"]),
+            ", ".join(map(str, s["unmet_bins"])) or "-",
+            _fmt(s.get("predicted_cost_vs_dense")),
+            _fmt(s.get("measured_tokens_per_s_vs_dense"), ".2f"),
+        )
     console.print(table)

@@ -1,5 +1,6 @@
 """The calibration's picture: α per length bin, a subplot per compressor, one colour per budget (its p5
 solid with markers, its mean dotted), the threshold dashed."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,14 +14,16 @@ def plot_alpha(rows: list[dict], threshold: float, path: str | Path, title: str 
     import matplotlib.pyplot as plt
 
     compressors = list(dict.fromkeys(r["compressor"] for r in rows))
-    fig, axes = plt.subplots(1, max(1, len(compressors)), figsize=(4.5 * max(1, len(compressors)), 3.8),
-                             squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        1, max(1, len(compressors)), figsize=(4.5 * max(1, len(compressors)), 3.8), squeeze=False, sharey=True
+    )
     budgets = sorted({r["budget"] for r in rows})
     colours = plt.get_cmap("viridis")
     for ax, name in zip(axes[0], compressors):
         for k, budget in enumerate(budgets):
-            mine = sorted((r for r in rows if r["compressor"] == name and r["budget"] == budget),
-                          key=lambda r: r["bin_start"])
+            mine = sorted(
+                (r for r in rows if r["compressor"] == name and r["budget"] == budget), key=lambda r: r["bin_start"]
+            )
             if not mine:
                 continue
             x = [r["bin_start"] for r in mine]

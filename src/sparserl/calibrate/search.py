@@ -16,6 +16,7 @@ too), so the cheapest non-decreasing schedule is the running maximum ``b_i = max
 - Should the chosen budget of a bin measure under the threshold although a smaller one met it (a
   non-monotone table: sampling noise), the bin is listed in ``nonmonotone_bins``: worth more samples.
 """
+
 from __future__ import annotations
 
 import math

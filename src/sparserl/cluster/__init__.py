@@ -9,6 +9,7 @@ built exactly as the trainer's (:func:`sparserl.rollout.build.engine_from_fields
 
 Ray is imported only when a pool starts: a run without ``cluster.rollout_workers`` never needs it.
 """
+
 from __future__ import annotations
 
 from .shard import merge_shards, shard_prompts

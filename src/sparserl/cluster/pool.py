@@ -19,6 +19,7 @@ samples a step as one engine would.
   shard that kills :data:`MAX_ATTEMPTS` workers in a row stops the run with an error naming it: a step
   never goes on without a sample.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,18 +55,21 @@ def check_address(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> 
     host, sep, port = hostport.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ClusterError(f"cluster.address={address!r}: expected auto or host:port (e.g. 10.0.0.5:6379)")
-    hint = ("start one with `ray start --head` on that machine, or leave cluster.address unset for a local Ray")
+    hint = "start one with `ray start --head` on that machine, or leave cluster.address unset for a local Ray"
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
             sock.settimeout(timeout_s)
             sock.sendall(_H2_PREFACE)
             reply = sock.recv(9)
     except OSError as e:
-        raise ClusterError(f"cluster.address={address!r}: no Ray head answers there within {timeout_s:g} s ({e}); "
-                           f"{hint}") from None
+        raise ClusterError(
+            f"cluster.address={address!r}: no Ray head answers there within {timeout_s:g} s ({e}); {hint}"
+        ) from None
     if len(reply) < 4 or reply[3] != 4:
-        raise ClusterError(f"cluster.address={address!r}: something answers there, but not a Ray head (no gRPC "
-                           f"reply: {reply[:16]!r}); {hint}")
+        raise ClusterError(
+            f"cluster.address={address!r}: something answers there, but not a Ray head (no gRPC "
+            f"reply: {reply[:16]!r}); {hint}"
+        )
 
 
 def preflight(cluster) -> None:
@@ -74,16 +78,20 @@ def preflight(cluster) -> None:
     try:
         import ray  # noqa: F401
     except ImportError:
-        raise ClusterError(f"cluster.rollout_workers={cluster.rollout_workers} needs Ray: pip install 'sparserl[ray]' "
-                           "(./install.sh installs it)") from None
+        raise ClusterError(
+            f"cluster.rollout_workers={cluster.rollout_workers} needs Ray: pip install 'sparserl[ray]' "
+            "(./install.sh installs it)"
+        ) from None
     check_address(cluster.address)
 
 
 def resources_needed(cluster) -> dict[str, float]:
     """Ray CPUs and GPUs the run's actors take: the rollout workers and the learners beyond the first."""
     workers, peers = cluster.rollout_workers or 0, cluster.learners - 1
-    return {"CPU": workers * cluster.worker_cpus + peers * cluster.learner_cpus,
-            "GPU": workers * cluster.worker_gpus + peers * cluster.learner_gpus}
+    return {
+        "CPU": workers * cluster.worker_cpus + peers * cluster.learner_cpus,
+        "GPU": workers * cluster.worker_gpus + peers * cluster.learner_gpus,
+    }
 
 
 def training_threads(cluster, async_rollouts: bool, updating: bool) -> int | None:
@@ -117,9 +125,11 @@ def require_resources(needed: dict[str, float], what: str, wait_s: float = 15.0)
         free = ray.available_resources()
     for kind, amount in needed.items():
         if kind in short(free):
-            raise ClusterError(f"{what} need {amount:g} Ray {kind}s and the cluster has {free.get(kind, 0.0):g} free "
-                               f"({ray.cluster_resources().get(kind, 0.0):g} in all): lower cluster.worker_cpus / "
-                               "learner_cpus (or the GPU options), or add machines")
+            raise ClusterError(
+                f"{what} need {amount:g} Ray {kind}s and the cluster has {free.get(kind, 0.0):g} free "
+                f"({ray.cluster_resources().get(kind, 0.0):g} in all): lower cluster.worker_cpus / "
+                "learner_cpus (or the GPU options), or add machines"
+            )
 
 
 def connect(address: str | None, cpus_needed: float) -> bool:
@@ -131,8 +141,12 @@ def connect(address: str | None, cpus_needed: float) -> bool:
     check_address(address)
     try:
         if address is None:
-            ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_needed)), include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
+            ray.init(
+                num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_needed)),
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
         else:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
     except ConnectionError as e:
@@ -162,10 +176,11 @@ class RolloutPool:
         c = cfg.cluster
         self.cfg, self.log = cfg, log
         self.started_ray = connect(c.address, resources_needed(c)["CPU"])
-        require_resources({"CPU": c.rollout_workers * c.worker_cpus, "GPU": c.rollout_workers * c.worker_gpus},
-                          f"{c.rollout_workers} rollout workers")
-        self._actor = ray.remote(RolloutWorker).options(num_cpus=c.worker_cpus, num_gpus=c.worker_gpus,
-                                                        max_restarts=0)
+        require_resources(
+            {"CPU": c.rollout_workers * c.worker_cpus, "GPU": c.rollout_workers * c.worker_gpus},
+            f"{c.rollout_workers} rollout workers",
+        )
+        self._actor = ray.remote(RolloutWorker).options(num_cpus=c.worker_cpus, num_gpus=c.worker_gpus, max_restarts=0)
         self.workers = [self._actor.remote(cfg, k) for k in range(c.rollout_workers)]
         self.restarts = 0
         self.version = 0
@@ -184,8 +199,9 @@ class RolloutPool:
         self.version += 1
         self._weights[self.version] = ray.put({k: v.detach().cpu() for k, v in state.items()})
         self._weights.pop(self.version - 2, None)  # a pending rollout samples with the one before at most
-        self._loads = {k: w.load_weights.remote(self._weights[self.version], self.version)
-                       for k, w in enumerate(self.workers)}
+        self._loads = {
+            k: w.load_weights.remote(self._weights[self.version], self.version) for k, w in enumerate(self.workers)
+        }
         if wait:
             self._settle_loads()
 
@@ -210,8 +226,16 @@ class RolloutPool:
     def collect(self, pending: PendingRollout):
         """The output of a :meth:`submit`, as one engine's ``generate`` would give it: waits for every shard,
         running again on a new worker any shard whose worker died."""
-        outs = [self._get(k, pending.refs[k], pending.version, lambda k=k, s=s: self._send(pending, k, s),
-                          what=f"prompts {s.start}-{s.stop - 1}") for k, s in pending.shards]
+        outs = [
+            self._get(
+                k,
+                pending.refs[k],
+                pending.version,
+                lambda k=k, s=s: self._send(pending, k, s),
+                what=f"prompts {s.start}-{s.stop - 1}",
+            )
+            for k, s in pending.shards
+        ]
         return merge_shards(outs, [s for _, s in pending.shards])
 
     def generate(self, prompts: list, params, schedule=None, read_dense_cache: int | None = None):
@@ -219,8 +243,14 @@ class RolloutPool:
         return self.collect(self.submit(prompts, params, schedule, read_dense_cache))
 
     def _send(self, pending: PendingRollout, k: int, s: range):
-        return self.workers[k].generate.remote(pending.prompts[s.start:s.stop], pending.params, s.start,
-                                               pending.version, pending.schedule, pending.read_dense_cache)
+        return self.workers[k].generate.remote(
+            pending.prompts[s.start : s.stop],
+            pending.params,
+            s.start,
+            pending.version,
+            pending.schedule,
+            pending.read_dense_cache,
+        )
 
     def _get(self, k: int, ref, version: int, resend, what: str):
         """``ray.get(ref)`` of worker ``k``, a call made with the weights of push ``version``. When the worker
@@ -235,8 +265,10 @@ class RolloutPool:
                 return ray.get(ref)
             except (RayActorError, WorkerCrashedError) as e:
                 if attempt == MAX_ATTEMPTS:
-                    raise ClusterError(f"rollout worker {k} died {MAX_ATTEMPTS} times in a row ({what}): "
-                                       f"{type(e).__name__}; the step cannot complete") from None
+                    raise ClusterError(
+                        f"rollout worker {k} died {MAX_ATTEMPTS} times in a row ({what}): "
+                        f"{type(e).__name__}; the step cannot complete"
+                    ) from None
                 self.log(f"cluster: rollout worker {k} died ({what}); restarting it and running its work again")
                 load = self._replace(k, version)
                 ref = resend() or load

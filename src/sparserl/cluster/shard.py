@@ -6,10 +6,11 @@ first workers take no more than one prompt more than the last). Its engine sampl
 ``i·n + j``'s random stream (:func:`sparserl.rollout.sampling.row_uniforms`): the same seed gives the
 same samples whatever ``N`` is, up to the float rounding of different batch shapes.
 """
+
 from __future__ import annotations
 
-from ..rollout.engine import KVStats, RolloutOutput
 from ..mismatch.teacher_forced import DenseCacheReading
+from ..rollout.engine import KVStats, RolloutOutput
 
 
 def shard_prompts(n_prompts: int, n_workers: int) -> list[range]:
@@ -31,8 +32,9 @@ def merge_shards(outs: list[RolloutOutput], shards: list[range]) -> RolloutOutpu
     if len(versions) > 1:
         raise ValueError(f"shards sampled with different weight pushes {sorted(versions, key=str)}")
     kv = KVStats()
-    merged = RolloutOutput(prompt_index=[], prompt_ids=[], response_ids=[], sampler_logprobs=[], finish_reason=[],
-                           kv_tokens_kept=[], kv=kv)
+    merged = RolloutOutput(
+        prompt_index=[], prompt_ids=[], response_ids=[], sampler_logprobs=[], finish_reason=[], kv_tokens_kept=[], kv=kv
+    )
     topk = outs[0].top_logprobs is not None
     if topk:
         merged.top_logprobs, merged.top_indices = [], []

@@ -9,6 +9,7 @@ order, and holds the error policy; nothing else imports this package.
   one module each;
 - :mod:`.options`: the options and checks several commands share.
 """
+
 from . import bench, calibrate, compare, config, demo, eval, report, rollout, train
 
 #: the commands in the order ``sparserl --help`` lists them

@@ -7,6 +7,7 @@ measurement, the search and the outputs are :mod:`sparserl.calibrate`'s.
 
 The module imports nothing heavy: the CLI builds its parser from :func:`add_parser` at every start.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,38 +29,66 @@ ALPHA_RECORD_MIB = 2048
 def add_parser(subparsers, parents=()) -> argparse.ArgumentParser:
     """Register ``calibrate`` on ``subparsers`` (``parents``: the CLI's common options); it runs :func:`run`."""
     p = subparsers.add_parser(
-        "calibrate", parents=list(parents), help="Sparrow's offline calibration: exact α per compressor, budget "
+        "calibrate",
+        parents=list(parents),
+        help="Sparrow's offline calibration: exact α per compressor, budget "
         "and length bin, and the cheapest schedule whose α tail meets a threshold",
         description="Sample responses, measure the exact acceptance α against the dense policy per (compressor, "
         "KV budget, sequence-length bin), and pick per compressor the cheapest budget per bin, non-decreasing with "
         "length, whose 5th percentile of α stays >= --threshold. Writes --json (load a schedule with "
-        "rollout.kv_schedule=OUT) and a PNG next to it.")
+        "rollout.kv_schedule=OUT) and a PNG next to it.",
+    )
     p.add_argument("--model", default="smollm2-135m", help="a name, HF folder or .gguf file")
     p.add_argument("--data", required=True, help="a data set name (gsm8k, math500, ...), file or folder")
     p.add_argument("--limit", type=int, default=None, help="prompts taken from --data (the first ones)")
-    add_data_options(p, system_prompt_help="give the run's own, e.g. the default job's, so that the sampler "
-                     "compresses what it will in training")
+    add_data_options(
+        p,
+        system_prompt_help="give the run's own, e.g. the default job's, so that the sampler "
+        "compresses what it will in training",
+    )
     p.add_argument("--n", type=int, default=8, help="responses per prompt")
     p.add_argument("--compressors", default=DEFAULT_COMPRESSORS, help="comma-separated compressors to calibrate")
     p.add_argument("--budgets", default=DEFAULT_BUDGETS, help="comma-separated KV budgets measured (tokens)")
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--min-new-tokens", type=int, default=0, help="EOS does not end a response shorter than this "
-                   "(fills the long bins)")
+    p.add_argument(
+        "--min-new-tokens",
+        type=int,
+        default=0,
+        help="EOS does not end a response shorter than this (fills the long bins)",
+    )
     p.add_argument("--bin", type=int, default=128, help="width in tokens of the sequence-length bins")
     p.add_argument("--threshold", type=float, default=0.86, help="the p5 of α every bin must reach (Sparrow: 0.86)")
-    p.add_argument("--tokens", default="sampler", help="sampler: each sparse sampler samples its own responses "
-                   "(Sparrow); dense: the dense policy samples once and every sampler is replayed on its tokens")
-    p.add_argument("--alpha-record-mib", type=int, default=ALPHA_RECORD_MIB, help="with --tokens sampler: each sampler keeps q, "
-                   "the distribution each token was drawn from, while it samples when responses x --max-new-tokens x "
-                   "the vocabulary x 4 bytes fit in this many MiB (as training's mismatch.alpha_record_mib), else it "
-                   "is replayed on its tokens (about one more generation each); 0: always replay")
+    p.add_argument(
+        "--tokens",
+        default="sampler",
+        help="sampler: each sparse sampler samples its own responses "
+        "(Sparrow); dense: the dense policy samples once and every sampler is replayed on its tokens",
+    )
+    p.add_argument(
+        "--alpha-record-mib",
+        type=int,
+        default=ALPHA_RECORD_MIB,
+        help="with --tokens sampler: each sampler keeps q, "
+        "the distribution each token was drawn from, while it samples when responses x --max-new-tokens x "
+        "the vocabulary x 4 bytes fit in this many MiB (as training's mismatch.alpha_record_mib), else it "
+        "is replayed on its tokens (about one more generation each); 0: always replay",
+    )
     p.add_argument("--step-length", type=int, default=128, help="decode steps between compressions")
-    p.add_argument("--window", type=int, default=None, help="recent tokens always kept (default: the compressor's, or a quarter of the smallest budget where it "
-                   "does not fit under it)")
+    p.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="recent tokens always kept (default: the compressor's, or a quarter of the smallest budget where it "
+        "does not fit under it)",
+    )
     p.add_argument("--compress-prompt", action="store_true", help="the prompt is compressible too")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (α at that temperature)")
-    p.add_argument("--dtype", default="float32", help="the sampler's dtype (auto, float32, bfloat16, float16); the "
-                   "dense policy is float32, so float32 measures the compression alone")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        help="the sampler's dtype (auto, float32, bfloat16, float16); the "
+        "dense policy is float32, so float32 measures the compression alone",
+    )
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", required=True, help="output JSON (the PNG goes next to it)")
@@ -123,8 +152,14 @@ def sampler(name: str, budget: int | None, args, schedule: list[list[int]] | Non
     """The compressor ``name`` at ``budget`` (or with ``schedule``) and the command's common options."""
     from ..rollout.kv import build_compressor
 
-    return build_compressor(name, kv_budget=budget, step_length=args.step_length, window=window_for(name, args),
-                            compress_prompt=args.compress_prompt or None, kv_schedule=schedule)
+    return build_compressor(
+        name,
+        kv_budget=budget,
+        step_length=args.step_length,
+        window=window_for(name, args),
+        compress_prompt=args.compress_prompt or None,
+        kv_schedule=schedule,
+    )
 
 
 def check(args) -> Plan:
@@ -146,16 +181,23 @@ def check(args) -> Plan:
     check_int(args.step_length, "--step-length", 1, what="decode steps between compressions")
     check_int(args.window, "--window", 0, allow_none=True)
     check_choice(args.tokens, "--tokens", TOKENS)
-    check_int(getattr(args, "alpha_record_mib", ALPHA_RECORD_MIB), "--alpha-record-mib", 0, what="MiB; 0 = always replay")
-    if getattr(args, "template", None) is not None and "{problem}" not in args.template \
-            and "{prompt}" not in args.template:
+    check_int(
+        getattr(args, "alpha_record_mib", ALPHA_RECORD_MIB), "--alpha-record-mib", 0, what="MiB; 0 = always replay"
+    )
+    if (
+        getattr(args, "template", None) is not None
+        and "{problem}" not in args.template
+        and "{prompt}" not in args.template
+    ):
         raise OptionError(f"--template {args.template!r}: must contain '{{problem}}' (where the problem goes)")
     check_choice(args.dtype, "--dtype", DTYPES)
     budgets = parse_budgets(args.budgets)
     names = list(dict.fromkeys(_split(args.compressors, "--compressors")))
     if "none" in names:
-        raise OptionError("--compressors: 'none' is the dense policy, the reference every sampler is measured "
-                          "against; list compressors only")
+        raise OptionError(
+            "--compressors: 'none' is the dense policy, the reference every sampler is measured "
+            "against; list compressors only"
+        )
     for name in names:  # every sampler builds: an unknown name or a budget under the window fails now
         for budget in budgets:
             try:
@@ -173,8 +215,31 @@ def check(args) -> Plan:
 def command_line(args) -> str:
     """The command as it would be typed again (every option, defaults included)."""
     parts = ["sparserl", "calibrate"]
-    for key in ("model", "data", "limit", "prompt_key", "label_key", "template", "system_prompt", "n", "compressors", "budgets", "max_new_tokens", "min_new_tokens", "bin",
-                "threshold", "tokens", "alpha_record_mib", "step_length", "window", "temperature", "dtype", "device", "seed", "json"):
+    for key in (
+        "model",
+        "data",
+        "limit",
+        "prompt_key",
+        "label_key",
+        "template",
+        "system_prompt",
+        "n",
+        "compressors",
+        "budgets",
+        "max_new_tokens",
+        "min_new_tokens",
+        "bin",
+        "threshold",
+        "tokens",
+        "alpha_record_mib",
+        "step_length",
+        "window",
+        "temperature",
+        "dtype",
+        "device",
+        "seed",
+        "json",
+    ):
         value = getattr(args, key, None)
         if value is not None:
             parts += [f"--{key.replace('_', '-')}", str(value)]
@@ -217,34 +282,64 @@ def run(args) -> int:
     prompt_ids = [dense_engine.encode(e.prompt) for e in data]
     for i, ids in enumerate(prompt_ids):
         if not ids or len(ids) >= dense_engine.model.max_positions:
-            raise DataError(f"--data {args.data}: prompt {i} has {len(ids)} tokens; the model takes 1 to "
-                            f"{dense_engine.model.max_positions - 1}")
-    params = SamplingParams(n=args.n, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                            min_new_tokens=args.min_new_tokens, seed=args.seed)
-    print(f"calibrate: {len(prompt_ids)} prompts x {args.n} responses, {len(plan.compressors)} compressors x "
-          f"{len(plan.budgets)} budgets, tokens from the {args.tokens}, bins of {args.bin}")
+            raise DataError(
+                f"--data {args.data}: prompt {i} has {len(ids)} tokens; the model takes 1 to "
+                f"{dense_engine.model.max_positions - 1}"
+            )
+    params = SamplingParams(
+        n=args.n,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        min_new_tokens=args.min_new_tokens,
+        seed=args.seed,
+    )
+    print(
+        f"calibrate: {len(prompt_ids)} prompts x {args.n} responses, {len(plan.compressors)} compressors x "
+        f"{len(plan.budgets)} budgets, tokens from the {args.tokens}, bins of {args.bin}"
+    )
     samplers = [(name, b, sampler(name, b, args)) for name in plan.compressors for b in plan.budgets]
-    result = measure(dense_engine, lm.model, samplers, prompt_ids, params, args.bin, tokens=args.tokens,
-                     record_mib=getattr(args, "alpha_record_mib", ALPHA_RECORD_MIB))
+    result = measure(
+        dense_engine,
+        lm.model,
+        samplers,
+        prompt_ids,
+        params,
+        args.bin,
+        tokens=args.tokens,
+        record_mib=getattr(args, "alpha_record_mib", ALPHA_RECORD_MIB),
+    )
 
     schedules, cost_cache = [], {}
     for name in plan.compressors:
         entry = search.cheapest_schedule(result.rows, name, args.threshold)
         if entry["unmet_bins"]:
-            print(f"{name}: no measured budget keeps the p5 of α >= {args.threshold:g} in the bins starting at "
-                  f"{', '.join(map(str, entry['unmet_bins']))}: the schedule keeps the largest budget "
-                  f"({plan.budgets[-1]}) there (unmet_bins)")
+            print(
+                f"{name}: no measured budget keeps the p5 of α >= {args.threshold:g} in the bins starting at "
+                f"{', '.join(map(str, entry['unmet_bins']))}: the schedule keeps the largest budget "
+                f"({plan.budgets[-1]}) there (unmet_bins)"
+            )
         if entry["nonmonotone_bins"]:
-            print(f"{name}: in the bins starting at {', '.join(map(str, entry['nonmonotone_bins']))} the chosen budget "
-                  f"measured under {args.threshold:g} although a smaller one met it (sampling noise: more --n or "
-                  "--limit would settle it; nonmonotone_bins)")
-        timed = speed.measured_speedup(dense_engine, sampler(name, None, args, entry["budget_by_bin"]), prompt_ids,
-                                       params)
+            print(
+                f"{name}: in the bins starting at {', '.join(map(str, entry['nonmonotone_bins']))} the chosen budget "
+                f"measured under {args.threshold:g} although a smaller one met it (sampling noise: more --n or "
+                "--limit would settle it; nonmonotone_bins)"
+            )
+        timed = speed.measured_speedup(
+            dense_engine, sampler(name, None, args, entry["budget_by_bin"]), prompt_ids, params
+        )
         entry["predicted_cost_vs_dense"] = speed.predicted_cost(
-            dense_engine, lm.model.config, name, entry["budget_by_bin"], n=timed["dense_responses"],
+            dense_engine,
+            lm.model.config,
+            name,
+            entry["budget_by_bin"],
+            n=timed["dense_responses"],
             prompt_len=sum(map(len, prompt_ids)) / len(prompt_ids),
-            response_len=timed["dense_tokens"] / max(1, timed["dense_responses"]), step_length=args.step_length,
-            window=window_for(name, args), compress_prompt=bool(args.compress_prompt), cache=cost_cache)
+            response_len=timed["dense_tokens"] / max(1, timed["dense_responses"]),
+            step_length=args.step_length,
+            window=window_for(name, args),
+            compress_prompt=bool(args.compress_prompt),
+            cache=cost_cache,
+        )
         entry["measured_tokens_per_s_vs_dense"] = timed["measured_tokens_per_s_vs_dense"]
         entry["measured_tokens_per_s"] = timed["tokens_per_s"]
         entry["measured_dense_tokens_per_s"] = timed["dense_tokens_per_s"]
@@ -252,19 +347,38 @@ def run(args) -> int:
         schedules.append(entry)
 
     meta = {
-        "command": command_line(args), "model": args.model, "data": args.data, "limit": args.limit,
+        "command": command_line(args),
+        "model": args.model,
+        "data": args.data,
+        "limit": args.limit,
         **{key: getattr(args, key, None) for key in ("prompt_key", "label_key", "template", "system_prompt")},
-        "prompts": len(prompt_ids), "responses": len(prompt_ids) * args.n,
-        "cpu": cpu_name(), "device": str(device),
+        "prompts": len(prompt_ids),
+        "responses": len(prompt_ids) * args.n,
+        "cpu": cpu_name(),
+        "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "torch": torch.__version__, "sampler_dtype": str(dtype).replace("torch.", ""), "dense_dtype": "float32",
-        "sampling": {"n": args.n, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
-                     "min_new_tokens": args.min_new_tokens, "top_p": params.top_p, "top_k": params.top_k},
-        "compressor_options": {"step_length": args.step_length,
-                               "window": {name: window_for(name, args) for name in plan.compressors},
-                               "compress_prompt": bool(args.compress_prompt)},
-        "tokens": args.tokens, "bin": args.bin, "threshold": args.threshold, "budgets": plan.budgets,
-        "compressors": plan.compressors, "seed": args.seed,
+        "torch": torch.__version__,
+        "sampler_dtype": str(dtype).replace("torch.", ""),
+        "dense_dtype": "float32",
+        "sampling": {
+            "n": args.n,
+            "temperature": args.temperature,
+            "max_new_tokens": args.max_new_tokens,
+            "min_new_tokens": args.min_new_tokens,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+        },
+        "compressor_options": {
+            "step_length": args.step_length,
+            "window": {name: window_for(name, args) for name in plan.compressors},
+            "compress_prompt": bool(args.compress_prompt),
+        },
+        "tokens": args.tokens,
+        "bin": args.bin,
+        "threshold": args.threshold,
+        "budgets": plan.budgets,
+        "compressors": plan.compressors,
+        "seed": args.seed,
         "seq_len": "prompt + tokens generated before the token (the axis of KVSchedule's lengths)",
         "replay_err_max": result.replay_err_max,
         "q": result.samplers[0]["q"] if result.samplers else None,
@@ -274,8 +388,12 @@ def run(args) -> int:
     }
     doc = output.document(result.rows, schedules, result.samplers, meta)
     output.write_json(doc, plan.json_path)
-    plot.plot_alpha(result.rows, args.threshold, plan.png_path,
-                    title=f"{args.model} on {args.data}: exact α per length bin ({args.tokens} tokens)")
+    plot.plot_alpha(
+        result.rows,
+        args.threshold,
+        plan.png_path,
+        title=f"{args.model} on {args.data}: exact α per length bin ({args.tokens} tokens)",
+    )
     output.print_tables(result.rows, schedules, args.threshold)
     err = result.replay_err_max
     if err is not None:

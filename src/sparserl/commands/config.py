@@ -4,6 +4,7 @@ run (YAML that ``sparserl train FILE`` reads back), or with ``--keys`` every key
 Before it prints, the config passes every check ``train`` makes before it loads the model
 (:func:`sparserl.preflight.preflight`: the model's path, reward modules, LoRA targets, the data), so a
 config that prints is one that starts."""
+
 from __future__ import annotations
 
 import shlex
@@ -13,11 +14,20 @@ from .options import add_config_arguments, split_config_arg
 
 
 def add_parser(subparsers, parents=()):
-    cf = subparsers.add_parser("config", parents=list(parents), help="the resolved config a train command would "
-                               "run, or every key's help (--keys)")
+    cf = subparsers.add_parser(
+        "config",
+        parents=list(parents),
+        help="the resolved config a train command would run, or every key's help (--keys)",
+    )
     add_config_arguments(cf)
-    cf.add_argument("--keys", nargs="?", const="", default=None, metavar="TEXT",
-                    help="list every key (type, default, help) instead; with TEXT, only the lines that hold it")
+    cf.add_argument(
+        "--keys",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="TEXT",
+        help="list every key (type, default, help) instead; with TEXT, only the lines that hold it",
+    )
     cf.set_defaults(fn=run)
     return cf
 
@@ -28,8 +38,10 @@ def run(args) -> int:
 
     if args.keys is not None:
         if args.config is not None or args.overrides:
-            raise OptionError("--keys lists every key's default and help: give it no config or override "
-                              "(leave --keys out to see a config resolved)")
+            raise OptionError(
+                "--keys lists every key's default and help: give it no config or override "
+                "(leave --keys out to see a config resolved)"
+            )
         text = config_help(args.keys or None)
         if not text:
             raise OptionError(f"--keys {args.keys!r}: no key or help text holds it")
@@ -39,7 +51,16 @@ def run(args) -> int:
     cfg = validate(load_config(args.config or "default", args.overrides))
     preflight(cfg)
     command = shlex.join(["sparserl", "config", *([args.config] if args.config else []), *args.overrides])
-    print(config_yaml(cfg, [command, "'auto' values (rollout.dtype, model.mixed_precision, algorithm.old_logprobs) "
-                            "resolve when a run starts; its config.yaml says to what"], title="sparserl config"),
-          end="")
+    print(
+        config_yaml(
+            cfg,
+            [
+                command,
+                "'auto' values (rollout.dtype, model.mixed_precision, algorithm.old_logprobs) "
+                "resolve when a run starts; its config.yaml says to what",
+            ],
+            title="sparserl config",
+        ),
+        end="",
+    )
     return 0

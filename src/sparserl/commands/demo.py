@@ -1,5 +1,6 @@
 """``sparserl demo``: a short rollout on the embedded model, dense and with R-KV: what it generated, its
 speed and KV memory."""
+
 from __future__ import annotations
 
 
@@ -23,8 +24,12 @@ def run(args) -> int:
     prompt = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}]
     for name in ("none", "rkv"):
         comp = build_compressor(name, kv_budget=32, step_length=16)
-        out = RolloutEngine(lm, comp, dtype=dtype).generate([prompt], SamplingParams(n=4, max_new_tokens=96, temperature=0.7))
-        print(f"--- {name}: {out.tokens_per_s:.0f} tok/s, KV allocated {out.kv.bytes_peak / 2**20:.2f} MiB "
-              f"(dense engine {out.kv.bytes_dense_alloc / 2**20:.2f} MiB)")
+        out = RolloutEngine(lm, comp, dtype=dtype).generate(
+            [prompt], SamplingParams(n=4, max_new_tokens=96, temperature=0.7)
+        )
+        print(
+            f"--- {name}: {out.tokens_per_s:.0f} tok/s, KV allocated {out.kv.bytes_peak / 2**20:.2f} MiB "
+            f"(dense engine {out.kv.bytes_dense_alloc / 2**20:.2f} MiB)"
+        )
         print(out.texts[0][:300])
     return 0

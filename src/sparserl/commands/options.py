@@ -1,4 +1,5 @@
 """Options and checks that several commands share."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,9 +19,14 @@ def add_sampler_options(p, budget_default=256, step_default=128) -> None:
     p.add_argument("--step-length", type=int, default=step_default)
     p.add_argument("--trigger", default="step_length", choices=["step_length", "newline"])
     p.add_argument("--window", type=int, default=None)
-    p.add_argument("--tail-slack", type=int, default=None, help="spare KV slots past budget + step length: a "
-                   "compression due when the rest of the generation fits in them is skipped")
-    p.add_argument("--compressor-options", default=None, help='JSON, e.g. \'{"lam": 0.1}\'')
+    p.add_argument(
+        "--tail-slack",
+        type=int,
+        default=None,
+        help="spare KV slots past budget + step length: a "
+        "compression due when the rest of the generation fits in them is skipped",
+    )
+    p.add_argument("--compressor-options", default=None, help="JSON, e.g. '{\"lam\": 0.1}'")
 
 
 def add_config_arguments(p, overrides_help: str = "dotted overrides, e.g. rollout.kv_budget=64") -> None:

@@ -1,4 +1,5 @@
 """``sparserl report``: plots and a markdown summary of a run folder."""
+
 from __future__ import annotations
 
 from pathlib import Path

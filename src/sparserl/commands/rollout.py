@@ -1,5 +1,6 @@
 """``sparserl rollout``: sample responses to a file of prompts with the compressed engine, written as JSON
 lines (token ids, sampler log-probs, finish reasons, KV tokens kept, text)."""
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,10 @@ def read_prompts(path: str, key: str = "prompt") -> list:
             raise DataError(f"{path} line {lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
         if not isinstance(row, dict) or key not in row:
             columns = f"; its keys are {sorted(row)}, --prompt-key names another" if isinstance(row, dict) else ""
-            raise DataError(f"{path} line {lineno}: missing key {key!r} (each line is a JSON object with a "
-                            f"{key!r}: a string or a list of chat messages{columns})")
+            raise DataError(
+                f"{path} line {lineno}: missing key {key!r} (each line is a JSON object with a "
+                f"{key!r}: a string or a list of chat messages{columns})"
+            )
         prompt = row[key]
         if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt))):
             raise DataError(f"{path} line {lineno}: {key!r} must be a string or a list of chat messages")
@@ -72,8 +75,15 @@ def run(args) -> int:
     dtype = resolve_dtype(args.dtype)
     lm = load_model(args.model, dtype=dtype)
     engine = RolloutEngine(lm, comp, dtype=dtype)
-    params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_new_tokens=args.max_new_tokens, stop=args.stop or [], seed=args.seed)
+    params = SamplingParams(
+        n=args.n,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_new_tokens=args.max_new_tokens,
+        stop=args.stop or [],
+        seed=args.seed,
+    )
     try:
         out = engine.generate(prompts, params)
     except ValueError as e:  # a prompt the model cannot take (empty, longer than its context)
@@ -81,17 +91,24 @@ def run(args) -> int:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with open(out_path, "w") as f:
         for i in range(len(out.response_ids)):
-            f.write(json.dumps({
-                "prompt_index": out.prompt_index[i],
-                "prompt_ids": out.prompt_ids[i],
-                "response_ids": out.response_ids[i],
-                "sampler_logprobs": out.sampler_logprobs[i],
-                "finish_reason": out.finish_reason[i],
-                "kv_tokens_kept": out.kv_tokens_kept[i],
-                "text": out.texts[i],
-            }) + "\n")
-    print(f"{len(out.response_ids)} responses -> {args.out}: {out.tokens_generated} tokens in "
-          f"{out.seconds:.1f}s ({out.tokens_per_s:.1f} tok/s); KV allocated {out.kv.bytes_peak / 2**20:.1f} MiB "
-          f"(the dense engine allocates {out.kv.bytes_dense_alloc / 2**20:.1f} MiB for this batch), "
-          f"{out.kv.compressions} compressions")
+            f.write(
+                json.dumps(
+                    {
+                        "prompt_index": out.prompt_index[i],
+                        "prompt_ids": out.prompt_ids[i],
+                        "response_ids": out.response_ids[i],
+                        "sampler_logprobs": out.sampler_logprobs[i],
+                        "finish_reason": out.finish_reason[i],
+                        "kv_tokens_kept": out.kv_tokens_kept[i],
+                        "text": out.texts[i],
+                    }
+                )
+                + "\n"
+            )
+    print(
+        f"{len(out.response_ids)} responses -> {args.out}: {out.tokens_generated} tokens in "
+        f"{out.seconds:.1f}s ({out.tokens_per_s:.1f} tok/s); KV allocated {out.kv.bytes_peak / 2**20:.1f} MiB "
+        f"(the dense engine allocates {out.kv.bytes_dense_alloc / 2**20:.1f} MiB for this batch), "
+        f"{out.kv.compressions} compressions"
+    )
     return 0

@@ -9,6 +9,7 @@
 - ``comparison.py``: :func:`plan` and :func:`compare` (the Python API; the command is
   :mod:`sparserl.commands.compare`).
 """
+
 from .arms import BUILTIN_ARMS, Arm, CompareError, RunSpec, expand, parse_arms
 from .comparison import compare, plan
 

@@ -22,18 +22,33 @@ Pure functions on curves (``{step: value}`` per seed); nothing here reads files.
   *better* / *worse* when the interval lies above / below 0, else *within noise*, with the interval's
   half-width the smallest difference these seeds could have told apart.
 """
+
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Mapping, Sequence
 
 from .. import runlog as names
 
-__all__ = ["Band", "Collapse", "COLLAPSE_DROP", "COLLAPSE_K3", "STEP_TIME", "band", "best_step", "collapse",
-           "collapse_rule", "final_value", "mean_std", "paired_difference", "summarize_arm", "tail_k",
-           "versus_dense"]
+__all__ = [
+    "Band",
+    "Collapse",
+    "COLLAPSE_DROP",
+    "COLLAPSE_K3",
+    "STEP_TIME",
+    "band",
+    "best_step",
+    "collapse",
+    "collapse_rule",
+    "final_value",
+    "mean_std",
+    "paired_difference",
+    "summarize_arm",
+    "tail_k",
+    "versus_dense",
+]
 
 COLLAPSE_DROP = 0.05
 COLLAPSE_K3 = 1.0
@@ -100,7 +115,7 @@ def final_value(curve: Curve | None, k: int) -> float | None:
     pts = _ordered(curve)
     if not pts:
         return None
-    return statistics.fmean(v for _, v in pts[-max(1, k):])
+    return statistics.fmean(v for _, v in pts[-max(1, k) :])
 
 
 def best_step(b: Band) -> tuple[int | None, float | None]:
@@ -121,13 +136,16 @@ class Collapse:
 
 def collapse_rule(k3_threshold: float = COLLAPSE_K3, drop: float = COLLAPSE_DROP) -> str:
     """The collapse rule in words (for the report)."""
-    return (f"a seed collapsed when the mean reward of its last third of steps is below the mean of its "
-            f"first third by more than {drop:g} (a third = max(1, steps // 3) logged steps), or when any "
-            f"step's `{names.MISMATCH_K3}` (k3 KL, sampler vs dense policy) exceeds {k3_threshold:g}")
+    return (
+        f"a seed collapsed when the mean reward of its last third of steps is below the mean of its "
+        f"first third by more than {drop:g} (a third = max(1, steps // 3) logged steps), or when any "
+        f"step's `{names.MISMATCH_K3}` (k3 KL, sampler vs dense policy) exceeds {k3_threshold:g}"
+    )
 
 
-def collapse(reward: Curve | None, k3: Curve | None = None, k3_threshold: float = COLLAPSE_K3,
-             drop: float = COLLAPSE_DROP) -> Collapse:
+def collapse(
+    reward: Curve | None, k3: Curve | None = None, k3_threshold: float = COLLAPSE_K3, drop: float = COLLAPSE_DROP
+) -> Collapse:
     """Apply the collapse rule (module docstring) to one seed's reward and k3 curves."""
     reasons = []
     pts = _ordered(reward)
@@ -141,8 +159,9 @@ def collapse(reward: Curve | None, k3: Curve | None = None, k3_threshold: float 
     spikes = [(s, v) for s, v in _ordered(k3) if v > k3_threshold]
     if spikes:
         s, v = max(spikes, key=lambda p: p[1])
-        reasons.append(f"k3 {v:.3g} > {k3_threshold:g} at step {s}"
-                       + (f" ({len(spikes)} steps above)" if len(spikes) > 1 else ""))
+        reasons.append(
+            f"k3 {v:.3g} > {k3_threshold:g} at step {s}" + (f" ({len(spikes)} steps above)" if len(spikes) > 1 else "")
+        )
     return Collapse(bool(reasons), reasons)
 
 
@@ -164,8 +183,12 @@ def reward_curve(seed: Mapping[str, Curve]) -> Curve | None:
     return seed.get(names.REWARD_VERIFIER_MEAN) or seed.get(names.REWARD_MEAN)
 
 
-def summarize_arm(seeds: Mapping[str, Mapping[str, Curve]], k3_threshold: float = COLLAPSE_K3,
-                  drop: float = COLLAPSE_DROP, k: int | None = None) -> dict:
+def summarize_arm(
+    seeds: Mapping[str, Mapping[str, Curve]],
+    k3_threshold: float = COLLAPSE_K3,
+    drop: float = COLLAPSE_DROP,
+    k: int | None = None,
+) -> dict:
     """One arm's figures from its seeds' curves: ``seeds`` maps a run name to ``{metric: {step: value}}``
     (``runlog`` names, plus :data:`STEP_TIME`). ``k``: steps in each seed's final value (default
     :func:`tail_k` of the longest seed)."""
@@ -184,10 +207,10 @@ def summarize_arm(seeds: Mapping[str, Mapping[str, Curve]], k3_threshold: float 
         per_seed = {r: final_value(seeds[r].get(key), k) for r in runs}
         m, s = mean_std([v for v in per_seed.values() if v is not None])
         return {"mean": m, "std": s, "per_seed": per_seed, "seeds": sum(v is not None for v in per_seed.values())}
+
     rb = band(rewards)
     bstep, bval = best_step(rb)
-    coll = {r: collapse(reward_curve(seeds[r]), seeds[r].get(names.MISMATCH_K3), k3_threshold, drop)
-            for r in runs}
+    coll = {r: collapse(reward_curve(seeds[r]), seeds[r].get(names.MISMATCH_K3), k3_threshold, drop) for r in runs}
     alloc, dense_alloc = _mean_over(curves(names.KV_SAMPLER_ALLOC)), _mean_over(curves(names.KV_DENSE_ALLOC))
     kept = _mean_over(curves(names.KV_KEPT_FRAC))
     return {
@@ -218,9 +241,30 @@ def summarize_arm(seeds: Mapping[str, Mapping[str, Curve]], k3_threshold: float 
 
 #: Student's t, two-sided 95% (the 0.975 quantile), by degrees of freedom; between rows the smaller df's
 #: (wider) value, past 30 the normal's 1.960 would be too narrow below ~60, so 30's is kept (conservative)
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
-         20: 2.086, 25: 2.060, 30: 2.042}
+T_975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    11: 2.201,
+    12: 2.179,
+    13: 2.160,
+    14: 2.145,
+    15: 2.131,
+    16: 2.120,
+    17: 2.110,
+    18: 2.101,
+    19: 2.093,
+    20: 2.086,
+    25: 2.060,
+    30: 2.042,
+}
 
 
 def t_975(df: int) -> float:

@@ -8,13 +8,14 @@ at a time into ``DIR/runs/<arm>-seed<k>`` (a finished one is skipped, a killed o
 final models are evaluated with ``--eval``, and ``DIR`` gets the plots, ``comparison.md`` and
 ``comparison.json`` (``sparserl.compare.report``).
 """
+
 from __future__ import annotations
 
 import math
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from .aggregate import COLLAPSE_K3
 from .arms import Arm, CompareError, RunSpec, expand, parse_arms, resolve_seeds
@@ -53,17 +54,31 @@ def _check_out(out: Path) -> None:
 def _positive(value, option: str, what: str, allow_none: bool = True, integer: bool = True) -> None:
     if value is None and allow_none:
         return
-    ok = (isinstance(value, int) and not isinstance(value, bool)) if integer else \
-        (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
+    ok = (
+        (isinstance(value, int) and not isinstance(value, bool))
+        if integer
+        else (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
+    )
     if not ok or value <= 0:
         raise CompareError(f"{option} {value!r}: must be {'a whole number ' if integer else ''}> 0 ({what})")
 
 
-def plan(config: str | None, overrides: Sequence[str] = (), arms: str | Sequence[str | Arm] = DEFAULT_ARMS,
-         seeds: int | Sequence[int] = 3, *, out: str | Path, seed_list: Sequence[int] | str | None = None,
-         steps: int | None = None, eval_data: str | None = None, eval_limit: int | None = None, eval_n: int = 1,
-         eval_temperature: float = 0.0, collapse_k3: float = COLLAPSE_K3,
-         paired_against: str | Sequence[str] | None = None) -> Plan:
+def plan(
+    config: str | None,
+    overrides: Sequence[str] = (),
+    arms: str | Sequence[str | Arm] = DEFAULT_ARMS,
+    seeds: int | Sequence[int] = 3,
+    *,
+    out: str | Path,
+    seed_list: Sequence[int] | str | None = None,
+    steps: int | None = None,
+    eval_data: str | None = None,
+    eval_limit: int | None = None,
+    eval_n: int = 1,
+    eval_temperature: float = 0.0,
+    collapse_k3: float = COLLAPSE_K3,
+    paired_against: str | Sequence[str] | None = None,
+) -> Plan:
     """Check everything and expand the runs; nothing is trained or written but ``out`` itself."""
     from ..config import ConfigError, load_config, validate
     from .runner import check_existing
@@ -74,8 +89,13 @@ def plan(config: str | None, overrides: Sequence[str] = (), arms: str | Sequence
     _positive(steps, "--steps", "train.steps of every run")
     _positive(eval_limit, "--eval-limit", "problems of the evaluation set")
     _positive(eval_n, "--eval-n", "samples per problem", allow_none=False)
-    _positive(collapse_k3, "--collapse-k3", "the k3 KL above which a seed counts as collapsed",
-              allow_none=False, integer=False)
+    _positive(
+        collapse_k3,
+        "--collapse-k3",
+        "the k3 KL above which a seed counts as collapsed",
+        allow_none=False,
+        integer=False,
+    )
     if isinstance(eval_temperature, bool) or not isinstance(eval_temperature, (int, float)) or eval_temperature < 0:
         raise CompareError(f"--eval-temperature {eval_temperature!r}: must be >= 0 (0 = greedy)")
     config = str(config) if config is not None else "default"
@@ -111,17 +131,31 @@ def _references(paired_against: str | Sequence[str] | None, arm_names: list[str]
         raise CompareError("--paired-against: no arm given (e.g. --paired-against sparse_rl)")
     for name in names:
         if name not in arm_names:
-            raise CompareError(f"--paired-against {name}: not one of this comparison's arms"
-                               f"{did_you_mean(name, arm_names)}; arms: {', '.join(arm_names)}")
+            raise CompareError(
+                f"--paired-against {name}: not one of this comparison's arms"
+                f"{did_you_mean(name, arm_names)}; arms: {', '.join(arm_names)}"
+            )
     return list(dict.fromkeys(names))
 
 
-def compare(config: str | None, overrides: Sequence[str] = (), arms: str | Sequence[str | Arm] = DEFAULT_ARMS,
-            seeds: int | Sequence[int] = 3, *, out: str | Path, seed_list: Sequence[int] | str | None = None,
-            steps: int | None = None, eval_data: str | None = None, eval_limit: int | None = None,
-            eval_n: int = 1, eval_temperature: float = 0.0, collapse_k3: float = COLLAPSE_K3,
-            command: str | None = None, log: Callable[[str], object] = print,
-            paired_against: str | Sequence[str] | None = None) -> Path:
+def compare(
+    config: str | None,
+    overrides: Sequence[str] = (),
+    arms: str | Sequence[str | Arm] = DEFAULT_ARMS,
+    seeds: int | Sequence[int] = 3,
+    *,
+    out: str | Path,
+    seed_list: Sequence[int] | str | None = None,
+    steps: int | None = None,
+    eval_data: str | None = None,
+    eval_limit: int | None = None,
+    eval_n: int = 1,
+    eval_temperature: float = 0.0,
+    collapse_k3: float = COLLAPSE_K3,
+    command: str | None = None,
+    log: Callable[[str], object] = print,
+    paired_against: str | Sequence[str] | None = None,
+) -> Path:
     """Plan (check everything), run every arm × seed, evaluate (``eval_data``), write the comparison;
     returns the path of ``comparison.md``. Every arm is paired seed by seed with the dense arm, and with each
     arm of ``paired_against``."""
@@ -129,20 +163,45 @@ def compare(config: str | None, overrides: Sequence[str] = (), arms: str | Seque
     from .report import write_comparison
     from .runner import run_all
 
-    p = plan(config, overrides, arms, seeds, out=out, seed_list=seed_list, steps=steps, eval_data=eval_data,
-             eval_limit=eval_limit, eval_n=eval_n, eval_temperature=eval_temperature, collapse_k3=collapse_k3,
-             paired_against=paired_against)
+    p = plan(
+        config,
+        overrides,
+        arms,
+        seeds,
+        out=out,
+        seed_list=seed_list,
+        steps=steps,
+        eval_data=eval_data,
+        eval_limit=eval_limit,
+        eval_n=eval_n,
+        eval_temperature=eval_temperature,
+        collapse_k3=collapse_k3,
+        paired_against=paired_against,
+    )
     todo = sum(st != "done" for st in p.states.values())
-    log(f"compare: {len(p.arms)} arms × {len(p.seeds)} seeds = {len(p.specs)} runs in {p.out / 'runs'} "
-        f"({len(p.specs) - todo} already done)")
+    log(
+        f"compare: {len(p.arms)} arms × {len(p.seeds)} seeds = {len(p.specs)} runs in {p.out / 'runs'} "
+        f"({len(p.specs) - todo} already done)"
+    )
     statuses = run_all(p.specs, log=log)
     evals = starts = None
     if eval_data is not None:
         kw = dict(limit=eval_limit, n=eval_n, temperature=eval_temperature, out_dir=p.out / "eval", log=log)
         starts = eval_start(p.specs, p.base, eval_data, **kw)
         evals = eval_all(p.specs, p.base, eval_data, **kw)
-    path = write_comparison(p.out, p.specs, statuses, config=p.config, overrides=p.overrides, seeds=p.seeds,
-                            collapse_k3=collapse_k3, command=command, evals=evals, eval_data=eval_data,
-                            starts=starts, paired_against=p.paired_against)
+    path = write_comparison(
+        p.out,
+        p.specs,
+        statuses,
+        config=p.config,
+        overrides=p.overrides,
+        seeds=p.seeds,
+        collapse_k3=collapse_k3,
+        command=command,
+        evals=evals,
+        eval_data=eval_data,
+        starts=starts,
+        paired_against=p.paired_against,
+    )
     log(f"comparison: {path}")
     return path

@@ -11,11 +11,12 @@ Greedy (temperature 0) by default; the reward is the run's ``reward.fn``; respon
 ``eval.max_new_tokens`` (default ``rollout.max_new_tokens``). Results go to ``<out>/eval/<run>.json``;
 a later call with the same checkpoint and settings reads that file instead of evaluating again.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..config import Config, RolloutConfig
 from .arms import CompareError, RunSpec
@@ -25,8 +26,7 @@ __all__ = ["eval_all", "eval_run", "eval_start", "evaluate_model", "sparse_sampl
 #: name prefix of the starting model's evaluations (``start-<compressor>-b<budget>``)
 START = "start"
 
-_SAMPLER_KEYS = ("compressor", "kv_budget", "trigger", "step_length", "window", "compress_prompt",
-                 "compressor_options")
+_SAMPLER_KEYS = ("compressor", "kv_budget", "trigger", "step_length", "window", "compress_prompt", "compressor_options")
 
 
 def _sampler(r: RolloutConfig) -> dict:
@@ -49,45 +49,92 @@ class _Fields:
         self.__dict__.update(d)
 
 
-def eval_run(spec: RunSpec, data: str, *, limit: int | None, n: int, temperature: float,
-             sparse: dict | None, out_dir: Path, log: Callable[[str], object] = print) -> dict:
+def eval_run(
+    spec: RunSpec,
+    data: str,
+    *,
+    limit: int | None,
+    n: int,
+    temperature: float,
+    sparse: dict | None,
+    out_dir: Path,
+    log: Callable[[str], object] = print,
+) -> dict:
     """Evaluate one run's final model (or read the cached result); returns the record written to
     ``out_dir/<run>.json``: ``{"run", "arm", "seed", "checkpoint", "step", "settings", "dense": {...},
     "sparse": {...}}`` (each mode: :func:`evaluate`'s figures)."""
-    from .runner import checkpoint_step
     from ..train.checkpoint import latest_checkpoint
+    from .runner import checkpoint_step
 
     ck = latest_checkpoint(spec.run_dir)
     if ck is None:
         raise CompareError(f"--eval: run {spec.run_dir} has no complete checkpoint to evaluate")
     cfg = spec.cfg
-    record = {"run": spec.name, "arm": spec.arm.name, "seed": spec.seed, "checkpoint": str(ck),
-              "step": checkpoint_step(spec.run_dir)}
-    return evaluate_model(str(ck / "model"), cfg, data, limit=limit, n=n, temperature=temperature, sparse=sparse,
-                          path=out_dir / f"{spec.name}.json", record=record, log=log)
+    record = {
+        "run": spec.name,
+        "arm": spec.arm.name,
+        "seed": spec.seed,
+        "checkpoint": str(ck),
+        "step": checkpoint_step(spec.run_dir),
+    }
+    return evaluate_model(
+        str(ck / "model"),
+        cfg,
+        data,
+        limit=limit,
+        n=n,
+        temperature=temperature,
+        sparse=sparse,
+        path=out_dir / f"{spec.name}.json",
+        record=record,
+        log=log,
+    )
 
 
-def evaluate_model(model: str, cfg: Config, data: str, *, limit: int | None, n: int, temperature: float,
-                   sparse: dict | None, path: Path, record: dict, log: Callable[[str], object] = print) -> dict:
+def evaluate_model(
+    model: str,
+    cfg: Config,
+    data: str,
+    *,
+    limit: int | None,
+    n: int,
+    temperature: float,
+    sparse: dict | None,
+    path: Path,
+    record: dict,
+    log: Callable[[str], object] = print,
+) -> dict:
     """Evaluate ``model`` (a checkpoint's model folder or a model name) dense and under ``sparse``, with
     ``cfg``'s prompts (``data.template``, ``data.system_prompt``: what the run trained on), reward,
     dtype and response length; ``record`` plus the results go to ``path`` (read back instead when it
     holds the same model and settings)."""
-    settings = {"data": data, "limit": limit, "n": n, "temperature": temperature,
-                "max_new_tokens": cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-                "reward": cfg.reward.fn, "seed": cfg.train.seed, "sparse_sampler": sparse,
-                "template": cfg.data.template, "system_prompt": cfg.data.system_prompt}
+    settings = {
+        "data": data,
+        "limit": limit,
+        "n": n,
+        "temperature": temperature,
+        "max_new_tokens": cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+        "reward": cfg.reward.fn,
+        "seed": cfg.train.seed,
+        "sparse_sampler": sparse,
+        "template": cfg.data.template,
+        "system_prompt": cfg.data.system_prompt,
+    }
     columns = {k: getattr(cfg.data, k) for k in ("prompt_key", "label_key", "eval_prompt_key", "eval_label_key")}
     settings.update({k: v for k, v in columns.items() if v is not None})  # set ones only: older records stay valid
     name = record.get("run", path.stem)
     from ..runlog import EVAL_MODES
+
     if path.is_file():
         try:
             cached = json.loads(path.read_text())
         except (json.JSONDecodeError, OSError):
             cached = None
-        if isinstance(cached, dict) and cached.get("checkpoint") == record.get("checkpoint") \
-                and cached.get("settings") == settings:
+        if (
+            isinstance(cached, dict)
+            and cached.get("checkpoint") == record.get("checkpoint")
+            and cached.get("settings") == settings
+        ):
             log(f"eval {name}: cached in {path}")
             return cached
 
@@ -102,8 +149,9 @@ def evaluate_model(model: str, cfg: Config, data: str, *, limit: int | None, n: 
     examples = list(load_eval_set(cfg.data, data, limit=limit))
     lm = load_model(model, dtype=cfg.model.dtype, device=cfg.model.device)
     reward_fn = verifier(load_rewards(cfg.reward.fn, cfg.reward.weights, timeout_s=cfg.reward.timeout_s))
-    params = SamplingParams(n=n, temperature=temperature, max_new_tokens=settings["max_new_tokens"],
-                            seed=cfg.train.seed)
+    params = SamplingParams(
+        n=n, temperature=temperature, max_new_tokens=settings["max_new_tokens"], seed=cfg.train.seed
+    )
     record = {**record, "settings": settings}
     comps = {"dense": build_compressor("none")}
     if sparse is not None:
@@ -115,8 +163,10 @@ def evaluate_model(model: str, cfg: Config, data: str, *, limit: int | None, n: 
         res["compressor"] = comps[mode].name
         res["kv_budget"] = sparse["kv_budget"] if mode == "sparse" else None
         record[mode] = res
-        log(f"eval {name} {mode} ({comps[mode].name}): pass@1 {res['pass@1']:.3f} on "
-            f"{res['problems']} problems of {data}")
+        log(
+            f"eval {name} {mode} ({comps[mode].name}): pass@1 {res['pass@1']:.3f} on "
+            f"{res['problems']} problems of {data}"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record, indent=2))
@@ -124,16 +174,44 @@ def evaluate_model(model: str, cfg: Config, data: str, *, limit: int | None, n: 
     return record
 
 
-def eval_all(specs: list[RunSpec], base: Config | None, data: str, *, limit: int | None, n: int,
-             temperature: float, out_dir: Path, log: Callable[[str], object] = print) -> dict[str, dict]:
+def eval_all(
+    specs: list[RunSpec],
+    base: Config | None,
+    data: str,
+    *,
+    limit: int | None,
+    n: int,
+    temperature: float,
+    out_dir: Path,
+    log: Callable[[str], object] = print,
+) -> dict[str, dict]:
     """:func:`eval_run` for every run; ``{run name: record}``."""
-    return {s.name: eval_run(s, data, limit=limit, n=n, temperature=temperature,
-                             sparse=sparse_sampler_for(s, base, specs), out_dir=out_dir, log=log)
-            for s in specs}
+    return {
+        s.name: eval_run(
+            s,
+            data,
+            limit=limit,
+            n=n,
+            temperature=temperature,
+            sparse=sparse_sampler_for(s, base, specs),
+            out_dir=out_dir,
+            log=log,
+        )
+        for s in specs
+    }
 
 
-def eval_start(specs: list[RunSpec], base: Config | None, data: str, *, limit: int | None, n: int,
-               temperature: float, out_dir: Path, log: Callable[[str], object] = print) -> dict[str, dict]:
+def eval_start(
+    specs: list[RunSpec],
+    base: Config | None,
+    data: str,
+    *,
+    limit: int | None,
+    n: int,
+    temperature: float,
+    out_dir: Path,
+    log: Callable[[str], object] = print,
+) -> dict[str, dict]:
     """The model every run started from (``model.name``), evaluated like the runs' final models: dense and
     under each distinct sparse sampler of the comparison (the reference for what training changed);
     ``{"start-<compressor>-b<budget>": record}`` (``"start"`` when no arm compresses)."""
@@ -144,6 +222,16 @@ def eval_start(specs: list[RunSpec], base: Config | None, data: str, *, limit: i
         if name in out:
             continue
         record = {"run": name, "arm": START, "seed": s.cfg.train.seed, "checkpoint": s.cfg.model.name, "step": 0}
-        out[name] = evaluate_model(s.cfg.model.name, s.cfg, data, limit=limit, n=n, temperature=temperature,
-                                   sparse=sparse, path=out_dir / f"{name}.json", record=record, log=log)
+        out[name] = evaluate_model(
+            s.cfg.model.name,
+            s.cfg,
+            data,
+            limit=limit,
+            n=n,
+            temperature=temperature,
+            sparse=sparse,
+            path=out_dir / f"{name}.json",
+            record=record,
+            log=log,
+        )
     return out

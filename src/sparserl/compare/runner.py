@@ -13,20 +13,20 @@ state decides what happens:
 key but ``train.steps`` and the ``log`` section) or holding more steps than asked is an error, so a
 comparison never mixes runs of different settings.
 """
+
 from __future__ import annotations
 
 import gc
 import inspect
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..config import ConfigError, config_to_dict, load_config
 from ..runlog import read_metrics
 from .arms import CompareError, RunSpec
 
-__all__ = ["DONE", "NEW", "PARTIAL", "check_existing", "checkpoint_step", "config_differences", "run_all",
-           "run_state"]
+__all__ = ["DONE", "NEW", "PARTIAL", "check_existing", "checkpoint_step", "config_differences", "run_all", "run_state"]
 
 DONE, PARTIAL, NEW = "done", "partial", "new"
 _STEP = re.compile(r"^step-(\d+)$")
@@ -95,8 +95,10 @@ def check_existing(specs: list[RunSpec]) -> dict[str, str]:
         steps = spec.cfg.train.steps
         have = max([*_logged_steps(spec.run_dir), checkpoint_step(spec.run_dir) or 0])
         if have > steps:
-            errors.append(f"{spec.run_dir} already holds {have} steps, more than train.steps={steps} of this "
-                          f"comparison: give --steps {have} (or more), or another --out")
+            errors.append(
+                f"{spec.run_dir} already holds {have} steps, more than train.steps={steps} of this "
+                f"comparison: give --steps {have} (or more), or another --out"
+            )
         saved_path = spec.run_dir / "config.yaml"
         if saved_path.is_file():
             try:
@@ -106,12 +108,15 @@ def check_existing(specs: list[RunSpec]) -> dict[str, str]:
                 continue
             diff = config_differences(saved, config_to_dict(spec.cfg))
             if diff:
-                errors.append(f"{spec.run_dir} was trained with another config than arm '{spec.arm.name}' asks "
-                              f"now ({'; '.join(diff[:6])}{'; ...' if len(diff) > 6 else ''}): use another "
-                              f"--out, or remove that folder to run it again")
+                errors.append(
+                    f"{spec.run_dir} was trained with another config than arm '{spec.arm.name}' asks "
+                    f"now ({'; '.join(diff[:6])}{'; ...' if len(diff) > 6 else ''}): use another "
+                    f"--out, or remove that folder to run it again"
+                )
     if errors:
-        raise CompareError("run folders that do not fit this comparison (nothing was run):\n  - "
-                           + "\n  - ".join(errors))
+        raise CompareError(
+            "run folders that do not fit this comparison (nothing was run):\n  - " + "\n  - ".join(errors)
+        )
     return states
 
 
@@ -144,8 +149,10 @@ def run_all(specs: list[RunSpec], log: Callable[[str], object] = print) -> dict[
             # check_existing allowed only train.steps / log.* to differ from the saved config
             if "allow_config_change" in inspect.signature(trainer.train).parameters:
                 kw["allow_config_change"] = True
-            log(f"{head}: resuming in {spec.run_dir} (checkpoint step {checkpoint_step(spec.run_dir) or 0} of "
-                f"{spec.cfg.train.steps})")
+            log(
+                f"{head}: resuming in {spec.run_dir} (checkpoint step {checkpoint_step(spec.run_dir) or 0} of "
+                f"{spec.cfg.train.steps})"
+            )
             trainer.train(spec.cfg, resume=True, run_dir=spec.run_dir, log=log, **kw)
             statuses[spec.name] = "resumed"
         else:

@@ -20,28 +20,83 @@
 Importing this package loads neither torch nor an implementation module; :func:`validate` loads the
 rules (which build the compressor and run the correction once) on first use.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 from .help import config_help
-from .loading import (PRESET_DIR, apply_overrides, config_from_dict, config_to_dict, config_yaml, list_presets,
-                      load_config, preset_path, save_config)
+from .loading import (
+    PRESET_DIR,
+    apply_overrides,
+    config_from_dict,
+    config_to_dict,
+    config_yaml,
+    list_presets,
+    load_config,
+    preset_path,
+    save_config,
+)
 from .messages import ConfigError
-from .schema import (FLOAT32_MAX, SECTIONS, AlgorithmConfig, CheckpointConfig, ClusterConfig, Config, DataConfig,
-                     DistillSparseConfig, EvalConfig, KVControllerConfig, LogConfig, MismatchConfig, ModelConfig,
-                     OverlongBufferConfig, RewardConfig, RolloutConfig, TrainConfig, fields_of)
+from .schema import (
+    FLOAT32_MAX,
+    SECTIONS,
+    AlgorithmConfig,
+    CheckpointConfig,
+    ClusterConfig,
+    Config,
+    DataConfig,
+    DistillSparseConfig,
+    EvalConfig,
+    KVControllerConfig,
+    LogConfig,
+    MismatchConfig,
+    ModelConfig,
+    OverlongBufferConfig,
+    RewardConfig,
+    RolloutConfig,
+    TrainConfig,
+    fields_of,
+)
 
-__all__ = ["ConfigError", "ModelConfig", "KVControllerConfig", "RolloutConfig", "DataConfig", "OverlongBufferConfig",
-           "RewardConfig", "DistillSparseConfig", "AlgorithmConfig", "TrainConfig", "LogConfig", "CheckpointConfig",
-           "EvalConfig", "MismatchConfig", "ClusterConfig", "Config", "SECTIONS", "FLOAT32_MAX", "load_config",
-           "apply_overrides", "config_from_dict", "validate", "config_to_dict", "save_config", "list_presets",
-           "preset_path", "PRESET_DIR", "config_help", "config_yaml", "fields_of"]
+__all__ = [
+    "ConfigError",
+    "ModelConfig",
+    "KVControllerConfig",
+    "RolloutConfig",
+    "DataConfig",
+    "OverlongBufferConfig",
+    "RewardConfig",
+    "DistillSparseConfig",
+    "AlgorithmConfig",
+    "TrainConfig",
+    "LogConfig",
+    "CheckpointConfig",
+    "EvalConfig",
+    "MismatchConfig",
+    "ClusterConfig",
+    "Config",
+    "SECTIONS",
+    "FLOAT32_MAX",
+    "load_config",
+    "apply_overrides",
+    "config_from_dict",
+    "validate",
+    "config_to_dict",
+    "save_config",
+    "list_presets",
+    "preset_path",
+    "PRESET_DIR",
+    "config_help",
+    "config_yaml",
+    "fields_of",
+]
 
 
 def __getattr__(name: str) -> Any:
     """``validate`` on first use: the rules import torch and the plug-ins they ask."""
     if name == "validate":
         from .rules import validate
+
         return validate
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,5 @@
 """``sparserl config --keys``: every key of the schema with its type, default and help text."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -35,8 +36,10 @@ def config_help(match: str | None = None) -> str:
             sub = subsection(f)
             if sub is not None:
                 sub_defaults = defaults[sec][key] or {}
-                section += [line(f"{sec}.{key}.{k}", g, sub_defaults.get(k, g.get_default(call_default_factory=True)),
-                                 "    ") for k, g in fields_of(sub).items()]
+                section += [
+                    line(f"{sec}.{key}.{k}", g, sub_defaults.get(k, g.get_default(call_default_factory=True)), "    ")
+                    for k, g in fields_of(sub).items()
+                ]
         section = [x for x in section if needle in x.lower()]
         if section or not needle:
             lines += [f"{sec}:  {(cls.__doc__ or '').strip()}", *section]

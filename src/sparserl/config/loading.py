@@ -11,12 +11,14 @@ merge over it (mappings key by key, anything else replaces). Values follow YAML 
 fixes: ``1e-5`` is a float and only ``true``/``false`` are booleans (``yes``/``on`` stay strings).
 Every bad value of a file and its overrides goes into one :class:`~sparserl.config.messages.ConfigError`.
 """
+
 from __future__ import annotations
 
 import re
 import typing
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable, Union
+from typing import Any, Union
 
 import yaml
 from pydantic import ValidationError
@@ -25,9 +27,18 @@ from ..registry import did_you_mean
 from .messages import ConfigError, fail, messages
 from .schema import SECTIONS, Config, field_at, strip_annotated, subsection
 
-__all__ = ["PRESET_DIR", "list_presets", "preset_path", "load_config", "apply_overrides", "config_from_dict",
-           "config_to_dict",
-           "config_yaml", "save_config", "build"]
+__all__ = [
+    "PRESET_DIR",
+    "list_presets",
+    "preset_path",
+    "load_config",
+    "apply_overrides",
+    "config_from_dict",
+    "config_to_dict",
+    "config_yaml",
+    "save_config",
+    "build",
+]
 
 #: the shipped presets (package data: sparserl/configs/*.yaml)
 PRESET_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -58,15 +69,21 @@ class _Loader(yaml.SafeLoader):
 
 _Loader.yaml_implicit_resolvers = {
     ch: [(tag, rx) for tag, rx in rs if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:float")]
-    for ch, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    for ch, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 _Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?
+    re.compile(
+        r"""^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?
                    |[-+]?\.(?:inf|Inf|INF)
-                   |\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."))
+                   |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
 
 
 def _yaml_load(text: str) -> Any:
@@ -80,8 +97,9 @@ def preset_path(name: str) -> Path:
     if (p := PRESET_DIR / f"{stem}.yaml").is_file():
         return p
     presets = list_presets()
-    raise ConfigError(f"no config file or preset named '{name}'{did_you_mean(stem, presets)}; "
-                      f"presets: {', '.join(presets)}")
+    raise ConfigError(
+        f"no config file or preset named '{name}'{did_you_mean(stem, presets)}; presets: {', '.join(presets)}"
+    )
 
 
 def _find(path_or_name: str | Path, relative_to: Path | None = None) -> Path:
@@ -108,9 +126,10 @@ def _load_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     except UnicodeDecodeError as e:
-        line = e.object[:e.start].count(b"\n") + 1
-        raise ConfigError(f"{path} line {line}: not UTF-8 text (byte 0x{e.object[e.start]:02x}); a config is "
-                          "a YAML file") from None
+        line = e.object[: e.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path} line {line}: not UTF-8 text (byte 0x{e.object[e.start]:02x}); a config is a YAML file"
+        ) from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
     data = {} if data is None else data
@@ -165,8 +184,13 @@ def _apply_override(data: dict, item: str) -> str:
 def _with_overrides(data: dict, overrides: Iterable[str], source: str | None) -> Config:
     """Apply overrides to a nested dict and build the Config: every problem in one ConfigError."""
     touched, errors = set(), []
-    in_file = {f"{name}.{key}" for name, section in data.items() if isinstance(section, dict)
-               for key, value in section.items() if isinstance(value, dict)}  # the file's sub-sections
+    in_file = {
+        f"{name}.{key}"
+        for name, section in data.items()
+        if isinstance(section, dict)
+        for key, value in section.items()
+        if isinstance(value, dict)
+    }  # the file's sub-sections
     for item in [overrides] if isinstance(overrides, str) else overrides:
         try:
             touched.add(_apply_override(data, item))
@@ -174,7 +198,7 @@ def _with_overrides(data: dict, overrides: Iterable[str], source: str | None) ->
             errors.append(str(e))
 
     def source_of(key: str) -> str:  # an override of the key or of a section holding it, or of a
-        parts = key.split(".")      # sub-section key when the file has no such sub-section
+        parts = key.split(".")  # sub-section key when the file has no such sub-section
         overridden = any(".".join(parts[:i]) in touched for i in range(1, len(parts) + 1))
         sub = ".".join(parts[:2])
         created = len(parts) == 3 and sub not in in_file and any(t.startswith(sub + ".") for t in touched)
@@ -225,8 +249,7 @@ def config_to_dict(cfg: Config) -> dict:
 def config_yaml(cfg: Config, notes: list[str] | tuple = (), title: str = "written by save_config") -> str:
     """The full resolved config as YAML text (``load_config`` reads it back unchanged); ``notes`` become
     comment lines at its top."""
-    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None, allow_unicode=True,
-                          width=100)
+    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None, allow_unicode=True, width=100)
     header = "".join(f"# {line}\n" for note in notes for line in str(note).splitlines())
     return f"# Full resolved sparserl config ({title}).\n" + header + text
 

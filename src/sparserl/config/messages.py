@@ -4,10 +4,11 @@ Each line names where the value came from (the file, ``override`` or ``assignmen
 (``rollout.kv_controller.threshold``), the bad value and what would be valid, with the closest name
 for a misspelt key or choice. Several problems are listed together in one :class:`ConfigError`.
 """
+
 from __future__ import annotations
 
 import typing
-from typing import Callable
+from collections.abc import Callable
 
 from pydantic import ValidationError
 
@@ -23,8 +24,12 @@ class ConfigError(SparserlError, ValueError):
     """A configuration value is unknown, of the wrong type, or out of range."""
 
 
-_BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="), "less_than": ("lt", "<"),
-           "less_than_equal": ("le", "<=")}
+_BOUNDS = {
+    "greater_than": ("gt", ">"),
+    "greater_than_equal": ("ge", ">="),
+    "less_than": ("lt", "<"),
+    "less_than_equal": ("le", "<="),
+}
 
 
 def messages(err: ValidationError, source_of: Callable[[str], str], data: dict, prefix: tuple = ()) -> list[str]:
@@ -44,8 +49,9 @@ def messages(err: ValidationError, source_of: Callable[[str], str], data: dict, 
             valid = list(fields_of(subsection(field_at(loc[:2])) if n == 3 else SECTIONS[sec] if sec else Config))
             hint = did_you_mean(loc[n - 1], valid)
             hint = hint.replace("'", f"'{sec}.", 1) if hint and sec else hint  # the dotted key
-            out.append(f"{src}: unknown {'key' if sec else 'section'} '{key}'"
-                       + (hint or f"; valid: {', '.join(valid)}"))
+            out.append(
+                f"{src}: unknown {'key' if sec else 'section'} '{key}'" + (hint or f"; valid: {', '.join(valid)}")
+            )
         elif kind in _BOUNDS:
             bound = e["ctx"][_BOUNDS[kind][0]]
             bound = int(bound) if isinstance(bound, float) and bound.is_integer() else bound
@@ -61,8 +67,10 @@ def messages(err: ValidationError, source_of: Callable[[str], str], data: dict, 
             got = data
             for p in loc[:n]:
                 got = got.get(p, value) if isinstance(got, dict) else value
-            line = (f"{src}: '{key}' expects {type_name(info.annotation) if info else 'a mapping'}, "
-                    f"got {type(got).__name__} {got!r}")
+            line = (
+                f"{src}: '{key}' expects {type_name(info.annotation) if info else 'a mapping'}, "
+                f"got {type(got).__name__} {got!r}"
+            )
             out += [line] if line not in out else []
     return out
 
@@ -77,8 +85,9 @@ def fail(errors: list[str]) -> typing.NoReturn:
 def _assignment_error(err: ValidationError, prefix: tuple) -> ConfigError:
     """A failed assignment to a section's key as a ConfigError naming the key (source ``assignment``)."""
     lines = messages(err, lambda _key: "assignment", {}, prefix)
-    return ConfigError(lines[0] if len(lines) == 1 else
-                       f"{len(lines)} problems in the config:\n  - " + "\n  - ".join(lines))
+    return ConfigError(
+        lines[0] if len(lines) == 1 else f"{len(lines)} problems in the config:\n  - " + "\n  - ".join(lines)
+    )
 
 
 schema.assignment_error = _assignment_error

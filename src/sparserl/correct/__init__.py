@@ -9,6 +9,8 @@ Usage from the training loop::
 See ``base.py`` for conventions and the recipe for adding a method.
 """
 
+# importing the method modules registers them
+from . import bypass, mis, none, rejection, sparse_rl, tis  # noqa: E402,F401
 from .base import (
     CORRECTION_KEYS,
     MISMATCH_KEYS,
@@ -26,9 +28,6 @@ from .base import (
     register_correction,
     weight_metrics,
 )
-
-# importing the method modules registers them
-from . import bypass, mis, none, rejection, sparse_rl, tis  # noqa: E402,F401
 from .presets import PRESETS, apply_corrections, available_presets, resolve  # noqa: E402
 
 __all__ = [

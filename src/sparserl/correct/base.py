@@ -30,14 +30,13 @@ Conventions of every :class:`Correction`:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
 
 from .. import runlog as names
-
 from ..registry import Registry
 
 __all__ = [
@@ -237,8 +236,13 @@ def mismatch_metrics(sampler_logprobs: Tensor, old_logprobs: Tensor, mask: Tenso
     lr = log_ratio(sampler_logprobs, old_logprobs, mask).double()
     if n == 0:
         out = {k: 0.0 for k in MISMATCH_KEYS}
-        for k in ("mismatch/ppl_sampler", "mismatch/ppl_old", "mismatch/ratio_mean",
-                  "mismatch/ratio_min", "mismatch/ratio_max"):
+        for k in (
+            "mismatch/ppl_sampler",
+            "mismatch/ppl_old",
+            "mismatch/ratio_mean",
+            "mismatch/ratio_min",
+            "mismatch/ratio_max",
+        ):
             out[k] = 1.0
         return out
     vlr = lr[valid]
@@ -311,12 +315,16 @@ def weight_metrics(
         out[names.IS_WEIGHT_MIN] = float(w.min())
         out[names.IS_WEIGHT_MAX] = float(w.max())
         out["is/ess"] = float(s1 * s1 / (n * s2)) if float(s2) > 0 else 0.0
-        out["is/clipped_frac"] = (
-            float((clipped.bool() & keep).sum()) / n if clipped is not None else 0.0
-        )
+        out["is/clipped_frac"] = float((clipped.bool() & keep).sum()) / n if clipped is not None else 0.0
     else:
-        for k in ("is/weight_mean", "is/weight_std", names.IS_WEIGHT_MIN, names.IS_WEIGHT_MAX,
-                  "is/ess", "is/clipped_frac"):
+        for k in (
+            "is/weight_mean",
+            "is/weight_std",
+            names.IS_WEIGHT_MIN,
+            names.IS_WEIGHT_MAX,
+            "is/ess",
+            "is/clipped_frac",
+        ):
             out[k] = 0.0
     n_valid = int(valid.sum())
     tr = 0 if token_rejected is None else int((token_rejected.bool() & valid).sum())
@@ -352,16 +360,17 @@ def build_correction(
     valid = _valid(mask)
     final = valid if keep is None else valid & _valid(keep)
     if weights is None:
-        weights = torch.ones(mask.shape, dtype=torch.promote_types(old_logprobs.dtype, torch.float32),
-                             device=mask.device)
+        weights = torch.ones(
+            mask.shape, dtype=torch.promote_types(old_logprobs.dtype, torch.float32), device=mask.device
+        )
     weights = weights.detach()
     weights = torch.where(final, weights, torch.zeros_like(weights))
     if clip_upper_scale is not None:
-        clip_upper_scale = torch.where(final, clip_upper_scale.detach(),
-                                       torch.ones_like(clip_upper_scale))
+        clip_upper_scale = torch.where(final, clip_upper_scale.detach(), torch.ones_like(clip_upper_scale))
     metrics = mismatch_metrics(sampler_logprobs, old_logprobs, mask)
-    metrics.update(weight_metrics(weights, final, mask, token_rejected=token_rejected,
-                                  seq_rejected=seq_rejected, clipped=clipped))
+    metrics.update(
+        weight_metrics(weights, final, mask, token_rejected=token_rejected, seq_rejected=seq_rejected, clipped=clipped)
+    )
     if extra_metrics:
         metrics.update({k: _finite(float(v)) for k, v in extra_metrics.items()})
     return Correction(
@@ -423,17 +432,24 @@ def merge_corrections(
         weights = r.weights if weights is None else weights * r.weights
         if r.clip_upper_scale is not None:
             scale = r.clip_upper_scale if scale is None else scale * r.clip_upper_scale
-        if (r.behaviour_logprobs is sampler_logprobs
-                or (r.behaviour_logprobs is not old_logprobs
-                    and r.behaviour_logprobs.data_ptr() == sampler_logprobs.data_ptr())):
+        if r.behaviour_logprobs is sampler_logprobs or (
+            r.behaviour_logprobs is not old_logprobs and r.behaviour_logprobs.data_ptr() == sampler_logprobs.data_ptr()
+        ):
             uses_sampler = True
         token_rej = _or(token_rej, r.token_rejected)
         seq_rej = _or(seq_rej, r.seq_rejected)
         clipped = _or(clipped, r.clipped)
     merged = build_correction(
-        sampler_logprobs, old_logprobs, mask, weights=weights, keep=keep,
+        sampler_logprobs,
+        old_logprobs,
+        mask,
+        weights=weights,
+        keep=keep,
         behaviour_logprobs=sampler_logprobs if uses_sampler else old_logprobs,
-        token_rejected=token_rej, seq_rejected=seq_rej, clipped=clipped, clip_upper_scale=scale,
+        token_rejected=token_rej,
+        seq_rejected=seq_rej,
+        clipped=clipped,
+        clip_upper_scale=scale,
     )
     names = names or [f"part{i}" for i in range(len(results))]
     seen: dict[str, int] = {}
@@ -470,8 +486,7 @@ def compose(*parts: str | tuple[str, dict] | CorrectionFn) -> CorrectionFn:
 
     def composed(sampler_logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Correction:
         results = [fn(sampler_logprobs, old_logprobs, mask, **opts) for _, fn, opts in resolved]
-        return merge_corrections(results, sampler_logprobs, old_logprobs, mask,
-                                 names=[n for n, _, _ in resolved])
+        return merge_corrections(results, sampler_logprobs, old_logprobs, mask, names=[n for n, _, _ in resolved])
 
     composed.parts = [(n, o) for n, _, o in resolved]  # type: ignore[attr-defined]
     return composed

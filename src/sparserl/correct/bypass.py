@@ -17,5 +17,4 @@ def bypass(sampler_logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Corr
     mismatch metrics: pass ``sampler_logprobs`` again when the dense pass was skipped (the metrics
     then read "no mismatch").
     """
-    return build_correction(sampler_logprobs, old_logprobs, mask,
-                            behaviour_logprobs=sampler_logprobs)
+    return build_correction(sampler_logprobs, old_logprobs, mask, behaviour_logprobs=sampler_logprobs)

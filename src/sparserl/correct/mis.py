@@ -53,5 +53,6 @@ def mis(
     w = rho
     if normalize:
         w = batch_normalize(w, keep & (mask != 0), per_sequence=level == "sequence")
-    return build_correction(sampler_logprobs, old_logprobs, mask, weights=w, keep=keep,
-                            token_rejected=token_rej, seq_rejected=seq_rej)
+    return build_correction(
+        sampler_logprobs, old_logprobs, mask, weights=w, keep=keep, token_rejected=token_rej, seq_rejected=seq_rej
+    )

@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 
 from torch import Tensor
 
-from .base import Correction, available_corrections, compose, get_correction
 from ..registry import UnknownNameError, did_you_mean
+from .base import Correction, available_corrections, compose, get_correction
 
 Spec = list[tuple[str, dict]]
 
@@ -93,8 +93,7 @@ def resolve(
             elif isinstance(item, Sequence) and len(item) == 2 and isinstance(item[0], str):
                 out.append((check(item[0]), dict(item[1] or {})))
             else:
-                raise ValueError(
-                    f"bad correction spec item {item!r}: expected a name or (name, options)")
+                raise ValueError(f"bad correction spec item {item!r}: expected a name or (name, options)")
     for key, value in dict(options or {}).items():
         names = [n for n, _ in out]
         if key in names and isinstance(value, Mapping):

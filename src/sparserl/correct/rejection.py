@@ -140,5 +140,6 @@ def rejection(
     if veto is not None:
         seq_rej = seq_rej | (valid & (lr.exp() < veto)).any(-1)
     keep = keep & ~seq_rej[:, None]
-    return build_correction(sampler_logprobs, old_logprobs, mask, keep=keep,
-                            token_rejected=token_rej, seq_rejected=seq_rej)
+    return build_correction(
+        sampler_logprobs, old_logprobs, mask, keep=keep, token_rejected=token_rej, seq_rejected=seq_rej
+    )

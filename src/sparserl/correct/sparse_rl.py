@@ -68,5 +68,13 @@ def sparse_rl(
     if normalize:
         w = batch_normalize(w, valid if normalize_over == "valid" else keep)
     w = w * keep
-    return build_correction(sampler_logprobs, old_logprobs, mask, weights=w, keep=keep,
-                            token_rejected=token_bad, seq_rejected=seq_veto, clipped=clipped)
+    return build_correction(
+        sampler_logprobs,
+        old_logprobs,
+        mask,
+        weights=w,
+        keep=keep,
+        token_rejected=token_bad,
+        seq_rejected=seq_veto,
+        clipped=clipped,
+    )

@@ -71,5 +71,4 @@ def acr(
     rho = log_ratio(sampler_logprobs, old_logprobs, mask).exp()
     w = rho.clamp(max=cap)
     scale = (rho / cap).clamp(min=1.0)
-    return build_correction(sampler_logprobs, old_logprobs, mask, weights=w,
-                            clipped=rho > cap, clip_upper_scale=scale)
+    return build_correction(sampler_logprobs, old_logprobs, mask, weights=w, clipped=rho > cap, clip_upper_scale=scale)

@@ -10,7 +10,7 @@ Python expression that evaluates to it.
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 from .example import Example
 
@@ -30,8 +30,20 @@ ARITH_DIFFICULTY: dict[int, dict] = {
 }
 
 _NAMES = ["Tom", "Anna", "Ben", "Mia", "Sam", "Lily", "Max", "Emma", "Leo", "Zoe", "Jack", "Ella"]
-_ITEMS = ["apples", "marbles", "stickers", "books", "pencils", "cookies", "coins", "cards",
-          "toy cars", "shells", "balloons", "stamps"]
+_ITEMS = [
+    "apples",
+    "marbles",
+    "stickers",
+    "books",
+    "pencils",
+    "cookies",
+    "coins",
+    "cards",
+    "toy cars",
+    "shells",
+    "balloons",
+    "stamps",
+]
 _FOOD = {"apples", "cookies"}
 
 _ADD_CLAUSES = [
@@ -62,7 +74,7 @@ _SYMBOL = {"+": "+", "-": "-", "*": "\u00d7"}
 
 def _operand(rng: random.Random, digits: int) -> int:
     lo = 1 if digits == 1 else 10 ** (digits - 1)
-    return rng.randint(lo, 10 ** digits - 1)
+    return rng.randint(lo, 10**digits - 1)
 
 
 def _make_terms(rng: random.Random, digits: int, ops: Sequence[str], terms: int):
@@ -75,10 +87,10 @@ def _make_terms(rng: random.Random, digits: int, ops: Sequence[str], terms: int)
         if op == "-" and value < lo and "+" in ops:
             op = "+"
         if op == "-":
-            b = rng.randint(min(lo, value), min(10 ** digits - 1, value))
+            b = rng.randint(min(lo, value), min(10**digits - 1, value))
             value -= b
         elif op == "*":
-            b = rng.randint(lo, 10 ** digits - 1) if digits > 1 else rng.randint(2, 9)
+            b = rng.randint(lo, 10**digits - 1) if digits > 1 else rng.randint(2, 9)
             value *= b
         else:
             b = _operand(rng, digits)
@@ -100,9 +112,16 @@ def _expression(nums: Sequence[int], ops: Sequence[str], symbols: bool) -> str:
     return expr
 
 
-def make_arith(n: int, seed: int = 0, digits: int = 1, ops: Sequence[str] = ("+",),
-               terms: int = 2, word_problems: bool = True, *,
-               difficulty: int | None = None) -> list[Example]:
+def make_arith(
+    n: int,
+    seed: int = 0,
+    digits: int = 1,
+    ops: Sequence[str] = ("+",),
+    terms: int = 2,
+    word_problems: bool = True,
+    *,
+    difficulty: int | None = None,
+) -> list[Example]:
     """Generate ``n`` arithmetic problems, deterministically for a given ``seed``.
 
     ``digits``: digits per operand (1 → 1..9, 2 → 10..99, ...); ``ops``: operations among
@@ -154,16 +173,17 @@ def make_arith(n: int, seed: int = 0, digits: int = 1, ops: Sequence[str] = ("+"
             if len(nums) == 2 and rng.random() < 0.5:  # "Tom has 3 apples and gets 4 more."
                 second = parts[1]
                 if second.startswith(name + " "):
-                    parts = [parts[0][:-1] + " and " + second[len(name) + 1:]]
+                    parts = [parts[0][:-1] + " and " + second[len(name) + 1 :]]
             parts.append(rng.choice(_QUESTIONS).format(items=items, name=name))
             question = " ".join(parts)
         else:
             question = rng.choice(_PLAIN).format(expr=_expression(nums, chosen, symbols=True))
         content = f"{question} {BOXED_SUFFIX}"
-        out.append(Example(
-            prompt=[{"role": "user", "content": content}],
-            label=str(value),
-            meta={"source": "arith", "index": i, "expression": expr_py, "question": question,
-                  "seed": seed},
-        ))
+        out.append(
+            Example(
+                prompt=[{"role": "user", "content": content}],
+                label=str(value),
+                meta={"source": "arith", "index": i, "expression": expr_py, "question": question, "seed": seed},
+            )
+        )
     return out

@@ -1,4 +1,5 @@
 """The record every data source produces: one prompt and its reference answer."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

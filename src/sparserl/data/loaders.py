@@ -22,19 +22,31 @@ import logging
 import math
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ..envpath import env_dir
 from ..errors import SparserlError
 from .arith import make_arith
 from .example import Example
 
-__all__ = ["Example", "LoadedData", "load_dataset", "PromptSampler", "DATASETS", "DataError",
-           "DataFileNotFoundError", "DEFAULT_TEMPLATE", "resolve_data_dir", "read_rows", "read_text_lines",
-           "clean_label", "apply_template"]
+__all__ = [
+    "Example",
+    "LoadedData",
+    "load_dataset",
+    "PromptSampler",
+    "DATASETS",
+    "DataError",
+    "DataFileNotFoundError",
+    "DEFAULT_TEMPLATE",
+    "resolve_data_dir",
+    "read_rows",
+    "read_text_lines",
+    "clean_label",
+    "apply_template",
+]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +94,7 @@ class _BadRow(ValueError):
 # Built-in data sets
 # ---------------------------------------------------------------------------------------------
 
+
 def _svamp_prompt(row: dict) -> str:
     body = str(_require(row, "Body")).strip()
     question = str(_require(row, "Question")).strip()
@@ -108,30 +121,51 @@ class BuiltinSet:
 
 #: built-in data sets by name (files under the shared data folder, see its README).
 DATASETS: dict[str, BuiltinSet] = {
-    "math_level3to5": BuiltinSet("math_level3to5/train.jsonl", "train", "prompt", "label",
-                                 description="MATH levels 3-5 (chat prompts asking for \\boxed{})"),
+    "math_level3to5": BuiltinSet(
+        "math_level3to5/train.jsonl",
+        "train",
+        "prompt",
+        "label",
+        description="MATH levels 3-5 (chat prompts asking for \\boxed{})",
+    ),
     "math500": BuiltinSet("math500/test.jsonl", "test", "problem", "answer", description="MATH-500"),
-    "gsm8k": BuiltinSet("gsm8k/test.jsonl", "test", "question", "answer",
-                        description="GSM8K test; label = the number after ####"),
+    "gsm8k": BuiltinSet(
+        "gsm8k/test.jsonl", "test", "question", "answer", description="GSM8K test; label = the number after ####"
+    ),
     "aime24": BuiltinSet("aime24/test.jsonl", "test", "problem", "answer", description="AIME 2024"),
-    "amc23": BuiltinSet("amc23/test.jsonl", "test", "problem", "answer",
-                        description="AMC 2023; float answers 27.0 -> '27'"),
-    "minerva_math": BuiltinSet("minerva_math/test.jsonl", "test", "problem", "solution",
-                               description="Minerva math; label = last \\boxed{} of solution"),
-    "olympiadbench": BuiltinSet("olympiadbench/test.jsonl", "test", "question", "final_answer",
-                                prompt_fn=_olympiad_prompt,
-                                description="OlympiadBench (text, English); final_answer list"),
-    "svamp": BuiltinSet("svamp/test.jsonl", "test", "Body+Question", "Answer",
-                        prompt_fn=_svamp_prompt,
-                        description="SVAMP; prompt = Body + ' ' + Question"),
+    "amc23": BuiltinSet(
+        "amc23/test.jsonl", "test", "problem", "answer", description="AMC 2023; float answers 27.0 -> '27'"
+    ),
+    "minerva_math": BuiltinSet(
+        "minerva_math/test.jsonl",
+        "test",
+        "problem",
+        "solution",
+        description="Minerva math; label = last \\boxed{} of solution",
+    ),
+    "olympiadbench": BuiltinSet(
+        "olympiadbench/test.jsonl",
+        "test",
+        "question",
+        "final_answer",
+        prompt_fn=_olympiad_prompt,
+        description="OlympiadBench (text, English); final_answer list",
+    ),
+    "svamp": BuiltinSet(
+        "svamp/test.jsonl",
+        "test",
+        "Body+Question",
+        "Answer",
+        prompt_fn=_svamp_prompt,
+        description="SVAMP; prompt = Body + ' ' + Question",
+    ),
 }
 
 _PROMPT_KEYS = ("prompt", "problem", "question", "messages", "input", "query", "instruction")
 _LABEL_KEYS = ("label", "answer", "final_answer", "ground_truth", "target", "solution")
 
 
-def resolve_data_dir(data_dir: str | os.PathLike | None = None,
-                     relpath: str | None = None) -> Path:
+def resolve_data_dir(data_dir: str | os.PathLike | None = None, relpath: str | None = None) -> Path:
     """Find the folder of the built-in data sets.
 
     Order: ``data_dir`` if given; else ``$SPARSERL_DATA_DIR``; else ``../shared/data`` relative
@@ -152,15 +186,20 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None,
         tried.append(str(target))
         if target.exists():
             return c.resolve()
-    how = ("data_dir argument" if data_dir is not None else
-           f"${DATA_DIR_ENV}" if env is not None else
-           f"default locations (set ${DATA_DIR_ENV} or pass data_dir=)")
+    how = (
+        "data_dir argument"
+        if data_dir is not None
+        else f"${DATA_DIR_ENV}"
+        if env is not None
+        else f"default locations (set ${DATA_DIR_ENV} or pass data_dir=)"
+    )
     raise DataFileNotFoundError(f"data set file not found; looked in ({how}): {', '.join(tried)}")
 
 
 # ---------------------------------------------------------------------------------------------
 # Reading rows
 # ---------------------------------------------------------------------------------------------
+
 
 def read_text_lines(path: str | os.PathLike, what: str = "data file") -> Iterator[tuple[int, str]]:
     """``(line_number, line)`` of a UTF-8 text file (a leading BOM is dropped). A missing file raises
@@ -180,8 +219,10 @@ def read_text_lines(path: str | os.PathLike, what: str = "data file") -> Iterato
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"{path} line {lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
-                                f"{e.start + 1}); expected a text file such as JSON lines") from None
+                raise DataError(
+                    f"{path} line {lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
+                    f"{e.start + 1}); expected a text file such as JSON lines"
+                ) from None
             yield lineno, (line.removeprefix("\ufeff") if lineno == 1 else line)
 
 
@@ -259,6 +300,7 @@ def read_rows(path: str | os.PathLike, skip_bad_rows: bool = False) -> tuple[lis
 # Row → Example
 # ---------------------------------------------------------------------------------------------
 
+
 def _require(row: dict, key: str) -> Any:
     if key not in row:
         raise _BadRow(f"missing key {key!r} (row has keys {sorted(row)})")
@@ -313,13 +355,19 @@ def _messages(prompt: Any, template: str, system_prompt: str | None) -> list[dic
     return msgs
 
 
-_META_KEYS = ("id", "idx", "ID", "unique_id", "subject", "level", "type", "Type", "subfield",
-              "answer_type", "unit")
+_META_KEYS = ("id", "idx", "ID", "unique_id", "subject", "level", "type", "Type", "subfield", "answer_type", "unit")
 
 
-def _row_to_example(row: Any, *, prompt_key: str | None, label_key: str,
-                    prompt_fn: Callable[[dict], Any] | None, template: str,
-                    system_prompt: str | None, meta: dict) -> Example:
+def _row_to_example(
+    row: Any,
+    *,
+    prompt_key: str | None,
+    label_key: str,
+    prompt_fn: Callable[[dict], Any] | None,
+    template: str,
+    system_prompt: str | None,
+    meta: dict,
+) -> Example:
     if not isinstance(row, dict):
         raise _BadRow(f"row must be a JSON object, got {type(row).__name__}")
     prompt = prompt_fn(row) if prompt_fn is not None else _require(row, prompt_key)
@@ -338,23 +386,28 @@ def _candidates(preferred: str | None, common: Sequence[str]) -> tuple[str, ...]
     return tuple(dict.fromkeys(([preferred] if preferred else []) + list(common)))
 
 
-def _guess_key(rows: list[tuple[int, Any]], candidates: Sequence[str], what: str, path: Path,
-               option: str) -> str:
+def _guess_key(rows: list[tuple[int, Any]], candidates: Sequence[str], what: str, path: Path, option: str) -> str:
     first = next((r for _, r in rows if isinstance(r, dict)), None)
     if first is None:
-        raise DataError(f"{path}: no rows (the file is empty)" if not rows else
-                        f"{path}: no row is a JSON object (line {rows[0][0]} is a {type(rows[0][1]).__name__})")
+        raise DataError(
+            f"{path}: no rows (the file is empty)"
+            if not rows
+            else f"{path}: no row is a JSON object (line {rows[0][0]} is a {type(rows[0][1]).__name__})"
+        )
     for k in candidates:
         if k in first:
             return k
     sep = " " if option.startswith("--") else "="
-    raise DataError(f"{path}: cannot tell which column is the {what} (tried {list(candidates)}; "
-                    f"columns are {sorted(first)}); name it with {option}{sep}<column>")
+    raise DataError(
+        f"{path}: cannot tell which column is the {what} (tried {list(candidates)}; "
+        f"columns are {sorted(first)}); name it with {option}{sep}<column>"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Public entry point
 # ---------------------------------------------------------------------------------------------
+
 
 def _parse_arith_spec(spec: str) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
@@ -376,8 +429,7 @@ def _parse_arith_spec(spec: str) -> dict[str, Any]:
                     raise ValueError("expected true/false")
                 kwargs["word_problems"] = value.lower() in ("1", "true", "yes")
             else:
-                raise ValueError("unknown key (known: n, seed, digits, ops, terms, word_problems, "
-                                 "difficulty)")
+                raise ValueError("unknown key (known: n, seed, digits, ops, terms, word_problems, difficulty)")
         except ValueError as e:
             raise DataError(f"data spec {spec!r}: {key}={value!r}: {e}") from None
     return kwargs
@@ -411,8 +463,7 @@ def _find_split_file(folder: Path, split: str | None) -> Path:
         for p in files:
             if p.stem == split:
                 return p
-        raise DataFileNotFoundError(f"{folder}: no file for split {split!r} "
-                                    f"(found {[p.name for p in files]})")
+        raise DataFileNotFoundError(f"{folder}: no file for split {split!r} (found {[p.name for p in files]})")
     if len(files) == 1:
         return files[0]
     if not files:
@@ -420,13 +471,20 @@ def _find_split_file(folder: Path, split: str | None) -> Path:
     raise DataError(f"{folder}: {len(files)} data files ({[p.name for p in files]}); pass split=")
 
 
-def load_dataset(spec: str, *, prompt_key: str | None = None, label_key: str | None = None,
-                 template: str | None = None, system_prompt: str | None = None,
-                 split: str | None = None, limit: int | None = None,
-                 skip_bad_rows: bool | None = None,
-                 data_dir: str | os.PathLike | None = None,
-                 preferred_keys: tuple[str | None, str | None] = (None, None),
-                 key_options: tuple[str, str] = ("prompt_key", "label_key")) -> LoadedData:
+def load_dataset(
+    spec: str,
+    *,
+    prompt_key: str | None = None,
+    label_key: str | None = None,
+    template: str | None = None,
+    system_prompt: str | None = None,
+    split: str | None = None,
+    limit: int | None = None,
+    skip_bad_rows: bool | None = None,
+    data_dir: str | os.PathLike | None = None,
+    preferred_keys: tuple[str | None, str | None] = (None, None),
+    key_options: tuple[str, str] = ("prompt_key", "label_key"),
+) -> LoadedData:
     """Load prompts and labels as :class:`Example` s (see the module docstring for ``spec``).
 
     - ``prompt_key`` / ``label_key``: the columns to use (override a built-in mapping; for a plain
@@ -474,8 +532,10 @@ def load_dataset(spec: str, *, prompt_key: str | None = None, label_key: str | N
     elif not path.exists():
         if path.suffix.lower() in _SUFFIXES or os.sep in spec or "/" in spec:
             raise DataFileNotFoundError(f"data file not found: {spec}")
-        raise DataError(f"unknown data set {spec!r}: not a file, and not a built-in name "
-                        f"({', '.join(DATASETS)}) or 'arith[:key=value,...]'")
+        raise DataError(
+            f"unknown data set {spec!r}: not a file, and not a built-in name "
+            f"({', '.join(DATASETS)}) or 'arith[:key=value,...]'"
+        )
 
     if skip_bad_rows is None:
         skip_bad_rows = builtin is not None
@@ -502,9 +562,17 @@ def load_dataset(spec: str, *, prompt_key: str | None = None, label_key: str | N
         if dataset_name:
             meta["dataset"] = dataset_name
         try:
-            examples.append(_row_to_example(row, prompt_key=prompt_key, label_key=label_key,
-                                            prompt_fn=prompt_fn, template=tmpl,
-                                            system_prompt=system_prompt, meta=meta))
+            examples.append(
+                _row_to_example(
+                    row,
+                    prompt_key=prompt_key,
+                    label_key=label_key,
+                    prompt_fn=prompt_fn,
+                    template=tmpl,
+                    system_prompt=system_prompt,
+                    meta=meta,
+                )
+            )
         except _BadRow as e:
             msg = f"{path} {unit} {number}: {e}"
             if not skip_bad_rows:
@@ -515,14 +583,16 @@ def load_dataset(spec: str, *, prompt_key: str | None = None, label_key: str | N
     if skipped:
         log.warning("%s: skipped %d bad row(s)", path, skipped)
     if not examples and limit != 0:
-        raise DataError(f"{path}: no examples" + (f" ({skipped} bad rows skipped)" if skipped else
-                                                  " (the file is empty)"))
+        raise DataError(
+            f"{path}: no examples" + (f" ({skipped} bad rows skipped)" if skipped else " (the file is empty)")
+        )
     return LoadedData(examples=examples, skipped=skipped, source=str(path))
 
 
 # ---------------------------------------------------------------------------------------------
 # Sampler
 # ---------------------------------------------------------------------------------------------
+
 
 class PromptSampler:
     """Endless batches of examples in a seeded shuffled order, epoch after epoch.
@@ -534,8 +604,7 @@ class PromptSampler:
     continues with exactly the batches the first one would have produced.
     """
 
-    def __init__(self, examples: Sequence[Example], batch_size: int, seed: int = 0,
-                 shuffle: bool = True):
+    def __init__(self, examples: Sequence[Example], batch_size: int, seed: int = 0, shuffle: bool = True):
         self.examples = list(examples)
         if not self.examples:
             raise ValueError("PromptSampler: no examples")
@@ -567,14 +636,14 @@ class PromptSampler:
         while len(batch) < self.batch_size:
             order = self._order(self.epoch)
             take = min(self.batch_size - len(batch), n - self.position)
-            batch.extend(self.examples[i] for i in order[self.position:self.position + take])
+            batch.extend(self.examples[i] for i in order[self.position : self.position + take])
             self.position += take
             if self.position >= n:
                 self.epoch += 1
                 self.position = 0
         return batch
 
-    def __iter__(self) -> "PromptSampler":
+    def __iter__(self) -> PromptSampler:
         return self
 
     def __next__(self) -> list[Example]:
@@ -583,17 +652,21 @@ class PromptSampler:
     def state_dict(self) -> dict[str, Any]:
         """Where the sampler is: ``epoch``, ``position`` within the epoch, plus ``seed``,
         ``num_examples``, ``batch_size`` and ``shuffle`` (checked on load)."""
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
-                "num_examples": len(self.examples), "batch_size": self.batch_size,
-                "shuffle": self.shuffle}
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "num_examples": len(self.examples),
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`. The number of examples must match; the stored seed
         and shuffle flag replace this sampler's (the batch size may differ)."""
         n = state.get("num_examples", len(self.examples))
         if n != len(self.examples):
-            raise ValueError(f"PromptSampler state is for {n} examples, this sampler has "
-                             f"{len(self.examples)}")
+            raise ValueError(f"PromptSampler state is for {n} examples, this sampler has {len(self.examples)}")
         position = int(state["position"])
         if not 0 <= position < len(self.examples):
             raise ValueError(f"PromptSampler state: position {position} out of range")

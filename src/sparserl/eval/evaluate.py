@@ -5,6 +5,7 @@ With ``n`` samples per problem: ``avg@n`` = mean reward over all samples, ``pass
 samples that pass (reward >= 1: the unbiased estimate of pass@1; = avg@n for a 0/1 reward), ``pass@n`` =
 the fraction of problems with at least one sample that passes.
 """
+
 from __future__ import annotations
 
 import json
@@ -65,8 +66,10 @@ def evaluate_cli(args) -> int:
     check_number(args.temperature, "--temperature", ge=0, what="0 = greedy")
     check_number(args.reward_timeout_s, "--reward-timeout-s", gt=0, le=86400, what="seconds to score one response")
     check_choice(args.dtype, "--dtype", ("auto", "float32", "bfloat16", "float16"))
-    for option, value, what in (("--prompt-key", args.prompt_key, "prompt"), ("--label-key", args.label_key,
-                                                                          "reference answer")):
+    for option, value, what in (
+        ("--prompt-key", args.prompt_key, "prompt"),
+        ("--label-key", args.label_key, "reference answer"),
+    ):
         if value is not None and not value.strip():
             raise OptionError(f"{option} {value!r}: name the column that holds the {what} (or leave it out)")
     if args.template is not None and "{problem}" not in args.template and "{prompt}" not in args.template:
@@ -92,9 +95,12 @@ def evaluate_cli(args) -> int:
         res.update({"compressor": name, "kv_budget": args.kv_budget if comp.compresses else None})
         results["runs"].append(res)
         stats = f"pass@1 {res['pass@1']:.3f}  avg@{args.n} {res[f'avg@{args.n}']:.3f}" + (
-            f"  pass@{args.n} {res[f'pass@{args.n}']:.3f}" if args.n > 1 else "")
-        print(f"{name:>9}: {stats}  ({res['problems']} problems, {res['seconds']:.0f}s, "
-              f"KV peak {res['kv_bytes_peak'] / 2**20:.1f} MiB)")
+            f"  pass@{args.n} {res[f'pass@{args.n}']:.3f}" if args.n > 1 else ""
+        )
+        print(
+            f"{name:>9}: {stats}  ({res['problems']} problems, {res['seconds']:.0f}s, "
+            f"KV peak {res['kv_bytes_peak'] / 2**20:.1f} MiB)"
+        )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=2))

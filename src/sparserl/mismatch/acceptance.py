@@ -10,6 +10,7 @@ percentile of α in each bin of sequence lengths predicts it (training stayed st
 sampler's k most likely tokens only, ``Σ_{x ∈ top_k(q)} min(p(x), q(x))``, a lower bound of α that
 misses the overlap in the tail.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,8 +26,9 @@ def acceptance_topk(logp: torch.Tensor, top_logq: torch.Tensor, top_idx: torch.T
     return torch.minimum(logp.float().gather(-1, top_idx), top_logq.float()).exp().sum(-1)
 
 
-def tail_by_bin(alpha: torch.Tensor, seq_len: torch.Tensor, mask: torch.Tensor, bin_width: int,
-                q: float = 0.05) -> dict[int, tuple[float, int]]:
+def tail_by_bin(
+    alpha: torch.Tensor, seq_len: torch.Tensor, mask: torch.Tensor, bin_width: int, q: float = 0.05
+) -> dict[int, tuple[float, int]]:
     """{bin start: (q-quantile of α, tokens)} over the tokens where ``mask`` holds, binned by the
     sequence length at which each token was drawn (``seq_len``, same shape as ``alpha``)."""
     valid = mask.bool()

@@ -18,6 +18,7 @@ When the responses are the sampler's own (``recorded`` given: its ``sampler_logp
 checked: the replayed log-prob of each sampled token must equal the recorded one, and the largest
 difference comes back (0 when the replay reproduced the sampler).
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,8 +43,9 @@ def distributions_fit(responses: int, max_new_tokens: int, vocab: int, record_mi
 
 
 @torch.no_grad()
-def recorded_alpha(distributions: list[torch.Tensor], hidden: torch.Tensor, lm_weight: torch.Tensor,
-                   tau: float) -> torch.Tensor:
+def recorded_alpha(
+    distributions: list[torch.Tensor], hidden: torch.Tensor, lm_weight: torch.Tensor, tau: float
+) -> torch.Tensor:
     """α [N, T] float64 on the CPU from ``q`` recorded while sampling (``distributions[i]`` [T_i, V]: the
     log-probs response ``i``'s tokens were drawn from, ``SamplingParams.keep_distributions``) instead of a
     replay: the same ``q`` the replay hands over, so the same α, without re-running the sampler. ``p`` as
@@ -59,9 +61,17 @@ def recorded_alpha(distributions: list[torch.Tensor], hidden: torch.Tensor, lm_w
 
 
 @torch.no_grad()
-def exact_alpha(engine, prompt_ids: list[list[int]], response_ids: list[list[int]], params,
-                hidden: torch.Tensor, lm_weight: torch.Tensor, tau: float,
-                recorded: torch.Tensor | None = None, on_decode=None) -> tuple[torch.Tensor, float | None]:
+def exact_alpha(
+    engine,
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    params,
+    hidden: torch.Tensor,
+    lm_weight: torch.Tensor,
+    tau: float,
+    recorded: torch.Tensor | None = None,
+    on_decode=None,
+) -> tuple[torch.Tensor, float | None]:
     """(α [N, T] float64 on the CPU, replay error): ``engine`` replayed on ``prompt_ids[i]`` forced to
     ``response_ids[i]`` with the sampling ``params`` (:func:`.replay.replay`), each step's ``q`` against
     ``p`` from ``hidden`` [N, T, H] (:func:`sparserl.score.hidden.dense_hidden`) and ``lm_weight`` at

@@ -33,6 +33,7 @@ Runs before the update: the sampler and the learner still hold the weights that 
 learner's mixed precision (``model.mixed_precision``) ``p``'s head product runs in bfloat16, as the
 scoring forward's does.
 """
+
 from __future__ import annotations
 
 import math
@@ -57,8 +58,9 @@ def dense_hidden(model, batch: RolloutBatch, micro_batch_size: int = 16, shared_
     forwarded once, :func:`sparserl.score.hidden.dense_hidden_shared`)."""
     if shared_prompt:
         return score_hidden.dense_hidden_shared(model, batch, micro_batch_size)
-    return score_hidden.dense_hidden(model, batch.input_ids, batch.attention_mask, batch.position_ids,
-                                    batch.response_ids.shape[1], micro_batch_size)
+    return score_hidden.dense_hidden(
+        model, batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_ids.shape[1], micro_batch_size
+    )
 
 
 def keeps_distributions(trainer, batch_size: int) -> bool:
@@ -91,16 +93,19 @@ def check_exact_alpha_under_async(cfg, learner) -> None:
     if not q_fits(cfg, learner, responses):
         vocab = lm_head_weight(learner).shape[0]
         need = math.ceil(exact.distributions_mib(responses, cfg.rollout.max_new_tokens, vocab))
-        raise ConfigError(f"mismatch.alpha_record_mib={cfg.mismatch.alpha_record_mib} with rollout.async=true and "
-                          f"mismatch.alpha=exact: a step's q ({responses} responses x {cfg.rollout.max_new_tokens} "
-                          f"tokens x {vocab} vocabulary x 4 bytes) is {need} MiB, and under rollout.async the exact "
-                          f"α can only read the q the workers kept (the training process's sampler is a step ahead "
-                          f"and cannot replay); set mismatch.alpha_record_mib >= {need}, or mismatch.alpha=topk")
+        raise ConfigError(
+            f"mismatch.alpha_record_mib={cfg.mismatch.alpha_record_mib} with rollout.async=true and "
+            f"mismatch.alpha=exact: a step's q ({responses} responses x {cfg.rollout.max_new_tokens} "
+            f"tokens x {vocab} vocabulary x 4 bytes) is {need} MiB, and under rollout.async the exact "
+            f"α can only read the q the workers kept (the training process's sampler is a step ahead "
+            f"and cannot replay); set mismatch.alpha_record_mib >= {need}, or mismatch.alpha=topk"
+        )
 
 
 @torch.no_grad()
-def measure_alpha(trainer, batch: RolloutBatch, ro, params, mode: str, bin_width: int,
-                  hidden: torch.Tensor | None = None) -> dict:
+def measure_alpha(
+    trainer, batch: RolloutBatch, ro, params, mode: str, bin_width: int, hidden: torch.Tensor | None = None
+) -> dict:
     """The step's α metrics (mean, 5th percentile, 5th percentile per length bin, time) in ``mode``.
     ``hidden`` [N, T, H]: the learner's final hidden states at the response positions when the scoring
     forward kept them (else one forward here)."""
@@ -111,8 +116,9 @@ def measure_alpha(trainer, batch: RolloutBatch, ro, params, mode: str, bin_width
     model_cfg = trainer.cfg.model
     if hidden is None:
         with learner_autocast(model_cfg, batch.response_ids.device):
-            hidden = dense_hidden(trainer.learner, batch, trainer.cfg.train.micro_batch_size,
-                                  trainer.cfg.train.shared_prompt)
+            hidden = dense_hidden(
+                trainer.learner, batch, trainer.cfg.train.micro_batch_size, trainer.cfg.train.shared_prompt
+            )
     dtype = learner_compute_dtype(model_cfg, trainer.learner)  # p's head product as the scoring forward's
     weight, hidden = lm_head_weight(trainer.learner).to(dtype), hidden.to(dtype)
     N, T = batch.response_ids.shape
@@ -122,10 +128,22 @@ def measure_alpha(trainer, batch: RolloutBatch, ro, params, mode: str, bin_width
         alpha = exact.recorded_alpha(ro.distributions, hidden, weight, tau)
     elif mode == "exact":
         distill, engine = getattr(trainer, "distill", None), trainer.engine
-        record = (distill.recorder(ro.prompt_ids, ro.response_ids, engine.model.n_layers, engine.model.n_kv)
-                  if distill is not None else None)  # DistillSparse replays what the sampler read, after the update
-        alpha, err = exact.exact_alpha(engine, ro.prompt_ids, ro.response_ids, params, hidden, weight,
-                                             tau, recorded=batch.sampler_logprobs, on_decode=record)
+        record = (
+            distill.recorder(ro.prompt_ids, ro.response_ids, engine.model.n_layers, engine.model.n_kv)
+            if distill is not None
+            else None
+        )  # DistillSparse replays what the sampler read, after the update
+        alpha, err = exact.exact_alpha(
+            engine,
+            ro.prompt_ids,
+            ro.response_ids,
+            params,
+            hidden,
+            weight,
+            tau,
+            recorded=batch.sampler_logprobs,
+            on_decode=record,
+        )
         metrics[names.MISMATCH_REPLAY_ERR] = err
         if distill is not None:  # the same sparse sampler on θ alone: what φ buys
             engine.update_weights(distill.base_weights(trainer.learner))
@@ -142,8 +160,11 @@ def measure_alpha(trainer, batch: RolloutBatch, ro, params, mode: str, bin_width
             alpha[i, :n] = acceptance_topk(logp, values.to(logp.device), idx.to(logp.device)).double().cpu()
             if reading is not None:  # the learner against the sampler's weights on a dense cache
                 dev = logp.device
-                lag[i, :n] = acceptance_topk(logp, reading.top_logprobs[i].to(dev),
-                                             reading.top_indices[i].to(dev)).double().cpu()
+                lag[i, :n] = (
+                    acceptance_topk(logp, reading.top_logprobs[i].to(dev), reading.top_indices[i].to(dev))
+                    .double()
+                    .cpu()
+                )
         if reading is not None:
             mask = batch.response_mask.cpu()
             metrics[names.MISMATCH_ALPHA_LAG_MEAN], metrics[names.MISMATCH_ALPHA_LAG_P5] = summary(lag, mask)

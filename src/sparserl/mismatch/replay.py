@@ -9,6 +9,7 @@ Exactness is checked, not assumed: the replayed log-probs of the sampled tokens 
 sampler's recorded ``sampler_logprobs`` (tests: every compressor, int8 KV, each weight quantization;
 in training ``mismatch/replay_err`` logs the largest difference).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,14 @@ DecodeFn = Callable[[int, torch.Tensor, object], None]
 
 
 @torch.inference_mode()
-def replay(engine: RolloutEngine, prompt_ids: list[list[int]], response_ids: list[list[int]],
-           params: SamplingParams, on_step: StepFn | None = None, on_decode: DecodeFn | None = None) -> RolloutOutput:
+def replay(
+    engine: RolloutEngine,
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    params: SamplingParams,
+    on_step: StepFn | None = None,
+    on_decode: DecodeFn | None = None,
+) -> RolloutOutput:
     """Re-run ``engine`` on ``prompt_ids[i]`` forced to ``response_ids[i]`` (one prompt per response, in
     the order they were sampled, with the sampling ``params`` they were sampled with: ``max_new_tokens``
     and ``tail_slack`` decisions depend on it). ``engine.max_batch`` splits the batch as sampling did."""

@@ -9,6 +9,7 @@ comes from, each part's k3 averaged over the sampled tokens (Schulman's k3, ``ρ
   cache, read on the rollout workers (:class:`.teacher_forced.DenseCacheReading`), ``log p/q_w`` is the
   lag (and the weight rounding when the sampler rounds), ``log q_w/q`` the cache.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,8 +32,10 @@ def mismatch_split(sampler_model, batch: RolloutBatch, temperature: float, micro
     (``batch.sampler_logprobs``)."""
     q_weights = teacher_forced_logprobs(sampler_model, batch, temperature, micro_batch_size)
     q_weights = q_weights.to(batch.old_logprobs.device)
-    return {names.MISMATCH_K3_WEIGHTS: k3_mean(q_weights, batch.old_logprobs, batch.response_mask),
-            names.MISMATCH_K3_CACHE: k3_mean(batch.sampler_logprobs, q_weights, batch.response_mask)}
+    return {
+        names.MISMATCH_K3_WEIGHTS: k3_mean(q_weights, batch.old_logprobs, batch.response_mask),
+        names.MISMATCH_K3_CACHE: k3_mean(batch.sampler_logprobs, q_weights, batch.response_mask),
+    }
 
 
 def lag_split(batch: RolloutBatch, reading: DenseCacheReading) -> dict:
@@ -40,5 +43,7 @@ def lag_split(batch: RolloutBatch, reading: DenseCacheReading) -> dict:
     cache; the lag, and the sampler's weight rounding when it rounds) and of ``q_w`` against the sampler
     that ran (the cache)."""
     q_weights = batch.padded(reading.logprobs)
-    return {names.MISMATCH_K3_LAG: k3_mean(q_weights, batch.old_logprobs, batch.response_mask),
-            names.MISMATCH_K3_CACHE: k3_mean(batch.sampler_logprobs, q_weights, batch.response_mask)}
+    return {
+        names.MISMATCH_K3_LAG: k3_mean(q_weights, batch.old_logprobs, batch.response_mask),
+        names.MISMATCH_K3_CACHE: k3_mean(batch.sampler_logprobs, q_weights, batch.response_mask),
+    }

@@ -11,6 +11,7 @@ Each part's k3 (``ρ - 1 - log ρ``) is averaged over the sampled tokens. The to
 ``q``, not ``q_w``, so the weights part is a sample estimate under ``q`` of a quantity defined for
 ``q_w``: a diagnostic of where the mismatch comes from, not an unbiased KL.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,8 +24,9 @@ from .acceptance import acceptance_topk
 
 
 @torch.inference_mode()
-def teacher_forced_logsoftmax(model: SamplerModel, batch: RolloutBatch, temperature: float = 1.0,
-                              micro_batch_size: int = 16):
+def teacher_forced_logsoftmax(
+    model: SamplerModel, batch: RolloutBatch, temperature: float = 1.0, micro_batch_size: int = 16
+):
     """Yields ``(rows, log_q)`` per micro-batch: ``log_q`` [n, T, V] float32 ``log softmax(logits / τ)`` of
     ``model`` at the positions that predict each response token, teacher forced on ``batch``
     (``[left pad | prompt | response | right pad]``), on the model's device."""
@@ -34,14 +36,16 @@ def teacher_forced_logsoftmax(model: SamplerModel, batch: RolloutBatch, temperat
     dev = model.device
     for s in range(0, N, micro_batch_size):
         rows = slice(s, min(N, s + micro_batch_size))
-        h = model.hidden_states(batch.input_ids[rows].to(dev), batch.attention_mask[rows].to(dev).bool(),
-                                batch.position_ids[rows].to(dev))
+        h = model.hidden_states(
+            batch.input_ids[rows].to(dev), batch.attention_mask[rows].to(dev).bool(), batch.position_ids[rows].to(dev)
+        )
         logits = model.logits(h[:, P - 1 : P + T - 1]).float() / tau  # position t predicts token t + 1
         yield rows, torch.log_softmax(logits, dim=-1)
 
 
-def teacher_forced_logprobs(model: SamplerModel, batch: RolloutBatch, temperature: float = 1.0,
-                            micro_batch_size: int = 16) -> torch.Tensor:
+def teacher_forced_logprobs(
+    model: SamplerModel, batch: RolloutBatch, temperature: float = 1.0, micro_batch_size: int = 16
+) -> torch.Tensor:
     """[N, T] float32 log-prob of each response token under ``model`` (:func:`teacher_forced_logsoftmax`),
     0 where the response mask is 0."""
     out = torch.zeros(batch.response_ids.shape, dtype=torch.float32, device=batch.response_ids.device)
@@ -68,6 +72,7 @@ class DenseCacheReading:
     @staticmethod
     def concat(readings: list[DenseCacheReading]) -> DenseCacheReading:
         """One reading of the responses of ``readings`` in order (the shards of a step)."""
+
         def joined(name):
             parts = [getattr(r, name) for r in readings]
             return None if any(p is None for p in parts) else [x for p in parts for x in p]
@@ -75,8 +80,9 @@ class DenseCacheReading:
         return DenseCacheReading(*(joined(name) for name in ("logprobs", "top_logprobs", "top_indices", "alpha")))
 
 
-def read_dense_cache(model: SamplerModel, ro, temperature: float, topk: int = 0, micro_batch_size: int = 16,
-                     pad_id: int = 0) -> DenseCacheReading:
+def read_dense_cache(
+    model: SamplerModel, ro, temperature: float, topk: int = 0, micro_batch_size: int = 16, pad_id: int = 0
+) -> DenseCacheReading:
     """The :class:`DenseCacheReading` of rollout ``ro`` (a :class:`~sparserl.rollout.engine.RolloutOutput`)
     under ``model``; ``topk`` > 0 also keeps ``q_w``'s top-k and, when ``ro`` recorded the sampler's
     top-k, α against it."""

@@ -6,15 +6,16 @@ removed in version 5.40.0").
 sparserl asks for ``transformers>=5.0``, so both spellings must work: the argument's name is read from the
 module's ``forward`` signature, the cache from whichever field the output has.
 """
+
 from __future__ import annotations
 
 import inspect
-from functools import lru_cache
+from functools import cache
 
 __all__ = ["cache_argument", "output_cache"]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _argument_of(forward_type: type) -> str:
     params = inspect.signature(forward_type.forward).parameters
     return "cache" if "cache" in params else "past_key_values"

@@ -25,6 +25,7 @@ into a plain model as they are, and after loading them into a scaled model the f
 with :func:`refold_after_load`. In bfloat16 ``W/s`` rounds (relative 2^-9) unless ``s`` is a power of
 two; in float32 the un-scaled weights equal the originals to ~1e-7 relative.
 """
+
 from __future__ import annotations
 
 import re
@@ -38,8 +39,10 @@ OPTION = "rollout.quant_scale"
 # model types whose RMSNorm is ``weight * x / rms(x)`` (Gemma's ``(1 + weight)`` would need another fold)
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 # per decoder layer: the norm, and the projections that read its output
-FOLDS = (("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
-         ("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj")))
+FOLDS = (
+    ("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+    ("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj")),
+)
 SCALED_NORM_KEY = re.compile(r"(^|\.)layers\.\d+\.(input_layernorm|post_attention_layernorm)\.weight$")
 DIVIDED_WEIGHT_KEY = re.compile(r"(^|\.)layers\.\d+\.(self_attn\.[qkv]_proj|mlp\.(gate|up)_proj)\.weight$")
 
@@ -52,8 +55,9 @@ def check_scale(s: float) -> float:
     try:
         s = float(s)
     except (TypeError, ValueError):
-        raise InvariantScalingError(f"{OPTION}={s!r} is not a number; expected a positive number "
-                                    "(1.0 = off, QuRL's 1.5)") from None
+        raise InvariantScalingError(
+            f"{OPTION}={s!r} is not a number; expected a positive number (1.0 = off, QuRL's 1.5)"
+        ) from None
     if not s > 0 or s == float("inf"):
         raise InvariantScalingError(f"{OPTION}={s} must be a positive finite number (1.0 = off, QuRL's 1.5)")
     return s
@@ -72,28 +76,34 @@ def fold_groups(model: torch.nn.Module) -> list[tuple[str, list[str]]]:
         raise InvariantScalingError(
             f"{OPTION}: invariant scaling needs a decoder of type {', '.join(SUPPORTED_MODEL_TYPES)} "
             f"(RMSNorm = weight * x / rms(x) before q/k/v and gate/up); this model's type is {model_type!r}; "
-            f"use {OPTION}=1.0")
+            f"use {OPTION}=1.0"
+        )
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None or len(layers) == 0:
-        raise InvariantScalingError(f"{OPTION}: the {model_type} model has no decoder layers at model.layers; "
-                                    f"use {OPTION}=1.0")
+        raise InvariantScalingError(
+            f"{OPTION}: the {model_type} model has no decoder layers at model.layers; use {OPTION}=1.0"
+        )
     groups = []
     for i, layer in enumerate(layers):
         for norm_name, proj_names in FOLDS:
             norm = _module(layer, norm_name)
             w = getattr(norm, "weight", None)
             if not isinstance(w, torch.Tensor) or w.dim() != 1 or getattr(norm, "bias", None) is not None:
-                raise InvariantScalingError(f"{OPTION}: model.layers.{i}.{norm_name} is not an RMSNorm with a "
-                                            f"1-D weight and no bias; use {OPTION}=1.0")
+                raise InvariantScalingError(
+                    f"{OPTION}: model.layers.{i}.{norm_name} is not an RMSNorm with a "
+                    f"1-D weight and no bias; use {OPTION}=1.0"
+                )
             for p in proj_names:
                 proj = _module(layer, p, i)
                 pw = getattr(proj, "weight", None)
                 if not isinstance(pw, torch.Tensor) or pw.dim() != 2 or pw.shape[1] != w.numel():
                     raise InvariantScalingError(
                         f"{OPTION}: model.layers.{i}.{p} is not a linear layer reading the "
-                        f"{w.numel()} features of model.layers.{i}.{norm_name}; use {OPTION}=1.0")
-            groups.append((f"model.layers.{i}.{norm_name}.weight",
-                           [f"model.layers.{i}.{p}.weight" for p in proj_names]))
+                        f"{w.numel()} features of model.layers.{i}.{norm_name}; use {OPTION}=1.0"
+                    )
+            groups.append(
+                (f"model.layers.{i}.{norm_name}.weight", [f"model.layers.{i}.{p}.weight" for p in proj_names])
+            )
     return groups
 
 
@@ -103,9 +113,11 @@ def _module(layer: torch.nn.Module, dotted: str, i: int | None = None) -> torch.
         m = getattr(m, part, None)
         if m is None:
             where = f"model.layers.{i}." if i is not None else "a decoder layer's "
-            raise InvariantScalingError(f"{OPTION}: {where}{dotted} is missing; invariant scaling needs the "
-                                        f"llama layout (input_layernorm, self_attn.q/k/v_proj, "
-                                        f"post_attention_layernorm, mlp.gate/up_proj); use {OPTION}=1.0")
+            raise InvariantScalingError(
+                f"{OPTION}: {where}{dotted} is missing; invariant scaling needs the "
+                f"llama layout (input_layernorm, self_attn.q/k/v_proj, "
+                f"post_attention_layernorm, mlp.gate/up_proj); use {OPTION}=1.0"
+            )
     return m
 
 
@@ -132,8 +144,10 @@ def apply_invariant_scaling(model: torch.nn.Module, s: float) -> torch.nn.Module
     if have != 1.0:
         if have == s:
             return model
-        raise InvariantScalingError(f"{OPTION}={s}: this model already has s={have} folded in; un-scale it "
-                                    "first (load unscaled_state_dict into a fresh model)")
+        raise InvariantScalingError(
+            f"{OPTION}={s}: this model already has s={have} folded in; un-scale it "
+            "first (load unscaled_state_dict into a fresh model)"
+        )
     if s == 1.0:
         return model
     _fold(model, s)

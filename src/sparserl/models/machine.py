@@ -5,6 +5,7 @@ The sampler's ``dtype: auto`` (:mod:`sparserl.rollout.dtype_auto`), the learner'
 ``model.mixed_precision: auto`` (:mod:`sparserl.models.mixed_precision`) and the native kernels' build
 (:mod:`sparserl.rollout.native.compiler`) name the machine the same way, from here.
 """
+
 from __future__ import annotations
 
 import platform
@@ -13,8 +14,19 @@ from pathlib import Path
 import torch
 
 #: the instruction sets that decide which kernels and dtypes are fast, as /proc/cpuinfo names them
-ISA = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile",
-       "amx_bf16", "amx_int8")
+ISA = (
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
 
 
 def cache_dir() -> Path:

@@ -25,6 +25,7 @@ at 0.035x: 6 s a round). The answer is cached per device, CPU model and instruct
 version in ``mixed_precision_auto.json`` beside the sampler's ``dtype_auto.json``
 (``$SPARSERL_NATIVE_CACHE``). ``sparserl bench learner`` measures the whole step.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -53,6 +54,7 @@ HEAD_SHAPE = (576, 49152)
 @dataclass
 class PrecisionChoice:
     """What ``auto`` chose and why (logged, and recorded with the run's config)."""
+
     mode: str
     reason: str
     key: str
@@ -65,7 +67,7 @@ class PrecisionChoice:
 _CHOSEN: dict[str, PrecisionChoice] = {}  # this process's answers, by machine key
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def machine_key(device: torch.device) -> str:
     return f"{device_label(device)} | torch {torch.__version__} | learner v{MEASURE_VERSION}"
 
@@ -83,10 +85,14 @@ def probe_timer(device: torch.device):
     """``timer(mode) -> seconds`` of one forward and backward of the probe (see the module docstring)
     with ``mode`` ``off`` (float32) or ``bfloat16`` (autocast), each warmed up once."""
     gen = torch.Generator(device=device).manual_seed(0)
-    weights = [torch.randn(o, i, generator=gen, device=device).mul_(0.02).requires_grad_(True)
-               for i, o in (*LAYER_SHAPES, HEAD_SHAPE)]
-    rows = {width: torch.randn(PROBE_ROWS, width, generator=gen, device=device).requires_grad_(True)
-            for width in {i for i, _ in LAYER_SHAPES}}
+    weights = [
+        torch.randn(o, i, generator=gen, device=device).mul_(0.02).requires_grad_(True)
+        for i, o in (*LAYER_SHAPES, HEAD_SHAPE)
+    ]
+    rows = {
+        width: torch.randn(PROBE_ROWS, width, generator=gen, device=device).requires_grad_(True)
+        for width in {i for i, _ in LAYER_SHAPES}
+    }
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def run(mode: str) -> float:
@@ -115,7 +121,7 @@ def measure(device: torch.device, timer=None) -> PrecisionChoice:
     per = {"off": [], "bfloat16": []}
     ratios = []
     for k in range(ROUNDS):
-        for mode in (("off", "bfloat16") if k % 2 == 0 else ("bfloat16", "off")):
+        for mode in ("off", "bfloat16") if k % 2 == 0 else ("bfloat16", "off"):
             per[mode].append(timer(mode))
         ratios.append(per["off"][-1] / per["bfloat16"][-1])
         if ratios[0] < HOPELESS:  # no slow round makes bf16 4x slower: emulated products, not worth 2 more
@@ -123,10 +129,18 @@ def measure(device: torch.device, timer=None) -> PrecisionChoice:
     speedup = statistics.median(ratios)
     mode = "bfloat16" if speedup >= AUTO_MIN_SPEEDUP else "off"
     verdict = "at least" if mode == "bfloat16" else "under"
-    reason = (f"measured: the learner's products under bfloat16 autocast run {speedup:.2f}x float32's, "
-              f"{verdict} {AUTO_MIN_SPEEDUP}x (median of {len(ratios)} per-round ratios, SmolLM2-135M's shapes)")
-    return PrecisionChoice(mode, reason, machine_key(device), {m: statistics.median(v) for m, v in per.items()},
-                           [round(r, 4) for r in ratios], time.strftime("%Y-%m-%dT%H:%M:%S"))
+    reason = (
+        f"measured: the learner's products under bfloat16 autocast run {speedup:.2f}x float32's, "
+        f"{verdict} {AUTO_MIN_SPEEDUP}x (median of {len(ratios)} per-round ratios, SmolLM2-135M's shapes)"
+    )
+    return PrecisionChoice(
+        mode,
+        reason,
+        machine_key(device),
+        {m: statistics.median(v) for m, v in per.items()},
+        [round(r, 4) for r in ratios],
+        time.strftime("%Y-%m-%dT%H:%M:%S"),
+    )
 
 
 def choose(device: str | torch.device = "auto", timer=None, log=print) -> PrecisionChoice:

@@ -41,14 +41,24 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Sequence
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 from . import pool as _pool
 
-__all__ = ["math_reward", "MathReward", "extract_answer", "extract_boxed", "extract_last_number",
-           "normalize_label", "answers_equal", "symbolic_equal", "DEFAULT_TIMEOUT_S"]
+__all__ = [
+    "math_reward",
+    "MathReward",
+    "extract_answer",
+    "extract_boxed",
+    "extract_last_number",
+    "normalize_label",
+    "answers_equal",
+    "symbolic_equal",
+    "DEFAULT_TIMEOUT_S",
+]
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +107,7 @@ def extract_boxed(text: str) -> str | None:
         if tok == "}":
             if open_boxes and open_boxes[-1][0] == depth:
                 _, cstart, bstart = open_boxes.pop()
-                content = text[cstart:m.start()].strip()
+                content = text[cstart : m.start()].strip()
                 if content and (best is None or bstart > best[0]):
                     best = (bstart, content)
             depth = max(depth - 1, 0)
@@ -131,6 +141,7 @@ def extract_answer(response: str) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # Labels, and the cheap in-process comparison (ours)
 # ---------------------------------------------------------------------------------------------
+
 
 def _format_number(x: float | int) -> str:
     if isinstance(x, (bool, int)):
@@ -229,8 +240,16 @@ def _is_unevaluated_arithmetic(s: str) -> bool:
     """Whether ``s`` is a bare arithmetic expression of numbers such as ``3+4`` or ``2\\cdot 5``
     (but not a single number or fraction)."""
     t = _canon(s)
-    for a, b in (("\\times", "*"), ("\\cdot", "*"), ("\\div", "/"), ("\u00d7", "*"),
-                 ("\u00b7", "*"), ("\u00f7", "/"), ("\\left", ""), ("\\right", "")):
+    for a, b in (
+        ("\\times", "*"),
+        ("\\cdot", "*"),
+        ("\\div", "/"),
+        ("\u00d7", "*"),
+        ("\u00b7", "*"),
+        ("\u00f7", "/"),
+        ("\\left", ""),
+        ("\\right", ""),
+    ):
         t = t.replace(a, b)
     return bool(_ARITH_CHARS.match(t) and _ARITH_OP.search(t)) and _as_number(t) is None
 
@@ -273,8 +292,12 @@ def _plan_one(pred: str, gold: str, strict_numbers: bool):
         return 1.0 if _same_number(na, nb) else 0.0
     if strict_numbers and nb is not None and _is_unevaluated_arithmetic(pred):
         return 0.0  # "3+4" does not answer "7"
-    if (len(pred) > MAX_SYMBOLIC_CHARS or len(gold) > MAX_SYMBOLIC_CHARS
-            or _nesting(pred) > MAX_NESTING or _nesting(gold) > MAX_NESTING):
+    if (
+        len(pred) > MAX_SYMBOLIC_CHARS
+        or len(gold) > MAX_SYMBOLIC_CHARS
+        or _nesting(pred) > MAX_NESTING
+        or _nesting(gold) > MAX_NESTING
+    ):
         return 0.0
     return (pred, gold)
 
@@ -297,14 +320,14 @@ def _plan_answer(pred: Any, label: Any, strict_numbers: bool):
     nums_p = [_as_number(_canon(p)) for p in parts]
     nums_g = [_as_number(_canon(g)) for g in golds]
     if None not in nums_p and None not in nums_g:
-        return 1.0 if (sorted(round(x, 6) for x in nums_p)
-                       == sorted(round(x, 6) for x in nums_g)) else 0.0
+        return 1.0 if (sorted(round(x, 6) for x in nums_p) == sorted(round(x, 6) for x in nums_g)) else 0.0
     return _plan_one(pred, ", ".join(golds), strict_numbers)  # math-verify compares them as sets
 
 
 # ---------------------------------------------------------------------------------------------
 # The math-verify check (runs in a worker) and the magnitude guard (ours)
 # ---------------------------------------------------------------------------------------------
+
 
 class _DropTimeoutWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:  # noqa: A003
@@ -332,8 +355,7 @@ def _log10(v: int) -> float:
     return math.log10(v) if v else 0.0
 
 
-_FACTORIALS = ("factorial", "factorial2", "subfactorial", "gamma", "RisingFactorial",
-               "FallingFactorial", "binomial")
+_FACTORIALS = ("factorial", "factorial2", "subfactorial", "gamma", "RisingFactorial", "FallingFactorial", "binomial")
 
 
 def _log10_mag(node: Any, depth: int = 0) -> float | None:
@@ -360,14 +382,14 @@ def _log10_mag(node: Any, depth: int = 0) -> float | None:
             return None
         if me > 8:
             return math.inf
-        return (10.0 ** me) * max(mb if mb is not None else 1.0, 0.0)
+        return (10.0**me) * max(mb if mb is not None else 1.0, 0.0)
     if type(node).__name__ in _FACTORIALS:
         mn = _log10_mag(node.args[0], depth + 1)
         if mn is None:
             return None
         if mn > 8:
             return math.inf
-        n = 10.0 ** mn
+        n = 10.0**mn
         return n * max(math.log10(n), 1.0)
     known = [m for m in (_log10_mag(a, depth + 1) for a in getattr(node, "args", ())) if m is not None]
     if not known:
@@ -399,8 +421,9 @@ def _parse(answer: str) -> list:
     """math-verify's parse of one answer span: LaTeX (as the content of a box), else a plain
     expression/number."""
     mv = _mv()
-    parsed = mv.parse("\\boxed{" + answer + "}",
-                      [mv.LatexExtractionConfig(boxed_match_priority=0)], parsing_timeout=None)
+    parsed = mv.parse(
+        "\\boxed{" + answer + "}", [mv.LatexExtractionConfig(boxed_match_priority=0)], parsing_timeout=None
+    )
     if not parsed:
         parsed = mv.parse(answer, [mv.ExprExtractionConfig()], parsing_timeout=None)
     return parsed
@@ -429,8 +452,7 @@ def warm_up() -> None:
     symbolic_equal("\\frac{1}{2}", "0.5")
 
 
-def _run_checks(pairs: Sequence[tuple[str, str]], timeout: float | None,
-                workers: int | None) -> list[bool]:
+def _run_checks(pairs: Sequence[tuple[str, str]], timeout: float | None, workers: int | None) -> list[bool]:
     """math-verify on each ``(pred, gold)``: in the pool under ``timeout`` (an overrun, a failure
     or a dead worker is False), or in-process with no limit when ``workers == 0`` or when already
     inside a worker."""
@@ -456,8 +478,10 @@ def _run_checks(pairs: Sequence[tuple[str, str]], timeout: float | None,
 # Public entry points
 # ---------------------------------------------------------------------------------------------
 
-def _score(items: Sequence[tuple[Any, Any]], *, timeout: float | None, strict_numbers: bool,
-           workers: int | None, extract: bool) -> list[float]:
+
+def _score(
+    items: Sequence[tuple[Any, Any]], *, timeout: float | None, strict_numbers: bool, workers: int | None, extract: bool
+) -> list[float]:
     """Score ``(response_or_answer, label)`` pairs: cheap path in-process, the rest in one batch of
     math-verify checks (identical checks are run once)."""
     scores = [0.0] * len(items)
@@ -488,16 +512,30 @@ def _score(items: Sequence[tuple[Any, Any]], *, timeout: float | None, strict_nu
     return scores
 
 
-def answers_equal(pred: str, label: Any, timeout: float | None = DEFAULT_TIMEOUT_S, *,
-                  strict_numbers: bool = True, workers: int | None = None) -> bool:
+def answers_equal(
+    pred: str,
+    label: Any,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
+    *,
+    strict_numbers: bool = True,
+    workers: int | None = None,
+) -> bool:
     """Whether an extracted answer string equals a label (see :func:`math_reward`)."""
-    return _score([(pred, label)], timeout=timeout, strict_numbers=strict_numbers,
-                  workers=workers, extract=False)[0] == 1.0
+    return (
+        _score([(pred, label)], timeout=timeout, strict_numbers=strict_numbers, workers=workers, extract=False)[0]
+        == 1.0
+    )
 
 
-def math_reward(response: str, label: Any, prompt: Any = None, *,
-                timeout: float | None = DEFAULT_TIMEOUT_S, strict_numbers: bool = True,
-                workers: int | None = None) -> float:
+def math_reward(
+    response: str,
+    label: Any,
+    prompt: Any = None,
+    *,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
+    strict_numbers: bool = True,
+    workers: int | None = None,
+) -> float:
     """Sparse-RL verifiable reward (arXiv 2601.10079, docs/algorithms.md §1): 1.0 if the final answer
     of ``response`` equals ``label``, else 0.0.
 
@@ -514,8 +552,7 @@ def math_reward(response: str, label: Any, prompt: Any = None, *,
     protocol). For many responses use :class:`MathReward` (``score_batch`` runs the checks in
     parallel).
     """
-    return _score([(response, label)], timeout=timeout, strict_numbers=strict_numbers,
-                  workers=workers, extract=True)[0]
+    return _score([(response, label)], timeout=timeout, strict_numbers=strict_numbers, workers=workers, extract=True)[0]
 
 
 class MathReward:
@@ -526,15 +563,15 @@ class MathReward:
 
     __name__ = "math_reward"
 
-    def __init__(self, timeout_s: float | None = DEFAULT_TIMEOUT_S, *, workers: int | None = None,
-                 strict_numbers: bool = True):
+    def __init__(
+        self, timeout_s: float | None = DEFAULT_TIMEOUT_S, *, workers: int | None = None, strict_numbers: bool = True
+    ):
         self.timeout_s = timeout_s
         self.workers = workers
         self.strict_numbers = strict_numbers
 
     def __repr__(self) -> str:
-        return (f"MathReward(timeout_s={self.timeout_s}, workers={self.workers}, "
-                f"strict_numbers={self.strict_numbers})")
+        return f"MathReward(timeout_s={self.timeout_s}, workers={self.workers}, strict_numbers={self.strict_numbers})"
 
     def start(self) -> None:
         """Start the checker processes now, in the background (they take about a second)."""
@@ -544,8 +581,14 @@ class MathReward:
     def __call__(self, response: str, label: Any, prompt: Any = None) -> float:
         return self.score_batch([response], [label])[0]
 
-    def score_batch(self, responses: Sequence[str], labels: Sequence[Any],
-                    prompts: Sequence[Any] | None = None) -> list[float]:
+    def score_batch(
+        self, responses: Sequence[str], labels: Sequence[Any], prompts: Sequence[Any] | None = None
+    ) -> list[float]:
         """Scores of ``responses`` against ``labels`` (``prompts`` is unused)."""
-        return _score(list(zip(responses, labels)), timeout=self.timeout_s,
-                      strict_numbers=self.strict_numbers, workers=self.workers, extract=True)
+        return _score(
+            list(zip(responses, labels)),
+            timeout=self.timeout_s,
+            strict_numbers=self.strict_numbers,
+            workers=self.workers,
+            extract=True,
+        )

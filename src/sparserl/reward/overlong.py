@@ -11,9 +11,10 @@ L_cache = ``reward.overlong_buffer.len`` tokens, gets a length penalty added to 
 ``overlong`` (logged as ``reward/part/overlong``); the verifier's part is what pass rates and
 ``reward/accuracy`` read, so shaping never counts as a pass.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .weighted import RewardScores
 
@@ -23,8 +24,7 @@ __all__ = ["OVERLONG_PART", "overlong_penalty", "with_overlong_penalty"]
 OVERLONG_PART = "overlong"
 
 
-def overlong_penalty(lengths: Sequence[int], max_new_tokens: int, buffer_len: int,
-                     factor: float = 1.0) -> list[float]:
+def overlong_penalty(lengths: Sequence[int], max_new_tokens: int, buffer_len: int, factor: float = 1.0) -> list[float]:
     """R_length (module docstring) of responses of ``lengths`` tokens."""
     if not 1 <= buffer_len <= max_new_tokens:
         raise ValueError(f"the overlong buffer ({buffer_len} tokens) must be 1 to max_new_tokens={max_new_tokens}")

@@ -45,11 +45,12 @@ import sys
 import threading
 import time
 from collections import deque
-from multiprocessing.connection import Connection, wait as _wait_conns
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as _wait_conns
+from typing import Any
 
-__all__ = ["CheckPool", "get_pool", "shutdown_pool", "in_worker", "default_workers",
-           "KILL_GRACE_S", "Outcome"]
+__all__ = ["CheckPool", "get_pool", "shutdown_pool", "in_worker", "default_workers", "KILL_GRACE_S", "Outcome"]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ def _resolve(ref: str) -> Callable[..., Any]:
 # ---------------------------------------------------------------------------------------------
 # Worker side
 # ---------------------------------------------------------------------------------------------
+
 
 class _Deadline(BaseException):
     """Raised by the worker's timer inside a check (BaseException: library code catching
@@ -179,14 +181,17 @@ def _worker_main(fd: int, preload: Sequence[str]) -> None:
             conn.send((task_id, "error", f"result not transferable: {type(e).__name__}: {e}"))
 
 
-_BOOT = ("import os, sys; sys.path[:0] = [p for p in os.environ.pop('_SPARSERL_SYS_PATH', '')"
-         ".split(os.pathsep) if p]; from sparserl.reward.pool import _worker_main; "
-         "_worker_main(int(sys.argv[1]), sys.argv[2:])")
+_BOOT = (
+    "import os, sys; sys.path[:0] = [p for p in os.environ.pop('_SPARSERL_SYS_PATH', '')"
+    ".split(os.pathsep) if p]; from sparserl.reward.pool import _worker_main; "
+    "_worker_main(int(sys.argv[1]), sys.argv[2:])"
+)
 
 
 # ---------------------------------------------------------------------------------------------
 # Parent side
 # ---------------------------------------------------------------------------------------------
+
 
 class _Worker:
     def __init__(self, preload: Sequence[str]):
@@ -196,8 +201,11 @@ class _Worker:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, str(child_sock.fileno()), *preload],
-                pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, env=env)
+                pass_fds=(child_sock.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                env=env,
+            )
         finally:
             child_sock.close()
         self.conn = Connection(parent_sock.detach())
@@ -366,13 +374,11 @@ class CheckPool:
                 for w in list(self._workers):
                     if w.task is not None and now >= w.task[1]:
                         out[w.task[0]] = ("timeout", None)
-                        log.debug("reward check %d overran its deadline: worker %d killed",
-                                  w.task[0], w.proc.pid)
+                        log.debug("reward check %d overran its deadline: worker %d killed", w.task[0], w.proc.pid)
                         self._replace(w)
                     elif not w.ready and w.task is None and now >= w.started + START_TIMEOUT_S:
                         start_failures += 1
-                        log.warning("reward worker %d did not start within %.0f s", w.proc.pid,
-                                    START_TIMEOUT_S)
+                        log.warning("reward worker %d did not start within %.0f s", w.proc.pid, START_TIMEOUT_S)
                         self._replace(w)
         return [o if o is not None else ("error", "not run") for o in out]
 

@@ -20,21 +20,32 @@ import importlib
 import inspect
 import logging
 import math
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from ..errors import SparserlError
 from ..registry import did_you_mean
 from . import pool as _pool
 from .math import DEFAULT_TIMEOUT_S, MathReward, math_reward
 
-__all__ = ["RewardFn", "BUILTIN_REWARDS", "load_reward", "as_reward_fn", "score_responses",
-           "RewardSpecError", "RewardTimeout", "PooledReward", "FLOAT32_OVERFLOW", "finite_in_float32"]
+__all__ = [
+    "RewardFn",
+    "BUILTIN_REWARDS",
+    "load_reward",
+    "as_reward_fn",
+    "score_responses",
+    "RewardSpecError",
+    "RewardTimeout",
+    "PooledReward",
+    "FLOAT32_OVERFLOW",
+    "finite_in_float32",
+]
 
 log = logging.getLogger(__name__)
 
 #: the smallest magnitude that rounds to ±inf in float32 (round to nearest): 2^128 − 2^103, half a unit in
 #: the last place above float32's largest value 3.4028235e38
-FLOAT32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
+FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
 #: rewards that have returned a non-finite value in this process (each is warned about once)
 _WARNED_NONFINITE: set[str] = set()
 
@@ -71,9 +82,12 @@ BUILTIN_REWARDS: dict[str, Callable[..., float]] = {
     "math_verify": math_reward,
 }
 
-_VALID = ("valid: a built-in reward (" + ", ".join(repr(n) for n in sorted(BUILTIN_REWARDS))
-          + ") or 'package.module:function' naming an importable callable taking "
-          "(response, label) or (response, label, prompt)")
+_VALID = (
+    "valid: a built-in reward ("
+    + ", ".join(repr(n) for n in sorted(BUILTIN_REWARDS))
+    + ") or 'package.module:function' naming an importable callable taking "
+    "(response, label) or (response, label, prompt)"
+)
 
 
 def _takes_prompt(fn: Callable[..., Any]) -> bool:
@@ -111,8 +125,7 @@ class PooledReward:
     the function need not be picklable, but its module must be importable from ``sys.path``.
     ``workers=0``: in-process, no time limit."""
 
-    def __init__(self, ref: str, fn: Callable[..., Any], timeout_s: float | None,
-                 workers: int | None = None):
+    def __init__(self, ref: str, fn: Callable[..., Any], timeout_s: float | None, workers: int | None = None):
         self.ref = ref
         self.fn = as_reward_fn(fn)
         self.takes_prompt = _takes_prompt(fn)
@@ -129,8 +142,9 @@ class PooledReward:
             raise value
         return value
 
-    def score_batch(self, responses: Sequence[str], labels: Sequence[Any],
-                    prompts: Sequence[Any] | None = None) -> list[Any]:
+    def score_batch(
+        self, responses: Sequence[str], labels: Sequence[Any], prompts: Sequence[Any] | None = None
+    ) -> list[Any]:
         """One value per response, or the exception its call raised (:class:`RewardTimeout` for an
         overrun); never raises itself."""
         prompts = [None] * len(responses) if prompts is None else list(prompts)
@@ -142,15 +156,15 @@ class PooledReward:
                 except Exception as e:  # noqa: BLE001 - reported to score_responses
                     out.append(e)
             return out
-        calls = [(self.ref, (r, lab, p) if self.takes_prompt else (r, lab))
-                 for r, lab, p in zip(responses, labels, prompts)]
+        calls = [
+            (self.ref, (r, lab, p) if self.takes_prompt else (r, lab)) for r, lab, p in zip(responses, labels, prompts)
+        ]
         out = []
         for status, value in _pool.get_pool(self.workers).run(calls, self.timeout_s):
             if status == "ok":
                 out.append(value)
             elif status == "timeout":
-                out.append(RewardTimeout(f"reward {self.ref!r} took longer than "
-                                         f"reward.timeout_s={self.timeout_s} s"))
+                out.append(RewardTimeout(f"reward {self.ref!r} took longer than reward.timeout_s={self.timeout_s} s"))
             else:
                 out.append(RuntimeError(value))
         return out
@@ -172,8 +186,9 @@ def _check_timeout(timeout_s: Any) -> float | None:
     return t
 
 
-def load_reward(spec: str | Callable[..., Any], timeout_s: float | None = None, *,
-                workers: int | None = None) -> RewardFn:
+def load_reward(
+    spec: str | Callable[..., Any], timeout_s: float | None = None, *, workers: int | None = None
+) -> RewardFn:
     """Resolve ``reward.fn``.
 
     ``"math"`` (alias ``"math_verify"``) → a :class:`~sparserl.reward.math.MathReward` with
@@ -208,14 +223,12 @@ def load_reward(spec: str | Callable[..., Any], timeout_s: float | None = None, 
     except ModuleNotFoundError as e:
         raise _spec_error(spec, f"module {module_name!r} not found ({e})") from e
     except Exception as e:  # noqa: BLE001 - the module exists but failed on import
-        raise _spec_error(spec, f"importing module {module_name!r} failed: "
-                                f"{type(e).__name__}: {e}") from e
+        raise _spec_error(spec, f"importing module {module_name!r} failed: {type(e).__name__}: {e}") from e
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
             names = [n for n in dir(obj) if not n.startswith("_")]
-            raise _spec_error(spec, f"module {module_name!r} has no attribute {attr!r}"
-                                    f"{did_you_mean(part, names)}")
+            raise _spec_error(spec, f"module {module_name!r} has no attribute {attr!r}{did_you_mean(part, names)}")
         obj = getattr(obj, part)
     if not callable(obj):
         raise _spec_error(spec, f"{attr!r} is not callable (it is a {type(obj).__name__})")
@@ -226,8 +239,9 @@ def load_reward(spec: str | Callable[..., Any], timeout_s: float | None = None, 
     return PooledReward(name, obj, timeout_s, workers)  # type: ignore[return-value]
 
 
-def score_responses(fn: Callable[..., Any], responses: Sequence[str], labels: Sequence[Any],
-                    prompts: Sequence[Any] | None = None) -> tuple[list[float], int]:
+def score_responses(
+    fn: Callable[..., Any], responses: Sequence[str], labels: Sequence[Any], prompts: Sequence[Any] | None = None
+) -> tuple[list[float], int]:
     """Score each response against its label with ``fn``.
 
     Returns ``(rewards, n_errors)``. A call that raises (or overruns ``reward.timeout_s``), or
@@ -248,11 +262,9 @@ def score_responses(fn: Callable[..., Any], responses: Sequence[str], labels: Se
     values: list[Any]
     if callable(batch):
         try:
-            values = list(batch(list(responses), list(labels),
-                                None if prompts is None else list(prompts)))
+            values = list(batch(list(responses), list(labels), None if prompts is None else list(prompts)))
             if len(values) != len(responses):
-                raise ValueError(f"score_batch returned {len(values)} values for "
-                                 f"{len(responses)} responses")
+                raise ValueError(f"score_batch returned {len(values)} values for {len(responses)} responses")
         except Exception as e:  # noqa: BLE001 - a failing batch: every response scores 0
             values = [e] * len(responses)
     else:
@@ -284,9 +296,13 @@ def score_responses(fn: Callable[..., Any], responses: Sequence[str], labels: Se
             name = _reward_name(fn)
             if name not in _WARNED_NONFINITE:
                 _WARNED_NONFINITE.add(name)
-                log.warning("reward %s returned %r on response %d, which is not finite in float32 (the trainer's "
-                            "reward tensors): it scores 0 and counts in reward/errors (said once per reward)",
-                            name, value, i)
+                log.warning(
+                    "reward %s returned %r on response %d, which is not finite in float32 (the trainer's "
+                    "reward tensors): it scores 0 and counts in reward/errors (said once per reward)",
+                    name,
+                    value,
+                    i,
+                )
             n_errors += 1
             value = 0.0
         rewards.append(value)

@@ -8,10 +8,12 @@ checker processes, ``reward.timeout_s``, a failing call or a value not finite in
 counted), and its mean is logged on its own; a sum that overflows float32 scores 0 and is counted too. The first part is the **verifier**: held-out evaluation's pass@k reads it alone, since a
 shaped sum (a format bonus) is not a pass rate.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .registry import RewardSpecError, finite_in_float32, load_reward, score_responses
 
@@ -45,14 +47,16 @@ class WeightedReward:
     def __repr__(self) -> str:
         return "WeightedReward(" + ", ".join(f"{w:g}·{spec}" for (spec, _), w in zip(self.parts, self.weights)) + ")"
 
-    def score(self, responses: Sequence[str], labels: Sequence[Any],
-              prompts: Sequence[Any] | None = None) -> RewardScores:
+    def score(
+        self, responses: Sequence[str], labels: Sequence[Any], prompts: Sequence[Any] | None = None
+    ) -> RewardScores:
         parts, errors = {}, 0
         for spec, fn in self.parts:
             parts[spec], failed = score_responses(fn, responses, labels, prompts)
             errors += failed
-        total = [sum(w * parts[spec][i] for (spec, _), w in zip(self.parts, self.weights))
-                 for i in range(len(responses))]
+        total = [
+            sum(w * parts[spec][i] for (spec, _), w in zip(self.parts, self.weights)) for i in range(len(responses))
+        ]
         overflow = [i for i, t in enumerate(total) if not finite_in_float32(t)]  # finite parts, huge weights
         for i in overflow:
             total[i] = 0.0
@@ -76,8 +80,9 @@ def spec_problem(spec: str | list[str], weights: Sequence[float] | None) -> str 
     return None
 
 
-def load_rewards(spec: str | list[str], weights: Sequence[float] | None = None,
-                 timeout_s: float | None = None) -> Callable[..., Any]:
+def load_rewards(
+    spec: str | list[str], weights: Sequence[float] | None = None, timeout_s: float | None = None
+) -> Callable[..., Any]:
     """``reward.fn`` and ``reward.weights``: one reward (:func:`load_reward`) for a name with weight 1, else a
     :class:`WeightedReward`. An error names the spec that failed, or ``reward.weights``."""
     problem = spec_problem(spec, weights)
@@ -86,12 +91,14 @@ def load_rewards(spec: str | list[str], weights: Sequence[float] | None = None,
     if isinstance(spec, str) and (weights is None or weights[0] == 1):
         return load_reward(spec, timeout_s=timeout_s)
     specs = [spec] if isinstance(spec, str) else list(spec)
-    return WeightedReward([(s, load_reward(s, timeout_s=timeout_s)) for s in specs],
-                          [1.0] * len(specs) if weights is None else weights)
+    return WeightedReward(
+        [(s, load_reward(s, timeout_s=timeout_s)) for s in specs], [1.0] * len(specs) if weights is None else weights
+    )
 
 
-def score_rewards(reward: Callable[..., Any], responses: Sequence[str], labels: Sequence[Any],
-                  prompts: Sequence[Any] | None = None) -> RewardScores:
+def score_rewards(
+    reward: Callable[..., Any], responses: Sequence[str], labels: Sequence[Any], prompts: Sequence[Any] | None = None
+) -> RewardScores:
     """The batch's :class:`RewardScores` under ``reward`` (one reward or a :class:`WeightedReward`)."""
     if isinstance(reward, WeightedReward):
         return reward.score(responses, labels, prompts)

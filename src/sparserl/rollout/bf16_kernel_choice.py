@@ -16,6 +16,7 @@ answer and its reason are the engine's ``bf16_kernel_choice`` and the bench JSON
 The engine passes its own class (``engine``) to be timed, so this module sits below
 :mod:`sparserl.rollout.engine`.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -32,6 +33,7 @@ from .kv import build_compressor
 @dataclass
 class KernelChoice:
     """The bf16 kernel chosen and why."""
+
     kernel: str
     reason: str
     key: str
@@ -69,20 +71,29 @@ def measure(kernels: tuple[str, ...], device: torch.device, timer=None, engine=N
     per = {k: [] for k in kernels}
     ratios = []
     for k in range(ROUNDS):
-        for kernel in (kernels if k % 2 == 0 else kernels[::-1]):
+        for kernel in kernels if k % 2 == 0 else kernels[::-1]:
             per[kernel].append(timer(kernel))
         ratios.append(per[second][-1] / per[first][-1])
     ratio = statistics.median(ratios)
     chosen, other = (second, first) if ratio < 1.0 else (first, second)
     speedup = 1 / ratio if chosen == second else ratio
-    reason = (f"measured: a bf16 decode step on {chosen} is {speedup:.2f}x one on {other} (median of {ROUNDS} "
-              f"per-round ratios, SmolLM2-135M's shape, batch 16)")
-    return KernelChoice(chosen, reason, cache_key(device), {k: statistics.median(v) for k, v in per.items()},
-                        [round(r, 4) for r in ratios], time.strftime("%Y-%m-%dT%H:%M:%S"))
+    reason = (
+        f"measured: a bf16 decode step on {chosen} is {speedup:.2f}x one on {other} (median of {ROUNDS} "
+        f"per-round ratios, SmolLM2-135M's shape, batch 16)"
+    )
+    return KernelChoice(
+        chosen,
+        reason,
+        cache_key(device),
+        {k: statistics.median(v) for k, v in per.items()},
+        [round(r, 4) for r in ratios],
+        time.strftime("%Y-%m-%dT%H:%M:%S"),
+    )
 
 
-def choose(device: str | torch.device = "cpu", timer=None, log=print, kernels: tuple[str, ...] | None = None,
-           engine=None) -> KernelChoice:
+def choose(
+    device: str | torch.device = "cpu", timer=None, log=print, kernels: tuple[str, ...] | None = None, engine=None
+) -> KernelChoice:
     """The bf16 kernel for the fused step on ``device`` (a CPU): the only one where there is one, else the
     cached measurement for this machine, else measured now with ``timer`` or the engine class ``engine``
     (:func:`measure`) and cached. ``kernels``: the candidates (default :func:`native.bf16_kernels`)."""

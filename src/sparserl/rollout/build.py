@@ -1,5 +1,6 @@
 """The one builder of a sampler from a config's ``rollout`` section: the trainer's engine and every
 rollout worker's (:mod:`sparserl.cluster.worker`) come from here, so they cannot differ."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -23,6 +24,16 @@ def engine_from_fields(lm, r: Any, weights: dict | None = None) -> RolloutEngine
     """A :class:`RolloutEngine` over the loaded model ``lm`` with the compressor, dtype, quantization and
     KV storage of ``r`` (a ``rollout`` section, or anything with its fields); ``weights``: the state dict it
     starts from (None: ``lm.model``'s)."""
-    return RolloutEngine(lm, compressor_from_fields(r), dtype=r.dtype, compile=r.compile, quant=r.quant,
-                         kv_quant=r.kv_quant, quant_smooth=r.quant_smooth, quant_group=r.quant_group,
-                         quant_outliers=r.quant_outliers, quant_head=r.quant_head, weights=weights)
+    return RolloutEngine(
+        lm,
+        compressor_from_fields(r),
+        dtype=r.dtype,
+        compile=r.compile,
+        quant=r.quant,
+        kv_quant=r.kv_quant,
+        quant_smooth=r.quant_smooth,
+        quant_group=r.quant_group,
+        quant_outliers=r.quant_outliers,
+        quant_head=r.quant_head,
+        weights=weights,
+    )

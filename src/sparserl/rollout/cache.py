@@ -38,12 +38,13 @@ codes. The current token is quantized before it is attended, like every other.
 Memory accounting: ``bytes_allocated`` is what the K/V buffers hold, codes and scales (the figure a
 benchmark reports as ``kv_bytes_peak``); ``bytes_theory`` is what the valid cached tokens need.
 """
+
 from __future__ import annotations
 
 import torch
 
-from .kv.base import KVCompressor, ScoreInputs
 from . import native
+from .kv.base import KVCompressor, ScoreInputs
 from .kv_quant import KVQuantizer, get_kv_quantizer
 
 
@@ -96,8 +97,9 @@ class CompressedKVCache:
             self.k_scale = torch.zeros(nl, B, hkv, capacity, dtype=torch.float32, device=dev)
             self.v_scale = torch.zeros(nl, B, hkv, capacity, dtype=torch.float32, device=dev)
         self.pos = torch.zeros(nl, B, hkv, capacity, dtype=torch.int32, device=dev)
-        self.attn_acc = (torch.zeros(nl, B, hkv, capacity, dtype=torch.float32, device=dev)
-                         if self.track_attention else None)
+        self.attn_acc = (
+            torch.zeros(nl, B, hkv, capacity, dtype=torch.float32, device=dev) if self.track_attention else None
+        )
         if P >= capacity:
             # only reachable with a compressible prompt that fills the buffer (budget + step length, or
             # more): compress the prompt while it still sits in the prefill tensors, then copy the kept
@@ -154,16 +156,19 @@ class CompressedKVCache:
         K, V = self.keys[layer, :, :, :L], self.values[layer, :, :, :L]
         if self.k_scale is None:
             return K, V
-        return (self.quant.dequantize(K, self.k_scale[layer, :, :, :L], self.dtype),
-                self.quant.dequantize(V, self.v_scale[layer, :, :, :L], self.dtype))
+        return (
+            self.quant.dequantize(K, self.k_scale[layer, :, :, :L], self.dtype),
+            self.quant.dequantize(V, self.v_scale[layer, :, :, :L], self.dtype),
+        )
 
     def bytes_per_token(self) -> int:
         """Bytes of K and V one cached token takes over all layers and KV heads (codes + scales)."""
         return 2 * self.n_layers * self.n_kv * self.quant.bytes_per_vector(self.head_dim, self.dtype)
 
     def bytes_allocated(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.keys, self.values, self.k_scale, self.v_scale)
-                   if t is not None)
+        return sum(
+            t.numel() * t.element_size() for t in (self.keys, self.values, self.k_scale, self.v_scale) if t is not None
+        )
 
     def bytes_valid(self) -> int:
         return int((self.lens - self.start).sum()) * self.bytes_per_token()
@@ -189,7 +194,9 @@ class CompressedKVCache:
             self.pos[:, :, :, slot] = new_positions.to(torch.int32)[None, :, None]
         else:
             bidx = torch.arange(B, device=self.device)
-            self.pos[:, bidx, :, self.lens] = new_positions.to(torch.int32)[:, None, None].expand(B, self.n_layers, self.n_kv)
+            self.pos[:, bidx, :, self.lens] = new_positions.to(torch.int32)[:, None, None].expand(
+                B, self.n_layers, self.n_kv
+            )
         self._slot = self.lens.clone()
         self.lens += 1
         if self._uniform_len is not None:
@@ -221,8 +228,9 @@ class CompressedKVCache:
         if self.k_scale is None:
             out, p = attention(q, self.keys[layer], self.values[layer], bias)
         else:
-            out, p = attention(q, self.keys[layer], self.values[layer], bias, self.k_scale[layer], self.v_scale[layer],
-                               self.quant)
+            out, p = attention(
+                q, self.keys[layer], self.values[layer], bias, self.k_scale[layer], self.v_scale[layer], self.quant
+            )
         if self.attn_acc is not None:
             self.attn_acc[layer, :, :, : bias.shape[-1]] += p.sum(dim=2)
         self.record_query(layer, q)
@@ -269,8 +277,9 @@ class CompressedKVCache:
             self.q_count = min(self.q_count + 1, self.window)
 
     # --- compression ---------------------------------------------------------------------------
-    def due(self, newline: torch.Tensor | None = None, remaining: int | None = None,
-            seq_len: torch.Tensor | None = None) -> torch.Tensor:
+    def due(
+        self, newline: torch.Tensor | None = None, remaining: int | None = None, seq_len: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Bool [B]: sequences whose cache must be compressed now (the compressor's rule, skip rule
         included: ``remaining`` = tokens still to be written into the cache after this step;
         ``seq_len`` [B]: each sequence's length so far, for a schedule's budget)."""
@@ -350,8 +359,13 @@ class CompressedKVCache:
             )
             idx = c.select(inp, keep) + rs  # [nl * n, Hkv, keep] kept slots
             # flat slot numbers in the buffers viewed as [layers * B * Hkv * capacity, ...]
-            line = ((torch.arange(layers.start, layers.stop, device=self.device)[:, None] * B + batch_rows[None, :])
-                    [:, :, None] * hkv + torch.arange(hkv, device=self.device)) * cap  # [nl, n, Hkv]
+            line = (
+                (torch.arange(layers.start, layers.stop, device=self.device)[:, None] * B + batch_rows[None, :])[
+                    :, :, None
+                ]
+                * hkv
+                + torch.arange(hkv, device=self.device)
+            ) * cap  # [nl, n, Hkv]
             src = (line.view(nl * n, hkv, 1) + idx).flatten()
             dst = (line[..., None] + torch.arange(rs, rs + keep, device=self.device)).flatten()
             for buf in (self.keys, self.values):
@@ -397,9 +411,14 @@ class CompressedKVCache:
                 qs = torch.stack([q[:, :, -c.window :] for q in queries[layers]]).flatten(0, 1)
             acc = torch.stack(attn_acc[layers]) if attn_acc is not None else None
             score_keys = K if scales is None else self.quant.dequantize(K, ks, self.dtype)
-            inp = ScoreInputs(keys=score_keys.flatten(0, 1), region=slice(0, P), valid=valid.repeat(nl, 1), queries=qs,
-                              positions=pos.repeat(nl, 1, 1),
-                              attn_acc=acc.flatten(0, 1) if acc is not None else None)
+            inp = ScoreInputs(
+                keys=score_keys.flatten(0, 1),
+                region=slice(0, P),
+                valid=valid.repeat(nl, 1),
+                queries=qs,
+                positions=pos.repeat(nl, 1, 1),
+                attn_acc=acc.flatten(0, 1) if acc is not None else None,
+            )
             idx = c.select(inp, keep)  # [nl * B, Hkv, keep]
             src = (idx + torch.arange(nl * B * self.n_kv, device=self.device).view(nl * B, self.n_kv, 1) * P).flatten()
             shape = (nl, B, self.n_kv, keep)
@@ -442,9 +461,15 @@ def _raw(buf: torch.Tensor) -> torch.Tensor:
     return buf.view(torch.uint8) if buf.dtype.is_floating_point and buf.element_size() == 1 else buf
 
 
-def attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, bias: torch.Tensor,
-              k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-              quant: KVQuantizer | None = None):
+def attention(
+    q: torch.Tensor,
+    K: torch.Tensor,
+    V: torch.Tensor,
+    bias: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    quant: KVQuantizer | None = None,
+):
     """softmax(q Kᵀ/√d + bias) V over the first L = ``bias.shape[-1]`` slots, per GQA group without
     expanding K/V: q [B, Hq, 1, D], K/V [B, Hkv, capacity, D], bias [B, 1, 1, L] (float32) →
     (out [B, Hq * D], probabilities [B, Hkv, g, L] float32).

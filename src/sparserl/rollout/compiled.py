@@ -19,13 +19,14 @@ dimensions), so a second engine (another compressor) reuses the first one's comp
 The same numbers as the eager step up to float reassociation inside fused kernels (tests: tokens and
 log-probs within 1e-4 in float32 for every compressor).
 """
+
 from __future__ import annotations
 
 import torch
 
 from .cache import CompressedKVCache, attention
 from .kv_quant import get_kv_quantizer
-from .model import SamplerModel, mlp, linear, project_qkv
+from .model import SamplerModel, linear, mlp, project_qkv
 
 _COMPILED: dict[tuple, object] = {}
 _BACKEND: list[str] = []  # the backend whose compilations dynamo's cache holds now
@@ -62,15 +63,22 @@ def compiled_layer_step(model: SamplerModel, backend: str = "inductor", kv_quant
     shape, storage and backend)."""
     shape = (model.n_heads, model.n_kv, model.head_dim, float(model.eps), get_kv_quantizer(kv_quant).name)
     if _BACKEND and _BACKEND[0] != backend:  # dynamo caches by code object, not by backend: a switch
-        torch._dynamo.reset()                 # would silently reuse the other backend's graphs
+        torch._dynamo.reset()  # would silently reuse the other backend's graphs
     _BACKEND[:] = [backend]
     if (shape, backend) not in _COMPILED:
         _COMPILED[shape, backend] = torch.compile(_layer_step(*shape), backend=backend)
     return _COMPILED[shape, backend]
 
 
-def decode_layers(model: SamplerModel, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  cache: CompressedKVCache, bias: torch.Tensor, backend: str = "inductor") -> torch.Tensor:
+def decode_layers(
+    model: SamplerModel,
+    h: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cache: CompressedKVCache,
+    bias: torch.Tensor,
+    backend: str = "inductor",
+) -> torch.Tensor:
     """Run every layer of one decode step through the compiled layer step (after
     ``cache.begin_step``); returns the last hidden state [B, 1, hidden]."""
     step = compiled_layer_step(model, backend, cache.quant.name)
@@ -78,11 +86,32 @@ def decode_layers(model: SamplerModel, h: torch.Tensor, cos: torch.Tensor, sin: 
     h, cos, sin, bias = h[:, 0].contiguous(), _dynamic(cos, 0), _dynamic(sin, 0), _dynamic(bias, 0, 3)
     for layer, lw in enumerate(model.layers):
         acc = _dynamic(cache.attn_acc[layer], 0, 2) if cache.attn_acc is not None else None
-        ks, vs = ((_dynamic(cache.k_scale[layer], 0, 2), _dynamic(cache.v_scale[layer], 0, 2))
-                  if cache.k_scale is not None else (None, None))
-        h, q = step(_dynamic(h, 0), cos, sin, lw.ln1, lw.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, lw.o, lw.ln2, lw.gate_up,
-                    lw.down, _dynamic(cache.keys[layer], 0, 2), _dynamic(cache.values[layer], 0, 2), ks, vs, slots,
-                    bias, acc)
+        ks, vs = (
+            (_dynamic(cache.k_scale[layer], 0, 2), _dynamic(cache.v_scale[layer], 0, 2))
+            if cache.k_scale is not None
+            else (None, None)
+        )
+        h, q = step(
+            _dynamic(h, 0),
+            cos,
+            sin,
+            lw.ln1,
+            lw.qkv,
+            lw.qkv_bias,
+            lw.q_norm,
+            lw.k_norm,
+            lw.o,
+            lw.ln2,
+            lw.gate_up,
+            lw.down,
+            _dynamic(cache.keys[layer], 0, 2),
+            _dynamic(cache.values[layer], 0, 2),
+            ks,
+            vs,
+            slots,
+            bias,
+            acc,
+        )
         cache.record_query(layer, q)
     return h[:, None, :]
 

@@ -5,6 +5,7 @@ as the engine it times where no answer is cached.
 The measurement, its cache and its records live in :mod:`sparserl.rollout.dtype_choice`, below the
 engine (the engine resolves its own ``auto`` there, timing its own class); this module sits above it.
 """
+
 from __future__ import annotations
 
 import torch

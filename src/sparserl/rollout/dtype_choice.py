@@ -21,6 +21,7 @@ engines from it, so this module sits below :mod:`sparserl.rollout.engine`;
 chosen here (``rollout.dtype`` / ``--dtype``); the learner's ``model.dtype`` stays its own option. On
 CUDA the same measurement runs on the GPU.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -47,6 +48,7 @@ BATCH, PROMPT_TOKENS, STEPS, ROUNDS = 16, 4, 8, 3
 @dataclass
 class AutoChoice:
     """What ``auto`` chose and why (recorded in the bench JSON and the run's config)."""
+
     dtype: str
     reason: str
     key: str
@@ -83,9 +85,19 @@ def probe_model(device: torch.device) -> LoadedModel:
     meta device and filled directly: transformers' own initialisation takes seconds longer)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=2048,
-                         rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+    )
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     model = model.to_empty(device=device).eval()
@@ -110,8 +122,7 @@ def decode_step_seconds(engine) -> float:
     times = []
     engine.step_hook = _step_timer(times, engine.device)
     try:
-        engine._generate_batch(prompts, SamplingParams(max_new_tokens=STEPS + 1, ignore_eos=True),
-                               torch.arange(BATCH))
+        engine._generate_batch(prompts, SamplingParams(max_new_tokens=STEPS + 1, ignore_eos=True), torch.arange(BATCH))
     finally:
         engine.step_hook = None
     return statistics.median(times)
@@ -129,6 +140,7 @@ def _step_timer(times: list, device: torch.device):
             start[0] = time.perf_counter()
         elif event == "after_decode":
             times.append(time.perf_counter() - start[0])
+
     return hook
 
 
@@ -158,18 +170,25 @@ def measure(device: torch.device, timer=None, engine=None) -> AutoChoice:
     per = {name: [] for name in CANDIDATES}
     ratios = []
     for k in range(ROUNDS):
-        for name in (CANDIDATES if k % 2 == 0 else CANDIDATES[::-1]):  # alternate which goes first
+        for name in CANDIDATES if k % 2 == 0 else CANDIDATES[::-1]:  # alternate which goes first
             per[name].append(timer(name))
         ratios.append(per["bfloat16"][-1] / per["float32"][-1])
     ratio = statistics.median(ratios)
     chosen = "bfloat16" if ratio < 1.0 else "float32"
     slower = "float32" if chosen == "bfloat16" else "bfloat16"
     speedup = 1 / ratio if chosen == "bfloat16" else ratio
-    reason = (f"measured: a {chosen} decode step is {speedup:.2f}x {slower}'s (median of {ROUNDS} per-round "
-              f"ratios, SmolLM2-135M's shape, batch {BATCH})")
-    return AutoChoice(chosen, reason, machine_key(device),
-                      {n: statistics.median(v) for n, v in per.items()}, [round(r, 4) for r in ratios],
-                      time.strftime("%Y-%m-%dT%H:%M:%S"))
+    reason = (
+        f"measured: a {chosen} decode step is {speedup:.2f}x {slower}'s (median of {ROUNDS} per-round "
+        f"ratios, SmolLM2-135M's shape, batch {BATCH})"
+    )
+    return AutoChoice(
+        chosen,
+        reason,
+        machine_key(device),
+        {n: statistics.median(v) for n, v in per.items()},
+        [round(r, 4) for r in ratios],
+        time.strftime("%Y-%m-%dT%H:%M:%S"),
+    )
 
 
 def choose(device: str | torch.device = "auto", timer=None, log=print, engine=None) -> AutoChoice:
@@ -196,8 +215,11 @@ def for_sampler(choice: AutoChoice, quant: str = "none") -> AutoChoice:
     fused bf16 step and would run eager in bf16, slower than their float32 kernels."""
     if choice.dtype != "bfloat16" or quant == "none":
         return choice
-    return replace(choice, dtype="float32",
-                   reason=f"{choice.reason}; but rollout.quant={quant} has no fused bfloat16 step, so float32")
+    return replace(
+        choice,
+        dtype="float32",
+        reason=f"{choice.reason}; but rollout.quant={quant} has no fused bfloat16 step, so float32",
+    )
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "auto", engine=None) -> torch.dtype:

@@ -28,6 +28,7 @@ rounded to bf16, where the eager bf16 step rounds every intermediate: it is not 
 but closer to the float32 policy (tested). Block top-k reads its chosen pages of the bf16 cache in its own
 kernel (``blocktopk.c``); a quantized KV cache takes the cache's own attention between the native calls.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -59,21 +60,45 @@ def weight_descriptor(w, bias: torch.Tensor | None = None) -> native.Weight | No
         panels = getattr(w, NATIVE_BF16, None)
         if panels is None or smooth is not None:
             return None
-        return native.Weight.of(native.Weight.BF16, panels, panels.out_features, panels.in_features,
-                                bias=None if bias is None else bias.float().contiguous())
+        return native.Weight.of(
+            native.Weight.BF16,
+            panels,
+            panels.out_features,
+            panels.in_features,
+            bias=None if bias is None else bias.float().contiguous(),
+        )
     if isinstance(w, torch.Tensor):
         panels = getattr(w, NATIVE_PACKED, None)
         if panels is None or smooth is not None:
             return None
         return native.Weight.of(native.Weight.FLOAT32, panels, panels.out_features, panels.in_features, bias=bias)
     if isinstance(w, Int8Linear) and w.native is not None:
-        return native.Weight.of(native.Weight.INT8, w.native[0], w.out_features, w.in_features, colsum=w.native[1],
-                                scales=w.scales, bias=bias, smooth=smooth, **outliers)
+        return native.Weight.of(
+            native.Weight.INT8,
+            w.native[0],
+            w.out_features,
+            w.in_features,
+            colsum=w.native[1],
+            scales=w.scales,
+            bias=bias,
+            smooth=smooth,
+            **outliers,
+        )
     if isinstance(w, Int8GroupLinear) and w.native is not None:
         ones, packed, sums = w.kernel_scales
-        return native.Weight.of(native.Weight.INT8_GROUP, w.native[0], w.out_features, w.in_features,
-                                group=w.group, colsum=sums, scales=ones, group_scales=packed, bias=bias,
-                                smooth=smooth, **outliers)
+        return native.Weight.of(
+            native.Weight.INT8_GROUP,
+            w.native[0],
+            w.out_features,
+            w.in_features,
+            group=w.group,
+            colsum=sums,
+            scales=ones,
+            group_scales=packed,
+            bias=bias,
+            smooth=smooth,
+            **outliers,
+        )
     return None
 
 
@@ -95,8 +120,12 @@ class FusedLayers:
         self.source = model.layers  # the weights these describe: a push (load_weights) makes a new list
         self.layers: list[FusedLayer] | None = []
         for lw in model.layers:
-            parts = [weight_descriptor(lw.qkv, lw.qkv_bias), weight_descriptor(lw.o), weight_descriptor(lw.gate_up),
-                     weight_descriptor(lw.down)]
+            parts = [
+                weight_descriptor(lw.qkv, lw.qkv_bias),
+                weight_descriptor(lw.o),
+                weight_descriptor(lw.gate_up),
+                weight_descriptor(lw.down),
+            ]
             if any(d is None for d in parts) or lw.q_norm is not None:
                 self.layers = None
                 return
@@ -113,11 +142,17 @@ class FusedLayers:
             hq, hkv, D = model.n_heads, model.n_kv, model.head_dim
             qkv = torch.empty(B, self.width)
             heads = qkv.view(B, 1, hq + 2 * hkv, D)
-            buf = {"x": torch.empty(B, model.hidden), "qkv": qkv, "a": torch.empty(B, hq * D),
-                   "gu": torch.empty(B, 2 * self.inter), "act": torch.empty(B, self.inter),
-                   # the eager step's q, k, v [B, H, 1, D]: views of qkv
-                   "q": heads[:, :, :hq].transpose(1, 2), "k": heads[:, :, hq : hq + hkv].transpose(1, 2),
-                   "v": heads[:, :, hq + hkv :].transpose(1, 2)}
+            buf = {
+                "x": torch.empty(B, model.hidden),
+                "qkv": qkv,
+                "a": torch.empty(B, hq * D),
+                "gu": torch.empty(B, 2 * self.inter),
+                "act": torch.empty(B, self.inter),
+                # the eager step's q, k, v [B, H, 1, D]: views of qkv
+                "q": heads[:, :, :hq].transpose(1, 2),
+                "k": heads[:, :, hq : hq + hkv].transpose(1, 2),
+                "v": heads[:, :, hq + hkv :].transpose(1, 2),
+            }
             self._buffers = {B: buf}  # the batch only shrinks within a generate: keep one size
         return buf
 
@@ -145,8 +180,13 @@ def fused_layers(model: SamplerModel) -> FusedLayers | None:
 
 def available(model: SamplerModel) -> bool:
     """Whether :func:`decode_layers` runs on this model now."""
-    return (model.device.type == "cpu" and model.dtype in (torch.float32, torch.bfloat16) and native.active()
-            and not torch.compiler.is_compiling() and fused_layers(model) is not None)
+    return (
+        model.device.type == "cpu"
+        and model.dtype in (torch.float32, torch.bfloat16)
+        and native.active()
+        and not torch.compiler.is_compiling()
+        and fused_layers(model) is not None
+    )
 
 
 def logits(model: SamplerModel, h: torch.Tensor) -> torch.Tensor:
@@ -161,8 +201,14 @@ def logits(model: SamplerModel, h: torch.Tensor) -> torch.Tensor:
     return out if out is not None else model.logits(h.to(model.dtype)).float()
 
 
-def decode_layers(model: SamplerModel, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  cache: CompressedKVCache, bias: torch.Tensor) -> torch.Tensor | None:
+def decode_layers(
+    model: SamplerModel,
+    h: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cache: CompressedKVCache,
+    bias: torch.Tensor,
+) -> torch.Tensor | None:
     """Every layer of one decode step (after ``cache.begin_step``) on the native layer: h [B, 1,
     hidden] (a float32 h is updated in place; the result is float32 in every case, :func:`logits` takes
     it), cos / sin [B, 1, D] float32, bias [B, 1, 1, L]. None, with nothing done, when :func:`available`
@@ -180,10 +226,15 @@ def decode_layers(model: SamplerModel, h: torch.Tensor, cos: torch.Tensor, sin: 
     keys, values = cache.keys, cache.values
     selector = cache.selector
     int8_kv = keys.dtype == torch.int8  # codes and per-vector scales, written by the layer's C call
-    direct = (keys.dtype in (torch.float32, torch.bfloat16, torch.int8) and (cache.k_scale is not None) == int8_kv
-              and keys.stride() == values.stride() and keys.stride(-1) == 1 and L <= keys.shape[3]
-              and (not int8_kv or (cache.k_scale.stride() == cache.v_scale.stride() and cache.k_scale.stride(-1) == 1))
-              and (selector is None or (selector.native_ok(cache) and not int8_kv)))
+    direct = (
+        keys.dtype in (torch.float32, torch.bfloat16, torch.int8)
+        and (cache.k_scale is not None) == int8_kv
+        and keys.stride() == values.stride()
+        and keys.stride(-1) == 1
+        and L <= keys.shape[3]
+        and (not int8_kv or (cache.k_scale.stride() == cache.v_scale.stride() and cache.k_scale.stride(-1) == 1))
+        and (selector is None or (selector.native_ok(cache) and not int8_kv))
+    )
     if direct:  # the slot writes and the attention in C, at addresses computed here
         slots = cache.write_slots().to(torch.int64).contiguous()
         p = torch.empty(B, hkv, hq // hkv, L)
@@ -210,25 +261,97 @@ def decode_layers(model: SamplerModel, h: torch.Tensor, cos: torch.Tensor, sin: 
                 ksp, vsp = ks0 + layer * scale_layer_bytes, vs0 + layer * scale_layer_bytes
             if queries is not None:
                 qkv = qkv0 + layer * qkv_bytes
-            rc = lib.sparserl_layer_qkv(B, hidden, hp, fl.ln1.data_ptr(), eps, fl.qkv, hq, hkv, D, cp, sp, x, qkv,
-                                        kp, vp, sb, sh, ss, slots.data_ptr(), kv_type, ksp, vsp, s_sb, s_sh)
+            rc = lib.sparserl_layer_qkv(
+                B,
+                hidden,
+                hp,
+                fl.ln1.data_ptr(),
+                eps,
+                fl.qkv,
+                hq,
+                hkv,
+                D,
+                cp,
+                sp,
+                x,
+                qkv,
+                kp,
+                vp,
+                sb,
+                sh,
+                ss,
+                slots.data_ptr(),
+                kv_type,
+                ksp,
+                vsp,
+                s_sb,
+                s_sh,
+            )
             if selector is not None and selector.sparse(layer):  # block top-k: the pages it chooses
                 rc = rc or selector.native_step(lib, layer, cache, qkv, plan.width, D, kp, vp, sb, sh, ss, a)
             else:
-                rc = rc or lib.sparserl_decode_attention(B, hq, hkv, L, D, qkv, plan.width, D, kp, vp, sb, sh, ss,
-                                                         ksp, vsp, s_sb, s_sh, kv_type, bp, L, scale, 1.0, a,
-                                                         p.data_ptr())
+                rc = rc or lib.sparserl_decode_attention(
+                    B,
+                    hq,
+                    hkv,
+                    L,
+                    D,
+                    qkv,
+                    plan.width,
+                    D,
+                    kp,
+                    vp,
+                    sb,
+                    sh,
+                    ss,
+                    ksp,
+                    vsp,
+                    s_sb,
+                    s_sh,
+                    kv_type,
+                    bp,
+                    L,
+                    scale,
+                    1.0,
+                    a,
+                    p.data_ptr(),
+                )
             if cache.attn_acc is not None:
                 cache.attn_acc[layer, :, :, :L] += p.sum(dim=2)
             a_ptr = a
         else:
-            rc = lib.sparserl_layer_qkv(B, hidden, hp, fl.ln1.data_ptr(), eps, fl.qkv, hq, hkv, D, cp, sp, x, qkv,
-                                        None, None, 0, 0, 0, None, 0, None, None, 0, 0)
+            rc = lib.sparserl_layer_qkv(
+                B,
+                hidden,
+                hp,
+                fl.ln1.data_ptr(),
+                eps,
+                fl.qkv,
+                hq,
+                hkv,
+                D,
+                cp,
+                sp,
+                x,
+                qkv,
+                None,
+                None,
+                0,
+                0,
+                0,
+                None,
+                0,
+                None,
+                None,
+                0,
+                0,
+            )
             q, k, v = (buf[n] if model.dtype == torch.float32 else buf[n].to(model.dtype) for n in "qkv")
             out = cache.attend(layer, q, k, v, bias).float().contiguous()
             a_ptr = out.data_ptr()
-        rc = rc or lib.sparserl_layer_mlp(B, hidden, hp, a_ptr, hq * D, fl.o, fl.ln2.data_ptr(), eps, fl.gate_up,
-                                          fl.down, x, gu, act)
+        rc = rc or lib.sparserl_layer_mlp(
+            B, hidden, hp, a_ptr, hq * D, fl.o, fl.ln2.data_ptr(), eps, fl.gate_up, fl.down, x, gu, act
+        )
         if rc != 0:
             raise RuntimeError(f"sparserl native decode layer {layer} failed (rc={rc})")
     if direct and queries is not None:

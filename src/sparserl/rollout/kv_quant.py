@@ -35,6 +35,7 @@ bf16 cache (``docs/results/bf16_decode/``). Widening fp8 codes with ``.to(float3
 element on CPU (scalar), so on CPU the codes are widened by bit arithmetic through float16 instead
 (:meth:`FP8.widen`, exact; the kernel does the same with F16C); on CUDA the native conversion is used.
 """
+
 from __future__ import annotations
 
 import torch
@@ -121,7 +122,7 @@ for _q in (KVQuantizer(), Int8(), FP8()):
 del _q
 
 
-def get_kv_quantizer(name: "str | KVQuantizer") -> KVQuantizer:
+def get_kv_quantizer(name: str | KVQuantizer) -> KVQuantizer:
     """The quantizer named ``name`` (a quantizer passes through). Unknown names raise
     :class:`~sparserl.registry.UnknownNameError` (a ``SparserlError``) naming ``rollout.kv_quant``
     with a did-you-mean hint."""

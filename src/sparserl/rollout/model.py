@@ -24,11 +24,11 @@ full-precision layers, one layer at a time, for the activations' per-channel max
 ``quant_outliers`` (:mod:`sparserl.rollout.quant.outliers`), which keeps the ``k`` input channels
 of largest maxima in float32.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -57,10 +57,20 @@ class LayerWeights:
 class SamplerModel:
     """Decoder math for llama / qwen2 / qwen3 / mistral configs."""
 
-    def __init__(self, hf_model: torch.nn.Module, dtype: torch.dtype | None = None, pack_weights: bool | None = None,
-                 quant: str = "none", quant_smooth: float = 0.0, calibration_ids: torch.Tensor | None = None,
-                 quant_group: int | None = None, quant_outliers: int = 0, quant_head: bool = False,
-                 weights: dict[str, torch.Tensor] | None = None, bf16_kernel: str | None = None):
+    def __init__(
+        self,
+        hf_model: torch.nn.Module,
+        dtype: torch.dtype | None = None,
+        pack_weights: bool | None = None,
+        quant: str = "none",
+        quant_smooth: float = 0.0,
+        calibration_ids: torch.Tensor | None = None,
+        quant_group: int | None = None,
+        quant_outliers: int = 0,
+        quant_head: bool = False,
+        weights: dict[str, torch.Tensor] | None = None,
+        bf16_kernel: str | None = None,
+    ):
         """``bf16_kernel``: which of :func:`native.bf16_kernels` runs a bfloat16 sampler's weight products
         (its weights packed in that kernel's layout); None = the library's default (AMX where the CPU
         has it; the engine passes its measured choice, :mod:`sparserl.rollout.bf16_kernel_choice`).
@@ -95,8 +105,10 @@ class SamplerModel:
         self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
         self.pack_weights = packing_supported(self.device, self.dtype) if pack_weights is None else bool(pack_weights)
         if bf16_kernel is not None and bf16_kernel not in native.bf16_kernels():
-            raise ValueError(f"sampler: bf16_kernel={bf16_kernel!r} does not run on this machine; it runs "
-                             f"{', '.join(native.bf16_kernels()) or 'none (no native library)'}")
+            raise ValueError(
+                f"sampler: bf16_kernel={bf16_kernel!r} does not run on this machine; it runs "
+                f"{', '.join(native.bf16_kernels()) or 'none (no native library)'}"
+            )
         self.bf16_layout = None if bf16_kernel is None else native.BF16_KERNEL_LAYOUT[bf16_kernel]
         self.bf16_kernel: str | None = None  # the kernel that runs the packed bf16 weights (None: none packed)
         self.quantizer = build_quant(quant, group=quant_group)
@@ -109,19 +121,26 @@ class SamplerModel:
         check_outliers_fit(self.quant_outliers, cfg)
         self.quant_head = bool(quant_head)
         if self.quant_head and not self.quantizer.quantizes:
-            raise ValueError("sampler: quant_head needs a weight quantization (quant int8, int8_group, fp8, ...), "
-                             f"not quant={self.quant!r}")
+            raise ValueError(
+                "sampler: quant_head needs a weight quantization (quant int8, int8_group, fp8, ...), "
+                f"not quant={self.quant!r}"
+            )
         self.calibration_ids = None
         for key, on in (("quant_smooth", self.quant_smooth), ("quant_outliers", self.quant_outliers)):
             if on and not self.quantizer.quantizes_activations:
-                raise ValueError(f"sampler: {key} needs a quantization of the activations "
-                                 f"(int8, int8_group or fp8), not quant={self.quant!r}")
+                raise ValueError(
+                    f"sampler: {key} needs a quantization of the activations "
+                    f"(int8, int8_group or fp8), not quant={self.quant!r}"
+                )
         if self.quant_smooth or self.quant_outliers:
             if calibration_ids is None or calibration_ids.numel() == 0:
-                raise ValueError("sampler: quant_smooth and quant_outliers need calibration_ids (token ids to "
-                                 "measure activations on)")
-            self.calibration_ids = torch.as_tensor(calibration_ids, device=self.device).long().reshape(
-                -1, calibration_ids.shape[-1])
+                raise ValueError(
+                    "sampler: quant_smooth and quant_outliers need calibration_ids (token ids to "
+                    "measure activations on)"
+                )
+            self.calibration_ids = (
+                torch.as_tensor(calibration_ids, device=self.device).long().reshape(-1, calibration_ids.shape[-1])
+            )
         self.load_weights(weights if weights is not None else hf_model.state_dict())
 
     # --- weights -------------------------------------------------------------------------------
@@ -139,7 +158,11 @@ class SamplerModel:
 
         self.embed = get("model.embed_tokens.weight").contiguous()
         lm = state.get("lm_head.weight")
-        self.lm_head = self.embed if lm is None or getattr(self.config, "tie_word_embeddings", False) else lm.detach().to(device=dev, dtype=dt).contiguous()
+        self.lm_head = (
+            self.embed
+            if lm is None or getattr(self.config, "tie_word_embeddings", False)
+            else lm.detach().to(device=dev, dtype=dt).contiguous()
+        )
         self.norm = get("model.norm.weight")
         self.layers = []
         qz = self.quantizer
@@ -259,8 +282,12 @@ class SamplerModel:
 
     # --- pieces of the forward (the math lives in the module-level functions below) ---------------
     @staticmethod
-    def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, b: torch.Tensor | None = None,
-               add_to: torch.Tensor | None = None) -> torch.Tensor:
+    def linear(
+        x: torch.Tensor,
+        w: torch.Tensor | QuantizedLinear,
+        b: torch.Tensor | None = None,
+        add_to: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Every matmul of a weight goes through here (see :func:`linear`)."""
         return linear(x, w, b, add_to)
 
@@ -277,8 +304,20 @@ class SamplerModel:
 
     def qkv(self, lw: LayerWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """h [..., T, hidden] → q [..., Hq, T, D], k, v [..., Hkv, T, D] (post-RoPE); cos/sin [..., T, D]."""
-        return project_qkv(h, cos, sin, lw.ln1, lw.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm,
-                           self.n_heads, self.n_kv, self.head_dim, self.eps)
+        return project_qkv(
+            h,
+            cos,
+            sin,
+            lw.ln1,
+            lw.qkv,
+            lw.qkv_bias,
+            lw.q_norm,
+            lw.k_norm,
+            self.n_heads,
+            self.n_kv,
+            self.head_dim,
+            self.eps,
+        )
 
     def mlp(self, lw: LayerWeights, h: torch.Tensor) -> torch.Tensor:
         return mlp(h, lw.ln2, lw.gate_up, lw.down, self.eps)
@@ -292,8 +331,14 @@ class SamplerModel:
 
     # --- prefill -------------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor,
-                want_queries: int = 0, want_attention: bool = False):
+    def prefill(
+        self,
+        input_ids: torch.Tensor,
+        valid: torch.Tensor,
+        positions: torch.Tensor,
+        want_queries: int = 0,
+        want_attention: bool = False,
+    ):
         """Full forward over left-padded prompts.
 
         input_ids/valid/positions: [B, P]. Returns (last-position logits [B, V] float32, keys and
@@ -354,8 +399,12 @@ PACKED_MAX_ROWS = 64  # packed products (the C kernel's, else oneDNN's) up to th
 
 
 def packing_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    return (torch.device(device).type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    return (
+        torch.device(device).type == "cpu"
+        and dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
 
 
 def pack_weight(w: torch.Tensor, rows_hint: int = 16) -> None:
@@ -391,8 +440,12 @@ def _panels(x: torch.Tensor, w) -> torch.Tensor | None:
     return getattr(w, NATIVE_PACKED, None)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, b: torch.Tensor | None = None,
-           add_to: torch.Tensor | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    w: torch.Tensor | QuantizedLinear,
+    b: torch.Tensor | None = None,
+    add_to: torch.Tensor | None = None,
+) -> torch.Tensor:
     """x Wᵀ (+ b); with ``add_to`` (the residual stream h), ``h += x Wᵀ (+ b)`` in place, returning h
     (the C kernel accumulates into h: no separate sum). A quantized weight runs its own kernel
     (:mod:`sparserl.rollout.quant`). For the few rows of a decode step (up to
@@ -438,8 +491,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def project_qkv(h, cos, sin, ln1, qkv_w, qkv_b, q_norm, k_norm, n_heads: int, n_kv: int, head_dim: int,
-                eps: float):
+def project_qkv(h, cos, sin, ln1, qkv_w, qkv_b, q_norm, k_norm, n_heads: int, n_kv: int, head_dim: int, eps: float):
     """h [..., T, hidden] → q [..., Hq, T, D], k, v [..., Hkv, T, D] (post-RoPE); cos/sin [..., T, D]."""
     x = rms_norm(h, ln1, eps)
     out = linear(x, qkv_w, qkv_b)

@@ -13,6 +13,7 @@ unused pages of a row with fewer pages than k). Every head of a row has the same
 the same partial last page at the same compact position (the last page is always read and sorts last),
 so the bias is per row, as :func:`sparserl.rollout.cache.attention` takes it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,15 +28,23 @@ def page_slots(pages: torch.Tensor, start: torch.Tensor, lens: torch.Tensor, pag
     B, hkv, k = pages.shape
     offset = torch.arange(page, device=pages.device)
     slots = (start[:, None, None, None] + pages[..., None].clamp(min=0) * page + offset).reshape(B, hkv, k * page)
-    valid = ((pages >= 0)[..., None].expand(B, hkv, k, page).reshape(B, hkv, k * page)
-             & (slots < lens[:, None, None]))
+    valid = (pages >= 0)[..., None].expand(B, hkv, k, page).reshape(B, hkv, k * page) & (slots < lens[:, None, None])
     slots = torch.where(valid, slots, start[:, None, None].expand_as(slots))
     return slots, valid
 
 
-def gathered_attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, pages: torch.Tensor, start: torch.Tensor,
-                       lens: torch.Tensor, page: int, k_scale: torch.Tensor | None = None,
-                       v_scale: torch.Tensor | None = None, quant=None) -> torch.Tensor:
+def gathered_attention(
+    q: torch.Tensor,
+    K: torch.Tensor,
+    V: torch.Tensor,
+    pages: torch.Tensor,
+    start: torch.Tensor,
+    lens: torch.Tensor,
+    page: int,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    quant=None,
+) -> torch.Tensor:
     """q [B, Hq, 1, D]; one layer's K, V [B, Hkv, capacity, D] (codes with ``k_scale`` / ``v_scale`` [B,
     Hkv, capacity] and their ``quant`` when quantized); the chosen pages [B, Hkv, k] → out [B, Hq · D]:
     attention over the chosen pages' tokens only (the module docstring)."""

@@ -25,6 +25,7 @@ prints torch.profiler's top operators by self time.
     python -m sparserl.rollout.profile --job default --compressor rkv     # the default training job's shape
     python -m sparserl.rollout.profile --batch 16 --max-new-tokens 1024 --quant int8   # the quantized sampler
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,14 +51,17 @@ from .sampling import SamplingParams
 
 #: the benchmark's prompt (``sparserl bench rollout`` too): long free text, so no row stops early
 BENCH_PROMPT = [{"role": "user", "content": "Write a long, detailed story about a dragon who learns mathematics."}]
-SYSTEM = ("You are a careful math tutor. Read the problem, add or subtract the numbers it gives, and reply "
-          "with one short sentence that ends with the final answer as a number in \\boxed{}.")
+SYSTEM = (
+    "You are a careful math tutor. Read the problem, add or subtract the numbers it gives, and reply "
+    "with one short sentence that ends with the final answer as a number in \\boxed{}."
+)
 
 
 def _timed(fn, name: str, acc: dict, active: list, sync):
     """``fn`` wrapped to add its time to ``acc[name]``; ``active`` (shared by the wrappers) holds the
     timed call under way, so that a timed part called inside another (the LM head's product inside
     ``lm_head``, linear's ``add_to`` fallback inside ``matmul``) counts for the outer one only."""
+
     def wrapper(*a, **kw):
         if active:
             return fn(*a, **kw)
@@ -89,11 +93,16 @@ class Split:
 
         # (owner, attribute, label); the first two fall back to an older layout of the code (a
         # SamplerModel.linear staticmethod; attention inline in CompressedKVCache.attend)
-        points = [(model_mod, "linear", "matmul") if hasattr(model_mod, "linear") else (SamplerModel, "linear", "matmul"),
-                  (cache_mod, "attention", "attention") if hasattr(cache_mod, "attention")
-                  else (CompressedKVCache, "attend", "attention"),
-                  (CompressedKVCache, "compress", "compression"), (engine_mod, "sample", "sampling"),
-                  (SamplerModel, "logits", "lm_head"), (fused_mod, "decode_layers", "layers")]
+        points = [
+            (model_mod, "linear", "matmul") if hasattr(model_mod, "linear") else (SamplerModel, "linear", "matmul"),
+            (cache_mod, "attention", "attention")
+            if hasattr(cache_mod, "attention")
+            else (CompressedKVCache, "attend", "attention"),
+            (CompressedKVCache, "compress", "compression"),
+            (engine_mod, "sample", "sampling"),
+            (SamplerModel, "logits", "lm_head"),
+            (fused_mod, "decode_layers", "layers"),
+        ]
         self.saved = []
         for owner, name, label in points:
             if self.compiled and label in ("matmul", "attention", "layers"):
@@ -131,8 +140,9 @@ def job_prompts(job: str, batch: int):
     return [BENCH_PROMPT], batch
 
 
-def check_quant_options(quant: str, quant_group: int | None, quant_smooth: float, kv_quant: str,
-                        quant_outliers: int = 0) -> None:
+def check_quant_options(
+    quant: str, quant_group: int | None, quant_smooth: float, kv_quant: str, quant_outliers: int = 0
+) -> None:
     """A ValueError naming the option for an unknown quantizer name, a bad group (or a group without
     ``int8_group``), a SmoothQuant strength outside [0, 1) or a negative number of outlier channels."""
     quantizer = build_quant(quant, quant_group)
@@ -149,12 +159,30 @@ def check_quant_options(quant: str, quant_group: int | None, quant_smooth: float
     get_kv_quantizer(kv_quant)
 
 
-def profile(model: str = "smollm2-135m", dtype: str = "float32", batch: int = 16, max_new_tokens: int = 256,
-            compressor: str = "none", kv_budget: int = 256, step_length: int = 128, window: int | None = None,
-            compress_prompt: bool | None = None, job: str = "bench", compile: bool = False, seed: int = 0,
-            torch_profiler: bool = False, sync: bool = False, quant: str = "none", quant_group: int | None = None,
-            quant_smooth: float = 0.0, kv_quant: str = "none", loaded=None, fused: bool = True,
-            quant_outliers: int = 0, quant_head: bool = False) -> dict:
+def profile(
+    model: str = "smollm2-135m",
+    dtype: str = "float32",
+    batch: int = 16,
+    max_new_tokens: int = 256,
+    compressor: str = "none",
+    kv_budget: int = 256,
+    step_length: int = 128,
+    window: int | None = None,
+    compress_prompt: bool | None = None,
+    job: str = "bench",
+    compile: bool = False,
+    seed: int = 0,
+    torch_profiler: bool = False,
+    sync: bool = False,
+    quant: str = "none",
+    quant_group: int | None = None,
+    quant_smooth: float = 0.0,
+    kv_quant: str = "none",
+    loaded=None,
+    fused: bool = True,
+    quant_outliers: int = 0,
+    quant_head: bool = False,
+) -> dict:
     """One timed ``generate`` of the shape, split as in the module docstring; ``loaded``: an already
     loaded model (else ``model`` is loaded in ``dtype``); ``fused``: the engine's fused step where
     it runs (False: the eager step, split by operator)."""
@@ -164,20 +192,32 @@ def profile(model: str = "smollm2-135m", dtype: str = "float32", batch: int = 16
         batch, max_new_tokens, kv_budget, step_length = 32, 48, 40, 2
         window = 8 if window is None else window
         compress_prompt = True if compress_prompt is None else compress_prompt
-    comp = build_compressor(compressor, kv_budget=kv_budget, step_length=step_length, window=window,
-                            compress_prompt=compress_prompt)
+    comp = build_compressor(
+        compressor, kv_budget=kv_budget, step_length=step_length, window=window, compress_prompt=compress_prompt
+    )
     check_quant_options(quant, quant_group, quant_smooth, kv_quant, quant_outliers)  # before the model loads
     lm = loaded if loaded is not None else load_model(model, dtype=dtype)
-    eng = RolloutEngine(lm, comp, dtype=dtype, quant=quant, quant_group=quant_group, quant_smooth=quant_smooth,
-                        quant_outliers=quant_outliers, quant_head=quant_head, kv_quant=kv_quant, fused=fused,
-                        **({"compile": True} if compile else {}))
+    eng = RolloutEngine(
+        lm,
+        comp,
+        dtype=dtype,
+        quant=quant,
+        quant_group=quant_group,
+        quant_smooth=quant_smooth,
+        quant_outliers=quant_outliers,
+        quant_head=quant_head,
+        kv_quant=kv_quant,
+        fused=fused,
+        **({"compile": True} if compile else {}),
+    )
     prompts, n = job_prompts(job, batch)
     params = SamplingParams(n=n, max_new_tokens=max_new_tokens, seed=seed, ignore_eos=(job != "default"))
     eng.generate(prompts, SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))  # warm-up (and compile)
     table = None
     with Split(compile, sync) as split:
         if torch_profiler:
-            from torch.profiler import ProfilerActivity, profile as tprofile
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as tprofile
 
             with tprofile(activities=[ProfilerActivity.CPU]) as prof:
                 out = eng.generate(prompts, params)
@@ -189,15 +229,30 @@ def profile(model: str = "smollm2-135m", dtype: str = "float32", batch: int = 16
     parts["other"] = decode - sum(parts.values())
     steps = max(len(r) for r in out.response_ids)
     return {
-        "job": job, "compressor": compressor, "compile": compile, "fused": fused and "layers" in parts,
-        "batch": batch, "max_new_tokens": max_new_tokens,
-        "quant": quant, "quant_group": quant_group, "quant_smooth": quant_smooth,
-        "quant_outliers": quant_outliers, "quant_head": quant_head, "kv_quant": kv_quant,
-        "kv_budget": None if compressor == "none" else kv_budget, "step_length": step_length,
-        "tokens": out.tokens_generated, "seconds": out.seconds, "prefill_seconds": out.prefill_seconds,
-        "tokens_per_s": out.tokens_per_s, "decode_steps": steps, "ms_per_step": 1e3 * decode / max(1, steps),
-        "compressions": out.kv.compressions, "kv_bytes_peak": out.kv.bytes_peak,
-        "split_seconds": parts, "split_fraction": {k: v / decode for k, v in parts.items()},
+        "job": job,
+        "compressor": compressor,
+        "compile": compile,
+        "fused": fused and "layers" in parts,
+        "batch": batch,
+        "max_new_tokens": max_new_tokens,
+        "quant": quant,
+        "quant_group": quant_group,
+        "quant_smooth": quant_smooth,
+        "quant_outliers": quant_outliers,
+        "quant_head": quant_head,
+        "kv_quant": kv_quant,
+        "kv_budget": None if compressor == "none" else kv_budget,
+        "step_length": step_length,
+        "tokens": out.tokens_generated,
+        "seconds": out.seconds,
+        "prefill_seconds": out.prefill_seconds,
+        "tokens_per_s": out.tokens_per_s,
+        "decode_steps": steps,
+        "ms_per_step": 1e3 * decode / max(1, steps),
+        "compressions": out.kv.compressions,
+        "kv_bytes_peak": out.kv.bytes_peak,
+        "split_seconds": parts,
+        "split_fraction": {k: v / decode for k, v in parts.items()},
         "torch_profiler": table,
     }
 
@@ -231,17 +286,42 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    r = profile(a.model, a.dtype, a.batch, a.max_new_tokens, a.compressor, a.kv_budget, a.step_length, a.window,
-                None, a.job, a.compile, torch_profiler=a.torch_profiler, sync=a.sync, quant=a.quant,
-                quant_group=a.quant_group, quant_smooth=a.quant_smooth, kv_quant=a.kv_quant, fused=not a.unfused,
-                quant_outliers=a.quant_outliers, quant_head=a.quant_head)
-    split = "  ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(r["split_fraction"].items(), key=lambda x: -x[1])
-                      if v)
+    r = profile(
+        a.model,
+        a.dtype,
+        a.batch,
+        a.max_new_tokens,
+        a.compressor,
+        a.kv_budget,
+        a.step_length,
+        a.window,
+        None,
+        a.job,
+        a.compile,
+        torch_profiler=a.torch_profiler,
+        sync=a.sync,
+        quant=a.quant,
+        quant_group=a.quant_group,
+        quant_smooth=a.quant_smooth,
+        kv_quant=a.kv_quant,
+        fused=not a.unfused,
+        quant_outliers=a.quant_outliers,
+        quant_head=a.quant_head,
+    )
+    split = "  ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(r["split_fraction"].items(), key=lambda x: -x[1]) if v)
     quant = "" if a.quant == "none" and a.kv_quant == "none" else f" w:{a.quant} kv:{a.kv_quant}"
-    print(f"{r['job']} {r['compressor']}{quant}{' compiled' if r['compile'] else ''}{' fused' if r['fused'] else ''} B={r['batch']} L={r['max_new_tokens']}: "
-          f"{r['tokens_per_s']:.1f} tok/s, {r['ms_per_step']:.1f} ms/step, {r['compressions']} compressions | {split}")
-    print("ms/step: " + "  ".join(f"{k} {1e3 * v / max(1, r['decode_steps']):.1f}"
-                                  for k, v in sorted(r["split_seconds"].items(), key=lambda x: -x[1]) if v))
+    print(
+        f"{r['job']} {r['compressor']}{quant}{' compiled' if r['compile'] else ''}{' fused' if r['fused'] else ''} B={r['batch']} L={r['max_new_tokens']}: "
+        f"{r['tokens_per_s']:.1f} tok/s, {r['ms_per_step']:.1f} ms/step, {r['compressions']} compressions | {split}"
+    )
+    print(
+        "ms/step: "
+        + "  ".join(
+            f"{k} {1e3 * v / max(1, r['decode_steps']):.1f}"
+            for k, v in sorted(r["split_seconds"].items(), key=lambda x: -x[1])
+            if v
+        )
+    )
     if r["torch_profiler"]:
         print(r["torch_profiler"])
     if a.json:

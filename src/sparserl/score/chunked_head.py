@@ -22,6 +22,7 @@ products ``h Wᵀ``, ``(∂/∂logits) W`` and ``(∂/∂logits)ᵀ h`` run in a
 accumulation, in the backward too (which runs outside autocast), as autograd does for a plain
 ``Linear``; the softmax and the gradients' sums stay float32.
 """
+
 from __future__ import annotations
 
 import torch
@@ -125,8 +126,15 @@ class _HeadLogprobEntropy(torch.autograd.Function):
         return grad_h, (grad_w.to(weight.dtype) if want_w else None), None, None, None, None
 
 
-def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                  chunk_size: int = DEFAULT_CHUNK, with_entropy: bool = False, entropy_grad: bool = False):
+def head_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+):
     """log softmax((h Wᵀ)/τ)[target] and (with ``with_entropy``) the entropy of softmax((h Wᵀ)/τ), for
     ``hidden [..., H]`` and ``targets [...]``, without materialising the logits of all positions at once
     (forward and backward). Returns ``(logp [...], entropy [...] or None)``, float32. The entropy carries

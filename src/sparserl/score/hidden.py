@@ -2,6 +2,7 @@
 acceptance α (:mod:`sparserl.mismatch`) reads ``p`` from through the LM head, and what the update's own
 forward (:mod:`sparserl.train.update_forward`) keeps for it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -10,8 +11,14 @@ from .shared_prompt import response_hidden_shared
 
 
 @torch.no_grad()
-def dense_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                 response_len: int, micro_batch_size: int = 16) -> torch.Tensor:
+def dense_hidden(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_len: int,
+    micro_batch_size: int = 16,
+) -> torch.Tensor:
     """[N, T, H]: ``model``'s final hidden state at each position that predicts a response token, for
     rows laid out as ``[left pad | prompt | response | right pad]`` with the response's ``T =
     response_len`` columns last (:class:`sparserl.batch.RolloutBatch`). Eval mode for the forward."""
@@ -21,8 +28,9 @@ def dense_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, p
     try:
         for s in range(0, input_ids.shape[0], micro_batch_size):
             rows = slice(s, s + micro_batch_size)
-            parts.append(response_hidden(model, input_ids[rows], attention_mask[rows], position_ids[rows],
-                                         response_len))
+            parts.append(
+                response_hidden(model, input_ids[rows], attention_mask[rows], position_ids[rows], response_len)
+            )
     finally:
         model.train(was_training)
     return torch.cat(parts)
@@ -51,10 +59,12 @@ def dense_hidden_shared(model, batch, micro_batch_size: int = 16) -> torch.Tenso
     return hidden
 
 
-def response_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                    response_len: int) -> torch.Tensor:
+def response_hidden(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_len: int
+) -> torch.Tensor:
     """[n, T, H]: :func:`dense_hidden` for one micro-batch, in the caller's grad mode and training mode
     (the update's forward keeps its graph)."""
-    out = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                              use_cache=False)
+    out = model.get_decoder()(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    )
     return out.last_hidden_state[:, -response_len - 1 : -1]  # position j predicts token j + 1

@@ -41,6 +41,7 @@ same precision. The trainer runs that forward before the corrections and keeps i
 3. one learner computes it (``cluster.learners=1``), and its forward is deterministic in training mode
    (no dropout: a dropped unit would make the update's forward a sample, not ``log p``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -59,8 +60,17 @@ def _dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype) else str(dtype)
 
 
-def why_sampler_is_not_old_policy(*, compresses: bool, sampler_dtype, learner_dtype, temperature: float,
-                                  top_p: float, top_k: int, quantized: bool = False, lagged: bool = False) -> str | None:
+def why_sampler_is_not_old_policy(
+    *,
+    compresses: bool,
+    sampler_dtype,
+    learner_dtype,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    quantized: bool = False,
+    lagged: bool = False,
+) -> str | None:
     """The first reason (a phrase naming the option) why the sampler's log-probs are not the old
     policy's, or None when they are (see the module docstring). Dtypes as torch dtypes or names;
     ``lagged``: the sampler holds the weights of a step before (``rollout.async``)."""
@@ -78,9 +88,11 @@ def why_sampler_is_not_old_policy(*, compresses: bool, sampler_dtype, learner_dt
         return "the sampler's weights or KV cache are quantized (rollout.quant / rollout.kv_quant)"
     s, l_ = _dtype_name(sampler_dtype), _dtype_name(learner_dtype)
     if s != "float32" or l_ != "float32":
-        return (f"sampler dtype {s} (rollout.dtype) and learner compute dtype {l_} (model.dtype, model.mixed_precision) "
-                f"are not both float32: "
-                "their log-probs differ by the rounding of 16-bit kernels")
+        return (
+            f"sampler dtype {s} (rollout.dtype) and learner compute dtype {l_} (model.dtype, model.mixed_precision) "
+            f"are not both float32: "
+            "their log-probs differ by the rounding of 16-bit kernels"
+        )
     return None
 
 
@@ -90,18 +102,23 @@ def sampler_is_old_policy(**facts) -> bool:
     return why_sampler_is_not_old_policy(**facts) is None
 
 
-def why_update_forward_is_not_old_policy(*, optimizer_steps: int, micro_batches: int, learners: int = 1,
-                                         dropout: float = 0.0) -> str | None:
+def why_update_forward_is_not_old_policy(
+    *, optimizer_steps: int, micro_batches: int, learners: int = 1, dropout: float = 0.0
+) -> str | None:
     """The first reason (a phrase naming the option) why the update's own forward cannot give the old
     policy's log-probs, or None when it can (see the module docstring). ``optimizer_steps``: per rollout
     batch (``ppo_epochs`` × mini-batches); ``micro_batches``: per optimizer step; ``dropout``: the largest
     dropout probability active in the learner's training-mode forward."""
     if optimizer_steps != 1:
-        return (f"the step makes {optimizer_steps} optimizer steps (train.ppo_epochs, train.mini_batch_prompts): "
-                "after the first, the update's forward no longer runs the old policy")
+        return (
+            f"the step makes {optimizer_steps} optimizer steps (train.ppo_epochs, train.mini_batch_prompts): "
+            "after the first, the update's forward no longer runs the old policy"
+        )
     if micro_batches != 1:
-        return (f"the batch takes {micro_batches} micro-batches (train.micro_batch_size): the corrections need every "
-                "sequence's log p before the first backward; set train.micro_batch_size to the whole batch")
+        return (
+            f"the batch takes {micro_batches} micro-batches (train.micro_batch_size): the corrections need every "
+            "sequence's log p before the first backward; set train.micro_batch_size to the whole batch"
+        )
     if learners != 1:
         return f"cluster.learners={learners} splits the update's forward across learners"
     if dropout > 0:
@@ -135,13 +152,17 @@ def old_logprobs_source(mode: str, *, why_not_update: str | None, **facts) -> st
         return "score"
     if mode == "update":
         if why_not_update is not None:
-            raise OldLogprobsError(f"algorithm.old_logprobs=update: the update's forward is not the old policy's: "
-                                   f"{why_not_update}; use auto or score")
+            raise OldLogprobsError(
+                f"algorithm.old_logprobs=update: the update's forward is not the old policy's: "
+                f"{why_not_update}; use auto or score"
+            )
         return "update"
     why = why_sampler_is_not_old_policy(**facts)
     if why is None:
         return "sampler"
     if mode == "sampler":
-        raise OldLogprobsError(f"algorithm.old_logprobs=sampler: the sampler's log-probs are not the old policy's: "
-                               f"{why}; use auto or score")
+        raise OldLogprobsError(
+            f"algorithm.old_logprobs=sampler: the sampler's log-probs are not the old policy's: "
+            f"{why}; use auto or score"
+        )
     return "update" if why_not_update is None else "score"

@@ -17,6 +17,7 @@ forward. A micro-batch may split a group: its prompt is then forwarded once per 
 still add up to the full batch's). The LM head runs chunked (:mod:`.chunked_head`) unless
 ``chunk_size`` is None.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,10 +32,15 @@ def lm_head_weight(model) -> torch.Tensor:
     qwen3, mistral); anything else (a bias, soft-capping, a logit scale) is refused."""
     head = model.get_output_embeddings()
     cfg = model.config
-    if getattr(head, "bias", None) is not None or getattr(cfg, "final_logit_softcapping", None) \
-            or getattr(cfg, "logit_scale", None) not in (None, 1, 1.0):
-        raise ValueError(f"shared-prompt scoring: the LM head of model_type {cfg.model_type!r} is not a plain "
-                         "h @ W.T (bias, soft-capping or scaling); use forward_response")
+    if (
+        getattr(head, "bias", None) is not None
+        or getattr(cfg, "final_logit_softcapping", None)
+        or getattr(cfg, "logit_scale", None) not in (None, 1, 1.0)
+    ):
+        raise ValueError(
+            f"shared-prompt scoring: the LM head of model_type {cfg.model_type!r} is not a plain "
+            "h @ W.T (bias, soft-capping or scaling); use forward_response"
+        )
     return head.weight
 
 
@@ -53,23 +59,38 @@ def response_hidden_shared(model, batch: RolloutBatch, rows: slice | torch.Tenso
     prompt_rows, group_of_row = distinct_prompts(ids[:, first_col:P], att[:, first_col:P])
 
     decoder = model.get_decoder()
-    out = decoder(input_ids=ids[prompt_rows, first_col:P], attention_mask=att[prompt_rows, first_col:P],
-                  position_ids=pos[prompt_rows, first_col:P], use_cache=True)
+    out = decoder(
+        input_ids=ids[prompt_rows, first_col:P],
+        attention_mask=att[prompt_rows, first_col:P],
+        position_ids=pos[prompt_rows, first_col:P],
+        use_cache=True,
+    )
     cache = output_cache(out)
     hidden = out.last_hidden_state[:, -1:].index_select(0, group_of_row)  # predicts response token 0
     if T_used > 1:
         cache.batch_select_indices(group_of_row)  # [G, ...] -> [n, ...]; indexing keeps the gradient
-        resp = decoder(input_ids=ids[:, P:P + T_used - 1], attention_mask=att[:, first_col:P + T_used - 1],
-                       position_ids=pos[:, P:P + T_used - 1], use_cache=True,
-                       **{cache_argument(decoder): cache})
+        resp = decoder(
+            input_ids=ids[:, P : P + T_used - 1],
+            attention_mask=att[:, first_col : P + T_used - 1],
+            position_ids=pos[:, P : P + T_used - 1],
+            use_cache=True,
+            **{cache_argument(decoder): cache},
+        )
         hidden = torch.cat([hidden, resp.last_hidden_state], dim=1)  # [n, T_used, H]
     del cache
     return hidden
 
 
-def forward_response_shared(model, batch: RolloutBatch, rows: slice | torch.Tensor, return_entropy: bool = False,
-                            entropy_grad: bool = False, temperature: float = 1.0,
-                            chunk_size: int | None = DEFAULT_CHUNK, return_hidden: bool = False):
+def forward_response_shared(
+    model,
+    batch: RolloutBatch,
+    rows: slice | torch.Tensor,
+    return_entropy: bool = False,
+    entropy_grad: bool = False,
+    temperature: float = 1.0,
+    chunk_size: int | None = DEFAULT_CHUNK,
+    return_hidden: bool = False,
+):
     """Per-token log-probs [n, T] (and entropies, and with ``return_hidden`` the detached final hidden
     states [n, T, H]) of the responses in ``rows``, as :func:`sparserl.score.forward_response` (same
     arguments, same values up to float rounding), with each distinct prompt forwarded once (see the
@@ -91,8 +112,9 @@ def forward_response_shared(model, batch: RolloutBatch, rows: slice | torch.Tens
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 ent = torch.logsumexp(logits, -1) - (logits.softmax(-1) * logits).sum(-1)
     else:
-        lp, ent = head_logprobs(hidden, weight, targets, temperature, chunk_size, with_entropy=return_entropy,
-                                entropy_grad=entropy_grad)
+        lp, ent = head_logprobs(
+            hidden, weight, targets, temperature, chunk_size, with_entropy=return_entropy, entropy_grad=entropy_grad
+        )
     if T_used < T:
         lp = torch.nn.functional.pad(lp, (0, T - T_used))
         ent = torch.nn.functional.pad(ent, (0, T - T_used)) if ent is not None else None

@@ -2,6 +2,7 @@
 and its optimizer, the sampler (the engine here, or the rollout workers), the data, the reward, the
 reference, the KV controller, the other learners, and where the old policy's log-probs come from.
 """
+
 from __future__ import annotations
 
 import copy
@@ -68,10 +69,16 @@ def build_trainer(cfg: Config) -> Trainer:
     torch.manual_seed(cfg.train.seed)
     d = cfg.data
     with naming_data_key("data.train", d.train):
-        data = load_dataset(d.train, prompt_key=d.prompt_key, label_key=d.label_key, template=d.template,
-                            key_options=("data.prompt_key", "data.label_key"),
-                            system_prompt=d.system_prompt, limit=d.limit,
-                            skip_bad_rows=d.skip_bad_rows if d.skip_bad_rows else None)
+        data = load_dataset(
+            d.train,
+            prompt_key=d.prompt_key,
+            label_key=d.label_key,
+            template=d.template,
+            key_options=("data.prompt_key", "data.label_key"),
+            system_prompt=d.system_prompt,
+            limit=d.limit,
+            skip_bad_rows=d.skip_bad_rows if d.skip_bad_rows else None,
+        )
     if data.skipped:
         print(f"data: {len(data)} examples from {data.source}, {data.skipped} bad rows skipped")
     reward_fn = load_rewards(cfg.reward.fn, cfg.reward.weights, timeout_s=cfg.reward.timeout_s)
@@ -91,17 +98,30 @@ def build_trainer(cfg: Config) -> Trainer:
         ref = copy.deepcopy(learner).eval().requires_grad_(False)
     controller = None
     if r.kv_controller is not None:  # it starts from the configured schedule or budget
-        controller = KVController.from_config(r.kv_controller, cfg.mismatch.alpha_bin,
-                                              engine.compressor.schedule or r.kv_budget)
+        controller = KVController.from_config(
+            r.kv_controller, cfg.mismatch.alpha_bin, engine.compressor.schedule or r.kv_budget
+        )
         engine.compressor.set_schedule(controller.schedule())
     pool = None
     if cfg.cluster.rollout_workers is not None:  # Ray imported only here
         from ..cluster.pool import RolloutPool
 
         pool = RolloutPool(cfg, sampler_state(learner))
-    trainer = Trainer(cfg, learner, lm.tokenizer, engine, opt, sched,
-                      PromptSampler(list(data), t.prompts_per_step, seed=t.seed), reward_fn, old_policy, ref,
-                      controller, pool, nonfinite=NonfiniteSteps.from_config(cfg))
+    trainer = Trainer(
+        cfg,
+        learner,
+        lm.tokenizer,
+        engine,
+        opt,
+        sched,
+        PromptSampler(list(data), t.prompts_per_step, seed=t.seed),
+        reward_fn,
+        old_policy,
+        ref,
+        controller,
+        pool,
+        nonfinite=NonfiniteSteps.from_config(cfg),
+    )
     if cfg.algorithm.distill_sparse is not None:
         trainer.distill = DistillSparse(cfg, learner)
     if cfg.cluster.learners > 1:
@@ -113,8 +133,10 @@ def build_trainer(cfg: Config) -> Trainer:
 
         threads = training_threads(cfg.cluster, r.async_, updating=False)
         if threads is not None and threads < torch.get_num_threads():
-            print(f"cluster: {threads} torch thread(s) for the training process, the other cores for the rollout "
-                  "workers sampling beside it")
+            print(
+                f"cluster: {threads} torch thread(s) for the training process, the other cores for the rollout "
+                "workers sampling beside it"
+            )
             trainer.threads_before = torch.get_num_threads()
             torch.set_num_threads(threads)
     return trainer

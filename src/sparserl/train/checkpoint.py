@@ -33,6 +33,7 @@ checkpoint and the ``latest`` pointer stay as they were.
 A folder holding ``optimizer.pt``/``trainer.pt`` (files only Python object deserialization can read) is
 refused, not read.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,8 +42,9 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,8 +55,18 @@ from .lora import ADAPTER_WEIGHTS, adapter_state, has_lora, load_adapter, save_a
 from .nonfinite import LIKELY_CAUSES, first_nonfinite
 
 __all__ = [
-    "CheckpointError", "CheckpointWriteError", "FORMAT", "NonfiniteCheckpointError", "complete_checkpoints", "latest_checkpoint",
-    "load_checkpoint", "load_latest", "remove_debris", "rng_state", "save_checkpoint", "set_rng_state",
+    "CheckpointError",
+    "CheckpointWriteError",
+    "FORMAT",
+    "NonfiniteCheckpointError",
+    "complete_checkpoints",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "load_latest",
+    "remove_debris",
+    "rng_state",
+    "save_checkpoint",
+    "set_rng_state",
 ]
 
 FORMAT = 2
@@ -196,9 +208,16 @@ def _rng_to_files(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
         tensors[f"cuda.{i}"] = t
     version, internal, gauss = state["python"]
     kind, keys, pos, has_gauss, cached = state["numpy"][:5]
-    meta = {"python": {"version": int(version), "state": [int(x) for x in internal], "gauss": gauss},
-            "numpy": {"kind": str(kind), "keys": [int(x) for x in np.asarray(keys).tolist()], "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+    meta = {
+        "python": {"version": int(version), "state": [int(x) for x in internal], "gauss": gauss},
+        "numpy": {
+            "kind": str(kind),
+            "keys": [int(x) for x in np.asarray(keys).tolist()],
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+    }
     return tensors, meta
 
 
@@ -206,12 +225,20 @@ def _rng_from_files(tensors: dict[str, torch.Tensor], meta: Any, path: Path) -> 
     """Rebuild and validate the RNG states (on throw-away generators; nothing global is touched)."""
     try:
         py = meta["python"]
-        python = (int(py["version"]), tuple(int(x) for x in py["state"]),
-                  None if py["gauss"] is None else float(py["gauss"]))
+        python = (
+            int(py["version"]),
+            tuple(int(x) for x in py["state"]),
+            None if py["gauss"] is None else float(py["gauss"]),
+        )
         random.Random().setstate(python)
         nm = meta["numpy"]
-        numpy_state = (str(nm["kind"]), np.asarray(nm["keys"], dtype=np.uint32), int(nm["pos"]),
-                       int(nm["has_gauss"]), float(nm["cached_gaussian"]))
+        numpy_state = (
+            str(nm["kind"]),
+            np.asarray(nm["keys"], dtype=np.uint32),
+            int(nm["pos"]),
+            int(nm["has_gauss"]),
+            float(nm["cached_gaussian"]),
+        )
         np.random.RandomState().set_state(numpy_state)
     except Exception as e:  # noqa: BLE001 - any malformed entry is a corrupt file
         raise CheckpointError(f"{path / 'trainer.json'}: bad RNG state ({type(e).__name__}: {e})") from None
@@ -257,23 +284,32 @@ def _optimizer_to_files(optimizer, scheduler) -> tuple[dict[str, torch.Tensor], 
             else:
                 g[key] = _encode(value, f"optimizer.param_groups.{gi}.{key}")
         groups.append(g)
-    meta = {"param_groups": groups, "state": scalars, "param_indices": [str(i) for i in sd["state"]],
-            "scheduler": None}
+    meta = {"param_groups": groups, "state": scalars, "param_indices": [str(i) for i in sd["state"]], "scheduler": None}
     if scheduler is not None:
         ssd = scheduler.state_dict()
         kept = {}
         for key, value in ssd.items():
             if key == "lr_lambdas" and isinstance(value, list):  # lambdas are code: keep only their data
-                kept[key] = [_encode(v, "scheduler.lr_lambdas") if v is not None and _jsonable(v) else None
-                             for v in value]
+                kept[key] = [
+                    _encode(v, "scheduler.lr_lambdas") if v is not None and _jsonable(v) else None for v in value
+                ]
             elif _jsonable(value):
                 kept[key] = _encode(value, f"scheduler.{key}")
         meta["scheduler"] = kept
     return tensors, meta
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer, scheduler, trainer_state: dict,
-                    keep_last: int = 2, sampler_adapter=None) -> Path:
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model,
+    tokenizer,
+    optimizer,
+    scheduler,
+    trainer_state: dict,
+    keep_last: int = 2,
+    sampler_adapter=None,
+) -> Path:
     """Write ``RUN/checkpoints/step-<step>`` atomically and point ``latest`` at it; keep the last
     ``keep_last`` complete checkpoints (0: all). ``sampler_adapter``: DistillSparse's φ (an object with the
     peft-adapted ``model`` and its ``optimizer``), saved in ``distill_sparse/``. Checkpoints of a later step than ``step`` belong to
@@ -289,16 +325,26 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
     tmp = root / f".tmp-{name}-{os.getpid()}"
     # Everything that can fail for a programming reason (state not JSON-able) fails before any write.
     opt_tensors, opt_meta = _optimizer_to_files(optimizer, scheduler)
-    checked = {"model weight": adapter_state(model) if has_lora(model) else model.state_dict(),
-               "optimizer state": opt_tensors}
+    checked = {
+        "model weight": adapter_state(model) if has_lora(model) else model.state_dict(),
+        "optimizer state": opt_tensors,
+    }
     if sampler_adapter is not None:
         phi_opt_tensors, phi_opt_meta = _optimizer_to_files(sampler_adapter.optimizer, None)
-        checked.update({"DistillSparse φ weight": adapter_state(sampler_adapter.model),
-                        "DistillSparse φ optimizer state": phi_opt_tensors})
+        checked.update(
+            {
+                "DistillSparse φ weight": adapter_state(sampler_adapter.model),
+                "DistillSparse φ optimizer state": phi_opt_tensors,
+            }
+        )
     _refuse_nonfinite(checked, step, root)
     rng_tensors, rng_meta = _rng_to_files(rng_state())
-    trainer_meta = {"format": FORMAT, **_encode(dict(trainer_state), "trainer_state"), "step": int(step),
-                    "rng": rng_meta}
+    trainer_meta = {
+        "format": FORMAT,
+        **_encode(dict(trainer_state), "trainer_state"),
+        "step": int(step),
+        "rng": rng_meta,
+    }
     try:
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
@@ -308,8 +354,9 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
         if has_lora(model):  # the adapter alone, in peft's format (the base weights are model.name's)
             save_adapter(model, tmp / "model", _save_tensors)
         else:
-            model.save_pretrained(tmp / "model", safe_serialization=True,
-                                  **({"state_dict": unscaled_state_dict(model)} if scaled else {}))
+            model.save_pretrained(
+                tmp / "model", safe_serialization=True, **({"state_dict": unscaled_state_dict(model)} if scaled else {})
+            )
         tokenizer.save_pretrained(tmp / "model")
         _save_tensors(opt_tensors, tmp / "optimizer.safetensors")
         if sampler_adapter is not None:
@@ -369,7 +416,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
             pass
         raise CheckpointWriteError(
             f"checkpoint {final} (step {step}) is complete, but the pointer {root / 'latest'} could not be "
-            f"updated ({e}); resume still finds {final}") from e
+            f"updated ({e}); resume still finds {final}"
+        ) from e
     for p in complete_checkpoints(run_dir):
         s = _step_of(p)
         if s is not None and s > step:
@@ -391,7 +439,8 @@ def _refuse_nonfinite(checked: dict[str, Any], step: int, root: Path) -> None:
             keep = f"the previous checkpoint {prev} is intact" if prev else "no earlier checkpoint exists"
             raise NonfiniteCheckpointError(
                 f"refusing to save the checkpoint of step {step}: {what} {name!r} is not finite (NaN or inf); "
-                f"nothing was written, {keep}. Likely causes: {'; '.join(LIKELY_CAUSES)}")
+                f"nothing was written, {keep}. Likely causes: {'; '.join(LIKELY_CAUSES)}"
+            )
 
 
 def _write_failed(step: int, where: Path, e: OSError, root: Path) -> str:
@@ -447,11 +496,13 @@ def _read_manifest(path: Path) -> dict[str, dict]:
                 f"{path}: old checkpoint format ({', '.join(_OLD_FILES)}) is not read: loading it "
                 f"would deserialize Python objects, which can run any code put in it. Its weights in "
                 f"{path / 'model'} still load with from_pretrained (model.name={path / 'model'}); "
-                f"start a new run from them")
+                f"start a new run from them"
+            )
         raise CheckpointError(f"{where}: not a checkpoint manifest (expected a JSON object)")
     if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{where}: checkpoint format {manifest.get('format')!r}, this sparserl reads "
-                              f"format {FORMAT}")
+        raise CheckpointError(
+            f"{where}: checkpoint format {manifest.get('format')!r}, this sparserl reads format {FORMAT}"
+        )
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         raise CheckpointError(f"{where}: the manifest lists no files")
@@ -530,12 +581,15 @@ def _optimizer_from_files(tensors: dict[str, torch.Tensor], meta: Any, path: Pat
         if len(current) != len(groups) or any(len(a["params"]) != len(b["params"]) for a, b in zip(current, groups)):
             raise CheckpointError(
                 f"{where_j}: the optimizer state is for param groups of sizes "
-                f"{[len(g['params']) for g in groups]}, this optimizer has {[len(g['params']) for g in current]}")
+                f"{[len(g['params']) for g in groups]}, this optimizer has {[len(g['params']) for g in current]}"
+            )
     sched = meta.get("scheduler")
     if sched is not None and not isinstance(sched, dict):
         raise CheckpointError(f"{where_j}: scheduler state is not an object")
-    return {"optimizer": {"state": state, "param_groups": groups},
-            "scheduler": None if sched is None else _decode(sched)}
+    return {
+        "optimizer": {"state": state, "param_groups": groups},
+        "scheduler": None if sched is None else _decode(sched),
+    }
 
 
 def _restore_scheduler(scheduler, saved: dict) -> None:
@@ -544,8 +598,9 @@ def _restore_scheduler(scheduler, saved: dict) -> None:
     if isinstance(current.get("lr_lambdas"), list):
         # lambdas are code and are not saved: keep this scheduler's, apply only their saved data
         lams = saved.get("lr_lambdas") or []
-        merged["lr_lambdas"] = [lams[i] if i < len(lams) and isinstance(lams[i], dict) else None
-                                for i in range(len(current["lr_lambdas"]))]
+        merged["lr_lambdas"] = [
+            lams[i] if i < len(lams) and isinstance(lams[i], dict) else None for i in range(len(current["lr_lambdas"]))
+        ]
     scheduler.load_state_dict(merged)
 
 
@@ -573,20 +628,23 @@ def load_checkpoint(path: str | Path, model, optimizer=None, scheduler=None, sam
     missing = [k for k in expected if k not in weights and not (k == "lm_head.weight" and tied)]
     unexpected = [k for k in weights if k not in expected]
     if missing or unexpected:
-        raise CheckpointError(f"{path / 'model'}: the weights do not match the model "
-                              f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
+        raise CheckpointError(
+            f"{path / 'model'}: the weights do not match the model (missing {missing[:5]}, unexpected {unexpected[:5]})"
+        )
     for k, t in weights.items():
         if t.shape != expected[k].shape:
-            raise CheckpointError(f"{path / 'model'}: {k} has shape {tuple(t.shape)}, the model has "
-                                  f"{tuple(expected[k].shape)}")
+            raise CheckpointError(
+                f"{path / 'model'}: {k} has shape {tuple(t.shape)}, the model has {tuple(expected[k].shape)}"
+            )
     trainer = _load_json(path / "trainer.json")
     if not isinstance(trainer, dict) or not isinstance(trainer.get("step"), int) or "rng" not in trainer:
         raise CheckpointError(f"{path / 'trainer.json'}: no step and RNG state")
     rng = _rng_from_files(_load_tensors(path / "rng.safetensors"), trainer["rng"], path)
     opt = None
     if optimizer is not None or scheduler is not None:
-        opt = _optimizer_from_files(_load_tensors(path / "optimizer.safetensors"),
-                                    _load_json(path / "optimizer.json"), path, optimizer)
+        opt = _optimizer_from_files(
+            _load_tensors(path / "optimizer.safetensors"), _load_json(path / "optimizer.json"), path, optimizer
+        )
         if scheduler is not None and opt["scheduler"] is None:
             raise CheckpointError(f"{path / 'optimizer.json'}: no scheduler state")
     phi = _read_sampler_adapter(path, files, sampler_adapter) if sampler_adapter is not None else None
@@ -613,20 +671,29 @@ def _read_sampler_adapter(path: Path, files: dict, sampler_adapter) -> tuple[dic
     """(φ's tensors, its optimizer's state) from ``distill_sparse/``, checked against ``sampler_adapter``."""
     folder = path / DISTILL_DIR
     if f"{DISTILL_DIR}/{ADAPTER_WEIGHTS}" not in files:
-        raise CheckpointError(f"{folder}: no DistillSparse adapter ({ADAPTER_WEIGHTS}); the run was saved without "
-                              "algorithm.distill_sparse")
+        raise CheckpointError(
+            f"{folder}: no DistillSparse adapter ({ADAPTER_WEIGHTS}); the run was saved without "
+            "algorithm.distill_sparse"
+        )
     weights = _load_tensors(folder / ADAPTER_WEIGHTS)
     expected = adapter_state(sampler_adapter.model)
     if set(weights) != set(expected) or any(weights[k].shape != expected[k].shape for k in expected):
-        raise CheckpointError(f"{folder / ADAPTER_WEIGHTS}: the adapter does not match algorithm.distill_sparse "
-                              f"(rank, target): {len(weights)} tensors, expected {len(expected)} of the configured shapes")
-    opt = _optimizer_from_files(_load_tensors(folder / "optimizer.safetensors"), _load_json(folder / "optimizer.json"),
-                                folder, sampler_adapter.optimizer)
+        raise CheckpointError(
+            f"{folder / ADAPTER_WEIGHTS}: the adapter does not match algorithm.distill_sparse "
+            f"(rank, target): {len(weights)} tensors, expected {len(expected)} of the configured shapes"
+        )
+    opt = _optimizer_from_files(
+        _load_tensors(folder / "optimizer.safetensors"),
+        _load_json(folder / "optimizer.json"),
+        folder,
+        sampler_adapter.optimizer,
+    )
     return weights, opt["optimizer"]
 
 
-def load_latest(run_dir: str | Path, model, optimizer=None, scheduler=None,
-                log: Callable[[str], Any] = print, sampler_adapter=None) -> tuple[Path, dict] | None:
+def load_latest(
+    run_dir: str | Path, model, optimizer=None, scheduler=None, log: Callable[[str], Any] = print, sampler_adapter=None
+) -> tuple[Path, dict] | None:
     """Load the newest complete checkpoint of a run that reads; on a :class:`CheckpointError` log
     ``checkpoint <path> is unreadable (<reason>); falling back to <older>`` and try the previous one.
 
@@ -643,5 +710,7 @@ def load_latest(run_dir: str | Path, model, optimizer=None, scheduler=None,
             failures.append(str(e))  # each message starts with the file it is about
             if i + 1 < len(candidates):
                 log(f"checkpoint {ck} is unreadable ({e}); falling back to {candidates[i + 1]}")
-    raise CheckpointError(f"no checkpoint of {Path(run_dir)} could be loaded (remove {Path(run_dir) / 'checkpoints'} "
-                          f"to start over):\n  " + "\n  ".join(failures))
+    raise CheckpointError(
+        f"no checkpoint of {Path(run_dir)} could be loaded (remove {Path(run_dir) / 'checkpoints'} "
+        f"to start over):\n  " + "\n  ".join(failures)
+    )

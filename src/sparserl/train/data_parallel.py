@@ -13,6 +13,7 @@ every rank clips and steps the same sum, and the replicas stay equal. The metric
 same way. A learner that dies breaks the group: the step fails with an error naming it, and
 ``--resume`` continues from the last checkpoint (the driver's), exactly as a single process would.
 """
+
 from __future__ import annotations
 
 import copy
@@ -54,7 +55,7 @@ class Ranks:
         offset = 0
         for p in params:
             n = p.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
             offset += n
 
     def sum_floats(self, values: list[float]) -> list[float]:
@@ -85,8 +86,9 @@ def _init_group(init_method: str, rank: int, world: int, device: torch.device) -
     import torch.distributed as dist
 
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    dist.init_process_group(
+        backend, init_method=init_method, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT_S)
+    )
 
 
 def peer_config(cfg, device: torch.device):
@@ -151,8 +153,10 @@ class LearnerGroup:
         c = cfg.cluster
         self.world = c.learners
         self.started_ray = connect(c.address, resources_needed(c)["CPU"])
-        require_resources({"CPU": (self.world - 1) * c.learner_cpus, "GPU": (self.world - 1) * c.learner_gpus},
-                          f"{self.world - 1} learner actors")
+        require_resources(
+            {"CPU": (self.world - 1) * c.learner_cpus, "GPU": (self.world - 1) * c.learner_gpus},
+            f"{self.world - 1} learner actors",
+        )
         host = ray.util.get_node_ip_address()
         init_method = f"tcp://{host}:{_free_port(host)}"
         actor = ray.remote(LearnerPeer).options(num_cpus=c.learner_cpus, num_gpus=c.learner_gpus, max_restarts=0)
@@ -190,8 +194,10 @@ class LearnerGroup:
                 ray.get(ref)
             except RayActorError as e:
                 cause = (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
-                raise LearnerError(f"cluster: learner {rank} of {self.world} died ({what}): {cause}; the run stops "
-                                   "here: `sparserl train --resume` continues from the last checkpoint") from None
+                raise LearnerError(
+                    f"cluster: learner {rank} of {self.world} died ({what}): {cause}; the run stops "
+                    "here: `sparserl train --resume` continues from the last checkpoint"
+                ) from None
 
     def close(self) -> None:
         """Stop the peers, leave the process group, and stop Ray when this group started it."""

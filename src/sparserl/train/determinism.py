@@ -14,6 +14,7 @@ deterministic CUDA kernel then stops the step: :func:`naming_nondeterministic_op
 into one naming the key that lifts it. In the GPU runs of the test matrices (engine, replay, training),
 no operation reported missing a deterministic kernel.
 """
+
 from __future__ import annotations
 
 import os
@@ -64,4 +65,5 @@ def naming_nondeterministic_ops():
         raise NondeterministicOpError(
             f"train.deterministic=true, but this step ran an operation with no deterministic CUDA kernel: "
             f"{text.splitlines()[0]} -- set train.deterministic=false (the last bits then vary from run to run) "
-            "and go on with --resume") from e
+            "and go on with --resume"
+        ) from e

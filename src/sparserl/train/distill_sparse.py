@@ -21,6 +21,7 @@ merged ``θ + (α/r) B A`` (:meth:`DistillSparse.sampler_weights`). The exact α
 (``mismatch/alpha_p5``, the sampler that ran) and without (``mismatch/alpha_p5_nophi``, the same sampler
 on θ alone, replayed again). φ and its optimizer are saved with each checkpoint and resumed.
 """
+
 from __future__ import annotations
 
 import copy
@@ -40,8 +41,17 @@ REPLAY_ATTENTION = "sparserl_replay"  # the attention interface name the copy's 
 PHI_SEED = 20260606  # φ's A is drawn from its own generator: a run's other random numbers do not move
 
 
-def replay_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
-                     replay_masks: torch.Tensor | None = None, **kwargs):
+def replay_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    replay_masks: torch.Tensor | None = None,
+    **kwargs,
+):
     """A transformers attention function: softmax(q kᵀ · scaling, over the keys layer ``module.layer_idx``'s
     mask allows) v, with ``replay_masks`` bool [B, n_layers, Hkv, S, S] (each query head reads its KV head's
     mask); without masks, causal attention."""
@@ -73,12 +83,15 @@ class DistillSparse:
         self.cfg, self.options = cfg, ds
         dtype = next(learner.parameters()).dtype
         config = copy.deepcopy(learner.config)  # its own: the learner keeps its attention
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=REPLAY_ATTENTION,
-                                                 dtype=dtype).to(next(learner.parameters()).device)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=REPLAY_ATTENTION, dtype=dtype).to(
+            next(learner.parameters()).device
+        )
         model.load_state_dict(sampler_state(learner), strict=False)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(PHI_SEED)
-            self.model = apply_lora(model, ds.rank, ds.alpha, 0.0, ds.target, key="algorithm.distill_sparse.target").train()
+            self.model = apply_lora(
+                model, ds.rank, ds.alpha, 0.0, ds.target, key="algorithm.distill_sparse.target"
+            ).train()
         self.model.config._attn_implementation = REPLAY_ATTENTION
         self.phi = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.phi, lr=ds.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=0.0)
@@ -103,8 +116,9 @@ class DistillSparse:
         return sampler_state(self.model)
 
     # --- the step -------------------------------------------------------------------------------------
-    def recorder(self, prompt_ids: list[list[int]], response_ids: list[list[int]], n_layers: int,
-                 n_kv: int) -> AttendedPositions:
+    def recorder(
+        self, prompt_ids: list[list[int]], response_ids: list[list[int]], n_layers: int, n_kv: int
+    ) -> AttendedPositions:
         """A fresh recorder for this step's replay (kept for :meth:`step`)."""
         self.recorded = AttendedPositions(prompt_ids, response_ids, n_layers, n_kv)
         return self.recorded
@@ -121,8 +135,12 @@ class DistillSparse:
             ids[n, : len(seq)] = torch.tensor(seq)
             targets[n, : len(rec.response_ids[i])] = torch.tensor(rec.response_ids[i])
         positions = torch.arange(S)[None].expand(len(rows), S)
-        hidden = self.model.get_decoder()(input_ids=ids.to(dev), position_ids=positions.to(dev), use_cache=False,
-                                  replay_masks=replay_masks(rec, rows).to(dev)).last_hidden_state
+        hidden = self.model.get_decoder()(
+            input_ids=ids.to(dev),
+            position_ids=positions.to(dev),
+            use_cache=False,
+            replay_masks=replay_masks(rec, rows).to(dev),
+        ).last_hidden_state
         index = torch.stack([len(rec.prompt_ids[i]) - 1 + torch.arange(T) for i in rows]).clamp(max=S - 1)
         at = hidden.gather(1, index.to(dev)[..., None].expand(-1, -1, hidden.shape[-1]))  # [n, T, H]
         logits = self.model.lm_head(at)
@@ -137,8 +155,9 @@ class DistillSparse:
         cfg, a, ds = self.cfg, self.cfg.algorithm, self.options
         self.load_base(learner)
         mask = batch.response_mask
-        dense = score_logprobs(learner, batch, cfg.train.micro_batch_size, cfg.rollout.temperature,
-                               cfg.train.shared_prompt)  # p: the updated dense policy, no grad
+        dense = score_logprobs(
+            learner, batch, cfg.train.micro_batch_size, cfg.rollout.temperature, cfg.train.shared_prompt
+        )  # p: the updated dense policy, no grad
         norms = loss_normalizers(mask, a.loss_agg, max_len=cfg.rollout.max_new_tokens)
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "k3": 0.0, "pg": 0.0}
@@ -147,9 +166,17 @@ class DistillSparse:
             rows = list(range(s, min(N, s + cfg.train.micro_batch_size)))
             r = slice(rows[0], rows[-1] + 1)
             log_q = self.logprobs(rows, T)
-            pg, _ = policy_loss(log_q, batch.sampler_logprobs[r], batch.advantages[r], mask[r], None,
-                                clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high,
-                                importance_sampling_level=a.importance_sampling_level, **norms)
+            pg, _ = policy_loss(
+                log_q,
+                batch.sampler_logprobs[r],
+                batch.advantages[r],
+                mask[r],
+                None,
+                clip_eps=a.clip_eps,
+                clip_eps_high=a.clip_eps_high,
+                importance_sampling_level=a.importance_sampling_level,
+                **norms,
+            )
             k3 = kl_penalty(log_q, dense[r], "low_var_kl")
             kl = agg_loss(k3, mask[r], **norms)
             loss = pg + ds.lambda_ * kl
@@ -160,6 +187,10 @@ class DistillSparse:
         norm = torch.nn.utils.clip_grad_norm_(self.phi, cfg.train.grad_clip or float("inf"))
         self.optimizer.step()
         self.recorded = None
-        return {names.DISTILL_LOSS: sums["loss"], names.DISTILL_PG_LOSS: sums["pg"],
-                names.DISTILL_K3: sums["k3"] / max(float(mask.sum()), 1.0), names.DISTILL_GRAD_NORM: float(norm),
-                names.TIME_DISTILL: time.perf_counter() - start}
+        return {
+            names.DISTILL_LOSS: sums["loss"],
+            names.DISTILL_PG_LOSS: sums["pg"],
+            names.DISTILL_K3: sums["k3"] / max(float(mask.sum()), 1.0),
+            names.DISTILL_GRAD_NORM: float(norm),
+            names.TIME_DISTILL: time.perf_counter() - start,
+        }

@@ -1,6 +1,7 @@
 """Which steps end with a checkpoint or a held-out evaluation: read by the loop, and by the asynchronous
 rollout, which sends no next rollout past a checkpoint's step (a run resumed there samples what it would
 have)."""
+
 from __future__ import annotations
 
 from ..config import Config

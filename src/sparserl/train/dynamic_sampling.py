@@ -12,6 +12,7 @@ with a run without it; ``sampling/reward_mean_kept`` is the kept groups' mean, w
 model's dropped groups are mostly all 0). The extra prompts are drawn from the run's seeded sampler, so a resumed run draws
 what it would have.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,18 +49,26 @@ def select_groups(ro: RolloutOutput, scores: RewardScores, prompts: list[int]) -
     """The responses of the groups ``prompts`` (indices into ``ro``'s prompts), in that order, their prompt
     indices renumbered 0, 1, ...; the KV and time figures stay those of everything sampled."""
     renumber = {p: k for k, p in enumerate(prompts)}
-    rows = sorted((i for i, p in enumerate(ro.prompt_index) if p in renumber),
-                  key=lambda i: (renumber[ro.prompt_index[i]], i))
+    rows = sorted(
+        (i for i, p in enumerate(ro.prompt_index) if p in renumber), key=lambda i: (renumber[ro.prompt_index[i]], i)
+    )
 
     def pick(values):
         return None if values is None else [values[i] for i in rows]
 
     chosen = dataclasses.replace(
-        ro, prompt_index=[renumber[ro.prompt_index[i]] for i in rows], prompt_ids=pick(ro.prompt_ids),
-        response_ids=pick(ro.response_ids), sampler_logprobs=pick(ro.sampler_logprobs),
-        finish_reason=pick(ro.finish_reason), kv_tokens_kept=pick(ro.kv_tokens_kept),
-        top_logprobs=pick(ro.top_logprobs), top_indices=pick(ro.top_indices),
-        distributions=pick(ro.distributions), texts=pick(ro.texts))
+        ro,
+        prompt_index=[renumber[ro.prompt_index[i]] for i in rows],
+        prompt_ids=pick(ro.prompt_ids),
+        response_ids=pick(ro.response_ids),
+        sampler_logprobs=pick(ro.sampler_logprobs),
+        finish_reason=pick(ro.finish_reason),
+        kv_tokens_kept=pick(ro.kv_tokens_kept),
+        top_logprobs=pick(ro.top_logprobs),
+        top_indices=pick(ro.top_indices),
+        distributions=pick(ro.distributions),
+        texts=pick(ro.texts),
+    )
     return chosen, RewardScores(pick(scores.total), {k: pick(v) for k, v in scores.parts.items()}, scores.errors)
 
 
@@ -80,14 +89,19 @@ def filter_groups(sample, score, want: int, max_batches: int):
         if sum(flags) >= want or len(outs) >= max_batches:
             break
     ro = concat_rollouts(outs, counts)
-    merged = RewardScores([x for s in all_scores for x in s.total],
-                          {k: [x for s in all_scores for x in s.parts[k]] for k in all_scores[0].parts},
-                          sum(s.errors for s in all_scores))
+    merged = RewardScores(
+        [x for s in all_scores for x in s.total],
+        {k: [x for s in all_scores for x in s.parts[k]] for k in all_scores[0].parts},
+        sum(s.errors for s in all_scores),
+    )
     chosen = [p for p, ok in enumerate(flags) if ok][:want]
     chosen += [p for p, ok in enumerate(flags) if not ok][: want - len(chosen)]
     chosen.sort()  # the order they were drawn
     ro, kept = select_groups(ro, merged, chosen)
-    stats = {names.GEN_BATCHES: len(outs), names.INFORMATIVE_GROUPS: sum(flags),
-             names.KEPT_INFORMATIVE_FRAC: sum(flags[p] for p in chosen) / max(1, len(chosen)),
-             names.REWARD_MEAN_KEPT: sum(kept.total) / max(1, len(kept.total))}
+    stats = {
+        names.GEN_BATCHES: len(outs),
+        names.INFORMATIVE_GROUPS: sum(flags),
+        names.KEPT_INFORMATIVE_FRAC: sum(flags[p] for p in chosen) / max(1, len(chosen)),
+        names.REWARD_MEAN_KEPT: sum(kept.total) / max(1, len(kept.total)),
+    }
     return [examples[p] for p in chosen], ro, kept, merged, stats

@@ -7,6 +7,7 @@ or, for a file, the training set's columns (``data.prompt_key`` / ``data.label_k
 has them, then the common names (as verl applies one ``data.prompt_key`` to its training and
 validation files).
 """
+
 from __future__ import annotations
 
 from ..config import DataConfig
@@ -17,8 +18,9 @@ __all__ = ["load_eval_set"]
 _LIMIT_OF_CONFIG = object()
 
 
-def load_eval_set(data: DataConfig, spec: str | None = None, limit: int | None | object = _LIMIT_OF_CONFIG
-                  ) -> LoadedData:
+def load_eval_set(
+    data: DataConfig, spec: str | None = None, limit: int | None | object = _LIMIT_OF_CONFIG
+) -> LoadedData:
     """The examples of ``spec`` (default ``data.eval``), at most ``limit`` of them (default
     ``data.eval_limit``; None = all), read as the module docstring says. Errors are the loader's
     :class:`~sparserl.data.DataError` s; a column that cannot be guessed names ``data.eval_prompt_key``
@@ -26,8 +28,13 @@ def load_eval_set(data: DataConfig, spec: str | None = None, limit: int | None |
     spec = data.eval if spec is None else spec
     if spec is None:
         raise ValueError("no evaluation set: data.eval is null and no set was given")
-    return load_dataset(spec, prompt_key=data.eval_prompt_key, label_key=data.eval_label_key,
-                        template=data.template, system_prompt=data.system_prompt,
-                        limit=data.eval_limit if limit is _LIMIT_OF_CONFIG else limit,
-                        preferred_keys=(data.prompt_key, data.label_key),
-                        key_options=("data.eval_prompt_key", "data.eval_label_key"))
+    return load_dataset(
+        spec,
+        prompt_key=data.eval_prompt_key,
+        label_key=data.eval_label_key,
+        template=data.template,
+        system_prompt=data.system_prompt,
+        limit=data.eval_limit if limit is _LIMIT_OF_CONFIG else limit,
+        preferred_keys=(data.prompt_key, data.label_key),
+        key_options=("data.eval_prompt_key", "data.eval_label_key"),
+    )

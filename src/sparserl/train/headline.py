@@ -11,12 +11,15 @@ The figures and their wording live in :func:`sparserl.eval.report.headline_lines
 opens with the same lines (``sparserl.eval`` never imports ``sparserl.train``); this module takes the
 trainer's typed :class:`~sparserl.config.Config` and reads it as the run's ``config.yaml`` holds it.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..config import config_to_dict
-from ..eval.report import headline, headline_lines as _report_headline_lines
+from ..eval.report import headline
+from ..eval.report import headline_lines as _report_headline_lines
 
 __all__ = ["headline", "headline_lines"]
 

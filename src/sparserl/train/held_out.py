@@ -3,6 +3,7 @@ the run trained with: the same compressor, and with the online KV controller (``
 the per-bin budgets it has reached, not the configured starting budget. Each mode's record names its
 sampler (``sampler``: :func:`describe_sampler`), in ``eval-step<N>.json`` and in the log.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -51,8 +52,12 @@ def held_out_eval(trainer, step: int, run: Path, log=print) -> dict:
     returned as the step's ``eval/<mode>/<stat>`` metrics."""
     cfg, e = trainer.cfg, trainer.cfg.eval
     examples = list(load_eval_set(cfg.data))  # the same prompt form as training
-    params = SamplingParams(n=e.n, temperature=e.temperature, seed=cfg.train.seed,
-                            max_new_tokens=e.max_new_tokens or cfg.rollout.max_new_tokens)
+    params = SamplingParams(
+        n=e.n,
+        temperature=e.temperature,
+        seed=cfg.train.seed,
+        max_new_tokens=e.max_new_tokens or cfg.rollout.max_new_tokens,
+    )
     sparse, budgets_from = sparse_compressor(trainer)
     results = {}
     for mode, compressor in (("dense", get_compressor("none")), ("sparse", sparse)):
@@ -65,8 +70,14 @@ def held_out_eval(trainer, step: int, run: Path, log=print) -> dict:
         engine = RolloutEngine.from_engine(sampler, compressor)
         described = describe_sampler(compressor, budgets_from)
         results[mode] = {**evaluate(engine, examples, params, verifier(trainer.reward_fn)), "sampler": described}
-        log(f"eval step {step} {mode}: pass@1 {results[mode]['pass@1']:.3f} on {len(examples)} problems "
-            f"of {cfg.data.eval} ({described})")
+        log(
+            f"eval step {step} {mode}: pass@1 {results[mode]['pass@1']:.3f} on {len(examples)} problems "
+            f"of {cfg.data.eval} ({described})"
+        )
     write_eval_record(run, step, cfg.data.eval, results)
-    return {names.eval_metric(mode, stat): v for mode, res in results.items() for stat, v in res.items()
-            if stat.startswith(("pass@", "avg@"))}
+    return {
+        names.eval_metric(mode, stat): v
+        for mode, res in results.items()
+        for stat, v in res.items()
+        if stat.startswith(("pass@", "avg@"))
+    }

@@ -19,6 +19,7 @@ at its start, clamped to the bounds. The result is a schedule (:class:`~sparserl
 KVSchedule`, one pair per bin), so the sampler's buffers hold at most ``max_budget`` tokens. Its state
 (budgets and streaks) is saved with each checkpoint, so a resumed run steers exactly as the first.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ __all__ = ["KVController", "alpha_tail_by_bin"]
 def alpha_tail_by_bin(metrics: dict) -> dict[int, float]:
     """{bin start: 5th percentile of α} from a step's metrics (``mismatch/alpha_p5_bin/<start>``)."""
     prefix = names.MISMATCH_ALPHA_P5_BIN
-    return {int(k[len(prefix):]): float(v) for k, v in metrics.items() if k.startswith(prefix)}
+    return {int(k[len(prefix) :]): float(v) for k, v in metrics.items() if k.startswith(prefix)}
 
 
 @dataclass
@@ -51,11 +52,12 @@ class KVController:
     streaks: dict[int, int] = field(default_factory=dict)  # bin start -> steps in a row clear of the margin
 
     @classmethod
-    def from_config(cls, kc, alpha_bin: int, initial: KVSchedule | int) -> "KVController":
+    def from_config(cls, kc, alpha_bin: int, initial: KVSchedule | int) -> KVController:
         """From ``rollout.kv_controller`` (``kc``), ``mismatch.alpha_bin`` and the starting schedule or budget."""
         start = initial if isinstance(initial, KVSchedule) else KVSchedule((0,), (int(initial),))
-        return cls(kc.threshold, kc.margin, kc.patience, kc.bin or alpha_bin, kc.min_budget, kc.max_budget,
-                   kc.step, start)
+        return cls(
+            kc.threshold, kc.margin, kc.patience, kc.bin or alpha_bin, kc.min_budget, kc.max_budget, kc.step, start
+        )
 
     def _clamp(self, budget: int) -> int:
         return max(self.min_budget, min(self.max_budget, int(budget)))
@@ -118,8 +120,10 @@ class KVController:
         return {f"{names.KV_BUDGET_BIN}{start}": budget for start, budget in self.schedule().pairs}
 
     def state_dict(self) -> dict:
-        return {"budgets": {str(k): v for k, v in self.budgets.items()},
-                "streaks": {str(k): v for k, v in self.streaks.items()}}
+        return {
+            "budgets": {str(k): v for k, v in self.budgets.items()},
+            "streaks": {str(k): v for k, v in self.streaks.items()},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.budgets = {int(k): int(v) for k, v in state["budgets"].items()}

@@ -1,5 +1,6 @@
 """Seconds spent per station of a step, kept out of the stations' code: ``with laps(name): ...`` adds the
 block's wall clock to ``laps.seconds[name]`` (``time/<station>_s``, :mod:`sparserl.runlog`)."""
+
 from __future__ import annotations
 
 import time

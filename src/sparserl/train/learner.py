@@ -1,5 +1,6 @@
 """The learner and its optimizer, built alike in the training process (:mod:`.build`) and in every
 data-parallel peer (:mod:`.data_parallel`)."""
+
 from __future__ import annotations
 
 import torch
@@ -21,6 +22,7 @@ def build_learner(cfg: Config):
         learner = apply_lora(learner, t.lora_rank, t.lora_alpha, t.lora_dropout, t.lora_target).train()
     trained = [p for p in learner.parameters() if p.requires_grad]
     fused = trained[0].device.type in ("cpu", "cuda")  # torch's one-kernel AdamW (the HF Trainer's default)
-    opt = torch.optim.AdamW(trained, lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay,
-                            fused=fused or None)
+    opt = torch.optim.AdamW(
+        trained, lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay, fused=fused or None
+    )
     return lm, learner, opt, build_scheduler(opt, cfg)

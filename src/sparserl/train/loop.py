@@ -1,6 +1,7 @@
 """A training run (:func:`train`): check what is cheap to check, build the trainer once, resume from the
 newest checkpoint, then step, evaluate, log and checkpoint to the end, and print the summary.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,8 +35,9 @@ from .step import train_step
 from .summary import run_summary
 
 
-def train(cfg: Config, resume: bool = False, run_dir: str | Path | None = None, log=print,
-          allow_config_change: bool = False) -> Path:
+def train(
+    cfg: Config, resume: bool = False, run_dir: str | Path | None = None, log=print, allow_config_change: bool = False
+) -> Path:
     """Run (or resume) a training run; returns its folder.
 
     ``resume``: continue the run in ``run_dir`` (see :func:`find_resume_folder` without it) from its
@@ -51,13 +53,17 @@ def train(cfg: Config, resume: bool = False, run_dir: str | Path | None = None, 
         changes = check_resume_config(run, cfg, allow_config_change)
         have = checkpoint_step(latest_checkpoint(run))
         if have is not None and have > cfg.train.steps:
-            raise ResumeError(f"--resume: {run} is at step {have} already, more than train.steps="
-                              f"{cfg.train.steps}: give train.steps={have} or more")
+            raise ResumeError(
+                f"--resume: {run} is at step {have} already, more than train.steps="
+                f"{cfg.train.steps}: give train.steps={have} or more"
+            )
     else:
         run = resolve_run_dir(cfg, str(run_dir) if run_dir else None)
         if holds_run(run):
-            raise ResumeError(f"{option} {run} already holds a run ({names.METRICS_FILE} or checkpoints/): "
-                              "continue it with --resume, or choose another run folder")
+            raise ResumeError(
+                f"{option} {run} already holds a run ({names.METRICS_FILE} or checkpoints/): "
+                "continue it with --resume, or choose another run folder"
+            )
     check_output_dir(run, option)
     kernels = deterministic_state()
     trainer = build_trainer(cfg)  # sparserl.preflight's checks first, before any weight loads
@@ -73,8 +79,9 @@ def resume_from_checkpoint(trainer: Trainer, run: Path, log=print) -> int:
     position, RNG, the controller's budgets, the non-finite streak) and push its weights to the sampler and
     the other learners; returns its step (0 when there is none)."""
     cfg = trainer.cfg
-    found = load_latest(run, trainer.learner, trainer.optimizer, trainer.scheduler, log=log,
-                        sampler_adapter=trainer.distill)
+    found = load_latest(
+        run, trainer.learner, trainer.optimizer, trainer.scheduler, log=log, sampler_adapter=trainer.distill
+    )
     if found is None:
         if (run / names.METRICS_FILE).exists():
             log(f"no complete checkpoint in {run}: starting from step 0")
@@ -83,8 +90,9 @@ def resume_from_checkpoint(trainer: Trainer, run: Path, log=print) -> int:
     try:
         trainer.data.load_state_dict(state["data"])
     except (ValueError, KeyError, TypeError) as e:
-        raise ResumeError(f"{ckpt / 'trainer.json'}: the saved data position does not fit data.train="
-                          f"{cfg.data.train!r} ({e})") from None
+        raise ResumeError(
+            f"{ckpt / 'trainer.json'}: the saved data position does not fit data.train={cfg.data.train!r} ({e})"
+        ) from None
     set_rng_state(state["rng"])
     if trainer.kv_controller is not None and "kv_controller" in state:
         trainer.kv_controller.load_state_dict(state["kv_controller"])
@@ -106,8 +114,9 @@ def machine_notes(trainer: Trainer) -> list[str]:
     notes = [f"rollout.dtype: auto -> {choice.dtype} on this machine: {choice.reason} [{choice.key}]"] if choice else []
     if cfg.model.mixed_precision == "auto" and cfg.model.dtype == "float32":  # what `auto` measured here
         precision = choose_mixed_precision(trainer.device)
-        notes.append(f"model.mixed_precision: auto -> {precision.mode} on this machine: {precision.reason} "
-                     f"[{precision.key}]")
+        notes.append(
+            f"model.mixed_precision: auto -> {precision.mode} on this machine: {precision.reason} [{precision.key}]"
+        )
     return notes
 
 
@@ -125,9 +134,15 @@ def run_steps(trainer: Trainer, run: Path, resume: bool, changes: list, log=prin
     saved = record_config(run, cfg, start, changes, resume, notes)
     if resume and saved is not None and saved.name != CONFIG_FILE:
         log(f"config changed on resume ({', '.join(k for k, *_ in changes)}): kept as {saved}")
-    logger = MetricsLogger(run, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb,
-                           wandb_project=cfg.log.wandb_project, config_dict=config_to_dict(cfg),
-                           progress=cfg.log.progress, total_steps=cfg.train.steps)
+    logger = MetricsLogger(
+        run,
+        tensorboard=cfg.log.tensorboard,
+        wandb=cfg.log.wandb,
+        wandb_project=cfg.log.wandb_project,
+        config_dict=config_to_dict(cfg),
+        progress=cfg.log.progress,
+        total_steps=cfg.train.steps,
+    )
     if resume:
         logger.truncate_after(start)  # steps logged after the checkpoint are redone: each step once
     try:
@@ -138,9 +153,17 @@ def run_steps(trainer: Trainer, run: Path, resume: bool, changes: list, log=prin
                 metrics.update(held_out_eval(trainer, step, run, log=logger.message))
             logger.log(step, metrics)
             if checkpoint_due(cfg, step):
-                save_checkpoint(run, step, trainer.learner, trainer.tokenizer, trainer.optimizer, trainer.scheduler,
-                                trainer_state(trainer), keep_last=cfg.checkpoint.keep_last,
-                                sampler_adapter=trainer.distill)
+                save_checkpoint(
+                    run,
+                    step,
+                    trainer.learner,
+                    trainer.tokenizer,
+                    trainer.optimizer,
+                    trainer.scheduler,
+                    trainer_state(trainer),
+                    keep_last=cfg.checkpoint.keep_last,
+                    sampler_adapter=trainer.distill,
+                )
     finally:
         logger.close()
     report = make_report(run)

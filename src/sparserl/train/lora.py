@@ -17,6 +17,7 @@ only.
   keys ``base_model.model.<module>.lora_A.weight``), which ``PeftModel.from_pretrained(base_model, folder)``
   loads (:func:`save_adapter`, :func:`adapter_from_files`); the base weights are ``model.name``'s, unchanged.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,12 +34,14 @@ ADAPTER_CONFIG = "adapter_config.json"
 
 def linear_names(model: torch.nn.Module) -> list[str]:
     """The last name part of every ``nn.Linear`` of ``model`` (what ``lora_target`` names), sorted, once each."""
-    return sorted({name.rpartition(".")[2] for name, module in model.named_modules()
-                   if isinstance(module, torch.nn.Linear)})
+    return sorted(
+        {name.rpartition(".")[2] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    )
 
 
-def apply_lora(model: torch.nn.Module, rank: int, alpha: int, dropout: float, target,
-               key: str = "train.lora_target") -> torch.nn.Module:
+def apply_lora(
+    model: torch.nn.Module, rank: int, alpha: int, dropout: float, target, key: str = "train.lora_target"
+) -> torch.nn.Module:
     """``model`` with peft LoRA adapters on ``target`` (a list of module names, or ``all-linear``) and every
     other weight frozen; the same object (peft injects in place). A target that names no module of the
     model is a :class:`~sparserl.errors.ConfigError` naming ``key`` and the valid ones."""
@@ -48,10 +51,17 @@ def apply_lora(model: torch.nn.Module, rank: int, alpha: int, dropout: float, ta
     if target != "all-linear":
         missing = [t for t in target if t not in names]
         if missing:
-            raise ConfigError(f"{key}={list(target)}: {', '.join(missing)} names no linear module of "
-                              f"this model; its linear modules: {', '.join(names)} (or all-linear)")
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, bias="none",
-                        target_modules=target if target == "all-linear" else list(target))
+            raise ConfigError(
+                f"{key}={list(target)}: {', '.join(missing)} names no linear module of "
+                f"this model; its linear modules: {', '.join(names)} (or all-linear)"
+            )
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        bias="none",
+        target_modules=target if target == "all-linear" else list(target),
+    )
     return get_peft_model(model, config, adapter_name=ADAPTER).get_base_model()
 
 
@@ -67,8 +77,14 @@ def trainable_summary(model: torch.nn.Module) -> dict:
         return {"mode": "full", "trainable": trainable, "total": total}
     config = model.peft_config[ADAPTER]
     modules = sorted(config.target_modules) if isinstance(config.target_modules, (set, list)) else config.target_modules
-    return {"mode": "lora", "trainable": trainable, "total": total, "rank": config.r, "alpha": config.lora_alpha,
-            "modules": modules}
+    return {
+        "mode": "lora",
+        "trainable": trainable,
+        "total": total,
+        "rank": config.r,
+        "alpha": config.lora_alpha,
+        "modules": modules,
+    }
 
 
 @torch.no_grad()
@@ -94,8 +110,10 @@ def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The adapter's tensors as peft saves them (``base_model.model.<module>.lora_A.weight``, ...)."""
     from peft import get_peft_model_state_dict
 
-    return {PEFT_PREFIX + k: v.detach().contiguous() for k, v in
-            get_peft_model_state_dict(model, adapter_name=ADAPTER).items()}
+    return {
+        PEFT_PREFIX + k: v.detach().contiguous()
+        for k, v in get_peft_model_state_dict(model, adapter_name=ADAPTER).items()
+    }
 
 
 def save_adapter(model: torch.nn.Module, folder: Path, save_tensors) -> None:
@@ -110,5 +128,4 @@ def load_adapter(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> No
     """Put an adapter's tensors (:func:`adapter_state`'s keys, already checked) into ``model``."""
     from peft import set_peft_model_state_dict
 
-    set_peft_model_state_dict(model, {k.removeprefix(PEFT_PREFIX): v for k, v in weights.items()},
-                              adapter_name=ADAPTER)
+    set_peft_model_state_dict(model, {k.removeprefix(PEFT_PREFIX): v for k, v in weights.items()}, adapter_name=ADAPTER)

@@ -100,8 +100,7 @@ def agg_loss(
     raise ValueError(f"unknown loss_agg {loss_agg!r}; available: {', '.join(LOSS_AGGS)}")
 
 
-def loss_normalizers(mask: Tensor, loss_agg: str = "seq_mean_token_mean",
-                     max_len: int | None = None) -> dict:
+def loss_normalizers(mask: Tensor, loss_agg: str = "seq_mean_token_mean", max_len: int | None = None) -> dict:
     """Normalisers of the FULL batch, to pass as ``**kwargs`` to :func:`policy_loss` /
     :func:`agg_loss` on every micro-batch so that the micro-batch losses sum to the full-batch
     loss. Returns ``{"loss_agg", "num_tokens_total", "num_seqs_total", "max_len"}``."""
@@ -175,15 +174,20 @@ def policy_loss(
         seq = lr.sum(-1) / valid.sum(-1).clamp(min=1).to(lr.dtype)
         lr = torch.where(valid, logprobs - logprobs.detach() + seq.detach()[:, None], torch.zeros_like(logprobs))
     elif importance_sampling_level != "token":
-        raise ValueError(f"unknown importance_sampling_level {importance_sampling_level!r}; available: {', '.join(IMPORTANCE_SAMPLING_LEVELS)}")
+        raise ValueError(
+            f"unknown importance_sampling_level {importance_sampling_level!r}; available: {', '.join(IMPORTANCE_SAMPLING_LEVELS)}"
+        )
     lr = lr.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     ratio = lr.exp()
     adv = advantages.detach()
     if adv.dim() == 1:
         adv = adv[:, None].expand_as(ratio)
     adv = torch.where(valid, adv.to(ratio.dtype), torch.zeros_like(ratio))
-    w = (torch.ones_like(ratio) if weights is None
-         else torch.where(valid, weights.detach().to(ratio.dtype), torch.zeros_like(ratio)))
+    w = (
+        torch.ones_like(ratio)
+        if weights is None
+        else torch.where(valid, weights.detach().to(ratio.dtype), torch.zeros_like(ratio))
+    )
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
     lower = 1.0 - clip_eps
     if clip_upper_scale is None:
@@ -199,8 +203,9 @@ def policy_loss(
         pg3 = -adv * dual_clip_c
         dual = (adv < 0) & (pg > pg3)
         pg = torch.where(adv < 0, torch.minimum(pg, pg3), pg)
-    loss = agg_loss(w * pg, mask, loss_agg, max_len=max_len, num_seqs_total=num_seqs_total,
-                    num_tokens_total=num_tokens_total)
+    loss = agg_loss(
+        w * pg, mask, loss_agg, max_len=max_len, num_seqs_total=num_seqs_total, num_tokens_total=num_tokens_total
+    )
 
     with torch.no_grad():
         n = int(valid.sum())
@@ -217,9 +222,14 @@ def policy_loss(
             if dual_clip_c is not None:
                 metrics["policy/dual_clip_frac"] = float((valid & dual).sum()) / n
         else:
-            metrics = {"policy/clip_frac_low": 0.0, "policy/clip_frac_high": 0.0,
-                       "policy/ratio_mean": 1.0, "policy/ratio_min": 1.0,
-                       "policy/ratio_max": 1.0, "policy/approx_kl": 0.0}
+            metrics = {
+                "policy/clip_frac_low": 0.0,
+                "policy/clip_frac_high": 0.0,
+                "policy/ratio_mean": 1.0,
+                "policy/ratio_min": 1.0,
+                "policy/ratio_max": 1.0,
+                "policy/approx_kl": 0.0,
+            }
             if dual_clip_c is not None:
                 metrics["policy/dual_clip_frac"] = 0.0
         metrics["policy/clip_frac"] = metrics["policy/clip_frac_low"] + metrics["policy/clip_frac_high"]
@@ -271,7 +281,7 @@ def entropy_from_logits(logits: Tensor, chunk_size: int | None = None) -> Tensor
         return _entropy(logits)
     shape = logits.shape[:-1]
     flat = logits.reshape(-1, logits.shape[-1])
-    out = [_entropy(flat[i:i + chunk_size]) for i in range(0, flat.shape[0], chunk_size)]
+    out = [_entropy(flat[i : i + chunk_size]) for i in range(0, flat.shape[0], chunk_size)]
     if not out:
         return logits.new_zeros(shape, dtype=torch.float32)
     return torch.cat(out).reshape(shape)

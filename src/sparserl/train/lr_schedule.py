@@ -12,6 +12,7 @@ p = (u + 1 − W) / (N − W) the progress after the warm-up (clamped to [0, 1])
 
 so that the last update runs at ρ · lr under linear and cosine.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,4 +49,5 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg) -> torch.optim.lr_sch
     t = cfg.train
     total = total_updates(cfg)
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda u: lr_factor(u, t.warmup_steps, total, t.lr_scheduler, t.min_lr_ratio))
+        optimizer, lambda u: lr_factor(u, t.warmup_steps, total, t.lr_scheduler, t.min_lr_ratio)
+    )

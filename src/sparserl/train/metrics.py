@@ -7,6 +7,7 @@ The file ``metrics.jsonl`` is append-only, one ``{"step": ..., <metrics>, "time"
 line, flushed at once so a killed run loses at most the line being written; ``read_metrics`` skips
 such a truncated line and ``truncate_after`` drops the steps a resumed run will redo.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,9 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .. import runlog as names
 from ..runlog import METRICS_FILE, read_metrics
@@ -78,9 +80,16 @@ class MetricsLogger:
     the steps that will be redone.
     """
 
-    def __init__(self, run_dir: str | Path, tensorboard: bool = True, wandb: bool = False,
-                 wandb_project: str | None = None, config_dict: dict | None = None,
-                 progress: str = "auto", total_steps: int | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        tensorboard: bool = True,
+        wandb: bool = False,
+        wandb_project: str | None = None,
+        config_dict: dict | None = None,
+        progress: str = "auto",
+        total_steps: int | None = None,
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
@@ -99,12 +108,19 @@ class MetricsLogger:
             try:
                 import wandb as _wandb  # type: ignore[import-not-found]
             except ImportError:
-                warnings.warn("log.wandb is set but wandb is not installed (pip install wandb); "
-                              "logging to metrics.jsonl and TensorBoard only", stacklevel=2)
+                warnings.warn(
+                    "log.wandb is set but wandb is not installed (pip install wandb); "
+                    "logging to metrics.jsonl and TensorBoard only",
+                    stacklevel=2,
+                )
             else:
-                self._wandb = _wandb.init(project=wandb_project or "sparserl", name=self.run_dir.name,
-                                          dir=str(self.run_dir), config=config_dict or {},
-                                          resume="allow")
+                self._wandb = _wandb.init(
+                    project=wandb_project or "sparserl",
+                    name=self.run_dir.name,
+                    dir=str(self.run_dir),
+                    config=config_dict or {},
+                    resume="allow",
+                )
 
         if progress == "auto":
             progress = "rich" if sys.stdout.isatty() else "plain"
@@ -126,12 +142,27 @@ class MetricsLogger:
         return SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=purge_step, flush_secs=30)
 
     def _start_rich(self) -> None:
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
-        self._progress = Progress(SpinnerColumn(), TextColumn("[bold]train"), BarColumn(),
-                                  MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"),
-                                  TimeRemainingColumn(), TextColumn("{task.fields[summary]}"),
-                                  transient=False)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[summary]}"),
+            transient=False,
+        )
         self._progress.start()
         self._task = self._progress.add_task("train", total=self.total_steps, summary="")
 
@@ -211,8 +242,7 @@ class MetricsLogger:
                     row = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                if isinstance(row, dict) and isinstance(row.get("step"), (int, float)) \
-                        and row["step"] <= step:
+                if isinstance(row, dict) and isinstance(row.get("step"), (int, float)) and row["step"] <= step:
                     rows_kept.append(line)
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(line + "\n" for line in rows_kept), encoding="utf-8")
@@ -238,7 +268,7 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.finish()
 
-    def __enter__(self) -> "MetricsLogger":
+    def __enter__(self) -> MetricsLogger:
         return self
 
     def __exit__(self, *exc: Any) -> None:

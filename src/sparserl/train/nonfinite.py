@@ -12,21 +12,32 @@ than logged on with a frozen policy. A finite step resets the count.
 :func:`all_finite` and :func:`first_nonfinite` check weights and optimizer state (the checkpoint
 writer refuses a model that is not finite: :func:`sparserl.train.checkpoint.save_checkpoint`).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 
 from ..errors import SparserlError
 
-__all__ = ["LIKELY_CAUSES", "NonfiniteSteps", "NonfiniteTrainingError", "all_finite", "first_nonfinite",
-           "is_finite_number"]
+__all__ = [
+    "LIKELY_CAUSES",
+    "NonfiniteSteps",
+    "NonfiniteTrainingError",
+    "all_finite",
+    "first_nonfinite",
+    "is_finite_number",
+]
 
 #: what makes a step's loss or gradient norm non-finite, most frequent first
-LIKELY_CAUSES = ("non-finite rewards or advantages", "a learning rate too high (train.lr)",
-                 "a sequence the model cannot score (a log-probability of -inf)")
+LIKELY_CAUSES = (
+    "non-finite rewards or advantages",
+    "a learning rate too high (train.lr)",
+    "a sequence the model cannot score (a log-probability of -inf)",
+)
 
 
 class NonfiniteTrainingError(SparserlError):
@@ -72,7 +83,7 @@ class NonfiniteSteps:
         self.skipped = 0
 
     @classmethod
-    def from_config(cls, cfg) -> "NonfiniteSteps":
+    def from_config(cls, cfg) -> NonfiniteSteps:
         """From ``train.max_nonfinite_steps`` (3 when the config has no such key)."""
         return cls(getattr(getattr(cfg, "train", None), "max_nonfinite_steps", 3))
 
@@ -94,7 +105,8 @@ class NonfiniteSteps:
             raise NonfiniteTrainingError(
                 f"step {step}: the loss or gradient norm was not finite for {self.in_a_row} steps in a row "
                 f"(train.max_nonfinite_steps={self.limit}); those steps were skipped and the weights are the last "
-                f"finite step's. Likely causes: {'; '.join(LIKELY_CAUSES)}")
+                f"finite step's. Likely causes: {'; '.join(LIKELY_CAUSES)}"
+            )
         return 1
 
     def state_dict(self) -> dict:

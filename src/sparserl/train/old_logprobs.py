@@ -8,6 +8,7 @@
 - ``score``: a no-grad forward of the learner before the update (keeping its hidden states when the
   acceptance α reads ``p`` from them).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,14 +49,26 @@ class OldPolicy:
         model's own facts (its dropout, its compute dtype), so that a refused source, e.g. ``update`` on a
         model with dropout, fails here, before any rollout (:class:`~sparserl.score.old_policy.OldLogprobsError`)."""
         r = cfg.rollout
-        kind = old_logprobs_source(cfg.algorithm.old_logprobs,
-                                   why_not_update=cfg.why_update_forward_is_not_old_policy(model_dropout(learner)),
-                                   compresses=engine.compressor.compresses, sampler_dtype=engine.dtype,
-                                   learner_dtype=learner_compute_dtype(cfg.model, learner), temperature=r.temperature,
-                                   top_p=r.top_p, top_k=r.top_k, quantized=r.quantized, lagged=r.async_)
-        return cls(kind, temperature=r.temperature, micro_batch_size=cfg.train.micro_batch_size,
-                   shared_prompt=cfg.train.shared_prompt, entropy_grad=bool(cfg.algorithm.entropy_coef),
-                   keep_hidden=cfg.mismatch.alpha != "off")
+        kind = old_logprobs_source(
+            cfg.algorithm.old_logprobs,
+            why_not_update=cfg.why_update_forward_is_not_old_policy(model_dropout(learner)),
+            compresses=engine.compressor.compresses,
+            sampler_dtype=engine.dtype,
+            learner_dtype=learner_compute_dtype(cfg.model, learner),
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            quantized=r.quantized,
+            lagged=r.async_,
+        )
+        return cls(
+            kind,
+            temperature=r.temperature,
+            micro_batch_size=cfg.train.micro_batch_size,
+            shared_prompt=cfg.train.shared_prompt,
+            entropy_grad=bool(cfg.algorithm.entropy_coef),
+            keep_hidden=cfg.mismatch.alpha != "off",
+        )
 
     def logprobs(self, learner, batch: RolloutBatch) -> OldLogprobs:
         """The old policy's log-probs of ``batch``'s responses. The caller sets the precision
@@ -63,8 +76,14 @@ class OldPolicy:
         if self.kind == "sampler":
             return OldLogprobs(batch.sampler_logprobs * batch.response_mask)
         if self.kind == "update":
-            forward = run_update_forward(learner, batch, shared_prompt=self.shared_prompt, temperature=self.temperature,
-                                         entropy_grad=self.entropy_grad, keep_hidden=self.keep_hidden)
+            forward = run_update_forward(
+                learner,
+                batch,
+                shared_prompt=self.shared_prompt,
+                temperature=self.temperature,
+                entropy_grad=self.entropy_grad,
+                keep_hidden=self.keep_hidden,
+            )
             return OldLogprobs(forward.old_logprobs, forward.hidden, forward)
         args = (learner, batch, self.micro_batch_size, self.temperature, self.shared_prompt)
         if self.keep_hidden:

@@ -8,6 +8,7 @@ freely; any other change is refused with the list of keys, old -> new. A run fol
 checkpoints but no recorded config is refused too, before anything loads: the config its weights were
 trained with is unknown, and a default one would fail later on a weight mismatch without saying why.
 """
+
 from __future__ import annotations
 
 import re
@@ -63,8 +64,9 @@ def holds_run(path: str | Path) -> bool:
 def is_run_folder(path: str | Path) -> bool:
     """True when ``path`` holds a run (``config.yaml``, ``metrics.jsonl`` or ``checkpoints/``)."""
     p = Path(path)
-    return p.is_dir() and ((p / CONFIG_FILE).is_file() or (p / names.METRICS_FILE).is_file()
-                           or (p / "checkpoints").is_dir())
+    return p.is_dir() and (
+        (p / CONFIG_FILE).is_file() or (p / names.METRICS_FILE).is_file() or (p / "checkpoints").is_dir()
+    )
 
 
 #: keys that recorded configs may lack, with the value a run without the key ran with (a recorded config
@@ -93,14 +95,21 @@ def recorded_configs(run_dir: str | Path) -> list[Path]:
     ``config-resume-<step>.yaml`` for each resume with a changed config (<step>: where it resumed)."""
     run = Path(run_dir)
     out = [run / CONFIG_FILE] if (run / CONFIG_FILE).is_file() else []
-    later = [(int(m.group(1)), int(m.group(2) or 1), p) for p in run.glob("config-resume-*.yaml")
-             if (m := _RESUME_CONFIG.match(p.name))]
+    later = [
+        (int(m.group(1)), int(m.group(2) or 1), p)
+        for p in run.glob("config-resume-*.yaml")
+        if (m := _RESUME_CONFIG.match(p.name))
+    ]
     return out + [p for *_, p in sorted(later)]
 
 
 def _last_written(run: Path) -> float:
-    files = [run / names.METRICS_FILE, *recorded_configs(run), run / "checkpoints" / "latest",
-             *(run / "checkpoints").glob("step-*")]
+    files = [
+        run / names.METRICS_FILE,
+        *recorded_configs(run),
+        run / "checkpoints" / "latest",
+        *(run / "checkpoints").glob("step-*"),
+    ]
     return max((f.stat().st_mtime for f in files if f.exists()), default=run.stat().st_mtime)
 
 
@@ -120,8 +129,10 @@ def find_resume_folder(cfg: Config, run_dir: str | Path | None, log=print, *, co
     if run_dir is None and not cfg.log.run_name:
         run = newest_run(cfg.log.out_dir)
         if run is None:
-            raise ResumeError(f"--resume without --run-dir: no run folder under log.out_dir={cfg.log.out_dir} to "
-                              "resume; give the run with --run-dir DIR (or drop --resume to start a new run)")
+            raise ResumeError(
+                f"--resume without --run-dir: no run folder under log.out_dir={cfg.log.out_dir} to "
+                "resume; give the run with --run-dir DIR (or drop --resume to start a new run)"
+            )
         log(f"resuming the newest run under {cfg.log.out_dir}: {run}")
         if config_from_run:
             _refuse_missing_config(run)
@@ -129,11 +140,13 @@ def find_resume_folder(cfg: Config, run_dir: str | Path | None, log=print, *, co
     run = resolve_run_dir(cfg, str(run_dir) if run_dir else None)
     what = f"--run-dir {run}" if run_dir else f"log.out_dir/log.run_name {run}"
     if not run.exists():
-        raise ResumeError(f"--resume: {what} does not exist, there is no run to resume (drop --resume to "
-                          "start a new run there)")
+        raise ResumeError(
+            f"--resume: {what} does not exist, there is no run to resume (drop --resume to start a new run there)"
+        )
     if not is_run_folder(run):
-        raise ResumeError(f"--resume: {what} is not a run folder (no {CONFIG_FILE}, {names.METRICS_FILE} or "
-                          "checkpoints/)")
+        raise ResumeError(
+            f"--resume: {what} is not a run folder (no {CONFIG_FILE}, {names.METRICS_FILE} or checkpoints/)"
+        )
     if config_from_run:
         _refuse_missing_config(run)
     return run
@@ -147,7 +160,8 @@ def _refuse_missing_config(run: Path) -> None:
         raise ResumeError(
             f"--resume: {run / CONFIG_FILE} is missing, so the config that {run} (checkpoint {checkpoints[0].name}) "
             f"ran with is unknown and another one would not fit its weights; pass the config it ran with "
-            f"explicitly: sparserl train CONFIG [key=value ...] --resume --run-dir {run} --allow-config-change")
+            f"explicitly: sparserl train CONFIG [key=value ...] --resume --run-dir {run} --allow-config-change"
+        )
 
 
 def _flat(d: dict) -> dict:
@@ -189,8 +203,10 @@ def check_resume_config(run: Path, cfg: Config, allow_config_change: bool = Fals
     except ConfigError as e:
         if allow_config_change:
             return [("config", str(recorded[-1]), "(unreadable)")]
-        raise ResumeError(f"--resume: the run's recorded config {recorded[-1]} does not read ({e}); pass "
-                          "--allow-config-change to resume with this config anyway") from None
+        raise ResumeError(
+            f"--resume: the run's recorded config {recorded[-1]} does not read ({e}); pass "
+            "--allow-config-change to resume with this config anyway"
+        ) from None
     changes = config_changes(old, config_to_dict(cfg))
     blocked = [c for c in changes if not resume_free(c[0])]
     if blocked and not allow_config_change:
@@ -199,12 +215,14 @@ def check_resume_config(run: Path, cfg: Config, allow_config_change: bool = Fals
             f"--resume: the config differs from the one {run} ran with ({recorded[-1]}):\n  - {lines}\n"
             f"Resume with the run's own values, or pass --allow-config-change to go on with the new ones (the "
             f"new config is then kept as config-resume-<step>.yaml next to {CONFIG_FILE}). Keys that may change "
-            f"freely: {', '.join(RESUME_FREE_KEYS)}.")
+            f"freely: {', '.join(RESUME_FREE_KEYS)}."
+        )
     return changes
 
 
-def record_config(run: Path, cfg: Config, step: int, changes: list, resume: bool,
-                  notes: list[str] | tuple = ()) -> Path | None:
+def record_config(
+    run: Path, cfg: Config, step: int, changes: list, resume: bool, notes: list[str] | tuple = ()
+) -> Path | None:
     """Keep every config the run ran with: a new run writes ``config.yaml`` (over one left by a run that
     never took a step); a resume writes it when the run has none, else ``config-resume-<step>.yaml``
     when this config differs from the last one, and never overwrites ``config.yaml``."""

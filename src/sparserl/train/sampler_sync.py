@@ -4,6 +4,7 @@ ahead under ``rollout.async``) and how the learner's new weights reach it.
 The choice of sampler is made once, when the trainer is built (``trainer.pool`` is None or the workers);
 these functions only follow it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,10 +22,17 @@ def sampling_params(cfg: Config, step: int, keep_distributions: bool = False) ->
     """Step ``step``'s sampling: ``rollout.*``, a seed of its own per step, the top-k log-probs the topk α
     reads, and whether the sampler keeps its whole distributions (the exact α without a replay)."""
     r = cfg.rollout
-    return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                          max_new_tokens=r.max_new_tokens, stop=list(r.stop), seed=cfg.train.seed * 1_000_003 + step,
-                          logprobs_topk=cfg.mismatch.alpha_topk if cfg.mismatch.alpha == "topk" else 0,
-                          keep_distributions=keep_distributions)
+    return SamplingParams(
+        n=r.n,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        max_new_tokens=r.max_new_tokens,
+        stop=list(r.stop),
+        seed=cfg.train.seed * 1_000_003 + step,
+        logprobs_topk=cfg.mismatch.alpha_topk if cfg.mismatch.alpha == "topk" else 0,
+        keep_distributions=keep_distributions,
+    )
 
 
 def rollout(trainer, step: int) -> tuple[list, RolloutOutput]:
@@ -56,8 +64,9 @@ def send_rollout(trainer, step: int) -> tuple[list, object]:
     examples = trainer.data.next_batch()
     read = (cfg.mismatch.alpha_topk if cfg.mismatch.alpha == "topk" else 0) if cfg.rollout.async_ else None
     keep = keeps_distributions(trainer, len(examples) * cfg.rollout.n)  # the workers send q back: no replay here
-    return examples, trainer.pool.submit([e.prompt for e in examples], sampling_params(cfg, step, keep),
-                                         trainer.engine.compressor.schedule, read)
+    return examples, trainer.pool.submit(
+        [e.prompt for e in examples], sampling_params(cfg, step, keep), trainer.engine.compressor.schedule, read
+    )
 
 
 def sampler_weights(trainer) -> dict[str, torch.Tensor]:
@@ -94,5 +103,7 @@ def pool_metrics(trainer, ro: RolloutOutput) -> dict:
     one it sampled with: 1 under ``rollout.async``, else 0)."""
     if trainer.pool is None:
         return {}
-    return {names.CLUSTER_WORKER_RESTARTS: trainer.pool.restarts,
-            names.MISMATCH_POLICY_LAG: trainer.pool.version - ro.weights_version}
+    return {
+        names.CLUSTER_WORKER_RESTARTS: trainer.pool.restarts,
+        names.MISMATCH_POLICY_LAG: trainer.pool.version - ro.weights_version,
+    }

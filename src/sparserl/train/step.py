@@ -7,6 +7,7 @@ Each station is a function of its own module; what a run chooses once (the sampl
 log-probs come from) is on the trainer (:mod:`.build`), and the time per station is kept by
 :class:`.laps.Laps`, outside the stations' code.
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,17 +43,23 @@ def train_step(trainer, step: int) -> dict:
             old = trainer.old_policy.logprobs(trainer.learner, batch)
             batch.old_logprobs = old.logprobs
             if trainer.ref is not None:
-                batch.ref_logprobs = score_logprobs(trainer.ref, batch, cfg.train.micro_batch_size,
-                                                    cfg.rollout.temperature, cfg.train.shared_prompt)
+                batch.ref_logprobs = score_logprobs(
+                    trainer.ref, batch, cfg.train.micro_batch_size, cfg.rollout.temperature, cfg.train.shared_prompt
+                )
         # 4a) the mismatch split by source: weights and cache, or lag and cache
-        split = (mismatch_split(local_sampler(trainer).model, batch, cfg.rollout.temperature,
-                                cfg.train.micro_batch_size) if cfg.rollout.mismatch_split else
-                 lag_split(batch, ro.dense_cache) if ro.dense_cache is not None else {})
+        split = (
+            mismatch_split(local_sampler(trainer).model, batch, cfg.rollout.temperature, cfg.train.micro_batch_size)
+            if cfg.rollout.mismatch_split
+            else lag_split(batch, ro.dense_cache)
+            if ro.dense_cache is not None
+            else {}
+        )
     # 4b) the acceptance α (times itself: time/alpha_s), and the controller's next budgets from its tail
     if cfg.mismatch.alpha == "exact" and ro.distributions is None:  # it replays the sampler here
         local_sampler(trainer)
-    alpha = measure_alpha(trainer, batch, ro, sampling_params(cfg, step), cfg.mismatch.alpha, cfg.mismatch.alpha_bin,
-                          old.hidden)
+    alpha = measure_alpha(
+        trainer, batch, ro, sampling_params(cfg, step), cfg.mismatch.alpha, cfg.mismatch.alpha_bin, old.hidden
+    )
     ro.distributions = None  # the sampler's q, read: freed before the update
     if trainer.kv_controller is not None:
         alpha.update(trainer.kv_controller.steer(trainer.engine.compressor, alpha))
@@ -69,9 +76,19 @@ def train_step(trainer, step: int) -> dict:
             push_weights(trainer)
         if trainer.engine.model.quantizer.quantizes and trainer.pool is None:  # the workers quantize on their side
             learned[names.TIME_QUANTIZE] = trainer.engine.model.last_quantize_s
-    return {**rollout_metrics(ro, batch, sampled, cfg), **corr.metrics, **split, **alpha, **learned, **sampling,
-            **lag, **laps.seconds, names.TIME_GENERATE: ro.seconds, names.TIME_STEP: laps.total(),
-            names.ROLLOUT_TOKENS_PER_S: ro.tokens_generated / max(ro.seconds, 1e-9)}
+    return {
+        **rollout_metrics(ro, batch, sampled, cfg),
+        **corr.metrics,
+        **split,
+        **alpha,
+        **learned,
+        **sampling,
+        **lag,
+        **laps.seconds,
+        names.TIME_GENERATE: ro.seconds,
+        names.TIME_STEP: laps.total(),
+        names.ROLLOUT_TOKENS_PER_S: ro.tokens_generated / max(ro.seconds, 1e-9),
+    }
 
 
 def sample_and_score(trainer, step: int, laps: Laps) -> tuple[list, RolloutOutput, RewardScores, RewardScores, dict]:
@@ -88,8 +105,9 @@ def sample_and_score(trainer, step: int, laps: Laps) -> tuple[list, RolloutOutpu
     def score(examples, ro):
         asked = [examples[i] for i in ro.prompt_index]
         with laps(names.TIME_REWARD):
-            scores = score_rewards(trainer.reward_fn, ro.texts, [e.label for e in asked],
-                                   [e.prompt_text for e in asked])
+            scores = score_rewards(
+                trainer.reward_fn, ro.texts, [e.label for e in asked], [e.prompt_text for e in asked]
+            )
         return shape_length(trainer.cfg, ro, scores)
 
     a = trainer.cfg.algorithm
@@ -105,16 +123,18 @@ def shape_length(cfg: Config, ro: RolloutOutput, scores: RewardScores) -> Reward
     buffer = cfg.reward.overlong_buffer
     if buffer is None:
         return scores
-    penalties = overlong_penalty([len(x) for x in ro.response_ids], cfg.rollout.max_new_tokens, buffer.len,
-                                 buffer.penalty_factor)
+    penalties = overlong_penalty(
+        [len(x) for x in ro.response_ids], cfg.rollout.max_new_tokens, buffer.len, buffer.penalty_factor
+    )
     fn = cfg.reward.fn
     return with_overlong_penalty(scores, fn if isinstance(fn, str) else fn[0], penalties)
 
 
 def rollout_batch(trainer, ro: RolloutOutput, rewards: list[float]) -> RolloutBatch:
     """A rollout and its rewards as the learner's padded batch, on the learner's device."""
-    batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index,
-                                      pad_id=trainer.tokenizer.pad_token_id or 0).to(trainer.device)
+    batch = RolloutBatch.from_rollout(
+        ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index, pad_id=trainer.tokenizer.pad_token_id or 0
+    ).to(trainer.device)
     batch.rewards = torch.tensor(rewards, dtype=torch.float32, device=trainer.device)
     batch.truncated = torch.tensor([reason == "length" for reason in ro.finish_reason], device=trainer.device)
     return batch
@@ -130,8 +150,9 @@ def corrections_and_advantages(cfg: Config, batch: RolloutBatch):
     mask = batch.response_mask
     if a.mask_truncated:
         mask = mask * (~batch.truncated).to(mask.dtype)[:, None]
-    corr = apply_corrections(a.correction, batch.sampler_logprobs, batch.old_logprobs, mask,
-                             a.correction_options or None)
+    corr = apply_corrections(
+        a.correction, batch.sampler_logprobs, batch.old_logprobs, mask, a.correction_options or None
+    )
     adv_options = {"scale_rewards": a.scale_rewards} if a.adv_estimator == "grpo" else {}
     batch.advantages = compute_advantages(a.adv_estimator, batch.rewards, batch.group_ids, **adv_options)
     return corr

@@ -10,6 +10,7 @@ gradients clipped to ``train.grad_clip``, then AdamW and the LR schedule. An opt
 gradient norm is not finite is not applied (no ``optimizer.step``, gradients zeroed, the schedule does not
 advance: :mod:`.nonfinite`) and is counted in ``train/skipped_nonfinite``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -77,8 +78,10 @@ def update_policy(trainer, batch: RolloutBatch, corr, update_forward: UpdateForw
                 r = slice(mb, min(mb + t.micro_batch_size, rows.stop))
                 if update_forward is not None:  # one optimizer step over one micro-batch: the rule's premise
                     if (r.start, r.stop, t.ppo_epochs) != (0, N, 1):
-                        raise RuntimeError(f"update_forward covers rows 0-{N} once; this update's micro-batch is rows "
-                                           f"{r.start}-{r.stop} of epoch {epoch + 1}")
+                        raise RuntimeError(
+                            f"update_forward covers rows 0-{N} once; this update's micro-batch is rows "
+                            f"{r.start}-{r.stop} of epoch {epoch + 1}"
+                        )
                     lp, ent, update_forward = update_forward.logprobs, update_forward.entropy, None
                     loss, m = micro_batch_loss(trainer, batch, corr, r, norms, lp, ent)
                 else:
@@ -110,8 +113,7 @@ def update_policy(trainer, batch: RolloutBatch, corr, update_forward: UpdateForw
         *values, count = ranks.sum_floats([sums[k] for k in keys] + [count])
         sums = dict(zip(keys, values))
     # micro-batch losses add up to each optimizer step's loss; report the mean over optimizer steps
-    out = {k: (v / max(1, len(grad_norms)) if k == names.POLICY_LOSS else v / max(count, 1.0))
-           for k, v in sums.items()}
+    out = {k: (v / max(1, len(grad_norms)) if k == names.POLICY_LOSS else v / max(count, 1.0)) for k, v in sums.items()}
     out.setdefault(names.KL_REF, 0.0)
     out[names.GRAD_NORM] = sum(grad_norms) / max(1, len(grad_norms))
     out[names.LR] = trainer.optimizer.param_groups[0]["lr"]
@@ -130,12 +132,27 @@ def micro_batch_loss(trainer, batch: RolloutBatch, corr, r: slice, norms: dict, 
     if lp is None:
         forward = forward_response_shared if cfg.train.shared_prompt else forward_response
         with learner_autocast(cfg.model, batch.response_ids.device):
-            lp, ent = forward(trainer.learner, batch, r, return_entropy=True, entropy_grad=bool(a.entropy_coef),
-                              temperature=cfg.rollout.temperature)
+            lp, ent = forward(
+                trainer.learner,
+                batch,
+                r,
+                return_entropy=True,
+                entropy_grad=bool(a.entropy_coef),
+                temperature=cfg.rollout.temperature,
+            )
     scale = corr.clip_upper_scale[r] if corr.clip_upper_scale is not None else None
-    loss, m = policy_loss(lp, corr.behaviour_logprobs[r], batch.advantages[r], corr.mask[r], corr.weights[r],
-                          clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high, clip_upper_scale=scale,
-                          importance_sampling_level=a.importance_sampling_level, **norms)
+    loss, m = policy_loss(
+        lp,
+        corr.behaviour_logprobs[r],
+        batch.advantages[r],
+        corr.mask[r],
+        corr.weights[r],
+        clip_eps=a.clip_eps,
+        clip_eps_high=a.clip_eps_high,
+        clip_upper_scale=scale,
+        importance_sampling_level=a.importance_sampling_level,
+        **norms,
+    )
     mask = batch.response_mask[r]
     m[names.ENTROPY] = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
     if trainer.ref is not None:

@@ -9,6 +9,7 @@ micro-batch); its ``log p`` and hidden states go to the scoring's consumers, and
 loss in :func:`sparserl.train.update.update_policy`, which then runs no forward of its own. One forward a
 step fewer than ``score``; the PPO ratio at the step is exactly 1.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,15 +36,23 @@ class UpdateForward:
         return self.logprobs.detach() * self.response_mask
 
 
-def run_update_forward(learner, batch: RolloutBatch, *, shared_prompt: bool, temperature: float,
-                       entropy_grad: bool, keep_hidden: bool) -> UpdateForward:
+def run_update_forward(
+    learner, batch: RolloutBatch, *, shared_prompt: bool, temperature: float, entropy_grad: bool, keep_hidden: bool
+) -> UpdateForward:
     """The update's forward over every row of ``batch`` (training mode, gradients on), as
     ``update_policy`` would run it for its one micro-batch; ``keep_hidden``: the final hidden states too
     (for the exact α). The caller sets the precision (``learner_autocast``)."""
     forward = forward_response_shared if shared_prompt else forward_response
     learner.train()
     with torch.enable_grad():
-        out = forward(learner, batch, slice(0, batch.size), return_entropy=True, entropy_grad=entropy_grad,
-                      temperature=temperature, return_hidden=keep_hidden)
+        out = forward(
+            learner,
+            batch,
+            slice(0, batch.size),
+            return_entropy=True,
+            entropy_grad=entropy_grad,
+            temperature=temperature,
+            return_hidden=keep_hidden,
+        )
     lp, ent, hidden = out if keep_hidden else (*out, None)
     return UpdateForward(lp, ent, hidden, batch.response_mask)

@@ -34,10 +34,11 @@ sees every change there (k of the layer's inputs, re-chosen at every push). The 
 snapshot them with :func:`quantized_weight_snapshot` before ``optimizer.step()``, then call
 :func:`update_visible_frac` with the model's parameters after it.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -68,8 +69,9 @@ def quantized_weight_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]
 
 
 @torch.no_grad()
-def update_visible_frac(before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor],
-                        quantize: Quantizer | None = None) -> float:
+def update_visible_frac(
+    before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor], quantize: Quantizer | None = None
+) -> float:
     """Of the sampler-quantized weight elements that differ between ``before`` and ``after``, the
     fraction whose quantized code differs too (0.0 when no element changed). ``quantize(w) -> (codes,
     scales)``, by default :func:`sparserl.rollout.quant.int8.quantize_int8_per_channel`. Only names
@@ -78,8 +80,10 @@ def update_visible_frac(before: Mapping[str, torch.Tensor], after: Mapping[str, 
     quantize = quantize or default_quantizer()
     names = [n for n in before if is_sampler_quantized(n)]
     if not names:
-        raise ValueError("update_visible_frac: `before` holds no decoder linear weight "
-                         "(names like model.layers.0.self_attn.q_proj.weight)")
+        raise ValueError(
+            "update_visible_frac: `before` holds no decoder linear weight "
+            "(names like model.layers.0.self_attn.q_proj.weight)"
+        )
     changed = visible = None
     for n in names:
         if n not in after:

@@ -1,5 +1,6 @@
 """``sparserl bench``: benchmarks, one subcommand a module: :mod:`.rollout` (``bench rollout``),
 :mod:`.learner` (``bench learner``), :mod:`.setup_openvino` (``bench setup-openvino``)."""
+
 from __future__ import annotations
 
 from . import learner, rollout, setup_openvino

@@ -7,27 +7,28 @@ refuses an option that would do nothing as configured (set to a value other than
 the key that enables it is off), naming that key. The rules are cheap (no model, no data): ``train``
 runs them before anything heavy loads, and ``sparserl config`` runs the same.
 """
+
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 from ..messages import ConfigError
 from ..schema import Config
+from .advantage import group_for_advantage
 from .cluster import cluster_shape, rollout_workers
+from .controller import kv_controller
 from .correction import correction_runs
 from .distill_sparse import distill_sparse_sampler
+from .dynamic_sampling import filter_groups, max_gen_batches_unused
+from .lora import lora_unused
 from .old_policy import compressor_builds_and_old_policy
 from .optimizer import adamw_first_step, lr_schedule_unused, mini_batches
 from .precision import mixed_precision_weights
-from .quantization import quant_options, quant_scale_with_lora, mismatch_split_needs_quant
+from .quantization import mismatch_split_needs_quant, quant_options, quant_scale_with_lora
 from .reward import overlong_buffer_fits, reward_spec
 from .rollout_async import async_rollouts
 from .sampler import blocktopk_pages, kv_budget_above_window, kv_schedule, kv_schedule_unused
-from .controller import kv_controller
-from .advantage import group_for_advantage
-from .dynamic_sampling import filter_groups, max_gen_batches_unused
-from .lora import lora_unused
 from .unused import alpha_topk_unused, kl_kind_unused
 
 __all__ = ["RULES", "validate"]
@@ -36,11 +37,30 @@ Rule = Callable[[Config], list[str]]
 
 #: every rule, in the order its problems are listed
 RULES: tuple[Rule, ...] = (
-    adamw_first_step, lr_schedule_unused, mini_batches, mixed_precision_weights,
-    kv_budget_above_window, kv_schedule, kv_schedule_unused, blocktopk_pages, kv_controller,
-    overlong_buffer_fits, cluster_shape, rollout_workers, quant_scale_with_lora, lora_unused,
-    distill_sparse_sampler, async_rollouts, group_for_advantage, correction_runs, quant_options,
-    filter_groups, max_gen_batches_unused, reward_spec, mismatch_split_needs_quant, kl_kind_unused,
+    adamw_first_step,
+    lr_schedule_unused,
+    mini_batches,
+    mixed_precision_weights,
+    kv_budget_above_window,
+    kv_schedule,
+    kv_schedule_unused,
+    blocktopk_pages,
+    kv_controller,
+    overlong_buffer_fits,
+    cluster_shape,
+    rollout_workers,
+    quant_scale_with_lora,
+    lora_unused,
+    distill_sparse_sampler,
+    async_rollouts,
+    group_for_advantage,
+    correction_runs,
+    quant_options,
+    filter_groups,
+    max_gen_batches_unused,
+    reward_spec,
+    mismatch_split_needs_quant,
+    kl_kind_unused,
     alpha_topk_unused,
 )
 #: run only when every rule above passed: it builds the compressor, which a bad option above would fail
@@ -58,6 +78,8 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"invalid config '{cfg.name}':\n  - " + "\n  - ".join(errors))
     r = cfg.rollout
     if r.temperature == 0 and r.n > 1:
-        warnings.warn("rollout.temperature=0 (greedy): the n samples of a prompt are identical and group "
-                      "advantages are all zero", stacklevel=2)
+        warnings.warn(
+            "rollout.temperature=0 (greedy): the n samples of a prompt are identical and group advantages are all zero",
+            stacklevel=2,
+        )
     return cfg

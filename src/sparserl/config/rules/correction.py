@@ -1,4 +1,5 @@
 """The mismatch correction: each correction method checks its own options by running once."""
+
 from __future__ import annotations
 
 from ..schema import Config
@@ -10,15 +11,19 @@ def correction_runs(cfg: Config) -> list[str]:
     import torch
 
     from ...correct.presets import apply_corrections, resolve
+
     a = cfg.algorithm
     if isinstance(a.correction, list) and a.correction_options:
-        return ["algorithm.correction_options apply to a single named correction; with a list, give options per "
-                "method as [name, {options}]"]
+        return [
+            "algorithm.correction_options apply to a single named correction; with a list, give options per "
+            "method as [name, {options}]"
+        ]
     try:
         resolve(a.correction, dict(a.correction_options))
         one = torch.zeros(1, 1)
         apply_corrections(a.correction, one, one, torch.ones(1, 1), dict(a.correction_options) or None)
     except (ValueError, TypeError) as e:
-        return [f"algorithm.correction={a.correction!r} (algorithm.correction_options="
-                f"{dict(a.correction_options)}): {e}"]
+        return [
+            f"algorithm.correction={a.correction!r} (algorithm.correction_options={dict(a.correction_options)}): {e}"
+        ]
     return []

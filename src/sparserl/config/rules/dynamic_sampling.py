@@ -1,4 +1,5 @@
 """DAPO's dynamic sampling (algorithm.filter_groups)."""
+
 from __future__ import annotations
 
 from ..schema import Config
@@ -10,11 +11,15 @@ def filter_groups(cfg: Config) -> list[str]:
     a, r = cfg.algorithm, cfg.rollout
     errors: list[str] = []
     if a.filter_groups and r.async_:
-        errors.append("algorithm.filter_groups=true with rollout.async=true: dynamic sampling decides from a step's "
-                      "rewards whether to sample more, which the one-step-ahead rollout has already sent")
+        errors.append(
+            "algorithm.filter_groups=true with rollout.async=true: dynamic sampling decides from a step's "
+            "rewards whether to sample more, which the one-step-ahead rollout has already sent"
+        )
     if a.filter_groups and r.n < 2:
-        errors.append(f"algorithm.filter_groups=true with rollout.n={r.n}: a group of one response never has "
-                      "rewards that differ; set rollout.n >= 2")
+        errors.append(
+            f"algorithm.filter_groups=true with rollout.n={r.n}: a group of one response never has "
+            "rewards that differ; set rollout.n >= 2"
+        )
     return errors
 
 
@@ -22,6 +27,8 @@ def max_gen_batches_unused(cfg: Config) -> list[str]:
     """algorithm.max_gen_batches bounds dynamic sampling; without it a step samples one batch."""
     a = cfg.algorithm
     if not a.filter_groups and given(a, "max_gen_batches"):
-        return [f"algorithm.max_gen_batches={a.max_gen_batches} does nothing without algorithm.filter_groups=true "
-                "(a step samples one batch); set algorithm.filter_groups=true, or leave max_gen_batches out"]
+        return [
+            f"algorithm.max_gen_batches={a.max_gen_batches} does nothing without algorithm.filter_groups=true "
+            "(a step samples one batch); set algorithm.filter_groups=true, or leave max_gen_batches out"
+        ]
     return []

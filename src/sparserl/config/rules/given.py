@@ -1,4 +1,5 @@
 """Whether a key was given: set to a value other than its default."""
+
 from __future__ import annotations
 
 from pydantic import BaseModel

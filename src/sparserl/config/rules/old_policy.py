@@ -1,4 +1,5 @@
 """The compressor with its options, and where the old policy's log-probs come from."""
+
 from __future__ import annotations
 
 from ...errors import SparserlError
@@ -13,17 +14,28 @@ def compressor_builds_and_old_policy(cfg: Config) -> list[str]:
     from ...rollout.dtype_auto import resolve_dtype
     from ...rollout.kv import compressor_from_fields
     from ...score.old_policy import old_logprobs_source
+
     r, a = cfg.rollout, cfg.algorithm
     try:
         compressor = compressor_from_fields(r)
     except (TypeError, ValueError) as e:
-        return [f"rollout.compressor={r.compressor!r} with rollout.compressor_options={dict(r.compressor_options)}: "
-                f"{e} (options are method-specific; clear them with rollout.compressor_options={{}})"]
+        return [
+            f"rollout.compressor={r.compressor!r} with rollout.compressor_options={dict(r.compressor_options)}: "
+            f"{e} (options are method-specific; clear them with rollout.compressor_options={{}})"
+        ]
     try:
-        old_logprobs_source(a.old_logprobs, why_not_update=cfg.why_update_forward_is_not_old_policy(),
-                            compresses=compressor.compresses, sampler_dtype=resolve_dtype(r.dtype, cfg.model.device),
-                            learner_dtype=learner_compute_dtype(cfg.model), temperature=r.temperature,
-                            top_p=r.top_p, top_k=r.top_k, quantized=r.quantized, lagged=r.async_)
+        old_logprobs_source(
+            a.old_logprobs,
+            why_not_update=cfg.why_update_forward_is_not_old_policy(),
+            compresses=compressor.compresses,
+            sampler_dtype=resolve_dtype(r.dtype, cfg.model.device),
+            learner_dtype=learner_compute_dtype(cfg.model),
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            quantized=r.quantized,
+            lagged=r.async_,
+        )
     except SparserlError as e:
         return [str(e)]
     return []

@@ -1,4 +1,5 @@
 """One-step-asynchronous rollouts (verl's one-step-off) on the rollout workers."""
+
 from __future__ import annotations
 
 from ..schema import Config
@@ -11,16 +12,22 @@ def async_rollouts(cfg: Config) -> list[str]:
         return []
     errors: list[str] = []
     if c.rollout_workers is None:
-        errors.append("rollout.async=true needs cluster.rollout_workers (the workers sample the next step while "
-                      "the training process updates on this one)")
+        errors.append(
+            "rollout.async=true needs cluster.rollout_workers (the workers sample the next step while "
+            "the training process updates on this one)"
+        )
     if cfg.mismatch.alpha == "exact" and cfg.mismatch.alpha_record_mib == 0:
-        errors.append("rollout.async=true with mismatch.alpha=exact and mismatch.alpha_record_mib=0: under "
-                      "rollout.async the exact α reads the q the workers keep while they sample (the training "
-                      "process's sampler is a step newer than the rollout's and cannot replay it); leave "
-                      "mismatch.alpha_record_mib at its default, or use mismatch.alpha=topk (α with its lag and "
-                      "cache parts) or off")
+        errors.append(
+            "rollout.async=true with mismatch.alpha=exact and mismatch.alpha_record_mib=0: under "
+            "rollout.async the exact α reads the q the workers keep while they sample (the training "
+            "process's sampler is a step newer than the rollout's and cannot replay it); leave "
+            "mismatch.alpha_record_mib at its default, or use mismatch.alpha=topk (α with its lag and "
+            "cache parts) or off"
+        )
     if r.mismatch_split:
-        errors.append("rollout.async=true with rollout.mismatch_split=true: the asynchronous split "
-                      "(mismatch/k3_kl_lag, mismatch/k3_kl_cache, read on the workers) replaces it; leave "
-                      "mismatch_split out")
+        errors.append(
+            "rollout.async=true with rollout.mismatch_split=true: the asynchronous split "
+            "(mismatch/k3_kl_lag, mismatch/k3_kl_cache, read on the workers) replaces it; leave "
+            "mismatch_split out"
+        )
     return errors

@@ -22,6 +22,7 @@ Adding a method: a dataclass subclass in its own file with a docstring giving th
 paper, a ``score()`` and ``@register("name")``; the parametrized test matrix in
 ``tests/test_kv_compressors.py`` picks it up.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -179,8 +180,13 @@ class KVCompressor:
             return min(period, prompt_len + max_new)
         return prompt_len + min(max_new, period)
 
-    def due(self, region_len: torch.Tensor, newline: torch.Tensor | None = None,
-            remaining: int | None = None, seq_len: torch.Tensor | None = None) -> torch.Tensor:
+    def due(
+        self,
+        region_len: torch.Tensor,
+        newline: torch.Tensor | None = None,
+        remaining: int | None = None,
+        seq_len: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Bool [B]: sequences to compress now, given the length of their compressible region and
         (``newline`` trigger) whether the token just written holds a newline. ``seq_len`` [B] (each
         sequence's length so far) gives a schedule's budget (:meth:`budget_for`); without it, or
@@ -332,10 +338,11 @@ def get_compressor(name: str, **options) -> KVCompressor:
     bad = sorted(set(options) - set(known))
     if bad:
         named = ", ".join(f"{o!r}{did_you_mean(o, known)}" for o in bad)
-        raise CompressorOptionError(f"compressor {name!r}: unknown option{'s' if len(bad) > 1 else ''} "
-                                    f"{named}; valid options: {', '.join(known)}")
+        raise CompressorOptionError(
+            f"compressor {name!r}: unknown option{'s' if len(bad) > 1 else ''} "
+            f"{named}; valid options: {', '.join(known)}"
+        )
     try:
         return cls(**options)
     except TypeError as e:  # a value of the wrong type (e.g. a string budget)
         raise CompressorOptionError(f"compressor {name!r}: bad option value ({e}); options given: {options}") from None
-

@@ -39,6 +39,7 @@ float32, and the torch path otherwise (:func:`page_scores`, :func:`choose_pages`
 :func:`sparserl.rollout.page_attention.gathered_attention`: a gather of the chosen pages, then
 attention), e.g. on CUDA, in bfloat16 or with a quantized KV cache.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,32 +58,54 @@ ALWAYS_READ = SINK_PAGES + RECENT_PAGES
 __all__ = ["ALWAYS_READ", "BlockTopK", "PAGE_TOKENS", "PageSelector", "choose_pages", "k_problems", "page_scores"]
 
 
-def k_problems(budget: int | None, pages: int | None, schedule_budgets: list[int] | None, *,
-               budget_key: str = "budget", pages_key: str = "pages", schedule_key: str = "schedule") -> list[str]:
+def k_problems(
+    budget: int | None,
+    pages: int | None,
+    schedule_budgets: list[int] | None,
+    *,
+    budget_key: str = "budget",
+    pages_key: str = "pages",
+    schedule_key: str = "schedule",
+) -> list[str]:
     """What is wrong with the options that decide k (empty: nothing), each problem naming the
     caller's key, the value and what is valid: the compressor's own option names, or the config's
     (``rollout.kv_budget``, ``rollout.blocktopk_pages``, ``rollout.kv_schedule``)."""
     if pages is not None:
         if schedule_budgets is not None:
-            return [f"{pages_key}={pages} and {schedule_key} both decide the pages block top-k reads; give one "
-                    f"({pages_key} a fixed number of pages, {schedule_key} budgets in tokens by length)"]
+            return [
+                f"{pages_key}={pages} and {schedule_key} both decide the pages block top-k reads; give one "
+                f"({pages_key} a fixed number of pages, {schedule_key} budgets in tokens by length)"
+            ]
         if pages < ALWAYS_READ:
-            return [f"{pages_key}={pages}: block top-k reads at least the {ALWAYS_READ} pages it always keeps (the "
-                    f"first and the last {RECENT_PAGES}); give {ALWAYS_READ} or more"]
+            return [
+                f"{pages_key}={pages}: block top-k reads at least the {ALWAYS_READ} pages it always keeps (the "
+                f"first and the last {RECENT_PAGES}); give {ALWAYS_READ} or more"
+            ]
         return []
     problems = []
-    named = ([(f"{schedule_key} budget {b}", b) for b in schedule_budgets] if schedule_budgets is not None
-             else [(f"{budget_key}={budget}", budget)])
+    named = (
+        [(f"{schedule_key} budget {b}", b) for b in schedule_budgets]
+        if schedule_budgets is not None
+        else [(f"{budget_key}={budget}", budget)]
+    )
     for label, b in named:
         if b % PAGE_TOKENS:
-            near = sorted({max(b // PAGE_TOKENS * PAGE_TOKENS, ALWAYS_READ * PAGE_TOKENS),
-                           max(-(-b // PAGE_TOKENS) * PAGE_TOKENS, ALWAYS_READ * PAGE_TOKENS)})
-            problems.append(f"{label} is not a multiple of {PAGE_TOKENS}: block top-k reads whole pages of "
-                            f"{PAGE_TOKENS} tokens; use {' or '.join(map(str, near))}")
+            near = sorted(
+                {
+                    max(b // PAGE_TOKENS * PAGE_TOKENS, ALWAYS_READ * PAGE_TOKENS),
+                    max(-(-b // PAGE_TOKENS) * PAGE_TOKENS, ALWAYS_READ * PAGE_TOKENS),
+                }
+            )
+            problems.append(
+                f"{label} is not a multiple of {PAGE_TOKENS}: block top-k reads whole pages of "
+                f"{PAGE_TOKENS} tokens; use {' or '.join(map(str, near))}"
+            )
         elif b < ALWAYS_READ * PAGE_TOKENS:
-            problems.append(f"{label} is {b // PAGE_TOKENS} pages, fewer than the {ALWAYS_READ} block top-k always "
-                            f"reads (the first and the last {RECENT_PAGES}); use {ALWAYS_READ * PAGE_TOKENS} tokens "
-                            "or more")
+            problems.append(
+                f"{label} is {b // PAGE_TOKENS} pages, fewer than the {ALWAYS_READ} block top-k always "
+                f"reads (the first and the last {RECENT_PAGES}); use {ALWAYS_READ * PAGE_TOKENS} tokens "
+                "or more"
+            )
     return problems
 
 
@@ -118,8 +141,13 @@ class BlockTopK(KVCompressor):
     def capacity(self, prompt_len: int, max_new: int) -> int:
         return prompt_len + max_new
 
-    def due(self, region_len: torch.Tensor, newline: torch.Tensor | None = None,
-            remaining: int | None = None, seq_len: torch.Tensor | None = None) -> torch.Tensor:
+    def due(
+        self,
+        region_len: torch.Tensor,
+        newline: torch.Tensor | None = None,
+        remaining: int | None = None,
+        seq_len: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         return torch.zeros_like(region_len, dtype=torch.bool)
 
     @property
@@ -136,7 +164,7 @@ class BlockTopK(KVCompressor):
             return torch.full_like(n_tokens, self.pages)
         return torch.div(self.budget_for(n_tokens), PAGE_TOKENS, rounding_mode="floor")
 
-    def attention_selector(self, cache) -> "PageSelector":
+    def attention_selector(self, cache) -> PageSelector:
         return PageSelector(self, cache)
 
 
@@ -152,8 +180,14 @@ def page_scores(q: torch.Tensor, sums: torch.Tensor, n_tokens: torch.Tensor, pag
     return s.amax(dim=2)
 
 
-def choose_pages(scores: torch.Tensor, n_tokens: torch.Tensor, k_pages: torch.Tensor, page: int = PAGE_TOKENS,
-                 sink: int = SINK_PAGES, recent: int = RECENT_PAGES) -> torch.Tensor:
+def choose_pages(
+    scores: torch.Tensor,
+    n_tokens: torch.Tensor,
+    k_pages: torch.Tensor,
+    page: int = PAGE_TOKENS,
+    sink: int = SINK_PAGES,
+    recent: int = RECENT_PAGES,
+) -> torch.Tensor:
     """The pages each (row, KV head) reads: scores [B, Hkv, P], tokens per row [B], k per row [B] →
     [B, Hkv, max k] long, ascending, -1 after the row's min(n, k) pages (the rule in the module
     docstring: every page when n ≤ k, else the first ``sink`` and last ``recent`` and the best
@@ -195,7 +229,7 @@ class PageSelector:
         self.reading = False  # this step reads pages (False: the dense step)
         self.k_pages: torch.Tensor | None = None  # [B] int32, this step
         self.chosen: torch.Tensor | None = None  # [n_sparse, B, Hkv, max k] int32, this step's pages (-1: none)
-        self.scale = cache.head_dim ** -0.5
+        self.scale = cache.head_dim**-0.5
 
     def nbytes(self) -> int:
         """Bytes of the page key sums (held beside the K/V buffers once pages are read)."""
@@ -218,11 +252,16 @@ class PageSelector:
         self.reading = self.sums is not None
         if self.reading:
             self.k_pages = k.to(torch.int32).contiguous()
-            self.chosen = torch.empty(self.n_sparse, cache.batch, self.n_kv, int(k.max()), dtype=torch.int32,
-                                      device=cache.device)
+            self.chosen = torch.empty(
+                self.n_sparse, cache.batch, self.n_kv, int(k.max()), dtype=torch.int32, device=cache.device
+            )
             # the fused step's addresses, once a step: (sums, its layer stride, chosen, its layer stride)
-            self._addresses = (self.sums.data_ptr(), self.sums.stride(0) * 4, self.chosen.data_ptr(),
-                               self.chosen.stride(0) * 4)
+            self._addresses = (
+                self.sums.data_ptr(),
+                self.sums.stride(0) * 4,
+                self.chosen.data_ptr(),
+                self.chosen.stride(0) * 4,
+            )
 
     def _sums_of_cached_keys(self, cache) -> torch.Tensor:
         """S_j of every sparse layer over the tokens cached before this step's (slots start .. lens - 2)."""
@@ -231,8 +270,9 @@ class PageSelector:
         rel = slot[None, :] - cache.start[:, None]  # position of each slot in its row
         valid = (rel >= 0) & (slot[None, :] < cache.lens[:, None] - 1)
         page = torch.where(valid, rel // PAGE_TOKENS, 0)  # [B, L]
-        sums = torch.zeros(self.n_sparse, B, self.n_kv, self.max_pages, self.head_dim, dtype=torch.float32,
-                           device=cache.device)
+        sums = torch.zeros(
+            self.n_sparse, B, self.n_kv, self.max_pages, self.head_dim, dtype=torch.float32, device=cache.device
+        )
         index = page[:, None, :, None].expand(B, self.n_kv, L, self.head_dim)
         for i in range(self.n_sparse):  # a layer at a time: one float copy of its keys alive
             keys = cache.dequantized(self.first_sparse + i, L)[0].float() * valid[:, None, :, None]
@@ -246,8 +286,19 @@ class PageSelector:
         i = layer - self.first_sparse
         K, V = cache.keys[layer], cache.values[layer]
         if cache.k_scale is None:
-            out = native.blocktopk_attention(q, K, V, self.sums[i], cache.start, cache.lens, self.k_pages,
-                                             PAGE_TOKENS, SINK_PAGES, RECENT_PAGES, chosen=self.chosen[i])
+            out = native.blocktopk_attention(
+                q,
+                K,
+                V,
+                self.sums[i],
+                cache.start,
+                cache.lens,
+                self.k_pages,
+                PAGE_TOKENS,
+                SINK_PAGES,
+                RECENT_PAGES,
+                chosen=self.chosen[i],
+            )
             if out is not None:
                 return out
         self._add_new_key(cache, layer)
@@ -271,23 +322,61 @@ class PageSelector:
         sums = self.sums[layer - self.first_sparse]
         sums[rows, :, page] = torch.where(first, k.float(), sums[rows, :, page] + k.float())
 
-    def native_step(self, lib, layer: int, cache, q_ptr: int, q_sb: int, q_sh: int, k_ptr: int, v_ptr: int,
-                    kv_sb: int, kv_sh: int, kv_sl: int, out_ptr: int) -> int:
+    def native_step(
+        self,
+        lib,
+        layer: int,
+        cache,
+        q_ptr: int,
+        q_sb: int,
+        q_sh: int,
+        k_ptr: int,
+        v_ptr: int,
+        kv_sb: int,
+        kv_sh: int,
+        kv_sl: int,
+        out_ptr: int,
+    ) -> int:
         """:meth:`attend` on the C kernel at raw addresses (the fused step: q inside its q/k/v buffer, K/V
         float32 or bfloat16 with element strides); returns the kernel's code (0: done)."""
         i = layer - self.first_sparse
         sums0, sums_layer, chosen0, chosen_layer = self._addresses
         _, B, hkv, pages, D = self.sums.shape
         return lib.sparserl_blocktopk_attention(
-            B, self.n_heads, hkv, D, PAGE_TOKENS, q_ptr, q_sb, q_sh, k_ptr, v_ptr, kv_sb, kv_sh, kv_sl,
-            sums0 + i * sums_layer, hkv * pages * D, pages * D, cache.start.data_ptr(), cache.lens.data_ptr(),
-            self.k_pages.data_ptr(), 1, SINK_PAGES, RECENT_PAGES, self.scale, out_ptr, chosen0 + i * chosen_layer,
-            self.chosen.shape[-1], int(cache.keys.dtype == torch.bfloat16))
+            B,
+            self.n_heads,
+            hkv,
+            D,
+            PAGE_TOKENS,
+            q_ptr,
+            q_sb,
+            q_sh,
+            k_ptr,
+            v_ptr,
+            kv_sb,
+            kv_sh,
+            kv_sl,
+            sums0 + i * sums_layer,
+            hkv * pages * D,
+            pages * D,
+            cache.start.data_ptr(),
+            cache.lens.data_ptr(),
+            self.k_pages.data_ptr(),
+            1,
+            SINK_PAGES,
+            RECENT_PAGES,
+            self.scale,
+            out_ptr,
+            chosen0 + i * chosen_layer,
+            self.chosen.shape[-1],
+            int(cache.keys.dtype == torch.bfloat16),
+        )
 
     def native_ok(self, cache) -> bool:
         """Whether :meth:`native_step` takes this cache's bookkeeping (CPU int64 start / lens)."""
-        return all(t.device.type == "cpu" and t.dtype == torch.int64 and t.is_contiguous()
-                   for t in (cache.start, cache.lens))
+        return all(
+            t.device.type == "cpu" and t.dtype == torch.int64 and t.is_contiguous() for t in (cache.start, cache.lens)
+        )
 
     def select(self, keep_rows: torch.Tensor) -> None:
         """Keep these rows only (the cache's batch shrinks)."""

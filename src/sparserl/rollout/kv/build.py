@@ -12,6 +12,7 @@ holds the method-specific ones (a dict, or a JSON object as a command line gives
 the common ones. A left-out (None) common option keeps the method's own default. ``blocktopk_pages``
 (block top-k's k, its ``pages``) belongs to ``blocktopk`` alone: with another method it is an error.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,25 +34,43 @@ def _parse_options(name: str, options: Mapping[str, Any] | str | None) -> dict:
             raise CompressorOptionError(f"compressor {name!r}: options {options!r} are not valid JSON: {e}") from None
     if not isinstance(options, Mapping):
         raise CompressorOptionError(
-            f"compressor {name!r}: options must be a mapping of option names to values, got {options!r}")
+            f"compressor {name!r}: options must be a mapping of option names to values, got {options!r}"
+        )
     return dict(options)
 
 
-def build_compressor(name: str, *, kv_budget: int | None = None, trigger: str | None = None,
-                     step_length: int | None = None, window: int | None = None,
-                     compress_prompt: bool | None = None, tail_slack: int | None = None,
-                     kv_schedule: Any = None, blocktopk_pages: int | None = None,
-                     options: Mapping[str, Any] | str | None = None) -> KVCompressor:
+def build_compressor(
+    name: str,
+    *,
+    kv_budget: int | None = None,
+    trigger: str | None = None,
+    step_length: int | None = None,
+    window: int | None = None,
+    compress_prompt: bool | None = None,
+    tail_slack: int | None = None,
+    kv_schedule: Any = None,
+    blocktopk_pages: int | None = None,
+    options: Mapping[str, Any] | str | None = None,
+) -> KVCompressor:
     """A compressor by name (``none`` = dense) from the common options and the method's own.
 
     Raises :class:`~sparserl.registry.UnknownNameError` for an unknown name and
     :class:`CompressorOptionError` naming the compressor, the bad option and the valid ones."""
     if blocktopk_pages is not None and name != "blocktopk":
-        raise CompressorOptionError(f"compressor {name!r}: blocktopk_pages={blocktopk_pages} is an option of "
-                                    "blocktopk only; leave it out or use compressor 'blocktopk'")
-    common = dict(budget=kv_budget, trigger=trigger, step_length=step_length, window=window,
-                  compress_prompt=compress_prompt, tail_slack=tail_slack, schedule=kv_schedule,
-                  pages=blocktopk_pages)
+        raise CompressorOptionError(
+            f"compressor {name!r}: blocktopk_pages={blocktopk_pages} is an option of "
+            "blocktopk only; leave it out or use compressor 'blocktopk'"
+        )
+    common = dict(
+        budget=kv_budget,
+        trigger=trigger,
+        step_length=step_length,
+        window=window,
+        compress_prompt=compress_prompt,
+        tail_slack=tail_slack,
+        schedule=kv_schedule,
+        pages=blocktopk_pages,
+    )
     kw = {k: v for k, v in common.items() if v is not None}
     kw.update(_parse_options(name, options))
     return get_compressor(name, **kw)
@@ -65,9 +84,12 @@ def compressor_from_fields(src: Any, name: str | None = None) -> KVCompressor:
     (``blocktopk_pages`` is then passed only to ``blocktopk``)."""
     return build_compressor(
         name or src.compressor,
-        kv_budget=getattr(src, "kv_budget", None), trigger=getattr(src, "trigger", None),
-        step_length=getattr(src, "step_length", None), window=getattr(src, "window", None),
-        compress_prompt=getattr(src, "compress_prompt", None), tail_slack=getattr(src, "tail_slack", None),
+        kv_budget=getattr(src, "kv_budget", None),
+        trigger=getattr(src, "trigger", None),
+        step_length=getattr(src, "step_length", None),
+        window=getattr(src, "window", None),
+        compress_prompt=getattr(src, "compress_prompt", None),
+        tail_slack=getattr(src, "tail_slack", None),
         kv_schedule=getattr(src, "kv_schedule", None),
         blocktopk_pages=getattr(src, "blocktopk_pages", None) if (name or src.compressor) == "blocktopk" else None,
         options=getattr(src, "compressor_options", None),

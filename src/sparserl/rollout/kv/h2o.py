@@ -9,6 +9,7 @@ hitters and recent tokens). The engine accumulates the attention each slot recei
 step (and over the prompt's own attention at prefill when the prompt is compressible); after an
 eviction the kept slots keep their sums.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

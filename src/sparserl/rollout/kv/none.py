@@ -5,6 +5,7 @@ whole sequence, ``capacity = prompt + max_new``, so the engine and the cache run
 dense and sparse sampling. It accepts the common options (``budget``, ``window``...) so that a
 config can switch to ``compressor: none`` without clearing them; they are ignored.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,8 +28,13 @@ class Dense(KVCompressor):
     def capacity(self, prompt_len: int, max_new: int) -> int:
         return prompt_len + max_new
 
-    def due(self, region_len: torch.Tensor, newline: torch.Tensor | None = None,
-            remaining: int | None = None, seq_len: torch.Tensor | None = None) -> torch.Tensor:
+    def due(
+        self,
+        region_len: torch.Tensor,
+        newline: torch.Tensor | None = None,
+        remaining: int | None = None,
+        seq_len: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         return torch.zeros_like(region_len, dtype=torch.bool)
 
     def score(self, inp: ScoreInputs) -> torch.Tensor:

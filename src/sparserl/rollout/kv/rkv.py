@@ -13,6 +13,7 @@ important and not redundant.
 ``per_head=True`` selects per KV head (the original); ``per_head=False`` shares one index set across
 the heads of a layer with scores summed over heads (Sparse-RL's variant).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -9,6 +9,7 @@ original compresses the prompt once (window 32, avg-pool kernel 5, per head); Sp
 at decode time with R-KV's budget and period, which is what the engine does (``compress_prompt``
 adds the prompt to the region).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -5,6 +5,7 @@ score_j = position_j (recency); the first ``sinks`` valid slots of the compressi
 last ``window`` are protected. With the prompt kept whole (the default), the prompt itself holds the
 sequence's first tokens, and the region's first ``sinks`` tokens are kept as well.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,7 +24,9 @@ class StreamingLLM(KVCompressor):
     def validate(self) -> None:
         super().validate()
         if self.sinks < 0 or self.sinks >= self.smallest_budget:
-            raise CompressorOptionError(f"streaming: sinks ({self.sinks}) must be in [0, budget={self.smallest_budget})")
+            raise CompressorOptionError(
+                f"streaming: sinks ({self.sinks}) must be in [0, budget={self.smallest_budget})"
+            )
 
     def score(self, inp: ScoreInputs) -> torch.Tensor:
         return inp.positions[:, :, inp.region].float()

@@ -32,25 +32,107 @@ where the kernel does not take its input, and the caller runs torch.
 
 This package re-exports the names its callers use (``native.linear(...)``).
 """
+
 from .blocktopk import blocktopk_attention
-from .compiler import _compiler  # noqa: F401  (tests ask whether this machine has a C compiler)
-from .compiler import (FLAGS, HEADERS, ISA, SOURCES, NativeArchError, active, build, cache_dir, cpu_flags,
-                       default_flags, enabled, flags_for, isa, kernels, library, load, reset, torch_only)
+from .compiler import (
+    FLAGS,
+    HEADERS,
+    ISA,
+    SOURCES,
+    NativeArchError,
+    _compiler,  # noqa: F401  (tests ask whether this machine has a C compiler)
+    active,
+    build,
+    cache_dir,
+    cpu_flags,
+    default_flags,
+    enabled,
+    flags_for,
+    isa,
+    kernels,
+    library,
+    load,
+    reset,
+    torch_only,
+)
 from .decode_attention import KV_TYPES, SCALED_KV, UNIT, decode_attention
 from .kv_scores import rkv_redundancy, window_attention
 from .layer_ops import rms_norm, rope_, silu_mul
 from .linear import linear, pack_linear
-from .linear_bf16 import (BF16_KERNEL_LAYOUT, BF16_KERNELS, BF16_LAYOUTS, bf16_kernel, bf16_kernel_of, bf16_kernels,
-                          linear_bf16, pack_linear_bf16, to_bf16, unpack_bf16)
-from .linear_int8 import (int8_full_range, int8_group_u8, linear_int8, linear_int8_outliers, pack_group_colsums,
-                          pack_group_scales, pack_int8, pack_outliers, unpack_int8)
+from .linear_bf16 import (
+    BF16_KERNEL_LAYOUT,
+    BF16_KERNELS,
+    BF16_LAYOUTS,
+    bf16_kernel,
+    bf16_kernel_of,
+    bf16_kernels,
+    linear_bf16,
+    pack_linear_bf16,
+    to_bf16,
+    unpack_bf16,
+)
+from .linear_int8 import (
+    int8_full_range,
+    int8_group_u8,
+    linear_int8,
+    linear_int8_outliers,
+    pack_group_colsums,
+    pack_group_scales,
+    pack_int8,
+    pack_outliers,
+    unpack_int8,
+)
 from .structs import Weight
 
-__all__ = ["BF16_KERNELS", "BF16_KERNEL_LAYOUT", "BF16_LAYOUTS", "FLAGS", "HEADERS", "ISA", "KV_TYPES",
-           "NativeArchError", "SCALED_KV", "SOURCES", "UNIT", "Weight", "active", "bf16_kernel", "bf16_kernel_of",
-           "bf16_kernels", "blocktopk_attention", "build", "cache_dir", "cpu_flags", "decode_attention",
-           "default_flags", "enabled", "flags_for", "int8_full_range", "int8_group_u8", "isa", "kernels", "library",
-           "linear", "linear_bf16", "linear_int8", "linear_int8_outliers", "load", "pack_group_colsums",
-           "pack_group_scales", "pack_int8", "pack_linear", "pack_linear_bf16", "pack_outliers", "reset",
-           "rkv_redundancy", "rms_norm", "rope_", "silu_mul", "to_bf16", "torch_only", "unpack_bf16", "unpack_int8",
-           "window_attention"]
+__all__ = [
+    "BF16_KERNELS",
+    "BF16_KERNEL_LAYOUT",
+    "BF16_LAYOUTS",
+    "FLAGS",
+    "HEADERS",
+    "ISA",
+    "KV_TYPES",
+    "NativeArchError",
+    "SCALED_KV",
+    "SOURCES",
+    "UNIT",
+    "Weight",
+    "active",
+    "bf16_kernel",
+    "bf16_kernel_of",
+    "bf16_kernels",
+    "blocktopk_attention",
+    "build",
+    "cache_dir",
+    "cpu_flags",
+    "decode_attention",
+    "default_flags",
+    "enabled",
+    "flags_for",
+    "int8_full_range",
+    "int8_group_u8",
+    "isa",
+    "kernels",
+    "library",
+    "linear",
+    "linear_bf16",
+    "linear_int8",
+    "linear_int8_outliers",
+    "load",
+    "pack_group_colsums",
+    "pack_group_scales",
+    "pack_int8",
+    "pack_linear",
+    "pack_linear_bf16",
+    "pack_outliers",
+    "reset",
+    "rkv_redundancy",
+    "rms_norm",
+    "rope_",
+    "silu_mul",
+    "to_bf16",
+    "torch_only",
+    "unpack_bf16",
+    "unpack_int8",
+    "window_attention",
+]

@@ -11,6 +11,7 @@ When there is no compiler, the build fails, or ``SPARSERL_NATIVE=0`` is set, :fu
 None (with one warning naming the reason, except when disabled on purpose) and every caller keeps its
 torch path; :func:`kernels` reports which one ran (bench rows carry it).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,13 +31,43 @@ from ...errors import SparserlError
 from ...models.machine import ISA, cache_dir, cpu_flags, cpu_signature, isa
 from .structs import Weight
 
-__all__ = ["FLAGS", "HEADERS", "ISA", "NativeArchError", "SOURCES", "active", "build", "cache_dir", "cpu_flags",
-           "default_flags", "enabled", "flags_for", "isa", "kernels", "lib_for", "lib_for_keys", "library", "load",
-           "reset", "running", "torch_only"]
+__all__ = [
+    "FLAGS",
+    "HEADERS",
+    "ISA",
+    "NativeArchError",
+    "SOURCES",
+    "active",
+    "build",
+    "cache_dir",
+    "cpu_flags",
+    "default_flags",
+    "enabled",
+    "flags_for",
+    "isa",
+    "kernels",
+    "lib_for",
+    "lib_for_keys",
+    "library",
+    "load",
+    "reset",
+    "running",
+    "torch_only",
+]
 
-SOURCES = [Path(__file__).with_name(name)
-           for name in ("decode_attention.c", "linear.c", "layer_ops.c", "linear_int8.c", "kv_scores.c",
-                        "decode_layer.c", "blocktopk.c", "linear_bf16.c")]
+SOURCES = [
+    Path(__file__).with_name(name)
+    for name in (
+        "decode_attention.c",
+        "linear.c",
+        "layer_ops.c",
+        "linear_int8.c",
+        "kv_scores.c",
+        "decode_layer.c",
+        "blocktopk.c",
+        "linear_bf16.c",
+    )
+]
 HEADERS = [Path(__file__).with_name("simd.h")]
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared"]
 _LIB: list = []  # [ctypes library or None] once loaded
@@ -77,7 +108,11 @@ def build(compiler: str | None = None, flags: list[str] | None = None) -> Path:
     if cc is None:
         raise RuntimeError("no C compiler found (cc, gcc or clang; or set CC)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
-    key = hashlib.sha256("\0".join([*(src.read_text() for src in SOURCES + HEADERS), cc, version, " ".join(flags), cpu_signature()]).encode())
+    key = hashlib.sha256(
+        "\0".join(
+            [*(src.read_text() for src in SOURCES + HEADERS), cc, version, " ".join(flags), cpu_signature()]
+        ).encode()
+    )
     out = cache_dir() / f"sparserl_native-{key.hexdigest()[:16]}.so"
     if out.exists():
         return out
@@ -89,8 +124,9 @@ def build(compiler: str | None = None, flags: list[str] | None = None) -> Path:
         if res.returncode != 0 and ("amx" in res.stderr.lower() or "tile" in res.stderr.lower()):
             # a compiler that claims the AMX target but an assembler that does not know it:
             # linear_bf16.c without its AMX path (the AVX512-BF16 one runs)
-            res = subprocess.run([cc, *flags, "-DSPARSERL_NO_AMX", *map(str, SOURCES), "-o", tmp, "-lm"],
-                                 capture_output=True, text=True)
+            res = subprocess.run(
+                [cc, *flags, "-DSPARSERL_NO_AMX", *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, text=True
+            )
         if res.returncode != 0:
             raise RuntimeError(f"{cc} failed on {', '.join(src.name for src in SOURCES)}: {res.stderr.strip()[-2000:]}")
         os.replace(tmp, out)
@@ -108,8 +144,10 @@ def load(path: str | Path):
     w = ctypes.POINTER(Weight)
     signatures = {  # name: (argument types, result type)
         # decode_attention.c
-        "sparserl_decode_attention": ([i, i, i, i, i, p, i64, i64, p, p, i64, i64, i64, p, p, i64, i64, i, p, i64, fl,
-                                       fl, p, p], i),
+        "sparserl_decode_attention": (
+            [i, i, i, i, i, p, i64, i64, p, p, i64, i64, i64, p, p, i64, i64, i, p, i64, fl, fl, p, p],
+            i,
+        ),
         # linear.c
         "sparserl_linear": ([i, i, i, p, i64, p, p, p, i64, i], i),
         "sparserl_linear_panel_width": ([], i),
@@ -130,8 +168,10 @@ def load(path: str | Path):
         "sparserl_rkv_redundancy": ([i, i, i, i, p, i64, i64, i64, p, i64, fl, p, i], i),
         "sparserl_window_attention": ([i, i, i, i, i, i, p, i64, i64, i64, p, i64, i64, i64, p, i64, i, p, i], i),
         # blocktopk.c
-        "sparserl_blocktopk_attention": ([i, i, i, i, i, p, i64, i64, p, p, i64, i64, i64, p, i64, i64, p, p, p, i, i,
-                                          i, fl, p, p, i, i], i),
+        "sparserl_blocktopk_attention": (
+            [i, i, i, i, i, p, i64, i64, p, p, i64, i64, i64, p, i64, i64, p, p, p, i, i, i, fl, p, p, i, i],
+            i,
+        ),
         # linear_bf16.c
         "sparserl_bf16_panel_width": ([], i),
         "sparserl_bf16_kernel": ([], i),
@@ -173,11 +213,12 @@ def library():
         except (OSError, RuntimeError, AttributeError) as e:
             arch = os.environ.get("SPARSERL_NATIVE_ARCH")
             if arch:
-                raise NativeArchError(f"SPARSERL_NATIVE_ARCH={arch!r}: the native kernels do not build or load "
-                                      f"with these flags ({str(e)[-600:]}); unset it to build for this CPU "
-                                      "(-march=native)") from None
-            warnings.warn(f"sparserl: native kernels unavailable, using torch ({e})", RuntimeWarning,
-                          stacklevel=2)
+                raise NativeArchError(
+                    f"SPARSERL_NATIVE_ARCH={arch!r}: the native kernels do not build or load "
+                    f"with these flags ({str(e)[-600:]}); unset it to build for this CPU "
+                    "(-march=native)"
+                ) from None
+            warnings.warn(f"sparserl: native kernels unavailable, using torch ({e})", RuntimeWarning, stacklevel=2)
             lib = None
     _LIB[:] = [lib]
     return lib
@@ -202,8 +243,11 @@ def reset() -> None:
 def kernels(device: torch.device | str, dtype: torch.dtype) -> str:
     """``native`` when the decode step on this device and dtype runs the C kernels (attention, and
     the weight products of packed weights), else ``torch``."""
-    return ("native" if torch.device(device).type == "cpu" and dtype in (torch.float32, torch.bfloat16) and not _OFF
-            and library() else "torch")
+    return (
+        "native"
+        if torch.device(device).type == "cpu" and dtype in (torch.float32, torch.bfloat16) and not _OFF and library()
+        else "torch"
+    )
 
 
 def active() -> bool:
@@ -233,4 +277,3 @@ def lib_for_keys(lib, keys: torch.Tensor, *others: torch.Tensor):
     if keys.dtype == torch.bfloat16 and keys.device.type == "cpu":
         return lib_for(lib, *others)
     return lib_for(lib, keys, *others)
-

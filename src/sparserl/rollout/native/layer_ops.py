@@ -1,6 +1,7 @@
 """``layer_ops.c``: the small operators of a layer, each in one pass: RMSNorm (:func:`rms_norm`),
 SiLU(gate)·up (:func:`silu_mul`) and RoPE in place (:func:`rope_`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -16,8 +17,9 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, lib=None) -> torch.Te
     if x2 is None:
         return None
     out = torch.empty(x.shape, dtype=torch.float32)
-    lib.sparserl_rms_norm(x2.shape[0], x2.shape[1], x2.data_ptr(), x2.stride(0), w.data_ptr(), eps,
-                          out.data_ptr(), x2.shape[1])
+    lib.sparserl_rms_norm(
+        x2.shape[0], x2.shape[1], x2.data_ptr(), x2.stride(0), w.data_ptr(), eps, out.data_ptr(), x2.shape[1]
+    )
     return out
 
 

@@ -1,6 +1,7 @@
 """``linear.c``: the decode step's float32 weight products ``x Wᵀ (+ b)`` for a few rows, on weights
 packed once in panels (:func:`pack_linear`; :func:`sparserl.rollout.model.linear` uses it).
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,8 +30,13 @@ def pack_panels(w: torch.Tensor, lib, width: int) -> torch.Tensor | None:
     return packed
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None, lib=None,
-           add_to: torch.Tensor | None = None) -> torch.Tensor | None:
+def linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    lib=None,
+    add_to: torch.Tensor | None = None,
+) -> torch.Tensor | None:
     """``x Wᵀ (+ bias)`` on the C kernel, W given as :func:`pack_linear`'s panels; x [..., K] float32.
     ``add_to`` [..., N] (contiguous): the product is added to it in place and it is returned. None
     when the kernel does not take this input (the caller runs torch)."""
@@ -41,8 +47,21 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = No
     if io is None:
         return None
     x2, rows, out, N, K = io
-    if rows and lib.sparserl_linear(rows, N, K, x2.data_ptr(), x2.stride(0), packed.data_ptr(),
-                                    None if bias is None else bias.data_ptr(), out.data_ptr(), N,
-                                    int(add_to is not None)) != 0:
+    if (
+        rows
+        and lib.sparserl_linear(
+            rows,
+            N,
+            K,
+            x2.data_ptr(),
+            x2.stride(0),
+            packed.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            out.data_ptr(),
+            N,
+            int(add_to is not None),
+        )
+        != 0
+    ):
         return None
     return out

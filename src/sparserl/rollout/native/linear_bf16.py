@@ -3,6 +3,7 @@ float32 sums (:func:`pack_linear_bf16`, :func:`linear_bf16`): AVX512-BF16's ``vd
 the CPU has them (:func:`bf16_kernel` says which runs), AVX2 or plain C elsewhere; the bf16 sampler's
 fused step (:mod:`sparserl.rollout.fused`) multiplies by its weights here.
 """
+
 from __future__ import annotations
 
 import torch
@@ -105,8 +106,13 @@ def to_bf16(x: torch.Tensor, lib=None) -> torch.Tensor | None:
     return out
 
 
-def linear_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None, lib=None,
-                add_to: torch.Tensor | None = None) -> torch.Tensor | None:
+def linear_bf16(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    lib=None,
+    add_to: torch.Tensor | None = None,
+) -> torch.Tensor | None:
     """``bf16(x) bf16(W)ᵀ (+ bias)`` with float32 sums on ``linear_bf16.c``, W given as
     :func:`pack_linear_bf16`'s panels; x [..., K] float32 (rounded to bfloat16 in the kernel), bias
     [N] float32, the result float32. ``add_to`` [..., N] (contiguous): the product is added to it in
@@ -118,9 +124,23 @@ def linear_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
     if io is None:
         return None
     x2, rows, out, N, K = io
-    if rows and lib.sparserl_linear_bf16(rows, N, K, x2.data_ptr(), x2.stride(0), packed.data_ptr(),
-                                         packed.panel_width, packed.k_pad,
-                                         None if bias is None else bias.data_ptr(), out.data_ptr(), N,
-                                         int(add_to is not None)) != 0:
+    if (
+        rows
+        and lib.sparserl_linear_bf16(
+            rows,
+            N,
+            K,
+            x2.data_ptr(),
+            x2.stride(0),
+            packed.data_ptr(),
+            packed.panel_width,
+            packed.k_pad,
+            None if bias is None else bias.data_ptr(),
+            out.data_ptr(),
+            N,
+            int(add_to is not None),
+        )
+        != 0
+    ):
         return None
     return out

@@ -4,6 +4,7 @@ integer instructions (:func:`pack_int8`, :func:`linear_int8`; :mod:`sparserl.rol
 :mod:`sparserl.rollout.quant.int8_group`), and the products with float32 outlier channels
 (:func:`linear_int8_outliers`; :mod:`sparserl.rollout.quant.outliers`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -90,22 +91,35 @@ def unpack_int8(packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     return panels.view(n_pad // nr, k_pad // 4, nr, 4).permute(0, 2, 1, 3).reshape(n_pad, k_pad)[:N, :K].contiguous()
 
 
-def _group_operands_ok(group: int | None, group_scales: torch.Tensor | None,
-                       group_colsum: torch.Tensor | None) -> bool:
+def _group_operands_ok(group: int | None, group_scales: torch.Tensor | None, group_colsum: torch.Tensor | None) -> bool:
     """Whether the int8 kernels take this group size and ``int8_group``'s packed operands (both
     only with a group; contiguous; the column sums int32 on the CPU: :func:`~sparserl.rollout.native.compiler.lib_for` checks the
     float ones)."""
     if group is None:
         return group_scales is None and group_colsum is None
-    return (group > 0 and group % 4 == 0
-            and (group_scales is None or group_scales.is_contiguous())
-            and (group_colsum is None or (group_colsum.dtype == torch.int32 and group_colsum.device.type == "cpu"
-                                          and group_colsum.is_contiguous())))
+    return (
+        group > 0
+        and group % 4 == 0
+        and (group_scales is None or group_scales.is_contiguous())
+        and (
+            group_colsum is None
+            or (
+                group_colsum.dtype == torch.int32 and group_colsum.device.type == "cpu" and group_colsum.is_contiguous()
+            )
+        )
+    )
 
 
-def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scales: torch.Tensor,
-                bias: torch.Tensor | None = None, group: int | None = None, group_scales: torch.Tensor | None = None,
-                group_colsum: torch.Tensor | None = None, lib=None) -> torch.Tensor | None:
+def linear_int8(
+    x: torch.Tensor,
+    packed: tuple[torch.Tensor, torch.Tensor],
+    scales: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    group: int | None = None,
+    group_scales: torch.Tensor | None = None,
+    group_colsum: torch.Tensor | None = None,
+    lib=None,
+) -> torch.Tensor | None:
     """The int8 W8A8 products of ``linear_int8.c`` on x [..., K] float32, Q given as
     :func:`pack_int8`'s panels and ``scales`` [N] float32:
 
@@ -120,8 +134,12 @@ def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scal
     None when the kernel does not take this input (the caller runs another kernel)."""
     panels, colsum = packed
     lib = compiler.lib_for(lib, x, scales, *(t for t in (bias, group_scales) if t is not None))
-    if (lib is None or not scales.is_contiguous() or (bias is not None and not bias.is_contiguous())
-            or not _group_operands_ok(group, group_scales, group_colsum)):
+    if (
+        lib is None
+        or not scales.is_contiguous()
+        or (bias is not None and not bias.is_contiguous())
+        or not _group_operands_ok(group, group_scales, group_colsum)
+    ):
         return None
     N, K = panels.out_features, panels.in_features
     x2 = rows_view(x) if x.shape[-1] == K else None
@@ -134,14 +152,38 @@ def linear_int8(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scal
     k_pad, b_ptr = -(-K // 4) * 4, None if bias is None else bias.data_ptr()
     if group is None:  # work: the rows' scales (4 bytes each) and their quantized values
         work = torch.empty(rows * (4 + k_pad), dtype=torch.uint8)
-        rc = lib.sparserl_linear_int8(rows, N, K, x2.data_ptr(), x2.stride(0), panels.data_ptr(), colsum.data_ptr(),
-                                      scales.data_ptr(), b_ptr, out.data_ptr(), N, work.data_ptr())
+        rc = lib.sparserl_linear_int8(
+            rows,
+            N,
+            K,
+            x2.data_ptr(),
+            x2.stride(0),
+            panels.data_ptr(),
+            colsum.data_ptr(),
+            scales.data_ptr(),
+            b_ptr,
+            out.data_ptr(),
+            N,
+            work.data_ptr(),
+        )
     else:
         work = torch.empty(rows * (4 * -(-K // group) + k_pad), dtype=torch.uint8)
-        rc = lib.sparserl_linear_int8_group(rows, N, K, group, x2.data_ptr(), x2.stride(0), panels.data_ptr(),
-                                            None if group_colsum is None else group_colsum.data_ptr(),
-                                            scales.data_ptr(), None if group_scales is None else group_scales.data_ptr(),
-                                            b_ptr, out.data_ptr(), N, work.data_ptr())
+        rc = lib.sparserl_linear_int8_group(
+            rows,
+            N,
+            K,
+            group,
+            x2.data_ptr(),
+            x2.stride(0),
+            panels.data_ptr(),
+            None if group_colsum is None else group_colsum.data_ptr(),
+            scales.data_ptr(),
+            None if group_scales is None else group_scales.data_ptr(),
+            b_ptr,
+            out.data_ptr(),
+            N,
+            work.data_ptr(),
+        )
     return None if rc != 0 else out
 
 
@@ -152,18 +194,30 @@ def pack_outliers(w_outliers: torch.Tensor, lib=None) -> torch.Tensor | None:
     return None if lib is None else pack_panels(w_outliers, lib, lib.sparserl_int8_panel_width())
 
 
-def linear_int8_outliers(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], scales: torch.Tensor,
-                         idx: torch.Tensor, outlier_panels: torch.Tensor, group: int | None = None,
-                         group_scales: torch.Tensor | None = None, group_colsum: torch.Tensor | None = None,
-                         lib=None) -> torch.Tensor | None:
+def linear_int8_outliers(
+    x: torch.Tensor,
+    packed: tuple[torch.Tensor, torch.Tensor],
+    scales: torch.Tensor,
+    idx: torch.Tensor,
+    outlier_panels: torch.Tensor,
+    group: int | None = None,
+    group_scales: torch.Tensor | None = None,
+    group_colsum: torch.Tensor | None = None,
+    lib=None,
+) -> torch.Tensor | None:
     """:func:`linear_int8` of x [..., K] with the inputs ``idx`` (int32 [n]) zeroed, plus their
     float32 product with :func:`pack_outliers`'s panels (``linear_int8.c``,
     ``sparserl_linear_int8_outliers``; no bias: the caller adds it). None when the kernel does not
     take this input."""
     panels, colsum = packed
     lib = compiler.lib_for(lib, x, scales, outlier_panels, *(t for t in (group_scales,) if t is not None))
-    if (lib is None or not scales.is_contiguous() or idx.dtype != torch.int32 or not idx.is_contiguous()
-            or not _group_operands_ok(group, group_scales, group_colsum)):
+    if (
+        lib is None
+        or not scales.is_contiguous()
+        or idx.dtype != torch.int32
+        or not idx.is_contiguous()
+        or not _group_operands_ok(group, group_scales, group_colsum)
+    ):
         return None
     N, K = panels.out_features, panels.in_features
     x2 = rows_view(x) if x.shape[-1] == K else None
@@ -171,10 +225,28 @@ def linear_int8_outliers(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tens
         return None
     out = torch.empty(*x.shape[:-1], N, dtype=torch.float32)
     sums = colsum if group is None else group_colsum
-    if x2.shape[0] and lib.sparserl_linear_int8_outliers(
-            x2.shape[0], N, K, group or 0, x2.data_ptr(), x2.stride(0), panels.data_ptr(),
-            None if sums is None else sums.data_ptr(), scales.data_ptr(),
-            None if group_scales is None else group_scales.data_ptr(), None, out.data_ptr(), N, 0,
-            idx.numel(), idx.data_ptr(), outlier_panels.data_ptr()) != 0:
+    if (
+        x2.shape[0]
+        and lib.sparserl_linear_int8_outliers(
+            x2.shape[0],
+            N,
+            K,
+            group or 0,
+            x2.data_ptr(),
+            x2.stride(0),
+            panels.data_ptr(),
+            None if sums is None else sums.data_ptr(),
+            scales.data_ptr(),
+            None if group_scales is None else group_scales.data_ptr(),
+            None,
+            out.data_ptr(),
+            N,
+            0,
+            idx.numel(),
+            idx.data_ptr(),
+            outlier_panels.data_ptr(),
+        )
+        != 0
+    ):
         return None
     return out

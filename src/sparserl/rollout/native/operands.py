@@ -1,4 +1,5 @@
 """A weight product's operands as the kernels take them: rows of unit stride, an output buffer."""
+
 from __future__ import annotations
 
 import torch
@@ -26,4 +27,3 @@ def product_io(x: torch.Tensor, N: int, K: int, bias: torch.Tensor | None, add_t
         return None
     out = add_to if add_to is not None else torch.empty(*x.shape[:-1], N, dtype=torch.float32)
     return x2, rows, out, N, K
-

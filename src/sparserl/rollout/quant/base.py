@@ -5,13 +5,14 @@ quantized values and their scales (no full-precision copy: memory is half the po
 The sampler's one ``linear()`` (:func:`sparserl.rollout.model.linear`) calls a quantized weight as
 ``w(x, b)``; plain tensors keep the float path.
 """
+
 from __future__ import annotations
 
 import torch
 
 from ...registry import Registry
 
-QUANTS: Registry[type["WeightQuantizer"]] = Registry("rollout.quant")
+QUANTS: Registry[type[WeightQuantizer]] = Registry("rollout.quant")
 
 
 class QuantizedLinear:

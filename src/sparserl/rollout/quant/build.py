@@ -1,8 +1,9 @@
 """The one list of weight-quantizer names (``rollout.quant``) and the one builder.
 
-    available_quants()      # ['fp8', 'int8', 'int8_group', 'int8_weight_only', 'none']
-    build_quant("int8")     # an Int8W8A8; an unknown name raises UnknownNameError with did-you-mean
+available_quants()      # ['fp8', 'int8', 'int8_group', 'int8_weight_only', 'none']
+build_quant("int8")     # an Int8W8A8; an unknown name raises UnknownNameError with did-you-mean
 """
+
 from __future__ import annotations
 
 from . import fp8, int8, int8_group, int8_weight_only, none  # noqa: F401  (registration)

@@ -13,6 +13,7 @@ Kernels: ``torch._scaled_mm`` (row-wise scales, bfloat16 out) on a CUDA GPU of c
 multiplied in float32 (``emulated = True``; the numbers of FP8, not its speed). The weights are held
 as ``torch.float8_e4m3fn`` (1 byte) either way.
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,8 +44,7 @@ def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 def scaled_mm_available(device: torch.device | str) -> bool:
     device = torch.device(device)
-    return (device.type == "cuda" and torch.cuda.is_available()
-            and torch.cuda.get_device_capability(device) >= (8, 9))
+    return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 class Fp8Linear(QuantizedLinear):

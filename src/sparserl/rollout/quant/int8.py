@@ -45,6 +45,7 @@ Kernels:
   SmolLM2-135M (teacher-forced α, ``docs/results/smoothquant.md``): 0.922 on the 7-bit grid, 0.930
   on the 8-bit one.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -54,8 +55,16 @@ import torch
 from .. import native
 from .base import QUANTS, QuantizedLinear, WeightQuantizer
 
-__all__ = ["Int8W8A8", "cpu_weight_qmax", "quantize_int8_per_channel", "dequantize_int8_per_channel", "quantize_int8_per_token",
-           "int8_matmul_per_token", "int_mm", "fbgemm_available"]
+__all__ = [
+    "Int8W8A8",
+    "cpu_weight_qmax",
+    "quantize_int8_per_channel",
+    "dequantize_int8_per_channel",
+    "quantize_int8_per_token",
+    "int8_matmul_per_token",
+    "int_mm",
+    "fbgemm_available",
+]
 
 QMAX = 127
 QMAX_FBGEMM = 64  # no int16 saturation in fbgemm's AVX2 u8 x s8 products (module docstring)

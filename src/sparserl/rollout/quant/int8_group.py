@@ -30,6 +30,7 @@ made once per push; elsewhere an emulation in float32 of exactly these
 integers (labelled ``emulated``). 64 divides the hidden sizes of the common models (576, 1,536,
 2,048, 4,096 ...); a last shorter group is allowed.
 """
+
 from __future__ import annotations
 
 import torch
@@ -82,9 +83,14 @@ def transposed_groups(q: torch.Tensor, group: int = GROUP) -> list[torch.Tensor]
     return [q[:, cols].contiguous().t() for cols in group_columns(q.shape[1], group)]
 
 
-def int8_matmul_per_group(x: torch.Tensor, q: torch.Tensor | None, scales: torch.Tensor, group: int = GROUP,
-                          use_int_mm: bool | None = None, q_t_groups: list[torch.Tensor] | None = None
-                          ) -> torch.Tensor:
+def int8_matmul_per_group(
+    x: torch.Tensor,
+    q: torch.Tensor | None,
+    scales: torch.Tensor,
+    group: int = GROUP,
+    use_int_mm: bool | None = None,
+    q_t_groups: list[torch.Tensor] | None = None,
+) -> torch.Tensor:
     """``Σ_j a_tj g_oj Σ_{i ∈ j} P_ti Q_oi`` in float32 for X [rows, in], Q int8 [out, in] and the
     weight scales g [out, n_groups]: one ``torch._int_mm`` per group (``use_int_mm``; default: on
     CUDA, or when the groups come as ``q_t_groups``, :func:`transposed_groups`, in place of Q);
@@ -113,14 +119,19 @@ class Int8GroupLinear(QuantizedLinear):
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, group: int = GROUP):
         super().__init__(*q.shape)
         if scales.shape != (q.shape[0], -(-q.shape[1] // group)):
-            raise ValueError(f"int8_group: scales {tuple(scales.shape)} for a weight {tuple(q.shape)} in groups of "
-                             f"{group}; expected one per output and group")
+            raise ValueError(
+                f"int8_group: scales {tuple(scales.shape)} for a weight {tuple(q.shape)} in groups of "
+                f"{group}; expected one per output and group"
+            )
         self.scales, self.group = scales, group
         self.native = native.pack_int8(q) if q.device.type == "cpu" and native.active() else None
         # the kernel's operands: per-channel factors of 1, g packed per panel, and the group column
         # sums where the build runs groups on its wider unsigned-code tile (None elsewhere)
-        self.kernel_scales = ((torch.ones(q.shape[0]), native.pack_group_scales(scales),
-                               native.pack_group_colsums(q, group)) if self.native is not None else None)
+        self.kernel_scales = (
+            (torch.ones(q.shape[0]), native.pack_group_scales(scales), native.pack_group_colsums(q, group))
+            if self.native is not None
+            else None
+        )
         # on CUDA the weight is held as each group's Qᵀ, the form torch._int_mm takes
         self.q_t_groups = transposed_groups(q, group) if self.native is None and q.is_cuda else None
         # the panels, or the groups, are the weight: no second copy
@@ -164,8 +175,9 @@ class Int8GroupW8A8(WeightQuantizer):
 
     def __init__(self, group: int = GROUP):
         if isinstance(group, bool) or not isinstance(group, int) or group < 4 or group % 4:
-            raise ValueError(f"int8_group: group must be a positive multiple of 4 (the kernel's 4-byte steps), "
-                             f"got {group!r}")
+            raise ValueError(
+                f"int8_group: group must be a positive multiple of 4 (the kernel's 4-byte steps), got {group!r}"
+            )
         self.group = group
 
     def quantize(self, w: torch.Tensor) -> Int8GroupLinear:

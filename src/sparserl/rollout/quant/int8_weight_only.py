@@ -11,6 +11,7 @@ than the oneDNN-packed float32 product, and ``torch._weight_int8pack_mm`` (torch
 CPU kernel) 18x and 40x slower (docs/results/bench_quant.md). Its use is the memory: a quarter of
 the float32 weight bytes; it is not a speed path here.
 """
+
 from __future__ import annotations
 
 import torch

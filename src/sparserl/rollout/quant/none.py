@@ -1,4 +1,5 @@
 """``none``: full-precision weights (the sampler's dtype); the float path of ``linear()``."""
+
 from __future__ import annotations
 
 import torch

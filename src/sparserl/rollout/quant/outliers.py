@@ -21,6 +21,7 @@ Measured on SmolLM2-135M (teacher-forced α against the float32 sampler on real 
 SmoothQuant 0.5 as well, 0.972 (``k = 8``) and 0.974 (``k = 16``). On the bench's generated tokens
 0.957-0.961 (``k = 16`` + SmoothQuant), where the 8-bit weights alone reach 0.974.
 """
+
 from __future__ import annotations
 
 import torch
@@ -46,8 +47,10 @@ def check_outliers(k: int) -> int:
 
 
 def _too_many(k: int, inputs: int) -> OutlierCountError:
-    return OutlierCountError(f"rollout.quant_outliers={k}: {k} outlier channels leave none of a linear's "
-                             f"{inputs} inputs to quantize (take fewer than {inputs})")
+    return OutlierCountError(
+        f"rollout.quant_outliers={k}: {k} outlier channels leave none of a linear's "
+        f"{inputs} inputs to quantize (take fewer than {inputs})"
+    )
 
 
 def check_outliers_fit(k: int, config) -> None:
@@ -85,7 +88,7 @@ class OutlierLinear(QuantizedLinear):
         self.group = inner.group if isinstance(inner, Int8GroupLinear) else None
 
     @classmethod
-    def quantize(cls, quantizer: WeightQuantizer, w: torch.Tensor, idx: torch.Tensor) -> "OutlierLinear":
+    def quantize(cls, quantizer: WeightQuantizer, w: torch.Tensor, idx: torch.Tensor) -> OutlierLinear:
         """``w`` [out, in] with the columns ``idx`` kept in float32 and the rest quantized."""
         rest = w.detach().clone()
         rest[:, idx] = 0
@@ -101,11 +104,19 @@ class OutlierLinear(QuantizedLinear):
 
     def matmul(self, x2: torch.Tensor) -> torch.Tensor:
         if self.panels is not None and native.active():
-            scales, group_scales, group_colsum = (self.inner.kernel_scales if self.group is not None
-                                                  else (self.inner.scales, None, None))
-            y = native.linear_int8_outliers(x2, self.inner.native, scales, self.idx32, self.panels,
-                                            group=self.group, group_scales=group_scales,
-                                            group_colsum=group_colsum)
+            scales, group_scales, group_colsum = (
+                self.inner.kernel_scales if self.group is not None else (self.inner.scales, None, None)
+            )
+            y = native.linear_int8_outliers(
+                x2,
+                self.inner.native,
+                scales,
+                self.idx32,
+                self.panels,
+                group=self.group,
+                group_scales=group_scales,
+                group_colsum=group_colsum,
+            )
             if y is not None:
                 return y
         rest = x2.clone()

@@ -17,13 +17,21 @@ at every push (so the factors follow the policy as it trains, and depend only on
 resumed run quantizes exactly as an uninterrupted one). The division by ``s`` is one elementwise
 product on the activations inside the quantized call (:class:`SmoothedLinear`).
 """
+
 from __future__ import annotations
 
 import torch
 
 from .base import QuantizedLinear
 
-__all__ = ["CALIBRATION_TEXT", "CALIBRATION_TOKENS", "ActivationObserver", "SmoothedLinear", "check_strength", "smoothing_factors"]
+__all__ = [
+    "CALIBRATION_TEXT",
+    "CALIBRATION_TOKENS",
+    "ActivationObserver",
+    "SmoothedLinear",
+    "check_strength",
+    "smoothing_factors",
+]
 
 # Calibration text: chat-style maths, like the prompts and answers the sampler writes.
 CALIBRATION_TEXT = (
