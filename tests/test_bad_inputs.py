@@ -109,7 +109,7 @@ B = ["bench", "rollout", "--model", "tiny", "--no-hf", "--max-new-tokens", "4", 
 RESUME = ["train", "--resume", "--run-dir", "runs/r1"]
 
 
-def case(cls: str, argv: list[str], culprit: str, id: str):  # noqa: A002
+def case(cls: str, argv: list[str], culprit: str, id: str):
     return pytest.param(argv, culprit, id=f"{argv[0]}-{cls}-{id}")
 
 

@@ -575,7 +575,7 @@ def test_bench_quant_rows_roofline_uses_their_own_ceilings(tiny, fast_machine, m
     }
     rows = {(r["quant"], r["kv_quant"]): r for r in report["results"]}
     by_rate = {}
-    for batch, bytes_read, flops, bw, rate in seen:
+    for _batch, bytes_read, _flops, _bw, rate in seen:
         by_rate.setdefault(rate, set()).add(bytes_read)
     assert set(by_rate) == {50e9, 120e9}
     assert max(by_rate[120e9]) < min(by_rate[50e9])  # int8 weights: fewer bytes than float32's

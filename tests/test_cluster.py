@@ -405,7 +405,10 @@ def _same_run(resumed, through, *keys) -> list[dict]:
             "mismatch.alpha_record_mib=0: under rollout.async the exact α reads the q the workers keep",
         ),
         (
-            "cluster.rollout_workers=1 rollout.async=true mismatch.alpha=off rollout.quant=int8 rollout.mismatch_split=true",
+            (
+                "cluster.rollout_workers=1 rollout.async=true mismatch.alpha=off rollout.quant=int8 "
+                "rollout.mismatch_split=true"
+            ),
             "rollout.mismatch_split=true: the asynchronous split",
         ),
         (

@@ -234,7 +234,7 @@ def test_json_array_file(tmp_path):
 
 def _check_arith(examples):
     for ex in examples:
-        value = eval(ex.meta["expression"], {"__builtins__": {}})  # noqa: S307 - our own digits/ops
+        value = eval(ex.meta["expression"], {"__builtins__": {}})  # our own digits/ops
         assert ex.label == str(value) and value >= 0
         text = _user_text(ex)
         assert text.endswith("Put the final answer in \\boxed{}.")

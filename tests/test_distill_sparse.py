@@ -154,7 +154,7 @@ def test_phi_is_saved_and_resumed(tmp_path):
     from sparserl.train.checkpoint import latest_checkpoint
     from sparserl.train.trainer import train
 
-    quiet = lambda *_: None  # noqa: E731
+    quiet = lambda *_: None  # noqa: E731  (a log function that drops every line)
     through = train(_cfg(tmp_path, "train.steps=2"), run_dir=tmp_path / "through", log=quiet)
     stopped = train(_cfg(tmp_path, "train.steps=1"), run_dir=tmp_path / "stopped", log=quiet)
     train(_cfg(tmp_path, "train.steps=2"), resume=True, run_dir=stopped, log=quiet)
@@ -175,7 +175,7 @@ def test_a_checkpoint_without_phi_is_refused_on_resume_with_distill(tmp_path):
     from sparserl.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
     from sparserl.train.trainer import build_trainer, train
 
-    quiet = lambda *_: None  # noqa: E731
+    quiet = lambda *_: None  # noqa: E731  (a log function that drops every line)
     from test_train import TINY
 
     from sparserl.config import load_config, validate

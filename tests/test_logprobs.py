@@ -165,7 +165,7 @@ def test_shared_prompt_forward_equals_full_forward(family):
             assert (lp - lp0).abs().max() <= 1e-5 and (ent - ent0).abs().max() <= 1e-5
             assert_same_grads(g, g0)
     # the plain (unchunked) head of the shared path too
-    fwd = lambda *a, **k: forward_response_shared(*a, chunk_size=None, **k)  # noqa: E731
+    fwd = lambda *a, **k: forward_response_shared(*a, chunk_size=None, **k)  # noqa: E731  (the shared path, unchunked)
     lp, ent, g = grads_of(model, batch, fwd, 8, 0.7)
     lp0, ent0, g0 = grads_of(model, batch, forward_response, 8, 0.7)
     assert (lp - lp0).abs().max() <= 1e-5 and (ent - ent0).abs().max() <= 1e-5

@@ -70,7 +70,7 @@ def test_a_checkpoint_holds_a_peft_adapter_and_resume_is_exact(tmp_path):
     from sparserl.train.checkpoint import latest_checkpoint
     from sparserl.train.trainer import build_learner, train
 
-    quiet = lambda *_: None  # noqa: E731
+    quiet = lambda *_: None  # noqa: E731  (a log function that drops every line)
     through = train(_cfg(tmp_path, *LORA, "train.steps=2"), run_dir=tmp_path / "through", log=quiet)
     stopped = train(_cfg(tmp_path, *LORA, "train.steps=1"), run_dir=tmp_path / "stopped", log=quiet)
     train(_cfg(tmp_path, *LORA, "train.steps=2"), resume=True, run_dir=stopped, log=quiet)

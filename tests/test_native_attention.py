@@ -87,7 +87,7 @@ KV_CASES = [(name, "none") for name in available_compressors()] + [("rkv", "int8
 def test_engine_native_matches_torch(tiny, name, kv_quant):
     """Whole generations: same tokens, log-probs within 1e-4, same KV figures, every compressor."""
     options = {"window": 4} if name == "snapkv" else {"budget": 48, "dense_layers": 1} if name == "blocktopk" else {}
-    comp = lambda: get_compressor(name, **{"budget": 12, "step_length": 6, **options})  # noqa: E731
+    comp = lambda: get_compressor(name, **{"budget": 12, "step_length": 6, **options})  # noqa: E731  (a fresh compressor per call)
     p = SamplingParams(n=3, max_new_tokens=30, seed=3, temperature=1.0)
     prompts = ["a b c", [{"role": "user", "content": "Count from one to twenty, slowly please."}]]
     eng = RolloutEngine(tiny, comp(), kv_quant=kv_quant)

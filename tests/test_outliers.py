@@ -147,7 +147,10 @@ def test_sampler_chooses_channels_at_every_push(tiny, smooth):
     again = RolloutEngine(
         tiny, build_compressor("none"), quant="int8", quant_outliers=3, quant_smooth=smooth, **ENGINE
     ).model
-    down = lambda model: model.layers[1].down.inner if smooth else model.layers[1].down
+
+    def down(model):
+        return model.layers[1].down.inner if smooth else model.layers[1].down
+
     assert torch.equal(down(again).idx, down(m).idx)  # the same weights choose the same channels
     ids = torch.tensor([[5, 9, 2, 7, 3, 11, 4, 8]])
     valid, pos = torch.ones_like(ids, dtype=torch.bool), torch.arange(8)[None]

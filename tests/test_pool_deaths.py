@@ -10,8 +10,8 @@ import pytest
 
 ray_exceptions = pytest.importorskip("ray.exceptions")
 
-from sparserl.cluster import pool as pool_module  # noqa: E402
-from sparserl.cluster.pool import MAX_ATTEMPTS, ClusterError, RolloutPool  # noqa: E402
+from sparserl.cluster import pool as pool_module  # noqa: E402  (only once ray imports: importorskip above)
+from sparserl.cluster.pool import MAX_ATTEMPTS, ClusterError, RolloutPool  # noqa: E402  (only once ray imports: importorskip above)
 
 
 class Died(ray_exceptions.RayActorError):

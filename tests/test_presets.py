@@ -19,7 +19,10 @@ FIXED40 = {
     "checkpoint.keep_last": 1,
     "data.eval": "arith:seed=1000",
     "data.eval_limit": 32,
-    "data.system_prompt": "You are a careful math tutor. Read the problem, add or subtract the numbers it gives, and reply with one short sentence that ends with the final answer as a number in \\boxed{}.",
+    "data.system_prompt": (
+        "You are a careful math tutor. Read the problem, add or subtract the numbers it gives, "
+        "and reply with one short sentence that ends with the final answer as a number in \\boxed{}."
+    ),
     "rollout.compress_prompt": True,
     "rollout.dtype": "auto",
     "rollout.kv_budget": 40,

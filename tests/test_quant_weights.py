@@ -127,7 +127,8 @@ def test_the_int_mm_paths_run_on_cpu_as_on_cuda(rows, monkeypatch):
 @pytest.mark.skipif(not fbgemm_available("cpu"), reason="fbgemm (x86 CPU) only")
 def test_fbgemm_int8_linear_equals_reference_of_the_same_quantized_values():
     """fbgemm's per-tensor uint8 activation grid on rows scaled to max |x| = 1 (per-token scales),
-    7-bit weights without VNNI (no AVX2 saturation), 8-bit with it: the float64 product of exactly those integers, within float32
+    7-bit weights without VNNI (no AVX2 saturation), 8-bit with it:
+    the float64 product of exactly those integers, within float32
     rounding; and the weight is held once, packed (no float copy, no int8 copy besides fbgemm's)."""
     torch.manual_seed(0)
     w, x = _weight(96, 64), torch.randn(9, 64) * torch.logspace(-2, 1, 9)[:, None]  # rows of very different size

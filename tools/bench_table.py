@@ -4,7 +4,8 @@ import json
 import sys
 
 print(
-    "| L | engine | compressor | budget | tok/s | vs generate | vs sparserl dense | KV peak MiB | KV theory MiB | RSS peak MiB | roofline |"
+    "| L | engine | compressor | budget | tok/s | vs generate | vs sparserl dense | KV peak MiB | "
+    "KV theory MiB | RSS peak MiB | roofline |"
 )
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 for path in sys.argv[1:]:
@@ -12,12 +13,16 @@ for path in sys.argv[1:]:
     for r in rep["results"]:
         vs = "-" if r["ratio_vs_hf_generate"] is None else f"{r['ratio_vs_hf_generate']:.2f}x"
         print(
-            f"| {r['max_new_tokens']} | {r['engine']} | {r['compressor']} | {r['kv_budget'] or '-'} | {r['tokens_per_s']:.1f} | {vs} | "
-            f"{r['ratio_vs_sparserl_dense']:.2f}x | {r['kv_bytes_peak'] / 2**20:.1f} | {r['kv_bytes_theory'] / 2**20:.1f} | "
+            f"| {r['max_new_tokens']} | {r['engine']} | {r['compressor']} | {r['kv_budget'] or '-'} | "
+            f"{r['tokens_per_s']:.1f} | {vs} | "
+            f"{r['ratio_vs_sparserl_dense']:.2f}x | {r['kv_bytes_peak'] / 2**20:.1f} | "
+            f"{r['kv_bytes_theory'] / 2**20:.1f} | "
             f"{r['rss_peak_bytes'] / 2**20:.0f} | {r['roofline_fraction']:.2f} |"
         )
 m = json.load(open(sys.argv[1]))["machine"]
 print(
-    f"\nMachine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads), dtype {m['dtype']}, "
-    f"measured read bandwidth {m['memory_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, prompt {m['prompt_tokens']} tokens, batch 16."
+    f"\nMachine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads), "
+    f"dtype {m['dtype']}, "
+    f"measured read bandwidth {m['memory_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, "
+    f"prompt {m['prompt_tokens']} tokens, batch 16."
 )

@@ -4,7 +4,8 @@ over a decode step's caches, and the same against the kernel of another commit, 
 
 For each cache length L: 30 layers of distinct [16, 3, 1100, 64] float32 K and V buffers (SmolLM2's
 KV heads at batch 16, so that they come from memory as in a decode step), one query token of 9
-heads, best of 9 rotating rounds (:func:`sparserl.bench.measure.time_rounds`); the rate counts the K and V bytes of the L slots read. The ceiling beside
+heads, best of 9 rotating rounds (:func:`sparserl.bench.measure.time_rounds`);
+the rate counts the K and V bytes of the L slots read. The ceiling beside
 it is torch summing the same slices (a pure read, both threads). With ``--against COMMIT`` the
 native sources of that commit are compiled with the same flags and timed alternately, their
 outputs compared bit for bit; with ``--generate N`` the two libraries also run whole ``generate``

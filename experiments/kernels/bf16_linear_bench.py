@@ -1,8 +1,10 @@
 """The bfloat16 weight products (linear_bf16.c) against the float32 ones (linear.c) and torch's
-bfloat16 matmul, at a decode step's 16 rows on SmolLM2-135M's product shapes. Every shape is timed over 30 layers of distinct weights called one after the other
+bfloat16 matmul, at a decode step's 16 rows on SmolLM2-135M's product shapes.
+Every shape is timed over 30 layers of distinct weights called one after the other
 (the model's 30 layers: the weights stream from memory as in a decode step), best of 3 passes; in
 each of 5 rounds (``--rounds``) every arm runs in the same process (arms in a rotated order:
-:func:`sparserl.bench.measure.time_rounds`), and a ratio is the median of the per-round ratios. Writes docs/results/bf16_linear/products.json.
+:func:`sparserl.bench.measure.time_rounds`), and a ratio is the median of the per-round ratios.
+Writes docs/results/bf16_linear/products.json.
 
 Arms: ``float32`` native.linear on its panels; ``bf16`` native.linear_bf16 on pack_linear_bf16's
 layout (x float32 in, rounded to bf16 in the kernel, float32 out); ``torch_bf16``

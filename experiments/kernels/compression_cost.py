@@ -2,7 +2,8 @@
 process: the shapes of a compression at batch 16 on SmolLM2 (30 layers x 16 sequences = 480
 (sequence, layer) pairs, 3 KV heads, 9 query heads, head dim 64, window 8; the prompt of the bench
 plus budget 256 + step 32 = 360 slots, region 288). Random keys and queries; each part timed as the
-median of ``--repeat`` calls, the two paths in rotating rounds (:func:`sparserl.bench.measure.time_rounds`). Results: docs/results/compression_cost.md.
+median of ``--repeat`` calls, the two paths in rotating rounds (:func:`sparserl.bench.measure.time_rounds`).
+Results: docs/results/compression_cost.md.
 
     python3 experiments/kernels/compression_cost.py [--repeat 5] [--step-length 32]
 """
@@ -53,5 +54,6 @@ for name, fn in parts.items():
     times = time_rounds({"native": fn, "torch": in_torch}, args.repeat, warmup=1).seconds
     med = {p: statistics.median(v) * 1e3 for p, v in times.items()}
     print(
-        f"{name:30s} native {med['native']:8.1f} ms   torch {med['torch']:8.1f} ms   {med['torch'] / med['native']:5.1f}x"
+        f"{name:30s} native {med['native']:8.1f} ms   torch {med['torch']:8.1f} ms   "
+        f"{med['torch'] / med['native']:5.1f}x"
     )

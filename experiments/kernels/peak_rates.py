@@ -62,7 +62,8 @@ double int8_loop(long iters, int threads, int sign) {
         REP8(DI)
         if (sign) {
             for (long n = 0; n < iters; n++) {
-#define S(i) c##i = _mm256_add_epi32(c##i, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(w, x)), ones));
+#define S(i) c##i = _mm256_add_epi32(c##i, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), \
+    _mm256_sign_epi8(w, x)), ones));
                 REP8(S)
                 __asm__("" : "+x"(c0), "+x"(c1), "+x"(c2), "+x"(c3), "+x"(x), "+x"(w));
             }

@@ -8,7 +8,8 @@ On the default job's step-1 batch (the config given, default ``default``), the s
   then α reading it (``mismatch.alpha_record_mib``, the default).
 
 ``p`` comes from one no-grad forward of the learner made once, outside the timings. Each round runs
-both arms in alternating order (:func:`sparserl.bench.measure.time_rounds`); a ratio is the median of the per-round ratios (replay seconds / kept
+both arms in alternating order (:func:`sparserl.bench.measure.time_rounds`);
+a ratio is the median of the per-round ratios (replay seconds / kept
 seconds, rollout + α). The two arms' α agree (their largest difference is reported), and the kept
 distributions' bytes are recorded.
 

@@ -24,5 +24,6 @@ for name, lm in (("float32", lm32), ("bfloat16", lm16)):
             )
         d = torch.cat(diffs)
         print(
-            f"sampler {name:8s} vs {ref_name:11s}: mean |diff| {d.mean():.2e}  p99 {d.quantile(0.99):.2e}  max {d.max():.2e}  ({d.numel()} tokens)"
+            f"sampler {name:8s} vs {ref_name:11s}: mean |diff| {d.mean():.2e}  p99 {d.quantile(0.99):.2e}  "
+            f"max {d.max():.2e}  ({d.numel()} tokens)"
         )

@@ -11,7 +11,8 @@ default job's system prompt, R-KV over the whole cache, window 8, compression ev
 - ``kept``: ``record_mib=2048``, ``q`` kept while sampling;
 - ``kept_shared``: ``q`` kept, and ``p``'s forward takes each distinct prompt once (the command's default);
 
-with ``p`` from a forward over every row whole in the first two (``shared_prompt=False``). ``--arms A B`` picks two (default ``replay kept``); a ratio is the median of the per-round
+with ``p`` from a forward over every row whole in the first two (``shared_prompt=False``).
+``--arms A B`` picks two (default ``replay kept``); a ratio is the median of the per-round
 ratios (A's seconds / B's). The two arms sample the same
 tokens from the same ``q``; their rows' α differ only by the rounding of ``p``'s head product (per response
 when ``q`` is kept, per step in the replay): the largest difference is recorded.

@@ -24,7 +24,14 @@ import torch
 from sparserl.models.loading import load_model
 from sparserl.rollout.model import SamplerModel
 from sparserl.rollout.quant.base import QuantizedLinear
-from sparserl.rollout.quant.int8 import QMAX_FBGEMM, Int8Linear, quantize_int8_per_channel
+from sparserl.rollout.quant.int8 import (
+    QMAX_FBGEMM,
+    Int8Linear,
+    _fbgemm_prepack,
+    int8_matmul_per_token,
+    quantize_int8_per_channel,
+)
+from sparserl.rollout.quant.smooth import CALIBRATION_TEXT, CALIBRATION_TOKENS
 
 torch.manual_seed(0)
 lm = load_model("smollm2-135m", dtype="float32")
@@ -86,8 +93,6 @@ for f in FIELDS:
     print(f"act max/median per-channel amax, {f}: mean {r.mean():.1f} max {r.max():.1f}")
 
 ref = run(dense, evalb)
-
-from sparserl.rollout.quant.int8 import _fbgemm_prepack, int8_matmul_per_token
 
 
 class W8A7(QuantizedLinear):
@@ -212,8 +217,6 @@ cases = {
 }
 # the sampler itself (rollout.quant, quant_smooth, quant_outliers), calibrated as at a push on the
 # engine's CALIBRATION_TEXT, not on the GSM8K texts above
-from sparserl.rollout.quant.smooth import CALIBRATION_TEXT, CALIBRATION_TOKENS
-
 calibration_ids = torch.tensor(tok(CALIBRATION_TEXT, add_special_tokens=False)["input_ids"][:CALIBRATION_TOKENS])[None]
 
 

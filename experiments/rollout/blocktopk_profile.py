@@ -14,7 +14,8 @@
 
     python3 experiments/rollout/blocktopk_profile.py --tokens 2040
 
-``--only kernel`` runs the second alone (``--only step,kernel,lengths,scattered``: all four); ``--against OLD.c`` builds the library a second time with another
+``--only kernel`` runs the second alone (``--only step,kernel,lengths,scattered``: all four);
+``--against OLD.c`` builds the library a second time with another
 ``blocktopk.c`` (e.g. ``git show 2936d6b:src/sparserl/rollout/native/blocktopk.c > /tmp/old.c``) and runs
 the kernel measurement on both in turn, ``--rounds`` rotating rounds in one process
 (:func:`sparserl.bench.measure.time_rounds`): per-round ratios, and whether

@@ -54,7 +54,7 @@ res = time_rounds(
     rounds,
     on_run=show,
 )
-speed = lambda r: r["tokens_per_s"]  # noqa: E731
+speed = lambda r: r["tokens_per_s"]  # noqa: E731  (the figure the rounds are compared on)
 print(
     "C scores over torch's, median of per-round ratios:",
     round(res.median_ratio("rkv, C scores", "rkv, torch scores", speed), 3),

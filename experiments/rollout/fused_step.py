@@ -3,7 +3,7 @@ in rotating rounds in one process (:func:`sparserl.bench.measure.time_rounds`; b
 prompt, EOS ignored), 2 rounds per weight quantization by default; prints tokens/s, the per-round
 ratios and their median. Results: docs/results/engine_profile.md.
 
-    python3 experiments/rollout/fused_step.py 256 none,int8          # new tokens, quantizations [, compressor [, rounds]]
+    python3 experiments/rollout/fused_step.py 256 none,int8  # new tokens, quantizations [, compressor [, rounds]]
 """
 
 import sys
@@ -35,7 +35,7 @@ for quant in quants:
         rounds,
         on_run=lambda r, name, s, out: print(quant, comp, name, f"{out.tokens_per_s:.1f} tok/s", flush=True),
     )
-    speed = lambda out: out.tokens_per_s  # noqa: E731
+    speed = lambda out: out.tokens_per_s  # noqa: E731  (the figure the rounds are compared on)
     print(
         quant,
         comp,

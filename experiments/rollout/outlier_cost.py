@@ -35,6 +35,6 @@ res = time_rounds(
     rounds,
     on_run=lambda r, k, s, out: print(f"round {r + 1} {k:12s} {out.tokens_per_s:7.1f} tok/s", flush=True),
 )
-speed = lambda out: out.tokens_per_s  # noqa: E731
+speed = lambda out: out.tokens_per_s  # noqa: E731  (the figure the rounds are compared on)
 for k in engines:
     print(f"{k:12s} median {res.median(k, speed):7.1f} tok/s  {res.median_ratio(k, 'dense', speed):.3f}x dense")

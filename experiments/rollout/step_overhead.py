@@ -1,6 +1,7 @@
 """Does carrying a compressor cost a decode step anything when it never compresses? Batch 16, 160
 new tokens on the bench prompt with the prompt kept (R-KV and StreamingLLM at budget 256 never fill
-their buffer), dense / R-KV / StreamingLLM in rotating rounds in one process (:func:`sparserl.bench.measure.time_rounds`,
+their buffer), dense / R-KV / StreamingLLM in rotating rounds in one process
+(:func:`sparserl.bench.measure.time_rounds`,
 4 by default), ms per decode step (whole generation / 160) and each against dense as the median of the
 per-round ratios. Results: docs/results/compression_cost.md.
 

@@ -45,7 +45,7 @@ def arm(name):
     return run
 
 
-speed = lambda out: out.tokens_per_s  # noqa: E731
+speed = lambda out: out.tokens_per_s  # noqa: E731  (the figure the rounds are compared on)
 res = time_rounds(
     {name: arm(name) for name in names},
     rounds,

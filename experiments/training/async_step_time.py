@@ -3,13 +3,15 @@ projection to a cluster from the measured station times.
 
 Each round runs, in this one process, the same short training run twice on one rollout worker (a local
 Ray started by each run): ``sync`` (cluster.rollout_workers=1) and ``async`` (+ rollout.async=true), in
-alternating order (:func:`sparserl.bench.measure.time_rounds`). A step's time is the sum of its stations (``time/rollout_s`` + reward + score +
+alternating order (:func:`sparserl.bench.measure.time_rounds`).
+A step's time is the sum of its stations (``time/rollout_s`` + reward + score +
 update, the push included); step 1 is left out (warm-up, and the async run sends two rollouts there).
 The ratio of a round is sync's mean step over async's; the figure is the median of the rounds' ratios.
 
     flock /work/exp/cpu.lock python3 experiments/training/async_step_time.py --rounds 3 --steps 5 \\
         --out docs/results/async_rollouts/async_step_time.json
-    flock /work/exp/cpu.lock python3 experiments/training/async_step_time.py --arms one learners2 --rounds 3 --steps 4 \\
+    flock /work/exp/cpu.lock python3 experiments/training/async_step_time.py --arms one learners2 \\
+        --rounds 3 --steps 4 \\
         --out docs/results/async_rollouts/learners_step_time.json train.prompts_per_step=4
 
 ``--arms`` picks other pairs: ``one`` (everything in the training process), ``sync``, ``async``,
@@ -190,7 +192,7 @@ def main(argv=None) -> int:
 
         return run
 
-    step_s = lambda got: got["mean"]["step_s"]  # noqa: E731
+    step_s = lambda got: got["mean"]["step_s"]  # noqa: E731  (the figure the rounds are compared on)
     res = time_rounds(
         {first: arm_run(first), second: arm_run(second)},
         args.rounds,

@@ -141,7 +141,10 @@ def table(paths: list[str]) -> str:
     rows = [json.loads(open(p).read()) for p in paths]
     base = next((r for r in rows if r["mode"] == "plain"), rows[0])
     lines = [
-        "| mode | score_logprobs (s) | update (s) | score + update (s) | vs plain | peak RSS above model+grads+Adam (MiB) |",
+        (
+            "| mode | score_logprobs (s) | update (s) | score + update (s) | vs plain | "
+            "peak RSS above model+grads+Adam (MiB) |"
+        ),
         "|---|---|---|---|---|---|",
     ]
     for r in rows:

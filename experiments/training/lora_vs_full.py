@@ -89,13 +89,15 @@ def table(files: list[Path]) -> int:
     for key in ("optimizer_state_bytes", "step_s", "update_s"):
         ratios = [r["ratios"][key] for r in rounds]
         print(
-            f"full / LoRA {key}: median {statistics.median(ratios):.2f}x (rounds {', '.join(f'{x:.2f}' for x in ratios)})"
+            f"full / LoRA {key}: median {statistics.median(ratios):.2f}x "
+            f"(rounds {', '.join(f'{x:.2f}' for x in ratios)})"
         )
     for r in rounds:
         for arm in ("full", "lora"):
             a = r[arm]
             print(
-                f"seed {a['seed']} {arm}: optimizer state {a['optimizer_state_bytes'] / 2**20:.1f} MiB, step {a['step_s']:.1f} s, "
+                f"seed {a['seed']} {arm}: optimizer state {a['optimizer_state_bytes'] / 2**20:.1f} MiB, "
+                f"step {a['step_s']:.1f} s, "
                 f"update {a['update_s']:.1f} s, reward "
                 + " ".join(f"{x:.2f}" for x in a["reward"])
                 + f", eval {a['eval']}"

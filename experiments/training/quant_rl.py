@@ -7,7 +7,8 @@ curves compare the two scales over a run (the corrections differ too; the metric
 weights before and after each optimizer step).
 
     python3 experiments/training/quant_rl.py --out /work/exp/quant_rl [--seeds 2 --steps 6 --prompts 2]
-    python3 experiments/training/quant_rl.py --arms smooth --out /work/exp/quant_rl_smooth   # INT8 with/without SmoothQuant
+    python3 experiments/training/quant_rl.py --arms smooth \\
+        --out /work/exp/quant_rl_smooth    # INT8 with/without SmoothQuant
     python3 experiments/training/quant_rl.py --arms group --out /work/exp/quant_rl_group     # qurl vs qurl_group
 """
 

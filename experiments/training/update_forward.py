@@ -9,12 +9,14 @@ in the learner's precision as ``model.mixed_precision: auto`` resolves it on thi
   corrections from its detached log-probs, the update on it (no scoring forward).
 
 Each round runs every arm in a rotated order (:func:`sparserl.bench.measure.time_rounds`), the learner's
-weights and optimizer state restored after each, untimed; a ratio is the median of the per-round ratios (``score_micro16`` seconds / the arm's). The peak
+weights and optimizer state restored after each, untimed;
+a ratio is the median of the per-round ratios (``score_micro16`` seconds / the arm's). The peak
 of the process's resident memory cannot tell arms in one process apart, so the memory a micro-batch
 size costs is read from autograd: the most bytes saved for one backward (:class:`SavedBytes`).
 
     python3 experiments/training/update_forward.py --rounds 5 --json docs/results/update_forward/default_job.json
-    python3 experiments/training/update_forward.py default model.mixed_precision=off --rounds 3 --json docs/results/update_forward/default_job_float32.json
+    python3 experiments/training/update_forward.py default model.mixed_precision=off --rounds 3 \\
+        --json docs/results/update_forward/default_job_float32.json
 """
 
 from __future__ import annotations

@@ -63,7 +63,8 @@ compressors' C kernels or of attention. The measured/predicted ratio of
 ``experiments/rollout/cost_model_validate.py`` says how much that is on a machine.
 
     shape = ModelShape.from_config(hf_config, "float32")
-    rates = measure_rates(engine.model, rows=16)  # sparserl.bench.machine; or MachineRates.from_machine_info(bench["machine"])
+    # sparserl.bench.machine; or MachineRates.from_machine_info(bench["machine"])
+    rates = measure_rates(engine.model, rows=16)
     rollout_cost(shape, rates, 16, 32, 1024, budget=128).seconds
     predicted_cost_vs_dense(shape, rates, 16, 32, 1024, schedule=[[0, 128], [2000, 512]])   # < 1: cheaper
 """

@@ -104,7 +104,7 @@ def _architecture(name: str, seed: int) -> Any:
         if path.suffix == ".gguf":
             return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
         return AutoConfig.from_pretrained(str(path))
-    except Exception as e:  # noqa: BLE001 - re-raised with the file named
+    except Exception as e:  # re-raised with the file named
         raise ModelLoadError(f"{path}: cannot read the model's architecture: {e}") from e
 
 

@@ -90,7 +90,7 @@ def runtime_requirements() -> list[str]:
 def runtime_missing() -> str | None:
     """Why OpenVINO GenAI's runtime cannot be imported here (None when it can)."""
     try:
-        import openvino_genai  # noqa: F401 (the import is the check)
+        import openvino_genai  # noqa: F401  (the import is the check)
     except ImportError as e:
         return f"openvino-genai is not importable in {sys.executable} ({e})"
     return None

@@ -473,9 +473,11 @@ def run_bench(
         f = row.fields
         quant = f"w:{f['quant']} kv:{f['kv_quant']}" if f.get("quant") else ""
         log(
-            f"{f['engine'] + ('+compile' if f.get('compiled') else ''):>16} {f['compressor']:>9} {quant:>24} run {len(row.runs)}/{repeat}: {run.tokens / run.seconds:8.1f} tok/s  "
+            f"{f['engine'] + ('+compile' if f.get('compiled') else ''):>16} {f['compressor']:>9} {quant:>24} "
+            f"run {len(row.runs)}/{repeat}: {run.tokens / run.seconds:8.1f} tok/s  "
             f"kv_peak {run.kv_bytes_peak / 2**20:8.1f} MiB  kv_theory {run.kv_bytes_theory / 2**20:8.1f} MiB  "
-            f"rss {run.rss_peak_bytes / 2**20:7.0f} MiB  roofline {run.tokens / run.seconds / bound(row).tokens_per_s:.2f}"
+            f"rss {run.rss_peak_bytes / 2**20:7.0f} MiB  "
+            f"roofline {run.tokens / run.seconds / bound(row).tokens_per_s:.2f}"
         )
 
     run_rounds(rows, repeat, log_run)

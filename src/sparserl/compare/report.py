@@ -288,7 +288,8 @@ def write_comparison(
         "",
         f"Final reward: per seed the mean `{names.REWARD_VERIFIER_MEAN}` (the verifier's reward, without a "
         f"weighted or length-shaped reward's other parts; `{names.REWARD_MEAN}` in runs logged before it) of its "
-        f"last k = max(1, steps // 4) = {k} steps, then mean ± sample std over the seeds. Best step: where the mean-over-seeds curve is highest. "
+        f"last k = max(1, steps // 4) = {k} steps, then mean ± sample std over the seeds. "
+        "Best step: where the mean-over-seeds curve is highest. "
         f"Collapse: {collapse_rule(collapse_k3)}. α mean, α p5: Sparrow's acceptance α "
         f"(`{names.MISMATCH_ALPHA_MEAN}`, `{names.MISMATCH_ALPHA_P5}`), per seed the mean of the same last k "
         f"steps, then mean ± sample std over the seeds that logged it; – where the arm did not measure α "
@@ -362,7 +363,7 @@ def write_comparison(
                 f"{_pm(e['sparse']['pass@1_mean'], e['sparse']['pass@1_std'])} ({samp}) | "
                 f"{_pm(e['sparse_minus_dense']['mean'], e['sparse_minus_dense']['std'])} |"
             )
-        for name, r in (starts or {}).items():
+        for _name, r in (starts or {}).items():
             samp = f"{r['sparse']['compressor']}, budget {r['sparse']['kv_budget']}" if "sparse" in r else "none"
             sp = r.get("sparse", {}).get("pass@1")
             md.append(

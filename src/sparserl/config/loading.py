@@ -87,7 +87,7 @@ _Loader.add_implicit_resolver(
 
 
 def _yaml_load(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
 
 
 # --- loading: presets, files with `base:`, overrides ---------------------------------------------

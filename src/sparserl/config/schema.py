@@ -178,7 +178,7 @@ def _within_float32(v: Any) -> Any:
     return v
 
 
-def F(default: Any = None, help: str = "", factory: Any = None, **bounds: Any) -> Any:  # noqa: A002
+def F(default: Any = None, help: str = "", factory: Any = None, **bounds: Any) -> Any:
     """A field with its help text (``description``), bounds (ge/gt/le/lt) and default or factory."""
     if factory is not None:
         return Field(default_factory=factory, description=help, **bounds)

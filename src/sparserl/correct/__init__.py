@@ -10,7 +10,7 @@ See ``base.py`` for conventions and the recipe for adding a method.
 """
 
 # importing the method modules registers them
-from . import bypass, mis, none, rejection, sparse_rl, tis  # noqa: E402,F401
+from . import bypass, mis, none, rejection, sparse_rl, tis  # noqa: F401  (imported to register them)
 from .base import (
     CORRECTION_KEYS,
     MISMATCH_KEYS,
@@ -28,7 +28,7 @@ from .base import (
     register_correction,
     weight_metrics,
 )
-from .presets import PRESETS, apply_corrections, available_presets, resolve  # noqa: E402
+from .presets import PRESETS, apply_corrections, available_presets, resolve
 
 __all__ = [
     "Correction",

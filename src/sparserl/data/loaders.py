@@ -278,7 +278,7 @@ def read_rows(path: str | os.PathLike, skip_bad_rows: bool = False) -> tuple[lis
     if suffix == ".json":
         try:
             return _read_with_hf(path, "json"), 0, "row"
-        except Exception as e:  # noqa: BLE001 - find the bad line if it is JSON lines
+        except Exception as e:  # find the bad line if it is JSON lines
             if text.lstrip()[:1] != "[":
                 rows = _iter_jsonl(path, skip_bad_rows, counter)  # raises with the line number
                 return rows, counter[0], "line"
@@ -286,12 +286,12 @@ def read_rows(path: str | os.PathLike, skip_bad_rows: bool = False) -> tuple[lis
     if suffix == ".parquet":
         try:
             return _read_with_hf(path, "parquet"), 0, "row"
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise DataError(f"{path}: cannot read Parquet: {type(e).__name__}: {e}") from e
     if suffix == ".csv":
         try:
             return _read_with_hf(path, "csv"), 0, "row"
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise DataError(f"{path}: cannot read CSV: {type(e).__name__}: {e}") from e
     raise DataError(f"{path}: unsupported file type {suffix!r} (use one of {', '.join(_SUFFIXES)})")
 

@@ -319,7 +319,7 @@ def compare_command(config: dict | None) -> str:
         from ..config import list_presets
 
         preset = name in list_presets()
-    except Exception:  # noqa: BLE001 - the presets cannot be listed: name the config file instead
+    except Exception:  # the presets cannot be listed: name the config file instead
         preset = name == "default"
     if preset:
         return f"sparserl compare {name} --arms dense,{name} --seeds 6"

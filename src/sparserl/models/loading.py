@@ -46,7 +46,7 @@ class IdsOnlyTokenizer:
     eos_token_id = None
     chat_template = None
 
-    def decode(self, ids, skip_special_tokens=True) -> str:  # noqa: ARG002
+    def decode(self, ids, skip_special_tokens=True) -> str:
         return ""
 
 
@@ -109,7 +109,8 @@ def resolve_device(device: str | torch.device = "auto", key: str = "model.device
 
 
 def cache_dir() -> Path:
-    """``$SPARSERL_CACHE`` (default ``~/.cache/sparserl``), created if missing; an EnvPathError when it cannot be a folder."""
+    """``$SPARSERL_CACHE`` (default ``~/.cache/sparserl``), created if missing; an EnvPathError when it
+    cannot be a folder."""
     from ..envpath import env_dir
 
     return env_dir("SPARSERL_CACHE", Path.home() / ".cache" / "sparserl")
@@ -139,7 +140,7 @@ def _gguf_to_hf(gguf: Path, dtype: torch.dtype):
             quantization_config=GgufConfig(gguf_file=name, dequantize=True),
             dtype=dtype,
         )
-    except Exception as e:  # noqa: BLE001 - re-raised with the file named
+    except Exception as e:  # re-raised with the file named
         raise ModelLoadError(f"{gguf}: cannot load GGUF file: {e}") from e
     return model, tok
 
@@ -342,7 +343,7 @@ def load_model(
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise ModelLoadError(f"{path}: cannot load model: {e}") from e
     return LoadedModel(model.to(dev).eval(), _fix_tokenizer(tok), display, str(path))
 

@@ -330,7 +330,7 @@ def _plan_answer(pred: Any, label: Any, strict_numbers: bool):
 
 
 class _DropTimeoutWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:  # noqa: A003
+    def filter(self, record: logging.LogRecord) -> bool:
         return "Timeout is disabled" not in record.getMessage()
 
 
@@ -412,7 +412,7 @@ def _too_expensive(parsed: Sequence[Any]) -> bool:
                     m = _log10_mag(node)
                     if m is not None and m > MAX_LOG10_MAGNITUDE:
                         return True
-        except Exception:  # noqa: BLE001 - a weird tree: be safe
+        except Exception:  # a weird tree: be safe
             return True
     return False
 
@@ -461,7 +461,7 @@ def _run_checks(pairs: Sequence[tuple[str, str]], timeout: float | None, workers
         for pred, gold in pairs:
             try:
                 out.append(symbolic_equal(pred, gold))
-            except Exception as e:  # noqa: BLE001 - any sympy/parser failure means "not verified"
+            except Exception as e:  # any sympy/parser failure means "not verified"
                 log.debug("math_reward: verification failed for %r vs %r: %s", pred[:80], gold[:80], e)
                 out.append(False)
         return out
@@ -493,7 +493,7 @@ def _score(
                     text = "" if text is None else str(text)
                 text = extract_answer(text)
             plan = _plan_answer(text, label, strict_numbers)
-        except Exception as e:  # noqa: BLE001 - odd input scores 0, never raises
+        except Exception as e:  # odd input scores 0, never raises
             log.debug("math_reward: cannot read response %d: %s", i, e)
             plan = 0.0
         if isinstance(plan, tuple):
@@ -503,7 +503,7 @@ def _score(
     if pending:
         try:
             results = _run_checks(list(pending), timeout, workers)
-        except Exception as e:  # noqa: BLE001 - e.g. no process can be started: not verified
+        except Exception as e:  # e.g. no process can be started: not verified
             log.warning("math_reward: checks failed: %s: %s", type(e).__name__, e)
             results = [False] * len(pending)
         for idx, ok in zip(pending.values(), results):

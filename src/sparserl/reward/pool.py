@@ -125,7 +125,7 @@ def _die_with_parent(poll_s: float = 0.5) -> None:
 
 
 def _run_one(ref: str, args: tuple, timeout: float | None) -> Outcome:
-    def _on_alarm(signum, frame):  # noqa: ARG001
+    def _on_alarm(signum, frame):
         raise _Deadline()
 
     try:
@@ -139,7 +139,7 @@ def _run_one(ref: str, args: tuple, timeout: float | None) -> Outcome:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except _Deadline:
         return "timeout", None
-    except BaseException as e:  # noqa: BLE001 - any failure of a check is reported, never fatal
+    except BaseException as e:  # any failure of a check is reported, never fatal
         return "error", f"{type(e).__name__}: {str(e)[:500]}"
 
 
@@ -153,7 +153,7 @@ def _worker_main(fd: int, preload: Sequence[str]) -> None:
     for ref in preload:
         try:
             _resolve(ref)()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             print(f"sparserl reward worker: preload {ref} failed: {e}", file=sys.stderr)
     conn.send(("ready", os.getpid()))
     while True:
@@ -169,7 +169,7 @@ def _worker_main(fd: int, preload: Sequence[str]) -> None:
         if ref not in _RESOLVED:  # first use of ref here: import it, then say so
             try:
                 _resolve(ref)
-            except BaseException:  # noqa: BLE001 - reported by _run_one below
+            except BaseException:  # reported by _run_one below
                 pass
             conn.send(("started", task_id))
         status, value = _run_one(ref, args, timeout)
@@ -177,7 +177,7 @@ def _worker_main(fd: int, preload: Sequence[str]) -> None:
             conn.send((task_id, status, value))
         except (EOFError, OSError):
             return
-        except Exception as e:  # noqa: BLE001 - an unpicklable result
+        except Exception as e:  # an unpicklable result
             conn.send((task_id, "error", f"result not transferable: {type(e).__name__}: {e}"))
 
 
@@ -219,7 +219,7 @@ class _Worker:
         try:
             self.proc.kill()
             self.proc.wait(timeout=5.0)
-        except Exception:  # noqa: BLE001 - already gone
+        except Exception:  # already gone
             pass
         try:
             self.conn.close()
@@ -254,7 +254,7 @@ class CheckPool:
         while len(self._workers) < self.size:
             try:
                 self._workers.append(_Worker(self.preload))
-            except Exception as e:  # noqa: BLE001 - cannot start processes here: fewer workers
+            except Exception as e:  # cannot start processes here: fewer workers
                 log.error("cannot start a reward worker: %s: %s", type(e).__name__, e)
                 break
 
@@ -283,7 +283,7 @@ class CheckPool:
             for w in polite:
                 try:
                     w.conn.send(None)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     pass
             end = time.monotonic() + 1.0
             for w in polite:
@@ -325,7 +325,7 @@ class CheckPool:
                         todo.appendleft(i)
                         self._replace(w)
                         continue
-                    except Exception as e:  # noqa: BLE001 - arguments that cannot be pickled
+                    except Exception as e:  # arguments that cannot be pickled
                         out[i] = ("error", f"arguments not transferable: {type(e).__name__}: {e}")
                         continue
                     w.sys_path = path

@@ -153,7 +153,7 @@ class PooledReward:
             for r, lab, p in zip(responses, labels, prompts):
                 try:
                     out.append(self.fn(r, lab, p))
-                except Exception as e:  # noqa: BLE001 - reported to score_responses
+                except Exception as e:  # reported to score_responses
                     out.append(e)
             return out
         calls = [
@@ -222,7 +222,7 @@ def load_reward(
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         raise _spec_error(spec, f"module {module_name!r} not found ({e})") from e
-    except Exception as e:  # noqa: BLE001 - the module exists but failed on import
+    except Exception as e:  # the module exists but failed on import
         raise _spec_error(spec, f"importing module {module_name!r} failed: {type(e).__name__}: {e}") from e
     obj: Any = module
     for part in attr.split("."):
@@ -251,7 +251,8 @@ def score_responses(
     that overflows the trainer's float32 reward tensors, where one such value would make every
     advantage of its group, then every weight, NaN); the first one of each reward is logged as a
     warning naming it. A reward with a ``score_batch`` method (the built-in math reward, a custom
-    reward loaded with a timeout) gets the whole batch at once, so its checks run in parallel. ``prompts`` (optional) is passed to
+    reward loaded with a timeout) gets the whole batch at once, so its checks run in parallel.
+    ``prompts`` (optional) is passed to
     rewards that take a third parameter. Length mismatches raise ``ValueError``.
     """
     if len(responses) != len(labels):
@@ -265,7 +266,7 @@ def score_responses(
             values = list(batch(list(responses), list(labels), None if prompts is None else list(prompts)))
             if len(values) != len(responses):
                 raise ValueError(f"score_batch returned {len(values)} values for {len(responses)} responses")
-        except Exception as e:  # noqa: BLE001 - a failing batch: every response scores 0
+        except Exception as e:  # a failing batch: every response scores 0
             values = [e] * len(responses)
     else:
         reward = as_reward_fn(fn)
@@ -277,7 +278,7 @@ def score_responses(
                     values.append(reward(response, label, None if prompts is None else prompts[i]))
                 else:
                     values.append(reward(response, label))
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 values.append(e)
     rewards: list[float] = []
     n_errors = n_failed = 0
@@ -286,7 +287,7 @@ def score_responses(
             if isinstance(value, BaseException):
                 raise value
             value = float(value)
-        except Exception as e:  # noqa: BLE001 - a failing reward scores 0 and is counted
+        except Exception as e:  # a failing reward scores 0 and is counted
             if n_failed == 0:
                 log.warning("reward %s failed on response %d: %s: %s", _reward_name(fn), i, type(e).__name__, e)
             n_failed += 1

@@ -5,7 +5,8 @@
 (``reward.fn: [math, my_rewards:format]``, ``reward.weights: [1.0, 0.1]``; every weight 1 when
 ``reward.weights`` is left out). Each part is scored as a single reward is (:func:`score_responses`:
 checker processes, ``reward.timeout_s``, a failing call or a value not finite in float32 scores 0 and is
-counted), and its mean is logged on its own; a sum that overflows float32 scores 0 and is counted too. The first part is the **verifier**: held-out evaluation's pass@k reads it alone, since a
+counted), and its mean is logged on its own; a sum that overflows float32 scores 0 and is counted too.
+The first part is the **verifier**: held-out evaluation's pass@k reads it alone, since a
 shaped sum (a format bonus) is not a pass rate.
 """
 

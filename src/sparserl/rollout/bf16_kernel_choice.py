@@ -5,7 +5,8 @@ An AMX Xeon runs the fused bf16 step's weight products two ways (:func:`native.b
 (``_tile_dpbf16ps``, weights packed in 1 KB B tiles) and AVX512-BF16 (``vdpbf16ps`` on 32-column
 panels). A tile does 16 x 16 x 32 multiply-adds an instruction, but a decode step's 16 rows stream
 every weight from memory once, and the tiles add their own loads, stores and configuration: which one is
-faster at that shape is a property of the machine. So the first bf16 sampler built on such a CPU times its decode step on each kernel, with
+faster at that shape is a property of the machine.
+So the first bf16 sampler built on such a CPU times its decode step on each kernel, with
 :mod:`sparserl.rollout.dtype_choice`'s probe (SmolLM2-135M's shape, random weights, batch 16, a dense
 cache): :data:`~sparserl.rollout.dtype_choice.ROUNDS` rounds in alternating order, the median of the
 per-round ratios decides, and the answer is cached beside ``dtype: auto``'s, under the same machine key

@@ -4,7 +4,8 @@ One function per decoder layer, the same for every layer (the weights and the la
 are its arguments): RMSNorm → fused q/k/v → RoPE → write k, v at each row's slot (``index_put``, in
 place) → attention over the cache's first ``L`` slots (:func:`sparserl.rollout.cache.attention`) →
 o-proj → MLP. With a quantized KV cache (``kv_quant``) the step quantizes k, v on write (codes and
-scales, :mod:`sparserl.rollout.kv_quant`) and attends over the codes with their scales. Inductor fuses the norms, RoPE, softmax and SiLU into a few generated kernels (C++ on
+scales, :mod:`sparserl.rollout.kv_quant`) and attends over the codes with their scales.
+Inductor fuses the norms, RoPE, softmax and SiLU into a few generated kernels (C++ on
 CPU, Triton on CUDA); the matmuls stay library calls.
 
 Shapes: the batch shrinks as rows finish (:meth:`CompressedKVCache.select` keeps the buffers dense,

@@ -117,7 +117,8 @@ class RolloutEngine:
         state dict the sampler starts from (None: ``loaded.model``'s own; see :class:`SamplerModel`).
         ``compile``: run each decode layer through ``torch.compile`` (:mod:`sparserl.rollout.compiled`;
         the first step compiles, once per model shape and process); True = inductor, a string = that
-        ``torch.compile`` backend (e.g. ``"aot_eager"``: the same capture, no code generation). ``pack_weights``: decode with
+        ``torch.compile`` backend (e.g. ``"aot_eager"``: the same capture, no code generation).
+        ``pack_weights``: decode with
         oneDNN-packed weights (:func:`sparserl.rollout.model.pack_weight`); None = where supported.
         ``kv_quant``: how the KV cache stores K/V, ``none | int8 | fp8`` (:mod:`sparserl.rollout.kv_quant`).
         ``quant``: the sampler's weight quantization, ``none | int8 | int8_group | int8_weight_only | fp8``
@@ -129,7 +130,8 @@ class RolloutEngine:
         float32, chosen on the same calibration (:mod:`sparserl.rollout.quant.outliers`). ``quant_head``: the
         LM head quantized too (:class:`SamplerModel`). ``bf16_kernel``: which of
         :func:`native.bf16_kernels` runs a bfloat16 sampler's products on CPU; None = the faster, measured
-        once per machine where there are two (:mod:`sparserl.rollout.bf16_kernel_choice`). ``fused``: on CPU, run each decode layer as three native calls
+        once per machine where there are two (:mod:`sparserl.rollout.bf16_kernel_choice`).
+        ``fused``: on CPU, run each decode layer as three native calls
         (:mod:`sparserl.rollout.fused`; the same numbers) where its weights allow; False = the eager
         step, operator by operator (profiling)."""
         self.tokenizer = loaded.tokenizer

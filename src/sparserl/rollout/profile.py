@@ -21,7 +21,8 @@ LM head's product inside ``lm_head``) counts for the outer one. With ``--compile
 compiled function: only compression, sampling and the total are split. ``--torch-profiler`` also
 prints torch.profiler's top operators by self time.
 
-    python -m sparserl.rollout.profile --batch 16 --max-new-tokens 256 --compressor rkv --kv-budget 256 --step-length 128
+    python -m sparserl.rollout.profile --batch 16 --max-new-tokens 256 --compressor rkv --kv-budget 256 \\
+        --step-length 128
     python -m sparserl.rollout.profile --job default --compressor rkv     # the default training job's shape
     python -m sparserl.rollout.profile --batch 16 --max-new-tokens 1024 --quant int8   # the quantized sampler
 """
@@ -311,7 +312,8 @@ def main(argv=None) -> int:
     split = "  ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(r["split_fraction"].items(), key=lambda x: -x[1]) if v)
     quant = "" if a.quant == "none" and a.kv_quant == "none" else f" w:{a.quant} kv:{a.kv_quant}"
     print(
-        f"{r['job']} {r['compressor']}{quant}{' compiled' if r['compile'] else ''}{' fused' if r['fused'] else ''} B={r['batch']} L={r['max_new_tokens']}: "
+        f"{r['job']} {r['compressor']}{quant}{' compiled' if r['compile'] else ''}{' fused' if r['fused'] else ''} "
+        f"B={r['batch']} L={r['max_new_tokens']}: "
         f"{r['tokens_per_s']:.1f} tok/s, {r['ms_per_step']:.1f} ms/step, {r['compressions']} compressions | {split}"
     )
     print(

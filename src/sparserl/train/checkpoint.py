@@ -240,7 +240,7 @@ def _rng_from_files(tensors: dict[str, torch.Tensor], meta: Any, path: Path) -> 
             float(nm["cached_gaussian"]),
         )
         np.random.RandomState().set_state(numpy_state)
-    except Exception as e:  # noqa: BLE001 - any malformed entry is a corrupt file
+    except Exception as e:  # any malformed entry is a corrupt file
         raise CheckpointError(f"{path / 'trainer.json'}: bad RNG state ({type(e).__name__}: {e})") from None
     where = path / "rng.safetensors"
     t = tensors.get("torch")
@@ -248,7 +248,7 @@ def _rng_from_files(tensors: dict[str, torch.Tensor], meta: Any, path: Path) -> 
         raise CheckpointError(f"{where}: no torch RNG state (a 1-d uint8 tensor named 'torch')")
     try:
         torch.Generator().set_state(t)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise CheckpointError(f"{where}: bad torch RNG state ({e})") from None
     cuda = []
     while f"cuda.{len(cuda)}" in tensors:
@@ -312,7 +312,8 @@ def save_checkpoint(
 ) -> Path:
     """Write ``RUN/checkpoints/step-<step>`` atomically and point ``latest`` at it; keep the last
     ``keep_last`` complete checkpoints (0: all). ``sampler_adapter``: DistillSparse's φ (an object with the
-    peft-adapted ``model`` and its ``optimizer``), saved in ``distill_sparse/``. Checkpoints of a later step than ``step`` belong to
+    peft-adapted ``model`` and its ``optimizer``), saved in ``distill_sparse/``.
+    Checkpoints of a later step than ``step`` belong to
     an abandoned continuation (a resume fell back past them) and are removed.
 
     Raises :class:`NonfiniteCheckpointError` before writing anything when a weight or optimizer state
@@ -536,7 +537,7 @@ def _load_tensors(f: Path) -> dict[str, torch.Tensor]:
 
     try:
         return load_file(str(f))
-    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+    except Exception as e:  # safetensors raises its own error types
         raise CheckpointError(f"{f}: not a readable safetensors file ({type(e).__name__}: {e})") from None
 
 

@@ -9,7 +9,8 @@ rewards differ (std > 0), at most ``algorithm.max_gen_batches`` batches, and tra
 equal rewards it drew, in order, so that every step trains on ``prompts_per_step`` groups (verl stops the
 run there instead). ``reward/mean`` and ``reward/accuracy`` stay over all that the step sampled, comparable
 with a run without it; ``sampling/reward_mean_kept`` is the kept groups' mean, which the selection raises (a weak
-model's dropped groups are mostly all 0). The extra prompts are drawn from the run's seeded sampler, so a resumed run draws
+model's dropped groups are mostly all 0).
+The extra prompts are drawn from the run's seeded sampler, so a resumed run draws
 what it would have.
 """
 

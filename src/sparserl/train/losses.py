@@ -175,7 +175,8 @@ def policy_loss(
         lr = torch.where(valid, logprobs - logprobs.detach() + seq.detach()[:, None], torch.zeros_like(logprobs))
     elif importance_sampling_level != "token":
         raise ValueError(
-            f"unknown importance_sampling_level {importance_sampling_level!r}; available: {', '.join(IMPORTANCE_SAMPLING_LEVELS)}"
+            f"unknown importance_sampling_level {importance_sampling_level!r}; "
+            f"available: {', '.join(IMPORTANCE_SAMPLING_LEVELS)}"
         )
     lr = lr.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     ratio = lr.exp()

@@ -7,7 +7,8 @@ INT8 code changed too:
 
 over the weights the sampler quantizes (the decoder's linear weights: q/k/v/o, gate/up/down; the
 sampler fuses q/k/v and gate/up, but the scales are per row (``int8``) or per row and group of inputs
-(``int8_group``), so the codes of the fused matrix are those of its parts). Codes, not dequantized values, are compared: the row's largest
+(``int8_group``), so the codes of the fused matrix are those of its parts).
+Codes, not dequantized values, are compared: the row's largest
 element is updated too, so its scale moves a little at nearly every step and *every* dequantized value
 of the row would count as changed by ~lr/max|w| of itself.
 
@@ -30,7 +31,8 @@ quantizes ``W diag(s_smooth)``, whose per-channel grid differs from ``W``'s; the
 ``W``'s grid (the smoothing factors are recalibrated at every push, so there is no fixed grid to
 compare on), an approximation of what that sampler sees. So with outlier channels in float32
 (``rollout.quant_outliers``): the metric counts their columns on the int8 grid, though the sampler
-sees every change there (k of the layer's inputs, re-chosen at every push). The trainer measures it on the learner's (scaled) weights:
+sees every change there (k of the layer's inputs, re-chosen at every push).
+The trainer measures it on the learner's (scaled) weights:
 snapshot them with :func:`quantized_weight_snapshot` before ``optimizer.step()``, then call
 :func:`update_visible_frac` with the model's parameters after it.
 """

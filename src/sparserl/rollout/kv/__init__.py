@@ -3,7 +3,7 @@
 ``build_compressor(name, kv_budget=..., options=...)`` / ``compressor_from_fields(cfg.rollout)``
 build one from options; ``get_compressor(name, **fields)`` from its own field names."""
 
-from . import blocktopk, h2o, none, rkv, snapkv, streaming  # noqa: F401  (registration)
+from . import blocktopk, h2o, none, rkv, snapkv, streaming  # noqa: F401  (imported to register them)
 from .base import (
     COMPRESSORS,
     CompressorOptionError,

@@ -12,7 +12,8 @@ from .operands import product_io
 
 def pack_linear(w: torch.Tensor, lib=None) -> torch.Tensor | None:
     """W [N, K] float32 (CPU) → its panels for :func:`linear` (``linear.c``: ``Wp[p][k][j] =
-    W[NR p + j][k]``, NR = 24, or 32 where the build has AVX512; zero past N), or None when the library is not available."""
+    W[NR p + j][k]``, NR = 24, or 32 where the build has AVX512; zero past N),
+    or None when the library is not available."""
     lib = lib or compiler.library()
     return None if lib is None else pack_panels(w, lib, lib.sparserl_linear_panel_width())
 

@@ -16,7 +16,8 @@ from .operands import rows_view
 
 def pack_int8(q: torch.Tensor, lib=None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Int8 codes Q [N, K] → (panels, column sums) for :func:`linear_int8` (|Q| ≤ 64 per token,
-    ≤ 127 where :func:`int8_full_range`; |Q| ≤ 127 with groups; see ``linear_int8.c``), or None when the library is not available."""
+    ≤ 127 where :func:`int8_full_range`; |Q| ≤ 127 with groups; see ``linear_int8.c``),
+    or None when the library is not available."""
     lib = lib or compiler.library()
     if lib is None or q.device.type != "cpu" or q.dtype != torch.int8 or q.dim() != 2:
         return None
@@ -93,7 +94,8 @@ def unpack_int8(packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
 
 def _group_operands_ok(group: int | None, group_scales: torch.Tensor | None, group_colsum: torch.Tensor | None) -> bool:
     """Whether the int8 kernels take this group size and ``int8_group``'s packed operands (both
-    only with a group; contiguous; the column sums int32 on the CPU: :func:`~sparserl.rollout.native.compiler.lib_for` checks the
+    only with a group; contiguous; the column sums int32 on the CPU:
+    :func:`~sparserl.rollout.native.compiler.lib_for` checks the
     float ones)."""
     if group is None:
         return group_scales is None and group_colsum is None

@@ -52,10 +52,12 @@ class Weight(ctypes.Structure):
     ) -> Weight | None:
         """A descriptor over these tensors (CPU; float32 but for int8 panels and int32 column sums
         and outlier indices, all contiguous), or None when one of them is not a tensor the kernels
-        take. ``outlier_idx`` [n] with ``outlier_panels`` (:func:`~sparserl.rollout.native.linear.pack_linear` of ``W[:, idx]``):
+        take. ``outlier_idx`` [n] with ``outlier_panels``
+        (:func:`~sparserl.rollout.native.linear.pack_linear` of ``W[:, idx]``):
         input channels kept in float32 (:class:`~sparserl.rollout.quant.outliers.OutlierLinear`).
         ``group_scales``: ``int8_group``'s weight scales per output and group
-        (:func:`~sparserl.rollout.native.linear_int8.pack_group_scales`). ``BF16``: ``panels`` from :func:`~sparserl.rollout.native.linear_bf16.pack_linear_bf16` (its
+        (:func:`~sparserl.rollout.native.linear_int8.pack_group_scales`).
+        ``BF16``: ``panels`` from :func:`~sparserl.rollout.native.linear_bf16.pack_linear_bf16` (its
         ``panel_width`` and ``k_pad`` go into the descriptor)."""
         parts = {
             "colsum": colsum,

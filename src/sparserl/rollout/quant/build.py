@@ -6,7 +6,7 @@ build_quant("int8")     # an Int8W8A8; an unknown name raises UnknownNameError w
 
 from __future__ import annotations
 
-from . import fp8, int8, int8_group, int8_weight_only, none  # noqa: F401  (registration)
+from . import fp8, int8, int8_group, int8_weight_only, none  # noqa: F401  (imported to register them)
 from .base import QUANTS, WeightQuantizer
 
 

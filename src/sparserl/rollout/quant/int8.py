@@ -103,7 +103,7 @@ def int_mm(p: torch.Tensor, q_t: torch.Tensor, pad: bool | None = None) -> torch
     rows, k = p.shape
     n = q_t.shape[1]
     if p.is_cuda if pad is None else pad:
-        up = lambda size: -(-size // 8) * 8  # noqa: E731
+        up = lambda size: -(-size // 8) * 8  # noqa: E731  (a one-line rounding helper local to this branch)
         rows_to, k_to, n_to = max(24, up(rows)), up(k), up(n)
         if (rows_to, k_to) != (rows, k):
             p = torch.nn.functional.pad(p, (0, k_to - k, 0, rows_to - rows))
