@@ -59,7 +59,7 @@ def test_parse_arms_builtin_user_and_preset():
         "dense,sparse_naive,sparse_rl,tight=rollout.kv_budget=16;algorithm.correction=[tis,mis],preset:default"
     )
     assert [a.name for a in arms] == ["dense", "sparse_naive", "sparse_rl", "tight", "default"]
-    assert arms[0].overrides == ("rollout.compressor=none", "algorithm.correction=none")
+    assert arms[0].overrides == ("rollout.compressor=none", "rollout.kv_controller=null", "algorithm.correction=none")
     assert arms[1].overrides == ("algorithm.correction=none",)
     assert arms[3].overrides == ("rollout.kv_budget=16", "algorithm.correction=[tis,mis]")
     assert arms[4].config == "default" and arms[4].overrides == ()

@@ -100,7 +100,7 @@ static inline __attribute__((always_inline)) void score_key(
 #endif
         {
             dot = 0.0f;
-            for (int d = 0; d < D; d++) dot += qi[d] * load1(K, row + d, kv_type);
+            for (int d = 0; d < D; d++) dot = fmaf(qi[d], load1(K, row + d, kv_type), dot); /* one rounding a term, whatever the compiler contracts */
         }
         p[(int64_t)i * L + j] = dot * sj + bj;
     }
@@ -253,7 +253,7 @@ static inline __attribute__((always_inline)) void heads_attention(
             if (pj == 0.0f) continue;
             const float w = vs ? pj * vs[j] * v_unit : pj;
             const int64_t row = (int64_t)j * kv_sl;
-            for (int d = 0; d < D; d++) oi[d] += w * load1(V, row + d, kv_type);
+            for (int d = 0; d < D; d++) oi[d] = fmaf(w, load1(V, row + d, kv_type), oi[d]);
         }
     }
 }
