@@ -503,43 +503,43 @@ def test_a_learner_killed_mid_run_stops_it_and_resume_continues_exactly(tmp_path
 
 def test_a_driver_killed_mid_run_resumes_exactly(tmp_path, local_ray):
     """`sparserl train` with rollout workers on this Ray (cluster.address), killed with SIGKILL once its first
-    checkpoint is on disk: Ray stops its workers with it, and --resume continues to the run that went through."""
+    checkpoint is on disk: Ray stops its workers with it, and `sparserl train --resume` continues to the run that
+    went through. All three are `sparserl train` processes, as a user runs them (a driver inside pytest is
+    another process kind: on some CPUs its learner's float32 update is not the CLI's to the bit)."""
     import subprocess
     import sys
 
     from test_train import TINY
 
     from sparserl.train.checkpoint import latest_checkpoint
-    from sparserl.train.trainer import train
 
     steps = ("train.steps=6", "cluster.rollout_workers=2", "rollout.async=true", "mismatch.alpha=off")
-    through = train(_cfg(tmp_path, *steps), run_dir=tmp_path / "through", log=_quiet)
-    killed = tmp_path / "killed"
     address = ray.get_runtime_context().gcs_address
     tests = os.path.dirname(__file__)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
-    cmd = [
-        sys.executable,
-        "-m",
-        "sparserl.cli",
-        "train",
-        "sparse_rl_fixed40",
-        *TINY,
-        *HALF_CPU,
-        *steps,
-        f"cluster.address={address}",
-        "--run-dir",
-        str(killed),
-    ]
-    driver = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    config = ["sparse_rl_fixed40", *TINY, *HALF_CPU, *steps, f"cluster.address={address}"]
+
+    def sparserl_train(name, *args):
+        """A `sparserl train` process; its stderr goes to a file (a pipe nobody reads could fill and stop it)."""
+        cmd = [sys.executable, "-m", "sparserl.cli", "train", *args]
+        with open(tmp_path / f"{name}.err", "w") as err:
+            return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
+
+    def stderr_of(name):
+        return (tmp_path / f"{name}.err").read_text()[-2000:]
+
+    through, killed = tmp_path / "through", tmp_path / "killed"
+    assert sparserl_train("through", *config, "--run-dir", str(through)).wait(timeout=400) == 0, stderr_of("through")
+    driver = sparserl_train("killed", *config, "--run-dir", str(killed))
     deadline = time.monotonic() + 240
     while latest_checkpoint(killed) is None and driver.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     driver.kill()  # SIGKILL: no finally, no close
-    err = driver.communicate()[1]
-    assert driver.returncode == -signal.SIGKILL, err[-2000:]  # killed, not finished or failed
+    driver.wait()
+    assert driver.returncode == -signal.SIGKILL, stderr_of("killed")  # killed, not finished or failed
     assert latest_checkpoint(killed).name != "step-000006"
-    train(_cfg(tmp_path, *steps, f"cluster.address={address}"), resume=True, run_dir=killed, log=_quiet)
+    resumed = sparserl_train("resumed", "--resume", "--run-dir", str(killed), f"cluster.address={address}")
+    assert resumed.wait(timeout=400) == 0, stderr_of("resumed")
     _same_run(killed, through)
 
 
