@@ -81,9 +81,10 @@ def model_linear_names(name: str, seed: int = 0) -> list[str]:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from .models.loading import linear_names
+
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(_architecture(name, seed))
-    return sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        return linear_names(AutoModelForCausalLM.from_config(_architecture(name, seed)))
 
 
 def _architecture(name: str, seed: int) -> Any:

@@ -352,3 +352,11 @@ def _fix_tokenizer(tok):
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def linear_names(model: torch.nn.Module) -> list[str]:
+    """The last name part of every ``nn.Linear`` of ``model`` (what ``train.lora_target`` names), sorted, once
+    each: for a loaded model or one built on the meta device."""
+    return sorted(
+        {name.rpartition(".")[2] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    )

@@ -25,18 +25,12 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError
+from ..models.loading import linear_names
 
 ADAPTER = "default"  # peft's adapter name
 PEFT_PREFIX = "base_model.model."  # what PeftModel.save_pretrained puts before a module's name
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
-
-
-def linear_names(model: torch.nn.Module) -> list[str]:
-    """The last name part of every ``nn.Linear`` of ``model`` (what ``lora_target`` names), sorted, once each."""
-    return sorted(
-        {name.rpartition(".")[2] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
-    )
 
 
 def apply_lora(
