@@ -372,6 +372,17 @@ MATRIX = [
     ),
     case("config", [*T, "train.lr_scheduler=cosin"], "did you mean 'cosine'", "lr-scheduler-typo"),
     case("config", [*T, "train.min_lr_ratio=2"], "train.min_lr_ratio=2", "min-lr-ratio-above-one"),
+    case("config", [*T, "train.max_nonfinite_steps=0"], "train.max_nonfinite_steps", "max-nonfinite-steps-zero"),
+    # an option that does nothing where it is given is refused, naming the key that would enable it
+    case("config", [*T, "train.lora_target=[q_proj]"], "train.lora_rank", "lora-target-without-rank"),
+    case(
+        "config",
+        ["train", "sparse_rl_fixed40", *TINY, "rollout.compressor=none", "rollout.kv_schedule=[[0,8]]"],
+        "rollout.compressor",
+        "kv-schedule-without-compressor",
+    ),
+    case("config", [*T, "algorithm.max_gen_batches=8"], "algorithm.filter_groups", "max-gen-batches-unused"),
+    case("config", [*T, "train.min_lr_ratio=0.1"], "train.lr_scheduler", "min-lr-ratio-under-constant"),
     case(
         "config",
         [*T, "algorithm.importance_sampling_level=sequense"],
