@@ -612,6 +612,25 @@ class TrainConfig(_Section):
     micro_batch_size: int = F(
         8, "Sequences per forward/backward (gradient accumulation inside a mini-batch); lower it to save memory.", ge=1
     )
+    max_tokens_per_micro_batch: int | None = F(
+        16384,
+        "Token budget of a micro-batch (verl's ppo_max_token_len_per_gpu with use_dynamic_bsz): the update's and the "
+        "scoring's micro-batches are packed by length so that each holds at most this many tokens (prompt + response, "
+        "padded to the micro-batch's longest) and at most train.micro_batch_size sequences; None = sequences only.",
+        ge=1,
+    )
+    gradient_checkpointing: bool | Literal["auto"] = F(
+        "auto",
+        "Recompute each decoder layer's activations in the backward instead of keeping them (transformers' "
+        "gradient checkpointing): less memory, ~1/3 more learner compute. auto = on when the step's predicted peak "
+        "memory would not fit without it (sparserl.memory).",
+    )
+    max_memory_gb: float | None = F(
+        None,
+        "The memory a run may use, in GB: a configuration whose predicted peak (sparserl.memory) exceeds it is refused "
+        "before the model loads, naming the keys that would make it fit. None = the machine's available memory.",
+        gt=0,
+    )
     shared_prompt: bool = F(
         True,
         "Forward each distinct prompt of a micro-batch once and only the responses "
@@ -714,6 +733,13 @@ class MismatchConfig(_Section):
     )
     alpha_bin: int = F(128, "Width in tokens of the sequence-length bins of mismatch/alpha_p5_bin/<start>.", ge=1)
     alpha_topk: int = F(20, "k of the topk mode (log-probs kept per sampled token).", ge=1)
+    alpha_q: Literal["hidden", "kept", "replay"] = F(
+        "hidden",
+        "Where exact α's q comes from: hidden (the sampler keeps its final hidden state per sampled token, H floats, "
+        "and q = softmax(h Wᵀ / τ) is recomputed with the sampler's own head, chunked) | kept (the sampler keeps "
+        "each step's whole distribution, within alpha_record_mib, else replay) | replay (the sampler re-run on its "
+        "tokens: about one more rollout). DistillSparse always replays (it records what the sampler read).",
+    )
     alpha_record_mib: int = F(
         1024,
         "exact α: the sampler keeps each step's whole distribution q while it samples when a step's q fit in "
