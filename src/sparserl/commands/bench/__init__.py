@@ -1,12 +1,13 @@
 """``sparserl bench``: benchmarks, one subcommand a module: :mod:`.rollout` (``bench rollout``),
-:mod:`.learner` (``bench learner``), :mod:`.setup_openvino` (``bench setup-openvino``)."""
+:mod:`.learner` (``bench learner``), :mod:`.step` (``bench step``), :mod:`.setup_openvino`
+(``bench setup-openvino``)."""
 
 from __future__ import annotations
 
-from . import learner, rollout, setup_openvino
+from . import learner, rollout, setup_openvino, step
 
 #: the subcommands in the order ``sparserl bench --help`` lists them
-SUBCOMMANDS = (rollout, learner, setup_openvino)
+SUBCOMMANDS = (rollout, learner, step, setup_openvino)
 
 
 def add_parser(subparsers, parents=()):
