@@ -71,16 +71,25 @@ compressors' C kernels or of attention. The measured/predicted ratio of
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from .rollout.kv import KVCompressor, build_compressor
-from .rollout.kv.schedule import KVSchedule
+from ..rollout.kv import KVCompressor, build_compressor
+from ..rollout.kv.schedule import KVSchedule
 
-__all__ = ["Cost", "MachineRates", "ModelShape", "SCORING", "predicted_cost_vs_dense", "rollout_cost"]
+__all__ = [
+    "Cost",
+    "MachineRates",
+    "ModelShape",
+    "SCORING",
+    "predicted_cost_vs_dense",
+    "rollout_cost",
+    "rollout_cost_lengths",
+]
 
 #: what a compression scores, per compressor: the window attention (``window``) and R-KV's key
 #: cosine similarity (``redundancy``); every compression also copies the kept K and V
@@ -117,6 +126,7 @@ class ModelShape:
     tied_embeddings: bool = True
     weight_bytes: float = 4.0  # per weight element, as the sampler holds it
     kv_bytes: float = 4.0  # per K or V element, as the cache holds it
+    head_bytes: float | None = None  # per LM-head weight element (None: weight_bytes; an int8 sampler keeps it float)
     qkv_bias: bool = False
     qk_norm: bool = False
 
@@ -127,8 +137,10 @@ class ModelShape:
                 raise ValueError(f"ModelShape: {name} must be a positive integer, got {v!r}")
         if self.heads % self.kv_heads:
             raise ValueError(f"ModelShape: heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
-        for name in ("weight_bytes", "kv_bytes"):
+        for name in ("weight_bytes", "kv_bytes", "head_bytes"):
             v = getattr(self, name)
+            if name == "head_bytes" and v is None:
+                continue
             if not v > 0:
                 raise ValueError(f"ModelShape: {name} must be > 0, got {v!r}")
 
@@ -179,6 +191,13 @@ class ModelShape:
             per_layer += 2 * self.head_dim
         head = 0 if self.tied_embeddings else self.vocab * self.hidden
         return self.vocab * self.hidden + head + self.layers * per_layer + self.hidden
+
+    @property
+    def decode_weight_bytes(self) -> float:
+        """P_w b_w: the bytes one decode step reads of the weights (the LM head at ``head_bytes``)."""
+        head = self.vocab * self.hidden
+        head_b = self.weight_bytes if self.head_bytes is None else self.head_bytes
+        return (self.decode_weights - head) * self.weight_bytes + head * head_b
 
     @property
     def kv_width(self) -> int:
@@ -328,7 +347,7 @@ def rollout_cost(
     compressor: str | KVCompressor = "rkv",
     compress_prompt: bool = False,
     tail_slack: int = 0,
-    blocktopk_pages: int | None = None,
+    blocktopk_pages: int | list | None = None,
     page_size: int = 16,
     dense_layers: int = 2,
 ) -> Cost:
@@ -342,33 +361,124 @@ def rollout_cost(
     the compressor's options; ``compressor``: its name (``rkv``, ``snapkv``, ``streaming``) or a
     built :class:`KVCompressor` (then its own budget, schedule and options). ``blocktopk_pages``:
     block top-k attention reading that many pages of ``page_size`` tokens a step (the always-kept
-    first and last pages among them) in every layer but the first ``dense_layers``. Bad input raises
-    ``ValueError`` naming the argument."""
+    first and last pages among them) in every layer but the first ``dense_layers``; or
+    ``[[length, pages], ...]`` pairs, the pages following the cached length as Sparrow's schedule
+    does (pages_i from length l_i on). Bad input raises ``ValueError`` naming the argument."""
+    _positive_int("n", n)
+    _positive_int("response_len", response_len)
+    return rollout_cost_lengths(
+        shape,
+        rates,
+        prompt_len,
+        [response_len] * n,
+        budget=budget,
+        schedule=schedule,
+        step_length=step_length,
+        window=window,
+        compressor=compressor,
+        compress_prompt=compress_prompt,
+        tail_slack=tail_slack,
+        blocktopk_pages=blocktopk_pages,
+        page_size=page_size,
+        dense_layers=dense_layers,
+    )
+
+
+def _pages_schedule(pages: int | list) -> list[tuple[int, int]]:
+    """``blocktopk_pages`` as sorted ``(from length, pages)`` steps; an int is one step from 0."""
+    if isinstance(pages, int) and not isinstance(pages, bool):
+        _positive_int("blocktopk_pages", pages)
+        return [(0, pages)]
+    try:
+        steps = sorted((int(length), int(k)) for length, k in pages)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"rollout_cost: blocktopk_pages must be an integer >= 1 or [[length, pages], ...] pairs, got {pages!r}"
+        ) from None
+    if not steps or steps[0][0] != 0 or any(k < 1 for _, k in steps):
+        raise ValueError(f"rollout_cost: blocktopk_pages pairs must start at length 0 with pages >= 1, got {pages!r}")
+    return steps
+
+
+def _pages_at(steps: list[tuple[int, int]], length: int) -> int:
+    return steps[bisect.bisect_right([s for s, _ in steps], length) - 1][1]
+
+
+def rollout_cost_lengths(
+    shape: ModelShape,
+    rates: MachineRates,
+    prompt_len: int,
+    response_lens: list[int] | tuple[int, ...],
+    **sparsity,
+) -> Cost:
+    """Predicted seconds of one rollout of ``len(response_lens)`` sequences of ``prompt_len`` prompt
+    tokens, sequence i generating ``response_lens[i]`` tokens: as :func:`rollout_cost`, but a
+    sequence leaves the batch when it ends (the engine drops finished rows, as continuous batching
+    does), so decode step s runs the N_s = #{i : L_out,i > s} rows still generating::
+
+        bytes_s = P_w b_w + N_s D b_kv K_s,    flops_s = 2 N_s P_w + 2 r N_s D K_s
+
+    The weights are read once a step whatever N_s: the long tail of a few rows pays the weight reads
+    alone, which no KV sparsity shortens. ``sparsity``: :func:`rollout_cost`'s keyword arguments."""
+    opts = dict(
+        budget=None,
+        schedule=None,
+        step_length=128,
+        window=None,
+        compressor="rkv",
+        compress_prompt=False,
+        tail_slack=0,
+        blocktopk_pages=None,
+        page_size=16,
+        dense_layers=2,
+    )
+    unknown = set(sparsity) - set(opts)
+    if unknown:
+        raise ValueError(f"rollout_cost: unknown argument(s) {', '.join(sorted(unknown))}")
+    opts.update(sparsity)
+    budget, schedule, blocktopk_pages = opts["budget"], opts["schedule"], opts["blocktopk_pages"]
+    page_size, dense_layers = opts["page_size"], opts["dense_layers"]
+    compressor = opts["compressor"]
     if not isinstance(shape, ModelShape) or not isinstance(rates, MachineRates):
         raise ValueError("rollout_cost: shape must be a ModelShape and rates a MachineRates")
-    _positive_int("n", n)
     _positive_int("prompt_len", prompt_len)
-    _positive_int("response_len", response_len)
-    _positive_int("step_length", step_length)
-    _positive_int("tail_slack", tail_slack, low=0)
-    if window is not None:
-        _positive_int("window", window, low=0)
+    if not response_lens:
+        raise ValueError("rollout_cost: response_lens must hold at least one length")
+    for length in response_lens:
+        _positive_int("response_len", length)
+    _positive_int("step_length", opts["step_length"])
+    _positive_int("tail_slack", opts["tail_slack"], low=0)
+    if opts["window"] is not None:
+        _positive_int("window", opts["window"], low=0)
+    pages = None
     if blocktopk_pages is not None:
         if budget is not None or schedule is not None or isinstance(compressor, KVCompressor):
             raise ValueError(
                 "rollout_cost: block top-k keeps the whole cache; give blocktopk_pages without "
                 "a budget, a schedule or a compressor"
             )
-        _positive_int("blocktopk_pages", blocktopk_pages)
+        pages = _pages_schedule(blocktopk_pages)
         _positive_int("page_size", page_size)
         _positive_int("dense_layers", dense_layers, low=0)
         if dense_layers > shape.layers:
             raise ValueError(f"rollout_cost: dense_layers ({dense_layers}) exceeds the model's {shape.layers} layers")
-    comp = _compressor(budget, schedule, step_length, window, compressor, compress_prompt, tail_slack)
-    kept, events = _trajectory(comp, prompt_len, response_len)
+    comp = _compressor(
+        budget,
+        schedule,
+        opts["step_length"],
+        opts["window"],
+        compressor,
+        opts["compress_prompt"],
+        opts["tail_slack"],
+    )
+    lengths = sorted(response_lens)
+    rows = len(lengths)
+    kept, events = _trajectory(comp, prompt_len, lengths[-1])
+    # decode step t (0-based) runs the rows whose response is longer than t + 1 tokens
+    active = [rows - bisect.bisect_right(lengths, t + 1) for t in range(len(kept))]
     method = (
         "blocktopk"
-        if blocktopk_pages is not None
+        if pages is not None
         else "dense"
         if comp is None
         else "schedule"
@@ -379,20 +489,21 @@ def rollout_cost(
     bw, F = rates.bandwidth, rates.gemm_flops
     ell, hq, hkv, d = shape.layers, shape.heads, shape.kv_heads, shape.head_dim
     layer_kv = 2 * hkv * d * shape.kv_bytes  # bytes of one token's K and V in one layer
-    w_bytes, w_flops = shape.decode_weights * shape.weight_bytes, 2.0 * n * shape.decode_weights
-    sparse_layers = ell - dense_layers if blocktopk_pages is not None else 0
-    selected = blocktopk_pages * page_size if blocktopk_pages is not None else 0
+    w_bytes = shape.decode_weight_bytes
+    sparse_layers = ell - dense_layers if pages is not None else 0
 
     weight_s = attention_s = scoring_s = 0.0
     total_bytes = total_flops = tokens = 0.0
     memory_bound = 0
-    for K in kept:
+    for K, n in zip(kept, active):
+        selected = _pages_at(pages, K) * page_size if pages is not None else 0
         layer_tokens = (ell - sparse_layers) * K + sparse_layers * min(K, selected)
+        w_flops = 2.0 * n * shape.decode_weights
         a_bytes = n * layer_kv * layer_tokens
         a_flops = 4.0 * n * hq * d * layer_tokens  # q·kᵀ and p·v: 2 r N D K_s over the layers
-        pages = math.ceil(K / page_size) if sparse_layers else 0
-        s_bytes = n * sparse_layers * hkv * d * shape.kv_bytes * pages
-        s_flops = 2.0 * n * sparse_layers * hq * d * pages
+        n_pages = math.ceil(K / page_size) if sparse_layers else 0
+        s_bytes = n * sparse_layers * hkv * d * shape.kv_bytes * n_pages
+        s_flops = 2.0 * n * sparse_layers * hq * d * n_pages
         mem_b, comp_f = w_bytes + a_bytes + s_bytes, w_flops + a_flops + s_flops
         if mem_b / bw >= comp_f / F:
             memory_bound += 1
@@ -405,12 +516,14 @@ def rollout_cost(
             scoring_s += s_flops / F
         total_bytes += mem_b
         total_flops += comp_f
-        tokens += layer_tokens / ell
+        tokens += n * layer_tokens / ell
 
     head = shape.vocab * shape.hidden
-    p_bytes = w_bytes + n * prompt_len * shape.kv_width * shape.kv_bytes
+    p_bytes = w_bytes + rows * prompt_len * shape.kv_width * shape.kv_bytes
     p_flops = (
-        2.0 * n * prompt_len * (shape.decode_weights - head) + 2.0 * n * head + 4.0 * n * ell * hq * d * prompt_len**2
+        2.0 * rows * prompt_len * (shape.decode_weights - head)
+        + 2.0 * rows * head
+        + 4.0 * rows * ell * hq * d * prompt_len**2
     )
     prefill_s = max(p_bytes / bw, p_flops / rates.prefill_rate)
     total_bytes += p_bytes
@@ -419,7 +532,8 @@ def rollout_cost(
     compression_s = 0.0
     terms = SCORING[comp.name] if comp is not None else ()
     w = comp.window if comp is not None else 0
-    for _, L, R, keep in events:
+    for t, L, R, keep in events:
+        n = rows if t < 0 else active[t]
         c_flops = 0.0
         if "window" in terms:
             c_flops += 2.0 * n * ell * hq * w * L * d
@@ -431,6 +545,7 @@ def rollout_cost(
         total_flops += c_flops
 
     seconds = prefill_s + weight_s + attention_s + scoring_s + compression_s
+    row_steps = sum(active)
     return Cost(
         seconds=seconds,
         prefill_s=prefill_s,
@@ -441,7 +556,7 @@ def rollout_cost(
         method=method,
         decode_steps=len(kept),
         compressions=len(events),
-        kv_tokens_mean=tokens / len(kept) if kept else 0.0,
+        kv_tokens_mean=tokens / row_steps if row_steps else 0.0,
         kv_tokens_last=kept[-1] if kept else (events[0][3] if events else prompt_len),
         memory_bound_steps=memory_bound,
         bytes_read=total_bytes,
