@@ -13,6 +13,7 @@ from .rollout import (
     rollout_cost,
     rollout_cost_lengths,
 )
+from .step import STATIONS, Step, forward_cost, spread_lengths, step_cost, with_weight_bytes
 
 __all__ = [
     "Cost",
@@ -22,4 +23,10 @@ __all__ = [
     "predicted_cost_vs_dense",
     "rollout_cost",
     "rollout_cost_lengths",
+    "STATIONS",
+    "Step",
+    "forward_cost",
+    "spread_lengths",
+    "step_cost",
+    "with_weight_bytes",
 ]
