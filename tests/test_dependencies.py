@@ -10,9 +10,9 @@ still a dependency. Two graphs are checked for cycles, each failing with every c
 
 The packages in their order, each importing only packages before it (:data:`PACKAGE_ORDER`):
 
-    errors, envpath, json_cache, registry, runlog, batch,
+    errors, envpath, json_cache, registry, runlog, batch, packing,
     models, rollout, checks, cost, score, correct, advantages, reward, data,
-    config, preflight, mismatch, eval, cluster, train,
+    config, memory, preflight, mismatch, eval, cluster, train,
     bench, calibrate, compare, commands, cli
 
 The stations a step strings together come first (the sampler, the scoring, the corrections, the rewards,
@@ -47,6 +47,7 @@ PACKAGE_ORDER = (
     "registry",
     "runlog",
     "batch",
+    "packing",
     "models",
     "rollout",
     "checks",
@@ -57,6 +58,7 @@ PACKAGE_ORDER = (
     "reward",
     "data",
     "config",
+    "memory",
     "preflight",
     "mismatch",
     "eval",

@@ -1,0 +1,24 @@
+"""Peak memory predicted from the config and the model's shape, before any weight loads.
+
+- :func:`predict_peak`: the training process's peak resident bytes as named parts (:mod:`.predict`, with
+  the decoder's saved activations per token in :mod:`.activations`);
+- :func:`memory_limit`: ``train.max_memory_gb`` or the machine's available memory less a margin (:mod:`.limit`);
+- :func:`check_fits`: preflight's refusal of a run that would not fit, naming the changes that would
+  (:mod:`.fit`); :func:`gradient_checkpointing_on`: ``train.gradient_checkpointing: auto``'s answer.
+"""
+
+from .fit import check_fits, gradient_checkpointing_on, suggestions
+from .limit import available_bytes, memory_limit
+from .predict import BASELINE_BYTES, MemoryPrediction, predict_peak, sampler_bytes
+
+__all__ = [
+    "BASELINE_BYTES",
+    "MemoryPrediction",
+    "available_bytes",
+    "check_fits",
+    "gradient_checkpointing_on",
+    "memory_limit",
+    "predict_peak",
+    "sampler_bytes",
+    "suggestions",
+]

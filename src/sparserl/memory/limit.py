@@ -1,0 +1,63 @@
+"""The memory a run may use: ``train.max_memory_gb``, else what the machine has available now.
+
+Available now: ``MemAvailable`` of ``/proc/meminfo`` (psutil's ``available`` where there is no
+``/proc``), plus what this process already holds (its resident set, which the prediction counts in its
+baseline and weights), minus a margin of :data:`MARGIN_FRACTION` of it and at least :data:`MARGIN_BYTES`
+(the page cache the kernel keeps hot, other processes growing meanwhile, allocator slack).
+"""
+
+from __future__ import annotations
+
+from ..config import Config
+
+__all__ = ["MARGIN_BYTES", "MARGIN_FRACTION", "available_bytes", "memory_limit"]
+
+GB = 1e9
+MARGIN_FRACTION = 0.10
+MARGIN_BYTES = 500_000_000
+
+
+def _meminfo_kb(field: str) -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key == field:
+                    return int(value.split()[0])
+    except OSError:
+        return None
+    return None
+
+
+def _own_rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            import os
+
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def available_bytes() -> int | None:
+    """Bytes the machine could give this process now: MemAvailable plus its own resident set (None: unknown)."""
+    kb = _meminfo_kb("MemAvailable")
+    if kb is not None:
+        return kb * 1024 + _own_rss()
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().available) + int(psutil.Process().memory_info().rss)
+
+
+def memory_limit(cfg: Config) -> tuple[float, str]:
+    """(bytes, where they come from): ``train.max_memory_gb``, else the available memory less the margin
+    (``inf`` when the machine does not say)."""
+    if cfg.train.max_memory_gb is not None:
+        return cfg.train.max_memory_gb * GB, "train.max_memory_gb"
+    avail = available_bytes()
+    if avail is None:
+        return float("inf"), "no memory limit known on this machine"
+    margin = max(MARGIN_BYTES, MARGIN_FRACTION * avail)
+    return avail - margin, f"available memory now, {avail / GB:.1f} GB, less a {margin / GB:.1f} GB margin"

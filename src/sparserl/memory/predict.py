@@ -1,0 +1,313 @@
+"""The training process's peak resident memory, predicted from the config and the model's shape alone
+(no weight loaded): :func:`predict_peak`.
+
+    peak = resident + max over the step's stations
+
+Resident for the whole run (bytes; P parameters, P_t of them trained, w bytes per weight):
+
+- the process's baseline: Python, torch, transformers and sparserl imported (:data:`BASELINE_BYTES`,
+  measured on an idle process);
+- the learner: its weights P w, gradients P_t w and AdamW's two moments 2 P_t w (LoRA trains only its
+  adapters: P_t = r (in + out) per adapted linear);
+- the sampler's weights in ``rollout.dtype``: a float32 sampler over a float32 learner shares the
+  embedding, o and down and keeps its fused q/k/v and gate/up; another dtype copies every weight;
+  ``rollout.quant`` stores the layers' linears in one byte (:func:`sampler_bytes`);
+- the reference model P w when ``algorithm.kl_coef`` > 0.
+
+The stations of a step (N = ``prompts_per_step`` × ``rollout.n`` responses, L_in the prompt's tokens,
+T = ``rollout.max_new_tokens``), each holding its own buffers on top of the resident parts:
+
+- rollout: the KV cache N × capacity × kv bytes a token (:meth:`KVCompressor.capacity`,
+  :func:`~sparserl.rollout.kv_quant.kv_bytes_per_token`), the prefill's widest layer, the sampling's
+  [N, V] float32 buffers, and what the sampler keeps for α: its distributions q [N, T, V] float32
+  (``mismatch.alpha_q=kept`` within ``alpha_record_mib``) or its hidden states [N, T, H] float32 (``hidden``);
+- old-policy scoring (no grad; when the old policy's log-probs come from a scoring forward): the kept q or
+  sampler hidden states, p's hidden states [N, T, H] float32 kept for α, one layer's forward over a
+  micro-batch and the chunked head's [chunk, V] float32 blocks;
+- α: the kept q (or, replayed, the sampler's KV cache again), p's and the sampler's hidden states and the
+  head's blocks;
+- update: autograd's saved tensors for one micro-batch (:mod:`.activations`: per token and layer, or one
+  hidden state per layer boundary plus one layer's under gradient checkpointing), autocast's bfloat16
+  weight copies, the backward's gradients of one layer's activations, the head's blocks; with the old
+  policy from the update's own forward, α's buffers live beside its graph.
+
+A micro-batch holds at most ``train.micro_batch_size`` rows and, with ``train.max_tokens_per_micro_batch``,
+at most that many tokens (:func:`~sparserl.packing.worst_case_tokens`, as the packing counts them).
+``auto`` values not known before the run starts (``model.mixed_precision``, ``rollout.dtype``,
+``train.gradient_checkpointing``) are taken as the larger of their outcomes, checkpointing as on only
+when the prediction without it does not fit :func:`~.limit.memory_limit`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..config import Config
+from ..cost import ModelShape
+from ..packing import worst_case_tokens
+from ..rollout.build import sampler_section
+from ..rollout.kv import compressor_from_fields
+from ..rollout.kv_quant import kv_bytes_per_token
+from .activations import autocast_weight_bytes, checkpointed_layer_bytes, layer_forward_bytes, saved_layer_bytes
+
+__all__ = ["BASELINE_BYTES", "HEAD_CHUNK", "MemoryPrediction", "predict_peak", "sampler_bytes"]
+
+#: an idle process's resident memory after importing torch 2.13, transformers 5.24 and sparserl's trainer
+#: (2-core AVX512/AMX Xeon; ``experiments/training/memory_prediction.py --baseline``)
+BASELINE_BYTES = 415_000_000
+#: positions per block of the chunked LM head (:data:`sparserl.score.chunked_head.DEFAULT_CHUNK`)
+HEAD_CHUNK = 256
+#: float32 [chunk, V] blocks alive at once in the chunked head: logits, their softmax, the gradient
+HEAD_BLOCKS = 3
+#: float32 [N, V] buffers a decode step's sampling holds: the logits, tempered, their softmax, a copy
+SAMPLING_BUFFERS = 4
+#: the backward's transient over the saved tensors: gradients of about this many layers' activations
+BACKWARD_LAYERS = 1.0
+GB = 1e9
+
+
+@dataclass
+class MemoryPrediction:
+    """Resident parts and each station's parts, in bytes; :attr:`peak` = resident + the largest station."""
+
+    resident: dict[str, int]
+    stations: dict[str, dict[str, int]]
+    checkpointing: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def largest_station(self) -> str:
+        return max(self.stations, key=lambda s: sum(self.stations[s].values()))
+
+    @property
+    def peak(self) -> int:
+        return sum(self.resident.values()) + sum(self.stations[self.largest_station].values())
+
+    def parts(self) -> dict[str, int]:
+        """The peak's parts: the resident ones, then the largest station's (named ``station: part``)."""
+        s = self.largest_station
+        return {**self.resident, **{f"{s}: {k}": v for k, v in self.stations[s].items()}}
+
+    def largest_parts(self, k: int = 3) -> list[tuple[str, int]]:
+        return sorted(self.parts().items(), key=lambda kv: -kv[1])[:k]
+
+    def summary(self, k: int = 3) -> str:
+        """``11.2 GB (update: activations 5.0 GB, learner + AdamW ...)``: the peak and its ``k`` largest parts."""
+        parts = ", ".join(f"{name} {v / GB:.2f}" for name, v in self.largest_parts(k))
+        return f"{self.peak / GB:.2f} GB at the {self.largest_station} (largest parts, GB: {parts})"
+
+
+def _bytes(dtype: str) -> int:
+    return {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+
+
+def _lora_params(shape: ModelShape, rank: int, target) -> int:
+    """Trained parameters of LoRA adapters of rank ``rank`` on every layer's ``target`` linears."""
+    H, I, q, kv = shape.hidden, shape.intermediate, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    dims = {
+        "q_proj": (H, q),
+        "k_proj": (H, kv),
+        "v_proj": (H, kv),
+        "o_proj": (q, H),
+        "gate_proj": (H, I),
+        "up_proj": (H, I),
+        "down_proj": (I, H),
+    }
+    names = dims if target == "all-linear" else [t for t in target if t in dims]
+    return shape.layers * sum(rank * sum(dims[n]) for n in names)
+
+
+def sampler_bytes(shape: ModelShape, learner_dtype: str, sampler_dtype: str, r) -> int:
+    """The sampler's own weight bytes beside the learner's (``r``: the ``rollout`` section). Same dtype as
+    the learner: its fused q/k/v and gate/up are copies, the rest are the learner's tensors. Another
+    dtype: every weight again. ``rollout.quant``: the layers' linears in one byte with a float32 scale
+    per output row (per group of ``quant_group`` inputs for int8_group), its outlier channels in float32;
+    the LM head too with ``quant_head``."""
+    sb = _bytes(sampler_dtype)
+    q, kv, H, I = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden, shape.intermediate
+    fused = shape.layers * ((q + 2 * kv) * H + 2 * I * H)
+    head = shape.vocab * H
+    others = shape.params - shape.layers * shape.layer_weights  # embedding, untied head, norms, biases
+    if r.quant == "none":
+        return fused * sb if sampler_dtype == learner_dtype else shape.params * sb
+    rows = shape.layers * ((q + 2 * kv) + H + 2 * I + H)  # output rows of qkv, o, gate_up, down
+    scales = 4 * rows
+    if r.quant == "int8_group":
+        scales = 4 * shape.layer_weights * shape.layers // max(1, r.quant_group)
+    outliers = 4 * rows * r.quant_outliers
+    linears = shape.layers * shape.layer_weights + scales + outliers
+    rest = 0 if sampler_dtype == learner_dtype else others * sb
+    if r.quant_head:
+        linears += head + 4 * shape.vocab
+        if sampler_dtype != learner_dtype and not shape.tied_embeddings:
+            rest -= head * sb
+    return linears + rest
+
+
+def predict_peak(cfg: Config, shape: ModelShape, prompt_tokens: int) -> MemoryPrediction:
+    """The peak resident bytes of a ``sparserl train`` process running ``cfg`` on a model of ``shape``
+    whose prompts are at most ``prompt_tokens`` tokens (the module docstring). ``auto`` choices not
+    known before the run are taken as the larger outcome (the checkpointing one as the run decides it)."""
+    precisions = ["off", "bfloat16"] if cfg.model.mixed_precision == "auto" else [cfg.model.mixed_precision]
+    if cfg.model.dtype != "float32":
+        precisions = ["off"]
+    r = sampler_section(cfg)
+    dtypes = ["float32", "bfloat16"] if r.dtype == "auto" else [r.dtype]
+    best = None
+    for precision in precisions:
+        for dtype in dtypes:
+            p = _predict_resolved(cfg, shape, prompt_tokens, precision, dtype)
+            if best is None or p.peak > best.peak:
+                best = p
+    return best
+
+
+def _predict_resolved(cfg: Config, shape: ModelShape, prompt_tokens: int, precision: str, dtype: str):
+    ckpt = cfg.train.gradient_checkpointing
+    if ckpt == "auto":
+        from .limit import memory_limit
+
+        off = _predict(cfg, shape, prompt_tokens, precision, dtype, False)
+        if off.peak <= memory_limit(cfg)[0]:
+            return off
+        return _predict(cfg, shape, prompt_tokens, precision, dtype, True)
+    return _predict(cfg, shape, prompt_tokens, precision, dtype, bool(ckpt))
+
+
+def _old_policy_source(cfg: Config, compresses: bool, dtype: str, learner_dtype: str, fits_one: bool) -> str:
+    """``sampler`` | ``update`` | ``score``: where the run's old-policy log-probs come from
+    (:func:`sparserl.score.old_logprobs_source` on what the config says)."""
+    from ..score.old_policy import OldLogprobsError, old_logprobs_source
+
+    r = cfg.rollout
+    try:
+        kind = old_logprobs_source(
+            cfg.algorithm.old_logprobs,
+            why_not_update=cfg.why_update_forward_is_not_old_policy(),
+            compresses=compresses,
+            sampler_dtype=dtype,
+            learner_dtype=learner_dtype,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            quantized=r.quantized,
+            lagged=r.async_,
+        )
+    except OldLogprobsError:  # refused when the trainer is built; the prediction assumes a scoring forward
+        return "score"
+    return "score" if kind == "update" and not fits_one else kind
+
+
+def _micro_batch(cfg: Config, rows_max: int, prompt_tokens: int, T: int, shared: bool) -> tuple[int, int, int]:
+    """(rows, tokens, keys) of the largest micro-batch: at most ``train.micro_batch_size`` rows of a
+    mini-batch of ``rows_max`` and at most ``train.max_tokens_per_micro_batch`` tokens."""
+    t, n = cfg.train, cfg.rollout.n
+    rows = max(1, min(t.micro_batch_size, rows_max))
+
+    def tokens(k: int) -> int:
+        return worst_case_tokens(k, -(-k // n), prompt_tokens, T, shared)
+
+    while rows > 1 and t.max_tokens_per_micro_batch is not None and tokens(rows) > t.max_tokens_per_micro_batch:
+        rows -= 1
+    return rows, tokens(rows), prompt_tokens + T
+
+
+def _predict(cfg: Config, shape: ModelShape, prompt_tokens: int, precision: str, dtype: str, ckpt: bool):
+    t, a, m = cfg.train, cfg.algorithm, cfg.mismatch
+    r = sampler_section(cfg).model_copy(update={"dtype": dtype})
+    wb = _bytes(cfg.model.dtype)
+    autocast = precision == "bfloat16"
+    compute = 2 if autocast or wb == 2 else 4
+    H, V, T, P = shape.hidden, shape.vocab, r.max_new_tokens, prompt_tokens
+    N = t.prompts_per_step * r.n
+    trained = _lora_params(shape, t.lora_rank, t.lora_target) if t.lora_rank else shape.params
+
+    resident = {
+        "baseline": BASELINE_BYTES,
+        "learner weights": shape.params * wb + (trained * wb if t.lora_rank else 0),
+        "gradients": trained * wb,
+        "AdamW moments": 2 * trained * wb,
+        "sampler weights": sampler_bytes(shape, cfg.model.dtype, dtype, r),
+    }
+    if a.kl_coef > 0:
+        resident["reference"] = shape.params * wb
+
+    # the sampler's KV cache: every response's buffers at the compressor's capacity
+    if r.kv_controller is not None:  # the buffers hold the controller's ceiling
+        r = r.model_copy(update={"kv_budget": max(r.kv_budget, r.kv_controller.max_budget)})
+    comp = compressor_from_fields(r)
+    capacity = comp.capacity(P, T)
+    per_token = kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim, _torch_dtype(dtype), r.kv_quant)
+    kv = N * capacity * per_token
+
+    # what the sampler keeps for the exact α
+    exact = m.alpha == "exact"
+    q_bytes = N * T * V * 4
+    keeps_q = (
+        exact and cfg.algorithm.distill_sparse is None and m.alpha_q == "kept" and q_bytes <= m.alpha_record_mib * 2**20
+    )
+    keeps_h = exact and cfg.algorithm.distill_sparse is None and m.alpha_q == "hidden"
+    kept = {"kept q": q_bytes} if keeps_q else {"sampler hidden states": N * T * H * 4} if keeps_h else {}
+    sb = _bytes(dtype)
+    rollout = {
+        "KV cache": kv,
+        "prefill layer": N * P * layer_forward_bytes(shape, sb, sb, P),
+        "sampling buffers": SAMPLING_BUFFERS * N * V * 4,
+        **kept,
+    }
+
+    # micro-batches of the scoring and the update
+    shared = t.shared_prompt
+    mini = min(N, (t.mini_batch_prompts or t.prompts_per_step) * r.n)
+    rows, tokens, keys = _micro_batch(cfg, mini, P, T, shared)
+    whole = worst_case_tokens(N, t.prompts_per_step, P, T, shared)
+    fits_one = t.max_tokens_per_micro_batch is None or whole <= t.max_tokens_per_micro_batch
+    source = _old_policy_source(
+        cfg, comp.compresses, dtype, "bfloat16" if autocast else cfg.model.dtype, fits_one and mini == N
+    )
+    head_blocks = HEAD_BLOCKS * HEAD_CHUNK * V * 4
+    p_hidden = {"p hidden states": N * T * H * 4} if m.alpha != "off" else {}
+    stations: dict[str, dict[str, int]] = {"rollout": rollout}
+    if source == "score":
+        stations["old-policy scoring"] = {
+            **kept,
+            **p_hidden,
+            "layer forward": tokens * layer_forward_bytes(shape, wb, compute, keys),
+            "head blocks": head_blocks,
+        }
+    alpha: dict[str, int] = {}
+    if exact:
+        alpha = {
+            **(kept if kept else {"replayed KV cache": kv, "sampling buffers": SAMPLING_BUFFERS * N * V * 4}),
+            **p_hidden,
+            "head blocks": 2 * head_blocks,
+        }
+        stations["alpha"] = alpha
+
+    # the update: one micro-batch under autograd
+    if source == "update":
+        rows, tokens = N, whole
+    layer = saved_layer_bytes(shape, wb, compute, keys, autocast)
+    per_token_outside = 4 * H * 4 + 2 * shape.head_dim * 4  # embedding, final norm, head input, rotary
+    if ckpt:
+        activations = tokens * (shape.layers * checkpointed_layer_bytes(shape, wb) + layer)
+    else:
+        activations = tokens * shape.layers * layer
+    update = {
+        "activations": activations + tokens * per_token_outside,
+        "backward": int(BACKWARD_LAYERS * tokens * layer),
+        "head blocks": head_blocks,
+    }
+    if autocast:
+        update["bf16 weight copies"] = autocast_weight_bytes(shape) + 2 * V * H
+    if source == "update":  # α runs while the update's graph waits for the loss
+        update.update({f"alpha {k}": v for k, v in alpha.items()})
+    stations["update"] = update
+    notes = [f"prompts of at most {P} tokens", f"old policy: {source}", f"micro-batch: {rows} rows, {tokens} tokens"]
+    return MemoryPrediction(resident, stations, ckpt, notes)
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
