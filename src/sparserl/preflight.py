@@ -11,7 +11,10 @@ first problem ends it with one line naming the key:
 4. LoRA: every name of ``train.lora_target`` (and ``algorithm.distill_sparse.target``) is a linear module
    of the model, whose modules are listed from its architecture alone: the model is built on PyTorch's
    meta device from its ``config.json`` or its GGUF header, so no weight is read;
-5. the data: ``data.train`` and ``data.eval`` read, with their columns.
+5. the data: ``data.train`` and ``data.eval`` read, with their columns;
+6. the memory: the step's predicted peak (:func:`sparserl.memory.predict_peak`, from the model's
+   architecture and the config) within ``train.max_memory_gb`` or the machine's available memory, else
+   refused naming the keys that would make it fit (:func:`check_memory`).
 
 The run folder (writable, resumable) and Ray's address are the run's own checks, made where the run
 starts.
@@ -23,15 +26,29 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config, ConfigError, validate
+from .memory import MemoryPrediction
 
-__all__ = ["preflight", "check_rewards", "check_lora_targets", "check_data", "model_linear_names"]
+__all__ = [
+    "preflight",
+    "check_rewards",
+    "check_lora_targets",
+    "check_data",
+    "check_memory",
+    "model_linear_names",
+    "prompt_tokens_bound",
+]
+
+#: tokens a chat template adds around a prompt's text (SmolLM2's: its default system prompt and the role
+#: markers, ~30 tokens), as the bound of :func:`prompt_tokens_bound` counts them
+TEMPLATE_TOKENS = 64
 
 
-def preflight(cfg: Config) -> None:
+def preflight(cfg: Config) -> MemoryPrediction:
     """Raise the first problem that would stop ``train`` before its first step, loading no weights:
     a :class:`~sparserl.config.ConfigError`, :class:`~sparserl.models.loading.ModelLoadError`,
     :class:`~sparserl.reward.registry.RewardSpecError` or :class:`~sparserl.data.DataError`, each a
-    :class:`~sparserl.errors.SparserlError` whose message names the key."""
+    :class:`~sparserl.errors.SparserlError` whose message names the key. Returns the run's predicted peak
+    memory (:func:`check_memory`)."""
     from .models.loading import check_model, resolve_device
 
     validate(cfg)
@@ -39,7 +56,50 @@ def preflight(cfg: Config) -> None:
     resolve_device(cfg.model.device)
     check_rewards(cfg)
     check_lora_targets(cfg)
-    check_data(cfg)
+    train = check_data(cfg)
+    return check_memory(cfg, prompt_tokens_bound(train))
+
+
+def prompt_tokens_bound(examples) -> int:
+    """The longest prompt's tokens, bounded without a tokenizer: a byte-level BPE token covers at least one
+    UTF-8 byte, so the prompt's bytes (every message's content) plus :data:`TEMPLATE_TOKENS`; at most
+    :data:`sparserl.packing.PROMPT_TOKENS_BOUND`, the longest prompt the config's rules assume."""
+    from .packing import PROMPT_TOKENS_BOUND
+
+    longest = 0
+    for ex in examples:
+        text = ex.prompt if isinstance(ex.prompt, str) else "".join(m.get("content", "") for m in ex.prompt)
+        longest = max(longest, len(text.encode()))
+        if longest + TEMPLATE_TOKENS >= PROMPT_TOKENS_BOUND:
+            break
+    return min(PROMPT_TOKENS_BOUND, longest + TEMPLATE_TOKENS)
+
+
+def check_memory(cfg: Config, prompt_tokens: int) -> MemoryPrediction:
+    """The run's predicted peak memory (:func:`sparserl.memory.predict_peak` on the model's architecture,
+    prompts of at most ``prompt_tokens`` tokens), or a :class:`~sparserl.config.ConfigError` when it
+    exceeds ``train.max_memory_gb`` (None: the machine's available memory less a margin), in one line
+    naming the changes that fit (:func:`sparserl.memory.check_fits`)."""
+    from .cost import ModelShape
+    from .memory import check_fits
+
+    shape = ModelShape.from_config(_architecture_fields(cfg.model.name, cfg.model.seed))
+    return check_fits(cfg, shape, prompt_tokens)
+
+
+def _architecture_fields(name: str, seed: int) -> Any:
+    """A folder's ``config.json`` as a dict (read without importing transformers), else :func:`_architecture`."""
+    import json
+
+    from .models.loading import DEFAULT_MODEL, cache_dir
+
+    folder = cache_dir() / "smollm2-135m-instruct" if name in (DEFAULT_MODEL, "default", "smollm2") else Path(name)
+    if name != "tiny":
+        try:
+            return json.loads((folder.expanduser() / "config.json").read_text())
+        except (OSError, ValueError):
+            pass
+    return _architecture(name, seed)
 
 
 def check_rewards(cfg: Config) -> None:
@@ -109,9 +169,9 @@ def _architecture(name: str, seed: int) -> Any:
         raise ModelLoadError(f"{path}: cannot read the model's architecture: {e}") from e
 
 
-def check_data(cfg: Config) -> None:
+def check_data(cfg: Config):
     """``data.train`` and ``data.eval`` read as the run reads them, their columns found; a problem is a
-    :class:`~sparserl.data.DataError` naming the key."""
+    :class:`~sparserl.data.DataError` naming the key. Returns the training set."""
     from .data import DataError, load_dataset
 
     d = cfg.data
@@ -142,8 +202,10 @@ def check_data(cfg: Config) -> None:
                 ),
             )
         )
+    loaded = []
     for key, spec, options in sets:
         try:
-            load_dataset(spec, template=d.template, system_prompt=d.system_prompt, **options)
+            loaded.append(load_dataset(spec, template=d.template, system_prompt=d.system_prompt, **options))
         except DataError as e:
             raise type(e)(f"{key}={spec!r}: {e}") from None
+    return loaded[0]

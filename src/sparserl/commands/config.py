@@ -2,8 +2,9 @@
 run (YAML that ``sparserl train FILE`` reads back), or with ``--keys`` every key's type, default and help.
 
 Before it prints, the config passes every check ``train`` makes before it loads the model
-(:func:`sparserl.preflight.preflight`: the model's path, reward modules, LoRA targets, the data), so a
-config that prints is one that starts."""
+(:func:`sparserl.preflight.preflight`: the model's path, reward modules, LoRA targets, the data, the
+predicted peak memory), so a config that prints is one that starts; the prediction and its limit are a
+comment line of the header."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def add_parser(subparsers, parents=()):
 
 def run(args) -> int:
     from ..config import config_help, config_yaml, load_config, validate
+    from ..memory import memory_line
     from ..preflight import preflight
 
     if args.keys is not None:
@@ -49,7 +51,7 @@ def run(args) -> int:
         return 0
     split_config_arg(args)
     cfg = validate(load_config(args.config or "default", args.overrides))
-    preflight(cfg)
+    prediction = preflight(cfg)
     command = shlex.join(["sparserl", "config", *([args.config] if args.config else []), *args.overrides])
     print(
         config_yaml(
@@ -58,6 +60,7 @@ def run(args) -> int:
                 command,
                 "'auto' values (rollout.dtype, model.mixed_precision, algorithm.old_logprobs) "
                 "resolve when a run starts; its config.yaml says to what",
+                memory_line(cfg, prediction),
             ],
             title="sparserl config",
         ),

@@ -7,7 +7,7 @@
   (:mod:`.fit`); :func:`gradient_checkpointing_on`: ``train.gradient_checkpointing: auto``'s answer.
 """
 
-from .fit import check_fits, gradient_checkpointing_on, suggestions
+from .fit import check_fits, gradient_checkpointing_on, memory_line, suggestions
 from .limit import available_bytes, memory_limit
 from .predict import BASELINE_BYTES, MemoryPrediction, predict_peak, sampler_bytes
 
@@ -18,6 +18,7 @@ __all__ = [
     "check_fits",
     "gradient_checkpointing_on",
     "memory_limit",
+    "memory_line",
     "predict_peak",
     "sampler_bytes",
     "suggestions",

@@ -12,7 +12,7 @@ from ..packing import PROMPT_TOKENS_BOUND
 from .limit import GB, memory_limit
 from .predict import MemoryPrediction, predict_peak
 
-__all__ = ["check_fits", "gradient_checkpointing_on", "suggestions"]
+__all__ = ["check_fits", "gradient_checkpointing_on", "memory_line", "suggestions"]
 
 
 def _fits(cfg: Config, shape: ModelShape, prompt_tokens: int, limit: float) -> MemoryPrediction | None:
@@ -21,9 +21,9 @@ def _fits(cfg: Config, shape: ModelShape, prompt_tokens: int, limit: float) -> M
 
 
 def _with(cfg: Config, overrides: list[str]) -> Config | None:
-    """``cfg`` with ``overrides`` applied, or None when the result breaks a rule between keys."""
+    """A copy of ``cfg`` with ``overrides`` applied, or None when the result breaks a rule between keys."""
     try:
-        return validate(apply_overrides(cfg, overrides))
+        return validate(apply_overrides(cfg.model_copy(deep=True), overrides))
     except ConfigError:
         return None
 
@@ -42,49 +42,77 @@ def _round_down(v: int, step: int = 64) -> int:
     return v - v % step if v >= step else v
 
 
-def suggestions(cfg: Config, shape: ModelShape, prompt_tokens: int, limit: float) -> list[tuple[str, float]]:
-    """``(key=value [key=value], predicted bytes)`` for each single change that makes the prediction fit
-    ``limit``: gradient checkpointing on, a smaller token budget of a micro-batch, shorter responses, fewer
-    prompts a step, a smaller KV budget (a compressor, for a dense sampler). Only changes that pass the
-    rules between keys."""
-    out: list[tuple[str, float]] = []
-
-    def trial(overrides: list[str]) -> MemoryPrediction | None:
-        c = _with(cfg, overrides)
-        return _fits(c, shape, prompt_tokens, limit) if c is not None else None
-
-    def add(overrides: list[str]) -> None:
-        p = trial(overrides)
-        if p is not None:
-            out.append((" ".join(overrides), p.peak))
-
+def _knobs(cfg: Config, prompt_tokens: int) -> list[tuple[list[str], int, int, object]]:
+    """The changes the refusal may suggest, least memory first: ``(fixed overrides, lowest, highest,
+    key or None)``; a knob with a key takes an integer value in [lowest, highest] (larger = more memory)."""
     t, r = cfg.train, cfg.rollout
+    knobs: list[tuple[list[str], int, int, object]] = []
     if t.gradient_checkpointing is not True:
-        add(["train.gradient_checkpointing=true"])
+        knobs.append((["train.gradient_checkpointing=true"], 0, 0, None))
     one_row = prompt_tokens + r.max_new_tokens
     top = (t.max_tokens_per_micro_batch or one_row * t.micro_batch_size) - 1
     if top >= one_row:
-        v = _largest(one_row, top, lambda v: trial([f"train.max_tokens_per_micro_batch={v}"]) is not None)
-        if v is not None:
-            add([f"train.max_tokens_per_micro_batch={max(one_row, _round_down(v, 256))}"])
-    v = _largest(1, r.max_new_tokens - 1, lambda v: trial([f"rollout.max_new_tokens={v}"]) is not None)
-    if v is not None:
-        add([f"rollout.max_new_tokens={_round_down(v)}"])
-    v = _largest(1, t.prompts_per_step - 1, lambda v: trial([f"train.prompts_per_step={v}"]) is not None)
-    if v is not None:
-        add([f"train.prompts_per_step={v}"])
+        knobs.append(([], one_row, top, "train.max_tokens_per_micro_batch"))
     if r.kv_controller is not None:
-        key, top = "rollout.kv_controller.max_budget", r.kv_controller.max_budget - 1
-        lo = r.kv_controller.min_budget
+        knobs.append(
+            ([], r.kv_controller.min_budget, r.kv_controller.max_budget - 1, "rollout.kv_controller.max_budget")
+        )
     elif r.compressor in ("none", "blocktopk"):
-        key, top, lo = "rollout.kv_budget", prompt_tokens + r.max_new_tokens - 1, 16
-    else:
-        key, top, lo = "rollout.kv_budget", r.kv_budget - 1, 1
-    extra = ["rollout.compressor=rkv"] if r.compressor in ("none", "blocktopk") else []
-    v = _largest(lo, top, lambda v: trial([*extra, f"{key}={v}"]) is not None)
-    if v is not None:
-        add([*extra, f"{key}={_round_down(v, 16)}"])
-    return out
+        knobs.append((["rollout.compressor=rkv"], 16, one_row - 1, "rollout.kv_budget"))
+    elif r.kv_budget > 1:
+        knobs.append(([], 1, r.kv_budget - 1, "rollout.kv_budget"))
+    if not t.lora_rank:
+        knobs.append((["train.lora_rank=16"], 0, 0, None))
+    knobs.append(([], 1, r.max_new_tokens - 1, "rollout.max_new_tokens"))
+    knobs.append(([], 1, t.prompts_per_step - 1, "train.prompts_per_step"))
+    return knobs
+
+
+def _rounded(key: str, v: int, lowest: int) -> int:
+    step = {"train.max_tokens_per_micro_batch": 256, "rollout.max_new_tokens": 64}.get(key, 16)
+    return max(lowest, v - v % step) if v >= step else v
+
+
+def suggestions(cfg: Config, shape: ModelShape, prompt_tokens: int, limit: float) -> list[tuple[str, float]]:
+    """``(key=value [key=value ...], predicted bytes)`` for each single change that makes the prediction
+    fit ``limit``: gradient checkpointing on, a smaller token budget of a micro-batch, a smaller KV budget (a
+    compressor, for a dense sampler), LoRA (gradients and AdamW's moments for its adapters only), shorter
+    responses, fewer prompts a step; each at the largest value that fits, rounded down. When no single one
+    does, one combination: the changes applied in that order, each at its smallest value, until the next
+    one fits at a larger value. Only changes that pass the rules between keys are suggested."""
+
+    def trial(base: list[str], overrides: list[str]) -> MemoryPrediction | None:
+        c = _with(cfg, base + overrides)
+        return _fits(c, shape, prompt_tokens, limit) if c is not None else None
+
+    def fitting(base: list[str], knob) -> list[str] | None:
+        """The knob's overrides at the largest value that fits on top of ``base``, or None."""
+        fixed, lo, hi, key = knob
+        if key is None:
+            return fixed if trial(base, fixed) is not None else None
+        v = _largest(lo, hi, lambda v: trial(base, [*fixed, f"{key}={v}"]) is not None)
+        if v is None:
+            return None
+        v = _rounded(key, v, lo)
+        return [*fixed, f"{key}={v}"] if trial(base, [*fixed, f"{key}={v}"]) is not None else None
+
+    def predicted(overrides: list[str]) -> float:
+        return predict_peak(_with(cfg, overrides), shape, prompt_tokens).peak
+
+    knobs = _knobs(cfg, prompt_tokens)
+    out = [(" ".join(o), predicted(o)) for o in (fitting([], k) for k in knobs) if o is not None]
+    if out:
+        return out
+    base: list[str] = []
+    for knob in knobs:
+        o = fitting(base, knob)
+        if o is not None:
+            return [(" ".join(base + o), predicted(base + o))]
+        fixed, lo, _, key = knob
+        step = fixed if key is None else [*fixed, f"{key}={lo}"]
+        if _with(cfg, base + step) is not None:
+            base = base + step
+    return []
 
 
 def check_fits(cfg: Config, shape: ModelShape, prompt_tokens: int) -> MemoryPrediction:
@@ -96,10 +124,11 @@ def check_fits(cfg: Config, shape: ModelShape, prompt_tokens: int) -> MemoryPred
         return p
     fixes = suggestions(cfg, shape, prompt_tokens, limit)
     fix = (
-        "; fits with any one of: " + ", ".join(f"{o} ({b / GB:.2f} GB)" for o, b in fixes)
+        ("; fits with any one of: " if len(fixes) > 1 else "; fits with: ")
+        + ", ".join(f"{o} ({b / GB:.2f} GB)" for o, b in fixes)
         if fixes
-        else "; no single change of train.gradient_checkpointing, train.max_tokens_per_micro_batch, "
-        "rollout.max_new_tokens, train.prompts_per_step or the KV budget fits it"
+        else "; not even with gradient checkpointing, one response per micro-batch, a KV budget, LoRA, one "
+        "token per response and one prompt per step"
     )
     key = "train.max_memory_gb" if cfg.train.max_memory_gb is not None else "memory"
     value = f"={cfg.train.max_memory_gb:g}" if cfg.train.max_memory_gb is not None else ""
@@ -121,3 +150,13 @@ def gradient_checkpointing_on(cfg: Config, learner, prompt_tokens: int = PROMPT_
     if predict_peak(off, shape, prompt_tokens).peak <= limit:
         return False
     return predict_peak(on, shape, prompt_tokens).peak <= limit
+
+
+def memory_line(cfg: Config, prediction: MemoryPrediction) -> str:
+    """One line for ``sparserl config``: the predicted peak, its largest parts and the limit."""
+    limit, source = memory_limit(cfg)
+    ckpt = ", gradient checkpointing on" if prediction.checkpointing else ""
+    return (
+        f"memory: predicted peak {prediction.summary(4)}{ckpt}; limit {limit / GB:.2f} GB ({source}); "
+        f"{'; '.join(prediction.notes)}"
+    )
