@@ -199,3 +199,40 @@ def test_model_shape_reads_a_config_folder(tmp_path):
     assert model_shape(str(tmp_path), "bfloat16") == model_shape("qwen3-4b", "bfloat16")
     with pytest.raises(ValueError, match="neither one of"):
         model_shape(str(tmp_path / "missing"))
+
+
+def test_the_command_prints_and_writes_the_split(tmp_path, capsys):
+    import json
+
+    from sparserl import cli
+
+    out = tmp_path / "split.json"
+    argv = ["bench", "step-cost", "--machine", "2e10:2e11:8e11", "--dtype", "float32", "--json", str(out)]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| dense |" in printed and "| int8 |" in printed
+    doc = json.loads(out.read_text())
+    assert list(doc["arms"]) == ["dense", "rkv256", "controller", "blocktopk", "int8"]
+    dense = doc["arms"]["dense"]
+    assert dense[names.TIME_STEP] == pytest.approx(sum(dense[k] for k in STATIONS))
+    assert doc["options"]["lengths"] == [1024] * 32
+
+    assert cli.main(["bench", "step-cost", "--setting", "sparrow", "--model", "qwen3-4b"]) == 0
+    assert "Sparrow published (4 x H200): rollout 2.41x, one RL step 2.11x" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--machine", "fast"], "--machine 'fast'"),
+        (["--arms", "dense,sparrow"], "Sparrow published schedules for"),
+        (["--arms", "dense,rkv"], "unknown arm 'rkv'"),
+        (["--lengths", "10-x"], "--lengths"),
+        (["--setting", "short"], "--setting"),
+    ],
+)
+def test_the_command_refuses_bad_options(argv, match, capsys):
+    from sparserl import cli
+
+    assert cli.main(["bench", "step-cost", "--machine", "2e10:2e11", *argv]) == 1
+    assert match in capsys.readouterr().err
