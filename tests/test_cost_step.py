@@ -216,6 +216,9 @@ def test_the_command_prints_and_writes_the_split(tmp_path, capsys):
     dense = doc["arms"]["dense"]
     assert dense[names.TIME_STEP] == pytest.approx(sum(dense[k] for k in STATIONS))
     assert doc["options"]["lengths"] == [1024] * 32
+    again = tmp_path / "again.json"  # an earlier output's rates, read back: the same prediction
+    assert cli.main(["bench", "step-cost", "--machine", str(out), "--dtype", "float32", "--json", str(again)]) == 0
+    assert json.loads(again.read_text())["arms"] == doc["arms"]
 
     assert cli.main(["bench", "step-cost", "--setting", "sparrow", "--model", "qwen3-4b"]) == 0
     assert "Sparrow published (4 x H200): rollout 2.41x, one RL step 2.11x" in capsys.readouterr().out

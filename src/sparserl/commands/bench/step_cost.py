@@ -4,6 +4,8 @@ measured split (the same station names)."""
 
 from __future__ import annotations
 
+import json
+
 from ...checks import check_choice, check_int, check_output_file
 from ...errors import OptionError
 
@@ -60,8 +62,9 @@ def add_parser(subparsers, parents=()):
     p.add_argument(
         "--machine",
         default=None,
-        help="here (rates measured now through the embedded model's sampler, a few seconds), h200 (assumed: "
-        "sparserl.cost.machines), or BW:F[:FP] (bytes/s, decode GEMM FLOP/s, learner GEMM FLOP/s)",
+        help="here (rates measured now through the embedded model's sampler, a minute or two), h200 (assumed: "
+        "sparserl.cost.machines), BW:F[:FP] (bytes/s, decode GEMM FLOP/s, learner GEMM FLOP/s), or an earlier "
+        "--json output (its measured rates)",
     )
     p.add_argument("--responses", type=int, default=None, help="responses per step (prompts x rollout.n)")
     p.add_argument("--group-size", type=int, default=None, help="responses per prompt (rollout.n)")
@@ -141,6 +144,8 @@ def _rates(machine: str, model: str, responses: int, dtype: str, int8: bool):
         return m.rates, m.rates, None, m.to_dict()
     if machine == "here":
         return _measure_here(model, responses, dtype, int8)
+    if machine.endswith(".json"):
+        return _rates_from_json(machine)
     try:
         values = [float(x) for x in machine.split(":")]
         if len(values) not in (2, 3):
@@ -148,9 +153,29 @@ def _rates(machine: str, model: str, responses: int, dtype: str, int8: bool):
         rates = MachineRates(*values)
     except ValueError:
         raise OptionError(
-            f"--machine {machine!r}: give here, {', '.join(MACHINES)} or BW:F[:FP] (positive numbers)"
+            f"--machine {machine!r}: give here, {', '.join(MACHINES)}, BW:F[:FP] (positive numbers) or an "
+            "earlier --json output"
         ) from None
     return rates, rates, None, {"name": "given", **_rates_dict(rates)}
+
+
+def _rates_from_json(path: str):
+    """The rates an earlier ``--json`` output measured (its ``machine``), to predict more settings on them."""
+    from ...cost import MachineRates
+
+    try:
+        with open(path) as f:
+            m = json.load(f)["machine"]
+        bw = float(m["memory_bandwidth_bytes_per_s"])
+        sampler = MachineRates(bw, float(m["gemm_flops_per_s"]), float(m["prefill_flops_per_s"]))
+        learner_f = float(m.get("learner_flops_per_s", m["prefill_flops_per_s"]))
+        learner = MachineRates(bw, learner_f, learner_f)
+        int8 = None
+        if "int8_gemm_flops_per_s" in m:
+            int8 = MachineRates(bw, float(m["int8_gemm_flops_per_s"]), float(m["int8_prefill_flops_per_s"]))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise OptionError(f"--machine {path}: not an earlier --json output with the machine's rates ({e})") from None
+    return sampler, learner, int8, {**m, "rates_from": path}
 
 
 def _rates_dict(rates) -> dict:
