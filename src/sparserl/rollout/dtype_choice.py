@@ -34,6 +34,7 @@ import torch
 from .. import json_cache
 from ..models.loading import DTYPES, IdsOnlyTokenizer, LoadedModel, ModelLoadError, resolve_device
 from ..models.machine import device_label
+from ..models.measure_apart import run_apart
 from . import native
 from .kv import build_compressor
 from .sampling import SamplingParams
@@ -201,7 +202,8 @@ def choose(device: str | torch.device = "auto", timer=None, log=print, engine=No
         return AutoChoice(**{**cached, "cached": True})
     log(f"dtype auto: timing the sampler's decode step in float32 and bfloat16 on {key} (once) ...")
     check_timer(timer, engine)
-    choice = measure(dev, timer, engine)
+    # a fake timer (tests) in place; the engines on the probe model in a child process (:mod:`.measure_apart`)
+    choice = measure(dev, timer, engine) if timer is not None else run_apart(measure, dev, None, engine)
     log(f"dtype auto: {choice.dtype} ({choice.reason}); cached in {_cache_path()}")
     data = _read_cache()
     data[key] = choice.to_dict()
