@@ -40,6 +40,8 @@ SETTINGS = {
         "arms": "dense,sparrow",
     },
 }
+#: rows of the "many rows" GEMM rate measured here (the sampler's prefill; enough rows to leave the decode regime)
+PREFILL_ROWS = 512
 _FLAGS = {"sparrow": {"ref_model": True, "gradient_checkpointing": True}}
 
 
@@ -202,8 +204,8 @@ def _learner_flops_per_s(device) -> tuple[float, str]:
 
 def _measure_here(model: str, responses: int, dtype: str, int8: bool):
     """This machine's rates: the sampler's own products (:func:`sparserl.bench.machine.measure_rates`) at
-    ``responses`` rows (a decode step) and 2,048 rows (the prefill), an int8 sampler's when an arm runs
-    one, and the learner's (:func:`_learner_flops_per_s`). A model of :mod:`sparserl.cost.shapes` that is
+    ``responses`` rows (a decode step) and :data:`PREFILL_ROWS` rows (the prefill), an int8 sampler's when an
+    arm runs one, and the learner's (:func:`_learner_flops_per_s`). A model of :mod:`sparserl.cost.shapes` that is
     not loadable here is measured through the embedded one."""
     import torch
 
@@ -216,18 +218,19 @@ def _measure_here(model: str, responses: int, dtype: str, int8: bool):
     name = DEFAULT_MODEL if model.lower() in CONFIGS else model
     torch_dtype = getattr(torch, dtype)
     loaded = load_model(name, dtype=torch.float32, device="cpu")
-    sampler = measure_rates(SamplerModel(loaded.model, torch_dtype), rows=responses, prefill_rows=2048)
+    sampler = measure_rates(SamplerModel(loaded.model, torch_dtype), rows=responses, prefill_rows=PREFILL_ROWS)
     learner_flops, precision = _learner_flops_per_s(torch.device("cpu"))
     learner = MachineRates(sampler.bandwidth, learner_flops, learner_flops)
     int8_rates = None
     if int8:
-        q = measure_rates(SamplerModel(loaded.model, torch_dtype, quant="int8"), rows=responses, prefill_rows=2048)
+        int8_sampler = SamplerModel(loaded.model, torch_dtype, quant="int8")
+        q = measure_rates(int8_sampler, rows=responses, prefill_rows=PREFILL_ROWS)
         int8_rates = MachineRates(sampler.bandwidth, q.gemm_flops, q.prefill_rate)
     info = machine_info(sampler.bandwidth, sampler.gemm_flops, responses)
     info.update(
         {
             "prefill_flops_per_s": sampler.prefill_rate,
-            "prefill_rows": 2048,
+            "prefill_rows": PREFILL_ROWS,
             "sampler_dtype": dtype,
             "learner_flops_per_s": learner_flops,
             "learner_precision": precision,
