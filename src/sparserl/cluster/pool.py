@@ -205,6 +205,13 @@ class RolloutPool:
         if wait:
             self._settle_loads()
 
+    def weights(self, version: int) -> dict:
+        """The state dict of push ``version`` (one of the latest two) as the workers loaded it: what sampled a
+        rollout of that version (the exact α's ``q`` from the workers' kept head inputs, under ``rollout.async``)."""
+        import ray
+
+        return ray.get(self._weights[version])
+
     def _settle_loads(self) -> None:
         """Wait for the workers' loading of the latest push (a dead worker is replaced: its successor loads it)."""
         loads, self._loads = self._loads, {}

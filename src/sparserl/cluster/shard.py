@@ -53,6 +53,8 @@ def merge_shards(outs: list[RolloutOutput], shards: list[range]) -> RolloutOutpu
     merged.weights_version = outs[0].weights_version
     if all(out.distributions is not None for out in outs):  # q kept on the workers (the exact α reads it)
         merged.distributions = [d for out in outs for d in out.distributions]
+    if all(out.hidden is not None for out in outs):  # the head's inputs kept on the workers (q recomputed here)
+        merged.hidden = [x for out in outs for x in out.hidden]
     if all(out.dense_cache is not None for out in outs):
         merged.dense_cache = DenseCacheReading.concat([out.dense_cache for out in outs])
     return merged

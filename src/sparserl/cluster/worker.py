@@ -75,6 +75,8 @@ class RolloutWorker:
         out.weights_version = version
         if out.distributions is not None:  # views of one [B, T, V] buffer: each would carry all of it to the driver
             out.distributions = [d.clone() for d in out.distributions]
+        if out.hidden is not None:  # the same for the head's inputs (params.keep_hidden)
+            out.hidden = [x.clone() for x in out.hidden]
         if read_dense_cache is not None:
             out.dense_cache = read(
                 self.engine.model,

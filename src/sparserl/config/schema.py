@@ -727,26 +727,29 @@ class MismatchConfig(_Section):
 
     alpha: Literal["exact", "topk", "off"] = F(
         "exact",
-        "α per token: exact (the sampler replayed on its tokens, whole vocabulary; about one more "
-        "rollout) | topk (Sparrow's approximation from the sampler's top-k log-probs: no replay, but on the "
-        "default task it read 0.087 low per token and its p5 0.43 for 0.60: docs/results/alpha_topk_error.md) | off.",
+        "α per token: exact (whole vocabulary; q, the distribution the sampler drew from, as mismatch.alpha_q "
+        "says: by default recomputed from the sampler's kept head inputs, no replay) | topk (Sparrow's "
+        "approximation from the sampler's top-k log-probs: no replay, but on the default task it read 0.087 low "
+        "per token and its p5 0.43 for 0.60: docs/results/alpha_topk_error.md) | off.",
     )
     alpha_bin: int = F(128, "Width in tokens of the sequence-length bins of mismatch/alpha_p5_bin/<start>.", ge=1)
     alpha_topk: int = F(20, "k of the topk mode (log-probs kept per sampled token).", ge=1)
     alpha_q: Literal["hidden", "kept", "replay"] = F(
         "hidden",
-        "Where exact α's q comes from: hidden (the sampler keeps its final hidden state per sampled token, H floats, "
-        "and q = softmax(h Wᵀ / τ) is recomputed with the sampler's own head, chunked) | kept (the sampler keeps "
-        "each step's whole distribution, within alpha_record_mib, else replay) | replay (the sampler re-run on its "
-        "tokens: about one more rollout). DistillSparse always replays (it records what the sampler read).",
+        "Where exact α's q comes from: hidden (the sampler keeps its LM head's input per sampled token, hidden-size "
+        "values in its dtype, and q is recomputed from it by the sampler's own head, quantized or not, then the "
+        "sampling's tempering and top-k / top-p, 256 positions at a time: no replay, no [N, T, V] tensor, also "
+        "under rollout.async) | kept (the sampler keeps each step's whole distribution, within alpha_record_mib, "
+        "else replay) | replay (the sampler re-run on its tokens: about one more rollout). DistillSparse always "
+        "replays (it records what the sampler read).",
     )
     alpha_record_mib: int = F(
         1024,
-        "exact α: the sampler keeps each step's whole distribution q while it samples when a step's q fit in "
-        "this many MiB (responses x rollout.max_new_tokens x vocabulary x 4 bytes; the default job: 288 MiB), and α "
-        "reads them instead of replaying the sampler (rollout workers send their shards' back); above it (or with "
-        "DistillSparse, which replays what the sampler read) the sampler is replayed, which rollout.async cannot "
-        "do. 0 = always replay.",
+        "exact α with mismatch.alpha_q=kept: the sampler keeps each step's whole distribution q while it samples "
+        "when a step's q fit in this many MiB (responses x rollout.max_new_tokens x vocabulary x 4 bytes; the "
+        "default job: 288 MiB), and α reads them instead of replaying the sampler (rollout workers send their "
+        "shards' back); above it (or with DistillSparse, which replays what the sampler read) the sampler is "
+        "replayed (under rollout.async: a config error). 0 = always replay. Unused by alpha_q=hidden and replay.",
         ge=0,
     )
 

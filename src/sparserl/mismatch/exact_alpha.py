@@ -11,8 +11,17 @@ the computation that training (``mismatch.alpha=exact``, :mod:`.measure`) and ``
   KV and weight rounding);
 - ``α_t = Σ_x min(p_t(x), q_t(x))`` over the whole vocabulary (:func:`exact_alpha`).
 
-When the sampler kept its distributions while it sampled (``SamplingParams.keep_distributions``),
-:func:`recorded_alpha` reads ``q`` from them and nothing is replayed.
+Three routes to ``q``, the same numbers (tested to 1e-6 on every compressor and quantization):
+
+- :func:`hidden_alpha` (``mismatch.alpha_q=hidden``): the sampler kept, at each position it sampled from,
+  its LM head's input (``SamplingParams.keep_hidden``: [T, hidden] a response, ~V/H times less than ``q``);
+  ``q`` is recomputed from it by the sampler's own head (:meth:`~sparserl.rollout.engine.RolloutEngine.
+  hidden_logits`: quantized or not, the prefill's for token 0 and the decode step's after) and the same
+  tempering and top-k / top-p filtering as sampling (:func:`~sparserl.rollout.sampling.sampled_distribution`),
+  ``DEFAULT_CHUNK`` positions at a time, so no [N, T, V] tensor exists. Exact because the sampler's
+  logits are a function of that input alone (each row on its own, the head's weights unchanged since).
+- :func:`recorded_alpha` (``kept``): ``q`` itself, kept while sampling (``SamplingParams.keep_distributions``).
+- :func:`exact_alpha` (``replay``): the sampler replayed on its own tokens.
 
 When the responses are the sampler's own (``recorded`` given: its ``sampler_logprobs``), the replay is
 checked: the replayed log-prob of each sampled token must equal the recorded one, and the largest
@@ -23,10 +32,12 @@ from __future__ import annotations
 
 import torch
 
+from ..rollout.sampling import sampled_distribution
+from ..score.chunked_head import DEFAULT_CHUNK
 from .acceptance import acceptance, dense_logprobs
 from .replay import replay
 
-__all__ = ["distributions_fit", "distributions_mib", "exact_alpha", "recorded_alpha"]
+__all__ = ["distributions_fit", "distributions_mib", "exact_alpha", "hidden_alpha", "recorded_alpha"]
 
 
 def distributions_mib(responses: int, max_new_tokens: int, vocab: int) -> float:
@@ -57,6 +68,43 @@ def recorded_alpha(
         if n:
             logp = dense_logprobs(hidden[i, :n], lm_weight, tau).to(logq.device)
             alpha[i, :n] = acceptance(logp, logq).double().cpu()
+    return alpha
+
+
+@torch.no_grad()
+def hidden_alpha(
+    engine,
+    kept: list[torch.Tensor],
+    params,
+    hidden: torch.Tensor,
+    lm_weight: torch.Tensor,
+    tau: float,
+    chunk: int = DEFAULT_CHUNK,
+) -> torch.Tensor:
+    """α [N, T] float64 on the CPU from the sampler's kept head inputs (``kept[i]`` [T_i, hidden]:
+    ``RolloutOutput.hidden``, ``SamplingParams.keep_hidden``): ``q = sampled_distribution(
+    engine.hidden_logits(x), params)``, the distribution each token was drawn from, recomputed by the
+    sampler's own head with the sampling ``params``; ``p`` from ``hidden`` [N, T, H] and ``lm_weight`` at
+    temperature ``tau`` as in :func:`exact_alpha`. ``chunk`` positions at a time (across responses): at most
+    a [chunk, V] block of each. 0 past each response's end."""
+    N, T = len(kept), hidden.shape[1]
+    alpha = torch.zeros(N, T, dtype=torch.float64)
+    lengths = [k.shape[0] for k in kept]
+    for first in (True, False):  # token 0 came from the prefill's head, the others from the decode step's
+        if first:
+            rows = [i for i, n in enumerate(lengths) if n]
+            cols = [0] * len(rows)
+            x = torch.stack([kept[i][0] for i in rows]) if rows else None
+        else:
+            rows = [i for i, n in enumerate(lengths) for _ in range(n - 1)]
+            cols = [t for n in lengths for t in range(1, n)]
+            x = torch.cat([k[1:] for k in kept]) if rows else None
+        rows, cols = torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)
+        for s in range(0, len(rows), chunk):
+            r, c = rows[s : s + chunk], cols[s : s + chunk]
+            logq = sampled_distribution(engine.hidden_logits(x[s : s + chunk], first), params)
+            logp = dense_logprobs(hidden[r.to(hidden.device), c.to(hidden.device)], lm_weight, tau)
+            alpha[r, c] = acceptance(logp, logq.to(logp.device)).double().cpu()
     return alpha
 
 

@@ -1,12 +1,23 @@
 """Sparrow's acceptance α in training (``mismatch.alpha``): how far the sampler that ran is from the
 dense old policy, token by token, and its tail by length bin (:mod:`.acceptance` has the formula).
 
-- ``exact``: each step's whole distribution ``q``, kept by the sampler while it sampled when the step's
-  fit in ``mismatch.alpha_record_mib`` (:func:`keeps_distributions`, :func:`.exact_alpha.recorded_alpha`;
-  rollout workers keep their shard's and send it with their samples),
-  else handed over by a replay (:func:`.exact_alpha.exact_alpha`, shared with ``sparserl calibrate``:
-  the sampler re-run on its own tokens, :mod:`.replay`: the same compressor decisions, KV
-  and weight rounding, so the same ``q``);
+- ``exact``: each step's whole distribution ``q``, from where ``mismatch.alpha_q`` says:
+
+  - ``hidden`` (default): the sampler keeps the LM head's input at each position it sampled from
+    (:func:`keeps_hidden`; [T, hidden] a response, rollout workers send theirs back), and ``q`` is recomputed
+    from it by the sampler's own head and sampling transform, chunk by chunk
+    (:func:`.exact_alpha.hidden_alpha`): no replay and no [N, T, V] tensor at any length;
+  - ``kept``: ``q`` itself, kept while sampling when the step's fit in ``mismatch.alpha_record_mib``
+    (:func:`keeps_distributions`, :func:`.exact_alpha.recorded_alpha`), else replayed;
+  - ``replay``: handed over by a replay (:func:`.exact_alpha.exact_alpha`, shared with ``sparserl
+    calibrate``: the sampler re-run on its own tokens, :mod:`.replay`: the same compressor decisions, KV
+    and weight rounding, so the same ``q``).
+
+  The replay stays where the hidden states do not suffice: DistillSparse (``algorithm.distill_sparse``: the
+  replay records what the sampler read at each step, for φ's update, and replays θ alone for the ``_nophi``
+  metrics), and any sampler whose logits are not a function of the head's input alone (none today: the
+  sampler's head, quantized or not, is a per-row function of it, and its weights do not change between
+  the rollout and α);
   the dense learner's hidden states give ``p`` at the same positions through its LM head. They are the
   old-policy scoring forward's (:func:`sparserl.score.score_logprobs_keep_hidden`, counted in
   ``time/score_s``); only where no scoring forward runs (the sampler's log-probs are the old policy's)
@@ -21,9 +32,12 @@ dense old policy, token by token, and its tail by length bin (:mod:`.acceptance`
   and the cache, α(q_w, q) over the sampler's top-k.
 - ``off``: nothing measured.
 
-Under ``rollout.async`` the exact α reads the ``q`` the workers kept (the training process's sampler is a
-step ahead and cannot replay; :func:`check_exact_alpha_under_async`): ``p`` is the learner's weights, ``q``
-the sampler's a step older on its sparse cache, so α is the whole mismatch, lag and cache together.
+Under ``rollout.async`` the rollout was sampled with the push before the latest: with ``alpha_q=hidden``
+the workers keep their head inputs and send them back, and the sampler here loads that push's weights from
+the pool before α (:func:`sparserl.train.sampler_sync.sampler_of`); with ``alpha_q=kept`` the exact α reads
+the ``q`` the workers kept, which must fit (:func:`check_exact_alpha_under_async`). ``p`` is the learner's
+weights, ``q`` the sampler's a step older on its sparse cache, so α is the whole mismatch, lag and cache
+together.
 
 With ``algorithm.distill_sparse`` (exact only), the replay also records what the sampler read at each step
 (for φ's update, :mod:`sparserl.train.distill_sparse`), and the same sparse sampler on θ alone is replayed
@@ -63,13 +77,28 @@ def dense_hidden(model, batch: RolloutBatch, micro_batch_size: int = 16, shared_
     )
 
 
+def replays(trainer) -> bool:
+    """Whether the exact α must replay the sampler whatever ``mismatch.alpha_q`` says: DistillSparse (its
+    replay records what the sampler read)."""
+    return getattr(trainer, "distill", None) is not None
+
+
+def keeps_hidden(trainer) -> bool:
+    """Whether the step's sampler keeps the LM head's input at each sampled position
+    (``SamplingParams.keep_hidden``), from which the exact α recomputes ``q``: ``mismatch.alpha=exact``,
+    ``mismatch.alpha_q=hidden``, no DistillSparse. Rollout workers keep their shards' and send them back."""
+    cfg = trainer.cfg
+    return cfg.mismatch.alpha == "exact" and cfg.mismatch.alpha_q == "hidden" and not replays(trainer)
+
+
 def keeps_distributions(trainer, batch_size: int) -> bool:
     """Whether the step's sampler keeps its distributions ``q`` while it samples, so that the exact α reads
-    them instead of replaying it: ``mismatch.alpha=exact``, no DistillSparse (its replay records what the
-    sampler read), and ``batch_size`` responses × ``rollout.max_new_tokens`` × the vocabulary in float32
-    within ``mismatch.alpha_record_mib``. Rollout workers keep their shards' and send them back."""
+    them instead of replaying it: ``mismatch.alpha=exact``, ``mismatch.alpha_q=kept``, no DistillSparse (its
+    replay records what the sampler read), and ``batch_size`` responses × ``rollout.max_new_tokens`` × the
+    vocabulary in float32 within ``mismatch.alpha_record_mib``. Rollout workers keep their shards' and send
+    them back."""
     cfg = trainer.cfg
-    if cfg.mismatch.alpha != "exact" or getattr(trainer, "distill", None) is not None:
+    if cfg.mismatch.alpha != "exact" or cfg.mismatch.alpha_q != "kept" or replays(trainer):
         return False
     return q_fits(cfg, trainer.learner, batch_size)
 
@@ -82,12 +111,12 @@ def q_fits(cfg, learner, batch_size: int) -> bool:
 
 
 def check_exact_alpha_under_async(cfg, learner) -> None:
-    """Under ``rollout.async`` the exact α reads the ``q`` the workers kept (the training process's sampler
-    holds weights a step newer than the rollout's, so it cannot replay): a step's ``q`` must fit in
-    ``mismatch.alpha_record_mib``. Raises :class:`~sparserl.config.ConfigError` naming the MiB it needs."""
+    """Under ``rollout.async`` with ``mismatch.alpha_q=kept`` the exact α reads the ``q`` the workers kept: a
+    step's ``q`` must fit in ``mismatch.alpha_record_mib`` (``hidden`` needs no such room: the workers send
+    their head inputs back). Raises :class:`~sparserl.config.ConfigError` naming the MiB it needs."""
     from ..config import ConfigError
 
-    if not (cfg.rollout.async_ and cfg.mismatch.alpha == "exact"):
+    if not (cfg.rollout.async_ and cfg.mismatch.alpha == "exact" and cfg.mismatch.alpha_q == "kept"):
         return
     responses = cfg.train.prompts_per_step * cfg.rollout.n
     if not q_fits(cfg, learner, responses):
@@ -96,9 +125,10 @@ def check_exact_alpha_under_async(cfg, learner) -> None:
         raise ConfigError(
             f"mismatch.alpha_record_mib={cfg.mismatch.alpha_record_mib} with rollout.async=true and "
             f"mismatch.alpha=exact: a step's q ({responses} responses x {cfg.rollout.max_new_tokens} "
-            f"tokens x {vocab} vocabulary x 4 bytes) is {need} MiB, and under rollout.async the exact "
-            f"α can only read the q the workers kept (the training process's sampler is a step ahead "
-            f"and cannot replay); set mismatch.alpha_record_mib >= {need}, or mismatch.alpha=topk"
+            f"tokens x {vocab} vocabulary x 4 bytes) is {need} MiB, and under rollout.async "
+            f"mismatch.alpha_q=kept reads the q the workers kept; set mismatch.alpha_record_mib >= {need}, or "
+            f"mismatch.alpha_q=hidden (the workers keep their head inputs, {responses} x "
+            f"{cfg.rollout.max_new_tokens} x the hidden size), or mismatch.alpha=topk"
         )
 
 
@@ -124,7 +154,9 @@ def measure_alpha(
     N, T = batch.response_ids.shape
     alpha = torch.zeros(N, T, dtype=torch.float64)
     metrics = {}
-    if mode == "exact" and ro.distributions is not None:  # q kept while sampling: nothing to replay
+    if mode == "exact" and ro.hidden is not None:  # the sampler's head inputs kept: q recomputed, no replay
+        alpha = exact.hidden_alpha(trainer.engine, ro.hidden, params, hidden, weight, tau)
+    elif mode == "exact" and ro.distributions is not None:  # q kept while sampling: nothing to replay
         alpha = exact.recorded_alpha(ro.distributions, hidden, weight, tau)
     elif mode == "exact":
         distill, engine = getattr(trainer, "distill", None), trainer.engine

@@ -40,7 +40,8 @@ def replay(
     """Re-run ``engine`` on ``prompt_ids[i]`` forced to ``response_ids[i]`` (one prompt per response, in
     the order they were sampled, with the sampling ``params`` they were sampled with: ``max_new_tokens``
     and ``tail_slack`` decisions depend on it). ``engine.max_batch`` splits the batch as sampling did."""
-    one = dataclasses.replace(params, n=1, keep_distributions=False)  # on_step hands them over, one step at a time
+    # on_step hands the distributions over, one step at a time: nothing to keep
+    one = dataclasses.replace(params, n=1, keep_distributions=False, keep_hidden=False)
     chunk = engine.max_batch or len(prompt_ids)
     outs = []
     hook = engine.step_hook

@@ -35,7 +35,7 @@ from .dtype_choice import choose, for_sampler, resolve_dtype
 from .kv.base import KVCompressor
 from .kv.none import Dense
 from .kv_quant import get_kv_quantizer
-from .model import SamplerModel
+from .model import PACKED_MAX_ROWS, SamplerModel
 from .quant.smooth import CALIBRATION_TEXT, CALIBRATION_TOKENS
 from .sampling import SamplingParams, row_uniforms, sample
 
@@ -70,6 +70,9 @@ class RolloutOutput:
     top_indices: list[torch.Tensor] | None = None  # per response [T, k] token ids
     #: per response [T, V]: the log-probs each token was drawn from (``SamplingParams.keep_distributions``)
     distributions: list[torch.Tensor] | None = None
+    #: per response [T, H]: the LM head's input at each position a token was drawn from, in the sampler's
+    #: dtype (``SamplingParams.keep_hidden``); :meth:`RolloutEngine.hidden_logits` turns it back into the logits
+    hidden: list[torch.Tensor] | None = None
     texts: list[str] = field(default_factory=list)
     #: the sampler's own weights on a dense cache, read where it sampled
     #: (:class:`~sparserl.mismatch.teacher_forced.DenseCacheReading`; rollout workers under rollout.async)
@@ -338,7 +341,7 @@ class RolloutEngine:
 
         want_q = c.window if c.needs_queries else 0
         want_attn = c.needs_attention and c.compress_prompt
-        logits, keys, values, queries, acc = self._prefill_distinct(ids, valid, positions, want_q, want_attn)
+        logits, keys, values, queries, acc, x = self._prefill_distinct(ids, valid, positions, want_q, want_attn)
         cache = CompressedKVCache(
             keys, values, valid, positions, c.capacity(P, max_new), c, m.n_heads, queries, acc, kv_quant=self.kv_quant
         )
@@ -350,6 +353,7 @@ class RolloutEngine:
         top_v = torch.zeros(B, max_new, p.logprobs_topk, device=dev) if p.logprobs_topk else None
         top_i = torch.zeros(B, max_new, p.logprobs_topk, dtype=torch.long, device=dev) if p.logprobs_topk else None
         dists = torch.empty(B, max_new, logits.shape[-1], device=dev) if p.keep_distributions else None
+        kept_h = torch.empty(B, max_new, x.shape[-1], dtype=m.dtype, device=dev) if p.keep_hidden else None
         lengths = torch.zeros(B, dtype=torch.long, device=dev)
         finish = ["length"] * B
         kept = [0] * B
@@ -377,6 +381,8 @@ class RolloutEngine:
                 top_v[active, t], top_i[active, t] = tv, ti
             if dists is not None:
                 dists[active, t] = full
+            if kept_h is not None:  # the head's input these logits came from
+                kept_h[active, t] = x
             lengths[active] = t + 1
             done = torch.zeros(len(active), dtype=torch.bool, device=dev)
             if eos is not None:
@@ -413,7 +419,7 @@ class RolloutEngine:
             # one decode step: the sampled token enters the cache
             if self.step_hook is not None:
                 self.step_hook("before_decode", t=t, cache=cache, rows=active, tokens=tok, positions=true_len)
-            logits = self._decode(tok, true_len, cache)
+            logits, x = self._decode(tok, true_len, cache)
             if self.step_hook is not None:
                 self.step_hook("after_decode", t=t, cache=cache, rows=active, logits=logits)
             true_len = true_len + 1
@@ -447,28 +453,48 @@ class RolloutEngine:
             top_logprobs=[top_v[b, : lens[b]] for b in range(B)] if top_v is not None else None,
             top_indices=[top_i[b, : lens[b]] for b in range(B)] if top_i is not None else None,
             distributions=[dists[b, : lens[b]] for b in range(B)] if dists is not None else None,
+            hidden=[kept_h[b, : lens[b]] for b in range(B)] if kept_h is not None else None,
         )
 
-    def _decode(self, tok: torch.Tensor, positions: torch.Tensor, cache: CompressedKVCache) -> torch.Tensor:
+    def _fused_decode(self) -> bool:
+        """Whether :meth:`_decode` runs the fused native layers (:mod:`.fused`) and so their head."""
+        return self.fused and not self.compile and fused.available(self.model)
+
+    def _decode(self, tok: torch.Tensor, positions: torch.Tensor, cache: CompressedKVCache):
+        """One decode step: (float32 logits [B, V], the LM head's input x [B, hidden] they came from, in the
+        sampler's dtype: :meth:`hidden_logits` of it gives the same logits)."""
         m = self.model
         h = torch.nn.functional.embedding(tok, m.embed)[:, None, :]  # [B, 1, hidden]
         bias = cache.begin_step(positions)
-        if self.fused and not self.compile and fused.available(m):  # float32 h (a float32 sampler's in place)
+        if self._fused_decode():  # float32 h (a float32 sampler's in place)
             h = fused.decode_layers(m, h, *m.rope(positions[:, None], torch.float32), cache, bias)
             cache.end_step()
-            return fused.logits(m, h[:, 0])
+            x = fused.final_norm(m, h[:, 0])
+            return fused.head(m, x), x
         cos, sin = m.rope(positions[:, None])  # [B, 1, D]
         if self.compile:
             h = decode_layers(m, h, cos, sin, cache, bias, self.compile)
-            cache.end_step()
-            return m.logits(h[:, 0]).float()
-        for layer, lw in enumerate(m.layers):
-            q, k, v = m.qkv(lw, h, cos, sin)  # [B, H, 1, D]
-            a = cache.attend(layer, q, k, v, bias)
-            m.linear(a[:, None, :], lw.o, add_to=h)  # h, the residual stream, is this step's own: added in place
-            m.linear(m.mlp_act(lw, h), lw.down, add_to=h)
+        else:
+            for layer, lw in enumerate(m.layers):
+                q, k, v = m.qkv(lw, h, cos, sin)  # [B, H, 1, D]
+                a = cache.attend(layer, q, k, v, bias)
+                m.linear(a[:, None, :], lw.o, add_to=h)  # h, the residual stream, is this step's own: added in place
+                m.linear(m.mlp_act(lw, h), lw.down, add_to=h)
         cache.end_step()
-        return m.logits(h[:, 0]).float()
+        x = m.final_norm(h[:, 0])
+        return m.head(x).float(), x
+
+    @torch.inference_mode()
+    def hidden_logits(self, x: torch.Tensor, first: bool) -> torch.Tensor:
+        """Float32 logits [..., V] from kept head inputs x [..., hidden] (``RolloutOutput.hidden``) by the
+        sampler's own head, the one that made the logits it sampled from: the prefill's (``first``: response
+        token 0) or the decode step's (tokens 1 on; the fused layers' head where :meth:`_decode` runs them),
+        with the weights it holds now. Each row is its own: a quantized head's activation scales are per token."""
+        m = self.model
+        if not first and self._fused_decode():
+            return fused.head(m, x)
+        # a decode step's few rows run on the packed kernel (model.linear): blocks of as many, for its sums
+        return torch.cat([m.head(part.to(m.dtype)).float() for part in x.split(PACKED_MAX_ROWS)])
 
 
 def _checked(compressor: KVCompressor) -> KVCompressor:
@@ -505,4 +531,6 @@ def join_sequential(outs: list[RolloutOutput]) -> RolloutOutput:
             o.top_indices += x.top_indices
         if o.distributions is not None:
             o.distributions += x.distributions
+        if o.hidden is not None:
+            o.hidden += x.hidden
     return o

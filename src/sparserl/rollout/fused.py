@@ -189,16 +189,32 @@ def available(model: SamplerModel) -> bool:
     )
 
 
-def logits(model: SamplerModel, h: torch.Tensor) -> torch.Tensor:
-    """Float32 logits of :func:`decode_layers`' output h [B, hidden] (float32): the model's own
-    head for a float32 sampler; for a bf16 one, the final norm in float32 and the head's bf16 panels
-    with float32 sums (the eager bf16 head where it has none)."""
+def final_norm(model: SamplerModel, h: torch.Tensor) -> torch.Tensor:
+    """The input of :func:`head` from :func:`decode_layers`' output h [B, hidden] (float32), in the
+    sampler's dtype: the final norm (for a bf16 sampler on its head's panels, in float32 and then rounded
+    to bf16 as the kernel rounds its input, to nearest even: the same numbers the kernel reads)."""
     if model.dtype == torch.float32:
-        return model.logits(h).float()
+        return model.final_norm(h)
     plan = fused_layers(model)
-    x = rms_norm(h, plan.norm, model.eps)
-    out = native.linear_bf16(x, plan.head) if plan.head is not None else None
-    return out if out is not None else model.logits(h.to(model.dtype)).float()
+    if plan.head is None:
+        return model.final_norm(h.to(model.dtype))
+    return rms_norm(h, plan.norm, model.eps).to(model.dtype)
+
+
+def head(model: SamplerModel, x: torch.Tensor) -> torch.Tensor:
+    """Float32 logits of :func:`final_norm`'s output x: the model's own head for a float32 sampler; for a bf16
+    one, the head's bf16 panels with float32 sums (the eager bf16 head where it has none)."""
+    if model.dtype == torch.float32:
+        return model.head(x).float()
+    plan = fused_layers(model)
+    out = native.linear_bf16(x.float(), plan.head) if plan.head is not None else None
+    return out if out is not None else model.head(x.to(model.dtype)).float()
+
+
+def logits(model: SamplerModel, h: torch.Tensor) -> torch.Tensor:
+    """Float32 logits of :func:`decode_layers`' output h [B, hidden] (float32): :func:`head` of
+    :func:`final_norm`."""
+    return head(model, final_norm(model, h))
 
 
 def decode_layers(

@@ -326,8 +326,17 @@ class SamplerModel:
         """The MLP's input to its down projection: ``silu(gate) · up`` of the normed h."""
         return mlp_act(h, lw.ln2, lw.gate_up, self.eps)
 
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        """The LM head's input: the final RMSNorm of the last layer's output h [..., hidden] (h's dtype)."""
+        return rms_norm(h, self.norm, self.eps)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The LM head's product ``x Wᵀ`` [..., V] of :meth:`final_norm`'s output (each row on its own: a
+        quantized head's activation scales are per token)."""
+        return linear(x, self.lm_head)
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return linear(rms_norm(h, self.norm, self.eps), self.lm_head)
+        return self.head(self.final_norm(h))
 
     # --- prefill -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -343,11 +352,13 @@ class SamplerModel:
 
         input_ids/valid/positions: [B, P]. Returns (last-position logits [B, V] float32, keys and
         values per layer [B, Hkv, P, D], the last ``want_queries`` queries per layer [B, Hq, w, D]
-        (or None), and per layer the attention each prompt slot received summed over the prompt's
-        queries and the GQA group [B, Hkv, P] (or None)).
+        (or None), per layer the attention each prompt slot received summed over the prompt's
+        queries and the GQA group [B, Hkv, P] (or None), and the head's input at the last position
+        [B, hidden]: the logits are ``head(x).float()``).
         """
         h, keys, values, queries, acc = self._forward(input_ids, valid, positions, want_queries, want_attention)
-        return self.logits(h[:, -1]).float(), keys, values, queries, acc
+        x = self.final_norm(h[:, -1])
+        return self.head(x).float(), keys, values, queries, acc, x
 
     @torch.inference_mode()
     def hidden_states(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,9 @@ class SamplingParams:
     # also return each response's whole sampled distributions [T, V] (the tempered, filtered log-probs each
     # token was drawn from): the exact α without a replay (sparserl.mismatch.measure)
     keep_distributions: bool = False
+    # also return each response's final hidden states [T, H] (the input of the LM head at each position a token
+    # was drawn from): q recomputed from them by the sampler's own head (sparserl.mismatch.exact_alpha.hidden_alpha)
+    keep_hidden: bool = False
 
     def validate(self) -> None:
         if self.n < 1:
@@ -103,15 +106,23 @@ def row_uniforms(seed: int, rows: torch.Tensor, step: int) -> torch.Tensor:
     return _shr(z, 40).to(torch.float32) * (2.0**-24)
 
 
+def sampled_distribution(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Log-probs [..., V] (float32) of the distribution :func:`sample` draws from, from the logits: tempered
+    and filtered (:func:`sampling_logprobs`); under greedy decoding (``temperature=0``) the untempered softmax.
+    The one logits -> ``q`` transform, shared by sampling and by the exact α's ``q`` recomputed from kept
+    hidden states (:func:`sparserl.mismatch.exact_alpha.hidden_alpha`)."""
+    if p.temperature == 0:
+        return torch.log_softmax(logits.float(), -1)
+    return sampling_logprobs(logits, p)
+
+
 def sample(logits: torch.Tensor, p: SamplingParams, uniforms: torch.Tensor):
-    """Returns (tokens [B], logprob of each token [B], log-probs [B, V] of the sampled distribution).
-    ``uniforms`` [B]: each row's draw in [0, 1) (:func:`row_uniforms`)."""
+    """Returns (tokens [B], logprob of each token [B], log-probs [B, V] of the sampled distribution,
+    :func:`sampled_distribution`). ``uniforms`` [B]: each row's draw in [0, 1) (:func:`row_uniforms`)."""
+    logprobs = sampled_distribution(logits, p)
     if p.temperature == 0:
         tokens = logits.argmax(dim=-1)
-        logp = torch.zeros(tokens.shape, dtype=torch.float32, device=logits.device)
-        full = torch.log_softmax(logits.float(), -1)
-        return tokens, logp, full
-    logprobs = sampling_logprobs(logits, p)
+        return tokens, torch.zeros(tokens.shape, dtype=torch.float32, device=logits.device), logprobs
     # inverse-CDF sampling with one uniform draw per row
     # (torch.multinomial draws an exponential per vocabulary entry: ~10x slower here)
     cdf = logprobs.exp().cumsum_(dim=-1)

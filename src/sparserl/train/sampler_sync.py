@@ -11,16 +11,19 @@ import torch
 
 from .. import runlog as names
 from ..config import Config
-from ..mismatch.measure import keeps_distributions
+from ..mismatch.measure import keeps_distributions, keeps_hidden
 from ..rollout.engine import RolloutEngine, RolloutOutput
 from ..rollout.sampling import SamplingParams
 from .due import checkpoint_due
 from .lora import sampler_state
 
 
-def sampling_params(cfg: Config, step: int, keep_distributions: bool = False) -> SamplingParams:
+def sampling_params(
+    cfg: Config, step: int, keep_distributions: bool = False, keep_hidden: bool = False
+) -> SamplingParams:
     """Step ``step``'s sampling: ``rollout.*``, a seed of its own per step, the top-k log-probs the topk α
-    reads, and whether the sampler keeps its whole distributions (the exact α without a replay)."""
+    reads, and whether the sampler keeps its whole distributions or its LM head's inputs (the exact α
+    without a replay: ``mismatch.alpha_q`` kept or hidden)."""
     r = cfg.rollout
     return SamplingParams(
         n=r.n,
@@ -32,6 +35,7 @@ def sampling_params(cfg: Config, step: int, keep_distributions: bool = False) ->
         seed=cfg.train.seed * 1_000_003 + step,
         logprobs_topk=cfg.mismatch.alpha_topk if cfg.mismatch.alpha == "topk" else 0,
         keep_distributions=keep_distributions,
+        keep_hidden=keep_hidden,
     )
 
 
@@ -47,7 +51,8 @@ def rollout(trainer, step: int) -> tuple[list, RolloutOutput]:
     if trainer.pool is None:
         examples = trainer.data.next_batch()
         keep = keeps_distributions(trainer, len(examples) * cfg.rollout.n)  # the exact α reads them: no replay
-        return examples, trainer.engine.generate([e.prompt for e in examples], sampling_params(cfg, step, keep))
+        params = sampling_params(cfg, step, keep, keeps_hidden(trainer))
+        return examples, trainer.engine.generate([e.prompt for e in examples], params)
     examples, pending = trainer.pending or send_rollout(trainer, step)
     trainer.pending = None
     ro = trainer.pool.collect(pending)
@@ -64,9 +69,8 @@ def send_rollout(trainer, step: int) -> tuple[list, object]:
     examples = trainer.data.next_batch()
     read = (cfg.mismatch.alpha_topk if cfg.mismatch.alpha == "topk" else 0) if cfg.rollout.async_ else None
     keep = keeps_distributions(trainer, len(examples) * cfg.rollout.n)  # the workers send q back: no replay here
-    return examples, trainer.pool.submit(
-        [e.prompt for e in examples], sampling_params(cfg, step, keep), trainer.engine.compressor.schedule, read
-    )
+    params = sampling_params(cfg, step, keep, keeps_hidden(trainer))  # or their head's inputs
+    return examples, trainer.pool.submit([e.prompt for e in examples], params, trainer.engine.compressor.schedule, read)
 
 
 def sampler_weights(trainer) -> dict[str, torch.Tensor]:
@@ -95,6 +99,18 @@ def local_sampler(trainer) -> RolloutEngine:
     if trainer.engine_stale:
         trainer.engine.update_weights(sampler_weights(trainer))
         trainer.engine_stale = False
+    return trainer.engine
+
+
+def sampler_of(trainer, ro: RolloutOutput) -> RolloutEngine:
+    """The sampler in this process with the weights that sampled ``ro``: :func:`local_sampler`, or under
+    ``rollout.async`` (``ro`` sampled with the push before the latest) that push's weights, loaded from the
+    pool (the exact α's ``q`` from the workers' kept head inputs needs the head that made them); the engine
+    here is then stale again."""
+    if trainer.pool is None or ro.weights_version in (None, trainer.pool.version):
+        return local_sampler(trainer)
+    trainer.engine.update_weights(trainer.pool.weights(ro.weights_version))
+    trainer.engine_stale = True
     return trainer.engine
 
 

@@ -26,7 +26,7 @@ from ..rollout.engine import RolloutOutput
 from ..score import score_logprobs
 from .dynamic_sampling import filter_groups
 from .laps import Laps
-from .sampler_sync import local_sampler, pool_metrics, push_weights, rollout, sampling_params
+from .sampler_sync import local_sampler, pool_metrics, push_weights, rollout, sampler_of, sampling_params
 from .update import update
 
 
@@ -55,12 +55,12 @@ def train_step(trainer, step: int) -> dict:
             else {}
         )
     # 4b) the acceptance α (times itself: time/alpha_s), and the controller's next budgets from its tail
-    if cfg.mismatch.alpha == "exact" and ro.distributions is None:  # it replays the sampler here
-        local_sampler(trainer)
+    if cfg.mismatch.alpha == "exact" and ro.distributions is None:  # the sampler here replays, or reads ro.hidden
+        sampler_of(trainer, ro)
     alpha = measure_alpha(
         trainer, batch, ro, sampling_params(cfg, step), cfg.mismatch.alpha, cfg.mismatch.alpha_bin, old.hidden
     )
-    ro.distributions = None  # the sampler's q, read: freed before the update
+    ro.distributions = ro.hidden = None  # the sampler's q or its head's inputs, read: freed before the update
     if trainer.kv_controller is not None:
         alpha.update(trainer.kv_controller.steer(trainer.engine.compressor, alpha))
     with laps(names.TIME_UPDATE):

@@ -16,13 +16,12 @@ def async_rollouts(cfg: Config) -> list[str]:
             "rollout.async=true needs cluster.rollout_workers (the workers sample the next step while "
             "the training process updates on this one)"
         )
-    if cfg.mismatch.alpha == "exact" and cfg.mismatch.alpha_record_mib == 0:
+    if cfg.mismatch.alpha == "exact" and cfg.mismatch.alpha_q == "kept" and cfg.mismatch.alpha_record_mib == 0:
         errors.append(
-            "rollout.async=true with mismatch.alpha=exact and mismatch.alpha_record_mib=0: under "
-            "rollout.async the exact α reads the q the workers keep while they sample (the training "
-            "process's sampler is a step newer than the rollout's and cannot replay it); leave "
-            "mismatch.alpha_record_mib at its default, or use mismatch.alpha=topk (α with its lag and "
-            "cache parts) or off"
+            "rollout.async=true with mismatch.alpha=exact, mismatch.alpha_q=kept and "
+            "mismatch.alpha_record_mib=0: under rollout.async the kept route reads the q the workers keep "
+            "while they sample; leave mismatch.alpha_record_mib at its default, or use mismatch.alpha_q=hidden "
+            "or mismatch.alpha=topk (α with its lag and cache parts) or off"
         )
     if r.mismatch_split:
         errors.append(
