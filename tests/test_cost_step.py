@@ -239,3 +239,29 @@ def test_the_command_refuses_bad_options(argv, match, capsys):
 
     assert cli.main(["bench", "step-cost", "--machine", "2e10:2e11", *argv]) == 1
     assert match in capsys.readouterr().err
+
+
+def test_the_prediction_beside_a_measured_split(tmp_path, capsys):
+    import json
+
+    from sparserl import cli
+    from sparserl.cost.arms import beside
+
+    steps = {"dense": step_cost(SMOL, CPU, 100, LONG), "rkv256": step_cost(SMOL, CPU, 100, LONG, budget=256)}
+    row = {names.TIME_STEP: 10.0, names.TIME_ROLLOUT: 4.0, names.TIME_SCORE: 1.0, names.TIME_UPDATE: 5.0}
+    side = beside(steps, {"dense": row, "rkv_fixed": row, "config": row}, {"rkv_fixed": "rkv256"})
+    lines = side.splitlines()
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| dense", "| rkv_fixed"]  # "config": no prediction
+    dense = steps["dense"]
+    assert f"{dense.rollout_fraction:.0%} / 40%" in lines[2] and f"{dense.seconds:.3g} / 10" in lines[2]
+    assert beside(steps, {"config": row}) == ""
+
+    measured = tmp_path / "bench_step.json"
+    measured.write_text(json.dumps({"summary": {"dense": row, "rkv_fixed": row}}))
+    argv = ["bench", "step-cost", "--machine", "2e10:2e11:8e11", "--dtype", "float32", "--measured", str(measured)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "beside" in out and "| rkv_fixed | " in out
+    measured.write_text("{}")
+    assert cli.main(argv) == 1
+    assert "not a `sparserl bench step --json` output" in capsys.readouterr().err

@@ -21,7 +21,7 @@ from .rollout import MachineRates, ModelShape
 from .sparrow import SCHEDULES, pages_schedule
 from .step import STATIONS, Step, step_cost, with_weight_bytes
 
-__all__ = ["ARM_HELP", "arm_sparsity", "predict_arms", "table"]
+__all__ = ["ARM_HELP", "arm_sparsity", "beside", "predict_arms", "table"]
 
 ARM_HELP = "dense, rkv<B> (e.g. rkv256), controller, blocktopk, sparrow (Qwen3 shapes), int8, fp8"
 
@@ -123,3 +123,24 @@ def table(steps: dict[str, Step], baseline: str | None = None) -> str:
             + " |"
         )
     return "\n".join(lines)
+
+
+def beside(steps: dict[str, Step], measured: dict[str, dict], aliases: dict[str, str] | None = None) -> str:
+    """A markdown table of each station's fraction of the step, predicted / measured, for the arms in both
+    ``steps`` and ``measured`` (a measured arm's run-log figures by arm name, e.g. ``sparserl bench step``'s
+    ``summary``); ``aliases``: measured arm name → predicted arm name where they differ (e.g.
+    ``rkv_fixed`` → ``rkv256``). Empty when no arm is in both."""
+    aliases = aliases or {}
+    short = [s.removeprefix("time/").removesuffix("_s") for s in STATIONS]
+    head = ["arm", *(f"{s} pred / meas" for s in short), "step s pred / meas"]
+    lines = []
+    for name, row in measured.items():
+        s = steps.get(aliases.get(name, name))
+        total = row.get(names.TIME_STEP)
+        if s is None or not total:
+            continue
+        cells = [f"{s.stations[k] / s.seconds:.0%} / {row.get(k, 0.0) / total:.0%}" for k in STATIONS]
+        lines.append("| " + " | ".join([name, *cells, f"{s.seconds:.3g} / {total:.3g}"]) + " |")
+    if not lines:
+        return ""
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *lines])

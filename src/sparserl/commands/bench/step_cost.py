@@ -105,6 +105,13 @@ def add_parser(subparsers, parents=()):
         help="the update recomputes each layer's forward",
     )
     p.add_argument("--micro-batch-tokens", type=int, default=None, help="the learner's tokens per micro-batch")
+    p.add_argument(
+        "--measured",
+        default=None,
+        metavar="FILE",
+        help="a `sparserl bench step --json` output: each station's fraction of the step, predicted beside "
+        "measured, for the arms both have (its rkv_fixed is matched with the first rkv<B> arm)",
+    )
     p.add_argument("--json", default=None)
     p.set_defaults(fn=run)
     return p
@@ -180,6 +187,18 @@ def _rates_from_json(path: str):
     return sampler, learner, int8, {**m, "rates_from": path}
 
 
+def _measured(path: str) -> dict[str, dict]:
+    """The per-arm figures of a ``sparserl bench step --json`` output (its ``summary``)."""
+    try:
+        with open(path) as f:
+            summary = json.load(f)["summary"]
+        if not isinstance(summary, dict):
+            raise TypeError("summary is not an object")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise OptionError(f"--measured {path}: not a `sparserl bench step --json` output ({e})") from None
+    return summary
+
+
 def _rates_dict(rates) -> dict:
     return {
         "memory_bandwidth_bytes_per_s": rates.bandwidth,
@@ -250,7 +269,7 @@ def _measure_here(model: str, responses: int, dtype: str, int8: bool):
 
 def run(args) -> int:
     from ...bench.rollout import sparserl_commit, write_json
-    from ...cost.arms import arm_sparsity, predict_arms, table
+    from ...cost.arms import arm_sparsity, beside, predict_arms, table
     from ...cost.shapes import model_shape
     from ...cost.sparrow import PUBLISHED
 
@@ -285,6 +304,7 @@ def run(args) -> int:
         raise OptionError(str(e)) from None
     if args.json:
         check_output_file(args.json, "--json")
+    measured = _measured(args.measured) if args.measured else None
     rates, learner_rates, int8_rates, machine = _rates(
         opts["machine"], model, opts["responses"], opts["dtype"], any(a in ("int8", "fp8") for a in arms)
     )
@@ -322,6 +342,12 @@ def run(args) -> int:
     published = PUBLISHED.get(model.lower())
     if published and "sparrow" in steps:
         print(f"Sparrow published (4 x H200): rollout {published[2]:.2f}x, one RL step {published[3]:.2f}x")
+    if measured is not None:
+        rkv = next((a for a in arms if a.startswith("rkv")), None)
+        side = beside(steps, measured, {"rkv_fixed": rkv} if rkv else None)
+        print(f"beside {args.measured} (fraction of the step):" if side else f"{args.measured}: no arm in common")
+        if side:
+            print(side)
     report = {
         "command": "sparserl bench step-cost " + " ".join(_argv(args)),
         "commit": sparserl_commit(),
