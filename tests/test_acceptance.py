@@ -52,7 +52,7 @@ def test_alpha_in_training_is_logged_and_exact_replay_reproduces_the_sampler(tmp
     from sparserl.train import step as step_module
     from sparserl.train.trainer import build_trainer, train_step
 
-    record = "mismatch.alpha_record_mib=0" if mode == "exact_replay" else "mismatch.alpha_record_mib=1024"
+    record = "mismatch.alpha_q=replay" if mode == "exact_replay" else "mismatch.alpha_q=hidden"
     cfg = validate(
         load_config(
             "sparse_rl_fixed40",
@@ -116,6 +116,7 @@ def test_exact_alpha_from_kept_distributions_equals_the_replay(tmp_path, monkeyp
                     "mismatch.alpha=exact",
                     "rollout.max_new_tokens=24",
                     f"mismatch.alpha_record_mib={mib}",
+                    "mismatch.alpha_q=kept",
                 ],
             )
         )

@@ -213,7 +213,13 @@ MATRIX = [
     ),
     case(
         "config",
-        ["train", "cluster.rollout_workers=1", "rollout.async=true", "mismatch.alpha_record_mib=0"],
+        [
+            "train",
+            "cluster.rollout_workers=1",
+            "rollout.async=true",
+            "mismatch.alpha_q=kept",
+            "mismatch.alpha_record_mib=0",
+        ],
         "mismatch.alpha_record_mib=0",
         "async-exact-alpha-replay",
     ),

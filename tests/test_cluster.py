@@ -340,7 +340,15 @@ def test_async_rollouts_measure_the_exact_alpha_from_the_workers_q(tmp_path, loc
     with monkeypatch.context() as patch:
         patch.setattr(pool, "RolloutPool", lambda *a, **k: pytest.fail("the workers started before the check"))
         with pytest.raises(ConfigError, match=r"mismatch.alpha_record_mib=1 with rollout.async=true .* is \d+ MiB"):
-            build_trainer(_cfg(tmp_path / "small", *extra, "mismatch.alpha_record_mib=1", "rollout.max_new_tokens=512"))
+            build_trainer(
+                _cfg(
+                    tmp_path / "small",
+                    *extra,
+                    "mismatch.alpha_q=kept",
+                    "mismatch.alpha_record_mib=1",
+                    "rollout.max_new_tokens=512",
+                )
+            )
     trainer = build_trainer(_cfg(tmp_path / "run", *extra))
     try:
         metrics = [train_step(trainer, 1), train_step(trainer, 2)]
@@ -401,8 +409,8 @@ def _same_run(resumed, through, *keys) -> list[dict]:
         ("cluster.worker_cpus=0", "cluster.worker_cpus=0"),
         ("rollout.async=true", "rollout.async=true needs cluster.rollout_workers"),
         (
-            "cluster.rollout_workers=1 rollout.async=true mismatch.alpha_record_mib=0",
-            "mismatch.alpha_record_mib=0: under rollout.async the exact α reads the q the workers keep",
+            "cluster.rollout_workers=1 rollout.async=true mismatch.alpha_q=kept mismatch.alpha_record_mib=0",
+            "mismatch.alpha_record_mib=0: under rollout.async the kept route reads the q the workers keep",
         ),
         (
             (
