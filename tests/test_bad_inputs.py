@@ -379,6 +379,13 @@ MATRIX = [
     case("config", [*T, "train.lr_scheduler=cosin"], "did you mean 'cosine'", "lr-scheduler-typo"),
     case("config", [*T, "train.min_lr_ratio=2"], "train.min_lr_ratio=2", "min-lr-ratio-above-one"),
     case("config", [*T, "train.max_nonfinite_steps=0"], "train.max_nonfinite_steps", "max-nonfinite-steps-zero"),
+    case(
+        "config",
+        [*T, "train.max_tokens_per_micro_batch=8"],
+        "train.max_tokens_per_micro_batch=8",
+        "token-budget-below-one-response",
+    ),
+    case("config", [*T, "train.max_memory_gb=0.01"], "train.max_memory_gb=0.01", "max-memory-far-too-small"),
     # an option that does nothing where it is given is refused, naming the key that would enable it
     case("config", [*T, "train.lora_target=[q_proj]"], "train.lora_rank", "lora-target-without-rank"),
     case(

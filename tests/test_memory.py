@@ -1,0 +1,174 @@
+"""sparserl.memory: the peak predicted from the config, the refusal before the model loads, and
+``train.gradient_checkpointing: auto``'s answer."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sparserl.config import ConfigError, apply_overrides, load_config
+from sparserl.cost import ModelShape
+from sparserl.memory import check_fits, gradient_checkpointing_on, memory_limit, predict_peak
+from sparserl.memory.activations import autocast_weight_bytes, saved_layer_bytes
+from sparserl.models.loading import tiny_config
+
+TINY = ["model.name=tiny", "data.eval=null", "mismatch.alpha=exact", "rollout.dtype=float32"]
+SHAPE = ModelShape.from_config(tiny_config())
+
+
+def cfg_of(*overrides):
+    return load_config("default", [*TINY, *overrides])
+
+
+def peak(*overrides, prompt=100):
+    return predict_peak(cfg_of(*overrides), SHAPE, prompt).peak
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_saved_bytes_per_token_are_what_autograd_saves(autocast):
+    """The per-token, per-layer sum of :func:`saved_layer_bytes` (and autocast's weight copies) equals the
+    bytes a saved-tensor hook counts in one more decoder layer, the parameters apart."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    B, T = 2, 24
+
+    def count(layers):
+        cfg = LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=80, num_hidden_layers=layers,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        m = AutoModelForCausalLM.from_config(cfg)
+        params = {p.untyped_storage().data_ptr() for p in m.parameters()}
+        seen = {}
+
+        def pack(t):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in params:
+                seen[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        mask = torch.ones(B, T, dtype=torch.long)
+        mask[0, :3] = 0
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                m.model(input_ids=torch.randint(0, 64, (B, T)), attention_mask=mask)
+        return sum(seen.values()), cfg
+
+    one, cfg = count(1)
+    two, _ = count(2)
+    shape = ModelShape.from_config(cfg)
+    predicted = saved_layer_bytes(shape, 4, 2 if autocast else 4, T, autocast)
+    if autocast:  # the layer's bfloat16 weight copies, which the prediction counts once for the model
+        predicted += autocast_weight_bytes(shape) / shape.layers / (B * T)
+    assert (two - one) / (B * T) == pytest.approx(predicted, rel=1e-12)
+
+
+def test_prediction_grows_with_length_and_shrinks_with_checkpointing_and_budget():
+    """(The old policy scored apart: an update's forward standing in for it holds α's buffers beside its
+    graph, which a longer response that no longer fits one micro-batch gives up.)"""
+    off = "train.gradient_checkpointing=false algorithm.old_logprobs=score".split()
+    assert peak(*off, "rollout.max_new_tokens=512") > peak(*off, "rollout.max_new_tokens=128")
+    on = ["train.gradient_checkpointing=true", "algorithm.old_logprobs=score"]
+    assert peak(*on, "rollout.max_new_tokens=512") < peak(*off, "rollout.max_new_tokens=512")
+    big = [*off, "rollout.max_new_tokens=512", "train.micro_batch_size=32"]
+    assert peak(*big, "train.max_tokens_per_micro_batch=2048") < peak(*big, "train.max_tokens_per_micro_batch=16384")
+    # the parts are named, and the peak is the resident parts plus the largest station
+    p = predict_peak(cfg_of(*big), SHAPE, 100)
+    assert p.peak == sum(p.resident.values()) + max(sum(s.values()) for s in p.stations.values())
+    assert {"baseline", "learner weights", "gradients", "AdamW moments", "sampler weights"} <= set(p.resident)
+    assert "activations" in p.stations["update"]
+
+
+def test_lora_and_reference_change_the_resident_parts():
+    full = predict_peak(cfg_of(), SHAPE, 100)
+    lora = predict_peak(cfg_of("train.lora_rank=4"), SHAPE, 100)
+    assert lora.resident["AdamW moments"] < full.resident["AdamW moments"] / 10
+    ref = predict_peak(cfg_of("algorithm.kl_coef=0.001"), SHAPE, 100)
+    assert ref.resident["reference"] == full.resident["learner weights"]
+
+
+def test_a_run_that_does_not_fit_is_refused_before_the_model_loads(monkeypatch):
+    """build_trainer refuses in preflight, loading nothing; every change the message suggests fits."""
+    import sparserl.train.build as build
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(build, "build_learner", no_model)
+    long = ["rollout.max_new_tokens=1024", "train.micro_batch_size=32", "train.gradient_checkpointing=false"]
+    limit = (peak(*long, prompt=256) + peak("rollout.max_new_tokens=16", prompt=256)) / 2 / 1e9
+    cfg = cfg_of(*long, f"train.max_memory_gb={limit:.3f}")
+    with pytest.raises(ConfigError) as e:
+        build.build_trainer(cfg)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"train.max_memory_gb={limit:.3f}: ")
+    fixes = re.findall(r"((?:[\w.]+=\S+ ?)+) \([\d.]+ GB\)", msg.split("fits with", 1)[1])
+    keys = {f.split("=")[0] for fix in fixes for f in fix.split()}
+    assert {"train.gradient_checkpointing", "train.max_tokens_per_micro_batch", "rollout.max_new_tokens"} <= keys
+    for fix in fixes:
+        fixed = apply_overrides(cfg.model_copy(deep=True), fix.split())
+        assert predict_peak(fixed, SHAPE, 256).peak <= limit * 1e9, fix
+        check_fits(fixed, SHAPE, 256)  # no error
+
+
+def test_far_too_small_a_limit_names_no_fix():
+    with pytest.raises(ConfigError, match=r"train.max_memory_gb=0.01: .* not even with"):
+        check_fits(cfg_of("train.max_memory_gb=0.01"), SHAPE, 100)
+
+
+def test_limit_is_the_key_or_the_available_memory():
+    assert memory_limit(cfg_of("train.max_memory_gb=3"))[0] == 3e9
+    limit, source = memory_limit(cfg_of())
+    assert 0 < limit < float("inf") and "available memory" in source
+
+
+def test_gradient_checkpointing_auto_turns_on_only_when_needed(tiny):
+    learner = tiny.model
+    long = ["rollout.max_new_tokens=1024", "train.micro_batch_size=32", "train.max_tokens_per_micro_batch=null"]
+    off = peak(*long, "train.gradient_checkpointing=false", prompt=256)
+    on = peak(*long, "train.gradient_checkpointing=true", prompt=256)
+    assert on < off
+    between = f"train.max_memory_gb={(on + off) / 2 / 1e9:.3f}"
+    assert gradient_checkpointing_on(cfg_of(*long, between), learner) is True
+    assert gradient_checkpointing_on(cfg_of(*long, f"train.max_memory_gb={off * 2 / 1e9:.3f}"), learner) is False
+    assert gradient_checkpointing_on(cfg_of(*long, f"train.max_memory_gb={on / 2 / 1e9:.3f}"), learner) is False
+
+
+def test_config_prints_the_prediction(capsys):
+    from sparserl.cli import main
+
+    assert main(["config", *TINY]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("# memory: predicted peak")]
+    assert len(lines) == 1 and "limit" in lines[0]
+
+
+CHILD = """
+import dataclasses, json, resource, sys
+from sparserl.config import load_config
+from sparserl.train import sampler_sync, step
+from sparserl.train.build import build_trainer
+plain = sampler_sync.sampling_params
+full = lambda *a, **k: dataclasses.replace(plain(*a, **k), ignore_eos=True)
+sampler_sync.sampling_params = step.sampling_params = full
+trainer = build_trainer(load_config("default", sys.argv[1:]))
+step.train_step(trainer, 0)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+prompt = max(len(trainer.engine.encode(ex.prompt)) for ex in trainer.data.examples[:200])
+print(json.dumps({"peak": peak, "prompt": prompt, "dtype": str(trainer.engine.dtype)[6:]}))
+"""
+
+
+def test_tiny_prediction_is_within_a_quarter_of_a_measured_step():
+    """One step of the tiny model in a process of its own, every response at full length: its peak RSS
+    within 25% of the prediction (with the sampler's dtype as the run chose it, the prompt measured)."""
+    overrides = [*TINY, "rollout.max_new_tokens=32", "train.prompts_per_step=2", "model.mixed_precision=off"]
+    out = subprocess.run([sys.executable, "-c", CHILD, *overrides], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    run = json.loads(out.stdout.strip().splitlines()[-1])
+    cfg = load_config("default", [*overrides, f"rollout.dtype={run['dtype']}"])
+    predicted = predict_peak(cfg, SHAPE, run["prompt"]).peak
+    assert abs(predicted / run["peak"] - 1) <= 0.25, (predicted, run)
