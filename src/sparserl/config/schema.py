@@ -841,7 +841,21 @@ class Config(_Section):
             micro_batches=micro,
             learners=self.cluster.learners,
             dropout=dropout,
+            tokens=self.update_forward_tokens(),
+            max_tokens=self.train.max_tokens_per_micro_batch,
         )
+
+    def update_forward_tokens(self) -> int:
+        """The tokens one forward over a whole rollout batch may compute: ``rollout.n`` responses of
+        ``rollout.max_new_tokens`` to each of ``train.prompts_per_step`` prompts of at most
+        :data:`~sparserl.packing.PROMPT_TOKENS_BOUND` tokens, each prompt once under ``train.shared_prompt``
+        (unless gradient checkpointing, which runs every row whole, is on: :mod:`sparserl.packing`)."""
+        from ..packing import PROMPT_TOKENS_BOUND, worst_case_tokens
+
+        t = self.train
+        shared = t.shared_prompt and t.gradient_checkpointing is not True
+        batch = t.prompts_per_step * self.rollout.n
+        return worst_case_tokens(batch, t.prompts_per_step, PROMPT_TOKENS_BOUND, self.rollout.max_new_tokens, shared)
 
 
 # --- looking fields up by key ---------------------------------------------------------------------

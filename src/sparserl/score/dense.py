@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..batch import RolloutBatch
+from ..packing import RowLengths, pack_micro_batches, used_columns
 from .chunked_head import head_logprobs, token_logprobs
 from .hidden import response_hidden
 from .shared_prompt import forward_response_shared, lm_head_weight
@@ -30,75 +31,117 @@ def forward_response(
     sampler and dense log-probs describe the same distribution. Runs with whatever grad mode the
     caller set (no_grad for scoring, grad for the update). ``return_hidden``: a third value, the final
     hidden states [n, T, H] (detached) that predict the response tokens, the log-probs then computed
-    from them through the LM head in chunks (:func:`head_logprobs`; equal up to float rounding)."""
-    ids = batch.input_ids[rows]
+    from them through the LM head in chunks (:func:`head_logprobs`; equal up to float rounding).
+
+    The forward computes only the columns the rows use (:func:`sparserl.packing.used_columns`: the left
+    padding none of their prompts needs and the columns past their longest response are cut); the
+    outputs are padded back to T with 0 (under ``response_mask`` = 0)."""
     T = batch.response_ids.shape[1]
+    ids, att, pos = batch.input_ids[rows], batch.attention_mask[rows], batch.position_ids[rows]
+    first, T_used = used_columns(att, T)
+    end = ids.shape[1] - T + T_used
+    ids, att, pos = ids[:, first:end], att[:, first:end], pos[:, first:end]
+    targets = batch.response_ids[rows][:, :T_used]
     if return_hidden:
-        hidden = response_hidden(model, ids, batch.attention_mask[rows], batch.position_ids[rows], T)
+        hidden = response_hidden(model, ids, att, pos, T_used)
         lp, ent = head_logprobs(
             hidden,
             lm_head_weight(model),
-            batch.response_ids[rows],
+            targets,
             temperature,
             with_entropy=return_entropy,
             entropy_grad=entropy_grad,
         )
-        return lp, ent, hidden.detach()
-    out = model(
-        input_ids=ids,
-        attention_mask=batch.attention_mask[rows],
-        position_ids=batch.position_ids[rows],
-        logits_to_keep=T + 1,
-        use_cache=False,
-    )
-    logits = out.logits[:, :-1]  # position j predicts token j+1: the last T+1 logits → T predictions
+        return _pad_to(lp, T), _pad_to(ent, T), _pad_to(hidden.detach(), T)
+    out = model(input_ids=ids, attention_mask=att, position_ids=pos, logits_to_keep=T_used + 1, use_cache=False)
+    logits = out.logits[:, :-1]  # position j predicts token j+1: the last T_used+1 logits → T_used predictions
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    lp = token_logprobs(logits, batch.response_ids[rows])
+    lp = token_logprobs(logits, targets)
     ent = None
     if return_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             lf = logits.float()
             ent = torch.logsumexp(lf, -1) - (lf.softmax(-1) * lf).sum(-1)
-    return lp, ent
+    return _pad_to(lp, T), _pad_to(ent, T)
+
+
+def _pad_to(x: torch.Tensor | None, T: int) -> torch.Tensor | None:
+    """``x`` [n, T_used] or [n, T_used, H] padded with 0 to T response columns."""
+    if x is None or x.shape[1] == T:
+        return x
+    pad = (0, T - x.shape[1]) if x.dim() == 2 else (0, 0, 0, T - x.shape[1])
+    return torch.nn.functional.pad(x, pad)
+
+
+def micro_batches(
+    batch: RolloutBatch,
+    micro_batch_size: int,
+    max_tokens: int | None,
+    shared_prompt: bool,
+    rows: slice | None = None,
+) -> list[torch.Tensor]:
+    """The row index tensors (on the batch's device) of the micro-batches of ``rows`` (default: all) of
+    ``batch``: at most ``micro_batch_size`` rows and ``max_tokens`` tokens each
+    (``train.max_tokens_per_micro_batch``), as the forward computes them (``shared_prompt``: each prompt
+    once), packed by length (:func:`sparserl.packing.pack_micro_batches`)."""
+    parts = pack_micro_batches(
+        RowLengths.of_batch(batch), rows, max_tokens=max_tokens, max_rows=micro_batch_size, shared_prompt=shared_prompt
+    )
+    return [r.to(batch.input_ids.device) for r in parts]
 
 
 @torch.no_grad()
 def score_logprobs(
-    model, batch: RolloutBatch, micro_batch_size: int = 16, temperature: float = 1.0, shared_prompt: bool = False
+    model,
+    batch: RolloutBatch,
+    micro_batch_size: int = 16,
+    temperature: float = 1.0,
+    shared_prompt: bool = False,
+    max_tokens: int | None = None,
 ) -> torch.Tensor:
-    """log p of every response token under ``model`` (no grad), micro-batched. [N, T] float32.
-    ``shared_prompt``: forward each distinct prompt once (:func:`forward_response_shared`)."""
+    """log p of every response token under ``model`` (no grad), in micro-batches of at most
+    ``micro_batch_size`` rows and ``max_tokens`` tokens (``train.max_tokens_per_micro_batch``; rows packed
+    by length, :func:`micro_batches`). [N, T] float32. ``shared_prompt``: forward each distinct prompt
+    once (:func:`forward_response_shared`)."""
     forward = forward_response_shared if shared_prompt else forward_response
     was_training = model.training
     model.eval()
-    parts = []
-    for s in range(0, batch.size, micro_batch_size):
-        lp, _ = forward(model, batch, slice(s, s + micro_batch_size), temperature=temperature)
-        parts.append(lp)
-    model.train(was_training)
-    return torch.cat(parts) * batch.response_mask
+    out = torch.zeros(batch.response_ids.shape, dtype=torch.float32, device=batch.response_ids.device)
+    try:
+        for rows in micro_batches(batch, micro_batch_size, max_tokens, shared_prompt):
+            lp, _ = forward(model, batch, rows, temperature=temperature)
+            out[rows] = lp.float()
+    finally:
+        model.train(was_training)
+    return out * batch.response_mask
 
 
 @torch.no_grad()
 def score_logprobs_keep_hidden(
-    model, batch: RolloutBatch, micro_batch_size: int = 16, temperature: float = 1.0, shared_prompt: bool = False
+    model,
+    batch: RolloutBatch,
+    micro_batch_size: int = 16,
+    temperature: float = 1.0,
+    shared_prompt: bool = False,
+    max_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log p [N, T], hidden [N, T, H]): :func:`score_logprobs`'s log-probs (equal up to float rounding),
     computed from the final hidden states at the response positions, which come back too, so that
     the exact acceptance α (:mod:`sparserl.mismatch.measure`) reads ``p`` from this forward instead of a
-    second one. Positions past a micro-batch's longest response hold 0 in both (shared prompt)."""
+    second one. Positions past a micro-batch's longest response hold 0 in both."""
     forward = forward_response_shared if shared_prompt else forward_response
     was_training = model.training
     model.eval()
-    lps, hiddens = [], []
+    lps = torch.zeros(batch.response_ids.shape, dtype=torch.float32, device=batch.response_ids.device)
+    hiddens = None
     try:
-        for s in range(0, batch.size, micro_batch_size):
-            lp, _, hidden = forward(
-                model, batch, slice(s, s + micro_batch_size), temperature=temperature, return_hidden=True
-            )
-            lps.append(lp)
-            hiddens.append(hidden)
+        for rows in micro_batches(batch, micro_batch_size, max_tokens, shared_prompt):
+            lp, _, hidden = forward(model, batch, rows, temperature=temperature, return_hidden=True)
+            if hiddens is None:
+                hiddens = hidden.new_zeros(*batch.response_ids.shape, hidden.shape[-1])
+            lps[rows] = lp.float()
+            hiddens[rows] = hidden
     finally:
         model.train(was_training)
-    return torch.cat(lps) * batch.response_mask, torch.cat(hiddens)
+    return lps * batch.response_mask, hiddens

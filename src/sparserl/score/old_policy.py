@@ -35,7 +35,8 @@ same precision. The trainer runs that forward before the corrections and keeps i
 1. the step makes one optimizer step (``train.ppo_epochs=1``, ``train.mini_batch_prompts`` null or the
    whole batch): the old policy of a second optimizer step is no longer the weights its forward runs;
 2. one micro-batch holds the whole batch (``train.micro_batch_size`` ≥ ``train.prompts_per_step`` ×
-   ``rollout.n``): the corrections (Sparse-RL's batch-normalised weights) and the loss normalisers read
+   ``rollout.n``, and its tokens at their longest within ``train.max_tokens_per_micro_batch``): the
+   corrections (Sparse-RL's batch-normalised weights) and the loss normalisers read
    every sequence's ``log p`` before the first backward, and two micro-batches' graphs at once would
    hold the memory the micro-batch size exists to bound;
 3. one learner computes it (``cluster.learners=1``), and its forward is deterministic in training mode
@@ -103,12 +104,20 @@ def sampler_is_old_policy(**facts) -> bool:
 
 
 def why_update_forward_is_not_old_policy(
-    *, optimizer_steps: int, micro_batches: int, learners: int = 1, dropout: float = 0.0
+    *,
+    optimizer_steps: int,
+    micro_batches: int,
+    learners: int = 1,
+    dropout: float = 0.0,
+    tokens: int | None = None,
+    max_tokens: int | None = None,
 ) -> str | None:
     """The first reason (a phrase naming the option) why the update's own forward cannot give the old
     policy's log-probs, or None when it can (see the module docstring). ``optimizer_steps``: per rollout
-    batch (``ppo_epochs`` × mini-batches); ``micro_batches``: per optimizer step; ``dropout``: the largest
-    dropout probability active in the learner's training-mode forward."""
+    batch (``ppo_epochs`` × mini-batches); ``micro_batches``: per optimizer step (by rows); ``tokens``: the
+    most a forward over the whole batch may compute (:meth:`sparserl.config.Config.update_forward_tokens`),
+    against the token budget ``max_tokens`` (``train.max_tokens_per_micro_batch``; None = none);
+    ``dropout``: the largest dropout probability active in the learner's training-mode forward."""
     if optimizer_steps != 1:
         return (
             f"the step makes {optimizer_steps} optimizer steps (train.ppo_epochs, train.mini_batch_prompts): "
@@ -118,6 +127,11 @@ def why_update_forward_is_not_old_policy(
         return (
             f"the batch takes {micro_batches} micro-batches (train.micro_batch_size): the corrections need every "
             "sequence's log p before the first backward; set train.micro_batch_size to the whole batch"
+        )
+    if tokens is not None and max_tokens is not None and tokens > max_tokens:
+        return (
+            f"the batch takes {-(-tokens // max_tokens)} micro-batches by tokens: up to {tokens} tokens in one "
+            f"forward (its responses at rollout.max_new_tokens) exceed train.max_tokens_per_micro_batch={max_tokens}"
         )
     if learners != 1:
         return f"cluster.learners={learners} splits the update's forward across learners"

@@ -24,6 +24,7 @@ import torch
 
 from ..batch import RolloutBatch, distinct_prompts
 from ..models.hf_cache import cache_argument, output_cache
+from ..packing import used_columns
 from .chunked_head import DEFAULT_CHUNK, head_logprobs, token_logprobs
 
 
@@ -44,18 +45,33 @@ def lm_head_weight(model) -> torch.Tensor:
     return head.weight
 
 
+def shares_prompt_with_grad(model, shared_prompt: bool) -> bool:
+    """Whether a training forward with gradients (the update's) can forward each prompt once: under
+    ``train.shared_prompt``, unless the model checkpoints its layers (``train.gradient_checkpointing``),
+    whose grad-mode forward drops the KV cache the responses would read (transformers sets ``use_cache``
+    off in checkpointed layers); such a forward runs every row whole."""
+    return bool(shared_prompt) and not checkpoints_activations(model)
+
+
+def checkpoints_activations(model) -> bool:
+    """Whether ``model`` (a transformers model, or peft's wrapper of one) checkpoints its layers'
+    activations: ``is_activation_checkpointing``, or ``is_gradient_checkpointing`` in transformers
+    versions before that name."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        value = getattr(model, name, None)
+        if value is not None:
+            return bool(value)
+    return False
+
+
 def response_hidden_shared(model, batch: RolloutBatch, rows: slice | torch.Tensor) -> torch.Tensor:
     """[n, T_used, H]: the final hidden state at each position that predicts a response token of ``rows``,
     each distinct prompt forwarded once (see the module docstring); ``T_used`` is the rows' longest
     response. Runs with whatever grad mode the caller set."""
     ids, att, pos = batch.input_ids[rows], batch.attention_mask[rows], batch.position_ids[rows]
-    n, T = batch.response_ids[rows].shape
+    T = batch.response_ids.shape[1]
     P = ids.shape[1] - T
-    # columns that matter: from the first prompt column any row uses, to the longest response
-    T_used = max(1, int(batch.response_mask[rows].sum(-1).max()) if n else 1)
-    used = att[:, :P].bool().any(0).nonzero()
-    first_col = int(used[0]) if len(used) else P - 1
-    first_col = min(first_col, P - 1)
+    first_col, T_used = used_columns(att, T)  # from the first prompt column any row uses, to the longest response
     prompt_rows, group_of_row = distinct_prompts(ids[:, first_col:P], att[:, first_col:P])
 
     decoder = model.get_decoder()

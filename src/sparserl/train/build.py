@@ -19,6 +19,7 @@ from ..rollout.build import engine_from_fields, sampler_section
 from ..rollout.engine import RolloutEngine
 from .determinism import use_deterministic_kernels
 from .distill_sparse import DistillSparse
+from .gradient_checkpointing import gradient_checkpointing_wanted, use_gradient_checkpointing
 from .kv_controller import KVController
 from .learner import build_learner
 from .lora import sampler_state
@@ -90,6 +91,7 @@ def build_trainer(cfg: Config) -> Trainer:
     if t.deterministic:  # before the model reaches a GPU: cuBLAS reads its workspace setting as it starts
         use_deterministic_kernels(cfg.model.device)
     lm, learner, opt, sched = build_learner(cfg)
+    use_gradient_checkpointing(learner, gradient_checkpointing_wanted(cfg, learner))
     engine = engine_from_fields(lm, r, sampler_state(learner))
     old_policy = OldPolicy.choose(cfg, engine, learner)  # the model's facts (its dropout): a refused source fails here
     check_exact_alpha_under_async(cfg, learner)  # the vocabulary's size: before any worker starts

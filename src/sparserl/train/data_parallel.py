@@ -105,11 +105,13 @@ class LearnerPeer:
     trainer builds them), in the group, updated with the driver's batch each step."""
 
     def __init__(self, cfg, rank: int, world: int):
+        from .gradient_checkpointing import gradient_checkpointing_wanted, use_gradient_checkpointing
         from .learner import build_learner
 
         torch.manual_seed(cfg.train.seed)
         self.cfg = cfg
         _, self.learner, self.optimizer, self.scheduler = build_learner(cfg)
+        use_gradient_checkpointing(self.learner, gradient_checkpointing_wanted(cfg, self.learner))
         self.ref = True if cfg.algorithm.kl_coef > 0 else None  # update_policy reads ref_logprobs from the batch
         self.engine = None  # no sampler here (QuRL's visibility metric is rank 0's)
         self.ranks = Ranks(rank, world)

@@ -4,7 +4,9 @@
 - ``sampler``: the sampler ran the old policy exactly (a dense float32 sampler of the full tempered
   distribution): its own log-probs, no forward;
 - ``update``: the update's own forward, run now (one optimizer step over one micro-batch, no dropout in
-  the learner, one learner): its graph waits for the loss (:mod:`.update_forward`);
+  the learner, one learner): its graph waits for the loss (:mod:`.update_forward`); a step whose batch
+  exceeds ``train.max_tokens_per_micro_batch`` in one micro-batch (prompts longer than the config's rule
+  assumed) is scored instead;
 - ``score``: a no-grad forward of the learner before the update (keeping its hidden states when the
   acceptance α reads ``p`` from them).
 """
@@ -17,7 +19,9 @@ import torch
 
 from ..batch import RolloutBatch
 from ..models.mixed_precision import learner_compute_dtype
+from ..packing import RowLengths, micro_batch_tokens
 from ..score import model_dropout, old_logprobs_source, score_logprobs, score_logprobs_keep_hidden
+from ..score.shared_prompt import shares_prompt_with_grad
 from .update_forward import UpdateForward, run_update_forward
 
 
@@ -42,6 +46,7 @@ class OldPolicy:
     shared_prompt: bool = False
     entropy_grad: bool = False  # the update's forward keeps the entropy's graph (algorithm.entropy_coef)
     keep_hidden: bool = False  # α reads p from the forward's hidden states (mismatch.alpha is not off)
+    max_tokens: int | None = None  # train.max_tokens_per_micro_batch
 
     @classmethod
     def choose(cls, cfg, engine, learner) -> OldPolicy:
@@ -68,6 +73,7 @@ class OldPolicy:
             shared_prompt=cfg.train.shared_prompt,
             entropy_grad=bool(cfg.algorithm.entropy_coef),
             keep_hidden=cfg.mismatch.alpha != "off",
+            max_tokens=cfg.train.max_tokens_per_micro_batch,
         )
 
     def logprobs(self, learner, batch: RolloutBatch) -> OldLogprobs:
@@ -75,7 +81,7 @@ class OldPolicy:
         (``learner_autocast``)."""
         if self.kind == "sampler":
             return OldLogprobs(batch.sampler_logprobs * batch.response_mask)
-        if self.kind == "update":
+        if self.kind == "update" and self.fits_one_micro_batch(learner, batch):
             forward = run_update_forward(
                 learner,
                 batch,
@@ -85,7 +91,18 @@ class OldPolicy:
                 keep_hidden=self.keep_hidden,
             )
             return OldLogprobs(forward.old_logprobs, forward.hidden, forward)
-        args = (learner, batch, self.micro_batch_size, self.temperature, self.shared_prompt)
+        args = (learner, batch, self.micro_batch_size, self.temperature, self.shared_prompt, self.max_tokens)
         if self.keep_hidden:
             return OldLogprobs(*score_logprobs_keep_hidden(*args))
         return OldLogprobs(score_logprobs(*args))
+
+    def fits_one_micro_batch(self, learner, batch: RolloutBatch) -> bool:
+        """Whether the update's forward over the whole of ``batch`` stays within
+        ``train.max_tokens_per_micro_batch``. The config's rule assumed prompts of at most
+        :data:`~sparserl.packing.PROMPT_TOKENS_BOUND` tokens; a step with longer ones scores its old policy
+        instead (and its update packs its micro-batches), so the budget holds."""
+        if self.max_tokens is None:
+            return True
+        shared = shares_prompt_with_grad(learner, self.shared_prompt)
+        rows = torch.arange(batch.size)
+        return micro_batch_tokens(RowLengths.of_batch(batch), rows, shared) <= self.max_tokens

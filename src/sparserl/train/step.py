@@ -44,7 +44,12 @@ def train_step(trainer, step: int) -> dict:
             batch.old_logprobs = old.logprobs
             if trainer.ref is not None:
                 batch.ref_logprobs = score_logprobs(
-                    trainer.ref, batch, cfg.train.micro_batch_size, cfg.rollout.temperature, cfg.train.shared_prompt
+                    trainer.ref,
+                    batch,
+                    cfg.train.micro_batch_size,
+                    cfg.rollout.temperature,
+                    cfg.train.shared_prompt,
+                    cfg.train.max_tokens_per_micro_batch,
                 )
         # 4a) the mismatch split by source: weights and cache, or lag and cache
         split = (

@@ -19,6 +19,8 @@ from .. import runlog as names
 from ..batch import RolloutBatch
 from ..models.mixed_precision import learner_autocast
 from ..score import forward_response, forward_response_shared
+from ..score.dense import micro_batches
+from ..score.shared_prompt import shares_prompt_with_grad
 from .lora import sampler_state
 from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
 from .nonfinite import NonfiniteSteps
@@ -66,22 +68,28 @@ def update_policy(trainer, batch: RolloutBatch, corr, update_forward: UpdateForw
     out_visible = None
     ranks = trainer.ranks
     trainer.learner.train()
+    shared = shares_prompt_with_grad(trainer.learner, t.shared_prompt)
     for epoch in range(t.ppo_epochs):
         for ms in range(0, N, mini):
             rows = slice(ms, min(ms + mini, N))
             norms = loss_normalizers(corr.mask[rows], a.loss_agg, max_len=cfg.rollout.max_new_tokens)
             trainer.optimizer.zero_grad(set_to_none=True)
             losses = []
-            for i, mb in enumerate(range(rows.start, rows.stop, t.micro_batch_size)):
+            if update_forward is not None:  # one optimizer step over one micro-batch: the rule's premise
+                if (rows.start, rows.stop, t.ppo_epochs) != (0, N, 1):
+                    raise RuntimeError(
+                        f"update_forward covers rows 0-{N} once; this update's mini-batch is rows "
+                        f"{rows.start}-{rows.stop} of epoch {epoch + 1}"
+                    )
+                parts = [torch.arange(N, device=batch.response_ids.device)]
+            else:
+                # micro-batches packed by length; the loss normalisers are the whole mini-batch's, so any split
+                # of its rows gives the same gradient
+                parts = micro_batches(batch, t.micro_batch_size, t.max_tokens_per_micro_batch, shared, rows)
+            for i, r in enumerate(parts):
                 if ranks is not None and not ranks.mine(i):
                     continue
-                r = slice(mb, min(mb + t.micro_batch_size, rows.stop))
-                if update_forward is not None:  # one optimizer step over one micro-batch: the rule's premise
-                    if (r.start, r.stop, t.ppo_epochs) != (0, N, 1):
-                        raise RuntimeError(
-                            f"update_forward covers rows 0-{N} once; this update's micro-batch is rows "
-                            f"{r.start}-{r.stop} of epoch {epoch + 1}"
-                        )
+                if update_forward is not None:
                     lp, ent, update_forward = update_forward.logprobs, update_forward.entropy, None
                     loss, m = micro_batch_loss(trainer, batch, corr, r, norms, lp, ent)
                 else:
@@ -124,13 +132,14 @@ def update_policy(trainer, batch: RolloutBatch, corr, update_forward: UpdateForw
     return out
 
 
-def micro_batch_loss(trainer, batch: RolloutBatch, corr, r: slice, norms: dict, lp=None, ent=None):
-    """(loss, metrics) of the rows ``r``: the clipped policy loss with the corrections' weights and mask,
-    plus the reference's KL and minus the entropy bonus when configured. ``lp``, ``ent``: the rows'
+def micro_batch_loss(trainer, batch: RolloutBatch, corr, r: torch.Tensor, norms: dict, lp=None, ent=None):
+    """(loss, metrics) of the rows ``r`` (an index tensor): the clipped policy loss with the corrections'
+    weights and mask, plus the reference's KL and minus the entropy bonus when configured. ``lp``, ``ent``: the rows'
     log-probs and entropies when the update's forward already ran (else one forward here)."""
     cfg, a = trainer.cfg, trainer.cfg.algorithm
     if lp is None:
-        forward = forward_response_shared if cfg.train.shared_prompt else forward_response
+        shared = shares_prompt_with_grad(trainer.learner, cfg.train.shared_prompt)
+        forward = forward_response_shared if shared else forward_response
         with learner_autocast(cfg.model, batch.response_ids.device):
             lp, ent = forward(
                 trainer.learner,

@@ -18,6 +18,7 @@ import torch
 
 from ..batch import RolloutBatch
 from ..score import forward_response, forward_response_shared
+from ..score.shared_prompt import shares_prompt_with_grad
 
 
 @dataclass
@@ -42,7 +43,7 @@ def run_update_forward(
     """The update's forward over every row of ``batch`` (training mode, gradients on), as
     ``update_policy`` would run it for its one micro-batch; ``keep_hidden``: the final hidden states too
     (for the exact α). The caller sets the precision (``learner_autocast``)."""
-    forward = forward_response_shared if shared_prompt else forward_response
+    forward = forward_response_shared if shares_prompt_with_grad(learner, shared_prompt) else forward_response
     learner.train()
     with torch.enable_grad():
         out = forward(

@@ -22,6 +22,7 @@ from .correction import correction_runs
 from .distill_sparse import distill_sparse_sampler
 from .dynamic_sampling import filter_groups, max_gen_batches_unused
 from .lora import lora_unused
+from .micro_batch import micro_batch_budget
 from .old_policy import compressor_builds_and_old_policy
 from .optimizer import adamw_first_step, lr_schedule_unused, mini_batches
 from .precision import mixed_precision_weights
@@ -40,6 +41,7 @@ RULES: tuple[Rule, ...] = (
     adamw_first_step,
     lr_schedule_unused,
     mini_batches,
+    micro_batch_budget,
     mixed_precision_weights,
     kv_budget_above_window,
     kv_schedule,
