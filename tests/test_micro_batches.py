@@ -185,7 +185,6 @@ def test_a_budget_below_one_response_is_refused_by_the_config_rule():
 
 def test_the_main_job_keeps_the_update_forward_and_long_reasoning_does_not():
     assert load_config("default", []).why_update_forward_is_not_old_policy() is None
-    assert load_config("default", ["train.shared_prompt=false"]).why_update_forward_is_not_old_policy() is None
     long = load_config(
         "dense", ["rollout.max_new_tokens=1024", "train.prompts_per_step=4", "train.micro_batch_size=32"]
     )
