@@ -4,9 +4,10 @@
 and the online α-tail controller (threshold 0.86, ceiling 64, bins of 32), measured in
 docs/results/compare_shipped/ (2.17x less KV allocated than dense, reward -0.07 [-0.37, +0.23] against
 dense, 6 seeds paired). ``sparse_rl_fixed40`` is the same job at a fixed budget of 40, and the other presets
-of the main job are that one with one thing changed. Each preset's resolved keys that differ from the
-schema's defaults are pinned here, as the runs in docs/results/ ran them; a change to a preset, or to a
-default a preset relies on, fails here and says which key moved.
+of the main job are that one with one thing changed. ``long`` is the default at 1,024 new tokens (its budgets,
+bins, task prompt and eval size scaled to the length; docs/results/long_task_choice/). Each preset's resolved
+keys that differ from the schema's defaults are pinned here, as the runs in docs/results/ ran them; a change to a
+preset, or to a default a preset relies on, fails here and says which key moved.
 """
 
 import pytest
@@ -88,6 +89,28 @@ EXPECTED = {
         "rollout.kv_quant": "int8",
         "rollout.quant": "int8",
     },
+    "long": {  # the default with rollout.step_length back at the schema's 32
+        **{k: v for k, v in FIXED40.items() if k != "rollout.step_length"},
+        "data.eval": "arith:difficulty=1,seed=1000",
+        "data.eval_limit": 16,
+        "data.system_prompt": (
+            "You are a careful math tutor. Think step by step: write down the numbers the problem gives, work "
+            "through each operation on its own line and show your work, check the result, then give the final "
+            "answer as a number in \\boxed{}."
+        ),
+        "data.train": "arith:difficulty=1",
+        "rollout.kv_budget": 256,
+        "rollout.kv_controller": {
+            "bin": None,
+            "margin": 0.04,
+            "max_budget": 512,
+            "min_budget": 128,
+            "patience": 2,
+            "step": 32,
+            "threshold": 0.86,
+        },
+        "rollout.max_new_tokens": 1024,
+    },
     "sparse_rl_math": {
         "algorithm.kl_coef": 0.0001,
         "checkpoint.every": 20,
@@ -152,7 +175,7 @@ def test_default_is_the_controller_on_the_fixed_budget_job():
     assert (kc.threshold, kc.margin, kc.patience, kc.min_budget, kc.max_budget, kc.step) == (0.86, 0.04, 2, 16, 64, 8)
 
 
-@pytest.mark.parametrize("name", ["default", "sparse_rl_fixed40"])
+@pytest.mark.parametrize("name", ["default", "sparse_rl_fixed40", "long"])
 def test_default_and_renamed_preset_validate(name):
     cfg = validate(load_config(name))
     assert cfg.name == name
@@ -179,6 +202,61 @@ def test_default_runs_one_step_on_the_tiny_model(tmp_path):
         )
     )
     assert cfg.rollout.kv_controller is not None
+    run = train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1]
+    assert "mismatch/alpha_p5" in rows[0] and any(k.startswith("kv/budget_bin/") for k in rows[0])
+
+
+def test_long_is_the_default_at_length():
+    """``long`` keeps the default's sampler, correction, controller rule and learner; it changes only the lengths,
+    the budgets scaled to them, the task's prompt and the run's size."""
+    long, default = flat(config_to_dict(load_config("long"))), flat(config_to_dict(load_config("default")))
+    assert {k for k in long if long[k] != default[k]} == {
+        "name",
+        "rollout.max_new_tokens",
+        "rollout.kv_budget",
+        "rollout.step_length",
+        "rollout.kv_controller",
+        "mismatch.alpha_bin",
+        "data.train",
+        "data.eval",
+        "data.system_prompt",
+        "data.eval_limit",
+    }
+    kc, dc = load_config("long").rollout.kv_controller, load_config("default").rollout.kv_controller
+    assert (kc.threshold, kc.margin, kc.patience) == (dc.threshold, dc.margin, dc.patience)
+    cfg = load_config("long")
+    assert cfg.rollout.max_new_tokens >= 1024
+    assert cfg.train.prompts_per_step * cfg.rollout.n == 32
+    assert kc.min_budget <= cfg.rollout.kv_budget <= kc.max_budget
+    assert cfg.mismatch.alpha_q == "hidden"  # exact α without a replay: a kept q would be 32 x 1,024 x V floats
+
+
+def test_long_runs_one_step_on_the_tiny_model(tmp_path):
+    """``sparserl train long`` trains a step on the tiny model with its lengths shortened, its controller
+    reading the α tail of its length bins."""
+    import json
+
+    from test_train import TINY
+
+    from sparserl.train.trainer import train
+
+    cfg = validate(
+        load_config(
+            "long",
+            [
+                *TINY,
+                f"log.out_dir={tmp_path}",
+                "train.steps=1",
+                "rollout.kv_controller.min_budget=8",
+                "rollout.kv_controller.max_budget=16",
+                "rollout.kv_controller.step=4",
+                "mismatch.alpha_bin=16",
+            ],
+        )
+    )
+    assert cfg.name == "long" and cfg.data.train == "arith:difficulty=1"
     run = train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1]
