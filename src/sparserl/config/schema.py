@@ -613,10 +613,13 @@ class TrainConfig(_Section):
         8, "Sequences per forward/backward (gradient accumulation inside a mini-batch); lower it to save memory.", ge=1
     )
     max_tokens_per_micro_batch: int | None = F(
-        16384,
+        4096,
         "Token budget of a micro-batch (verl's ppo_max_token_len_per_gpu with use_dynamic_bsz): the update's and the "
         "scoring's micro-batches are packed by length so that each holds at most this many tokens (prompt + response, "
-        "padded to the micro-batch's longest) and at most train.micro_batch_size sequences; None = sequences only.",
+        "padded to the micro-batch's longest; each distinct prompt once under train.shared_prompt) and at most "
+        "train.micro_batch_size sequences; None = sequences only. 4096: the learner's peak stays ~6 GB at 32 x 1,024 "
+        "tokens without gradient checkpointing (docs/results/micro_batch_tokens); the update's own forward gives the "
+        "old policy only when the whole batch fits it.",
         ge=1,
     )
     gradient_checkpointing: bool | Literal["auto"] = F(

@@ -31,7 +31,10 @@ def forward_response(
     sampler and dense log-probs describe the same distribution. Runs with whatever grad mode the
     caller set (no_grad for scoring, grad for the update). ``return_hidden``: a third value, the final
     hidden states [n, T, H] (detached) that predict the response tokens, the log-probs then computed
-    from them through the LM head in chunks (:func:`head_logprobs`; equal up to float rounding).
+    from them through the LM head in chunks (:func:`head_logprobs`; equal up to float rounding). With
+    gradients on (the update) and a plain LM head the log-probs come through the chunked head too, whose
+    backward recomputes each chunk's logits instead of keeping ``[n, T, V]`` float32 logits and their
+    softmax for autograd (docs/results/micro_batch_tokens).
 
     The forward computes only the columns the rows use (:func:`sparserl.packing.used_columns`: the left
     padding none of their prompts needs and the columns past their longest response are cut); the
@@ -42,7 +45,7 @@ def forward_response(
     end = ids.shape[1] - T + T_used
     ids, att, pos = ids[:, first:end], att[:, first:end], pos[:, first:end]
     targets = batch.response_ids[rows][:, :T_used]
-    if return_hidden:
+    if return_hidden or (torch.is_grad_enabled() and _plain_head(model)):  # the update: no [n, T, V] logits kept
         hidden = response_hidden(model, ids, att, pos, T_used)
         lp, ent = head_logprobs(
             hidden,
@@ -52,6 +55,8 @@ def forward_response(
             with_entropy=return_entropy,
             entropy_grad=entropy_grad,
         )
+        if not return_hidden:
+            return _pad_to(lp, T), _pad_to(ent, T)
         return _pad_to(lp, T), _pad_to(ent, T), _pad_to(hidden.detach(), T)
     out = model(input_ids=ids, attention_mask=att, position_ids=pos, logits_to_keep=T_used + 1, use_cache=False)
     logits = out.logits[:, :-1]  # position j predicts token j+1: the last T_used+1 logits → T_used predictions
@@ -64,6 +69,15 @@ def forward_response(
             lf = logits.float()
             ent = torch.logsumexp(lf, -1) - (lf.softmax(-1) * lf).sum(-1)
     return _pad_to(lp, T), _pad_to(ent, T)
+
+
+def _plain_head(model) -> bool:
+    """Whether ``model``'s logits are a plain ``h Wᵀ`` that the chunked head computes (:func:`lm_head_weight`)."""
+    try:
+        lm_head_weight(model)
+    except ValueError:
+        return False
+    return True
 
 
 def _pad_to(x: torch.Tensor | None, T: int) -> torch.Tensor | None:
