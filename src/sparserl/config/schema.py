@@ -630,8 +630,10 @@ class TrainConfig(_Section):
     )
     max_memory_gb: float | None = F(
         None,
-        "The memory a run may use, in GB: a configuration whose predicted peak (sparserl.memory) exceeds it is refused "
-        "before the model loads, naming the keys that would make it fit. None = the machine's available memory.",
+        "The memory a run may use, in GB (10^9 bytes): a configuration whose predicted peak (sparserl.memory: resident "
+        "parts + the step's largest station, printed by `sparserl config`) exceeds it is refused before the model "
+        "loads, naming the keys that would make it fit. None = the machine's available memory now (MemAvailable + "
+        "this process's RSS) less 10% (at least 0.5 GB).",
         gt=0,
     )
     shared_prompt: bool = F(
