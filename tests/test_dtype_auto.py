@@ -95,9 +95,11 @@ def test_engine_resolves_auto_and_records_why(tiny, cache):
 
 
 def test_the_real_measurement_times_both_dtypes(cache, monkeypatch):
-    """The engine's own decode step on the probe model, cut to 1 round of 2 steps (a few seconds)."""
+    """The engine's own decode step on the probe model, cut to 1 round of 2 steps (a few seconds): timed in
+    this process, where the cut applies (a run times in a child process: tests/test_memory_main_job.py)."""
     monkeypatch.setattr(dtype_choice, "ROUNDS", 1)
     monkeypatch.setattr(dtype_choice, "STEPS", 2)
+    monkeypatch.setattr(dtype_choice, "run_apart", lambda fn, *args: fn(*args))
     choice = dtype_auto.choose("cpu", log=lambda *a: None)
     assert choice.dtype in ("float32", "bfloat16")
     assert all(s > 0 for s in choice.seconds_per_step.values()) and len(choice.ratio_rounds) == 1

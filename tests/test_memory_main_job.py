@@ -2,7 +2,9 @@
 
 - the ``auto`` settings' one-time measurements (the sampler's dtype, the bf16 kernel, the learner's
   precision) run in a child process (:mod:`sparserl.models.measure_apart`): their probe models and engines
-  never enter the run's resident set.
+  never enter the run's resident set;
+- the learner's gradients are freed after each step (:func:`sparserl.train.loop.release_gradients`), not
+  held through the next step's rollout and old-policy forward.
 """
 
 from __future__ import annotations
@@ -86,3 +88,26 @@ def test_a_fake_timer_still_runs_in_place(apart, monkeypatch, tmp_path):
     monkeypatch.setattr(dtype_choice, "run_apart", record(None))
     choice = dtype_choice.choose("cpu", lambda name: 1.0 if name == "float32" else 2.0, log=lambda *_: None)
     assert choice.dtype == "float32" and calls == []
+
+
+def test_the_learners_gradients_are_freed_after_each_step(tmp_path, monkeypatch):
+    """After a step the gradients (the model's size again) are freed, not held through the next step's
+    rollout and forward."""
+    from test_train import cfg_for
+
+    from sparserl.train import loop
+
+    built, build_trainer = [], loop.build_trainer
+    monkeypatch.setattr(loop, "build_trainer", lambda cfg: built.append(build_trainer(cfg)) or built[-1])
+    stepped = []
+    train_step = loop.train_step
+
+    def step_and_look(trainer, step):
+        out = train_step(trainer, step)
+        stepped.append(sum(p.grad is not None for p in trainer.learner.parameters()))
+        return out
+
+    monkeypatch.setattr(loop, "train_step", step_and_look)
+    loop.train(cfg_for(tmp_path, "train.steps=1", "checkpoint.every=0"), run_dir=tmp_path / "run", log=lambda *_: None)
+    assert stepped and stepped[0] > 0  # the step's update left its gradients
+    assert all(p.grad is None for p in built[0].learner.parameters())
