@@ -256,8 +256,9 @@ def _predict(cfg: Config, shape: ModelShape, prompt_tokens: int, precision: str,
         **kept,
     }
 
-    # micro-batches of the scoring and the update
-    shared = t.shared_prompt
+    # micro-batches of the scoring and the update; a checkpointed grad forward runs every row whole
+    # (sparserl.score.shared_prompt.shares_prompt_with_grad)
+    shared = t.shared_prompt and not ckpt
     mini = min(N, (t.mini_batch_prompts or t.prompts_per_step) * r.n)
     rows, tokens, keys = _micro_batch(cfg, mini, P, T, shared)
     whole = worst_case_tokens(N, t.prompts_per_step, P, T, shared)
