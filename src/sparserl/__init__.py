@@ -1,3 +1,3 @@
 """sparserl: RL with verifiable rewards on a compressed sampler."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
