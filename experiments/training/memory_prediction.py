@@ -4,7 +4,8 @@ Each configuration runs in a child process of its own: the trainer built from ``
 overrides, then ``--steps`` training steps (2 by default: AdamW's moments exist from the first optimizer
 step on, so the second step is the run's steady state), every response sampled to
 ``rollout.max_new_tokens`` (EOS ignored: the prediction is the worst case of a step's lengths). The child
-reports ``ru_maxrss`` (the process's peak resident set), the peak after the trainer was built, the
+reports its VmHWM (the peak resident set of its own address space; ``ru_maxrss`` would also count the
+parent's resident set, which a forked child holds until its exec), the peak after the trainer was built, the
 longest prompt in tokens (of the data's first 2,000), and what the ``auto`` choices resolved to; the
 prediction is computed with those (the ``auto`` values set to what the run chose, the prompt length
 measured), and with preflight's bound.
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -66,7 +66,7 @@ def child(preset: str, overrides: list[str], steps: int) -> dict:
     built = _hwm()
     for k in range(steps):
         step_module.train_step(trainer, k)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _hwm()
     examples = trainer.data.examples[:PROMPTS_COUNTED]
     return {
         "peak_bytes": peak,
@@ -118,9 +118,9 @@ def run(spec: str, steps: int) -> dict:
 
 def baseline() -> int:
     code = (
-        "import resource, torch, transformers, sparserl.cli, sparserl.train.build, sparserl.train.step\n"
+        "import torch, transformers, sparserl.cli, sparserl.train.build, sparserl.train.step\n"
         "import transformers.models.llama.modeling_llama\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+        "print(next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM:')))"
     )
     runs = [int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout) for _ in range(3)]
     return max(runs)

@@ -28,8 +28,10 @@ T = ``rollout.max_new_tokens``), each holding its own buffers on top of the resi
   head's blocks;
 - update: autograd's saved tensors for one micro-batch (:mod:`.activations`: per token and layer, or one
   hidden state per layer boundary plus one layer's under gradient checkpointing), autocast's bfloat16
-  weight copies, the backward's gradients of one layer's activations, the head's blocks; with the old
-  policy from the update's own forward, α's buffers live beside its graph.
+  weight copies, the backward's gradients of one layer's activations, the head's blocks, and p's hidden
+  states (the step holds the old policy's until it ends). With the old policy from the update's own
+  forward, α runs between that forward and its backward: the α station then holds the update's graph
+  (saved tensors and weight copies) beside α's buffers, and the backward starts after α freed them.
 
 A micro-batch holds at most ``train.micro_batch_size`` rows and, with ``train.max_tokens_per_micro_batch``,
 at most that many tokens (:func:`~sparserl.packing.worst_case_tokens`, as the packing counts them).
@@ -294,16 +296,19 @@ def _predict(cfg: Config, shape: ModelShape, prompt_tokens: int, precision: str,
         activations = tokens * (shape.layers * checkpointed_layer_bytes(shape, wb) + layer)
     else:
         activations = tokens * shape.layers * layer
-    update = {
-        "activations": activations + tokens * per_token_outside,
+    graph = {"activations": activations + tokens * per_token_outside}
+    if autocast:
+        graph["bf16 weight copies"] = autocast_weight_bytes(shape) + 2 * V * H
+    # the step holds p's hidden states (the old policy's) until it ends; α's other buffers are freed before
+    # the update (sparserl.train.step.train_step)
+    stations["update"] = {
+        **graph,
         "backward": int(BACKWARD_LAYERS * tokens * layer),
         "head blocks": head_blocks,
+        **p_hidden,
     }
-    if autocast:
-        update["bf16 weight copies"] = autocast_weight_bytes(shape) + 2 * V * H
-    if source == "update":  # α runs while the update's graph waits for the loss
-        update.update({f"alpha {k}": v for k, v in alpha.items()})
-    stations["update"] = update
+    if source == "update" and alpha:  # α runs between the update's forward and its backward, beside its graph
+        stations["alpha"] = {**{f"update {k}": v for k, v in graph.items()}, **alpha}
     notes = [f"prompts of at most {P} tokens", f"old policy: {source}", f"micro-batch: {rows} rows, {tokens} tokens"]
     return MemoryPrediction(resident, stations, ckpt, notes)
 
