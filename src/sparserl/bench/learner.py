@@ -50,7 +50,12 @@ def _score(trainer, batch, mode: str) -> torch.Tensor:
     cfg = trainer.cfg
     with autocast_for(mode, trainer.device):
         return score_logprobs(
-            trainer.learner, batch, cfg.train.micro_batch_size, cfg.rollout.temperature, cfg.train.shared_prompt
+            trainer.learner,
+            batch,
+            cfg.train.micro_batch_size,
+            cfg.rollout.temperature,
+            cfg.train.shared_prompt,
+            cfg.train.max_tokens_per_micro_batch,
         )
 
 

@@ -66,14 +66,27 @@ from .acceptance import acceptance_topk, dense_logprobs, summary, tail_by_bin, t
 MODES = ("exact", "topk", "off")
 
 
-def dense_hidden(model, batch: RolloutBatch, micro_batch_size: int = 16, shared_prompt: bool = False) -> torch.Tensor:
+def dense_hidden(
+    model,
+    batch: RolloutBatch,
+    micro_batch_size: int = 16,
+    shared_prompt: bool = False,
+    max_tokens: int | None = None,
+) -> torch.Tensor:
     """[N, T, H]: the learner's final hidden state at each position that predicts a response token
     (:func:`sparserl.score.hidden.dense_hidden` on the batch's layout; ``shared_prompt``: each distinct prompt
-    forwarded once, :func:`sparserl.score.hidden.dense_hidden_shared`)."""
+    forwarded once, :func:`sparserl.score.hidden.dense_hidden_shared`), in micro-batches of at most
+    ``micro_batch_size`` rows and ``max_tokens`` tokens (``train.max_tokens_per_micro_batch``)."""
     if shared_prompt:
-        return score_hidden.dense_hidden_shared(model, batch, micro_batch_size)
+        return score_hidden.dense_hidden_shared(model, batch, micro_batch_size, max_tokens)
     return score_hidden.dense_hidden(
-        model, batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_ids.shape[1], micro_batch_size
+        model,
+        batch.input_ids,
+        batch.attention_mask,
+        batch.position_ids,
+        batch.response_ids.shape[1],
+        micro_batch_size,
+        max_tokens,
     )
 
 
@@ -146,8 +159,9 @@ def measure_alpha(
     model_cfg = trainer.cfg.model
     if hidden is None:
         with learner_autocast(model_cfg, batch.response_ids.device):
+            t = trainer.cfg.train
             hidden = dense_hidden(
-                trainer.learner, batch, trainer.cfg.train.micro_batch_size, trainer.cfg.train.shared_prompt
+                trainer.learner, batch, t.micro_batch_size, t.shared_prompt, t.max_tokens_per_micro_batch
             )
     dtype = learner_compute_dtype(model_cfg, trainer.learner)  # p's head product as the scoring forward's
     weight, hidden = lm_head_weight(trainer.learner).to(dtype), hidden.to(dtype)

@@ -156,7 +156,12 @@ class DistillSparse:
         self.load_base(learner)
         mask = batch.response_mask
         dense = score_logprobs(
-            learner, batch, cfg.train.micro_batch_size, cfg.rollout.temperature, cfg.train.shared_prompt
+            learner,
+            batch,
+            cfg.train.micro_batch_size,
+            cfg.rollout.temperature,
+            cfg.train.shared_prompt,
+            cfg.train.max_tokens_per_micro_batch,
         )  # p: the updated dense policy, no grad
         norms = loss_normalizers(mask, a.loss_agg, max_len=cfg.rollout.max_new_tokens)
         self.optimizer.zero_grad(set_to_none=True)
