@@ -66,7 +66,7 @@ def build_trainer(cfg: Config) -> Trainer:
     """The learner, sampler, optimizer, data and reward of a config. Every check that loads no weight
     comes first (:func:`sparserl.preflight.preflight`: the rules, the model's path and device, the reward
     modules, the LoRA targets, the data), so a bad input fails before any weights load."""
-    preflight(cfg)
+    memory = preflight(cfg)  # the step's predicted peak memory: a run that would not fit stops here
     torch.manual_seed(cfg.train.seed)
     d = cfg.data
     with naming_data_key("data.train", d.train):
@@ -91,7 +91,7 @@ def build_trainer(cfg: Config) -> Trainer:
     if t.deterministic:  # before the model reaches a GPU: cuBLAS reads its workspace setting as it starts
         use_deterministic_kernels(cfg.model.device)
     lm, learner, opt, sched = build_learner(cfg)
-    use_gradient_checkpointing(learner, gradient_checkpointing_wanted(cfg, learner))
+    use_gradient_checkpointing(learner, gradient_checkpointing_wanted(cfg, learner, memory.checkpointing))
     engine = engine_from_fields(lm, r, sampler_state(learner))
     old_policy = OldPolicy.choose(cfg, engine, learner)  # the model's facts (its dropout): a refused source fails here
     check_exact_alpha_under_async(cfg, learner)  # the vocabulary's size: before any worker starts

@@ -8,11 +8,15 @@ from ..config import Config
 from ..score.shared_prompt import checkpoints_activations
 
 
-def gradient_checkpointing_wanted(cfg: Config, learner) -> bool:
-    """``train.gradient_checkpointing``: true / false as set; ``auto``: on when the step's predicted peak
-    memory would not fit without it (:func:`sparserl.memory.gradient_checkpointing_on`)."""
+def gradient_checkpointing_wanted(cfg: Config, learner, predicted: bool | None = None) -> bool:
+    """``train.gradient_checkpointing``: true / false as set; ``auto``: ``predicted`` when given (preflight's
+    prediction decided it on the data's own prompt bound: :attr:`sparserl.memory.MemoryPrediction.checkpointing`),
+    else on when the step's predicted peak memory would not fit without it
+    (:func:`sparserl.memory.gradient_checkpointing_on`)."""
     setting = cfg.train.gradient_checkpointing
     if setting == "auto":
+        if predicted is not None:
+            return predicted
         from ..memory import gradient_checkpointing_on
 
         return gradient_checkpointing_on(cfg, learner)
