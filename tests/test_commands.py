@@ -36,6 +36,8 @@ def test_every_command_is_one_module_with_add_parser_and_run():
         "bench",
         "rollout",
         "learner",
+        "step",
+        "step_cost",
         "setup_openvino",
     ]
 

@@ -125,6 +125,7 @@ EXPECTED = {
         "rollout.max_new_tokens": 4096,
         "rollout.step_length": 128,
         "train.lr": 1e-06,
+        "train.max_tokens_per_micro_batch": 18432,
         "train.micro_batch_size": 4,
         "train.prompts_per_step": 128,
         "train.steps": 100,

@@ -372,7 +372,14 @@ def test_old_logprobs_from_the_update_forward_equal_a_scoring_forward(tmp_path, 
         monkeypatch.setattr(update, name, lambda *a, real=real, **k: update_forwards.append(1) or real(*a, **k))
     out, weights = {}, {}
     for mode in ("score", "update"):
-        cfg = cfg_for(tmp_path, "train.micro_batch_size=8", f"algorithm.old_logprobs={mode}", *extra)
+        # one micro-batch holds the whole batch: rows only, no token budget (whole rows at the prompt bound exceed it)
+        cfg = cfg_for(
+            tmp_path,
+            "train.micro_batch_size=8",
+            "train.max_tokens_per_micro_batch=null",
+            f"algorithm.old_logprobs={mode}",
+            *extra,
+        )
         trainer = build_trainer(cfg)
         assert trainer.old_policy.kind == mode
         calls.clear()

@@ -4,7 +4,9 @@ Runs one ``generate`` and splits its decode time (prefill excluded) into:
 
 - ``matmul``: every product with a decoder weight (q/k/v, o, gate/up, down), i.e. each call of
   :func:`sparserl.rollout.model.linear` outside the LM head, quantized or not (``--quant``);
-- ``lm_head``: the final norm and the LM head's product (:meth:`SamplerModel.logits`, float even
+- ``lm_head``: the final norm and the LM head's product (:meth:`SamplerModel.final_norm` and
+  :meth:`~SamplerModel.head`, or the fused step's :func:`~sparserl.rollout.fused.final_norm` and
+  :func:`~sparserl.rollout.fused.head`, float even
   when the decoder's weights are quantized, unless ``--quant-head``);
 - ``attention``: softmax(q Kᵀ) V over the cache (:func:`sparserl.rollout.cache.attention`);
 - ``compression``: :meth:`CompressedKVCache.compress` (scoring, selection, moving the kept slots);
@@ -101,7 +103,10 @@ class Split:
             else (CompressedKVCache, "attend", "attention"),
             (CompressedKVCache, "compress", "compression"),
             (engine_mod, "sample", "sampling"),
-            (SamplerModel, "logits", "lm_head"),
+            (SamplerModel, "final_norm", "lm_head"),
+            (SamplerModel, "head", "lm_head"),
+            (fused_mod, "final_norm", "lm_head"),
+            (fused_mod, "head", "lm_head"),
             (fused_mod, "decode_layers", "layers"),
         ]
         self.saved = []
