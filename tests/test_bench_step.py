@@ -82,6 +82,7 @@ def test_bench_step_runs_each_arm_on_tiny(tmp_path, capsys):
         assert len(report["rounds"][name]) == 2
         row = report["summary"][name]
         assert row["rss_peak_bytes"] > 100 * 2**20  # a trainer's weights and torch itself
+        assert row[names.MEMORY_PREDICTED_PEAK] > 100 * 2**20  # preflight's prediction, logged by the step
         assert all(s in row for s in (names.TIME_ROLLOUT, names.TIME_UPDATE))
         assert sum(row[s] for s in STATIONS if s in row) <= row[names.TIME_STEP] * 1.05
     # the compressed arm's sampler holds less KV than the dense one

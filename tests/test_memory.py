@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from sparserl import runlog as names
 from sparserl.config import ConfigError, apply_overrides, load_config
 from sparserl.cost import ModelShape
 from sparserl.memory import check_fits, gradient_checkpointing_on, memory_limit, predict_peak
@@ -193,10 +194,11 @@ plain = sampler_sync.sampling_params
 full = lambda *a, **k: dataclasses.replace(plain(*a, **k), ignore_eos=True)
 sampler_sync.sampling_params = step.sampling_params = full
 trainer = build_trainer(load_config("default", sys.argv[1:]))
-step.train_step(trainer, 0)
+metrics = step.train_step(trainer, 0)
 peak = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
 prompt = max(len(trainer.engine.encode(ex.prompt)) for ex in trainer.data.examples[:200])
-print(json.dumps({"peak": peak, "prompt": prompt, "dtype": str(trainer.engine.dtype)[6:]}))
+logged = {k: metrics[k] for k in ("memory/rss_peak_bytes", "memory/predicted_peak_bytes")}
+print(json.dumps({"peak": peak, "prompt": prompt, "dtype": str(trainer.engine.dtype)[6:], "logged": logged}))
 """
 
 
@@ -213,3 +215,7 @@ def test_tiny_prediction_is_within_a_quarter_of_a_measured_step(tiny):
     cfg = load_config("default", [*overrides, f"rollout.dtype={run['dtype']}"])
     predicted = predict_peak(cfg, SHAPE, run["prompt"]).peak
     assert abs(predicted / run["peak"] - 1) <= 0.25, (predicted, run)
+    # the step logs the same two: the process's peak at the step's end, and preflight's prediction for the run
+    logged = run["logged"]
+    assert 0.9 * run["peak"] <= logged[names.MEMORY_RSS_PEAK] <= run["peak"], run
+    assert abs(logged[names.MEMORY_PREDICTED_PEAK] / logged[names.MEMORY_RSS_PEAK] - 1) <= 0.25, run

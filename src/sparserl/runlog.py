@@ -32,6 +32,11 @@ CONFIG_FILE = "config.yaml"
 #: (``section.*``: every key of the section); any other change needs ``--allow-config-change``
 RESUME_FREE_KEYS = ("name", "train.steps", "log.*", "checkpoint.*", "eval.every", "cluster.*")
 
+# memory of the training process: the resident high-water mark so far (the kernel's VmHWM), and preflight's
+# prediction of the step's peak for this config (sparserl.memory.predict_peak), logged side by side each step
+MEMORY_RSS_PEAK = "memory/rss_peak_bytes"
+MEMORY_PREDICTED_PEAK = "memory/predicted_peak_bytes"
+
 # reward station
 REWARD_MEAN = "reward/mean"
 REWARD_STD = "reward/std"

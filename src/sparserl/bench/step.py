@@ -43,6 +43,7 @@ KEPT = (
     names.REWARD_MEAN,
     names.MISMATCH_ALPHA_MEAN,
     names.MISMATCH_ALPHA_P5,
+    names.MEMORY_PREDICTED_PEAK,
 )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..config import Config
 
-__all__ = ["MARGIN_BYTES", "MARGIN_FRACTION", "available_bytes", "memory_limit"]
+__all__ = ["MARGIN_BYTES", "MARGIN_FRACTION", "available_bytes", "memory_limit", "peak_resident_bytes"]
 
 GB = 1e9
 MARGIN_FRACTION = 0.10
@@ -61,3 +61,21 @@ def memory_limit(cfg: Config) -> tuple[float, str]:
         return float("inf"), "no memory limit known on this machine"
     margin = max(MARGIN_BYTES, MARGIN_FRACTION * avail)
     return avail - margin, f"available memory now, {avail / GB:.1f} GB, less a {margin / GB:.1f} GB margin"
+
+
+def peak_resident_bytes() -> int:
+    """This process's resident high-water mark so far, in bytes: the peak a run's memory prediction is checked
+    against. ``VmHWM`` of ``/proc/self/status`` (this address space's own); elsewhere ``ru_maxrss``, which on
+    Linux would also count the resident set a forked child inherited from its parent until its exec."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    import resource
+    import sys
+
+    scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB elsewhere
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale

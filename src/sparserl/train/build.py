@@ -12,6 +12,7 @@ import torch
 
 from ..config import Config
 from ..data import PromptSampler, load_dataset
+from ..memory import MemoryPrediction
 from ..mismatch.measure import check_exact_alpha_under_async
 from ..preflight import preflight
 from ..reward.weighted import load_rewards
@@ -50,6 +51,7 @@ class Trainer:
     engine_stale: bool = False  # ``engine`` does not hold the sampler's current weights (rollout workers, α without φ)
     distill: object | None = None  # .distill_sparse.DistillSparse: φ on the sampler (algorithm.distill_sparse)
     nonfinite: NonfiniteSteps = field(default_factory=NonfiniteSteps)  # skipped non-finite steps in a row
+    memory: MemoryPrediction | None = None  # preflight's prediction of the step's peak memory
 
     @property
     def ranks(self):
@@ -123,6 +125,7 @@ def build_trainer(cfg: Config) -> Trainer:
         controller,
         pool,
         nonfinite=NonfiniteSteps.from_config(cfg),
+        memory=memory,
     )
     if cfg.algorithm.distill_sparse is not None:
         trainer.distill = DistillSparse(cfg, learner)

@@ -17,6 +17,7 @@ from ..advantages import compute_advantages, frac_zero_std_groups
 from ..batch import RolloutBatch
 from ..config import Config
 from ..correct import apply_corrections
+from ..memory import peak_resident_bytes
 from ..mismatch.measure import measure_alpha
 from ..mismatch.split import lag_split, mismatch_split
 from ..models.mixed_precision import learner_autocast
@@ -93,7 +94,16 @@ def train_step(trainer, step: int) -> dict:
         names.TIME_GENERATE: ro.seconds,
         names.TIME_STEP: laps.total(),
         names.ROLLOUT_TOKENS_PER_S: ro.tokens_generated / max(ro.seconds, 1e-9),
+        **memory_metrics(trainer),
     }
+
+
+def memory_metrics(trainer) -> dict:
+    """The process's resident peak so far, beside the peak preflight predicted for this config."""
+    out = {names.MEMORY_RSS_PEAK: peak_resident_bytes()}
+    if trainer.memory is not None:
+        out[names.MEMORY_PREDICTED_PEAK] = trainer.memory.peak
+    return out
 
 
 def sample_and_score(trainer, step: int, laps: Laps) -> tuple[list, RolloutOutput, RewardScores, RewardScores, dict]:

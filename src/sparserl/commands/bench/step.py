@@ -74,7 +74,7 @@ def run(args) -> int:
         stations = ", ".join(f"{s} {out[s]:.1f}" for s in STATIONS if s in out)
         print(
             f"round {r + 1} {name}: step {out[names.TIME_STEP]:.1f} s ({stations}), "
-            f"peak {out['rss_peak_bytes'] / 2**30:.2f} GiB",
+            f"peak {out['rss_peak_bytes'] / 2**30:.2f} GiB{_predicted(out)}",
             flush=True,
         )
 
@@ -95,10 +95,19 @@ def run(args) -> int:
     for name, row in report["summary"].items():
         print(
             f"{name:>12}: step {row[names.TIME_STEP]:.1f} s = {row['step_vs_baseline']:.2f}x {baseline}, "
-            f"rollout {row.get('rollout_frac', 0):.0%} of it, peak {row['rss_peak_bytes'] / 2**30:.2f} GiB, "
+            f"rollout {row.get('rollout_frac', 0):.0%} of it, peak {row['rss_peak_bytes'] / 2**30:.2f} GiB"
+            f"{_predicted(row)}, "
             f"KV {row.get(names.KV_SAMPLER_ALLOC, 0) / 2**20:.0f} MiB"
         )
     if args.json:
         write_json(report, args.json)
         print(f"wrote {args.json}")
     return 0
+
+
+def _predicted(out: dict) -> str:
+    """`` (predicted 8.27 GiB)``: preflight's prediction of the arm's peak, where the step logged one."""
+    from ...runlog import MEMORY_PREDICTED_PEAK
+
+    predicted = out.get(MEMORY_PREDICTED_PEAK)
+    return "" if predicted is None else f" (predicted {predicted / 2**30:.2f} GiB)"
