@@ -190,3 +190,29 @@ def test_the_main_job_keeps_the_update_forward_and_long_reasoning_does_not():
     )
     why = long.why_update_forward_is_not_old_policy()
     assert why is not None and "train.max_tokens_per_micro_batch" in why
+
+
+def test_the_data_s_own_prompt_bound_decides_whether_the_update_forward_fits():
+    """4 prompts x 8 responses of 48 tokens, each prompt once: 4 x 512 + 1,536 = 3,584 tokens under the rules'
+    prompt bound, 4 x 367 + 1,536 = 3,004 under a data set's own; a budget of 3,072 fits only the second."""
+    cfg = load_config("default", ["train.max_tokens_per_micro_batch=3072"])
+    assert cfg.update_forward_tokens() == 3584 and cfg.update_forward_tokens(367) == 3004
+    why = cfg.why_update_forward_is_not_old_policy()
+    assert why is not None and "train.max_tokens_per_micro_batch" in why
+    assert cfg.why_update_forward_is_not_old_policy(prompt_tokens=367) is None
+    assert cfg.why_update_forward_is_not_old_policy(prompt_tokens=400) is not None  # 4 x 400 + 1,536 > 3,072
+
+
+def test_the_trainer_chooses_its_old_policy_on_the_prompt_bound_preflight_measured(tiny):
+    """build_trainer passes preflight's bound of the data's prompts (well under 512 for the built-in task) to the
+    old policy's choice and to the memory prediction, so both say ``update`` where the whole batch fits."""
+    from sparserl.train.build import build_trainer
+
+    cfg = validate(
+        load_config("default", ["model.name=tiny", "data.eval=null", "train.max_tokens_per_micro_batch=3072"])
+    )
+    trainer = build_trainer(cfg)
+    bound = trainer.memory.prompt_tokens
+    assert bound < 512 and cfg.update_forward_tokens(bound) <= 3072
+    assert trainer.old_policy.kind == "update"
+    assert "old policy: update" in trainer.memory.notes

@@ -831,11 +831,14 @@ class Config(_Section):
         mini = min(batch, (t.mini_batch_prompts or t.prompts_per_step) * self.rollout.n)
         return batch, mini, -(-mini // t.micro_batch_size)
 
-    def why_update_forward_is_not_old_policy(self, dropout: float | None = None) -> str | None:
+    def why_update_forward_is_not_old_policy(
+        self, dropout: float | None = None, prompt_tokens: int | None = None
+    ) -> str | None:
         """Why ``algorithm.old_logprobs=update`` cannot hold for this config
         (:func:`sparserl.score.old_policy.why_update_forward_is_not_old_policy`), or None. ``dropout``: the
         learner's, measured on the model (:func:`~sparserl.score.old_policy.model_dropout`); None = what the
-        config alone says (``train.lora_dropout`` when LoRA trains)."""
+        config alone says (``train.lora_dropout`` when LoRA trains). ``prompt_tokens``: the data's longest
+        prompt as preflight bounds it (:func:`sparserl.preflight.prompt_tokens_bound`); None = the rules' bound."""
         from ..score.old_policy import why_update_forward_is_not_old_policy
 
         batch, mini, micro = self.update_shape()
@@ -846,21 +849,22 @@ class Config(_Section):
             micro_batches=micro,
             learners=self.cluster.learners,
             dropout=dropout,
-            tokens=self.update_forward_tokens(),
+            tokens=self.update_forward_tokens(prompt_tokens),
             max_tokens=self.train.max_tokens_per_micro_batch,
         )
 
-    def update_forward_tokens(self) -> int:
+    def update_forward_tokens(self, prompt_tokens: int | None = None) -> int:
         """The tokens one forward over a whole rollout batch may compute: ``rollout.n`` responses of
-        ``rollout.max_new_tokens`` to each of ``train.prompts_per_step`` prompts of at most
-        :data:`~sparserl.packing.PROMPT_TOKENS_BOUND` tokens, each prompt once under ``train.shared_prompt``
+        ``rollout.max_new_tokens`` to each of ``train.prompts_per_step`` prompts of at most ``prompt_tokens``
+        (None: :data:`~sparserl.packing.PROMPT_TOKENS_BOUND`) tokens, each prompt once under ``train.shared_prompt``
         (unless gradient checkpointing, which runs every row whole, is on: :mod:`sparserl.packing`)."""
         from ..packing import PROMPT_TOKENS_BOUND, worst_case_tokens
 
         t = self.train
         shared = t.shared_prompt and t.gradient_checkpointing is not True
         batch = t.prompts_per_step * self.rollout.n
-        return worst_case_tokens(batch, t.prompts_per_step, PROMPT_TOKENS_BOUND, self.rollout.max_new_tokens, shared)
+        prompt = PROMPT_TOKENS_BOUND if prompt_tokens is None else prompt_tokens
+        return worst_case_tokens(batch, t.prompts_per_step, prompt, self.rollout.max_new_tokens, shared)
 
 
 # --- looking fields up by key ---------------------------------------------------------------------

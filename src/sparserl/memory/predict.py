@@ -76,6 +76,7 @@ class MemoryPrediction:
     stations: dict[str, dict[str, int]]
     checkpointing: bool = False
     notes: list[str] = field(default_factory=list)
+    prompt_tokens: int | None = None  # the longest prompt the prediction assumed
 
     @property
     def largest_station(self) -> str:
@@ -176,7 +177,9 @@ def _predict_resolved(cfg: Config, shape: ModelShape, prompt_tokens: int, precis
     return _predict(cfg, shape, prompt_tokens, precision, dtype, bool(ckpt))
 
 
-def _old_policy_source(cfg: Config, compresses: bool, dtype: str, learner_dtype: str, fits_one: bool) -> str:
+def _old_policy_source(
+    cfg: Config, compresses: bool, dtype: str, learner_dtype: str, fits_one: bool, prompt_tokens: int
+) -> str:
     """``sampler`` | ``update`` | ``score``: where the run's old-policy log-probs come from
     (:func:`sparserl.score.old_logprobs_source` on what the config says)."""
     from ..score.old_policy import OldLogprobsError, old_logprobs_source
@@ -185,7 +188,7 @@ def _old_policy_source(cfg: Config, compresses: bool, dtype: str, learner_dtype:
     try:
         kind = old_logprobs_source(
             cfg.algorithm.old_logprobs,
-            why_not_update=cfg.why_update_forward_is_not_old_policy(),
+            why_not_update=cfg.why_update_forward_is_not_old_policy(prompt_tokens=prompt_tokens),
             compresses=compresses,
             sampler_dtype=dtype,
             learner_dtype=learner_dtype,
@@ -266,7 +269,7 @@ def _predict(cfg: Config, shape: ModelShape, prompt_tokens: int, precision: str,
     whole = worst_case_tokens(N, t.prompts_per_step, P, T, shared)
     fits_one = t.max_tokens_per_micro_batch is None or whole <= t.max_tokens_per_micro_batch
     source = _old_policy_source(
-        cfg, comp.compresses, dtype, "bfloat16" if autocast else cfg.model.dtype, fits_one and mini == N
+        cfg, comp.compresses, dtype, "bfloat16" if autocast else cfg.model.dtype, fits_one and mini == N, P
     )
     head_blocks = HEAD_BLOCKS * HEAD_CHUNK * V * 4
     p_hidden = {"p hidden states": N * T * H * 4} if m.alpha != "off" else {}
@@ -310,7 +313,7 @@ def _predict(cfg: Config, shape: ModelShape, prompt_tokens: int, precision: str,
     if source == "update" and alpha:  # α runs between the update's forward and its backward, beside its graph
         stations["alpha"] = {**{f"update {k}": v for k, v in graph.items()}, **alpha}
     notes = [f"prompts of at most {P} tokens", f"old policy: {source}", f"micro-batch: {rows} rows, {tokens} tokens"]
-    return MemoryPrediction(resident, stations, ckpt, notes)
+    return MemoryPrediction(resident, stations, ckpt, notes, P)
 
 
 def _torch_dtype(name: str):

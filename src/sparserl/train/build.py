@@ -95,7 +95,8 @@ def build_trainer(cfg: Config) -> Trainer:
     lm, learner, opt, sched = build_learner(cfg)
     use_gradient_checkpointing(learner, gradient_checkpointing_wanted(cfg, learner, memory.checkpointing))
     engine = engine_from_fields(lm, r, sampler_state(learner))
-    old_policy = OldPolicy.choose(cfg, engine, learner)  # the model's facts (its dropout): a refused source fails here
+    # the model's facts (its dropout) and the data's prompt bound: a refused source fails here
+    old_policy = OldPolicy.choose(cfg, engine, learner, memory.prompt_tokens)
     check_exact_alpha_under_async(cfg, learner)  # the vocabulary's size: before any worker starts
     ref = None
     if cfg.algorithm.kl_coef > 0:

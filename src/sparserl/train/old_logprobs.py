@@ -49,14 +49,16 @@ class OldPolicy:
     max_tokens: int | None = None  # train.max_tokens_per_micro_batch
 
     @classmethod
-    def choose(cls, cfg, engine, learner) -> OldPolicy:
+    def choose(cls, cfg, engine, learner, prompt_tokens: int | None = None) -> OldPolicy:
         """The source for ``cfg``'s sampler (``engine``) and ``learner``: the config's rules and the loaded
         model's own facts (its dropout, its compute dtype), so that a refused source, e.g. ``update`` on a
-        model with dropout, fails here, before any rollout (:class:`~sparserl.score.old_policy.OldLogprobsError`)."""
+        model with dropout, fails here, before any rollout (:class:`~sparserl.score.old_policy.OldLogprobsError`).
+        ``prompt_tokens``: the data's longest prompt as preflight bounded it (None: the rules' bound), which
+        decides whether the update's forward over a whole batch fits ``train.max_tokens_per_micro_batch``."""
         r = cfg.rollout
         kind = old_logprobs_source(
             cfg.algorithm.old_logprobs,
-            why_not_update=cfg.why_update_forward_is_not_old_policy(model_dropout(learner)),
+            why_not_update=cfg.why_update_forward_is_not_old_policy(model_dropout(learner), prompt_tokens),
             compresses=engine.compressor.compresses,
             sampler_dtype=engine.dtype,
             learner_dtype=learner_compute_dtype(cfg.model, learner),
