@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 
 from .. import runlog as names
+from ..memory import peak_resident_bytes
 from .measure import RssSampler, median_round_ratio, round_order
 
 #: the step's stations as the run log names them, in the order of a step
@@ -89,7 +90,7 @@ def run_arm(cfg, step: int = 1) -> dict:
         t = time.perf_counter()
         metrics = train_step(trainer, step)
         wall = time.perf_counter() - t
-    peak = _vm("VmHWM") if hwm else rss.peak
+    peak = peak_resident_bytes() if hwm else rss.peak
     del trainer
     _release_memory()
     out = {k: float(metrics[k]) for k in KEPT if k in metrics}
