@@ -36,6 +36,7 @@ RESUME_FREE_KEYS = ("name", "train.steps", "log.*", "checkpoint.*", "eval.every"
 # prediction of the step's peak for this config (sparserl.memory.predict_peak), logged side by side each step
 MEMORY_RSS_PEAK = "memory/rss_peak_bytes"
 MEMORY_PREDICTED_PEAK = "memory/predicted_peak_bytes"
+MEMORY_RETURNED = "memory/returned_bytes"  # freed heap pages handed back to the kernel at the step's end
 
 # reward station
 REWARD_MEAN = "reward/mean"

@@ -19,7 +19,6 @@ the report also gives seconds per 1,000 response tokens.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import statistics
 import time
@@ -27,6 +26,7 @@ from collections.abc import Callable
 
 from .. import runlog as names
 from ..memory import peak_resident_bytes
+from ..memory.allocator import trim_freed_memory
 from .measure import RssSampler, median_round_ratio, round_order
 
 #: the step's stations as the run log names them, in the order of a step
@@ -51,10 +51,7 @@ KEPT = (
 def _release_memory() -> None:
     """Hand freed memory back to the system, so the next arm's resident memory starts from what is live."""
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    trim_freed_memory()
 
 
 def _reset_peak() -> bool:

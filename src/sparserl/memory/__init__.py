@@ -4,6 +4,8 @@
   the decoder's saved activations per token in :mod:`.activations`);
 - :func:`memory_limit`: ``train.max_memory_gb`` or the machine's available memory less a margin (:mod:`.limit`);
   :func:`peak_resident_bytes`: the process's measured peak, logged each step beside the prediction;
+- :func:`~.allocator.trim_freed_memory`: the C heap's freed pages handed back to the kernel where a step's phases
+  have freed their transients (:mod:`.allocator`), so a run's peak follows its live tensors;
 - :func:`check_fits`: preflight's refusal of a run that would not fit, naming the changes that would
   (:mod:`.fit`); :func:`gradient_checkpointing_on`: ``train.gradient_checkpointing: auto``'s answer.
 """

@@ -9,6 +9,7 @@ baseline and weights), minus a margin of :data:`MARGIN_FRACTION` of it and at le
 from __future__ import annotations
 
 from ..config import Config
+from .allocator import resident_bytes
 
 __all__ = ["MARGIN_BYTES", "MARGIN_FRACTION", "available_bytes", "memory_limit", "peak_resident_bytes"]
 
@@ -29,21 +30,11 @@ def _meminfo_kb(field: str) -> int | None:
     return None
 
 
-def _own_rss() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            import os
-
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def available_bytes() -> int | None:
     """Bytes the machine could give this process now: MemAvailable plus its own resident set (None: unknown)."""
     kb = _meminfo_kb("MemAvailable")
     if kb is not None:
-        return kb * 1024 + _own_rss()
+        return kb * 1024 + resident_bytes()
     try:
         import psutil
     except ImportError:

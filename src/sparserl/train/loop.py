@@ -10,6 +10,7 @@ from .. import runlog as names
 from ..checks import check_output_dir
 from ..config import Config, config_to_dict
 from ..eval.report import make_report
+from ..memory.allocator import returned_bytes
 from ..models.invariant_scaling import refold_after_load
 from ..models.mixed_precision import choose as choose_mixed_precision
 from ..runlog import read_metrics
@@ -150,6 +151,7 @@ def run_steps(trainer: Trainer, run: Path, resume: bool, changes: list, log=prin
             with naming_nondeterministic_ops():  # train.deterministic on CUDA: an op without such a kernel, named
                 metrics = train_step(trainer, step)
             release_gradients(trainer)
+            metrics[names.MEMORY_RETURNED] = returned_bytes()  # the step's freed heap pages, back to the kernel
             if eval_due(cfg, step):
                 metrics.update(held_out_eval(trainer, step, run, log=logger.message))
             logger.log(step, metrics)

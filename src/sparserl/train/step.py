@@ -18,6 +18,7 @@ from ..batch import RolloutBatch
 from ..config import Config
 from ..correct import apply_corrections
 from ..memory import peak_resident_bytes
+from ..memory.allocator import trim_freed_memory
 from ..mismatch.measure import measure_alpha
 from ..mismatch.split import lag_split, mismatch_split
 from ..models.mixed_precision import learner_autocast
@@ -36,6 +37,7 @@ def train_step(trainer, step: int) -> dict:
     cfg, laps = trainer.cfg, Laps()
     # 1) rollout and 2) reward (under algorithm.filter_groups, DAPO's dynamic sampling, several rounds of both)
     examples, ro, scores, sampled, sampling = sample_and_score(trainer, step, laps)
+    trim_freed_memory()  # the rollout's transient buffers, freed: their pages back to the kernel before the learner
     lag = pool_metrics(trainer, ro)  # before this step's push
     with laps(names.TIME_SCORE):
         batch = rollout_batch(trainer, ro, scores.total)
@@ -67,6 +69,7 @@ def train_step(trainer, step: int) -> dict:
         trainer, batch, ro, sampling_params(cfg, step), cfg.mismatch.alpha, cfg.mismatch.alpha_bin, old.hidden
     )
     ro.distributions = ro.hidden = None  # the sampler's q or its head's inputs, read: freed before the update
+    trim_freed_memory()  # scoring's and α's transients, freed: their pages back to the kernel before the update
     if trainer.kv_controller is not None:
         alpha.update(trainer.kv_controller.steer(trainer.engine.compressor, alpha))
     with laps(names.TIME_UPDATE):

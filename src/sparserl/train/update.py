@@ -17,6 +17,7 @@ import torch
 
 from .. import runlog as names
 from ..batch import RolloutBatch
+from ..memory.allocator import trim_freed_memory
 from ..models.mixed_precision import learner_autocast
 from ..score import forward_response, forward_response_shared
 from ..score.dense import micro_batches
@@ -95,6 +96,7 @@ def update_policy(trainer, batch: RolloutBatch, corr, update_forward: UpdateForw
                 else:
                     loss, m = micro_batch_loss(trainer, batch, corr, r, norms)
                 loss.backward()
+                trim_freed_memory()  # the micro-batch's activations, freed: back to the kernel, not left as holes
                 losses.append(loss.detach())
                 w = float(batch.response_mask[r].sum())
                 for k, v in m.items():
