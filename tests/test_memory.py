@@ -139,7 +139,7 @@ def test_a_run_that_does_not_fit_is_refused_before_the_model_loads(monkeypatch):
     with pytest.raises(ConfigError) as e:
         build.build_trainer(cfg)
     msg = str(e.value)
-    assert "\n" not in msg and msg.startswith(f"train.max_memory_gb={limit:.3f}: ")
+    assert "\n" not in msg and msg.startswith(f"train.max_memory_gb={cfg.train.max_memory_gb}: ")
     assert f"prompts of at most {P} tokens" in msg
     fixes = re.findall(r"((?:[\w.]+=\S+ ?)+) \([\d.]+ GB\)", msg.split("fits with", 1)[1])
     keys = {f.split("=")[0] for fix in fixes for f in fix.split()}

@@ -28,8 +28,9 @@ T = ``rollout.max_new_tokens``), each holding its own buffers on top of the resi
   head's blocks;
 - update: autograd's saved tensors for one micro-batch (:mod:`.activations`: per token and layer, or one
   hidden state per layer boundary plus one layer's under gradient checkpointing), autocast's bfloat16
-  weight copies, the backward's gradients of one layer's activations, the head's blocks, and p's hidden
-  states (the step holds the old policy's until it ends). With the old policy from the update's own
+  weight copies, the backward's gradients of one layer's activations, the head's blocks, p's hidden
+  states (the step holds the old policy's until it ends), and the allocator's slack: the freed blocks glibc
+  keeps resident inside the micro-batch (:data:`ALLOCATOR_SLACK` of the activations it allocates). With the old policy from the update's own
   forward, α runs between that forward and its backward: the α station then holds the update's graph
   (saved tensors and weight copies) beside α's buffers, and the backward starts after α freed them.
 
@@ -65,6 +66,12 @@ HEAD_BLOCKS = 3
 SAMPLING_BUFFERS = 4
 #: the backward's transient over the saved tensors: gradients of about this many layers' activations
 BACKWARD_LAYERS = 1.0
+#: freed heap blocks glibc keeps resident inside one micro-batch's forward and backward (where no trim runs:
+#: :mod:`.allocator`), as a fraction of the activations that micro-batch allocates (tokens x layers x the saved
+#: bytes of a layer, checkpointed or not). Measured on SmolLM2-135M at micro-batches of ~4,096 tokens, the step's
+#: peak less the same step's under glibc's mmap threshold at 1 MiB (which leaves no holes): 1.2 GB for the dense
+#: long job, 1.3 GB for the main job under gradient checkpointing, 21-23% of 5.7 GB (docs/results/main_job_memory/)
+ALLOCATOR_SLACK = 0.25
 GB = 1e9
 
 
@@ -307,6 +314,7 @@ def _predict(cfg: Config, shape: ModelShape, prompt_tokens: int, precision: str,
     stations["update"] = {
         **graph,
         "backward": int(BACKWARD_LAYERS * tokens * layer),
+        "allocator slack": int(ALLOCATOR_SLACK * tokens * shape.layers * layer),
         "head blocks": head_blocks,
         **p_hidden,
     }
