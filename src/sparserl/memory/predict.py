@@ -30,9 +30,10 @@ T = ``rollout.max_new_tokens``), each holding its own buffers on top of the resi
   hidden state per layer boundary plus one layer's under gradient checkpointing), autocast's bfloat16
   weight copies, the backward's gradients of one layer's activations, the head's blocks, p's hidden
   states (the step holds the old policy's until it ends), and the allocator's slack: the freed blocks glibc
-  keeps resident inside the micro-batch (:data:`ALLOCATOR_SLACK` of the activations it allocates). With the old policy from the update's own
-  forward, α runs between that forward and its backward: the α station then holds the update's graph
-  (saved tensors and weight copies) beside α's buffers, and the backward starts after α freed them.
+  keeps resident inside the micro-batch (:data:`ALLOCATOR_SLACK` of the activations it allocates). With the
+  old policy from the update's own forward, α runs between that forward and its backward: the α station then
+  holds the update's graph (saved tensors and weight copies) beside α's buffers, and the backward starts after
+  α freed them.
 
 A micro-batch holds at most ``train.micro_batch_size`` rows and, with ``train.max_tokens_per_micro_batch``,
 at most that many tokens (:func:`~sparserl.packing.worst_case_tokens`, as the packing counts them).
