@@ -19,6 +19,7 @@ import torch
 
 
 def arm_work(cfg) -> dict:
+    from sparserl.packing import RowLengths, micro_batch_tokens
     from sparserl.score.dense import micro_batches
     from sparserl.score.shared_prompt import shares_prompt_with_grad
     from sparserl.train.build import build_trainer
@@ -31,8 +32,6 @@ def arm_work(cfg) -> dict:
     t = cfg.train
     shared = shares_prompt_with_grad(trainer.learner, t.shared_prompt)
     parts = micro_batches(batch, t.micro_batch_size, t.max_tokens_per_micro_batch, shared)
-    from sparserl.packing import RowLengths, micro_batch_tokens
-
     row_lengths = RowLengths.of_batch(batch)
     lengths = row_lengths.response.long()
     padded = attention = 0

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from .. import runlog as names
 from ..memory import peak_resident_bytes
-from ..memory.allocator import trim_freed_memory
+from ..memory.allocator import resident_bytes, trim_freed_memory
 from .measure import RssSampler, median_round_ratio, round_order
 
 #: the step's stations as the run log names them, in the order of a step
@@ -64,15 +64,6 @@ def _reset_peak() -> bool:
         return False
 
 
-def _vm(field: str) -> int:
-    """``field`` of /proc/self/status (e.g. ``VmHWM``, ``VmRSS``) in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
-
-
 def run_arm(cfg, step: int = 1) -> dict:
     """Build ``cfg``'s trainer, run its step ``step`` and return the kept metrics, with the arm's peak resident
     memory (``rss_peak_bytes``: build and step) and the memory live before it (``rss_before_bytes``)."""
@@ -80,7 +71,7 @@ def run_arm(cfg, step: int = 1) -> dict:
     from ..train.step import train_step
 
     _release_memory()
-    before = _vm("VmRSS")
+    before = resident_bytes()
     hwm = _reset_peak()
     with RssSampler() as rss:
         trainer = build_trainer(cfg)
