@@ -8,6 +8,10 @@ import pytest
 import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("SPARSERL_TEST_DEVICE", "cpu") == "cpu":
+    # Triton's kernels (sparserl.rollout.gpu) run in its interpreter on CPU tensors; it is chosen when triton and
+    # the kernels are imported, so it is set before anything imports them (test_gpu_compile runs apart without it)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 #: where the suite's caches live: the folder ``$SPARSERL_TEST_CACHE`` names, else a temporary folder made
 #: here (``<tmp>/sparserl-test-caches/session-<pid>-*``) and removed when the process that made it exits.

@@ -5,8 +5,10 @@ the ratio is the median of the per-round ratios.
 
     python3 experiments/training/update_passes.py long rollout.kv_controller=null --switch flush_denormal
 
-Switches: ``trim`` (``sparserl.memory.allocator.trim_freed_memory`` after each backward, as the update does) and
-``flush_denormal`` (``torch.set_flush_denormal``: subnormal floats read as zero). Also prints the seconds per
+Switches: ``trim`` (``sparserl.memory.allocator.trim_freed_memory`` after each backward, as the update does),
+``flush_denormal`` (``torch.set_flush_denormal``: subnormal floats read as zero) and ``budget`` (the micro-batches
+packed under ``--budget`` tokens instead of ``train.max_tokens_per_micro_batch``; both sides trim after each
+backward, as the update does). Also prints the seconds per
 1,000 response tokens of the passes without the switch, to compare jobs or samplers run in separate processes.
 """
 
@@ -35,7 +37,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("job")
     p.add_argument("overrides", nargs="*")
-    p.add_argument("--switch", choices=("trim", "flush_denormal"), required=True)
+    p.add_argument("--switch", choices=("trim", "flush_denormal", "budget"), required=True)
+    p.add_argument("--budget", type=int, help="the token budget the 'budget' switch packs under")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json")
     args = p.parse_args()
@@ -49,6 +52,9 @@ def main() -> None:
     t = cfg.train
     shared = shares_prompt_with_grad(trainer.learner, t.shared_prompt)
     parts = micro_batches(batch, t.micro_batch_size, t.max_tokens_per_micro_batch, shared)
+    if args.switch == "budget" and not args.budget:
+        p.error("--switch budget needs --budget N")
+    parts_on = micro_batches(batch, t.micro_batch_size, args.budget, shared) if args.switch == "budget" else parts
     norms = loss_normalizers(corr.mask, cfg.algorithm.loss_agg, max_len=cfg.rollout.max_new_tokens)
     tokens = float(batch.response_mask.sum())
     trainer.learner.train()
@@ -57,10 +63,10 @@ def main() -> None:
         torch.set_flush_denormal(on and args.switch == "flush_denormal")
         trainer.optimizer.zero_grad(set_to_none=True)
         start = time.perf_counter()
-        for r in parts:
+        for r in parts_on if on else parts:
             loss, _ = micro_batch_loss(trainer, batch, corr, r, norms)
             loss.backward()
-            if on and args.switch == "trim":
+            if (on and args.switch == "trim") or args.switch == "budget":
                 trim_freed_memory()
         seconds = time.perf_counter() - start
         trainer.optimizer.zero_grad(set_to_none=True)
@@ -77,8 +83,10 @@ def main() -> None:
     ratio = statistics.median(r["on_s"] / r["off_s"] for r in rounds)
     per_1k = statistics.median(r["off_s"] for r in rounds) / tokens * 1000
     sizes = [len(r) for r in parts]
+    sizes_on = [len(r) for r in parts_on]
     print(
-        f"{len(parts)} micro-batches of {sizes} rows, {tokens:.0f} response tokens; {args.switch} on / off: "
+        f"{len(parts)} micro-batches of {sizes} rows (on: {sizes_on}), {tokens:.0f} response tokens; "
+        f"{args.switch} on / off: "
         f"{ratio:.3f} (median of per-round ratios); off: {per_1k:.2f} s per 1,000 response tokens"
     )
     if args.json:
@@ -86,7 +94,9 @@ def main() -> None:
             json.dump(
                 {
                     "switch": args.switch,
+                    "budget": args.budget,
                     "micro_batch_rows": sizes,
+                    "micro_batch_rows_on": sizes_on,
                     "response_tokens": tokens,
                     "rounds": rounds,
                     "ratio": ratio,
