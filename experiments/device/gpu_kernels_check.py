@@ -1,0 +1,168 @@
+"""The GPU sampler's Triton kernels on a lent GPU, in one call: each kernel against a float64 reference, and the
+decode-attention kernel's time per layer against the engine's eager torch attention and against the memory floor.
+
+    python3 experiments/device/gpu_kernels_check.py --out DIR             # on the GPU machine (≤ a few minutes)
+    python3 experiments/device/gpu_kernels_check.py --smoke --out DIR     # here, in Triton's interpreter (CI)
+
+1. The copy ceiling: a device-to-device copy of 1 GiB (read + write bytes / s), the floor's bandwidth.
+2. Each kernel (decode attention over every slot, over block top-k's pages, over an int8 cache; R-KV's
+   redundancy) against :func:`reference_decode_attention` / the engine's torch redundancy in float64: the max
+   absolute error.
+3. Decode attention for one layer of SmolLM2-135M's shapes (9 query heads, 3 KV heads, head dim 64, bfloat16) at
+   batch 256: a dense cache of 1,024 and 4,096 tokens, R-KV's bounded cache (budget 256 + step 32), and block
+   top-k's 8 pages of 16 out of 4,096: the kernel's time (CUDA events, median of 20 after 5 warm-ups), the eager
+   torch path's (:func:`sparserl.rollout.cache.attention` / :func:`gathered_attention`), and the kernel's K/V bytes
+   read / time as a fraction of the copy ceiling.
+
+Results: ``DIR/gpu_kernels.json`` and a table on stdout. With ``--smoke`` (CPU, interpreter) the shapes are tiny
+and the timings mean nothing: it checks that the script runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU in Triton's interpreter")
+    args = p.parse_args()
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+    import torch
+
+    from sparserl.rollout.cache import attention
+    from sparserl.rollout.gpu.decode_attention import decode_attention, reference_decode_attention
+    from sparserl.rollout.gpu.rkv_redundancy import rkv_redundancy
+    from sparserl.rollout.kv.rkv import redundancy
+    from sparserl.rollout.kv_quant import get_kv_quantizer
+    from sparserl.rollout.page_attention import gathered_attention
+
+    device = "cpu" if args.smoke else "cuda"
+    if not args.smoke and not torch.cuda.is_available():
+        sys.exit("no CUDA device: run with --smoke on a CPU")
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    f32 = args.smoke  # the interpreter's 16-bit dot is wrong: float32 operands there
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    out: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter smoke)"}
+
+    def timed(fn, reps: int = 20, warm: int = 5) -> float:
+        """Median seconds of ``fn`` (CUDA events on the GPU)."""
+        if args.smoke:
+            reps, warm = 1, 0
+        for _ in range(warm):
+            fn()
+        times = []
+        for _ in range(reps):
+            if device == "cuda":
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn()
+                b.record()
+                torch.cuda.synchronize()
+                times.append(a.elapsed_time(b) / 1000)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    # 1. the copy ceiling
+    n_copy = (1 << 20) if args.smoke else (1 << 30)
+    src = torch.empty(n_copy, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    copy_s = timed(lambda: dst.copy_(src))
+    out["copy_bytes_per_s"] = 2 * n_copy / copy_s
+
+    # 2. each kernel against float64
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype).to(device)
+
+    B, hkv, g, D, C = (3, 3, 3, 64, 100) if args.smoke else (8, 3, 3, 64, 1000)
+    q, K, V = rand(B, hkv * g, D), rand(B, hkv, C, D), rand(B, hkv, C, D)
+    start = torch.tensor([0, 7, 3] + [0] * (B - 3), dtype=torch.int32, device=device)
+    lens = torch.tensor([C, C - 13, 61] + [C] * (B - 3), dtype=torch.int32, device=device)
+    errors = {}
+    got = decode_attention(q, K, V, start, lens, dot_f32=f32)[0]
+    ref = reference_decode_attention(q.cpu(), K.cpu(), V.cpu(), start.cpu(), lens.cpu())[0]
+    errors["decode_attention"] = float((got.cpu().double() - ref).abs().max())
+    page, k = 16, 4
+    pages = torch.stack([torch.arange(k, dtype=torch.int32)] * hkv)[None].repeat(B, 1, 1).to(device)
+    got = decode_attention(q, K, V, start, lens, pages=pages, page=page, dot_f32=f32)[0]
+    ref = reference_decode_attention(q.cpu(), K.cpu(), V.cpu(), start.cpu(), lens.cpu(), pages=pages.cpu(), page=page)
+    errors["page_attention"] = float((got.cpu().double() - ref[0]).abs().max())
+    quant = get_kv_quantizer("int8")
+    (kc, ks), (vc, vs) = quant.quantize(K.float()), quant.quantize(V.float())
+    got = decode_attention(q, kc, vc, start, lens, k_scale=ks, v_scale=vs, dot_f32=f32)[0]
+    ref = reference_decode_attention(
+        q.cpu(), kc.cpu(), vc.cpu(), start.cpu(), lens.cpu(), k_scale=ks.cpu(), v_scale=vs.cpu()
+    )
+    errors["decode_attention_int8"] = float((got.cpu().double() - ref[0]).abs().max())
+    keys = rand(2, hkv, 80 if args.smoke else 600, D)
+    valid = torch.ones(2, keys.shape[2], dtype=torch.bool, device=device)
+    valid[0, :5] = False
+    red = rkv_redundancy(keys, valid)
+    errors["rkv_redundancy"] = float((red.cpu() - redundancy(keys.cpu().float(), valid.cpu())).abs().max())
+    out["max_abs_error_vs_reference"] = errors
+
+    # 3. decode attention at batch 256 (one layer of SmolLM2-135M's shapes)
+    B = 2 if args.smoke else 256
+    lengths = (32,) if args.smoke else (1024, 4096)
+    rows = []
+
+    def case(name: str, capacity: int, length: int, n_pages: int | None = None):
+        q, K, V = rand(B, hkv * g, D), rand(B, hkv, capacity, D), rand(B, hkv, capacity, D)
+        st = torch.zeros(B, dtype=torch.int32, device=device)
+        ln = torch.full((B,), length, dtype=torch.int32, device=device)
+        if n_pages is None:
+            bias = torch.zeros(B, 1, 1, length, device=device)
+            kernel = timed(lambda: decode_attention(q, K, V, st, ln, dot_f32=f32))
+            eager = timed(lambda: attention(q[:, :, None], K, V, bias))
+            read = 2 * B * hkv * length * D * K.element_size()
+        else:
+            n_all = length // 16
+            pg = torch.stack(
+                [torch.randperm(n_all - 1, generator=gen)[: n_pages - 1].sort().values for _ in range(B * hkv)]
+            )
+            pg = torch.cat([pg, torch.full((B * hkv, 1), n_all - 1)], 1).view(B, hkv, n_pages).int().to(device)
+            kernel = timed(lambda: decode_attention(q, K, V, st, ln, pages=pg, page=16, dot_f32=f32))
+            eager = timed(lambda: gathered_attention(q[:, :, None], K, V, pg.long(), st.long(), ln.long(), 16))
+            read = 2 * B * hkv * n_pages * 16 * D * K.element_size()
+        rows.append(
+            {
+                "case": name,
+                "batch": B,
+                "kernel_s": kernel,
+                "eager_s": eager,
+                "kernel_vs_eager": eager / kernel,
+                "kv_bytes_read": read,
+                "fraction_of_copy_ceiling": read / kernel / out["copy_bytes_per_s"],
+            }
+        )
+
+    for L in lengths:
+        case(f"dense {L}", L, L)
+        case(f"R-KV bounded (256 + 32) at {L}", min(L, 288), min(L, 288))
+        case(f"block top-k 8 x 16 of {L}", L, L, n_pages=min(8, L // 16))
+    out["decode_attention_batch"] = rows
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    Path(args.out, "gpu_kernels.json").write_text(json.dumps(out, indent=1))
+    print(f"device: {out['device']}; copy ceiling {out['copy_bytes_per_s'] / 1e9:.0f} GB/s")
+    print("max |error| vs float64: " + ", ".join(f"{k} {v:.2e}" for k, v in errors.items()))
+    print(f"{'case':<36} {'kernel us':>10} {'eager us':>10} {'vs eager':>9} {'of ceiling':>11}")
+    for r in rows:
+        print(
+            f"{r['case']:<36} {r['kernel_s'] * 1e6:>10.1f} {r['eager_s'] * 1e6:>10.1f} "
+            f"{r['kernel_vs_eager']:>8.2f}x {r['fraction_of_copy_ceiling']:>10.1%}"
+        )
+
+
+if __name__ == "__main__":
+    main()
