@@ -100,6 +100,7 @@ EXPECTED = {
         ),
         "data.train": "arith:difficulty=1",
         "rollout.kv_budget": 256,
+        "train.max_tokens_per_micro_batch": 2048,
         "rollout.kv_controller": {
             "bin": None,
             "margin": 0.04,
@@ -211,7 +212,7 @@ def test_default_runs_one_step_on_the_tiny_model(tmp_path):
 
 def test_long_is_the_default_at_length():
     """``long`` keeps the default's sampler, correction, controller rule and learner; it changes only the lengths,
-    the budgets scaled to them, the task's prompt and the run's size."""
+    the budgets scaled to them, the micro-batches' token budget, the task's prompt and the run's size."""
     long, default = flat(config_to_dict(load_config("long"))), flat(config_to_dict(load_config("default")))
     assert {k for k in long if long[k] != default[k]} == {
         "name",
@@ -224,6 +225,7 @@ def test_long_is_the_default_at_length():
         "data.eval",
         "data.system_prompt",
         "data.eval_limit",
+        "train.max_tokens_per_micro_batch",
     }
     kc, dc = load_config("long").rollout.kv_controller, load_config("default").rollout.kv_controller
     assert (kc.threshold, kc.margin, kc.patience) == (dc.threshold, dc.margin, dc.patience)
