@@ -226,8 +226,12 @@ def test_tiny_prediction_is_within_a_quarter_of_a_measured_step(tiny):
     [
         # the dense long job: its step-2 peak with glibc's defaults and heap trims, 9.61 GB, less the same step's
         # with glibc's thresholds at 1 MiB (no freed block resident), 8.41 GB (docs/results/memory_over_a_run/)
-        ("long", ["rollout.compressor=none", "rollout.kv_controller=null", "train.max_tokens_per_micro_batch=4096"], 90,
-         9.61 - 8.41),  # fmt: skip
+        (
+            "long",
+            ["rollout.compressor=none", "rollout.kv_controller=null", "train.max_tokens_per_micro_batch=4096"],
+            90,
+            9.61 - 8.41,
+        ),  # fmt: skip
         # the checkpointed main job: 4,852 MiB against 3,614 MiB the same way (docs/results/main_job_memory/)
         ("default", ["train.gradient_checkpointing=true"], 80, (4852 - 3614) * 2**20 / 1e9),
     ],
