@@ -115,6 +115,8 @@ class RolloutEngine:
         quant_head: bool = False,
         weights: dict | None = None,
         bf16_kernel: str | None = None,
+        static: bool = False,
+        static_check_every: int = 8,
     ):
         """``compressor``: a :class:`KVCompressor`; ``get_compressor("none")`` for a dense cache. ``weights``: the
         state dict the sampler starts from (None: ``loaded.model``'s own; see :class:`SamplerModel`).
@@ -136,7 +138,10 @@ class RolloutEngine:
         once per machine where there are two (:mod:`sparserl.rollout.bf16_kernel_choice`).
         ``fused``: on CPU, run each decode layer as three native calls
         (:mod:`sparserl.rollout.fused`; the same numbers) where its weights allow; False = the eager
-        step, operator by operator (profiling)."""
+        step, operator by operator (profiling). ``static``: decode on the fixed-shape step without host reads
+        (:mod:`sparserl.rollout.static_step`; on CUDA captured as a graph and attending through the Triton
+        kernel when Triton is installed), the host checking the rows' done flags every ``static_check_every``
+        steps."""
         self.tokenizer = loaded.tokenizer
         param = next(loaded.model.parameters())
         #: what ``dtype="auto"`` chose and why (:mod:`sparserl.rollout.dtype_choice`); None for a named dtype
@@ -183,6 +188,14 @@ class RolloutEngine:
         self.kv_quant = get_kv_quantizer(kv_quant).name  # an unknown name fails here, with a hint
         self.compile: str | None = ("inductor" if compile is True else compile) or None
         self.fused = bool(fused)
+        self.static = bool(static)
+        self.static_check_every = int(static_check_every)
+        if self.static_check_every < 1:
+            raise ValueError(f"static_check_every must be >= 1, got {static_check_every}")
+        self.static_graph = True  # on CUDA: replay the step as a captured graph
+        from .gpu import triton_available
+
+        self.static_triton = triton_available()  # on CUDA: attention through the Triton kernel
         self.eos_ids = self._eos_ids(loaded.model)
         self._newline_ids: torch.Tensor | None = None
         self.step_hook = None  # tests/debugging: called as hook(event, **state) around each decode step
@@ -308,12 +321,31 @@ class RolloutEngine:
             for x in out
         )
 
+    def left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The batch's prompts left-padded to the longest, on the engine's device: (ids [B, P], valid [B, P]
+        bool, positions [B, P]: each token's position in its own prompt, 0 on the padding)."""
+        B, P = len(prompts), max(len(x) for x in prompts)
+        ids = torch.full((B, P), self.tokenizer.pad_token_id or 0, dtype=torch.long)
+        valid = torch.zeros(B, P, dtype=torch.bool)
+        for b, x in enumerate(prompts):
+            ids[b, P - len(x) :] = torch.tensor(x)
+            valid[b, P - len(x) :] = True
+        ids, valid = ids.to(self.device), valid.to(self.device)  # built on the CPU, one copy each
+        return ids, valid, (valid.long().cumsum(-1) - 1).clamp(min=0)
+
     @torch.inference_mode()
     def _generate_batch(
         self, prompts: list[list[int]], p: SamplingParams, row_ids: torch.Tensor, forced: list[list[int]] | None = None
     ) -> RolloutOutput:
-        """One batch; ``row_ids`` [B] (int64): each response's random stream."""
+        """One batch; ``row_ids`` [B] (int64): each response's random stream. With ``self.static`` (and a batch
+        the static step takes: :func:`~.static_step.static_unsupported`), the fixed-shape, sync-free step runs it
+        (:func:`~.static_step.generate_static_batch`)."""
         m, c, dev = self.model, self.compressor, self.device
+        if self.static and forced is None:
+            from .static_step import generate_static_batch, static_unsupported
+
+            if static_unsupported(c, p) is None:
+                return generate_static_batch(self, prompts, p, row_ids)
         if self.compile and c.selects_per_step:  # the compiled layer step attends over every slot
             raise ValueError(
                 f"compile={self.compile!r} with compressor {c.name!r}: the compiled decode step reads "
@@ -330,13 +362,7 @@ class RolloutEngine:
                 forced_ids[b, : forced_len[b]] = torch.tensor(f[:max_new])
             forced_ids = forced_ids.to(dev)
         t0 = time.perf_counter()
-        ids = torch.full((B, P), self.tokenizer.pad_token_id or 0, dtype=torch.long)
-        valid = torch.zeros(B, P, dtype=torch.bool)
-        for b, x in enumerate(prompts):
-            ids[b, P - len(x) :] = torch.tensor(x)
-            valid[b, P - len(x) :] = True
-        ids, valid = ids.to(dev), valid.to(dev)  # built on the CPU, one copy each
-        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        ids, valid, positions = self.left_padded(prompts)
         true_len = valid.sum(-1)  # next position of each sequence
 
         want_q = c.window if c.needs_queries else 0

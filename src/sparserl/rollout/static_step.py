@@ -1,0 +1,279 @@
+"""A decode step with the same tensor shapes at every step and no read of a device value on the host: what a
+CUDA graph needs (``torch.cuda.graph`` captures one step and replays it, one launch instead of ~1,200 small ones
+from Python, ``docs/results/cuda/``).
+
+The eager engine (:meth:`RolloutEngine._generate_batch`) attends over the longest row's slots (a length read on
+the host each step), shrinks the batch when rows finish and reads ``done`` / ``due`` every step. Here, for one
+batch of B rows and a cache of fixed ``capacity``:
+
+- attention runs over every slot of the capacity with a mask built on the device from each row's ``start`` and
+  ``lens`` (the torch path), or through the Triton kernel that reads those lengths itself
+  (:func:`sparserl.rollout.gpu.decode_attention.decode_attention`, on CUDA);
+- the step counter ``t``, each row's position, length and done flag are device tensors, updated in place; the
+  sampling stream's draw reads ``t`` on the device (:func:`~sparserl.rollout.sampling.row_uniforms`);
+- a finished row stays in the batch, masked: its token, length and cache no longer change (the slots it would
+  write are its own, past its length); the host reads ``done`` every ``check_every`` steps only, and
+  compression (its scoring and gather are host-driven) runs between steps at its fixed shape, when the
+  compressor's ``due`` flags, read at the same time, say so.
+
+The numbers are the eager engine's: the same sampler model functions, the same draws, the same compressions
+(with ``check_every`` 1: a larger period compresses up to that many tokens later); attention over a masked
+capacity instead of the longest row's slots (the masked slots add exp(−inf) = 0) sums in another order, so
+log-probs agree to ~1e-7 and a token differs only where a draw falls that close to a CDF boundary (tested
+against the eager engine for dense and every compressor that evicts). Not supported (refused): block top-k
+(its page selection reads lengths on the host), stop strings (decoded on the host), the newline trigger, forced
+tokens (the replay); the eager step runs those.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .cache import CompressedKVCache, attention
+from .sampling import SamplingParams, row_uniforms, sample
+
+__all__ = ["StaticDecodeStep", "static_unsupported"]
+
+
+def static_unsupported(compressor, params: SamplingParams) -> str | None:
+    """Why a batch cannot run on the static step (None: it can)."""
+    if compressor.selects_per_step:
+        return f"compressor {compressor.name!r} chooses pages per step with host-side lengths"
+    if compressor.needs_newlines:
+        return f"compressor {compressor.name!r} is due after a newline token, a per-step host decision"
+    if params.stop:
+        return "stop strings are matched on decoded text on the host"
+    return None
+
+
+class StaticDecodeStep:
+    """The decode loop's state for one batch as fixed-shape device tensors, and :meth:`step`, which advances it
+    by one token in place. ``logits`` [B, V] float32 and ``x`` [B, H]: the prefill's last position's (the first
+    token's distribution); ``cache``: the batch's :class:`CompressedKVCache` after prefill; ``row_ids`` [B]:
+    each row's sampling stream; ``eos`` [E] long or None."""
+
+    def __init__(
+        self,
+        model,
+        cache: CompressedKVCache,
+        logits: torch.Tensor,
+        x: torch.Tensor,
+        params: SamplingParams,
+        row_ids: torch.Tensor,
+        max_new: int,
+        eos: torch.Tensor | None,
+        use_triton: bool = False,
+        keep_hidden: bool = False,
+    ):
+        dev = logits.device
+        B = logits.shape[0]
+        self.model, self.cache, self.params, self.max_new = model, cache, params, max_new
+        self.row_ids = row_ids.to(dev)
+        self.eos = eos
+        self.use_triton = use_triton
+        cache._uniform_len = None  # rows diverge from the first masked step: per-row slots
+        self.logits = logits.float().clone()
+        self.x = x.clone()
+        self.t = torch.zeros((), dtype=torch.long, device=dev)
+        self.positions = (cache.lens - cache.start).to(torch.long)  # a left-padded prompt's next position
+        self.done = torch.zeros(B, dtype=torch.bool, device=dev)
+        self.lengths = torch.zeros(B, dtype=torch.long, device=dev)
+        self.tokens = torch.zeros(B, max_new, dtype=torch.long, device=dev)
+        self.logprobs = torch.zeros(B, max_new, dtype=torch.float32, device=dev)
+        self.hidden = torch.zeros(B, max_new, x.shape[-1], dtype=x.dtype, device=dev) if keep_hidden else None
+        self.rows = torch.arange(B, device=dev)
+        self.slots = torch.arange(cache.capacity, device=dev)
+        # the next write of the queries' window ring, on the device (the cache's host-side count, q_head, is kept
+        # by the driver calling cache.end_step() after each step: host arithmetic only)
+        self.ring_slot = torch.full((), cache.q_head, dtype=torch.long, device=dev)
+
+    def step(self) -> None:
+        """One token for every running row, in place: draw from ``logits``, record it, then (for rows still
+        running) write it into the cache and compute the next ``logits``. No host read of a device value."""
+        m, c, p = self.model, self.cache, self.params
+        tok, lp, _ = sample(self.logits, p, row_uniforms(p.seed, self.row_ids, self.t))
+        running = ~self.done
+        col = self.t.expand(self.tokens.shape[0], 1)
+        self.tokens.scatter_(1, col, torch.where(running, tok, 0)[:, None])
+        self.logprobs.scatter_(1, col, torch.where(running, lp, 0.0)[:, None])
+        if self.hidden is not None:
+            self.hidden.index_copy_(1, self.t[None], torch.where(running[:, None], self.x, 0)[:, None].to(self.x.dtype))
+        self.lengths.copy_(torch.where(running, self.t + 1, self.lengths))
+        ended = self.t + 1 >= self.max_new
+        if self.eos is not None:
+            stop = torch.isin(tok, self.eos) & (self.t + 1 >= p.min_new_tokens)
+            ended = ended | stop
+        self.done.copy_(self.done | ended)
+        # the token enters the cache of the rows still running after it (a row's last token is not decoded, as in
+        # the eager loop); a finished row writes its own next slot and attends as before, its results discarded
+        # (its length and position no longer move)
+        running = ~self.done
+        slot = c.lens.clamp(max=c.capacity - 1)
+        c.pos[:, self.rows, :, slot] = self.positions.to(torch.int32)[:, None, None].expand(-1, c.n_layers, c.n_kv)
+        h = torch.nn.functional.embedding(tok, m.embed)[:, None, :]
+        cos, sin = m.rope(self.positions[:, None])
+        after = c.lens + running.long()  # each row's length once its token is written
+        end = torch.maximum(after, slot + 1)  # a finished row attends over its own slots, its result discarded
+        valid = (self.slots[None, :] >= c.start[:, None]) & (self.slots[None, :] < end[:, None])
+        bias = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device).masked_fill_(~valid, float("-inf"))
+        bias = bias[:, None, None, :]
+        for layer, lw in enumerate(m.layers):
+            q, k, v = m.qkv(lw, h, cos, sin)  # [B, H, 1, D]
+            c._write(layer, (self.rows, slice(None), slot), k[:, :, 0], v[:, :, 0])
+            a = self._attend(layer, q, bias, slot)
+            if c.q_ring is not None:
+                c.q_ring[layer].index_copy_(2, self.ring_slot[None], q)
+            m.linear(a[:, None, :], lw.o, add_to=h)
+            m.linear(m.mlp_act(lw, h), lw.down, add_to=h)
+        x = m.final_norm(h[:, 0])
+        self.x.copy_(x)
+        self.logits.copy_(m.head(x).float())
+        c.lens.copy_(after)
+        self.positions.add_(running.long())
+        if c.q_ring is not None:
+            self.ring_slot.copy_((self.ring_slot + 1) % c.window)
+        self.t.add_(1)
+
+    def _attend(self, layer: int, q: torch.Tensor, bias: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        """This step's attention of one layer over the whole capacity, masked (torch), or through the Triton
+        kernel (lengths read on the device); H2O's accumulated attention added for the valid slots."""
+        c = self.cache
+        if self.use_triton and c.attn_acc is None:
+            from .gpu.decode_attention import decode_attention
+
+            B, hq = q.shape[:2]
+            lens = torch.maximum(c.lens + (~self.done).long(), slot + 1).to(torch.int32)  # as the mask's end
+            ks = c.k_scale[layer] if c.k_scale is not None else None
+            vs = c.v_scale[layer] if c.v_scale is not None else None
+            unit = (1.0, 1.0)
+            if ks is not None:
+                unit = (c.quant.widen(c.keys[layer][:1, :1, :1], q.dtype)[1],) * 2
+            out, _ = decode_attention(
+                q[:, :, 0], c.keys[layer], c.values[layer], c.start.to(torch.int32), lens, k_scale=ks, v_scale=vs,
+                unit=unit,
+            )  # fmt: skip
+            return out.reshape(B, hq * q.shape[-1])
+        if c.k_scale is None:
+            out, p = attention(q, c.keys[layer], c.values[layer], bias)
+        else:
+            out, p = attention(q, c.keys[layer], c.values[layer], bias, c.k_scale[layer], c.v_scale[layer], c.quant)
+        if c.attn_acc is not None:
+            c.attn_acc[layer] += p.sum(dim=2)
+        return out
+
+
+#: the cache's tensors the step reads or writes: a captured graph holds their storage, so a compression that
+#: rebinds one (``start`` after an eviction) has it copied back into the captured tensor (:func:`_pin`)
+CACHE_BUFFERS = ("keys", "values", "k_scale", "v_scale", "pos", "attn_acc", "q_ring", "lens", "start")
+
+
+def _pin(cache: CompressedKVCache, pinned: dict[str, torch.Tensor]) -> None:
+    """Put back the captured tensors of ``cache`` that a compression rebound, with the new values copied in."""
+    for name, tensor in pinned.items():
+        now = getattr(cache, name)
+        if now is not tensor:
+            tensor.copy_(now)
+            setattr(cache, name, tensor)
+
+
+def captured_step(state: StaticDecodeStep, warm_steps: int = 2):
+    """``state.step`` as a CUDA graph: ``warm_steps`` real steps run eagerly on a side stream (the warm-up
+    ``torch.cuda.graph`` asks for), then one step is captured (recorded, not run); returns a function that
+    replays it. Only on CUDA."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warm_steps):
+            state.step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        state.step()
+    return graph.replay
+
+
+@torch.inference_mode()
+def generate_static_batch(engine, prompts: list[list[int]], p: SamplingParams, row_ids: torch.Tensor):
+    """One batch of :meth:`RolloutEngine._generate_batch` run on :class:`StaticDecodeStep`: the same prefill
+    and cache, then a fixed-shape step per token; the host reads the done flags (and a compressing cache's due
+    flags) every ``engine.static_check_every`` steps, compresses between steps, and on CUDA replays the step as
+    a captured graph (``engine.static_graph``). Returns the eager path's :class:`RolloutOutput`."""
+    import time
+
+    from .engine import DENSE, KVStats, RolloutOutput
+
+    m, c, dev = engine.model, engine.compressor, engine.device
+    why = static_unsupported(c, p)
+    if why is not None:
+        raise ValueError(f"the static decode step cannot run this batch: {why}")
+    every = max(1, int(engine.static_check_every))
+    row_ids = row_ids.to(dev)
+    B = len(prompts)
+    P = max(len(x) for x in prompts)
+    max_new = min(p.max_new_tokens, m.max_positions - P)
+    t0 = time.perf_counter()
+    ids, valid, positions = engine.left_padded(prompts)
+    want_q = c.window if c.needs_queries else 0
+    logits, keys, values, queries, acc, x = engine._prefill_distinct(
+        ids, valid, positions, want_q, c.needs_attention and c.compress_prompt
+    )
+    # a compressing cache is checked every `every` steps: room for the tokens written before its due flags are read
+    capacity = c.capacity(P, max_new) + (every - 1 if c.compresses else 0)
+    cache = CompressedKVCache(
+        keys, values, valid, positions, capacity, c, m.n_heads, queries, acc, kv_quant=engine.kv_quant
+    )
+    del keys, values, queries, acc
+    prefill_s = time.perf_counter() - t0
+    eos = (
+        torch.tensor(sorted(engine.eos_ids), dtype=torch.long, device=dev)
+        if (engine.eos_ids and not p.ignore_eos)
+        else None
+    )
+    use_triton = dev.type == "cuda" and engine.static_triton
+    state = StaticDecodeStep(m, cache, logits, x, p, row_ids, max_new, eos, use_triton, p.keep_hidden)
+    pinned = {name: getattr(cache, name) for name in CACHE_BUFFERS if getattr(cache, name) is not None}
+    step, done_steps = state.step, 0
+    if dev.type == "cuda" and engine.static_graph and max_new > 3:
+        step = captured_step(state)
+        done_steps = 2
+        for _ in range(done_steps):
+            cache.end_step()
+    for t in range(done_steps, max_new):
+        step()
+        cache.end_step()  # the queries' ring position, host arithmetic
+        if (t + 1) % every and t != max_new - 1:
+            continue
+        if bool(state.done.all()):  # the only host reads: every `every` steps
+            break
+        if c.compresses:
+            due = cache.due(None, remaining=max_new - 2 - t, seq_len=state.positions) & ~state.done
+            if bool(due.any()):
+                cache._uniform_len = None  # the static step writes per row and never updates it: lengths read here
+                cache.compress(due, seq_len=state.positions)
+                _pin(cache, pinned)
+    cache._account()
+    seconds = time.perf_counter() - t0
+    lens = state.lengths.tolist()
+    tokens, logp = state.tokens.cpu(), state.logprobs.cpu()
+    last = tokens[torch.arange(B), (state.lengths.cpu() - 1).clamp(min=0)]
+    stopped = torch.isin(last, eos.cpu()) if eos is not None else torch.zeros(B, dtype=torch.bool)
+    kept = cache.kept_tokens().tolist()
+    return RolloutOutput(
+        prompt_index=[],
+        prompt_ids=[],
+        response_ids=[tokens[b, : lens[b]].tolist() for b in range(B)],
+        sampler_logprobs=[logp[b, : lens[b]].tolist() for b in range(B)],
+        finish_reason=["stop" if bool(stopped[b]) and lens[b] >= p.min_new_tokens else "length" for b in range(B)],
+        kv_tokens_kept=kept,
+        kv=KVStats(
+            cache.bytes_peak,
+            cache.bytes_theory_peak,
+            int(state.positions.sum()) * m.kv_bytes_per_token(),
+            cache.n_compressions,
+            B * DENSE.capacity(P, max_new) * m.kv_bytes_per_token(),
+        ),
+        tokens_generated=sum(lens),
+        seconds=seconds,
+        prefill_seconds=prefill_s,
+        hidden=[state.hidden[b, : lens[b]] for b in range(B)] if state.hidden is not None else None,
+    )

@@ -1,0 +1,168 @@
+"""The static decode step (sparserl.rollout.static_step): the eager engine's tokens from a step whose tensors keep
+their shapes and which reads nothing back to the host, for dense and every compressor that evicts; refused where
+it cannot run; the sampling stream's counter as a device tensor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sparserl.rollout.engine import RolloutEngine
+from sparserl.rollout.kv import get_compressor
+from sparserl.rollout.sampling import SamplingParams, row_uniforms
+from sparserl.rollout.static_step import StaticDecodeStep, generate_static_batch, static_unsupported
+
+PROMPTS = ["hello there", "What is 3 + 4? Answer with a number.", "Count: one two"]
+
+
+def _pair(tiny, name: str, every: int, **kw):
+    comp = get_compressor(name, **kw) if name != "none" else get_compressor("none")
+    eager = RolloutEngine(tiny, comp, fused=False)
+    static = RolloutEngine(tiny, comp, fused=False, static=True, static_check_every=every)
+    return eager, static
+
+
+@pytest.mark.parametrize(
+    "name,every,kw",
+    [
+        ("none", 1, {}),
+        ("none", 8, {}),
+        ("rkv", 1, {"budget": 12, "step_length": 4}),
+        ("snapkv", 1, {"budget": 12, "step_length": 4, "window": 4}),
+        ("streaming", 1, {"budget": 12, "step_length": 4}),
+        ("h2o", 1, {"budget": 12, "step_length": 4}),
+    ],
+)
+def test_static_step_gives_the_eager_engines_tokens(tiny, name, every, kw):
+    """Greedy, so that a token is a function of the logits' order: attention over the masked capacity sums in
+    another order than over the longest row's slots (logits ~1e-7 apart), which under sampling moves a draw that
+    falls within that of a CDF boundary (the tail's tokens hold ~2e-7 each) to the neighbouring token. The head's
+    inputs (``keep_hidden``) agree to float rounding; the compressions are the same."""
+    eager, static = _pair(tiny, name, every, **kw)
+    params = SamplingParams(n=2, max_new_tokens=30, seed=5, temperature=0.0, keep_hidden=True)
+    a, b = eager.generate(PROMPTS, params), static.generate(PROMPTS, params)
+    assert a.response_ids == b.response_ids
+    for x, y in zip(a.hidden, b.hidden):
+        assert torch.allclose(x, y, atol=1e-4)
+    assert a.finish_reason == b.finish_reason
+    if name != "none":
+        assert b.kv.compressions == a.kv.compressions > 0 and b.kv_tokens_kept == a.kv_tokens_kept
+
+
+def test_sampled_tokens_and_their_logprobs_follow_the_eager_engine(tiny):
+    """At temperature 1 the draws are the eager engine's (the same stream, read from the device counter): the
+    tokens agree up to the first that falls within float rounding of a CDF boundary, their log-probs to 1e-5."""
+    eager, static = _pair(tiny, "rkv", 1, budget=12, step_length=4)
+    params = SamplingParams(n=2, max_new_tokens=30, seed=5, temperature=1.0)
+    a, b = eager.generate(PROMPTS, params), static.generate(PROMPTS, params)
+    agree = 0
+    for ra, rb, la, lb in zip(a.response_ids, b.response_ids, a.sampler_logprobs, b.sampler_logprobs):
+        n = next((i for i, (x, y) in enumerate(zip(ra, rb)) if x != y), len(ra))
+        assert n >= 10, (ra, rb)
+        assert torch.allclose(torch.tensor(la[:n]), torch.tensor(lb[:n]), atol=1e-5)
+        agree += n
+    assert agree >= 0.8 * sum(len(r) for r in a.response_ids)
+
+
+def test_static_step_ends_rows_at_eos_like_the_eager_engine(tiny):
+    """Rows that end early (EOS) stay masked in the static batch: same tokens, lengths and finish reasons. The EOS
+    is a token one row's greedy answer reaches at step 6, so rows end at different steps."""
+    eager, static = _pair(tiny, "none", 4)
+    params = SamplingParams(n=1, max_new_tokens=24, seed=0, temperature=0.0)
+    free = RolloutEngine(tiny, get_compressor("none"), fused=False)
+    free.eos_ids = set()
+    token = free.generate(PROMPTS, params).response_ids[1][6]
+    eager.eos_ids = static.eos_ids = {token}
+    a, b = eager.generate(PROMPTS, params), static.generate(PROMPTS, params)
+    assert a.response_ids == b.response_ids and a.finish_reason == b.finish_reason
+    assert "stop" in b.finish_reason and len({len(r) for r in b.response_ids}) > 1
+
+
+class _NoHostReads:
+    """Makes every host read of a tensor's value raise while active (on CPU the reads that sync on CUDA)."""
+
+    NAMES = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy")
+
+    def __enter__(self):
+        self.saved = {n: getattr(torch.Tensor, n) for n in self.NAMES}
+
+        def refuse(name):
+            def method(*args, **kwargs):
+                raise AssertionError(f"host read of a tensor in the static step: Tensor.{name}")
+
+            return method
+
+        for n in self.NAMES:
+            setattr(torch.Tensor, n, refuse(n))
+        return self
+
+    def __exit__(self, *exc):
+        for n, f in self.saved.items():
+            setattr(torch.Tensor, n, f)
+
+
+@pytest.mark.parametrize("name", ["none", "rkv", "snapkv", "streaming", "h2o"])
+def test_the_step_reads_nothing_on_the_host_and_keeps_its_shapes(tiny, name, monkeypatch):
+    kw = {"window": 4} if name == "snapkv" else {}
+    comp = get_compressor(name, budget=12, step_length=4, **kw) if name != "none" else get_compressor("none")
+    engine = RolloutEngine(tiny, comp, fused=False, static=True, static_check_every=1)
+    captured = {}
+
+    def record(state):
+        captured["state"] = state
+        return state.step
+
+    steps = []
+    original = StaticDecodeStep.step
+
+    def watched(self):
+        before = _shapes(self)
+        with _NoHostReads():
+            original(self)
+        assert _shapes(self) == before  # every tensor of the step keeps its shape and dtype
+        steps.append(1)
+
+    monkeypatch.setattr(StaticDecodeStep, "step", watched)
+    out = engine.generate(PROMPTS[:2], SamplingParams(n=2, max_new_tokens=24, seed=1, ignore_eos=True))
+    assert len(steps) == 24 and all(len(r) == 24 for r in out.response_ids)
+
+
+def _shapes(state: StaticDecodeStep) -> dict:
+    c = state.cache
+    tensors = {k: v for k, v in vars(state).items() if isinstance(v, torch.Tensor)}
+    tensors.update({k: getattr(c, k) for k in ("keys", "values", "pos", "lens", "start", "attn_acc", "q_ring")})
+    return {k: (tuple(v.shape), v.dtype) for k, v in tensors.items() if v is not None}
+
+
+def test_the_host_reads_done_flags_every_k_steps(tiny, monkeypatch):
+    """The driver's only reads are every ``static_check_every`` steps (here 8 of 24 steps: 3 reads)."""
+    engine = RolloutEngine(tiny, get_compressor("none"), fused=False, static=True, static_check_every=8)
+    reads = []
+    original = torch.Tensor.__bool__
+
+    def counted(self):
+        reads.append(1)
+        return original(self)
+
+    monkeypatch.setattr(torch.Tensor, "__bool__", counted)
+    engine.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=24, seed=1, ignore_eos=True))
+    monkeypatch.setattr(torch.Tensor, "__bool__", original)
+    assert 1 <= len(reads) <= 24 // 8 + 2, len(reads)  # the done checks (plus at most the output's own)
+
+
+def test_what_the_static_step_refuses(tiny):
+    params = SamplingParams(max_new_tokens=8)
+    assert "pages per step" in static_unsupported(get_compressor("blocktopk"), params)
+    assert "stop strings" in static_unsupported(get_compressor("none"), SamplingParams(stop=["\n"]))
+    assert static_unsupported(get_compressor("rkv"), params) is None
+    engine = RolloutEngine(tiny, get_compressor("blocktopk"), fused=False, static=True)
+    with pytest.raises(ValueError, match="cannot run this batch"):
+        generate_static_batch(engine, [[1, 2, 3]], params, torch.arange(1))
+    with pytest.raises(ValueError, match="static_check_every"):
+        RolloutEngine(tiny, get_compressor("none"), static=True, static_check_every=0)
+
+
+def test_the_sampling_stream_reads_its_step_from_a_device_tensor():
+    rows = torch.arange(6)
+    for step in (0, 7, 2**40 + 3):
+        assert torch.equal(row_uniforms(3, rows, step), row_uniforms(3, rows, torch.tensor(step)))
