@@ -1,5 +1,6 @@
 """The GPU check (``experiments/device/gpu_check.sh``) keeps working: its smoke mode runs here, on the CPU in
-Triton's interpreter, and reports each kernel's error against float64 and a timing row per case."""
+Triton's interpreter, and reports each kernel's error against float64, a timing row per case, and the static
+decode step's tokens against the eager engine's."""
 
 from __future__ import annotations
 
@@ -28,3 +29,7 @@ def test_the_gpu_check_runs_in_smoke_mode(tmp_path):
     assert any(c.startswith("dense") for c in cases) and any("block top-k" in c for c in cases)
     assert all(r["kernel_s"] > 0 and r["eager_s"] > 0 for r in report["decode_attention_batch"])
     assert "vs eager" in done.stdout
+    static = report["static_step"]
+    assert [r["compressor"] for r in static["compressors"]] == ["none", "rkv", "snapkv", "streaming", "h2o"]
+    assert all(r["greedy_tokens_identical"] and r["max_logprob_gap"] < 1e-4 for r in static["compressors"]), static
+    assert static["seconds_per_token"]["static"] > 0

@@ -15,9 +15,9 @@ nvidia-smi -L 2>/dev/null; grep -m1 'model name' /proc/cpuinfo; nproc
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 echo "=== kernels ($(date +%T))"
 if [ "$SMOKE" = 1 ]; then
-  timeout 300 python3 experiments/device/gpu_kernels_check.py --smoke --out "$OUT" 2>&1 | tee "$OUT/kernels.log"
+  timeout 300 python3 experiments/device/gpu_engine_check.py --smoke --out "$OUT" 2>&1 | tee "$OUT/engine.log"
 else
-  timeout 360 python3 experiments/device/gpu_kernels_check.py --out "$OUT" 2>&1 | tee "$OUT/kernels.log"
+  timeout 360 python3 experiments/device/gpu_engine_check.py --out "$OUT" 2>&1 | tee "$OUT/engine.log"
   echo "=== resources ($(date +%T))"
   env -u TRITON_INTERPRET timeout 120 python3 -m sparserl.rollout.gpu.resources 2>&1 | tee "$OUT/resources.log"
 fi

@@ -150,7 +150,7 @@ class StaticDecodeStep:
                 unit = (c.quant.widen(c.keys[layer][:1, :1, :1], q.dtype)[1],) * 2
             out, _ = decode_attention(
                 q[:, :, 0], c.keys[layer], c.values[layer], c.start.to(torch.int32), lens, k_scale=ks, v_scale=vs,
-                unit=unit,
+                unit=unit, dot_f32=q.dtype == torch.float32,  # a float32 sampler: IEEE products, not TF32
             )  # fmt: skip
             return out.reshape(B, hq * q.shape[-1])
         if c.k_scale is None:
@@ -176,20 +176,26 @@ def _pin(cache: CompressedKVCache, pinned: dict[str, torch.Tensor]) -> None:
             setattr(cache, name, tensor)
 
 
-def captured_step(state: StaticDecodeStep, warm_steps: int = 2):
-    """``state.step`` as a CUDA graph: ``warm_steps`` real steps run eagerly on a side stream (the warm-up
-    ``torch.cuda.graph`` asks for), then one step is captured (recorded, not run); returns a function that
-    replays it. Only on CUDA."""
+def warm_step(state: StaticDecodeStep) -> None:
+    """One real step on a side stream: the warm-up ``torch.cuda.graph`` asks for before a capture."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(warm_steps):
-            state.step()
+        state.step()
     torch.cuda.current_stream().wait_stream(stream)
+
+
+def captured_step(state: StaticDecodeStep):
+    """``state.step`` captured as a CUDA graph (recorded, not run: call it after :data:`WARM_STEPS` warm
+    steps); returns the function that replays it. Only on CUDA."""
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         state.step()
     return graph.replay
+
+
+#: real steps run eagerly on a side stream before the capture
+WARM_STEPS = 2
 
 
 @torch.inference_mode()
@@ -232,14 +238,15 @@ def generate_static_batch(engine, prompts: list[list[int]], p: SamplingParams, r
     use_triton = dev.type == "cuda" and engine.static_triton
     state = StaticDecodeStep(m, cache, logits, x, p, row_ids, max_new, eos, use_triton, p.keep_hidden)
     pinned = {name: getattr(cache, name) for name in CACHE_BUFFERS if getattr(cache, name) is not None}
-    step, done_steps = state.step, 0
-    if dev.type == "cuda" and engine.static_graph and max_new > 3:
-        step = captured_step(state)
-        done_steps = 2
-        for _ in range(done_steps):
-            cache.end_step()
-    for t in range(done_steps, max_new):
-        step()
+    graph = dev.type == "cuda" and engine.static_graph and max_new > WARM_STEPS + 1
+    step = state.step
+    for t in range(max_new):
+        if graph and t < WARM_STEPS:
+            warm_step(state)
+        else:
+            if graph and t == WARM_STEPS:
+                step = captured_step(state)
+            step()
         cache.end_step()  # the queries' ring position, host arithmetic
         if (t + 1) % every and t != max_new - 1:
             continue
@@ -250,7 +257,7 @@ def generate_static_batch(engine, prompts: list[list[int]], p: SamplingParams, r
             if bool(due.any()):
                 cache._uniform_len = None  # the static step writes per row and never updates it: lengths read here
                 cache.compress(due, seq_len=state.positions)
-                _pin(cache, pinned)
+                _pin(cache, pinned)  # a captured graph keeps reading the tensors it recorded
     cache._account()
     seconds = time.perf_counter() - t0
     lens = state.lengths.tolist()

@@ -1,8 +1,9 @@
-"""The GPU sampler's Triton kernels on a lent GPU, in one call: each kernel against a float64 reference, and the
-decode-attention kernel's time per layer against the engine's eager torch attention and against the memory floor.
+"""The GPU sampler on a lent GPU, in one call: each Triton kernel against a float64 reference, the decode-attention
+kernel's time per layer against the engine's eager torch attention and against the memory floor, and the static
+decode step (captured as a CUDA graph there) against the eager engine: the same tokens, and the time a token.
 
-    python3 experiments/device/gpu_kernels_check.py --out DIR             # on the GPU machine (≤ a few minutes)
-    python3 experiments/device/gpu_kernels_check.py --smoke --out DIR     # here, in Triton's interpreter (CI)
+    python3 experiments/device/gpu_engine_check.py --out DIR             # on the GPU machine (≤ a few minutes)
+    python3 experiments/device/gpu_engine_check.py --smoke --out DIR     # here, in Triton's interpreter (CI)
 
 1. The copy ceiling: a device-to-device copy of 1 GiB (read + write bytes / s), the floor's bandwidth.
 2. Each kernel (decode attention over every slot, over block top-k's pages, over an int8 cache; R-KV's
@@ -13,6 +14,12 @@ decode-attention kernel's time per layer against the engine's eager torch attent
    top-k's 8 pages of 16 out of 4,096: the kernel's time (CUDA events, median of 20 after 5 warm-ups), the eager
    torch path's (:func:`sparserl.rollout.cache.attention` / :func:`gathered_attention`), and the kernel's K/V bytes
    read / time as a fraction of the copy ceiling.
+
+4. The static decode step (:mod:`sparserl.rollout.static_step`; on CUDA a captured graph, attention through the
+   Triton kernel) against the eager engine on the tiny test model (built from a config, no download; 2 layers,
+   so a step is launch-bound: what the graph removes): greedy tokens of dense and each evicting compressor
+   (identical expected), sampled log-probs up to the first differing token (≤ 1e-2 expected), and seconds per
+   generated token at batch 64 x 128 new tokens, eager against static.
 
 Results: ``DIR/gpu_kernels.json`` and a table on stdout. With ``--smoke`` (CPU, interpreter) the shapes are tiny
 and the timings mean nothing: it checks that the script runs.
@@ -152,6 +159,53 @@ def main() -> None:
         case(f"R-KV bounded (256 + 32) at {L}", min(L, 288), min(L, 288))
         case(f"block top-k 8 x 16 of {L}", L, L, n_pages=min(8, L // 16))
     out["decode_attention_batch"] = rows
+
+    # 4. the static (captured) step against the eager engine
+    from sparserl.models.loading import load_model
+    from sparserl.rollout.engine import RolloutEngine
+    from sparserl.rollout.kv import get_compressor
+    from sparserl.rollout.sampling import SamplingParams
+
+    tiny = load_model("tiny", dtype="float32", seed=0, device=device)
+    prompts = ["hello there", "What is 3 + 4? Answer with a number.", "Count: one two"]
+    static_rows = []
+    for name, kw in (
+        ("none", {}),
+        ("rkv", {"budget": 12, "step_length": 4}),
+        ("snapkv", {"budget": 12, "step_length": 4, "window": 4}),
+        ("streaming", {"budget": 12, "step_length": 4}),
+        ("h2o", {"budget": 12, "step_length": 4}),
+    ):
+        comp = get_compressor(name, **kw) if kw else get_compressor(name)
+        eager = RolloutEngine(tiny, comp, fused=False)
+        static = RolloutEngine(tiny, comp, fused=False, static=True, static_check_every=1)
+        greedy = SamplingParams(n=2, max_new_tokens=40, seed=5, temperature=0.0)
+        same = eager.generate(prompts, greedy).response_ids == static.generate(prompts, greedy).response_ids
+        sampled = SamplingParams(n=2, max_new_tokens=40, seed=5, temperature=1.0)
+        a, b = eager.generate(prompts, sampled), static.generate(prompts, sampled)
+        gap = 0.0
+        for ra, rb, la, lb in zip(a.response_ids, b.response_ids, a.sampler_logprobs, b.sampler_logprobs):
+            n = next((i for i, (x, y) in enumerate(zip(ra, rb)) if x != y), len(ra))
+            gap = max([gap] + [abs(x - y) for x, y in zip(la[:n], lb[:n])])
+        static_rows.append({"compressor": name, "greedy_tokens_identical": same, "max_logprob_gap": gap})
+    B, new = (4, 8) if args.smoke else (64, 128)
+    speed = SamplingParams(n=B, max_new_tokens=new, seed=1, ignore_eos=True)
+    engines = {
+        "eager": RolloutEngine(tiny, get_compressor("none"), fused=False),
+        "static": RolloutEngine(tiny, get_compressor("none"), fused=False, static=True, static_check_every=16),
+    }
+    per_token = {}
+    for label, engine in engines.items():
+        engine.generate(prompts[:1], speed)  # warm: kernels, graph pool
+        times = []
+        for _ in range(1 if args.smoke else 3):
+            t0 = time.perf_counter()
+            engine.generate(prompts[:1], speed)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) / (B * new))
+        per_token[label] = statistics.median(times)
+    out["static_step"] = {"compressors": static_rows, "seconds_per_token": per_token, "batch": B, "new_tokens": new}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "gpu_kernels.json").write_text(json.dumps(out, indent=1))
     print(f"device: {out['device']}; copy ceiling {out['copy_bytes_per_s'] / 1e9:.0f} GB/s")
@@ -162,6 +216,16 @@ def main() -> None:
             f"{r['case']:<36} {r['kernel_s'] * 1e6:>10.1f} {r['eager_s'] * 1e6:>10.1f} "
             f"{r['kernel_vs_eager']:>8.2f}x {r['fraction_of_copy_ceiling']:>10.1%}"
         )
+    print("static step against the eager engine (tiny model):")
+    for r in static_rows:
+        print(
+            f"  {r['compressor']:<10} greedy tokens identical: {r['greedy_tokens_identical']}, "
+            f"sampled log-prob gap {r['max_logprob_gap']:.2e}"
+        )
+    print(
+        f"  s per token at batch {B} x {new}: eager {per_token['eager'] * 1e6:.1f} us, static "
+        f"{per_token['static'] * 1e6:.1f} us ({per_token['eager'] / per_token['static']:.2f}x)"
+    )
 
 
 if __name__ == "__main__":
