@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 from ..cost import MachineRates, ModelShape, rollout_cost
+from ..memory.rollout_rows import device_rows_that_fit, engine_row_bytes
 from ..models.hf_cache import output_cache
 from ..models.loading import load_model, resolve_device
 from ..rollout import fused, native
@@ -325,6 +326,10 @@ def run_bench(
             "quant_head": m.quant_head,
             "quant_group": getattr(m.quantizer, "group", None),
             "weight_bytes": m.weight_bytes(),
+            # the batch that grows with the KV saved: one response's buffers at this sampler's cache capacity,
+            # and (CUDA) how many fit the device's free memory now (sparserl.memory.rollout_rows)
+            "rollout_row_bytes": engine_row_bytes(engine, P, L),
+            "rows_in_free_device_memory": device_rows_that_fit(engine, P, L),
             "quant_kernel": m.quant_kernel,
             "quant_emulated": m.quant_emulated,
             "quantize_s": m.last_quantize_s,

@@ -54,7 +54,7 @@ from ..rollout.kv import compressor_from_fields
 from ..rollout.kv_quant import kv_bytes_per_token
 from .activations import autocast_weight_bytes, checkpointed_layer_bytes, layer_forward_bytes, saved_layer_bytes
 
-__all__ = ["BASELINE_BYTES", "HEAD_CHUNK", "MemoryPrediction", "predict_peak", "sampler_bytes"]
+__all__ = ["BASELINE_BYTES", "HEAD_CHUNK", "MemoryPrediction", "predict_peak", "rollout_row_bytes", "sampler_bytes"]
 
 #: an idle process's resident memory after importing torch 2.13, transformers 5.24 and sparserl's trainer
 #: (2-core AVX512/AMX Xeon; ``experiments/training/memory_prediction.py --baseline``)
@@ -225,6 +225,21 @@ def _micro_batch(cfg: Config, rows_max: int, prompt_tokens: int, T: int, shared:
     return rows, tokens(rows), prompt_tokens + T
 
 
+def rollout_row_bytes(shape: ModelShape, compressor, prompt_tokens: int, max_new: int, dtype: str, kv_quant: str):
+    """What one response holds on the sampler's device while it is generated (the rollout station per row, less
+    what α keeps): its KV cache at the compressor's capacity (``compressor.capacity``: a bounded cache holds
+    budget + step length, a dense one prompt + ``max_new``), its share of the prefill's widest layer and the
+    sampling's [V] float32 buffers. ``dtype``: the sampler's (``float32 | bfloat16 | float16``)."""
+    P, T = prompt_tokens, max_new
+    per_token = kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim, _torch_dtype(dtype), kv_quant)
+    sb = _bytes(dtype)
+    return {
+        "KV cache": compressor.capacity(P, T) * per_token,
+        "prefill layer": P * layer_forward_bytes(shape, sb, sb, P),
+        "sampling buffers": SAMPLING_BUFFERS * shape.vocab * 4,
+    }
+
+
 def _predict(cfg: Config, shape: ModelShape, prompt_tokens: int, precision: str, dtype: str, ckpt: bool):
     t, a, m = cfg.train, cfg.algorithm, cfg.mismatch
     r = sampler_section(cfg).model_copy(update={"dtype": dtype})
@@ -249,9 +264,6 @@ def _predict(cfg: Config, shape: ModelShape, prompt_tokens: int, precision: str,
     if r.kv_controller is not None:  # the buffers hold the controller's ceiling
         r = r.model_copy(update={"kv_budget": max(r.kv_budget, r.kv_controller.max_budget)})
     comp = compressor_from_fields(r)
-    capacity = comp.capacity(P, T)
-    per_token = kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim, _torch_dtype(dtype), r.kv_quant)
-    kv = N * capacity * per_token
 
     # what the sampler keeps for the exact α
     exact = m.alpha == "exact"
@@ -261,13 +273,9 @@ def _predict(cfg: Config, shape: ModelShape, prompt_tokens: int, precision: str,
     )
     keeps_h = exact and cfg.algorithm.distill_sparse is None and m.alpha_q == "hidden"
     kept = {"kept q": q_bytes} if keeps_q else {"sampler hidden states": N * T * H * 4} if keeps_h else {}
-    sb = _bytes(dtype)
-    rollout = {
-        "KV cache": kv,
-        "prefill layer": N * P * layer_forward_bytes(shape, sb, sb, P),
-        "sampling buffers": SAMPLING_BUFFERS * N * V * 4,
-        **kept,
-    }
+    row = rollout_row_bytes(shape, comp, P, T, dtype, r.kv_quant)
+    rollout = {**{part: N * b for part, b in row.items()}, **kept}
+    kv = rollout["KV cache"]
 
     # micro-batches of the scoring and the update; a checkpointed grad forward runs every row whole
     # (sparserl.score.shared_prompt.shares_prompt_with_grad)

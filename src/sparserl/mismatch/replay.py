@@ -39,10 +39,13 @@ def replay(
 ) -> RolloutOutput:
     """Re-run ``engine`` on ``prompt_ids[i]`` forced to ``response_ids[i]`` (one prompt per response, in
     the order they were sampled, with the sampling ``params`` they were sampled with: ``max_new_tokens``
-    and ``tail_slack`` decisions depend on it). ``engine.max_batch`` splits the batch as sampling did."""
+    and ``tail_slack`` decisions depend on it). ``engine.max_batch`` splits the batch as sampling did (sized by
+    the device's free memory: the sampling's own split, ``engine.last_batch_rows``)."""
     # on_step hands the distributions over, one step at a time: nothing to keep
     one = dataclasses.replace(params, n=1, keep_distributions=False, keep_hidden=False)
-    chunk = engine.max_batch or len(prompt_ids)
+    chunk = engine.batch_rows(prompt_ids, params.max_new_tokens, len(prompt_ids))
+    if engine.last_batch_rows is not None and callable(engine.max_batch):  # sized by free memory: as sampling did
+        chunk = min(engine.last_batch_rows, len(prompt_ids))
     outs = []
     hook = engine.step_hook
     try:

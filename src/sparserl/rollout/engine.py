@@ -21,6 +21,7 @@ state, so it can live in another process (a Ray actor) as is.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -103,7 +104,7 @@ class RolloutEngine:
         loaded: LoadedModel,
         compressor: KVCompressor,
         dtype: str | torch.dtype | None = None,
-        max_batch: int | None = None,
+        max_batch: int | Callable[[int, int], int | None] | None = None,
         compile: bool | str = False,
         pack_weights: bool | None = None,
         kv_quant: str = "none",
@@ -185,6 +186,7 @@ class RolloutEngine:
         self.device = self.model.device
         self.compressor = _checked(compressor)
         self.max_batch = max_batch
+        self.last_batch_rows: int | None = None  # the rows per batch of the last generate()
         self.kv_quant = get_kv_quantizer(kv_quant).name  # an unknown name fails here, with a hint
         self.compile: str | None = ("inductor" if compile is True else compile) or None
         self.fused = bool(fused)
@@ -283,7 +285,8 @@ class RolloutEngine:
         if forced is not None and (len(forced) != len(expanded) or any(len(f) == 0 for f in forced)):
             raise ValueError(f"forced: {len(forced)} token lists for {len(expanded)} responses (each non-empty)")
         rows = torch.arange(len(expanded), dtype=torch.long) + first_prompt * params.n  # global row ids
-        chunk = self.max_batch or len(expanded)
+        chunk = self.batch_rows(prompt_ids, params.max_new_tokens, len(expanded))
+        self.last_batch_rows = chunk  # the replay of this rollout splits it the same way
         outs = [
             self._generate_batch(
                 [e[1] for e in expanded[s : s + chunk]],
@@ -320,6 +323,14 @@ class RolloutEngine:
             else [t.index_select(0, back) for t in x]
             for x in out
         )
+
+    def batch_rows(self, prompt_ids: list[list[int]], max_new: int, n_rows: int) -> int:
+        """Rows generated at once for a rollout of ``n_rows`` responses to ``prompt_ids``: ``max_batch`` (or its
+        value for the longest prompt and ``max_new``), at most ``n_rows``."""
+        rows = self.max_batch
+        if callable(rows):
+            rows = rows(max(len(ids) for ids in prompt_ids), max_new)
+        return min(rows or n_rows, n_rows)
 
     def left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The batch's prompts left-padded to the longest, on the engine's device: (ids [B, P], valid [B, P]

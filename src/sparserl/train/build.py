@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
 from ..config import Config
 from ..data import PromptSampler, load_dataset
 from ..memory import MemoryPrediction
+from ..memory.rollout_rows import device_rows_that_fit
 from ..mismatch.measure import check_exact_alpha_under_async
 from ..preflight import preflight
 from ..reward.weighted import load_rewards
@@ -95,6 +97,8 @@ def build_trainer(cfg: Config) -> Trainer:
     lm, learner, opt, sched = build_learner(cfg)
     use_gradient_checkpointing(learner, gradient_checkpointing_wanted(cfg, learner, memory.checkpointing))
     engine = engine_from_fields(lm, r, sampler_state(learner))
+    if engine.device.type == "cuda":  # as many rows at once as the free device memory holds at this cache's size
+        engine.max_batch = partial(device_rows_that_fit, engine)
     # the model's facts (its dropout) and the data's prompt bound: a refused source fails here
     old_policy = OldPolicy.choose(cfg, engine, learner, memory.prompt_tokens)
     check_exact_alpha_under_async(cfg, learner)  # the vocabulary's size: before any worker starts
