@@ -10,7 +10,7 @@ import torch
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import get_compressor
 from sparserl.rollout.sampling import SamplingParams, row_uniforms
-from sparserl.rollout.static_step import StaticDecodeStep, generate_static_batch, static_unsupported
+from sparserl.rollout.static_step import StaticDecodeStep, generate_static, static_unsupported
 
 PROMPTS = ["hello there", "What is 3 + 4? Answer with a number.", "Count: one two"]
 
@@ -78,6 +78,30 @@ def test_static_step_ends_rows_at_eos_like_the_eager_engine(tiny):
     assert "stop" in b.finish_reason and len({len(r) for r in b.response_ids}) > 1
 
 
+@pytest.mark.parametrize("name,kw", [("none", {}), ("rkv", {"budget": 12, "step_length": 4})])
+def test_finished_rows_are_refilled_with_waiting_responses(tiny, name, kw, monkeypatch):
+    """Two rows for six responses that end at different steps (an EOS a greedy answer reaches, and the length
+    limit): each finished row takes the next waiting response (its prompt prefilled into the row), and every
+    response comes out as the eager engine gives it with all six rows at once."""
+    eager, static = _pair(tiny, name, 2, **kw)
+    params = SamplingParams(n=2, max_new_tokens=24, seed=0, temperature=0.0)
+    free = RolloutEngine(tiny, get_compressor("none"), fused=False)
+    free.eos_ids = set()
+    token = free.generate(PROMPTS, params).response_ids[2][5]
+    eager.eos_ids = static.eos_ids = {token}
+    static.max_batch = 2
+    prefills = []
+    original = static._prefill_distinct
+    monkeypatch.setattr(static, "_prefill_distinct", lambda *a: prefills.append(a[0].shape[0]) or original(*a))
+    if name != "none":
+        eager.static_check_every = static.static_check_every = 1
+    a, b = eager.generate(PROMPTS, params), static.generate(PROMPTS, params)
+    assert prefills[0] == 2 and sum(prefills) == 6 and len(prefills) >= 3  # the first two, then refills
+    assert a.response_ids == b.response_ids and a.finish_reason == b.finish_reason
+    assert "stop" in b.finish_reason and len({len(r) for r in b.response_ids}) > 1
+    assert b.prompt_index == a.prompt_index
+
+
 class _NoHostReads:
     """Makes every host read of a tensor's value raise while active (on CPU the reads that sync on CUDA)."""
 
@@ -135,19 +159,21 @@ def _shapes(state: StaticDecodeStep) -> dict:
 
 
 def test_the_host_reads_done_flags_every_k_steps(tiny, monkeypatch):
-    """The driver's only reads are every ``static_check_every`` steps (here 8 of 24 steps: 3 reads)."""
+    """The driver reads the rows' done flags every ``static_check_every`` steps (24 steps, k = 8: 3 reads) and
+    nothing else of the step's state between them."""
     engine = RolloutEngine(tiny, get_compressor("none"), fused=False, static=True, static_check_every=8)
     reads = []
-    original = torch.Tensor.__bool__
+    original = torch.Tensor.tolist
 
     def counted(self):
-        reads.append(1)
+        if self.dtype == torch.bool:
+            reads.append(1)
         return original(self)
 
-    monkeypatch.setattr(torch.Tensor, "__bool__", counted)
+    monkeypatch.setattr(torch.Tensor, "tolist", counted)
     engine.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=24, seed=1, ignore_eos=True))
-    monkeypatch.setattr(torch.Tensor, "__bool__", original)
-    assert 1 <= len(reads) <= 24 // 8 + 2, len(reads)  # the done checks (plus at most the output's own)
+    monkeypatch.setattr(torch.Tensor, "tolist", original)
+    assert len(reads) == 3, len(reads)
 
 
 def test_what_the_static_step_refuses(tiny):
@@ -157,7 +183,7 @@ def test_what_the_static_step_refuses(tiny):
     assert static_unsupported(get_compressor("rkv"), params) is None
     engine = RolloutEngine(tiny, get_compressor("blocktopk"), fused=False, static=True)
     with pytest.raises(ValueError, match="cannot run this batch"):
-        generate_static_batch(engine, [[1, 2, 3]], params, torch.arange(1))
+        generate_static(engine, [[1, 2, 3]], params, torch.arange(1))
     with pytest.raises(ValueError, match="static_check_every"):
         RolloutEngine(tiny, get_compressor("none"), static=True, static_check_every=0)
 

@@ -435,6 +435,46 @@ class CompressedKVCache:
         self.n_compressions += 1
 
     # --- shrinking the batch -------------------------------------------------------------------
+    def refill_rows(
+        self,
+        rows: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        valid: torch.Tensor,
+        positions: torch.Tensor,
+        queries: list[torch.Tensor] | None = None,
+        attn_acc: list[torch.Tensor] | None = None,
+    ) -> None:
+        """Put new prompts into the finished ``rows`` [r] of a batch that keeps its shape (the static decode step,
+        :mod:`.static_step`), in place: their prefill's keys / values per layer [r, Hkv, P, D] at slots 0..P-1 (P,
+        the batch's prompt width: the prompts left-padded to it, ``valid`` [r, P]), their positions, the window's
+        last queries in the ring's order and the attention each slot received (or 0). Every buffer keeps its
+        storage (a captured graph reads it). Not for a compressible prompt (``compress_prompt``), whose prefill
+        compresses as it is written."""
+        P = valid.shape[1]
+        if self.compressor.compress_prompt or P != self.region_start:
+            raise ValueError("refill_rows: the prompts must be left-padded to the batch's width, kept whole")
+        for layer in range(self.n_layers):
+            self._write(layer, (rows, slice(None), slice(0, P)), keys[layer], values[layer])
+        pos = positions.to(torch.int32)[:, None, :].expand(-1, self.n_kv, P)
+        self.pos[:, rows, :, :P] = pos[None].expand(self.n_layers, -1, -1, -1)
+        if self.attn_acc is not None:
+            self.attn_acc[:, rows] = 0
+            if attn_acc is not None:
+                self.attn_acc[:, rows, :, :P] = torch.stack(attn_acc)
+        if self.q_ring is not None:
+            self.q_ring[:, rows] = 0
+            if queries is not None:  # the ring's oldest query sits at q_head: the prompt's last w in that order
+                w = min(self.window, queries[0].shape[2])
+                order = torch.tensor([(self.q_head - w + i) % self.window for i in range(w)], device=self.device)
+                for layer in range(self.n_layers):
+                    ring = self.q_ring[layer, rows]
+                    ring[:, :, order] = queries[layer][:, :, -w:]
+                    self.q_ring[layer, rows] = ring
+        self.lens[rows] = P
+        self.start[rows] = (~valid).sum(dim=1).to(self.start.dtype)
+        self._uniform_len = None
+
     def select(self, keep_rows: torch.Tensor) -> None:
         """Keep only these sequences (new, smaller buffers; the old ones are freed)."""
         self._account()

@@ -287,6 +287,12 @@ class RolloutEngine:
         rows = torch.arange(len(expanded), dtype=torch.long) + first_prompt * params.n  # global row ids
         chunk = self.batch_rows(prompt_ids, params.max_new_tokens, len(expanded))
         self.last_batch_rows = chunk  # the replay of this rollout splits it the same way
+        if self.static and forced is None:
+            from .static_step import generate_static, static_unsupported
+
+            if static_unsupported(self.compressor, params) is None:  # `chunk` rows at once, refilled as rows end
+                out = generate_static(self, [e[1] for e in expanded], params, rows, slots=chunk)
+                return self._named(out, expanded)
         outs = [
             self._generate_batch(
                 [e[1] for e in expanded[s : s + chunk]],
@@ -296,7 +302,10 @@ class RolloutEngine:
             )
             for s in range(0, len(expanded), chunk)
         ]
-        out = join_sequential(outs)
+        return self._named(join_sequential(outs), expanded)
+
+    def _named(self, out: RolloutOutput, expanded: list[tuple[int, list[int]]]) -> RolloutOutput:
+        """``out`` with each response's prompt index, prompt tokens and decoded text."""
         out.prompt_index = [e[0] for e in expanded]
         out.prompt_ids = [list(e[1]) for e in expanded]
         out.texts = [self.tokenizer.decode(r, skip_special_tokens=True) for r in out.response_ids]
@@ -332,10 +341,12 @@ class RolloutEngine:
             rows = rows(max(len(ids) for ids in prompt_ids), max_new)
         return min(rows or n_rows, n_rows)
 
-    def left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The batch's prompts left-padded to the longest, on the engine's device: (ids [B, P], valid [B, P]
-        bool, positions [B, P]: each token's position in its own prompt, 0 on the padding)."""
-        B, P = len(prompts), max(len(x) for x in prompts)
+    def left_padded(
+        self, prompts: list[list[int]], width: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The batch's prompts left-padded to the longest (or ``width``), on the engine's device: (ids [B, P],
+        valid [B, P] bool, positions [B, P]: each token's position in its own prompt, 0 on the padding)."""
+        B, P = len(prompts), max(width or 0, max(len(x) for x in prompts))
         ids = torch.full((B, P), self.tokenizer.pad_token_id or 0, dtype=torch.long)
         valid = torch.zeros(B, P, dtype=torch.bool)
         for b, x in enumerate(prompts):
@@ -348,15 +359,8 @@ class RolloutEngine:
     def _generate_batch(
         self, prompts: list[list[int]], p: SamplingParams, row_ids: torch.Tensor, forced: list[list[int]] | None = None
     ) -> RolloutOutput:
-        """One batch; ``row_ids`` [B] (int64): each response's random stream. With ``self.static`` (and a batch
-        the static step takes: :func:`~.static_step.static_unsupported`), the fixed-shape, sync-free step runs it
-        (:func:`~.static_step.generate_static_batch`)."""
+        """One batch; ``row_ids`` [B] (int64): each response's random stream."""
         m, c, dev = self.model, self.compressor, self.device
-        if self.static and forced is None:
-            from .static_step import generate_static_batch, static_unsupported
-
-            if static_unsupported(c, p) is None:
-                return generate_static_batch(self, prompts, p, row_ids)
         if self.compile and c.selects_per_step:  # the compiled layer step attends over every slot
             raise ValueError(
                 f"compile={self.compile!r} with compressor {c.name!r}: the compiled decode step reads "

@@ -32,7 +32,7 @@ import torch
 from .cache import CompressedKVCache, attention
 from .sampling import SamplingParams, row_uniforms, sample
 
-__all__ = ["StaticDecodeStep", "static_unsupported"]
+__all__ = ["StaticDecodeStep", "generate_static", "static_unsupported"]
 
 
 def static_unsupported(compressor, params: SamplingParams) -> str | None:
@@ -74,7 +74,7 @@ class StaticDecodeStep:
         cache._uniform_len = None  # rows diverge from the first masked step: per-row slots
         self.logits = logits.float().clone()
         self.x = x.clone()
-        self.t = torch.zeros((), dtype=torch.long, device=dev)
+        self.steps = torch.zeros(B, dtype=torch.long, device=dev)  # each row's tokens so far (its stream's counter)
         self.positions = (cache.lens - cache.start).to(torch.long)  # a left-padded prompt's next position
         self.done = torch.zeros(B, dtype=torch.bool, device=dev)
         self.lengths = torch.zeros(B, dtype=torch.long, device=dev)
@@ -91,18 +91,21 @@ class StaticDecodeStep:
         """One token for every running row, in place: draw from ``logits``, record it, then (for rows still
         running) write it into the cache and compute the next ``logits``. No host read of a device value."""
         m, c, p = self.model, self.cache, self.params
-        tok, lp, _ = sample(self.logits, p, row_uniforms(p.seed, self.row_ids, self.t))
+        tok, lp, _ = sample(self.logits, p, row_uniforms(p.seed, self.row_ids, self.steps))
         running = ~self.done
-        col = self.t.expand(self.tokens.shape[0], 1)
-        self.tokens.scatter_(1, col, torch.where(running, tok, 0)[:, None])
-        self.logprobs.scatter_(1, col, torch.where(running, lp, 0.0)[:, None])
+        col = self.steps.clamp(max=self.max_new - 1)[:, None]
+        self.tokens.scatter_(1, col, torch.where(running, tok, self.tokens.gather(1, col)[:, 0])[:, None])
+        self.logprobs.scatter_(1, col, torch.where(running, lp, self.logprobs.gather(1, col)[:, 0])[:, None])
         if self.hidden is not None:
-            self.hidden.index_copy_(1, self.t[None], torch.where(running[:, None], self.x, 0)[:, None].to(self.x.dtype))
-        self.lengths.copy_(torch.where(running, self.t + 1, self.lengths))
-        ended = self.t + 1 >= self.max_new
+            at = col[:, :, None].expand(-1, 1, self.x.shape[-1])
+            kept = torch.where(running[:, None], self.x, self.hidden.gather(1, at)[:, 0])
+            self.hidden.scatter_(1, at, kept[:, None].to(self.hidden.dtype))
+        self.lengths.copy_(torch.where(running, self.steps + 1, self.lengths))
+        ended = self.steps + 1 >= self.max_new
         if self.eos is not None:
-            stop = torch.isin(tok, self.eos) & (self.t + 1 >= p.min_new_tokens)
+            stop = torch.isin(tok, self.eos) & (self.steps + 1 >= p.min_new_tokens)
             ended = ended | stop
+        self.steps.add_(running.long())
         self.done.copy_(self.done | ended)
         # the token enters the cache of the rows still running after it (a row's last token is not decoded, as in
         # the eager loop); a finished row writes its own next slot and attends as before, its results discarded
@@ -132,7 +135,21 @@ class StaticDecodeStep:
         self.positions.add_(running.long())
         if c.q_ring is not None:
             self.ring_slot.copy_((self.ring_slot + 1) % c.window)
-        self.t.add_(1)
+
+    def refill(
+        self, rows: torch.Tensor, logits: torch.Tensor, x: torch.Tensor, row_ids: torch.Tensor, positions: torch.Tensor
+    ) -> None:
+        """Start new responses in the finished ``rows`` (their cache already refilled:
+        :meth:`CompressedKVCache.refill_rows`): the prefill's last ``logits`` / ``x``, their sampling streams
+        ``row_ids`` and next ``positions``; every buffer written in place."""
+        self.logits[rows] = logits.float()
+        self.x[rows] = x.to(self.x.dtype)
+        self.row_ids[rows] = row_ids.to(self.row_ids.dtype)
+        self.positions[rows] = positions.to(self.positions.dtype)
+        for buf in (self.steps, self.lengths, self.tokens, self.logprobs, self.hidden):
+            if buf is not None:
+                buf[rows] = 0
+        self.done[rows] = False
 
     def _attend(self, layer: int, q: torch.Tensor, bias: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
         """This step's attention of one layer over the whole capacity, masked (torch), or through the Triton
@@ -199,11 +216,16 @@ WARM_STEPS = 2
 
 
 @torch.inference_mode()
-def generate_static_batch(engine, prompts: list[list[int]], p: SamplingParams, row_ids: torch.Tensor):
-    """One batch of :meth:`RolloutEngine._generate_batch` run on :class:`StaticDecodeStep`: the same prefill
-    and cache, then a fixed-shape step per token; the host reads the done flags (and a compressing cache's due
-    flags) every ``engine.static_check_every`` steps, compresses between steps, and on CUDA replays the step as
-    a captured graph (``engine.static_graph``). Returns the eager path's :class:`RolloutOutput`."""
+def generate_static(
+    engine, prompts: list[list[int]], p: SamplingParams, row_ids: torch.Tensor, slots: int | None = None
+):
+    """Every response of a rollout (``prompts``: one token list per response, ``row_ids`` their sampling streams) on
+    :class:`StaticDecodeStep`, ``slots`` rows at a time (None: all at once): the eager engine's prefill and cache,
+    then a fixed-shape step per token. The host reads the done flags (and a compressing cache's due flags) every
+    ``engine.static_check_every`` steps; then it compresses the due rows and puts the next waiting responses into
+    the finished rows (their prompts prefilled and written into the rows' cache slots), so the batch stays full
+    while GRPO's long tail runs. On CUDA the step is replayed as a captured graph (``engine.static_graph``).
+    Returns the eager path's :class:`RolloutOutput` (responses in the order given)."""
     import time
 
     from .engine import DENSE, KVStats, RolloutOutput
@@ -213,16 +235,20 @@ def generate_static_batch(engine, prompts: list[list[int]], p: SamplingParams, r
     if why is not None:
         raise ValueError(f"the static decode step cannot run this batch: {why}")
     every = max(1, int(engine.static_check_every))
+    n = len(prompts)
+    B = n if (slots is None or c.compress_prompt) else max(1, min(slots, n))  # a compressed prompt: no refill
     row_ids = row_ids.to(dev)
-    B = len(prompts)
-    P = max(len(x) for x in prompts)
+    P = max(len(x) for x in prompts)  # every prompt left-padded to the longest: a refill fits any row
     max_new = min(p.max_new_tokens, m.max_positions - P)
-    t0 = time.perf_counter()
-    ids, valid, positions = engine.left_padded(prompts)
     want_q = c.window if c.needs_queries else 0
-    logits, keys, values, queries, acc, x = engine._prefill_distinct(
-        ids, valid, positions, want_q, c.needs_attention and c.compress_prompt
-    )
+    want_attn = c.needs_attention and c.compress_prompt
+    t0 = time.perf_counter()
+
+    def prefill(indices: list[int]):
+        ids, valid, positions = engine.left_padded([prompts[i] for i in indices], width=P)
+        return (valid, positions, *engine._prefill_distinct(ids, valid, positions, want_q, want_attn))
+
+    valid, positions, logits, keys, values, queries, acc, x = prefill(list(range(B)))
     # a compressing cache is checked every `every` steps: room for the tokens written before its due flags are read
     capacity = c.capacity(P, max_new) + (every - 1 if c.compresses else 0)
     cache = CompressedKVCache(
@@ -236,51 +262,91 @@ def generate_static_batch(engine, prompts: list[list[int]], p: SamplingParams, r
         else None
     )
     use_triton = dev.type == "cuda" and engine.static_triton
-    state = StaticDecodeStep(m, cache, logits, x, p, row_ids, max_new, eos, use_triton, p.keep_hidden)
+    state = StaticDecodeStep(m, cache, logits, x, p, row_ids[:B], max_new, eos, use_triton, p.keep_hidden)
     pinned = {name: getattr(cache, name) for name in CACHE_BUFFERS if getattr(cache, name) is not None}
+    response_of_row = list(range(B))  # which response each row holds (host bookkeeping)
+    waiting = list(range(B, n))
+    results: dict[int, tuple] = {}
+    dense_tokens_peak = 0
+
+    def harvest(rows: list[int]) -> None:
+        """Copy the finished ``rows``' responses out (one host read for them all)."""
+        if not rows:
+            return
+        index = torch.tensor(rows, device=dev)
+        lens = state.lengths[index].tolist()
+        toks, lps = state.tokens[index].cpu(), state.logprobs[index].cpu()
+        hidden = state.hidden[index] if state.hidden is not None else None
+        kept = cache.kept_tokens()[index].tolist()
+        for k, b in enumerate(rows):
+            last = int(toks[k, lens[k] - 1]) if lens[k] else -1
+            stop = eos is not None and last in engine.eos_ids and lens[k] >= p.min_new_tokens
+            results[response_of_row[b]] = (
+                toks[k, : lens[k]].tolist(),
+                lps[k, : lens[k]].tolist(),
+                "stop" if stop else "length",
+                kept[k],
+                hidden[k, : lens[k]] if hidden is not None else None,
+            )
+
     graph = dev.type == "cuda" and engine.static_graph and max_new > WARM_STEPS + 1
     step = state.step
-    for t in range(max_new):
+    t = 0
+    while True:
         if graph and t < WARM_STEPS:
             warm_step(state)
         else:
             if graph and t == WARM_STEPS:
                 step = captured_step(state)
             step()
+        t += 1
         cache.end_step()  # the queries' ring position, host arithmetic
-        if (t + 1) % every and t != max_new - 1:
+        if t % every:
             continue
-        if bool(state.done.all()):  # the only host reads: every `every` steps
+        done = state.done.tolist()  # the host reads: every `every` steps
+        dense_tokens_peak = max(dense_tokens_peak, int((state.positions * ~state.done).sum()))
+        finished = [b for b in range(B) if done[b] and response_of_row[b] is not None]
+        harvest(finished)
+        for b in finished:
+            response_of_row[b] = None
+        if waiting and finished:  # refill: the next responses start in the finished rows
+            take = finished[: len(waiting)]
+            new, waiting = waiting[: len(take)], waiting[len(take) :]
+            valid, positions, logits, keys, values, queries, acc, x = prefill(new)
+            rows = torch.tensor(take, device=dev)
+            cache.refill_rows(rows, keys, values, valid, positions, queries, acc)
+            state.refill(rows, logits, x, row_ids[torch.tensor(new, device=dev)], valid.sum(-1))
+            for b, r in zip(take, new):
+                response_of_row[b] = r
+        if all(r is None for r in response_of_row):
             break
         if c.compresses:
-            due = cache.due(None, remaining=max_new - 2 - t, seq_len=state.positions) & ~state.done
+            remaining = max_new - 1 - state.steps  # tokens a row may still write (the eager skip rule's count)
+            due = cache.due(None, seq_len=state.positions) & ~state.done & (remaining > c.tail_slack)
             if bool(due.any()):
                 cache._uniform_len = None  # the static step writes per row and never updates it: lengths read here
                 cache.compress(due, seq_len=state.positions)
                 _pin(cache, pinned)  # a captured graph keeps reading the tensors it recorded
     cache._account()
     seconds = time.perf_counter() - t0
-    lens = state.lengths.tolist()
-    tokens, logp = state.tokens.cpu(), state.logprobs.cpu()
-    last = tokens[torch.arange(B), (state.lengths.cpu() - 1).clamp(min=0)]
-    stopped = torch.isin(last, eos.cpu()) if eos is not None else torch.zeros(B, dtype=torch.bool)
-    kept = cache.kept_tokens().tolist()
+    order = [results[i] for i in range(n)]
+    lens = [len(r[0]) for r in order]
     return RolloutOutput(
         prompt_index=[],
         prompt_ids=[],
-        response_ids=[tokens[b, : lens[b]].tolist() for b in range(B)],
-        sampler_logprobs=[logp[b, : lens[b]].tolist() for b in range(B)],
-        finish_reason=["stop" if bool(stopped[b]) and lens[b] >= p.min_new_tokens else "length" for b in range(B)],
-        kv_tokens_kept=kept,
+        response_ids=[r[0] for r in order],
+        sampler_logprobs=[r[1] for r in order],
+        finish_reason=[r[2] for r in order],
+        kv_tokens_kept=[r[3] for r in order],
         kv=KVStats(
             cache.bytes_peak,
             cache.bytes_theory_peak,
-            int(state.positions.sum()) * m.kv_bytes_per_token(),
+            dense_tokens_peak * m.kv_bytes_per_token(),
             cache.n_compressions,
             B * DENSE.capacity(P, max_new) * m.kv_bytes_per_token(),
         ),
         tokens_generated=sum(lens),
         seconds=seconds,
         prefill_seconds=prefill_s,
-        hidden=[state.hidden[b, : lens[b]] for b in range(B)] if state.hidden is not None else None,
+        hidden=[r[4] for r in order] if p.keep_hidden else None,
     )
