@@ -192,3 +192,26 @@ def test_the_sampling_stream_reads_its_step_from_a_device_tensor():
     rows = torch.arange(6)
     for step in (0, 7, 2**40 + 3):
         assert torch.equal(row_uniforms(3, rows, step), row_uniforms(3, rows, torch.tensor(step)))
+
+
+def test_a_training_run_samples_on_the_static_step(tmp_path, monkeypatch):
+    """``rollout.static_step=true`` reaches the trainer's sampler: a one-step run on the tiny model samples
+    through the static driver (R-KV, checked every 2 steps) and trains."""
+    from test_train import cfg_for
+
+    from sparserl.rollout import static_step
+    from sparserl.train.trainer import train
+
+    calls = []
+    original = static_step.generate_static
+
+    def spy(engine, prompts, *a, **k):
+        calls.append(len(prompts))
+        return original(engine, prompts, *a, **k)
+
+    monkeypatch.setattr(static_step, "generate_static", spy)
+    cfg = cfg_for(tmp_path, "train.steps=1", "rollout.static_step=true", "rollout.static_check_every=2")
+    assert cfg.rollout.static_step and cfg.rollout.compressor == "rkv"
+    run = train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
+    assert calls and calls[0] == cfg.train.prompts_per_step * cfg.rollout.n
+    assert (run / "metrics.jsonl").exists()

@@ -414,6 +414,20 @@ class RolloutConfig(_Section):
         "the first step compiles, ~20 s per graph on 2 cores); measure with `sparserl bench "
         "rollout --compile` before turning it on.",
     )
+    static_step: bool = F(
+        False,
+        "Decode on the fixed-shape step that reads nothing back to the host (sparserl.rollout.static_step): "
+        "attention over the cache's capacity, masked on the device; finished rows refilled with waiting responses; "
+        "on CUDA the step replayed as a captured CUDA graph with Triton's attention. Built for GPUs (not yet "
+        "measured on one); on a CPU the eager step is faster. Block top-k, stop strings and the newline trigger "
+        "keep the eager step.",
+    )
+    static_check_every: int = F(
+        8,
+        "With rollout.static_step: decode steps between the host's reads of the rows' done and compression-due "
+        "flags (a bounded cache gets this many slots more, for the tokens written before a due flag is read).",
+        ge=1,
+    )
     stop: list[NonEmpty] = F(
         help="Stop strings: generation of a response ends after any of them (EOS always stops).", factory=list
     )

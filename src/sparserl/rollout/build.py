@@ -36,4 +36,6 @@ def engine_from_fields(lm, r: Any, weights: dict | None = None) -> RolloutEngine
         quant_outliers=r.quant_outliers,
         quant_head=r.quant_head,
         weights=weights,
+        static=r.static_step,
+        static_check_every=r.static_check_every,
     )
