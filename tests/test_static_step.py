@@ -215,3 +215,22 @@ def test_a_training_run_samples_on_the_static_step(tmp_path, monkeypatch):
     run = train(cfg, run_dir=tmp_path / "run", log=lambda *_: None)
     assert calls and calls[0] == cfg.train.prompts_per_step * cfg.rollout.n
     assert (run / "metrics.jsonl").exists()
+
+
+def test_the_config_refuses_a_static_step_its_replay_would_not_reproduce():
+    from sparserl.config import ConfigError, load_config, validate
+
+    base = ["rollout.static_step=true", "rollout.static_check_every=8"]
+    with pytest.raises(ConfigError, match="static_check_every=1, or mismatch.alpha_q=hidden"):
+        validate(load_config("default", [*base, "mismatch.alpha_q=replay"]))
+    validate(load_config("default", base))  # alpha from the kept hidden states: no replay
+    validate(load_config("default", [*base[:1], "rollout.static_check_every=1", "mismatch.alpha_q=replay"]))
+    with pytest.raises(ConfigError, match="does nothing without rollout.static_step"):
+        validate(load_config("default", ["rollout.static_check_every=4"]))
+
+
+def test_what_needs_the_eager_step_falls_back_to_it(tiny):
+    assert "distributions" in static_unsupported(get_compressor("none"), SamplingParams(keep_distributions=True))
+    engine = RolloutEngine(tiny, get_compressor("none"), fused=False, static=True)
+    out = engine.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=6, keep_distributions=True))
+    assert out.distributions is not None and len(out.distributions) == 2

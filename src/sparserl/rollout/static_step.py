@@ -43,6 +43,8 @@ def static_unsupported(compressor, params: SamplingParams) -> str | None:
         return f"compressor {compressor.name!r} is due after a newline token, a per-step host decision"
     if params.stop:
         return "stop strings are matched on decoded text on the host"
+    if params.keep_distributions or params.logprobs_topk:
+        return "it keeps neither whole distributions nor top-k log-probs (only the head's inputs, keep_hidden)"
     return None
 
 

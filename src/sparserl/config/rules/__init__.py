@@ -30,6 +30,7 @@ from .quantization import mismatch_split_needs_quant, quant_options, quant_scale
 from .reward import overlong_buffer_fits, reward_spec
 from .rollout_async import async_rollouts
 from .sampler import blocktopk_pages, kv_budget_above_window, kv_schedule, kv_schedule_unused
+from .static_step import static_step_and_replay, unused_static_check_every
 from .unused import alpha_topk_unused, kl_kind_unused
 
 __all__ = ["RULES", "validate"]
@@ -47,6 +48,8 @@ RULES: tuple[Rule, ...] = (
     kv_schedule,
     kv_schedule_unused,
     blocktopk_pages,
+    static_step_and_replay,
+    unused_static_check_every,
     kv_controller,
     overlong_buffer_fits,
     cluster_shape,
