@@ -125,11 +125,14 @@ class _NoHostReads:
             setattr(torch.Tensor, n, f)
 
 
-@pytest.mark.parametrize("name", ["none", "rkv", "snapkv", "streaming", "h2o"])
-def test_the_step_reads_nothing_on_the_host_and_keeps_its_shapes(tiny, name, monkeypatch):
+@pytest.mark.parametrize(
+    "name,kv_quant", [("none", "none"), ("rkv", "none"), ("snapkv", "none"), ("streaming", "none"), ("h2o", "none"),
+                      ("rkv", "int8"), ("none", "fp8")]
+)  # fmt: skip
+def test_the_step_reads_nothing_on_the_host_and_keeps_its_shapes(tiny, name, kv_quant, monkeypatch):
     kw = {"window": 4} if name == "snapkv" else {}
     comp = get_compressor(name, budget=12, step_length=4, **kw) if name != "none" else get_compressor("none")
-    engine = RolloutEngine(tiny, comp, fused=False, static=True, static_check_every=1)
+    engine = RolloutEngine(tiny, comp, fused=False, static=True, static_check_every=1, kv_quant=kv_quant)
     captured = {}
 
     def record(state):
@@ -154,7 +157,8 @@ def test_the_step_reads_nothing_on_the_host_and_keeps_its_shapes(tiny, name, mon
 def _shapes(state: StaticDecodeStep) -> dict:
     c = state.cache
     tensors = {k: v for k, v in vars(state).items() if isinstance(v, torch.Tensor)}
-    tensors.update({k: getattr(c, k) for k in ("keys", "values", "pos", "lens", "start", "attn_acc", "q_ring")})
+    names = ("keys", "values", "k_scale", "v_scale", "pos", "lens", "start", "attn_acc", "q_ring")
+    tensors.update({k: getattr(c, k) for k in names})
     return {k: (tuple(v.shape), v.dtype) for k, v in tensors.items() if v is not None}
 
 
