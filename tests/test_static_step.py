@@ -31,6 +31,7 @@ def _pair(tiny, name: str, every: int, **kw):
         ("snapkv", 1, {"budget": 12, "step_length": 4, "window": 4}),
         ("streaming", 1, {"budget": 12, "step_length": 4}),
         ("h2o", 1, {"budget": 12, "step_length": 4}),
+        ("blocktopk", 1, {"pages": 3, "dense_layers": 1}),
     ],
 )
 def test_static_step_gives_the_eager_engines_tokens(tiny, name, every, kw):
@@ -39,13 +40,16 @@ def test_static_step_gives_the_eager_engines_tokens(tiny, name, every, kw):
     falls within that of a CDF boundary (the tail's tokens hold ~2e-7 each) to the neighbouring token. The head's
     inputs (``keep_hidden``) agree to float rounding; the compressions are the same."""
     eager, static = _pair(tiny, name, every, **kw)
-    params = SamplingParams(n=2, max_new_tokens=30, seed=5, temperature=0.0, keep_hidden=True)
+    new = 60 if name == "blocktopk" else 30  # block top-k: rows of 4-5 pages, 3 read (the choice is exercised)
+    params = SamplingParams(n=2, max_new_tokens=new, seed=5, temperature=0.0, keep_hidden=True)
     a, b = eager.generate(PROMPTS, params), static.generate(PROMPTS, params)
+    if name == "blocktopk":
+        assert max(len(p) + len(r) for p, r in zip(a.prompt_ids, a.response_ids)) > 4 * 16
     assert a.response_ids == b.response_ids
     for x, y in zip(a.hidden, b.hidden):
         assert torch.allclose(x, y, atol=1e-4)
     assert a.finish_reason == b.finish_reason
-    if name != "none":
+    if name not in ("none", "blocktopk"):
         assert b.kv.compressions == a.kv.compressions > 0 and b.kv_tokens_kept == a.kv_tokens_kept
 
 
@@ -127,11 +131,12 @@ class _NoHostReads:
 
 @pytest.mark.parametrize(
     "name,kv_quant", [("none", "none"), ("rkv", "none"), ("snapkv", "none"), ("streaming", "none"), ("h2o", "none"),
-                      ("rkv", "int8"), ("none", "fp8")]
+                      ("rkv", "int8"), ("none", "fp8"), ("blocktopk", "none")]
 )  # fmt: skip
 def test_the_step_reads_nothing_on_the_host_and_keeps_its_shapes(tiny, name, kv_quant, monkeypatch):
-    kw = {"window": 4} if name == "snapkv" else {}
-    comp = get_compressor(name, budget=12, step_length=4, **kw) if name != "none" else get_compressor("none")
+    kw = {"window": 4} if name == "snapkv" else {"pages": 3, "dense_layers": 1} if name == "blocktopk" else {}
+    comp = get_compressor(name, budget=12 if name != "blocktopk" else 48, step_length=4, **kw) if name != "none" \
+        else get_compressor("none")  # fmt: skip
     engine = RolloutEngine(tiny, comp, fused=False, static=True, static_check_every=1, kv_quant=kv_quant)
     captured = {}
 
@@ -182,10 +187,12 @@ def test_the_host_reads_done_flags_every_k_steps(tiny, monkeypatch):
 
 def test_what_the_static_step_refuses(tiny):
     params = SamplingParams(max_new_tokens=8)
-    assert "pages per step" in static_unsupported(get_compressor("blocktopk"), params)
+    assert static_unsupported(get_compressor("blocktopk"), params) is None
+    scheduled = get_compressor("blocktopk", schedule=[[0, 48], [32, 96]])
+    assert "schedule" in static_unsupported(scheduled, params)
     assert "stop strings" in static_unsupported(get_compressor("none"), SamplingParams(stop=["\n"]))
     assert static_unsupported(get_compressor("rkv"), params) is None
-    engine = RolloutEngine(tiny, get_compressor("blocktopk"), fused=False, static=True)
+    engine = RolloutEngine(tiny, scheduled, fused=False, static=True)
     with pytest.raises(ValueError, match="cannot run this batch"):
         generate_static(engine, [[1, 2, 3]], params, torch.arange(1))
     with pytest.raises(ValueError, match="static_check_every"):

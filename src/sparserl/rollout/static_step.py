@@ -20,9 +20,10 @@ The numbers are the eager engine's: the same sampler model functions, the same d
 (with ``check_every`` 1: a larger period compresses up to that many tokens later); attention over a masked
 capacity instead of the longest row's slots (the masked slots add exp(−inf) = 0) sums in another order, so
 log-probs agree to ~1e-7 and a token differs only where a draw falls that close to a CDF boundary (tested
-against the eager engine for dense and every compressor that evicts). Not supported (refused): block top-k
-(its page selection reads lengths on the host), stop strings (decoded on the host), the newline trigger, forced
-tokens (the replay); the eager step runs those.
+against the eager engine for dense, every compressor that evicts, and block top-k, whose pages are chosen on the
+device with k fixed). Not supported (refused): block top-k with a schedule (k changes with length), stop strings
+(decoded on the host), the newline trigger, whole distributions, forced tokens (the replay); the eager step runs
+those.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ __all__ = ["StaticDecodeStep", "generate_static", "static_unsupported"]
 
 def static_unsupported(compressor, params: SamplingParams) -> str | None:
     """Why a batch cannot run on the static step (None: it can)."""
-    if compressor.selects_per_step:
-        return f"compressor {compressor.name!r} chooses pages per step with host-side lengths"
+    if compressor.selects_per_step and compressor.schedule is not None:
+        return f"compressor {compressor.name!r} with a schedule reads a number of pages that changes with length"
     if compressor.needs_newlines:
         return f"compressor {compressor.name!r} is due after a newline token, a per-step host decision"
     if params.stop:
@@ -85,6 +86,13 @@ class StaticDecodeStep:
         self.hidden = torch.zeros(B, max_new, x.shape[-1], dtype=x.dtype, device=dev) if keep_hidden else None
         self.rows = torch.arange(B, device=dev)
         self.slots = torch.arange(cache.capacity, device=dev)
+        self.blocktopk = cache.selector is not None  # block top-k: chosen pages per step, sums kept here
+        if self.blocktopk:
+            method = cache.compressor
+            self.first_sparse = min(method.dense_layers, cache.n_layers)
+            self.k_pages = method.pages_for(cache.lens - cache.start).to(torch.long)  # fixed k: no schedule
+            self.kmax = int(self.k_pages.max())  # read once, before the first step
+            self.page_sums = page_key_sums(cache, self.first_sparse)
         # the next write of the queries' window ring, on the device (the cache's host-side count, q_head, is kept
         # by the driver calling cache.end_step() after each step: host arithmetic only)
         self.ring_slot = torch.full((), cache.q_head, dtype=torch.long, device=dev)
@@ -125,7 +133,10 @@ class StaticDecodeStep:
         for layer, lw in enumerate(m.layers):
             q, k, v = m.qkv(lw, h, cos, sin)  # [B, H, 1, D]
             c._write(layer, (self.rows, slice(None), slot), k[:, :, 0], v[:, :, 0])
-            a = self._attend(layer, q, bias, slot)
+            if self.blocktopk and layer >= self.first_sparse:
+                a = self._attend_pages(layer, q, slot, end)
+            else:
+                a = self._attend(layer, q, bias, slot)
             if c.q_ring is not None:
                 c.q_ring[layer].index_copy_(2, self.ring_slot[None], q)
             m.linear(a[:, None, :], lw.o, add_to=h)
@@ -152,6 +163,41 @@ class StaticDecodeStep:
             if buf is not None:
                 buf[rows] = 0
         self.done[rows] = False
+        if self.blocktopk:  # the new prompts' page sums (the other rows' are rebuilt to the same values)
+            self.page_sums.copy_(page_key_sums(self.cache, self.first_sparse))
+
+    def _attend_pages(self, layer: int, q: torch.Tensor, slot: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+        """Block top-k in one sparse layer (Sparrow's Vortex rule, :mod:`sparserl.rollout.kv.blocktopk`): the new
+        key added to its page's sum, page scores, the k pages chosen (k fixed, known on the host), attention
+        over them; every shape fixed, nothing read back."""
+        from .kv.blocktopk import PAGE_TOKENS, choose_pages, page_scores
+        from .page_attention import gathered_attention
+
+        c = self.cache
+        i = layer - self.first_sparse
+        key = c.keys[layer][self.rows, :, slot]  # [B, Hkv, D], as written (dequantized below)
+        if c.k_scale is not None:
+            key = c.quant.dequantize(key, c.k_scale[layer][self.rows, :, slot], c.dtype)
+        rel = slot - c.start
+        page, first = rel // PAGE_TOKENS, (rel % PAGE_TOKENS == 0)[:, None, None]
+        sums = self.page_sums[i]
+        sums[self.rows, :, page] = torch.where(first, key.float(), sums[self.rows, :, page] + key.float())
+        n_tokens = end - c.start
+        pages = choose_pages(page_scores(q, sums, n_tokens), n_tokens, self.k_pages, kmax=self.kmax)
+        if self.use_triton:
+            from .gpu.decode_attention import decode_attention
+
+            ks = c.k_scale[layer] if c.k_scale is not None else None
+            vs = c.v_scale[layer] if c.v_scale is not None else None
+            unit = (c.quant.widen(c.keys[layer][:1, :1, :1], q.dtype)[1],) * 2 if ks is not None else (1.0, 1.0)
+            out, _ = decode_attention(
+                q[:, :, 0], c.keys[layer], c.values[layer], c.start.to(torch.int32), end.to(torch.int32),
+                pages=pages.to(torch.int32), page=PAGE_TOKENS, k_scale=ks, v_scale=vs, unit=unit,
+                dot_f32=q.dtype == torch.float32,
+            )  # fmt: skip
+            return out.reshape(q.shape[0], -1)
+        ks, vs = (c.k_scale[layer], c.v_scale[layer]) if c.k_scale is not None else (None, None)
+        return gathered_attention(q, c.keys[layer], c.values[layer], pages, c.start, end, PAGE_TOKENS, ks, vs, c.quant)
 
     def _attend(self, layer: int, q: torch.Tensor, bias: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
         """This step's attention of one layer over the whole capacity, masked (torch), or through the Triton
@@ -179,6 +225,27 @@ class StaticDecodeStep:
         if c.attn_acc is not None:
             c.attn_acc[layer] += p.sum(dim=2)
         return out
+
+
+def page_key_sums(cache: CompressedKVCache, first_sparse: int) -> torch.Tensor:
+    """Block top-k's page key sums of every layer from ``first_sparse`` on over each row's cached tokens
+    [start, lens): [layers, B, Hkv, ⌈capacity / 16⌉, D] float32 (pages counted from each row's first token)."""
+    from .kv.blocktopk import PAGE_TOKENS
+
+    B, C = cache.batch, cache.capacity
+    slot = torch.arange(C, device=cache.device)
+    rel = slot[None, :] - cache.start[:, None]
+    valid = (rel >= 0) & (slot[None, :] < cache.lens[:, None])
+    page = torch.where(valid, rel // PAGE_TOKENS, 0)
+    n_sparse = cache.n_layers - first_sparse
+    sums = torch.zeros(
+        n_sparse, B, cache.n_kv, -(-C // PAGE_TOKENS), cache.head_dim, dtype=torch.float32, device=cache.device
+    )
+    index = page[:, None, :, None].expand(B, cache.n_kv, C, cache.head_dim)
+    for i in range(n_sparse):
+        keys = cache.dequantized(first_sparse + i, C)[0].float() * valid[:, None, :, None]
+        sums[i].scatter_add_(2, index, keys)
+    return sums
 
 
 #: the cache's tensors the step reads or writes: a captured graph holds their storage, so a compression that

@@ -187,11 +187,13 @@ def choose_pages(
     page: int = PAGE_TOKENS,
     sink: int = SINK_PAGES,
     recent: int = RECENT_PAGES,
+    kmax: int | None = None,
 ) -> torch.Tensor:
     """The pages each (row, KV head) reads: scores [B, Hkv, P], tokens per row [B], k per row [B] →
     [B, Hkv, max k] long, ascending, -1 after the row's min(n, k) pages (the rule in the module
     docstring: every page when n ≤ k, else the first ``sink`` and last ``recent`` and the best
-    others, ties to the later page)."""
+    others, ties to the later page). ``kmax``: max k when the caller knows it (the static decode step: no
+    read of ``k`` on the host)."""
     B, hkv, P = scores.shape
     dev = scores.device
     j = torch.arange(P, device=dev)
@@ -202,7 +204,7 @@ def choose_pages(
     s = scores.float().masked_fill(~inside[:, None, :], float("-inf")).masked_fill(always[:, None, :], float("inf"))
     # best first; among equal scores the later page first (a stable sort of the pages reversed)
     order = torch.sort(s.flip(-1), dim=-1, descending=True, stable=True).indices
-    kmax = int(k.max())
+    kmax = int(k.max()) if kmax is None else kmax
     top = (P - 1 - order)[..., :kmax]  # [B, Hkv, kmax] page ids
     rank = torch.arange(top.shape[-1], device=dev)
     keep = (rank[None, None, :] < torch.minimum(n, k)[:, None, None]) & (s.gather(-1, top) > float("-inf"))
