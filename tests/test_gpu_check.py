@@ -30,7 +30,8 @@ def test_the_gpu_check_runs_in_smoke_mode(tmp_path):
     assert all(r["kernel_s"] > 0 and r["eager_s"] > 0 for r in report["decode_attention_batch"])
     assert "vs eager" in done.stdout
     static = report["static_step"]
-    assert [r["compressor"] for r in static["compressors"]] == ["none", "rkv", "snapkv", "streaming", "h2o"]
+    names = [r["compressor"] for r in static["compressors"]]
+    assert names == ["none", "rkv", "snapkv", "streaming", "h2o", "blocktopk"]
     assert all(
         r["greedy_tokens_identical"] and r["greedy_tokens_identical_refilled"] and r["max_logprob_gap"] < 1e-4
         for r in static["compressors"]

@@ -176,11 +176,12 @@ def main() -> None:
         ("snapkv", {"budget": 12, "step_length": 4, "window": 4}),
         ("streaming", {"budget": 12, "step_length": 4}),
         ("h2o", {"budget": 12, "step_length": 4}),
+        ("blocktopk", {"pages": 3, "dense_layers": 1}),
     ):
         comp = get_compressor(name, **kw) if kw else get_compressor(name)
         eager = RolloutEngine(tiny, comp, fused=False)
         static = RolloutEngine(tiny, comp, fused=False, static=True, static_check_every=1)
-        greedy = SamplingParams(n=2, max_new_tokens=40, seed=5, temperature=0.0)
+        greedy = SamplingParams(n=2, max_new_tokens=60, seed=5, temperature=0.0)  # block top-k: 4-5 pages, 3 read
         reference = eager.generate(prompts, greedy).response_ids
         same = reference == static.generate(prompts, greedy).response_ids
         static.max_batch = 2  # two rows for six responses: finished rows refilled with waiting ones
