@@ -88,6 +88,10 @@ def main() -> None:
     dst = torch.empty_like(src)
     copy_s = timed(lambda: dst.copy_(src))
     out["copy_bytes_per_s"] = 2 * n_copy / copy_s
+    n_gemm = 256 if args.smoke else 8192  # and the GEMM ceiling: one square product in the sampler's dtype
+    a_mat = torch.randn(n_gemm, n_gemm, device=device).to(dtype)
+    gemm_s = timed(lambda: a_mat @ a_mat)
+    out["gemm_flops_per_s"] = 2 * n_gemm**3 / gemm_s
 
     # 2. each kernel against float64
     def rand(*shape):
@@ -181,13 +185,14 @@ def main() -> None:
         comp = get_compressor(name, **kw) if kw else get_compressor(name)
         eager = RolloutEngine(tiny, comp, fused=False)
         static = RolloutEngine(tiny, comp, fused=False, static=True, static_check_every=1)
-        greedy = SamplingParams(n=2, max_new_tokens=60, seed=5, temperature=0.0)  # block top-k: 4-5 pages, 3 read
+        length = 60 if name == "blocktopk" or not args.smoke else 24  # block top-k: rows of 4-5 pages, 3 read
+        greedy = SamplingParams(n=2, max_new_tokens=length, seed=5, temperature=0.0)
         reference = eager.generate(prompts, greedy).response_ids
         same = reference == static.generate(prompts, greedy).response_ids
         static.max_batch = 2  # two rows for six responses: finished rows refilled with waiting ones
         same_refilled = reference == static.generate(prompts, greedy).response_ids
         static.max_batch = None
-        sampled = SamplingParams(n=2, max_new_tokens=40, seed=5, temperature=1.0)
+        sampled = SamplingParams(n=2, max_new_tokens=24 if args.smoke else 40, seed=5, temperature=1.0)
         a, b = eager.generate(prompts, sampled), static.generate(prompts, sampled)
         gap = 0.0
         for ra, rb, la, lb in zip(a.response_ids, b.response_ids, a.sampler_logprobs, b.sampler_logprobs):
@@ -219,6 +224,8 @@ def main() -> None:
             times.append((time.perf_counter() - t0) / (B * new))
         per_token[label] = statistics.median(times)
     out["static_step"] = {"compressors": static_rows, "seconds_per_token": per_token, "batch": B, "new_tokens": new}
+    # 5. the whole engine, eager against static, on SmolLM2-135M's shape and a 1.5B shape (random weights)
+    out["engine_throughput"] = engine_throughput(args.smoke, device, dtype, out["copy_bytes_per_s"])
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "gpu_kernels.json").write_text(json.dumps(out, indent=1))
     print(f"device: {out['device']}; copy ceiling {out['copy_bytes_per_s'] / 1e9:.0f} GB/s")
@@ -228,6 +235,14 @@ def main() -> None:
         print(
             f"{r['case']:<36} {r['kernel_s'] * 1e6:>10.1f} {r['eager_s'] * 1e6:>10.1f} "
             f"{r['kernel_vs_eager']:>8.2f}x {r['fraction_of_copy_ceiling']:>10.1%}"
+        )
+    print(f"{'shape':<12} {'compressor':<10} {'eager tok/s':>12} {'static tok/s':>13} {'static/eager':>13} "
+          f"{'eager of floor':>15} {'static of floor':>16}")  # fmt: skip
+    for r in out["engine_throughput"]:
+        print(
+            f"{r['shape']:<12} {r['compressor']:<10} {r['eager_tokens_per_s']:>12.0f} "
+            f"{r['static_tokens_per_s']:>13.0f} {r['static_vs_eager']:>12.2f}x "
+            f"{r['eager_fraction_of_floor']:>14.1%} {r['static_fraction_of_floor']:>15.1%}"
         )
     print("static step against the eager engine (tiny model):")
     for r in static_rows:
@@ -240,6 +255,82 @@ def main() -> None:
         f"  s per token at batch {B} x {new}: eager {per_token['eager'] * 1e6:.1f} us, static "
         f"{per_token['static'] * 1e6:.1f} us ({per_token['eager'] / per_token['static']:.2f}x)"
     )
+
+
+#: decoder shapes with random weights (no download): SmolLM2-135M's and Qwen2.5-1.5B's; the smoke run's is tiny
+SHAPES = {
+    "smollm2-135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                         intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
+    "smoke": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=128, vocab_size=512, tie_word_embeddings=True),
+}  # fmt: skip
+
+
+def random_model(shape: dict, device: str, dtype):
+    """A Llama-architecture model of ``shape`` with random weights, built on ``device``, with the tiny test
+    model's tokenizer (the prompts' ids fit any vocabulary here)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from sparserl.models.loading import LoadedModel, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    cfg = LlamaConfig(**shape, max_position_embeddings=8192, eos_token_id=tok.eos_token_id, pad_token_id=0)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg)
+    return LoadedModel(model=model.to(dtype).eval(), tokenizer=tok, name="random", path=None)
+
+
+def engine_throughput(smoke: bool, device: str, dtype, copy_bytes_per_s: float) -> list[dict]:
+    """Tokens per second of the eager engine and the static (captured) step at batch 256 x 1,024 new tokens for
+    dense, R-KV (budget 256, step 32) and block top-k (16 pages of 16), and each as a fraction of its memory
+    floor: the weights plus the KV read each step (at the average cached length) over the copy ceiling."""
+    import torch
+
+    from sparserl.rollout.engine import RolloutEngine
+    from sparserl.rollout.kv import get_compressor
+    from sparserl.rollout.sampling import SamplingParams
+
+    B, new = (2, 16) if smoke else (256, 1024)
+    arms = (("none", {}), ("rkv", {"budget": 256, "step_length": 32}), ("blocktopk", {"pages": 16}))
+    rows = []
+    for shape_name in ("smoke",) if smoke else ("smollm2-135m", "qwen2.5-1.5b"):
+        lm = random_model(SHAPES[shape_name], device, dtype)
+        prompt = [list(range(10, 60))]  # 50 prompt tokens
+        params = SamplingParams(n=B, max_new_tokens=new, seed=0, ignore_eos=True)
+        for name, kw in arms:
+            comp = get_compressor(name, **kw) if kw else get_compressor(name)
+            result = {"shape": shape_name, "compressor": name, "batch": B, "new_tokens": new}
+            for label, static in (("eager", False), ("static", True)):
+                engine = RolloutEngine(lm, comp, dtype=dtype, static=static, static_check_every=16)
+                engine.generate([""], SamplingParams(n=2, max_new_tokens=4), prompt_ids=prompt)  # warm
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                o = engine.generate([""], params, prompt_ids=prompt)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                seconds = time.perf_counter() - t0
+                m = engine.model
+                P = len(prompt[0])
+                avg_kv = {
+                    "none": P + new / 2,
+                    "rkv": min(P + new / 2, P + 256 + 16),
+                    "blocktopk": min(P + new / 2, 256),
+                }
+                floor_step = (m.decode_read_bytes() + B * avg_kv[name] * m.kv_bytes_per_token()) / copy_bytes_per_s
+                result[f"{label}_tokens_per_s"] = o.tokens_generated / seconds
+                result[f"{label}_fraction_of_floor"] = floor_step * new / seconds
+                del engine
+            result["static_vs_eager"] = result["static_tokens_per_s"] / result["eager_tokens_per_s"]
+            rows.append(result)
+        del lm
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
 
 
 if __name__ == "__main__":
