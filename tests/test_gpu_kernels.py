@@ -135,3 +135,22 @@ def test_rkv_redundancy_without_the_matrix_matches_the_reference(dtype):
     ref = redundancy(keys.float(), valid, 0.5)  # the engine's (its C kernel on CPU, tested equal to the torch path)
     assert torch.allclose(got, ref, atol=1e-6, rtol=1e-4)
     assert (got[0, :, :9] == 0).all() and torch.allclose(got.sum(-1), torch.ones(n, H))
+
+
+@pytest.mark.parametrize("group,w,D,reduce", [(3, 8, 64, "max"), (6, 32, 128, "mean"), (3, 5, 64, "mean")])
+def test_window_scores_without_the_score_matrix_match_the_engine(group, w, D, reduce):
+    from sparserl.rollout.gpu.window_scores import window_scores
+    from sparserl.rollout.kv.base import ScoreInputs, window_attention
+
+    gen = torch.Generator().manual_seed(9)
+    n, hkv, L = 2, 2, 77
+    queries = torch.randn(n, hkv * group, w, D, generator=gen)
+    keys = torch.randn(n, hkv, L, D, generator=gen)
+    valid = torch.ones(n, L, dtype=torch.bool)
+    valid[0, :11] = False  # left padding
+    valid[1, 30] = False
+    got = window_scores(queries, keys, valid, reduce, block=16, dot_f32=True)
+    inp = ScoreInputs(keys=keys, region=slice(0, L), valid=valid, queries=queries, positions=torch.zeros(n, hkv, L))
+    ref = window_attention(inp, reduce_group=reduce)
+    assert torch.allclose(got, ref, atol=1e-6, rtol=1e-4)
+    assert (got[0, :, :11] == 0).all()

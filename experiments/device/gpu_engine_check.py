@@ -7,8 +7,8 @@ decode step (captured as a CUDA graph there) against the eager engine: the same 
 
 1. The copy ceiling: a device-to-device copy of 1 GiB (read + write bytes / s), the floor's bandwidth.
 2. Each kernel (decode attention over every slot, over block top-k's pages, over an int8 cache; R-KV's
-   redundancy) against :func:`reference_decode_attention` / the engine's torch redundancy in float64: the max
-   absolute error.
+   redundancy; the observation window's scores) against :func:`reference_decode_attention` in float64 or the
+   engine's own torch / C scores: the max absolute error.
 3. Decode attention for one layer of SmolLM2-135M's shapes (9 query heads, 3 KV heads, head dim 64, bfloat16) at
    batch 256: a dense cache of 1,024 and 4,096 tokens, R-KV's bounded cache (budget 256 + step 32), and block
    top-k's 8 pages of 16 out of 4,096: the kernel's time (CUDA events, median of 20 after 5 warm-ups), the eager
@@ -122,6 +122,13 @@ def main() -> None:
     valid[0, :5] = False
     red = rkv_redundancy(keys, valid)
     errors["rkv_redundancy"] = float((red.cpu() - redundancy(keys.cpu().float(), valid.cpu())).abs().max())
+    from sparserl.rollout.gpu.window_scores import window_scores
+    from sparserl.rollout.kv.base import ScoreInputs, window_attention
+
+    queries = rand(2, hkv * g, 8, D)
+    got = window_scores(queries, keys, valid, "max", dot_f32=f32)
+    inp = ScoreInputs(keys.cpu().float(), slice(0, keys.shape[2]), valid.cpu(), queries.cpu().float(), None)
+    errors["window_scores"] = float((got.cpu() - window_attention(inp, "max")).abs().max())
     out["max_abs_error_vs_reference"] = errors
 
     # 3. decode attention at batch 256 (one layer of SmolLM2-135M's shapes)

@@ -99,6 +99,7 @@ def kernel_variants() -> dict[str, tuple]:
     """Every kernel the GPU sampler launches, in the variants the engine uses: (kernel, signature, constexprs)."""
     from .decode_attention import _decode_attention_kernel
     from .rkv_redundancy import _rkv_rows_kernel, rkv_block
+    from .window_scores import _window_kernel
 
     attn_sig = {
         **{n: "*bf16" for n in ("Q", "K", "V", "OUT")},
@@ -147,6 +148,15 @@ def kernel_variants() -> dict[str, tuple]:
         )
     rkv_sig = {"K": "*bf16", "VALID": "*u8", "ROWSUM": "*fp32", "LAST": "*i32", "LAST_VAL": "*fp32", "L": "i32"}
     rkv_sig.update({"threshold": "fp32", **{n: "i32" for n in ("stride_kn_", "stride_kh", "stride_kl", "stride_vn")}})
+    window_sig = {"Q": "*bf16", "K": "*bf16", "VALID": "*u8", "OUT": "*fp32", "L": "i32", "W": "i32"}
+    window_sig.update({n: "i32" for n in ("stride_qn", "stride_qh", "stride_ql", "stride_kn", "stride_kh",
+                                          "stride_kl", "stride_vn", "stride_on", "stride_oh")})  # fmt: skip
+    for group, w, D in ((3, 8, 64), (3, 32, 64), (6, 32, 128)):
+        variants[f"window_scores g{group} w{w} d{D} bf16"] = (
+            _window_kernel,
+            window_sig,
+            {"GROUP": group, "D": D, "D_PAD": D, "W_PAD": max(16, w), "BLOCK": 32, "F32": False},
+        )
     for D in (64, 128):
         variants[f"rkv_redundancy d{D} bf16"] = (
             _rkv_rows_kernel,

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from ...errors import SparserlError
 from ...registry import Registry, did_you_mean
 from .. import native
+from ..gpu import triton_available
 from .schedule import KVSchedule, ScheduleError, load_schedule
 
 TRIGGERS = ("step_length", "newline")
@@ -270,14 +271,18 @@ def window_attention(inp: ScoreInputs, reduce_group: str = "max") -> torch.Tenso
     """softmax(Q Kᵀ/√d) of the observation-window queries over all valid cached keys (causal inside
     the window, which occupies the last ``w`` slots), averaged over the window queries and reduced
     over the query heads of each GQA group. Returns [n, Hkv, L] in float32. On CPU (float32 or bf16 keys) the C
-    kernel (``native/kv_scores.c``) computes it in one pass per query; this torch code is its
-    reference and the path elsewhere."""
+    kernel (``native/kv_scores.c``) computes it in one pass per query, on CUDA the Triton kernel
+    (:mod:`sparserl.rollout.gpu.window_scores`); this torch code is their reference and the path elsewhere."""
     q, k = inp.queries, inp.keys
     if q is None:
         raise ValueError("this compressor needs the observation-window queries")
     fast = native.window_attention(q, k, inp.valid, reduce_group)
     if fast is not None:
         return fast
+    if k.is_cuda and triton_available():  # the Triton kernel: no [w, L] scores written (sparserl.rollout.gpu)
+        from ..gpu.window_scores import window_scores
+
+        return window_scores(q.contiguous(), k.contiguous(), inp.valid, reduce_group, dot_f32=k.dtype == torch.float32)
     n, hq, w, d = q.shape
     hkv, L = k.shape[1], k.shape[2]
     g = hq // hkv

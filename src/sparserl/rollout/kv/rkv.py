@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import native
+from ..gpu import triton_available
 from .base import CompressorOptionError, KVCompressor, ScoreInputs, pool1d, register, window_attention
 
 
@@ -33,11 +34,15 @@ def redundancy(keys: torch.Tensor, valid: torch.Tensor, threshold: float = 0.5) 
     ``where`` + ``amax`` finds each row's most recent similar key), ~2x cheaper than the
     compare / masked-fill / multiply chain they replace, with the same values. On CPU (float32 or bf16 keys) the
     C kernel (``native/kv_scores.c``) computes the same means without building the matrix
-    (7.6x faster at batch 16, ``docs/results/compression_cost.md``); this torch code is its
-    reference and the path elsewhere."""
+    (7.6x faster at batch 16, ``docs/results/compression_cost.md``), on CUDA the Triton kernel
+    (:mod:`sparserl.rollout.gpu.rkv_redundancy`); this torch code is their reference and the path elsewhere."""
     mean = native.rkv_redundancy(keys, valid, threshold)
     if mean is not None:
         return mean.masked_fill_(~valid[:, None, :], float("-inf")).softmax(dim=-1).nan_to_num(0.0)
+    if keys.is_cuda and triton_available():  # the Triton kernel: no [L, L] matrix (sparserl.rollout.gpu)
+        from ..gpu.rkv_redundancy import rkv_redundancy
+
+        return rkv_redundancy(keys.contiguous(), valid, threshold)
     k = keys.float()
     k = k / (k.norm(dim=-1, keepdim=True) + 1e-8)
     sim = torch.matmul(k, k.transpose(-1, -2))  # [n, h, L, L]
