@@ -31,6 +31,8 @@ from __future__ import annotations
 import torch
 
 from .cache import CompressedKVCache, attention
+from .kv.none import Dense
+from .output import KVStats, RolloutOutput
 from .sampling import SamplingParams, row_uniforms, sample
 
 __all__ = ["StaticDecodeStep", "generate_static", "static_unsupported"]
@@ -297,8 +299,6 @@ def generate_static(
     Returns the eager path's :class:`RolloutOutput` (responses in the order given)."""
     import time
 
-    from .engine import DENSE, KVStats, RolloutOutput
-
     m, c, dev = engine.model, engine.compressor, engine.device
     why = static_unsupported(c, p)
     if why is not None:
@@ -412,7 +412,7 @@ def generate_static(
             cache.bytes_theory_peak,
             dense_tokens_peak * m.kv_bytes_per_token(),
             cache.n_compressions,
-            B * DENSE.capacity(P, max_new) * m.kv_bytes_per_token(),
+            B * Dense().capacity(P, max_new) * m.kv_bytes_per_token(),
         ),
         tokens_generated=sum(lens),
         seconds=seconds,
