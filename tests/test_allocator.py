@@ -36,7 +36,11 @@ def test_freed_tensors_between_live_ones_go_back_to_the_kernel_only_when_trimmed
     assert mib["returned"] >= 0.9 * 192, mib  # the 64 holes of 3 MiB, given back by the trim
 
 
-def test_a_step_trims_after_the_rollout_before_the_update_after_each_micro_batch_and_at_its_end(tmp_path, monkeypatch):
+@pytest.mark.parametrize("trim_heap", [True, False])
+def test_a_step_trims_after_the_rollout_before_the_update_after_each_micro_batch_and_at_its_end(
+    tmp_path, monkeypatch, trim_heap
+):
+    """``train.trim_heap`` (default true) trims at those four places; false trims nowhere and logs no return."""
     from test_train import cfg_for
 
     from sparserl.train import loop, step, update
@@ -45,9 +49,14 @@ def test_a_step_trims_after_the_rollout_before_the_update_after_each_micro_batch
     monkeypatch.setattr(step, "trim_freed_memory", lambda: calls.append("station") or True)
     monkeypatch.setattr(update, "trim_freed_memory", lambda: calls.append("micro-batch") or True)
     monkeypatch.setattr(loop, "returned_bytes", lambda: calls.append("step end") or 12345)
-    config = cfg_for(tmp_path, "train.steps=2", "checkpoint.every=0", "train.micro_batch_size=2")
+    config = cfg_for(
+        tmp_path, "train.steps=2", "checkpoint.every=0", "train.micro_batch_size=2", f"train.trim_heap={trim_heap}"
+    )
     run = loop.train(config, run_dir=tmp_path / "run", log=lambda *_: None)
+    rows = [json.loads(line) for line in (run / names.METRICS_FILE).read_text().splitlines()]
+    if not trim_heap:
+        assert calls == [] and all(names.MEMORY_RETURNED not in r for r in rows)
+        return
     one_step = ["station", "station", *["micro-batch"] * (config.train.prompts_per_step * config.rollout.n // 2)]
     assert calls == [*one_step, "step end"] * 2
-    rows = [json.loads(line) for line in (run / names.METRICS_FILE).read_text().splitlines()]
     assert [r[names.MEMORY_RETURNED] for r in rows] == [12345, 12345]

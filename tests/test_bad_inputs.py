@@ -386,6 +386,12 @@ MATRIX = [
         "token-budget-below-one-response",
     ),
     case("config", [*T, "train.max_memory_gb=0.01"], "train.max_memory_gb=0.01", "max-memory-far-too-small"),
+    case("config", [*T, "train.max_tokens_per_micro_batch=aut"], "did you mean 'auto'", "token-budget-typo"),
+    case("config", [*T, "train.trim_heap=sometimes"], "train.trim_heap", "trim-heap-not-bool"),
+    case("config", [*T, "rollout.max_staleness=-1"], "rollout.max_staleness=-1", "max-staleness-negative"),
+    case("config", [*T, "rollout.max_staleness=2"], "rollout.async=true", "max-staleness-without-async"),
+    case("config", [*T, "rollout.static_check_every=0"], "rollout.static_check_every", "static-check-every-zero"),
+    case("config", [*T, "rollout.static_check_every=4"], "rollout.static_step", "static-check-every-without-step"),
     # an option that does nothing where it is given is refused, naming the key that would enable it
     case("config", [*T, "train.lora_target=[q_proj]"], "train.lora_rank", "lora-target-without-rank"),
     case(

@@ -270,6 +270,27 @@ def test_a_learner_that_dies_stops_the_step_with_an_error_naming_it(tmp_path, lo
         close_cluster(trainer)
 
 
+def _kill_worker_0_once_step_2_is_sent(trainer) -> list:
+    """Wraps the trainer's pool: each collected rollout recorded as (prompts, output) in the list returned, and
+    worker 0 killed with SIGKILL right after the first rollout sent once step 1's is collected (step 2's)."""
+    collected, victim, killed = [], trainer.pool.info()[0]["pid"], []
+    collect, submit = trainer.pool.collect, trainer.pool.submit
+
+    def collect_and_record(pending):
+        collected.append((pending.prompts, collect(pending)))
+        return collected[-1][1]
+
+    def submit_then_kill(*args):
+        pending = submit(*args)
+        if len(collected) == 1 and not killed:
+            os.kill(victim, signal.SIGKILL)
+            killed.append(victim)
+        return pending
+
+    trainer.pool.collect, trainer.pool.submit = collect_and_record, submit_then_kill
+    return collected
+
+
 def test_async_rollouts_lag_one_step_split_the_mismatch_and_survive_a_killed_worker(tmp_path, tiny, local_ray):
     """rollout.async: step 1 samples with the first weights (lag 0); step 2's rollout, sent before step 1's
     update, is what the first weights sample for step 2's prompts (lag 1), even though a worker is killed
@@ -289,25 +310,15 @@ def test_async_rollouts_lag_one_step_split_the_mismatch_and_survive_a_killed_wor
     )
     first = engine_from_fields(tiny, cfg.rollout)  # the weights before any update
     trainer = build_trainer(cfg)
-    collected, metrics = [], []
-    collect, submit = trainer.pool.collect, trainer.pool.submit
-    trainer.pool.collect = lambda pending: collected.append((pending.prompts, collect(pending))) or collected[-1][1]
-    victim = trainer.pool.info()[0]["pid"]
-
-    def submit_then_kill(*args):  # kill -9 worker 0 as soon as step 2's rollout is sent to it
-        pending = submit(*args)
-        if pending.refs and len(collected) == 1:
-            os.kill(victim, signal.SIGKILL)
-        return pending
-
-    trainer.pool.submit = submit_then_kill
+    metrics, victim = [], trainer.pool.info()[0]["pid"]
+    collected = _kill_worker_0_once_step_2_is_sent(trainer)
     try:
         assert trainer.old_policy.kind == "score"
         metrics.append(train_step(trainer, 1))
-        assert trainer.pending is not None and trainer.pending[1].version == 1  # step 2's, sent before the update
+        assert [(step, p.version) for step, _, p in trainer.pending] == [(2, 1)]  # step 2's, sent before the update
         metrics.append(train_step(trainer, 2))
         metrics.append(train_step(trainer, 3))
-        assert trainer.pending is None  # nothing sent past the last step
+        assert not trainer.pending  # nothing sent past the last step
         assert trainer.pool.restarts == 1 and trainer.pool.info()[0]["pid"] != victim
     finally:
         close_cluster(trainer)
@@ -324,6 +335,44 @@ def test_async_rollouts_lag_one_step_split_the_mismatch_and_survive_a_killed_wor
     for m in metrics:
         assert 0 < m[names.MISMATCH_ALPHA_CACHE_P5] <= m[names.MISMATCH_ALPHA_CACHE_MEAN] <= 1
         assert m[names.TIME_GENERATE] > 0
+
+
+def test_k_step_async_samples_k_steps_ahead_and_a_killed_worker_reruns_all_it_held(tmp_path, tiny, local_ray):
+    """rollout.max_staleness=2: steps 2 and 3 are both sent during step 1, so the first weights sample steps 1-3
+    (lags 0, 1, 2, then 2); worker 0 is killed while it holds both, and its replacement samples both again
+    with the weights each was sent with: what the first weights sample for those steps' prompts."""
+    from sparserl import runlog as names
+    from sparserl.rollout.build import engine_from_fields
+    from sparserl.train.trainer import build_trainer, close_cluster, sampling_params, train_step
+
+    cfg = _cfg(
+        tmp_path,
+        "cluster.rollout_workers=2",
+        "rollout.async=true",
+        "rollout.max_staleness=2",
+        "mismatch.alpha=topk",
+        "checkpoint.every=0",
+        "train.steps=4",
+        "rollout.max_new_tokens=32",
+    )
+    first = engine_from_fields(tiny, cfg.rollout)  # the weights before any update
+    trainer = build_trainer(cfg)
+    metrics, victim = [], trainer.pool.info()[0]["pid"]
+    collected = _kill_worker_0_once_step_2_is_sent(trainer)  # step 3's rollout then goes to the dead worker
+    try:
+        metrics.append(train_step(trainer, 1))
+        assert [(step, p.version) for step, _, p in trainer.pending] == [(2, 1), (3, 1)]
+        for step in (2, 3, 4):
+            metrics.append(train_step(trainer, step))
+            assert len(trainer.pending) <= 2
+        assert not trainer.pending and trainer.pool.restarts == 1 and trainer.pool.info()[0]["pid"] != victim
+    finally:
+        close_cluster(trainer)
+    for step in (2, 3):
+        prompts, ro = collected[step - 1]
+        _same_samples(ro, first.generate(prompts, sampling_params(cfg, step)))
+    assert [m[names.MISMATCH_POLICY_LAG] for m in metrics] == [0, 1, 2, 2]
+    assert metrics[3][names.MISMATCH_K3_LAG] > metrics[1][names.MISMATCH_K3_LAG]  # two pushes of lag: more of it
 
 
 def test_async_rollouts_measure_the_exact_alpha_from_the_workers_q(tmp_path, local_ray, monkeypatch):
@@ -373,6 +422,27 @@ def test_async_resume_continues_exactly(tmp_path, local_ray):
     train(_cfg(tmp_path, "train.steps=4", *extra), resume=True, run_dir=stopped, log=_quiet)
     rows = _same_run(stopped, through, names.MISMATCH_K3_LAG)
     assert [r[names.MISMATCH_POLICY_LAG] for r in rows] == [0, 1, 0, 1]
+
+
+def test_k_step_async_resume_continues_exactly(tmp_path, local_ray):
+    """rollout.max_staleness=2 with a checkpoint every 3 steps: stopped at step 3 and resumed to 6, the run equals
+    the run that went through (nothing is sent past a checkpoint: lags 0, 1, 2, 0, 1, 2 in both)."""
+    from sparserl import runlog as names
+    from sparserl.train.trainer import train
+
+    extra = (
+        "cluster.rollout_workers=2",
+        "rollout.async=true",
+        "rollout.max_staleness=2",
+        "mismatch.alpha=off",
+        "checkpoint.every=3",
+        "rollout.max_new_tokens=24",
+    )
+    through = train(_cfg(tmp_path, "train.steps=6", *extra), run_dir=tmp_path / "through", log=_quiet)
+    stopped = train(_cfg(tmp_path, "train.steps=3", *extra), run_dir=tmp_path / "stopped", log=_quiet)
+    train(_cfg(tmp_path, "train.steps=6", *extra), resume=True, run_dir=stopped, log=_quiet)
+    rows = _same_run(stopped, through, names.MISMATCH_K3_LAG)
+    assert [r[names.MISMATCH_POLICY_LAG] for r in rows] == [0, 1, 2, 0, 1, 2]
 
 
 def _quiet(*_):

@@ -183,6 +183,36 @@ def test_a_budget_below_one_response_is_refused_by_the_config_rule():
     assert micro_batch_budget(load_config("default", ["train.max_tokens_per_micro_batch=null"])) == []
 
 
+@pytest.mark.parametrize(
+    "preset, overrides, budget",
+    [
+        ("default", [], 4096),  # 4 x 512 + 32 x 48 = 3,584 tokens: the whole batch in one micro-batch
+        ("dense", ["data.train=svamp", "rollout.max_new_tokens=1024", "train.prompts_per_step=4"], 2048),
+        ("long", [], 2048),
+        ("long", ["rollout.max_new_tokens=2048"], 2560),  # one whole row: 2,048 + a 512-token prompt
+        ("default", ["rollout.max_new_tokens=4096"], 4608),
+        ("default", ["train.max_tokens_per_micro_batch=3000", "rollout.max_new_tokens=1024"], 3000),
+        ("default", ["train.max_tokens_per_micro_batch=null"], None),
+    ],
+)
+def test_auto_token_budget_keeps_a_whole_short_batch_and_packs_long_ones(preset, overrides, budget):
+    """``train.max_tokens_per_micro_batch: auto`` (the default) resolves when the config is built: 4,096 where a
+    whole rollout batch at its longest fits it, else 2,048 or one whole row; a number or null stays as set."""
+    cfg = load_config(preset, overrides)
+    assert cfg.train.max_tokens_per_micro_batch == budget
+    assert validate(cfg) is cfg or True  # the resolved budget passes the config's rules (one row fits)
+    if budget is not None:
+        assert budget >= cfg.rollout.max_new_tokens + 1
+
+
+def test_auto_token_budget_is_what_a_saved_config_holds_and_resumes_with(tmp_path):
+    from sparserl.config import save_config
+
+    path = save_config(load_config("long"), tmp_path / "config.yaml")
+    assert "max_tokens_per_micro_batch: 2048" in path.read_text()
+    assert load_config(str(path)).train.max_tokens_per_micro_batch == 2048
+
+
 def test_the_main_job_keeps_the_update_forward_and_long_reasoning_does_not():
     assert load_config("default", []).why_update_forward_is_not_old_policy() is None
     long = load_config(

@@ -100,7 +100,6 @@ EXPECTED = {
         ),
         "data.train": "arith:difficulty=1",
         "rollout.kv_budget": 256,
-        "train.max_tokens_per_micro_batch": 2048,
         "rollout.kv_controller": {
             "bin": None,
             "margin": 0.04,
@@ -147,7 +146,9 @@ def flat(d: dict, prefix: str = "") -> dict:
 
 
 def non_default(cfg: Config) -> dict:
-    defaults = flat(config_to_dict(Config()))
+    """The keys a preset sets away from the schema's defaults (``train.max_tokens_per_micro_batch`` against what
+    its ``auto`` gives for this preset's lengths)."""
+    defaults = {**flat(config_to_dict(Config())), "train.max_tokens_per_micro_batch": cfg.auto_token_budget()}
     return {k: v for k, v in flat(config_to_dict(cfg)).items() if k != "name" and v != defaults.get(k)}
 
 

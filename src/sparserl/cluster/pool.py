@@ -10,14 +10,16 @@ samples a step as one engine would.
   a worker refuses to sample with an older one.
 - **A step**: :meth:`RolloutPool.submit` splits the prompts (:func:`.shard.shard_prompts`) and sends each
   shard with the driver's current KV schedule; :meth:`RolloutPool.collect` joins the outputs
-  (:func:`.shard.merge_shards`). Between the two the driver is free: one-step-asynchronous training
-  (``rollout.async``) updates on step k while the workers sample step k + 1 with the weights before that
-  update, and pushes the new weights without waiting (each worker loads them after its sampling).
-- **Faults**: a worker that dies (``kill -9``, a lost node) is replaced by a new actor that loads the
-  weights its shard was sampled with (the previous push, for a pending asynchronous rollout), its shard
-  runs again, and it then loads the latest weights; ``restarts`` counts them (``cluster/worker_restarts``). A
-  shard that kills :data:`MAX_ATTEMPTS` workers in a row stops the run with an error naming it: a step
-  never goes on without a sample.
+  (:func:`.shard.merge_shards`). Between the two the driver is free: asynchronous training (``rollout.async``)
+  updates on step t while the workers sample steps t + 1 … t + k (``rollout.max_staleness``) with the weights
+  before that update, and pushes the new weights without waiting. A worker runs its calls in the order sent, so
+  each rollout samples with the push sent before it and each push loads after the rollouts sent before it; the
+  pool keeps the latest k + 1 pushes.
+- **Faults**: a worker that dies (``kill -9``, a lost node) is replaced by a new actor that runs again, in the
+  order they were sent, every shard of the dead one's not yet collected (each after loading the push it was
+  sent with), then loads the latest push; ``restarts`` counts them (``cluster/worker_restarts``). A piece of
+  work that kills :data:`MAX_ATTEMPTS` workers in a row stops the run with an error naming it: a step never
+  goes on without a sample.
 """
 
 from __future__ import annotations
@@ -164,7 +166,7 @@ class PendingRollout:
     read_dense_cache: int | None
     version: int  # the weight push it samples with
     shards: list  # (worker, range of prompts) for each busy worker
-    refs: dict = field(default_factory=dict)  # worker -> the ref of its generate call
+    refs: dict = field(default_factory=dict)  # worker -> the ref of its generate call (the latest, after a re-run)
 
 
 class RolloutPool:
@@ -184,8 +186,10 @@ class RolloutPool:
         self.workers = [self._actor.remote(cfg, k) for k in range(c.rollout_workers)]
         self.restarts = 0
         self.version = 0
-        self._weights: dict[int, object] = {}  # push -> its object in the store (the latest two)
+        self.keep = max(2, cfg.rollout.max_staleness + 1)  # pushes kept: the oldest a rollout in flight samples with
+        self._weights: dict[int, object] = {}  # push -> its object in the store (the latest ``keep``)
         self._loads: dict[int, object] = {}  # worker -> its call loading the latest push, not yet waited for
+        self._outstanding: list[PendingRollout] = []  # submitted and not yet collected, in the order sent
         self.update_weights(learner)
 
     # --- weights ---------------------------------------------------------------------------------
@@ -198,7 +202,7 @@ class RolloutPool:
         state = source.state_dict() if hasattr(source, "state_dict") else source
         self.version += 1
         self._weights[self.version] = ray.put({k: v.detach().cpu() for k, v in state.items()})
-        self._weights.pop(self.version - 2, None)  # a pending rollout samples with the one before at most
+        self._weights.pop(self.version - self.keep, None)  # a rollout in flight samples with a newer one
         self._loads = {
             k: w.load_weights.remote(self._weights[self.version], self.version) for k, w in enumerate(self.workers)
         }
@@ -206,7 +210,7 @@ class RolloutPool:
             self._settle_loads()
 
     def weights(self, version: int) -> dict:
-        """The state dict of push ``version`` (one of the latest two) as the workers loaded it: what sampled a
+        """The state dict of push ``version`` (one of the latest :attr:`keep`) as the workers loaded it: what sampled a
         rollout of that version (the exact α's ``q`` from the workers' kept head inputs, under ``rollout.async``)."""
         import ray
 
@@ -214,35 +218,32 @@ class RolloutPool:
 
     def _settle_loads(self) -> None:
         """Wait for the workers' loading of the latest push (a dead worker is replaced: its successor loads it)."""
-        loads, self._loads = self._loads, {}
-        for k, ref in loads.items():
-            self._get(k, ref, self.version, lambda: None, what="loading weights")
+        for k in list(self._loads):
+            self._get(k, lambda k=k: self._loads[k], what="loading weights")
+        self._loads = {}
 
     # --- a step ----------------------------------------------------------------------------------
     def submit(self, prompts: list, params, schedule=None, read_dense_cache: int | None = None) -> PendingRollout:
         """Send every prompt's ``params.n`` responses to the workers with the latest weights and return at once;
         ``schedule``: the driver's current KV schedule (the online controller's budgets); ``read_dense_cache``:
-        see :meth:`.worker.RolloutWorker.generate`."""
-        self._settle_loads()
+        see :meth:`.worker.RolloutWorker.generate`. With rollouts still in flight the latest push's loads are not
+        waited for: each worker runs them before this rollout, after the ones sent before."""
+        if not self._outstanding:
+            self._settle_loads()
         busy = [(k, s) for k, s in enumerate(shard_prompts(len(prompts), len(self.workers))) if len(s)]
         pending = PendingRollout(prompts, params, schedule, read_dense_cache, self.version, busy)
         for k, s in busy:
             pending.refs[k] = self._send(pending, k, s)
+        self._outstanding.append(pending)
         return pending
 
     def collect(self, pending: PendingRollout):
         """The output of a :meth:`submit`, as one engine's ``generate`` would give it: waits for every shard,
         running again on a new worker any shard whose worker died."""
         outs = [
-            self._get(
-                k,
-                pending.refs[k],
-                pending.version,
-                lambda k=k, s=s: self._send(pending, k, s),
-                what=f"prompts {s.start}-{s.stop - 1}",
-            )
-            for k, s in pending.shards
+            self._get(k, lambda k=k: pending.refs[k], what=f"prompts {s.start}-{s.stop - 1}") for k, s in pending.shards
         ]
+        self._outstanding.remove(pending)
         return merge_shards(outs, [s for _, s in pending.shards])
 
     def generate(self, prompts: list, params, schedule=None, read_dense_cache: int | None = None):
@@ -259,17 +260,16 @@ class RolloutPool:
             pending.read_dense_cache,
         )
 
-    def _get(self, k: int, ref, version: int, resend, what: str):
-        """``ray.get(ref)`` of worker ``k``, a call made with the weights of push ``version``. When the worker
-        has died: a new actor in its place loads that push, ``resend()`` gives the call to wait for instead
-        (actor calls run in the order sent), and the new actor then loads the latest push; at most
-        :data:`MAX_ATTEMPTS` workers for one piece of work."""
+    def _get(self, k: int, ref_of, what: str):
+        """``ray.get(ref_of())`` of worker ``k``. When the worker has died, a new actor in its place runs its work
+        again (:meth:`_replace`) and ``ref_of()`` then names the new call; at most :data:`MAX_ATTEMPTS` workers for
+        one piece of work."""
         import ray
         from ray.exceptions import RayActorError, WorkerCrashedError
 
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
-                return ray.get(ref)
+                return ray.get(ref_of())
             except (RayActorError, WorkerCrashedError) as e:
                 if attempt == MAX_ATTEMPTS:
                     raise ClusterError(
@@ -277,19 +277,25 @@ class RolloutPool:
                         f"{type(e).__name__}; the step cannot complete"
                     ) from None
                 self.log(f"cluster: rollout worker {k} died ({what}); restarting it and running its work again")
-                load = self._replace(k, version)
-                ref = resend() or load
-                if version != self.version:  # it sampled a pending rollout: now the latest weights
-                    self._loads[k] = self.workers[k].load_weights.remote(self._weights[self.version], self.version)
+                self._replace(k)
         raise AssertionError("unreachable")
 
-    def _replace(self, k: int, version: int):
-        """A new worker ``k`` in place of a dead one; returns the ref of its loading push ``version``."""
+    def _replace(self, k: int) -> None:
+        """A new worker ``k`` in place of a dead one. It runs again, in the order they were sent, its shard of
+        every rollout not yet collected, each after loading the push that rollout was sent with (actor calls
+        run in the order sent), then loads the latest push (waited for by the next :meth:`_settle_loads`)."""
         stop_actors([self.workers[k]], shutdown_ray=False)
-        self.workers[k] = self._actor.remote(self.cfg, k)
+        worker = self.workers[k] = self._actor.remote(self.cfg, k)
         self.restarts += 1
-        self._loads.pop(k, None)  # the dead worker's load: the new one loads what it needs
-        return self.workers[k].load_weights.remote(self._weights[version], version)
+        loaded = None
+        for pending in self._outstanding:
+            for j, s in pending.shards:
+                if j == k:
+                    if loaded != pending.version:
+                        worker.load_weights.remote(self._weights[pending.version], pending.version)
+                        loaded = pending.version
+                    pending.refs[k] = self._send(pending, k, s)
+        self._loads[k] = worker.load_weights.remote(self._weights[self.version], self.version)
 
     # --- the end ---------------------------------------------------------------------------------
     def info(self) -> list[dict]:

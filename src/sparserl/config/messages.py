@@ -57,8 +57,9 @@ def messages(err: ValidationError, source_of: Callable[[str], str], data: dict, 
             bound = int(bound) if isinstance(bound, float) and bound.is_integer() else bound
             out.append(f"{src}: {full}={value!r}: must be {_BOUNDS[kind][1]} {bound}")
         elif kind == "literal_error":
-            valid = [str(a) for a in typing.get_args(strip_annotated(info.annotation))]
-            out.append(f"{src}: {full}={value!r}: not one of {', '.join(valid)}{did_you_mean(value, valid)}")
+            valid = _choices(info.annotation)
+            words = [v for v in valid if v not in ("bool", "int", "float", "str", "null")]
+            out.append(f"{src}: {full}={value!r}: not one of {', '.join(valid)}{did_you_mean(value, words)}")
         elif kind == "missing":
             out.append(f"{src}: {full} is required ({info.description if info else 'no default'})")
         elif kind in ("value_error", "assertion_error"):
@@ -72,6 +73,19 @@ def messages(err: ValidationError, source_of: Callable[[str], str], data: dict, 
                 f"got {type(got).__name__} {got!r}"
             )
             out += [line] if line not in out else []
+    return out
+
+
+def _choices(annotation: typing.Any) -> list[str]:
+    """A literal's values in words; a union's members each as its values (a literal) or its type's name
+    (``bool | Literal["auto"]``: bool, auto)."""
+    tp = strip_annotated(annotation)
+    if typing.get_origin(tp) is typing.Literal:
+        return [str(a) for a in typing.get_args(tp)]
+    out: list[str] = []
+    for arg in typing.get_args(tp):
+        literal = typing.get_origin(strip_annotated(arg)) is typing.Literal
+        out += _choices(arg) if literal else ["null" if arg is type(None) else type_name(arg)]
     return out
 
 

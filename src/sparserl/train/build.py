@@ -6,6 +6,7 @@ reference, the KV controller, the other learners, and where the old policy's log
 from __future__ import annotations
 
 import copy
+from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -48,7 +49,7 @@ class Trainer:
     kv_controller: KVController | None = None
     pool: object | None = None  # sparserl.cluster.pool.RolloutPool: the rollout workers, when there are
     learners: object | None = None  # .data_parallel.LearnerGroup: the other learners, when cluster.learners > 1
-    pending: tuple | None = None  # (examples, PendingRollout): the next step's rollout, sent before this step's update
+    pending: deque = field(default_factory=deque)  # (step, examples, PendingRollout): rollouts sent ahead (async)
     threads_before: int | None = None  # torch's threads before the cluster's actors took cores beside this process
     engine_stale: bool = False  # ``engine`` does not hold the sampler's current weights (rollout workers, α without φ)
     distill: object | None = None  # .distill_sparse.DistillSparse: φ on the sampler (algorithm.distill_sparse)

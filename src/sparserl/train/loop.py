@@ -151,7 +151,8 @@ def run_steps(trainer: Trainer, run: Path, resume: bool, changes: list, log=prin
             with naming_nondeterministic_ops():  # train.deterministic on CUDA: an op without such a kernel, named
                 metrics = train_step(trainer, step)
             release_gradients(trainer)
-            metrics[names.MEMORY_RETURNED] = returned_bytes()  # the step's freed heap pages, back to the kernel
+            if cfg.train.trim_heap:  # the step's freed heap pages, back to the kernel
+                metrics[names.MEMORY_RETURNED] = returned_bytes()
             if eval_due(cfg, step):
                 metrics.update(held_out_eval(trainer, step, run, log=logger.message))
             logger.log(step, metrics)

@@ -1,5 +1,5 @@
-"""The sampler side of a step: where the rollout runs (the engine here, or the rollout workers, one step
-ahead under ``rollout.async``) and how the learner's new weights reach it.
+"""The sampler side of a step: where the rollout runs (the engine here, or the rollout workers, up to
+``rollout.max_staleness`` steps ahead under ``rollout.async``) and how the learner's new weights reach it.
 
 The choice of sampler is made once, when the trainer is built (``trainer.pool`` is None or the workers);
 these functions only follow it.
@@ -43,22 +43,37 @@ def rollout(trainer, step: int) -> tuple[list, RolloutOutput]:
     """Step ``step``'s examples and their rollout: on the engine here, or on the rollout workers with the
     budgets the controller has reached (``cluster.rollout_workers``; the same samples either way).
 
-    One-step-asynchronous (``rollout.async``): the rollout sent during the step before is collected (sampled
-    with the weights before that step's update), and the next step's is sent now, to run during this step's
-    update. Not after a checkpoint's step, so that a run resumed there samples what it would have (and
-    not past the last step)."""
+    Asynchronous (``rollout.async``): the rollout sent during an earlier step is collected (sampled with the
+    weights of that step, at most ``rollout.max_staleness`` pushes old), and the steps after it are sent up to
+    ``rollout.max_staleness`` ahead (:func:`send_ahead`), to run during this step's scoring and update."""
     cfg = trainer.cfg
     if trainer.pool is None:
         examples = trainer.data.next_batch()
         keep = keeps_distributions(trainer, len(examples) * cfg.rollout.n)  # the exact α reads them: no replay
         params = sampling_params(cfg, step, keep, keeps_hidden(trainer))
         return examples, trainer.engine.generate([e.prompt for e in examples], params)
-    examples, pending = trainer.pending or send_rollout(trainer, step)
-    trainer.pending = None
+    if not trainer.pending:  # nothing sent ahead for this step: the first step, or the one after a checkpoint
+        trainer.pending.append((step, *send_rollout(trainer, step)))
+    sent_for, examples, pending = trainer.pending.popleft()
+    assert sent_for == step, f"the rollout collected at step {step} was sent for step {sent_for}"
     ro = trainer.pool.collect(pending)
-    if cfg.rollout.async_ and not checkpoint_due(cfg, step):
-        trainer.pending = send_rollout(trainer, step + 1)
+    if cfg.rollout.async_:
+        send_ahead(trainer, step)
     return examples, ro
+
+
+def send_ahead(trainer, step: int) -> None:
+    """Under ``rollout.async``, during step ``step``: send the rollouts of the steps after the last one sent, up to
+    ``step + rollout.max_staleness``, in order (their examples drawn in step order, so the same seed sends the same
+    prompts with the same weights). None past the run's last step, nor past a checkpoint's step from ``step`` on:
+    the step after a checkpoint samples with the weights the checkpoint holds, so that a run resumed there samples
+    what the straight run did."""
+    cfg = trainer.cfg
+    last = trainer.pending[-1][0] if trainer.pending else step
+    for ahead in range(last + 1, step + cfg.rollout.max_staleness + 1):
+        if ahead > cfg.train.steps or any(checkpoint_due(cfg, s) for s in range(step, ahead)):
+            return
+        trainer.pending.append((ahead, *send_rollout(trainer, ahead)))
 
 
 def send_rollout(trainer, step: int) -> tuple[list, object]:

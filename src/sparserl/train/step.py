@@ -37,7 +37,8 @@ def train_step(trainer, step: int) -> dict:
     cfg, laps = trainer.cfg, Laps()
     # 1) rollout and 2) reward (under algorithm.filter_groups, DAPO's dynamic sampling, several rounds of both)
     examples, ro, scores, sampled, sampling = sample_and_score(trainer, step, laps)
-    trim_freed_memory()  # the rollout's transient buffers, freed: their pages back to the kernel before the learner
+    if cfg.train.trim_heap:  # the rollout's transient buffers, freed: their pages back to the kernel
+        trim_freed_memory()
     lag = pool_metrics(trainer, ro)  # before this step's push
     with laps(names.TIME_SCORE):
         batch = rollout_batch(trainer, ro, scores.total)
@@ -69,7 +70,8 @@ def train_step(trainer, step: int) -> dict:
         trainer, batch, ro, sampling_params(cfg, step), cfg.mismatch.alpha, cfg.mismatch.alpha_bin, old.hidden
     )
     ro.distributions = ro.hidden = None  # the sampler's q or its head's inputs, read: freed before the update
-    trim_freed_memory()  # scoring's and α's transients, freed: their pages back to the kernel before the update
+    if cfg.train.trim_heap:  # scoring's and α's transients, freed: their pages back before the update
+        trim_freed_memory()
     if trainer.kv_controller is not None:
         alpha.update(trainer.kv_controller.steer(trainer.engine.compressor, alpha))
     with laps(names.TIME_UPDATE):

@@ -96,7 +96,8 @@ def update_policy(trainer, batch: RolloutBatch, corr, update_forward: UpdateForw
                 else:
                     loss, m = micro_batch_loss(trainer, batch, corr, r, norms)
                 loss.backward()
-                trim_freed_memory()  # the micro-batch's activations, freed: back to the kernel, not left as holes
+                if t.trim_heap:  # the micro-batch's activations, freed: back to the kernel, not left as holes
+                    trim_freed_memory()
                 losses.append(loss.detach())
                 w = float(batch.response_mask[r].sum())
                 for k, v in m.items():

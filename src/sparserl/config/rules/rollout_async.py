@@ -1,4 +1,4 @@
-"""One-step-asynchronous rollouts (verl's one-step-off) on the rollout workers."""
+"""Asynchronous rollouts on the rollout workers: one-step-off (verl's) or k steps ahead (``rollout.max_staleness``)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,15 @@ from ..schema import Config
 
 
 def async_rollouts(cfg: Config) -> list[str]:
-    """rollout.async needs rollout workers, the q they keep for the exact α, and its own mismatch split."""
+    """rollout.async needs rollout workers, the q they keep for the exact α and its own mismatch split;
+    rollout.max_staleness needs rollout.async."""
     r, c = cfg.rollout, cfg.cluster
     if not r.async_:
+        if r.max_staleness != 1:
+            return [
+                f"rollout.max_staleness={r.max_staleness} needs rollout.async=true (and cluster.rollout_workers): "
+                "without it every step samples with the latest weights"
+            ]
         return []
     errors: list[str] = []
     if c.rollout_workers is None:
