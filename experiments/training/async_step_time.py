@@ -55,6 +55,7 @@ ARMS = {
     "one": [],
     "sync": ["cluster.rollout_workers=1"],
     "async": ["cluster.rollout_workers=1", "rollout.async=true"],
+    "async2": ["cluster.rollout_workers=1", "rollout.async=true", "rollout.max_staleness=2"],  # two steps ahead
     "learners2": ["cluster.learners=2"],
     # the exact α with a rollout worker: replayed in the training process,
     # or from the q the worker kept while it sampled, synchronous or one step ahead
