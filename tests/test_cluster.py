@@ -372,6 +372,7 @@ def test_k_step_async_samples_k_steps_ahead_and_a_killed_worker_reruns_all_it_he
         prompts, ro = collected[step - 1]
         _same_samples(ro, first.generate(prompts, sampling_params(cfg, step)))
     assert [m[names.MISMATCH_POLICY_LAG] for m in metrics] == [0, 1, 2, 2]
+    assert all(0 <= m[names.CLUSTER_WORKER_IDLE] < 1 and m[names.RESPONSES_PER_S] > 0 for m in metrics)
     assert metrics[3][names.MISMATCH_K3_LAG] > metrics[1][names.MISMATCH_K3_LAG]  # two pushes of lag: more of it
 
 

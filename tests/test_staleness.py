@@ -88,3 +88,22 @@ def test_the_same_seed_sends_the_same_prompts_with_the_same_weights():
 def test_bad_staleness_is_refused_before_any_work(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate(load_config("default", list(overrides)))
+
+
+def test_the_workers_idle_fraction_is_their_unsampled_share_of_the_wall_clock_between_collects(monkeypatch):
+    """cluster/worker_idle_frac: 2 workers sent a rollout at t = 0 and sampled 5 s each by its collect at t = 10
+    (idle 0.5); the next, 18 s of sampling in all, collected at t = 30 (1 - 18 / (2 x 20) = 0.55)."""
+    from sparserl.cluster import pool as pool_module
+    from sparserl.cluster.pool import PendingRollout, RolloutPool
+
+    clock = iter([0.0, 10.0, 12.0, 30.0])
+    monkeypatch.setattr(pool_module.time, "monotonic", lambda: next(clock))
+    pool = object.__new__(RolloutPool)  # the accounting alone: no Ray, no workers
+    pool._collected_at, pool.idle_fraction = None, 0.0
+    shards = [(0, range(0, 1)), (1, range(1, 2))]
+    first = PendingRollout([], None, None, None, 1, shards)  # sent at t = 0
+    pool._account_idle(first, 10.0)
+    assert pool.idle_fraction == pytest.approx(0.5)
+    second = PendingRollout([], None, None, None, 1, shards)  # sent at t = 12; the window starts at the last collect
+    pool._account_idle(second, 18.0)
+    assert pool.idle_fraction == pytest.approx(0.55)

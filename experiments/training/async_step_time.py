@@ -76,9 +76,9 @@ def run_arm(arm: str, steps: int, extra: list[str], folder: Path) -> list[dict]:
 
 
 def step_time(row: dict) -> float:
-    from sparserl import runlog as names
+    from sparserl.runlog import step_seconds
 
-    return sum(row[k] for k in names.STATIONS)
+    return step_seconds(row)
 
 
 def stations(rows: list[dict]) -> dict:
@@ -92,6 +92,8 @@ def stations(rows: list[dict]) -> dict:
         names.ROLLOUT_TOKENS_PER_S,
         names.LENGTH_MEAN,
         names.MISMATCH_POLICY_LAG,
+        names.CLUSTER_WORKER_IDLE,
+        names.RESPONSES_PER_S,
     ]
     rest = rows[1:]
     out = {k: statistics.fmean(r[k] for r in rest) for k in keys if all(k in r for r in rest)}

@@ -114,6 +114,9 @@ SKIPPED_NONFINITE = "train/skipped_nonfinite"
 
 # time per station, and throughput
 CLUSTER_WORKER_RESTARTS = "cluster/worker_restarts"  # rollout workers replaced so far (cluster.rollout_workers)
+#: the share of the wall clock since the rollout collected before that the rollout workers did not sample: 1 - the
+#: collected rollout's sampling seconds summed over its workers / (its workers x that wall clock)
+CLUSTER_WORKER_IDLE = "cluster/worker_idle_frac"
 
 TIME_ROLLOUT = "time/rollout_s"
 TIME_REWARD = "time/reward_s"
@@ -124,6 +127,7 @@ TIME_STEP = "time/step_s"  # the step's wall clock, from its rollout to its push
 #: the stations: the disjoint parts of a step, in order; their sum is the step's time up to what lies between
 STATIONS = (TIME_ROLLOUT, TIME_REWARD, TIME_SCORE, TIME_ALPHA, TIME_UPDATE)
 ROLLOUT_TOKENS_PER_S = "throughput/rollout_tokens_per_s"
+RESPONSES_PER_S = "throughput/responses_per_s"  # the step's responses over its wall clock (time/step_s)
 TIME_QUANTIZE = "time/quantize_s"  # part of time/update_s: re-quantizing the sampler's weights after the push
 # rollout workers: their sampling itself (the slowest worker's); time/rollout_s is the training process's wait
 # for it, less than this under rollout.async (the sampling overlaps the step before's update)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 
 from ..errors import SparserlError
@@ -113,8 +114,6 @@ def training_threads(cluster, async_rollouts: bool, updating: bool) -> int | Non
 def require_resources(needed: dict[str, float], what: str, wait_s: float = 15.0) -> None:
     """Ray has ``needed`` free (within ``wait_s``: actors just stopped release theirs asynchronously); an
     actor asking for more would wait forever, so say so instead."""
-    import time
-
     import ray
 
     def short(free):
@@ -167,6 +166,7 @@ class PendingRollout:
     version: int  # the weight push it samples with
     shards: list  # (worker, range of prompts) for each busy worker
     refs: dict = field(default_factory=dict)  # worker -> the ref of its generate call (the latest, after a re-run)
+    sent_at: float = field(default_factory=lambda: time.monotonic())  # when submitted
 
 
 class RolloutPool:
@@ -190,6 +190,8 @@ class RolloutPool:
         self._weights: dict[int, object] = {}  # push -> its object in the store (the latest ``keep``)
         self._loads: dict[int, object] = {}  # worker -> its call loading the latest push, not yet waited for
         self._outstanding: list[PendingRollout] = []  # submitted and not yet collected, in the order sent
+        self._collected_at = None  # time.monotonic() of the last collect (None: none yet)
+        self.idle_fraction = 0.0  # the workers' share of the wall clock not sampling, at the last collect
         self.update_weights(learner)
 
     # --- weights ---------------------------------------------------------------------------------
@@ -244,7 +246,17 @@ class RolloutPool:
             self._get(k, lambda k=k: pending.refs[k], what=f"prompts {s.start}-{s.stop - 1}") for k, s in pending.shards
         ]
         self._outstanding.remove(pending)
+        self._account_idle(pending, sum(out.seconds for out in outs))
         return merge_shards(outs, [s for _, s in pending.shards])
+
+    def _account_idle(self, pending: PendingRollout, sampling_s: float) -> None:
+        """:attr:`idle_fraction`: 1 - ``sampling_s`` (the collected rollout's sampling, summed over its workers) /
+        (its workers x the wall clock since the previous collect, or since it was sent for the first). One rollout
+        is sampled between two collects in a steady run, so this is the workers' idle share of a step."""
+        now = time.monotonic()
+        since = self._collected_at if self._collected_at is not None else pending.sent_at
+        self._collected_at = now
+        self.idle_fraction = max(0.0, 1.0 - sampling_s / max(len(pending.shards) * (now - since), 1e-9))
 
     def generate(self, prompts: list, params, schedule=None, read_dense_cache: int | None = None):
         """:meth:`submit` then :meth:`collect`."""

@@ -130,11 +130,13 @@ def sampler_of(trainer, ro: RolloutOutput) -> RolloutEngine:
 
 
 def pool_metrics(trainer, ro: RolloutOutput) -> dict:
-    """Rollout workers replaced so far and the policy lag of the step's rollout (weight pushes since the
-    one it sampled with: 1 under ``rollout.async``, else 0)."""
+    """Rollout workers replaced so far, the share of time they did not sample, and the policy lag of the step's
+    rollout (weight pushes since the one it sampled with: up to ``rollout.max_staleness`` under ``rollout.async``,
+    else 0)."""
     if trainer.pool is None:
         return {}
     return {
         names.CLUSTER_WORKER_RESTARTS: trainer.pool.restarts,
+        names.CLUSTER_WORKER_IDLE: trainer.pool.idle_fraction,
         names.MISMATCH_POLICY_LAG: trainer.pool.version - ro.weights_version,
     }

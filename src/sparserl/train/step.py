@@ -99,6 +99,7 @@ def train_step(trainer, step: int) -> dict:
         names.TIME_GENERATE: ro.seconds,
         names.TIME_STEP: laps.total(),
         names.ROLLOUT_TOKENS_PER_S: ro.tokens_generated / max(ro.seconds, 1e-9),
+        names.RESPONSES_PER_S: len(ro.response_ids) / max(laps.total(), 1e-9),
         **memory_metrics(trainer),
     }
 
