@@ -376,6 +376,76 @@ def test_k_step_async_samples_k_steps_ahead_and_a_killed_worker_reruns_all_it_he
     assert metrics[3][names.MISMATCH_K3_LAG] > metrics[1][names.MISMATCH_K3_LAG]  # two pushes of lag: more of it
 
 
+def test_a_worker_continues_a_partial_rollout_with_the_weights_loaded_between_segments(tmp_path, tiny):
+    """The worker's side of rollout.partial, without Ray: ``start`` samples 5 decode steps with push 1 and keeps
+    the rollout; after push 2 loads, ``advance`` takes it to its end: tokens 0-5 drawn by push 1, the rest by push
+    2; a call with a push the worker does not hold is refused."""
+    from sparserl.cluster.worker import RolloutWorker, WorkerStateError
+    from sparserl.rollout.sampling import SamplingParams
+
+    worker = RolloutWorker(_cfg(tmp_path), 0)
+    worker.load_weights(tiny.model.state_dict(), 1)
+    params = SamplingParams(n=2, max_new_tokens=16, seed=3, ignore_eos=True)
+    assert worker.start("a", PROMPTS[:2], params, 0, 1, steps=5) is None
+    with pytest.raises(WorkerStateError, match="push 1, asked to sample with push 2"):
+        worker.advance("a", 2, None)
+    worker.load_weights({k: v * 1.1 for k, v in tiny.model.state_dict().items()}, 2)
+    out = worker.advance("a", 2, None)
+    assert out.weights_version == 1 and len(out.response_ids) == 4  # the push it was started with
+    assert out.token_versions == [[1] * 6 + [2] * 10] * 4
+    assert not worker._partial  # handed back: nothing kept
+
+
+def test_partial_rollouts_continue_across_pushes_and_a_killed_worker_samples_them_again_exactly(tmp_path, local_ray):
+    """rollout.partial with rollout.max_staleness=2: step 3's rollout, sent during step 1, samples its first 12
+    decode steps with push 1 and the rest with push 2 (tokens 0-12 and 13-23), so its tokens' mean lag is under
+    the batch's 2. Worker 0 killed while it holds that half-sampled rollout: its replacement samples it again, each
+    segment with its push, and the run equals the run without the kill (weights and metrics)."""
+    from sparserl import runlog as names
+    from sparserl.train.trainer import build_trainer, close_cluster, train_step
+
+    extra = (
+        "cluster.rollout_workers=2",
+        "rollout.async=true",
+        "rollout.max_staleness=2",
+        "rollout.partial=true",
+        "mismatch.alpha=topk",
+        "checkpoint.every=0",
+        "train.steps=4",
+        "rollout.max_new_tokens=24",
+    )
+    runs = {}
+    for kill in (False, True):
+        trainer = build_trainer(_cfg(tmp_path / str(kill), *extra))
+        collected = _kill_worker_0_once_step_2_is_sent(trainer) if kill else []
+        if not kill:
+            collect = trainer.pool.collect
+            trainer.pool.collect = lambda p, c=collect: collected.append((p.prompts, c(p))) or collected[-1][1]
+        try:
+            metrics = [train_step(trainer, step) for step in (1, 2, 3, 4)]
+            assert trainer.pool.restarts == int(kill)
+            weights = {k: v.clone() for k, v in trainer.learner.state_dict().items()}
+        finally:
+            close_cluster(trainer)
+        runs[kill] = metrics, weights, collected
+    (metrics, weights, collected), (metrics_k, weights_k, collected_k) = runs[False], runs[True]
+    assert all(torch.equal(weights[k], weights_k[k]) for k in weights)
+    for key in (names.REWARD_MEAN, names.POLICY_LOSS, names.MISMATCH_POLICY_LAG_TOKENS, names.MISMATCH_K3_LAG):
+        assert [m[key] for m in metrics] == [m[key] for m in metrics_k], key
+    for (_, a), (_, b) in zip(collected, collected_k):
+        _same_samples(a, b, tol=0)
+    step3 = collected[2][1]
+    lengths = [len(r) for r in step3.response_ids]
+    assert step3.token_versions == [[1] * min(n, 13) + [2] * max(0, n - 13) for n in lengths]
+    assert max(lengths) > 13  # some responses did go on with push 2 (a random model rarely ends early)
+    assert [m[names.MISMATCH_POLICY_LAG] for m in metrics] == [0, 1, 2, 2]
+    assert metrics[0][names.ROLLOUT_PARTIAL_FRAC] == metrics[1][names.ROLLOUT_PARTIAL_FRAC] == 0
+    assert metrics[2][names.ROLLOUT_PARTIAL_FRAC] == sum(n > 13 for n in lengths) / len(lengths)
+    lags = [3 - v for versions in step3.token_versions for v in versions]  # push 3 is the learner's at step 3
+    assert metrics[2][names.MISMATCH_POLICY_LAG_TOKENS] == pytest.approx(sum(lags) / len(lags))
+    assert metrics[2][names.MISMATCH_POLICY_LAG_TOKENS] < 2
+
+
 def test_async_rollouts_measure_the_exact_alpha_from_the_workers_q(tmp_path, local_ray, monkeypatch):
     """rollout.async with the exact α (the default): the workers keep q while they sample and send it back, so
     α is measured although the sampler here is a step ahead (nothing replayed, the weights never loaded

@@ -20,10 +20,11 @@ class FakePool:
     """Records each submit (its step's seed and the push it samples with); a push after each update."""
 
     def __init__(self):
-        self.version, self.sent, self.outstanding = 1, [], 0
+        self.version, self.sent, self.outstanding, self.segments = 1, [], 0, []
 
-    def submit(self, prompts, params, schedule, read):
+    def submit(self, prompts, params, schedule, read, segments=1):
         self.sent.append((params.seed, self.version, tuple(prompts)))
+        self.segments.append(segments)
         self.outstanding += 1
         return SimpleNamespace(version=self.version, prompts=prompts)
 
@@ -38,7 +39,7 @@ def run(steps: int, *overrides: str) -> tuple[list[int], FakePool, list]:
     draws = iter(range(10**6))
     data = SimpleNamespace(next_batch=lambda: [SimpleNamespace(prompt=f"draw {next(draws)}")])
     engine = SimpleNamespace(compressor=SimpleNamespace(schedule=None))
-    trainer = SimpleNamespace(cfg=cfg, pool=FakePool(), pending=deque(), data=data, engine=engine)
+    trainer = SimpleNamespace(cfg=cfg, pool=FakePool(), pending=deque(), data=data, engine=engine, learner=None)
     lags, prompts = [], []
     for step in range(1, steps + 1):
         examples, ro = sampler_sync.rollout(trainer, step)
@@ -52,7 +53,7 @@ def run(steps: int, *overrides: str) -> tuple[list[int], FakePool, list]:
 
 
 @pytest.mark.parametrize(
-    "k, every, lags",
+    "k, every, lags",  # rollout.partial off: every rollout in one segment
     [
         (0, 0, [0, 0, 0, 0, 0, 0, 0]),  # each step's rollout sent when it starts: synchronous
         (1, 0, [0, 1, 1, 1, 1, 1, 1]),  # one-step-off
@@ -67,8 +68,27 @@ def test_no_batch_is_older_than_max_staleness_and_none_crosses_a_checkpoint(k, e
     assert got == lags and max(got) <= k
     # sent in step order with each step's own seed and the step's own prompts, drawn in step order
     seeds = [seed for seed, _, _ in pool.sent]
-    assert seeds == sorted(seeds) and len(seeds) == 7
+    assert seeds == sorted(seeds) and len(seeds) == 7 and set(pool.segments) == {1}
     assert prompts == [f"draw {i}" for i in range(7)]
+
+
+@pytest.mark.parametrize(
+    "k, every, segments",
+    [
+        (0, 0, [1] * 7),  # no rollout spans a push: partial rollouts change nothing
+        (1, 0, [1] * 7),
+        (2, 0, [1, 1, 2, 2, 2, 2, 2]),  # sent two steps ahead: a segment before the push between, one after
+        (3, 0, [1, 1, 2, 3, 3, 3, 3]),
+        (3, 4, [1, 1, 2, 3, 1, 1, 2]),  # in sending order; step 5 (after the checkpoint) is sent when it starts
+    ],
+)
+def test_a_partial_rollout_has_one_segment_per_push_it_spans(k, every, segments):
+    """rollout.partial: a rollout sent j steps ahead is cut into j segments (one with the weights it was sent
+    with, one after each push before the step that takes it, but the last push's); lags as without it."""
+    extra = ("rollout.partial=true", "mismatch.alpha_q=kept")
+    lags, pool, _ = run(7, f"rollout.max_staleness={k}", f"checkpoint.every={every}", *extra)
+    assert pool.segments == segments
+    assert lags == run(7, f"rollout.max_staleness={k}", f"checkpoint.every={every}")[0]
 
 
 def test_the_same_seed_sends_the_same_prompts_with_the_same_weights():
@@ -107,3 +127,29 @@ def test_the_workers_idle_fraction_is_their_unsampled_share_of_the_wall_clock_be
     second = PendingRollout([], None, None, None, 1, shards)  # sent at t = 12; the window starts at the last collect
     pool._account_idle(second, 18.0)
     assert pool.idle_fraction == pytest.approx(0.55)
+
+
+def test_tokens_older_than_partial_max_lag_leave_the_loss_and_are_counted():
+    """rollout.partial_max_lag=1: of 2 responses (5 and 3 tokens), the tokens drawn 2 pushes before the update are
+    masked out of the corrections' mask (the loss's) and counted: 3 of 8."""
+    import torch
+
+    from sparserl import runlog as names
+    from sparserl.batch import RolloutBatch
+    from sparserl.train.step import corrections_and_advantages
+
+    cfg = validate(
+        load_config(
+            "default",
+            [*WORKERS, "rollout.partial=true", "rollout.partial_max_lag=1", "algorithm.correction=none", "rollout.n=2"],
+        )
+    )
+    batch = RolloutBatch.from_rollout([[5, 6], [5, 6]], [[1, 2, 3, 4, 5], [1, 2, 3]], [[-1.0] * 5, [-1.0] * 3], [0, 0])
+    batch.rewards, batch.truncated = torch.tensor([1.0, 0.0]), torch.tensor([False, False])
+    batch.old_logprobs = batch.sampler_logprobs.clone()
+    batch.token_lag = torch.tensor([[2.0, 2.0, 1.0, 1.0, 1.0], [2.0, 1.0, 1.0, 0.0, 0.0]])
+    corr = corrections_and_advantages(cfg, batch)
+    assert corr.mask.tolist() == [[0, 0, 1, 1, 1], [0, 1, 1, 0, 0]]
+    assert corr.metrics[names.ROLLOUT_STALE_MASKED] == pytest.approx(3 / 8)
+    cfg.rollout.partial_max_lag = None
+    assert corrections_and_advantages(cfg, batch).mask.tolist() == batch.response_mask.tolist()

@@ -31,6 +31,8 @@ class RolloutBatch:
     advantages: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    #: [N, T] float32: weight pushes between the one that drew each token and the learner's (rollout workers)
+    token_lag: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         """The same batch with every tensor on ``device`` (the learner's)."""

@@ -87,6 +87,11 @@ MISMATCH_ALPHA_P5_NOPHI = "mismatch/alpha_p5_nophi"
 MISMATCH_REPLAY_ERR = "mismatch/replay_err"  # exact α: largest |replayed - recorded| sampler log-prob
 # rollout.async: the sampler holds the weights of a step before; the mismatch's lag and cache parts, read
 # against the sampler's own weights on a dense cache (sparserl.mismatch.teacher_forced.DenseCacheReading)
+#: the same per token, averaged: a partial rollout's later segments were drawn by fresher weights (rollout.partial)
+MISMATCH_POLICY_LAG_TOKENS = "mismatch/policy_lag_tokens_mean"
+ROLLOUT_PARTIAL_FRAC = "rollout/partial_frac"  # responses whose tokens were drawn by more than one push
+#: response tokens masked out of the loss as older than rollout.partial_max_lag pushes
+ROLLOUT_STALE_MASKED = "rollout/stale_masked_frac"
 MISMATCH_POLICY_LAG = "mismatch/policy_lag_steps"  # weight pushes between the sampler's weights and the learner's
 MISMATCH_K3_LAG = "mismatch/k3_kl_lag"  # k3 of the learner against the sampler's weights on a dense cache
 MISMATCH_ALPHA_LAG_MEAN = "mismatch/alpha_lag_mean"  # α of the same two, over the sampler's weights' top-k

@@ -15,11 +15,15 @@ samples a step as one engine would.
   before that update, and pushes the new weights without waiting. A worker runs its calls in the order sent, so
   each rollout samples with the push sent before it and each push loads after the rollouts sent before it; the
   pool keeps the latest k + 1 pushes.
-- **Faults**: a worker that dies (``kill -9``, a lost node) is replaced by a new actor that runs again, in the
-  order they were sent, every shard of the dead one's not yet collected (each after loading the push it was
-  sent with), then loads the latest push; ``restarts`` counts them (``cluster/worker_restarts``). A piece of
-  work that kills :data:`MAX_ATTEMPTS` workers in a row stops the run with an error naming it: a step never
-  goes on without a sample.
+- **Partial rollouts** (``rollout.partial``): a rollout sent k steps ahead is sampled in segments, the first with
+  the weights it was sent with and each of the others after one of the next pushes, with that push's weights;
+  the worker keeps the responses and their KV cache between segments
+  (:class:`~sparserl.rollout.segmented.SegmentedRollout`), and each token records its push.
+- **Faults**: a worker that dies (``kill -9``, a lost node) is replaced by a new actor that runs again, in the order
+  they were sent, every shard of the dead one's not yet collected (each segment after loading the push it was sent
+  with, so a partial rollout is sampled again exactly as it was), then loads the latest push; ``restarts`` counts
+  them (``cluster/worker_restarts``). A piece of work that kills :data:`MAX_ATTEMPTS` workers in a row stops the run
+  with an error naming it: a step never goes on without a sample.
 """
 
 from __future__ import annotations
@@ -165,8 +169,14 @@ class PendingRollout:
     read_dense_cache: int | None
     version: int  # the weight push it samples with
     shards: list  # (worker, range of prompts) for each busy worker
-    refs: dict = field(default_factory=dict)  # worker -> the ref of its generate call (the latest, after a re-run)
+    refs: dict = field(default_factory=dict)  # worker -> the ref of its output (the latest, after a re-run)
     sent_at: float = field(default_factory=lambda: time.monotonic())  # when submitted
+    #: a partial rollout (``rollout.partial``): (push, decode steps or None = to the end) of each segment sent so
+    #: far, in order; empty for a rollout sampled in one call
+    segments: list = field(default_factory=list)
+    continuations: int = 0  # segments still to send, one after each push; the last runs to the end
+    segment_steps: int | None = None  # decode steps of each segment but the last
+    key: int = 0  # the partial rollout's name on the workers
 
 
 class RolloutPool:
@@ -191,6 +201,7 @@ class RolloutPool:
         self._loads: dict[int, object] = {}  # worker -> its call loading the latest push, not yet waited for
         self._outstanding: list[PendingRollout] = []  # submitted and not yet collected, in the order sent
         self._collected_at = None  # time.monotonic() of the last collect (None: none yet)
+        self._keys = 0  # partial rollouts named so far
         self.idle_fraction = 0.0  # the workers' share of the wall clock not sampling, at the last collect
         self.update_weights(learner)
 
@@ -225,23 +236,46 @@ class RolloutPool:
         self._loads = {}
 
     # --- a step ----------------------------------------------------------------------------------
-    def submit(self, prompts: list, params, schedule=None, read_dense_cache: int | None = None) -> PendingRollout:
+    def submit(
+        self, prompts: list, params, schedule=None, read_dense_cache: int | None = None, segments: int = 1
+    ) -> PendingRollout:
         """Send every prompt's ``params.n`` responses to the workers with the latest weights and return at once;
         ``schedule``: the driver's current KV schedule (the online controller's budgets); ``read_dense_cache``:
         see :meth:`.worker.RolloutWorker.generate`. With rollouts still in flight the latest push's loads are not
-        waited for: each worker runs them before this rollout, after the ones sent before."""
+        waited for: each worker runs them before this rollout, after the ones sent before.
+
+        ``segments`` > 1 (``rollout.partial``): the rollout is sampled in that many segments, the first now with
+        the latest weights for ⌈``params.max_new_tokens`` / segments⌉ decode steps, each of the others after one of
+        the next pushes (:meth:`continue_partial`) with its weights, the last to the end."""
         if not self._outstanding:
             self._settle_loads()
         busy = [(k, s) for k, s in enumerate(shard_prompts(len(prompts), len(self.workers))) if len(s)]
         pending = PendingRollout(prompts, params, schedule, read_dense_cache, self.version, busy)
+        if segments > 1:
+            self._keys += 1
+            pending.key, pending.continuations = self._keys, segments - 1
+            pending.segment_steps = -(-params.max_new_tokens // segments)
+            pending.segments = [(self.version, pending.segment_steps)]
         for k, s in busy:
-            pending.refs[k] = self._send(pending, k, s)
+            pending.refs[k] = self._send(pending, k, s, 0)
         self._outstanding.append(pending)
         return pending
+
+    def continue_partial(self) -> None:
+        """After a push: every partial rollout in flight with segments still to send samples its next one with the
+        pushed weights (the last to the end), sent after the push's loads."""
+        for pending in self._outstanding:
+            if pending.continuations:
+                pending.continuations -= 1
+                pending.segments.append((self.version, pending.segment_steps if pending.continuations else None))
+                for k, s in pending.shards:
+                    pending.refs[k] = self._send(pending, k, s, len(pending.segments) - 1)
 
     def collect(self, pending: PendingRollout):
         """The output of a :meth:`submit`, as one engine's ``generate`` would give it: waits for every shard,
         running again on a new worker any shard whose worker died."""
+        if pending.continuations:
+            raise ClusterError(f"a partial rollout collected with {pending.continuations} segment(s) not yet sent")
         outs = [
             self._get(k, lambda k=k: pending.refs[k], what=f"prompts {s.start}-{s.stop - 1}") for k, s in pending.shards
         ]
@@ -262,15 +296,18 @@ class RolloutPool:
         """:meth:`submit` then :meth:`collect`."""
         return self.collect(self.submit(prompts, params, schedule, read_dense_cache))
 
-    def _send(self, pending: PendingRollout, k: int, s: range):
-        return self.workers[k].generate.remote(
-            pending.prompts[s.start : s.stop],
-            pending.params,
-            s.start,
-            pending.version,
-            pending.schedule,
-            pending.read_dense_cache,
-        )
+    def _send(self, pending: PendingRollout, k: int, s: range, segment: int):
+        """Worker ``k``'s call sampling its shard ``s`` of ``pending``: the whole rollout, or its segment number
+        ``segment`` of a partial one (the last returns the output, the others None)."""
+        worker, shard = self.workers[k], pending.prompts[s.start : s.stop]
+        if not pending.segments:
+            return worker.generate.remote(
+                shard, pending.params, s.start, pending.version, pending.schedule, pending.read_dense_cache
+            )
+        version, steps = pending.segments[segment]
+        if segment == 0:
+            return worker.start.remote(pending.key, shard, pending.params, s.start, version, pending.schedule, steps)
+        return worker.advance.remote(pending.key, version, steps, pending.read_dense_cache if steps is None else None)
 
     def _get(self, k: int, ref_of, what: str):
         """``ray.get(ref_of())`` of worker ``k``. When the worker has died, a new actor in its place runs its work
@@ -302,11 +339,13 @@ class RolloutPool:
         loaded = None
         for pending in self._outstanding:
             for j, s in pending.shards:
-                if j == k:
-                    if loaded != pending.version:
-                        worker.load_weights.remote(self._weights[pending.version], pending.version)
-                        loaded = pending.version
-                    pending.refs[k] = self._send(pending, k, s)
+                if j != k:
+                    continue
+                for segment, (version, _) in enumerate(pending.segments or [(pending.version, None)]):
+                    if loaded != version:  # a partial rollout's segments: each with the push it was sent with
+                        worker.load_weights.remote(self._weights[version], version)
+                        loaded = version
+                    pending.refs[k] = self._send(pending, k, s, segment)
         self._loads[k] = worker.load_weights.remote(self._weights[self.version], self.version)
 
     # --- the end ---------------------------------------------------------------------------------

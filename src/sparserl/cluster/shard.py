@@ -55,6 +55,8 @@ def merge_shards(outs: list[RolloutOutput], shards: list[range]) -> RolloutOutpu
         merged.distributions = [d for out in outs for d in out.distributions]
     if all(out.hidden is not None for out in outs):  # the head's inputs kept on the workers (q recomputed here)
         merged.hidden = [x for out in outs for x in out.hidden]
+    if all(out.token_versions is not None for out in outs):  # the push that drew each token
+        merged.token_versions = [v for out in outs for v in out.token_versions]
     if all(out.dense_cache is not None for out in outs):
         merged.dense_cache = DenseCacheReading.concat([out.dense_cache for out in outs])
     return merged

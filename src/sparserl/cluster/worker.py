@@ -33,6 +33,7 @@ class RolloutWorker:
         self.engine = engine_from_fields(lm, sampler_section(cfg))
         self.micro_batch_size = cfg.train.micro_batch_size
         self.version = -1  # no weights pushed yet
+        self._partial: dict = {}  # key -> SegmentedRollout: partial rollouts going on across pushes (rollout.partial)
 
     def info(self) -> dict:
         """Where the worker runs: its process id, device, sampler dtype and the threads torch uses."""
@@ -49,7 +50,7 @@ class RolloutWorker:
     def load_weights(self, state: dict, version: int) -> int:
         """The learner's state dict (``version``: the driver's push count) into the sampler; a quantized
         sampler quantizes it here. Returns ``version``."""
-        self.engine.update_weights(state)
+        self.engine.update_weights(state, version)
         self.version = version
         return version
 
@@ -63,15 +64,52 @@ class RolloutWorker:
         (:func:`sparserl.mismatch.teacher_forced.read_dense_cache`), before newer weights arrive. With
         ``params.keep_distributions`` each response's ``q`` comes back in a tensor of its own (the engine's are
         views of one buffer, and serializing a view writes its whole buffer: the step's ``q`` once per response)."""
-        from ..mismatch.teacher_forced import read_dense_cache as read
+        self._check(version)
+        self._set_schedule(schedule)
+        out = self.engine.generate(prompts, params, first_prompt=first_prompt)
+        return self._finish(out, params, version, read_dense_cache)
 
+    def start(self, key, prompts: list, params, first_prompt: int, version: int, schedule=None, steps: int = 1):
+        """A partial rollout (``rollout.partial``): :meth:`generate`'s rollout sampled for ``steps`` decode steps
+        with the weights of push ``version`` and kept here under ``key``, to go on with the weights loaded
+        later (:meth:`advance`; :class:`~sparserl.rollout.segmented.SegmentedRollout`). Returns None."""
+        from ..rollout.segmented import SegmentedRollout
+
+        self._check(version)
+        self._set_schedule(schedule)
+        rollout = SegmentedRollout(self.engine, prompts, params, first_prompt=first_prompt)
+        self._partial[key] = rollout, version
+        rollout.advance(steps)
+
+    def advance(self, key, version: int, steps: int | None, read_dense_cache: int | None = None):
+        """The partial rollout ``key`` sampled ``steps`` more decode steps with the weights of push ``version``
+        (each token records its push: ``RolloutOutput.token_versions``); with ``steps`` None, to its end, and
+        its output returned as :meth:`generate` returns one (the dense cache read with these weights), numbered
+        with the push it was started with."""
+        self._check(version)
+        rollout, sent_with = self._partial[key]
+        if not rollout.advance(steps) and steps is not None:
+            return None
+        del self._partial[key]
+        out = self._finish(rollout.output(), rollout.params, version, read_dense_cache)
+        out.weights_version = sent_with  # the oldest push that drew its tokens (each token's: token_versions)
+        return out
+
+    def _check(self, version: int) -> None:
         if version != self.version:
             raise WorkerStateError(
                 f"rollout worker {self.index} holds weights of push {self.version}, asked to sample with push {version}"
             )
+
+    def _set_schedule(self, schedule) -> None:
         if schedule is not None and schedule != self.engine.compressor.schedule:
             self.engine.compressor.set_schedule(schedule)
-        out = self.engine.generate(prompts, params, first_prompt=first_prompt)
+
+    def _finish(self, out, params, version: int, read_dense_cache: int | None):
+        """``out`` as it goes back to the driver: numbered with the push, its kept tensors copied out of their
+        shared buffers, and the dense cache read when asked."""
+        from ..mismatch.teacher_forced import read_dense_cache as read
+
         out.weights_version = version
         if out.distributions is not None:  # views of one [B, T, V] buffer: each would carry all of it to the driver
             out.distributions = [d.clone() for d in out.distributions]

@@ -428,6 +428,24 @@ class RolloutConfig(_Section):
         "did). 1 = one-step-off; 0 = each step's rollout sent when the step starts.",
         ge=0,
     )
+    partial: bool = F(
+        False,
+        "Partial rollouts (verl's async_training.partial_rollout, slime's --partial-rollout): under rollout.async a "
+        "rollout sent j > 1 steps ahead is sampled in j segments of ⌈max_new_tokens / j⌉ decode steps, the first "
+        "with the weights it was sent with and each of the others after one of the next weight pushes with that "
+        "push's weights (the responses not yet ended go on, their KV cache kept: under a compressing cache the "
+        "tokens it kept were chosen under the older weights). Each token records the push that drew it "
+        "(mismatch/policy_lag_tokens_mean); the corrections read each token's own sampler log-prob. Segments are "
+        "cut by decode steps, not by when a push arrives, so the same seed gives the same run. With "
+        "rollout.max_staleness 0 or 1 no rollout spans a push and the run equals the one without.",
+    )
+    partial_max_lag: int | None = F(
+        None,
+        "Under rollout.partial: tokens drawn more than this many weight pushes before the update that learns from "
+        "them are masked out of the loss (slime's --mask-offpolicy-in-partial-rollout; rollout/stale_masked_frac). "
+        "None = none masked.",
+        ge=0,
+    )
     compile: bool = F(
         False,
         "torch.compile the sampler's decode step (inductor: C++ on CPU, Triton on CUDA; "

@@ -21,7 +21,7 @@ state, so it can live in another process (a Ray actor) as is.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 import torch
 
@@ -147,6 +147,7 @@ class RolloutEngine:
         self.eos_ids = self._eos_ids(loaded.model)
         self._newline_ids: torch.Tensor | None = None
         self.step_hook = None  # tests/debugging: called as hook(event, **state) around each decode step
+        self.weights_version: int | None = None  # the push the weights came with (update_weights); None: not numbered
 
     @classmethod
     def from_engine(cls, other: RolloutEngine, compressor: KVCompressor) -> RolloutEngine:
@@ -157,10 +158,13 @@ class RolloutEngine:
         return new
 
     # --- weights -------------------------------------------------------------------------------
-    def update_weights(self, source) -> None:
-        """Push new weights in: a state dict or a model (e.g. the trainer's, after a step)."""
+    def update_weights(self, source, version: int | None = None) -> None:
+        """Push new weights in: a state dict or a model (e.g. the trainer's, after a step). ``version``: the
+        push's number (rollout workers); each token sampled from logits these weights computed records it
+        (``RolloutOutput.token_versions``)."""
         state = source.state_dict() if hasattr(source, "state_dict") else source
         self.model.load_weights(state)
+        self.weights_version = version
 
     # --- prompts -------------------------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:
@@ -215,19 +219,7 @@ class RolloutEngine:
         batch; response ``j`` of prompt ``i`` draws from row ``(first_prompt + i)·n + j``'s stream
         (:func:`~sparserl.rollout.sampling.row_uniforms`), so a shard samples what the whole batch would."""
         params = params or SamplingParams()
-        params.validate()
-        if prompt_ids is None:
-            if not prompts:
-                raise ValueError("no prompts given")
-            prompt_ids = [self.encode(p) for p in prompts]
-        for i, ids in enumerate(prompt_ids):
-            if len(ids) == 0:
-                raise ValueError(f"prompt {i} is empty")
-            if len(ids) >= self.model.max_positions:
-                raise ValueError(
-                    f"prompt {i} has {len(ids)} tokens, longer than the model's context ({self.model.max_positions})"
-                )
-        expanded = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(params.n)]
+        prompt_ids, expanded = self.expand(prompts, params, prompt_ids)
         if forced is not None and (len(forced) != len(expanded) or any(len(f) == 0 for f in forced)):
             raise ValueError(f"forced: {len(forced)} token lists for {len(expanded)} responses (each non-empty)")
         rows = torch.arange(len(expanded), dtype=torch.long) + first_prompt * params.n  # global row ids
@@ -249,6 +241,26 @@ class RolloutEngine:
             for s in range(0, len(expanded), chunk)
         ]
         return self._named(join_sequential(outs), expanded)
+
+    def expand(
+        self, prompts: list[Prompt], params: SamplingParams, prompt_ids: list[list[int]] | None = None
+    ) -> tuple[list[list[int]], list[tuple[int, list[int]]]]:
+        """The prompts' token ids (``prompt_ids`` when given, else encoded) and the responses to sample, as
+        (prompt index, prompt ids), ``params.n`` per prompt in prompt-major order; ``params`` validated, and an
+        empty prompt or one as long as the model's context refused."""
+        params.validate()
+        if prompt_ids is None:
+            if not prompts:
+                raise ValueError("no prompts given")
+            prompt_ids = [self.encode(p) for p in prompts]
+        for i, ids in enumerate(prompt_ids):
+            if len(ids) == 0:
+                raise ValueError(f"prompt {i} is empty")
+            if len(ids) >= self.model.max_positions:
+                raise ValueError(
+                    f"prompt {i} has {len(ids)} tokens, longer than the model's context ({self.model.max_positions})"
+                )
+        return prompt_ids, [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(params.n)]
 
     def _named(self, out: RolloutOutput, expanded: list[tuple[int, list[int]]]) -> RolloutOutput:
         """``out`` with each response's prompt index, prompt tokens and decoded text."""
@@ -306,6 +318,15 @@ class RolloutEngine:
         self, prompts: list[list[int]], p: SamplingParams, row_ids: torch.Tensor, forced: list[list[int]] | None = None
     ) -> RolloutOutput:
         """One batch; ``row_ids`` [B] (int64): each response's random stream."""
+        return run_to_end(self._batch_steps(prompts, p, row_ids, forced))
+
+    def _batch_steps(
+        self, prompts: list[list[int]], p: SamplingParams, row_ids: torch.Tensor, forced: list[list[int]] | None = None
+    ) -> Generator[int, None, RolloutOutput]:
+        """:meth:`_generate_batch` one decode step at a time: yields the number of tokens each live row has
+        after each decode step (the K/V of its last token written, the next token's logits computed) and returns
+        the batch's output. Between two steps the caller may load other weights (:meth:`update_weights`): the
+        rows go on with them, their cache as it is (:class:`SegmentedRollout`)."""
         m, c, dev = self.model, self.compressor, self.device
         if self.compile and c.selects_per_step:  # the compiled layer step attends over every slot
             raise ValueError(
@@ -329,6 +350,7 @@ class RolloutEngine:
         want_q = c.window if c.needs_queries else 0
         want_attn = c.needs_attention and c.compress_prompt
         logits, keys, values, queries, acc, x = self._prefill_distinct(ids, valid, positions, want_q, want_attn)
+        logits_version = self.weights_version  # the push whose weights computed `logits`
         cache = CompressedKVCache(
             keys, values, valid, positions, c.capacity(P, max_new), c, m.n_heads, queries, acc, kv_quant=self.kv_quant
         )
@@ -341,6 +363,7 @@ class RolloutEngine:
         top_i = torch.zeros(B, max_new, p.logprobs_topk, dtype=torch.long, device=dev) if p.logprobs_topk else None
         dists = torch.empty(B, max_new, logits.shape[-1], device=dev) if p.keep_distributions else None
         kept_h = torch.empty(B, max_new, x.shape[-1], dtype=m.dtype, device=dev) if p.keep_hidden else None
+        versions = torch.zeros(B, max_new, dtype=torch.long, device=dev) if self.weights_version is not None else None
         lengths = torch.zeros(B, dtype=torch.long, device=dev)
         finish = ["length"] * B
         kept = [0] * B
@@ -370,6 +393,8 @@ class RolloutEngine:
                 dists[active, t] = full
             if kept_h is not None:  # the head's input these logits came from
                 kept_h[active, t] = x
+            if versions is not None:  # the push whose weights drew token t
+                versions[active, t] = logits_version
             lengths[active] = t + 1
             done = torch.zeros(len(active), dtype=torch.bool, device=dev)
             if eos is not None:
@@ -407,6 +432,7 @@ class RolloutEngine:
             if self.step_hook is not None:
                 self.step_hook("before_decode", t=t, cache=cache, rows=active, tokens=tok, positions=true_len)
             logits, x = self._decode(tok, true_len, cache)
+            logits_version = self.weights_version
             if self.step_hook is not None:
                 self.step_hook("after_decode", t=t, cache=cache, rows=active, logits=logits)
             true_len = true_len + 1
@@ -414,12 +440,14 @@ class RolloutEngine:
             if due.any():
                 dense_tokens_peak = max(dense_tokens_peak, int(true_len.sum()))
                 cache.compress(due, seq_len=true_len)
+            yield t + 1
         cache._account()
         seconds = time.perf_counter() - t0
         lens = lengths.tolist()
         tokens_out, logp_out = tokens_out.cpu(), logp_out.cpu()
         top_v = top_v.cpu() if top_v is not None else None
         top_i = top_i.cpu() if top_i is not None else None
+        versions = versions.cpu() if versions is not None else None
         return RolloutOutput(
             prompt_index=[],
             prompt_ids=[],
@@ -441,6 +469,7 @@ class RolloutEngine:
             top_indices=[top_i[b, : lens[b]] for b in range(B)] if top_i is not None else None,
             distributions=[dists[b, : lens[b]] for b in range(B)] if dists is not None else None,
             hidden=[kept_h[b, : lens[b]] for b in range(B)] if kept_h is not None else None,
+            token_versions=[versions[b, : lens[b]].tolist() for b in range(B)] if versions is not None else None,
         )
 
     def _fused_decode(self) -> bool:
@@ -520,4 +549,15 @@ def join_sequential(outs: list[RolloutOutput]) -> RolloutOutput:
             o.distributions += x.distributions
         if o.hidden is not None:
             o.hidden += x.hidden
+        if o.token_versions is not None:
+            o.token_versions += x.token_versions
     return o
+
+
+def run_to_end(steps: Generator[int, None, RolloutOutput]) -> RolloutOutput:
+    """What a generator of decode steps (:meth:`RolloutEngine._batch_steps`) returns, run to its end."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value

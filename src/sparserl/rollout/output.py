@@ -45,6 +45,9 @@ class RolloutOutput:
     #: (:class:`~sparserl.mismatch.teacher_forced.DenseCacheReading`; rollout workers under rollout.async)
     dense_cache: object | None = None
     weights_version: int | None = None  # the weight push the sampler held (rollout workers), None: here
+    #: per response, the push whose weights drew each token (numbered weights only: rollout workers); a response
+    #: continued across pushes (:class:`~sparserl.rollout.segmented.SegmentedRollout`) has several
+    token_versions: list[list[int]] | None = None
 
     @property
     def tokens_per_s(self) -> float:

@@ -69,6 +69,7 @@ def select_groups(ro: RolloutOutput, scores: RewardScores, prompts: list[int]) -
         top_indices=pick(ro.top_indices),
         distributions=pick(ro.distributions),
         hidden=pick(ro.hidden),
+        token_versions=pick(ro.token_versions),
         texts=pick(ro.texts),
     )
     return chosen, RewardScores(pick(scores.total), {k: pick(v) for k, v in scores.parts.items()}, scores.errors)

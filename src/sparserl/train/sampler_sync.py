@@ -73,19 +73,22 @@ def send_ahead(trainer, step: int) -> None:
     for ahead in range(last + 1, step + cfg.rollout.max_staleness + 1):
         if ahead > cfg.train.steps or any(checkpoint_due(cfg, s) for s in range(step, ahead)):
             return
-        trainer.pending.append((ahead, *send_rollout(trainer, ahead)))
+        segments = ahead - step if cfg.rollout.partial else 1  # one per push before it is taken, but the last
+        trainer.pending.append((ahead, *send_rollout(trainer, ahead, segments)))
 
 
-def send_rollout(trainer, step: int) -> tuple[list, object]:
+def send_rollout(trainer, step: int, segments: int = 1) -> tuple[list, object]:
     """Draw step ``step``'s examples and send their rollout to the workers; under ``rollout.async`` they
     also read it on a dense cache with the weights that sampled (:func:`sparserl.mismatch.split.lag_split`,
-    α's lag part)."""
+    α's lag part; a partial rollout's with its last segment's). ``segments`` > 1: a partial rollout
+    (``rollout.partial``), continued with the weights of each of the next ``segments`` - 1 pushes."""
     cfg = trainer.cfg
     examples = trainer.data.next_batch()
     read = (cfg.mismatch.alpha_topk if cfg.mismatch.alpha == "topk" else 0) if cfg.rollout.async_ else None
     keep = keeps_distributions(trainer, len(examples) * cfg.rollout.n)  # the workers send q back: no replay here
     params = sampling_params(cfg, step, keep, keeps_hidden(trainer))  # or their head's inputs
-    return examples, trainer.pool.submit([e.prompt for e in examples], params, trainer.engine.compressor.schedule, read)
+    prompts, schedule = [e.prompt for e in examples], trainer.engine.compressor.schedule
+    return examples, trainer.pool.submit(prompts, params, schedule, read, segments)
 
 
 def sampler_weights(trainer) -> dict[str, torch.Tensor]:
@@ -105,6 +108,7 @@ def push_weights(trainer) -> None:
         trainer.engine_stale = False
     else:
         trainer.pool.update_weights(weights, wait=not trainer.cfg.rollout.async_)
+        trainer.pool.continue_partial()  # partial rollouts in flight: their next segment with these weights
         trainer.engine_stale = True
 
 
@@ -131,12 +135,27 @@ def sampler_of(trainer, ro: RolloutOutput) -> RolloutEngine:
 
 def pool_metrics(trainer, ro: RolloutOutput) -> dict:
     """Rollout workers replaced so far, the share of time they did not sample, and the policy lag of the step's
-    rollout (weight pushes since the one it sampled with: up to ``rollout.max_staleness`` under ``rollout.async``,
-    else 0)."""
+    rollout (weight pushes since the one it was sent with: up to ``rollout.max_staleness`` under ``rollout.async``,
+    else 0), with its mean over the tokens and the share of responses drawn by more than one push (partial)."""
     if trainer.pool is None:
         return {}
-    return {
+    out = {
         names.CLUSTER_WORKER_RESTARTS: trainer.pool.restarts,
         names.CLUSTER_WORKER_IDLE: trainer.pool.idle_fraction,
         names.MISMATCH_POLICY_LAG: trainer.pool.version - ro.weights_version,
     }
+    if ro.token_versions is not None:  # each token's own: a partial rollout's later segments are fresher
+        lags = [trainer.pool.version - v for versions in ro.token_versions for v in versions]
+        out[names.MISMATCH_POLICY_LAG_TOKENS] = sum(lags) / max(len(lags), 1)
+        out[names.ROLLOUT_PARTIAL_FRAC] = sum(len(set(v)) > 1 for v in ro.token_versions) / max(
+            len(ro.token_versions), 1
+        )
+    return out
+
+
+def token_lag(trainer, ro: RolloutOutput) -> list[torch.Tensor] | None:
+    """Per response, the weight pushes between the one that drew each token and the latest (the learner's), or
+    None where the tokens carry no push (the sampler here)."""
+    if trainer.pool is None or ro.token_versions is None:
+        return None
+    return [trainer.pool.version - torch.tensor(v, dtype=torch.float32) for v in ro.token_versions]

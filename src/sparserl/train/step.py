@@ -28,7 +28,7 @@ from ..rollout.engine import RolloutOutput
 from ..score import score_logprobs
 from .dynamic_sampling import filter_groups
 from .laps import Laps
-from .sampler_sync import local_sampler, pool_metrics, push_weights, rollout, sampler_of, sampling_params
+from .sampler_sync import local_sampler, pool_metrics, push_weights, rollout, sampler_of, sampling_params, token_lag
 from .update import update
 
 
@@ -158,6 +158,9 @@ def rollout_batch(trainer, ro: RolloutOutput, rewards: list[float]) -> RolloutBa
     ).to(trainer.device)
     batch.rewards = torch.tensor(rewards, dtype=torch.float32, device=trainer.device)
     batch.truncated = torch.tensor([reason == "length" for reason in ro.finish_reason], device=trainer.device)
+    lags = token_lag(trainer, ro)
+    if lags is not None:
+        batch.token_lag = batch.padded(lags)
     return batch
 
 
@@ -166,16 +169,23 @@ def corrections_and_advantages(cfg: Config, batch: RolloutBatch):
     returned, and its advantages, set on ``batch``. With ``algorithm.mask_truncated`` the responses cut at
     ``rollout.max_new_tokens`` enter the corrections and the loss with an empty mask (TRL's
     ``mask_truncated_completions``, DAPO's overlong filtering); their rewards still count in their group's
-    advantages."""
+    advantages. With ``rollout.partial_max_lag`` the tokens drawn more pushes ago than it are masked likewise."""
     a = cfg.algorithm
     mask = batch.response_mask
     if a.mask_truncated:
         mask = mask * (~batch.truncated).to(mask.dtype)[:, None]
+    stale = None
+    if cfg.rollout.partial_max_lag is not None and batch.token_lag is not None:  # slime's off-policy token mask
+        fresh = (batch.token_lag <= cfg.rollout.partial_max_lag).to(mask.dtype)
+        stale = float((batch.response_mask * (1 - fresh)).sum() / batch.response_mask.sum().clamp(min=1))
+        mask = mask * fresh
     corr = apply_corrections(
         a.correction, batch.sampler_logprobs, batch.old_logprobs, mask, a.correction_options or None
     )
     adv_options = {"scale_rewards": a.scale_rewards} if a.adv_estimator == "grpo" else {}
     batch.advantages = compute_advantages(a.adv_estimator, batch.rewards, batch.group_ids, **adv_options)
+    if stale is not None:
+        corr.metrics[names.ROLLOUT_STALE_MASKED] = stale
     return corr
 
 

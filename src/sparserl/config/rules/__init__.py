@@ -25,6 +25,7 @@ from .lora import lora_unused
 from .micro_batch import micro_batch_budget
 from .old_policy import compressor_builds_and_old_policy
 from .optimizer import adamw_first_step, lr_schedule_unused, mini_batches
+from .partial_rollout import partial_rollouts
 from .precision import mixed_precision_weights
 from .quantization import mismatch_split_needs_quant, quant_options, quant_scale_with_lora
 from .reward import overlong_buffer_fits, reward_spec
@@ -58,6 +59,7 @@ RULES: tuple[Rule, ...] = (
     lora_unused,
     distill_sparse_sampler,
     async_rollouts,
+    partial_rollouts,
     group_for_advantage,
     correction_runs,
     quant_options,

@@ -1,0 +1,33 @@
+"""Partial rollouts (``rollout.partial``): responses continued across weight pushes on the rollout workers."""
+
+from __future__ import annotations
+
+from ..schema import Config
+
+
+def partial_rollouts(cfg: Config) -> list[str]:
+    """rollout.partial needs rollout.async, an α that reads each token's own sampler, and the eager decode step;
+    rollout.partial_max_lag needs rollout.partial."""
+    r, m = cfg.rollout, cfg.mismatch
+    if not r.partial:
+        if r.partial_max_lag is not None:
+            return [f"rollout.partial_max_lag={r.partial_max_lag} needs rollout.partial=true (it masks its tokens)"]
+        return []
+    errors: list[str] = []
+    if not r.async_:
+        errors.append(
+            "rollout.partial=true needs rollout.async=true (and cluster.rollout_workers): responses continue across "
+            "the weight pushes of asynchronous rollouts"
+        )
+    if m.alpha == "exact" and m.alpha_q == "hidden":
+        errors.append(
+            "rollout.partial=true with mismatch.alpha=exact and mismatch.alpha_q=hidden: a response continued across "
+            "pushes was drawn by several heads, and α recomputes q with one; use mismatch.alpha_q=kept (the workers "
+            "keep each token's q as drawn), mismatch.alpha=topk or mismatch.alpha=off"
+        )
+    if r.static_step:
+        errors.append(
+            "rollout.partial=true with rollout.static_step=true: the segments of a partial rollout run on the eager "
+            "decode step; leave rollout.static_step out"
+        )
+    return errors

@@ -1,0 +1,81 @@
+"""A rollout sampled in segments, with other weights loaded between them: the engine's side of partial
+rollouts (AReaL's interruptible generation, verl's ``async_training.partial_rollout``, slime's
+``--partial-rollout``).
+
+:class:`SegmentedRollout` runs the eager engine's batches (:meth:`~.engine.RolloutEngine._batch_steps`) a given
+number of decode steps at a time. Between two calls of :meth:`SegmentedRollout.advance` the caller may load new
+weights into the engine (:meth:`~.engine.RolloutEngine.update_weights` with the push's number): the responses not
+yet ended go on with them from where they are, **their KV cache kept as it is** (the K/V of the tokens before the
+load were computed with the old weights; under a compressing cache, the tokens it kept were also chosen under
+them). Each token records the push whose weights computed the logits it was drawn from
+(``RolloutOutput.token_versions``), so the corrections and α can treat each token against the policy that drew
+it. With the same weights throughout, the segments sample exactly what one :meth:`~.engine.RolloutEngine.generate`
+call samples: the same random stream per row and step, the same cache.
+
+Every batch of the rollout (the engine splits a large one by ``max_batch``) keeps its cache between segments,
+so they are all resident at once; the static step (``rollout.static_step``) is not used here.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .engine import Prompt, RolloutEngine, join_sequential
+from .output import RolloutOutput
+from .sampling import SamplingParams
+
+__all__ = ["SegmentedRollout"]
+
+
+class SegmentedRollout:
+    """``params.n`` responses to each of ``prompts`` on ``engine``, sampled :meth:`advance` by :meth:`advance`;
+    ``first_prompt`` as in :meth:`~.engine.RolloutEngine.generate` (a shard of a larger batch)."""
+
+    def __init__(self, engine: RolloutEngine, prompts: list[Prompt], params: SamplingParams, first_prompt: int = 0):
+        import torch
+
+        self.engine, self.params = engine, params
+        _, self._expanded = engine.expand(prompts, params)
+        rows = torch.arange(len(self._expanded), dtype=torch.long) + first_prompt * params.n  # global row ids
+        chunk = engine.batch_rows([e[1] for e in self._expanded], params.max_new_tokens, len(self._expanded))
+        self._batches = [
+            engine._batch_steps([e[1] for e in self._expanded[s : s + chunk]], params, rows[s : s + chunk])
+            for s in range(0, len(self._expanded), chunk)
+        ]
+        self._outs: list[RolloutOutput | None] = [None] * len(self._batches)
+        self.seconds = 0.0  # time spent in advance(), without the pauses between segments
+        self.segments = 0
+        self._output: RolloutOutput | None = None
+
+    @property
+    def done(self) -> bool:
+        """Every response has ended (EOS, a stop string or ``max_new_tokens``)."""
+        return all(out is not None for out in self._outs)
+
+    def advance(self, steps: int | None = None) -> bool:
+        """Run each batch ``steps`` more decode steps (None: to its end), with the weights the engine holds now;
+        returns :attr:`done`."""
+        if steps is not None and steps < 1:
+            raise ValueError(f"steps must be >= 1 or None, got {steps}")
+        t0 = time.perf_counter()
+        for i, batch in enumerate(self._batches):
+            taken = 0
+            while self._outs[i] is None and (steps is None or taken < steps):
+                try:
+                    next(batch)
+                    taken += 1
+                except StopIteration as end:
+                    self._outs[i] = end.value
+        self.seconds += time.perf_counter() - t0
+        self.segments += 1
+        return self.done
+
+    def output(self) -> RolloutOutput:
+        """The whole rollout, as :meth:`~.engine.RolloutEngine.generate` returns it (``seconds``: the time spent
+        sampling, pauses excluded); only once :attr:`done`."""
+        if not self.done:
+            raise RuntimeError("the rollout has responses still running: advance() it to the end first")
+        if self._output is None:
+            self._output = self.engine._named(join_sequential(list(self._outs)), self._expanded)
+            self._output.seconds = self.seconds
+        return self._output
