@@ -390,6 +390,9 @@ MATRIX = [
     case("config", [*T, "train.trim_heap=sometimes"], "train.trim_heap", "trim-heap-not-bool"),
     case("config", [*T, "rollout.max_staleness=-1"], "rollout.max_staleness=-1", "max-staleness-negative"),
     case("config", [*T, "rollout.max_staleness=2"], "rollout.async=true", "max-staleness-without-async"),
+    case("config", [*T, "rollout.partial=true"], "rollout.async=true", "partial-without-async"),
+    case("config", [*T, "rollout.partial_max_lag=-1"], "rollout.partial_max_lag=-1", "partial-max-lag-negative"),
+    case("config", [*T, "rollout.partial_max_lag=2"], "rollout.partial=true", "partial-max-lag-without-partial"),
     case("config", [*T, "rollout.static_check_every=0"], "rollout.static_check_every", "static-check-every-zero"),
     case("config", [*T, "rollout.static_check_every=4"], "rollout.static_step", "static-check-every-without-step"),
     # an option that does nothing where it is given is refused, naming the key that would enable it

@@ -446,6 +446,23 @@ def test_partial_rollouts_continue_across_pushes_and_a_killed_worker_samples_the
     assert metrics[2][names.MISMATCH_POLICY_LAG_TOKENS] < 2
 
 
+def test_partial_rollouts_without_staleness_equal_the_synchronous_run(tmp_path, local_ray, monkeypatch):
+    """rollout.partial with rollout.max_staleness=0 on one worker: each step's rollout is sent when the step starts
+    and no push falls inside it, so the run equals the synchronous one on that worker (weights and metrics). The
+    training process keeps one torch thread in both (asynchronous runs leave the worker's core to it, and the
+    learner's sums would round otherwise)."""
+    from sparserl.cluster import pool
+    from sparserl.train.trainer import train
+
+    monkeypatch.setattr(pool, "training_threads", lambda *args, **kwargs: 1)
+
+    base = ("cluster.rollout_workers=1", "mismatch.alpha=off", "train.steps=3", "rollout.max_new_tokens=24")
+    partial = ("rollout.async=true", "rollout.max_staleness=0", "rollout.partial=true", "cluster.worker_cpus=1")
+    sync = train(_cfg(tmp_path, *base, "cluster.worker_cpus=1"), run_dir=tmp_path / "sync", log=_quiet)
+    segmented = train(_cfg(tmp_path, *base, *partial), run_dir=tmp_path / "partial", log=_quiet)
+    _same_run(segmented, sync)
+
+
 def test_async_rollouts_measure_the_exact_alpha_from_the_workers_q(tmp_path, local_ray, monkeypatch):
     """rollout.async with the exact α (the default): the workers keep q while they sample and send it back, so
     α is measured although the sampler here is a step ahead (nothing replayed, the weights never loaded
@@ -495,9 +512,11 @@ def test_async_resume_continues_exactly(tmp_path, local_ray):
     assert [r[names.MISMATCH_POLICY_LAG] for r in rows] == [0, 1, 0, 1]
 
 
-def test_k_step_async_resume_continues_exactly(tmp_path, local_ray):
+@pytest.mark.parametrize("partial", [False, True])
+def test_k_step_async_resume_continues_exactly(tmp_path, local_ray, partial):
     """rollout.max_staleness=2 with a checkpoint every 3 steps: stopped at step 3 and resumed to 6, the run equals
-    the run that went through (nothing is sent past a checkpoint: lags 0, 1, 2, 0, 1, 2 in both)."""
+    the run that went through (nothing is sent past a checkpoint: lags 0, 1, 2, 0, 1, 2 in both), with partial
+    rollouts too (none is in flight across a checkpoint)."""
     from sparserl import runlog as names
     from sparserl.train.trainer import train
 
@@ -505,6 +524,7 @@ def test_k_step_async_resume_continues_exactly(tmp_path, local_ray):
         "cluster.rollout_workers=2",
         "rollout.async=true",
         "rollout.max_staleness=2",
+        f"rollout.partial={partial}",
         "mismatch.alpha=off",
         "checkpoint.every=3",
         "rollout.max_new_tokens=24",

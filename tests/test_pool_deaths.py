@@ -21,6 +21,12 @@ class Died(ray_exceptions.RayActorError):
         Exception.__init__(self, "the actor died unexpectedly before finishing this task")
 
 
+class Out(str):
+    """A shard's fake output: its text, and the seconds it sampled (the pool's idle accounting reads them)."""
+
+    seconds = 0.0
+
+
 class Ref:
     """A fake object ref: ``ray.get`` raises :class:`Died` when its call is scripted to die, else returns ``value``."""
 
@@ -55,7 +61,7 @@ class FakeWorker:
         def generate(prompts, params, first, version, schedule, read_dense_cache):
             dies = script.dies(self.k)
             script.calls.append((self.k, first, version, dies))
-            return Ref(dies, value=f"worker {self.k}: prompts {first}-{first + len(prompts) - 1}")
+            return Ref(dies, value=Out(f"worker {self.k}: prompts {first}-{first + len(prompts) - 1}"))
 
         self.generate = Method(generate)
         self.load_weights = Method(lambda weights, version: Ref(False))
@@ -81,6 +87,7 @@ def fake_pool(script: Script, workers: int, monkeypatch) -> RolloutPool:
     pool._actor = Method(lambda cfg, k: FakeWorker(script, k))
     pool.workers = [pool._actor.remote(None, k) for k in range(workers)]
     pool.restarts, pool.version, pool._weights, pool._loads = 0, 0, {}, {}
+    pool.keep, pool._outstanding, pool._collected_at, pool.idle_fraction, pool._keys = 2, [], None, 0.0, 0
     pool.update_weights({})
     return pool
 

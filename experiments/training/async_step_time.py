@@ -56,6 +56,13 @@ ARMS = {
     "sync": ["cluster.rollout_workers=1"],
     "async": ["cluster.rollout_workers=1", "rollout.async=true"],
     "async2": ["cluster.rollout_workers=1", "rollout.async=true", "rollout.max_staleness=2"],  # two steps ahead
+    # two steps ahead, each rollout in two segments: the second with the weights pushed in between
+    "async2_partial": [
+        "cluster.rollout_workers=1",
+        "rollout.async=true",
+        "rollout.max_staleness=2",
+        "rollout.partial=true",
+    ],
     "learners2": ["cluster.learners=2"],
     # the exact α with a rollout worker: replayed in the training process,
     # or from the q the worker kept while it sampled, synchronous or one step ahead
@@ -94,6 +101,8 @@ def stations(rows: list[dict]) -> dict:
         names.MISMATCH_POLICY_LAG,
         names.CLUSTER_WORKER_IDLE,
         names.RESPONSES_PER_S,
+        names.MISMATCH_POLICY_LAG_TOKENS,
+        names.REWARD_MEAN,
     ]
     rest = rows[1:]
     out = {k: statistics.fmean(r[k] for r in rest) for k in keys if all(k in r for r in rest)}
