@@ -14,7 +14,8 @@ The ratio of a round is sync's mean step over async's; the figure is the median 
         --rounds 3 --steps 4 \\
         --out docs/results/async_rollouts/learners_step_time.json train.prompts_per_step=4
 
-``--arms`` picks other pairs: ``one`` (everything in the training process), ``sync``, ``async``,
+``--arms`` picks other pairs: ``one`` (everything in the training process), ``sync``, ``async``, ``async2`` (two
+steps ahead: ``rollout.max_staleness=2``), ``async2_partial`` (and ``rollout.partial``; docs/results/async_staleness),
 ``learners2`` (two data-parallel learners, the sampler in the training process), and with the exact α
 ``sync_replay`` (the training process replays the worker's sampler), ``sync_kept`` and ``async_kept`` (the
 worker sends back the q it kept while it sampled):
