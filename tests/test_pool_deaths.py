@@ -86,8 +86,7 @@ def fake_pool(script: Script, workers: int, monkeypatch) -> RolloutPool:
     pool.log = pool.logged.append
     pool._actor = Method(lambda cfg, k: FakeWorker(script, k))
     pool.workers = [pool._actor.remote(None, k) for k in range(workers)]
-    pool.restarts, pool.version, pool._weights, pool._loads = 0, 0, {}, {}
-    pool.keep, pool._outstanding, pool._collected_at, pool.idle_fraction, pool._keys = 2, [], None, 0.0, 0
+    pool._start_bookkeeping(max_staleness=1)
     pool.update_weights({})
     return pool
 

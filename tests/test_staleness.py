@@ -119,7 +119,7 @@ def test_the_workers_idle_fraction_is_their_unsampled_share_of_the_wall_clock_be
     clock = iter([0.0, 10.0, 12.0, 30.0])
     monkeypatch.setattr(pool_module.time, "monotonic", lambda: next(clock))
     pool = object.__new__(RolloutPool)  # the accounting alone: no Ray, no workers
-    pool._collected_at, pool.idle_fraction = None, 0.0
+    pool._start_bookkeeping(max_staleness=1)
     shards = [(0, range(0, 1)), (1, range(1, 2))]
     first = PendingRollout([], None, None, None, 1, shards)  # sent at t = 0
     pool._account_idle(first, 10.0)

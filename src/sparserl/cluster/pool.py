@@ -194,16 +194,20 @@ class RolloutPool:
         )
         self._actor = ray.remote(RolloutWorker).options(num_cpus=c.worker_cpus, num_gpus=c.worker_gpus, max_restarts=0)
         self.workers = [self._actor.remote(cfg, k) for k in range(c.rollout_workers)]
+        self._start_bookkeeping(cfg.rollout.max_staleness)
+        self.update_weights(learner)
+
+    def _start_bookkeeping(self, max_staleness: int) -> None:
+        """The counts and records of a pool that has pushed nothing and sent nothing yet."""
         self.restarts = 0
         self.version = 0
-        self.keep = max(2, cfg.rollout.max_staleness + 1)  # pushes kept: the oldest a rollout in flight samples with
+        self.keep = max(2, max_staleness + 1)  # pushes kept: the oldest a rollout in flight samples with
         self._weights: dict[int, object] = {}  # push -> its object in the store (the latest ``keep``)
         self._loads: dict[int, object] = {}  # worker -> its call loading the latest push, not yet waited for
         self._outstanding: list[PendingRollout] = []  # submitted and not yet collected, in the order sent
         self._collected_at = None  # time.monotonic() of the last collect (None: none yet)
         self._keys = 0  # partial rollouts named so far
         self.idle_fraction = 0.0  # the workers' share of the wall clock not sampling, at the last collect
-        self.update_weights(learner)
 
     # --- weights ---------------------------------------------------------------------------------
     def update_weights(self, source, wait: bool = True) -> None:
