@@ -393,6 +393,34 @@ MATRIX = [
     case("config", [*T, "rollout.partial=true"], "rollout.async=true", "partial-without-async"),
     case("config", [*T, "rollout.partial_max_lag=-1"], "rollout.partial_max_lag=-1", "partial-max-lag-negative"),
     case("config", [*T, "rollout.partial_max_lag=2"], "rollout.partial=true", "partial-max-lag-without-partial"),
+    case(
+        "config",
+        [
+            *T,
+            "rollout.partial=true",
+            "rollout.async=true",
+            "cluster.rollout_workers=1",
+            "mismatch.alpha=off",
+            "rollout.max_staleness=2",
+            "rollout.partial_max_lag=0",
+        ],
+        "rollout.partial_max_lag=0 masks every token",
+        "partial-max-lag-masks-everything",
+    ),  # fmt: skip
+    case(
+        "config",
+        [
+            *T,
+            "rollout.partial=true",
+            "rollout.async=true",
+            "cluster.rollout_workers=1",
+            "mismatch.alpha=off",
+            "rollout.max_staleness=2",
+            "rollout.partial_max_lag=2",
+        ],
+        "rollout.partial_max_lag=2 masks no token",
+        "partial-max-lag-masks-nothing",
+    ),  # fmt: skip
     case("config", [*T, "rollout.static_check_every=0"], "rollout.static_check_every", "static-check-every-zero"),
     case("config", [*T, "rollout.static_check_every=4"], "rollout.static_step", "static-check-every-without-step"),
     # an option that does nothing where it is given is refused, naming the key that would enable it

@@ -141,7 +141,14 @@ def test_tokens_older_than_partial_max_lag_leave_the_loss_and_are_counted():
     cfg = validate(
         load_config(
             "default",
-            [*WORKERS, "rollout.partial=true", "rollout.partial_max_lag=1", "algorithm.correction=none", "rollout.n=2"],
+            [
+                *WORKERS,
+                "rollout.partial=true",
+                "rollout.max_staleness=2",
+                "rollout.partial_max_lag=1",
+                "algorithm.correction=none",
+                "rollout.n=2",
+            ],  # fmt: skip
         )
     )
     batch = RolloutBatch.from_rollout([[5, 6], [5, 6]], [[1, 2, 3, 4, 5], [1, 2, 3]], [[-1.0] * 5, [-1.0] * 3], [0, 0])

@@ -442,7 +442,8 @@ class RolloutConfig(_Section):
     partial_max_lag: int | None = F(
         None,
         "Under rollout.partial: tokens drawn more than this many weight pushes before the update that learns from "
-        "them are masked out of the loss (slime's --mask-offpolicy-in-partial-rollout; rollout/stale_masked_frac). "
+        "them are masked out of the loss (slime's --mask-offpolicy-in-partial-rollout; rollout/stale_masked_frac): "
+        "from 1 (the freshest tokens are 1 push old when their step takes them) to rollout.max_staleness - 1. "
         "None = none masked.",
         ge=0,
     )

@@ -7,7 +7,8 @@ from ..schema import Config
 
 def partial_rollouts(cfg: Config) -> list[str]:
     """rollout.partial needs rollout.async, an α that reads each token's own sampler, and the eager decode step;
-    rollout.partial_max_lag needs rollout.partial."""
+    rollout.partial_max_lag needs rollout.partial, and masks some tokens but not all: 1 <= it < rollout.max_staleness
+    (the freshest tokens of an asynchronous rollout are 1 push old when their step takes them)."""
     r, m = cfg.rollout, cfg.mismatch
     if not r.partial:
         if r.partial_max_lag is not None:
@@ -25,6 +26,14 @@ def partial_rollouts(cfg: Config) -> list[str]:
             "pushes was drawn by several heads, and α recomputes q with one; use mismatch.alpha_q=kept (the workers "
             "keep each token's q as drawn), mismatch.alpha=topk or mismatch.alpha=off"
         )
+    k, lag = r.max_staleness, r.partial_max_lag
+    if lag is not None and k >= 1 and not 1 <= lag < k:
+        what = (
+            "masks every token (each is at least 1 push old when its step takes it)"
+            if lag < 1
+            else (f"masks no token (none is more than rollout.max_staleness={k} pushes old)")
+        )
+        errors.append(f"rollout.partial_max_lag={lag} {what}: set it between 1 and {k - 1}, or leave it out")
     if r.static_step:
         errors.append(
             "rollout.partial=true with rollout.static_step=true: the segments of a partial rollout run on the eager "
