@@ -409,7 +409,8 @@ def test_partial_rollouts_continue_across_pushes_and_a_killed_worker_samples_the
         "rollout.async=true",
         "rollout.max_staleness=2",
         "rollout.partial=true",
-        "mismatch.alpha=topk",
+        "mismatch.alpha=exact",  # q from the workers' kept head inputs, each token by its own push's head
+        "mismatch.alpha_q=hidden",
         "checkpoint.every=0",
         "train.steps=4",
         "rollout.max_new_tokens=24",
@@ -430,7 +431,7 @@ def test_partial_rollouts_continue_across_pushes_and_a_killed_worker_samples_the
         runs[kill] = metrics, weights, collected
     (metrics, weights, collected), (metrics_k, weights_k, collected_k) = runs[False], runs[True]
     assert all(torch.equal(weights[k], weights_k[k]) for k in weights)
-    for key in (names.REWARD_MEAN, names.POLICY_LOSS, names.MISMATCH_POLICY_LAG_TOKENS, names.MISMATCH_K3_LAG):
+    for key in (names.REWARD_MEAN, names.POLICY_LOSS, names.MISMATCH_POLICY_LAG_TOKENS, names.MISMATCH_ALPHA_MEAN):
         assert [m[key] for m in metrics] == [m[key] for m in metrics_k], key
     for (_, a), (_, b) in zip(collected, collected_k):
         _same_samples(a, b, tol=0)

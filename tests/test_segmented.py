@@ -79,3 +79,36 @@ def test_unnumbered_weights_record_no_versions_and_bad_calls_are_refused(tiny):
         rollout.output()
     with pytest.raises(ValueError, match="no prompts given"):
         SegmentedRollout(engine, [], PARAMS)
+
+
+def test_alpha_from_kept_head_inputs_reads_each_token_with_the_head_of_the_push_that_drew_it(tiny):
+    """A partial rollout drawn by pushes 1 and 2 with its head inputs and its q kept: q recomputed from the head
+    inputs, each token by its own push's head (``hidden_alpha_by_push``), gives the α of the q the sampler drew
+    from (``recorded_alpha``); one head for every token does not."""
+    import dataclasses
+
+    import torch
+
+    from sparserl.mismatch.exact_alpha import hidden_alpha, hidden_alpha_by_push, recorded_alpha
+
+    params = dataclasses.replace(PARAMS, keep_hidden=True, keep_distributions=True)
+    engine = _engine(tiny, "rkv")
+    rollout = SegmentedRollout(engine, PROMPTS, params)
+    rollout.advance(6)
+    other = _perturbed(tiny, 1.5)
+    engine.update_weights(other, version=2)
+    rollout.advance()
+    out = rollout.output()
+    assert {v for vs in out.token_versions for v in vs} == {1, 2}
+    heads = {1: _engine(tiny, "rkv"), 2: _engine(tiny, "rkv")}
+    heads[2].update_weights(other, version=2)
+    g = torch.Generator().manual_seed(0)
+    N, T = len(out.response_ids), max(len(r) for r in out.response_ids)
+    hidden = torch.randn(N, T, out.hidden[0].shape[-1], generator=g)  # any p will do: both sides read the same
+    weight = torch.randn(out.distributions[0].shape[-1], hidden.shape[-1], generator=g) * 0.2
+    want = recorded_alpha(out.distributions, hidden, weight, 1.0)
+    got = hidden_alpha_by_push(heads.__getitem__, out.hidden, out.token_versions, params, hidden, weight, 1.0)
+    assert torch.allclose(got, want, atol=1e-5)
+    one_head = hidden_alpha(heads[1], out.hidden, params, hidden, weight, 1.0)
+    assert torch.allclose(one_head[:, :7], want[:, :7], atol=1e-5)  # tokens 0-6: push 1 drew them
+    assert (one_head - want)[:, 7:].abs().max() > 1e-3  # the tokens after the load need push 2's head

@@ -37,7 +37,14 @@ from ..score.chunked_head import DEFAULT_CHUNK
 from .acceptance import acceptance, dense_logprobs
 from .replay import replay
 
-__all__ = ["distributions_fit", "distributions_mib", "exact_alpha", "hidden_alpha", "recorded_alpha"]
+__all__ = [
+    "distributions_fit",
+    "distributions_mib",
+    "exact_alpha",
+    "hidden_alpha",
+    "hidden_alpha_by_push",
+    "recorded_alpha",
+]
 
 
 def distributions_mib(responses: int, max_new_tokens: int, vocab: int) -> float:
@@ -80,13 +87,15 @@ def hidden_alpha(
     lm_weight: torch.Tensor,
     tau: float,
     chunk: int = DEFAULT_CHUNK,
+    only: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """α [N, T] float64 on the CPU from the sampler's kept head inputs (``kept[i]`` [T_i, hidden]:
     ``RolloutOutput.hidden``, ``SamplingParams.keep_hidden``): ``q = sampled_distribution(
     engine.hidden_logits(x), params)``, the distribution each token was drawn from, recomputed by the
     sampler's own head with the sampling ``params``; ``p`` from ``hidden`` [N, T, H] and ``lm_weight`` at
     temperature ``tau`` as in :func:`exact_alpha`. ``chunk`` positions at a time (across responses): at most
-    a [chunk, V] block of each. 0 past each response's end."""
+    a [chunk, V] block of each. 0 past each response's end, and where ``only`` (per response, bool [T_i]) is
+    given, 0 at the positions it leaves out (:func:`hidden_alpha_by_push`)."""
     N, T = len(kept), hidden.shape[1]
     alpha = torch.zeros(N, T, dtype=torch.float64)
     lengths = [k.shape[0] for k in kept]
@@ -100,11 +109,39 @@ def hidden_alpha(
             cols = [t for n in lengths for t in range(1, n)]
             x = torch.cat([k[1:] for k in kept]) if rows else None
         rows, cols = torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)
+        if only is not None and len(rows):
+            picked = torch.stack([only[i][0] for i in rows.tolist()]) if first else torch.cat([o[1:] for o in only])
+            rows, cols, x = rows[picked], cols[picked], x[picked.to(x.device)]
         for s in range(0, len(rows), chunk):
             r, c = rows[s : s + chunk], cols[s : s + chunk]
             logq = sampled_distribution(engine.hidden_logits(x[s : s + chunk], first), params)
             logp = dense_logprobs(hidden[r.to(hidden.device), c.to(hidden.device)], lm_weight, tau)
             alpha[r, c] = acceptance(logp, logq.to(logp.device)).double().cpu()
+    return alpha
+
+
+@torch.no_grad()
+def hidden_alpha_by_push(
+    sampler_at,
+    kept: list[torch.Tensor],
+    versions: list[list[int]] | None,
+    params,
+    hidden: torch.Tensor,
+    lm_weight: torch.Tensor,
+    tau: float,
+    version: int | None = None,
+) -> torch.Tensor:
+    """:func:`hidden_alpha` with each token's ``q`` from the head of the weight push that drew it:
+    ``versions[i][t]`` (``RolloutOutput.token_versions``; a partial rollout's tokens carry several pushes,
+    ``rollout.partial``), ``sampler_at(v)`` the sampler holding push ``v``'s weights. One pass per push
+    present; one with ``sampler_at(version)`` where the tokens carry none or one."""
+    pushes = sorted({v for vs in versions for v in vs}) if versions is not None else []
+    if len(pushes) <= 1:
+        return hidden_alpha(sampler_at(pushes[0] if pushes else version), kept, params, hidden, lm_weight, tau)
+    alpha = torch.zeros(len(kept), hidden.shape[1], dtype=torch.float64)
+    for v in pushes:
+        only = [torch.tensor(vs, dtype=torch.long) == v for vs in versions]
+        alpha += hidden_alpha(sampler_at(v), kept, params, hidden, lm_weight, tau, only=only)
     return alpha
 
 

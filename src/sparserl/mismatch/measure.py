@@ -34,7 +34,8 @@ dense old policy, token by token, and its tail by length bin (:mod:`.acceptance`
 
 Under ``rollout.async`` the rollout was sampled with the push before the latest: with ``alpha_q=hidden``
 the workers keep their head inputs and send them back, and the sampler here loads that push's weights from
-the pool before α (:func:`sparserl.train.sampler_sync.sampler_of`); with ``alpha_q=kept`` the exact α reads
+the pool before α (:func:`sparserl.train.sampler_sync.sampler_at`; a partial rollout's tokens, drawn by several
+pushes, each by its own push's head: :func:`.exact_alpha.hidden_alpha_by_push`); with ``alpha_q=kept`` the exact α reads
 the ``q`` the workers kept, which must fit (:func:`check_exact_alpha_under_async`). ``p`` is the learner's
 weights, ``q`` the sampler's a step older on its sparse cache, so α is the whole mismatch, lag and cache
 together.
@@ -147,11 +148,20 @@ def check_exact_alpha_under_async(cfg, learner) -> None:
 
 @torch.no_grad()
 def measure_alpha(
-    trainer, batch: RolloutBatch, ro, params, mode: str, bin_width: int, hidden: torch.Tensor | None = None
+    trainer,
+    batch: RolloutBatch,
+    ro,
+    params,
+    mode: str,
+    bin_width: int,
+    hidden: torch.Tensor | None = None,
+    sampler_at=None,
 ) -> dict:
     """The step's α metrics (mean, 5th percentile, 5th percentile per length bin, time) in ``mode``.
     ``hidden`` [N, T, H]: the learner's final hidden states at the response positions when the scoring
-    forward kept them (else one forward here)."""
+    forward kept them (else one forward here). ``sampler_at(v)``: the sampler with weight push ``v``'s
+    weights, for ``q`` from kept head inputs drawn by several pushes (a partial rollout); else the
+    trainer's engine as it is."""
     if mode == "off":
         return {}
     start = time.perf_counter()
@@ -169,7 +179,9 @@ def measure_alpha(
     alpha = torch.zeros(N, T, dtype=torch.float64)
     metrics = {}
     if mode == "exact" and ro.hidden is not None:  # the sampler's head inputs kept: q recomputed, no replay
-        alpha = exact.hidden_alpha(trainer.engine, ro.hidden, params, hidden, weight, tau)
+        at = sampler_at or (lambda version: trainer.engine)  # each token's push's head, or the engine's
+        pushes = ro.token_versions
+        alpha = exact.hidden_alpha_by_push(at, ro.hidden, pushes, params, hidden, weight, tau, ro.weights_version)
     elif mode == "exact" and ro.distributions is not None:  # q kept while sampling: nothing to replay
         alpha = exact.recorded_alpha(ro.distributions, hidden, weight, tau)
     elif mode == "exact":

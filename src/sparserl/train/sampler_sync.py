@@ -122,13 +122,20 @@ def local_sampler(trainer) -> RolloutEngine:
 
 
 def sampler_of(trainer, ro: RolloutOutput) -> RolloutEngine:
-    """The sampler in this process with the weights that sampled ``ro``: :func:`local_sampler`, or under
-    ``rollout.async`` (``ro`` sampled with the push before the latest) that push's weights, loaded from the
-    pool (the exact α's ``q`` from the workers' kept head inputs needs the head that made them); the engine
-    here is then stale again."""
-    if trainer.pool is None or ro.weights_version in (None, trainer.pool.version):
+    """The sampler in this process with the weights that sampled ``ro`` (:func:`sampler_at` its push)."""
+    return sampler_at(trainer, ro.weights_version)
+
+
+def sampler_at(trainer, version: int | None) -> RolloutEngine:
+    """The sampler in this process with the weights of push ``version``: :func:`local_sampler` where that is the
+    latest push (or None: sampled here), else that push's weights, loaded from the pool (one of the latest
+    ``rollout.max_staleness`` + 1: under ``rollout.async`` the exact α's ``q`` from the workers' kept head inputs
+    needs the head that made them, each token's own under ``rollout.partial``); the engine here is then stale
+    again."""
+    if trainer.pool is None or version in (None, trainer.pool.version):
         return local_sampler(trainer)
-    trainer.engine.update_weights(trainer.pool.weights(ro.weights_version))
+    if trainer.engine.weights_version != version or not trainer.engine_stale:
+        trainer.engine.update_weights(trainer.pool.weights(version), version)
     trainer.engine_stale = True
     return trainer.engine
 

@@ -10,6 +10,8 @@ log-probs come from) is on the trainer (:mod:`.build`), and the time per station
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from .. import runlog as names
@@ -28,7 +30,16 @@ from ..rollout.engine import RolloutOutput
 from ..score import score_logprobs
 from .dynamic_sampling import filter_groups
 from .laps import Laps
-from .sampler_sync import local_sampler, pool_metrics, push_weights, rollout, sampler_of, sampling_params, token_lag
+from .sampler_sync import (
+    local_sampler,
+    pool_metrics,
+    push_weights,
+    rollout,
+    sampler_at,
+    sampler_of,
+    sampling_params,
+    token_lag,
+)
 from .update import update
 
 
@@ -66,9 +77,9 @@ def train_step(trainer, step: int) -> dict:
     # 4b) the acceptance α (times itself: time/alpha_s), and the controller's next budgets from its tail
     if cfg.mismatch.alpha == "exact" and ro.distributions is None:  # the sampler here replays, or reads ro.hidden
         sampler_of(trainer, ro)
-    alpha = measure_alpha(
-        trainer, batch, ro, sampling_params(cfg, step), cfg.mismatch.alpha, cfg.mismatch.alpha_bin, old.hidden
-    )
+    params, bin_width = sampling_params(cfg, step), cfg.mismatch.alpha_bin
+    at = partial(sampler_at, trainer)  # each token's own push's head (partial rollouts are drawn by several)
+    alpha = measure_alpha(trainer, batch, ro, params, cfg.mismatch.alpha, bin_width, old.hidden, at)
     ro.distributions = ro.hidden = None  # the sampler's q or its head's inputs, read: freed before the update
     if cfg.train.trim_heap:  # scoring's and α's transients, freed: their pages back before the update
         trim_freed_memory()

@@ -6,10 +6,10 @@ from ..schema import Config
 
 
 def partial_rollouts(cfg: Config) -> list[str]:
-    """rollout.partial needs rollout.async, an α that reads each token's own sampler, and the eager decode step;
+    """rollout.partial needs rollout.async and the eager decode step;
     rollout.partial_max_lag needs rollout.partial, and masks some tokens but not all: 1 <= it < rollout.max_staleness
     (the freshest tokens of an asynchronous rollout are 1 push old when their step takes them)."""
-    r, m = cfg.rollout, cfg.mismatch
+    r = cfg.rollout
     if not r.partial:
         if r.partial_max_lag is not None:
             return [f"rollout.partial_max_lag={r.partial_max_lag} needs rollout.partial=true (it masks its tokens)"]
@@ -19,12 +19,6 @@ def partial_rollouts(cfg: Config) -> list[str]:
         errors.append(
             "rollout.partial=true needs rollout.async=true (and cluster.rollout_workers): responses continue across "
             "the weight pushes of asynchronous rollouts"
-        )
-    if m.alpha == "exact" and m.alpha_q == "hidden":
-        errors.append(
-            "rollout.partial=true with mismatch.alpha=exact and mismatch.alpha_q=hidden: a response continued across "
-            "pushes was drawn by several heads, and α recomputes q with one; use mismatch.alpha_q=kept (the workers "
-            "keep each token's q as drawn), mismatch.alpha=topk or mismatch.alpha=off"
         )
     k, lag = r.max_staleness, r.partial_max_lag
     if lag is not None and k >= 1 and not 1 <= lag < k:
