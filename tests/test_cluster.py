@@ -376,23 +376,29 @@ def test_k_step_async_samples_k_steps_ahead_and_a_killed_worker_reruns_all_it_he
     assert metrics[3][names.MISMATCH_K3_LAG] > metrics[1][names.MISMATCH_K3_LAG]  # two pushes of lag: more of it
 
 
-def test_a_worker_continues_a_partial_rollout_with_the_weights_loaded_between_segments(tmp_path, tiny):
+@pytest.mark.parametrize("kv", ["keep", "recompute"])
+def test_a_worker_continues_a_partial_rollout_with_the_weights_loaded_between_segments(tmp_path, tiny, kv):
     """The worker's side of rollout.partial, without Ray: ``start`` samples 5 decode steps with push 1 and keeps
     the rollout; after push 2 loads, ``advance`` takes it to its end: tokens 0-5 drawn by push 1, the rest by push
-    2; a call with a push the worker does not hold is refused."""
+    2 (rollout.partial_kv=recompute: token 5's logits recomputed with push 2 too); a call with a push the worker
+    does not hold is refused."""
     from sparserl.cluster.worker import RolloutWorker, WorkerStateError
     from sparserl.rollout.sampling import SamplingParams
 
-    worker = RolloutWorker(_cfg(tmp_path), 0)
+    cfg = _cfg(tmp_path, "cluster.rollout_workers=1", "rollout.async=true", "rollout.max_staleness=2")
+    cfg.rollout.partial, cfg.rollout.partial_kv = True, kv
+    worker = RolloutWorker(cfg, 0)
     worker.load_weights(tiny.model.state_dict(), 1)
     params = SamplingParams(n=2, max_new_tokens=16, seed=3, ignore_eos=True)
     assert worker.start("a", PROMPTS[:2], params, 0, 1, steps=5) is None
     with pytest.raises(WorkerStateError, match="push 1, asked to sample with push 2"):
         worker.advance("a", 2, None)
     worker.load_weights({k: v * 1.1 for k, v in tiny.model.state_dict().items()}, 2)
+    assert worker._partial["a"][0].recomputes == 0
     out = worker.advance("a", 2, None)
     assert out.weights_version == 1 and len(out.response_ids) == 4  # the push it was started with
-    assert out.token_versions == [[1] * 6 + [2] * 10] * 4
+    first = 5 if kv == "recompute" else 6
+    assert out.token_versions == [[1] * first + [2] * (16 - first)] * 4
     assert not worker._partial  # handed back: nothing kept
 
 

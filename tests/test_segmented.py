@@ -6,6 +6,7 @@ weights computed the logits it was drawn from."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from sparserl.rollout.engine import RolloutEngine
 from sparserl.rollout.kv import get_compressor
@@ -14,12 +15,16 @@ from sparserl.rollout.segmented import SegmentedRollout
 
 PROMPTS = ["hello there", "What is 3 + 4? Answer with a number.", "Count: one two"]
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=24, seed=7)
+LONG_PROMPTS = [p + " " + "and then some more words to read " * 8 for p in PROMPTS]  # 60+ tokens: pages to choose
 
 
-def _engine(tiny, name: str, max_batch=None) -> RolloutEngine:
+def _engine(tiny, name: str, max_batch=None, kv_quant="none") -> RolloutEngine:
     options = {"window": 4} if name == "snapkv" else {}
-    comp = get_compressor(name, budget=10, step_length=4, **options) if name != "none" else get_compressor("none")
-    engine = RolloutEngine(tiny, comp, fused=False, max_batch=max_batch)
+    if name == "blocktopk":  # 3 of the 16-token pages read per step past the first layer (LONG_PROMPTS: > 3 pages)
+        comp = get_compressor("blocktopk", pages=3, dense_layers=1)
+    else:
+        comp = get_compressor(name, budget=10, step_length=4, **options) if name != "none" else get_compressor("none")
+    engine = RolloutEngine(tiny, comp, fused=False, max_batch=max_batch, kv_quant=kv_quant)
     engine.update_weights(tiny.model, version=1)
     return engine
 
@@ -112,3 +117,90 @@ def test_alpha_from_kept_head_inputs_reads_each_token_with_the_head_of_the_push_
     one_head = hidden_alpha(heads[1], out.hidden, params, hidden, weight, 1.0)
     assert torch.allclose(one_head[:, :7], want[:, :7], atol=1e-5)  # tokens 0-6: push 1 drew them
     assert (one_head - want)[:, 7:].abs().max() > 1e-3  # the tokens after the load need push 2's head
+
+
+def _teacher_forced_logprobs(engine: RolloutEngine, prompt: list[int], response: list[int]) -> torch.Tensor:
+    """Log-probs [len(response)] of each response token under ``engine``'s weights, one dense forward over
+    prompt + response (temperature 1, as PARAMS)."""
+    ids = torch.tensor([prompt + response])
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    positions = torch.arange(ids.shape[1])[None]
+    with torch.inference_mode():
+        h = engine.model.hidden_states(ids, valid, positions)
+        logp = torch.log_softmax(engine.model.logits(h).float()[0], -1)
+    P = len(prompt)
+    return logp[P - 1 : P - 1 + len(response)].gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+
+@pytest.mark.parametrize(
+    "name, kv_quant",
+    [("none", "none"), ("rkv", "none"), ("snapkv", "none"), ("h2o", "none"), ("blocktopk", "none"), ("rkv", "int8")],
+)
+def test_a_recomputed_cache_continues_with_the_new_weights_over_the_whole_sequence(tiny, name, kv_quant):
+    """rollout.partial_kv=recompute: after 6 decode steps with push 1 (tokens 0-5 drawn, token 6's logits
+    computed), push 2's weights recompute the live responses' cache and token 6's logits: token 6 is drawn from
+    push 2's forward over prompt + tokens 0-5, for every cache (its log-prob equals a dense teacher-forced one
+    under push 2, and it records push 2); on a dense cache every later token is too (the cache holds push 2's
+    K/V of every token, as if push 2 had sampled from the start). Kept instead (the default), token 6 is push
+    1's."""
+    other = _perturbed(tiny, 1.5)
+    fresh = _engine(tiny, "none")
+    fresh.update_weights(other, version=2)
+    gaps = {}
+    prompts = LONG_PROMPTS if name == "blocktopk" else PROMPTS
+    for kv in ("keep", "recompute"):
+        engine = _engine(tiny, name, kv_quant=kv_quant)
+        rollout = SegmentedRollout(engine, prompts, PARAMS, kv=kv)
+        rollout.advance(6)
+        engine.update_weights(other, version=2)
+        rollout.advance()
+        out = rollout.output()
+        assert rollout.recomputes == (kv == "recompute")
+        first, later = [], []
+        for prompt, response, logp, versions in zip(
+            out.prompt_ids, out.response_ids, out.sampler_logprobs, out.token_versions
+        ):
+            if len(response) > 7:
+                drawn_by_1 = 6 if kv == "recompute" else 7
+                assert versions == [1] * drawn_by_1 + [2] * (len(response) - drawn_by_1)
+                forced = _teacher_forced_logprobs(fresh, prompt, response)
+                gap = (forced - torch.tensor(logp)).abs()
+                first.append(float(gap[6]))
+                later.append(float(gap[6:].max()))
+        assert len(first) >= 4  # responses that went on after the load
+        gaps[kv] = max(first), max(later)
+    assert gaps["recompute"][0] < 1e-4
+    assert gaps["keep"][0] > 1e-3
+    if name == "none":
+        assert gaps["recompute"][1] < 1e-4
+
+
+def test_rewritten_rows_keep_their_tokens_with_the_new_keys_and_values(tiny):
+    """``CompressedKVCache.rewrite_rows``: a SnapKV cache that chose 10 of each sequence's 30-odd tokens under push
+    1, rewritten from push 2's forward over the same sequences: every slot keeps its position (the token it
+    chose) and holds push 2's K/V at it; the observation window holds push 2's last queries."""
+    from sparserl.rollout.cache import CompressedKVCache
+
+    engine = _engine(tiny, "none")
+    ids, valid, _ = engine.left_padded([engine.encode(p) for p in PROMPTS])
+    more = torch.randint(5, 100, (ids.shape[0], 20), generator=torch.Generator().manual_seed(1))
+    ids, valid = torch.cat([ids, more], 1), torch.cat([valid, torch.ones_like(more, dtype=torch.bool)], 1)
+    positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    snapkv = get_compressor("snapkv", budget=10, window=4)
+    _, keys, values, queries, _, _ = engine.model.prefill(ids, valid, positions, 4)
+    cache = CompressedKVCache(keys, values, valid, positions, 16, snapkv, engine.model.n_heads, queries)
+    assert int(cache.lens[0] - cache.start[0]) == 10 and cache.pos.max() > 20  # 10 of the 31+ positions kept
+    pos_before = cache.pos.clone()
+    engine.update_weights(_perturbed(tiny, 1.5), version=2)
+    _, keys2, values2, queries2, _, _ = engine.model.prefill(ids, valid, positions, 4)
+    offset = (~valid).sum(1)
+    cache.rewrite_rows(slice(0, ids.shape[0]), keys2, values2, offset, queries2)
+    assert torch.equal(cache.pos, pos_before)
+    for layer in range(cache.n_layers):
+        assert torch.equal(cache._ordered_queries(slice(layer, layer + 1), None), queries2[layer])
+        for b in range(ids.shape[0]):
+            for slot in range(int(cache.start[b]), int(cache.lens[b])):
+                for h in range(cache.n_kv):
+                    column = int(offset[b]) + int(cache.pos[layer, b, h, slot])
+                    assert torch.equal(cache.keys[layer, b, h, slot], keys2[layer][b, h, column])
+                    assert torch.equal(cache.values[layer, b, h, slot], values2[layer][b, h, column])

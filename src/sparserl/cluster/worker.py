@@ -32,6 +32,7 @@ class RolloutWorker:
         lm = load_model(cfg.model.name, dtype=cfg.model.dtype, seed=cfg.model.seed, device=cfg.model.device)
         self.engine = engine_from_fields(lm, sampler_section(cfg))
         self.micro_batch_size = cfg.train.micro_batch_size
+        self.partial_kv = cfg.rollout.partial_kv  # a partial rollout's cache after a load: kept or recomputed
         self.version = -1  # no weights pushed yet
         self._partial: dict = {}  # key -> SegmentedRollout: partial rollouts going on across pushes (rollout.partial)
 
@@ -77,7 +78,7 @@ class RolloutWorker:
 
         self._check(version)
         self._set_schedule(schedule)
-        rollout = SegmentedRollout(self.engine, prompts, params, first_prompt=first_prompt)
+        rollout = SegmentedRollout(self.engine, prompts, params, first_prompt=first_prompt, kv=self.partial_kv)
         self._partial[key] = rollout, version
         rollout.advance(steps)
 

@@ -439,6 +439,15 @@ class RolloutConfig(_Section):
         "cut by decode steps, not by when a push arrives, so the same seed gives the same run. With "
         "rollout.max_staleness 0 or 1 no rollout spans a push and the run equals the one without.",
     )
+    partial_kv: Literal["keep", "recompute"] = F(
+        "keep",
+        "Under rollout.partial, the KV cache of the responses still running when new weights are loaded: keep (as "
+        "it is: the K/V of the tokens before were computed with the older weights) or recompute (NeMo-RL's "
+        "recompute_kv_cache_after_weight_updates: one forward with the new weights over each response so far "
+        "replaces the K/V of the tokens the cache holds and gives the next token's logits; a compressing cache "
+        "keeps the tokens it chose under the older weights). recompute costs a prefill of every live response at "
+        "each load.",
+    )
     partial_max_lag: int | None = F(
         None,
         "Under rollout.partial: tokens drawn more than this many weight pushes before the update that learns from "

@@ -475,6 +475,42 @@ class CompressedKVCache:
         self.start[rows] = (~valid).sum(dim=1).to(self.start.dtype)
         self._uniform_len = None
 
+    def rewrite_rows(
+        self,
+        rows: slice,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        offset: torch.Tensor,
+        queries: list[torch.Tensor] | None = None,
+    ) -> None:
+        """The K/V of every slot of ``rows`` replaced by a forward's over the whole sequence (keys / values per
+        layer [r, Hkv, L, D], the sequences left-padded by ``offset`` [r] columns, so position ``p`` sits at
+        column ``offset + p``): each slot takes the column of the position it holds (``pos``), so the cache keeps
+        the same tokens with their K/V recomputed (a partial rollout after a weight load,
+        :meth:`~sparserl.rollout.engine.RolloutEngine.recompute_cache`). The window's queries become the forward's
+        last ones (in the ring's order); the attention accumulated per slot (H2O's scores) is kept: like the
+        choice of slots, it was made under the older weights. Call :meth:`restart_selector` after the last rows."""
+        L, D = keys[0].shape[2], self.head_dim
+        for layer in range(self.n_layers):
+            column = (offset.to(self.device)[:, None, None] + self.pos[layer, rows].long()).clamp(0, L - 1)
+            at = column[..., None].expand(-1, -1, -1, D)  # [r, Hkv, capacity, D]
+            k, v = keys[layer].gather(2, at), values[layer].gather(2, at)
+            self._write(layer, (rows, slice(None), slice(None)), k, v)
+        if self.q_ring is not None and queries is not None:
+            w = min(self.window, queries[0].shape[2])
+            order = torch.tensor([(self.q_head - w + i) % self.window for i in range(w)], device=self.device)
+            for layer in range(self.n_layers):
+                ring = self.q_ring[layer, rows]
+                ring[:, :, order] = queries[layer][:, :, -w:]
+                self.q_ring[layer, rows] = ring
+            self.q_count = max(self.q_count, w)
+
+    def restart_selector(self) -> None:
+        """After :meth:`rewrite_rows`: a method that selects per step starts its state again from the cached keys
+        (block top-k's page key sums are rebuilt when it next reads pages)."""
+        if self.selector is not None:
+            self.selector = self.compressor.attention_selector(self)
+
     def select(self, keep_rows: torch.Tensor) -> None:
         """Keep only these sequences (new, smaller buffers; the old ones are freed)."""
         self._account()

@@ -322,11 +322,12 @@ class RolloutEngine:
 
     def _batch_steps(
         self, prompts: list[list[int]], p: SamplingParams, row_ids: torch.Tensor, forced: list[list[int]] | None = None
-    ) -> Generator[int, None, RolloutOutput]:
+    ) -> Generator[int, str | None, RolloutOutput]:
         """:meth:`_generate_batch` one decode step at a time: yields the number of tokens each live row has
         after each decode step (the K/V of its last token written, the next token's logits computed) and returns
         the batch's output. Between two steps the caller may load other weights (:meth:`update_weights`): the
-        rows go on with them, their cache as it is (:class:`SegmentedRollout`)."""
+        rows go on with them, their cache as it is (``next``), or recomputed with them (``send(RECOMPUTE)``:
+        :meth:`recompute_cache`) (:class:`SegmentedRollout`)."""
         m, c, dev = self.model, self.compressor, self.device
         if self.compile and c.selects_per_step:  # the compiled layer step attends over every slot
             raise ValueError(
@@ -440,7 +441,9 @@ class RolloutEngine:
             if due.any():
                 dense_tokens_peak = max(dense_tokens_peak, int(true_len.sum()))
                 cache.compress(due, seq_len=true_len)
-            yield t + 1
+            if (yield t + 1) == RECOMPUTE:  # weights loaded since: the live rows' K/V and next logits with them
+                logits, x = self.recompute_cache(cache, ids[active], valid[active], tokens_out[active, : t + 1])
+                logits_version = self.weights_version
         cache._account()
         seconds = time.perf_counter() - t0
         lens = lengths.tolist()
@@ -471,6 +474,39 @@ class RolloutEngine:
             hidden=[kept_h[b, : lens[b]] for b in range(B)] if kept_h is not None else None,
             token_versions=[versions[b, : lens[b]].tolist() for b in range(B)] if versions is not None else None,
         )
+
+    #: tokens (rows x sequence length) :meth:`recompute_cache` forwards at once: bounds its K/V and temporaries
+    RECOMPUTE_TOKENS = 8192
+
+    @torch.inference_mode()
+    def recompute_cache(
+        self, cache: CompressedKVCache, ids: torch.Tensor, valid: torch.Tensor, response: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cache of live rows recomputed with the weights the engine holds now (NeMo-RL's
+        ``recompute_kv_cache_after_weight_updates``, ``rollout.partial_kv=recompute``): one forward over each
+        row's prompt (``ids`` / ``valid`` [r, P], left-padded) and response so far (``response`` [r, t]), whose
+        K/V replace the cached ones at the positions the cache holds (:meth:`CompressedKVCache.rewrite_rows`: a
+        compressing cache keeps the tokens it chose, with their K/V recomputed). Returns the next token's logits
+        [r, V] and their head input [r, hidden] from that forward: the first token after a recompute is drawn
+        with attention over the whole sequence (as vLLM's recomputing prefill does), the ones after from the cache.
+        Rows ``RECOMPUTE_TOKENS`` tokens at a time."""
+        seq = torch.cat([ids, response], 1)
+        ok = torch.cat([valid, torch.ones_like(response, dtype=torch.bool)], 1)
+        positions = (ok.long().cumsum(-1) - 1).clamp(min=0)
+        offset = (~valid).sum(1)
+        rows = max(1, self.RECOMPUTE_TOKENS // seq.shape[1])
+        logits, xs = [], []
+        for s in range(0, seq.shape[0], rows):
+            part = slice(s, s + rows)
+            lg, keys, values, queries, _, x = self.model.prefill(
+                seq[part], ok[part], positions[part], cache.window, False
+            )
+            cache.rewrite_rows(part, keys, values, offset[part], queries if cache.window else None)
+            logits.append(lg)
+            xs.append(x)
+            del keys, values, queries
+        cache.restart_selector()
+        return torch.cat(logits), torch.cat(xs)
 
     def _fused_decode(self) -> bool:
         """Whether :meth:`_decode` runs the fused native layers (:mod:`.fused`) and so their head."""
@@ -511,6 +547,10 @@ class RolloutEngine:
             return fused.head(m, x)
         # a decode step's few rows run on the packed kernel (model.linear): blocks of as many, for its sums
         return torch.cat([m.head(part.to(m.dtype)).float() for part in x.split(PACKED_MAX_ROWS)])
+
+
+#: sent into :meth:`RolloutEngine._batch_steps` after a weight load: recompute the live rows' cache with the new weights
+RECOMPUTE = "recompute"
 
 
 def _checked(compressor: KVCompressor) -> KVCompressor:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 
-from .engine import Prompt, RolloutEngine, join_sequential
+from .engine import RECOMPUTE, Prompt, RolloutEngine, join_sequential
 from .output import RolloutOutput
 from .sampling import SamplingParams
 
@@ -29,12 +29,25 @@ __all__ = ["SegmentedRollout"]
 
 class SegmentedRollout:
     """``params.n`` responses to each of ``prompts`` on ``engine``, sampled :meth:`advance` by :meth:`advance`;
-    ``first_prompt`` as in :meth:`~.engine.RolloutEngine.generate` (a shard of a larger batch)."""
+    ``first_prompt`` as in :meth:`~.engine.RolloutEngine.generate` (a shard of a larger batch); ``kv``: what
+    the live responses' cache does when the engine holds other weights at an :meth:`advance` than at the one
+    before (``keep`` or ``recompute``)."""
 
-    def __init__(self, engine: RolloutEngine, prompts: list[Prompt], params: SamplingParams, first_prompt: int = 0):
+    KV = ("keep", "recompute")
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        prompts: list[Prompt],
+        params: SamplingParams,
+        first_prompt: int = 0,
+        kv: str = "keep",
+    ):
         import torch
 
-        self.engine, self.params = engine, params
+        if kv not in self.KV:
+            raise ValueError(f"kv must be one of {', '.join(self.KV)}, got {kv!r}")
+        self.engine, self.params, self.kv = engine, params, kv
         _, self._expanded = engine.expand(prompts, params)
         rows = torch.arange(len(self._expanded), dtype=torch.long) + first_prompt * params.n  # global row ids
         chunk = engine.batch_rows([e[1] for e in self._expanded], params.max_new_tokens, len(self._expanded))
@@ -43,8 +56,11 @@ class SegmentedRollout:
             for s in range(0, len(self._expanded), chunk)
         ]
         self._outs: list[RolloutOutput | None] = [None] * len(self._batches)
+        self._started = [False] * len(self._batches)  # the batch's prefill and first decode steps have run
+        self._weights_version = engine.weights_version  # the weights of the last advance()
         self.seconds = 0.0  # time spent in advance(), without the pauses between segments
         self.segments = 0
+        self.recomputes = 0  # advances that recomputed the cache (kv="recompute", other weights loaded)
         self._output: RolloutOutput | None = None
 
     @property
@@ -53,21 +69,28 @@ class SegmentedRollout:
         return all(out is not None for out in self._outs)
 
     def advance(self, steps: int | None = None) -> bool:
-        """Run each batch ``steps`` more decode steps (None: to its end), with the weights the engine holds now;
-        returns :attr:`done`."""
+        """Run each batch ``steps`` more decode steps (None: to its end), with the weights the engine holds now
+        (under ``kv="recompute"``, where they are another push than at the last advance, or unnumbered, the
+        started batches' caches recomputed with them first); returns :attr:`done`."""
         if steps is not None and steps < 1:
             raise ValueError(f"steps must be >= 1 or None, got {steps}")
         t0 = time.perf_counter()
+        loaded = self.engine.weights_version != self._weights_version or self.engine.weights_version is None
+        recompute = self.kv == "recompute" and loaded and self.segments > 0
+        self.recomputes += recompute
         for i, batch in enumerate(self._batches):
             taken = 0
             while self._outs[i] is None and (steps is None or taken < steps):
                 try:
-                    next(batch)
+                    # the first step after a load recomputes a started batch's cache with the new weights
+                    batch.send(RECOMPUTE) if recompute and taken == 0 and self._started[i] else next(batch)
+                    self._started[i] = True
                     taken += 1
                 except StopIteration as end:
                     self._outs[i] = end.value
         self.seconds += time.perf_counter() - t0
         self.segments += 1
+        self._weights_version = self.engine.weights_version
         return self.done
 
     def output(self) -> RolloutOutput:

@@ -6,14 +6,18 @@ from ..schema import Config
 
 
 def partial_rollouts(cfg: Config) -> list[str]:
-    """rollout.partial needs rollout.async and the eager decode step;
-    rollout.partial_max_lag needs rollout.partial, and masks some tokens but not all: 1 <= it < rollout.max_staleness
-    (the freshest tokens of an asynchronous rollout are 1 push old when their step takes them)."""
+    """rollout.partial needs rollout.async and the eager decode step; rollout.partial_max_lag and
+    rollout.partial_kv=recompute need rollout.partial, and partial_max_lag masks some tokens but not all:
+    1 <= it < rollout.max_staleness (the freshest tokens of an asynchronous rollout are 1 push old when their step
+    takes them)."""
     r = cfg.rollout
     if not r.partial:
+        errors = []
         if r.partial_max_lag is not None:
-            return [f"rollout.partial_max_lag={r.partial_max_lag} needs rollout.partial=true (it masks its tokens)"]
-        return []
+            errors.append(f"rollout.partial_max_lag={r.partial_max_lag} needs rollout.partial=true (it masks tokens)")
+        if r.partial_kv != "keep":
+            errors.append(f"rollout.partial_kv={r.partial_kv} needs rollout.partial=true (a partial rollout's cache)")
+        return errors
     errors: list[str] = []
     if not r.async_:
         errors.append(
