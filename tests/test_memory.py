@@ -15,6 +15,7 @@ from sparserl.config import ConfigError, apply_overrides, load_config
 from sparserl.cost import ModelShape
 from sparserl.memory import check_fits, gradient_checkpointing_on, memory_limit, predict_peak
 from sparserl.memory.activations import autocast_weight_bytes, saved_layer_bytes
+from sparserl.memory.predict import BASELINE_BYTES
 from sparserl.models.loading import tiny_config
 
 #: the tiny model, dtypes named (``auto`` is timed once per machine, minutes on a fresh cache)
@@ -100,6 +101,40 @@ def test_lora_and_reference_change_the_resident_parts():
     assert lora.resident["AdamW moments"] < full.resident["AdamW moments"] / 10
     ref = predict_peak(cfg_of("algorithm.kl_coef=0.001"), SHAPE, 100)
     assert ref.resident["reference"] == full.resident["learner weights"]
+
+
+def test_a_local_cluster_counts_its_workers_and_the_pushes_its_object_store_keeps():
+    """cluster.rollout_workers on a local Ray: each worker's process (the model it loads, a push being loaded, its
+    sampler and its shard's caches) and max(2, k + 1) pushes in the object store join the resident parts; a
+    cluster of its own (cluster.address) adds none; partial rollouts keep k caches per worker."""
+    alone = predict_peak(cfg_of(), SHAPE, 100)
+    weights = alone.resident["learner weights"]
+    one = predict_peak(cfg_of("cluster.rollout_workers=1"), SHAPE, 100)
+    two = predict_peak(cfg_of("cluster.rollout_workers=2"), SHAPE, 100)
+    assert one.resident["object store: 2 weight pushes"] == 2 * weights
+    worker = one.resident["rollout workers (1)"]
+    assert worker > BASELINE_BYTES + 2 * weights
+    assert worker < two.resident["rollout workers (2)"] < 2 * worker  # the shard halves, the rest doubles
+    assert one.peak - alone.peak == worker + 2 * weights
+    remote = predict_peak(cfg_of("cluster.rollout_workers=1", "cluster.address=auto"), SHAPE, 100)
+    assert remote.resident == alone.resident
+    ahead = ("cluster.rollout_workers=1", "rollout.async=true", "rollout.max_staleness=3")
+    k3 = predict_peak(cfg_of(*ahead), SHAPE, 100)
+    assert k3.resident["object store: 4 weight pushes"] == 4 * weights
+    partial = predict_peak(cfg_of(*ahead, "rollout.partial=true"), SHAPE, 100)
+    assert partial.resident["rollout workers (1)"] > k3.resident["rollout workers (1)"]  # 3 caches kept, not 1
+
+
+def test_a_local_cluster_that_does_not_fit_is_told_fewer_steps_ahead_or_fewer_workers():
+    from sparserl.memory.fit import suggestions
+
+    base = ("rollout.async=true", "rollout.partial=true")
+    big = cfg_of("cluster.rollout_workers=3", "rollout.max_staleness=4", *base)
+    limit = predict_peak(cfg_of("cluster.rollout_workers=3", "rollout.max_staleness=2", *base), SHAPE, 100).peak
+    assert predict_peak(big, SHAPE, 100).peak > limit
+    fixes = [fix for fix, _ in suggestions(big, SHAPE, 100, limit)]
+    assert "rollout.max_staleness=2" in fixes
+    assert any(fix.startswith("cluster.rollout_workers=") for fix in fixes)
 
 
 #: 32 responses of 1,024 tokens in one micro-batch, every row whole: on the 2-layer tiny shape checkpointing

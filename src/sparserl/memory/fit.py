@@ -61,6 +61,12 @@ def _knobs(cfg: Config, prompt_tokens: int) -> list[tuple[list[str], int, int, o
         knobs.append((["rollout.compressor=rkv"], 16, one_row - 1, "rollout.kv_budget"))
     elif r.kv_budget > 1:
         knobs.append(([], 1, r.kv_budget - 1, "rollout.kv_budget"))
+    c = cfg.cluster
+    if c.rollout_workers and c.address is None:  # a local Ray's workers and pushes (predict.local_cluster_bytes)
+        if r.async_ and r.max_staleness > 1:
+            knobs.append(([], 1, r.max_staleness - 1, "rollout.max_staleness"))
+        if c.rollout_workers > 1:
+            knobs.append(([], 1, c.rollout_workers - 1, "cluster.rollout_workers"))
     if not t.lora_rank:
         knobs.append((["train.lora_rank=16"], 0, 0, None))
     knobs.append(([], 1, r.max_new_tokens - 1, "rollout.max_new_tokens"))
@@ -76,7 +82,7 @@ def _rounded(key: str, v: int, lowest: int) -> int:
 def suggestions(cfg: Config, shape: ModelShape, prompt_tokens: int, limit: float) -> list[tuple[str, float]]:
     """``(key=value [key=value ...], predicted bytes)`` for each single change that makes the prediction
     fit ``limit``: gradient checkpointing on, a smaller token budget of a micro-batch, a smaller KV budget (a
-    compressor, for a dense sampler), LoRA (gradients and AdamW's moments for its adapters only), shorter
+    compressor, for a dense sampler), on a local Ray fewer steps ahead or fewer rollout workers, LoRA (gradients and AdamW's moments for its adapters only), shorter
     responses, fewer prompts a step; each at the largest value that fits, rounded down. When no single one
     does, one combination: the changes applied in that order, each at its smallest value, until the next
     one fits at a larger value. Only changes that pass the rules between keys are suggested."""

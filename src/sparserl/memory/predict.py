@@ -330,7 +330,38 @@ def _predict(cfg: Config, shape: ModelShape, prompt_tokens: int, precision: str,
     if source == "update" and alpha:  # α runs between the update's forward and its backward, beside its graph
         stations["alpha"] = {**{f"update {k}": v for k, v in graph.items()}, **alpha}
     notes = [f"prompts of at most {P} tokens", f"old policy: {source}", f"micro-batch: {rows} rows, {tokens} tokens"]
+    if cfg.cluster.rollout_workers and cfg.cluster.address is None:  # a local Ray: all of it on this machine
+        resident.update(local_cluster_bytes(cfg, shape, r, row, kept, N))
+        notes.append(f"a local Ray: {cfg.cluster.rollout_workers} rollout worker(s) and the pushes in its object store")
     return MemoryPrediction(resident, stations, ckpt, notes, P)
+
+
+def local_cluster_bytes(cfg: Config, shape: ModelShape, r, row: dict[str, int], kept: dict[str, int], N: int):
+    """What a local Ray holds beside the training process, for the run (``cluster.rollout_workers`` = W,
+    ``cluster.address`` None), in bytes:
+
+    - each rollout worker's process: the baseline, the model it loads (``model.dtype``), its sampler's weights, a
+      push being loaded, and its shard of ⌈N / W⌉ responses: their KV caches and sampling buffers for each
+      rollout sampling at once (1, or under ``rollout.partial`` the k = ``rollout.max_staleness`` rollouts in
+      flight, each keeping its cache between segments) and what α keeps (head inputs or q) for the k + 1
+      rollouts it may hold until they are taken;
+    - Ray's object store: the latest max(2, k + 1) weight pushes (:attr:`sparserl.cluster.pool.RolloutPool.keep`),
+      each the learner's weights."""
+    W, k = cfg.cluster.rollout_workers, r.max_staleness if r.async_ else 0
+    push = shape.params * _bytes(cfg.model.dtype)
+    shard = -(-N // W)
+    sampling = k if (r.partial and k > 1) else 1
+    worker = (
+        BASELINE_BYTES
+        + 2 * push  # the model it loads and a push being loaded
+        + sampler_bytes(shape, cfg.model.dtype, r.dtype, r)
+        + sampling * shard * sum(row.values())
+        + (k + 1) * shard * sum(kept.values()) // N
+    )
+    return {
+        f"rollout workers ({W})": W * worker,
+        f"object store: {max(2, k + 1)} weight pushes": max(2, k + 1) * push,
+    }
 
 
 def _torch_dtype(name: str):
