@@ -83,9 +83,10 @@ def suggestions(cfg: Config, shape: ModelShape, prompt_tokens: int, limit: float
     """``(key=value [key=value ...], predicted bytes)`` for each single change that makes the prediction
     fit ``limit``: gradient checkpointing on, a smaller token budget of a micro-batch, a smaller KV budget (a
     compressor, for a dense sampler), on a local Ray fewer steps ahead or fewer rollout workers, LoRA (gradients
-    and AdamW's moments for its adapters only), shorter responses, fewer prompts a step; each at the largest value that fits, rounded down. When no single one
-    does, one combination: the changes applied in that order, each at its smallest value, until the next
-    one fits at a larger value. Only changes that pass the rules between keys are suggested."""
+    and AdamW's moments for its adapters only), shorter responses, fewer prompts a step; each at the largest
+    value that fits, rounded down. When no single one does, one combination: the changes applied in that order,
+    each at its smallest value, until the next one fits at a larger value. Only changes that pass the rules
+    between keys are suggested."""
 
     def trial(base: list[str], overrides: list[str]) -> MemoryPrediction | None:
         c = _with(cfg, base + overrides)
