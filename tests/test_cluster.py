@@ -270,15 +270,23 @@ def test_a_learner_that_dies_stops_the_step_with_an_error_naming_it(tmp_path, lo
         close_cluster(trainer)
 
 
-def _kill_worker_0_once_step_2_is_sent(trainer) -> list:
-    """Wraps the trainer's pool: each collected rollout recorded as (prompts, output) in the list returned, and
-    worker 0 killed with SIGKILL right after the first rollout sent once step 1's is collected (step 2's)."""
-    collected, victim, killed = [], trainer.pool.info()[0]["pid"], []
-    collect, submit = trainer.pool.collect, trainer.pool.submit
+def _record_collects(trainer) -> list:
+    """Wraps the trainer's pool: each collected rollout recorded as (prompts, output) in the list returned."""
+    collected, collect = [], trainer.pool.collect
 
     def collect_and_record(pending):
         collected.append((pending.prompts, collect(pending)))
         return collected[-1][1]
+
+    trainer.pool.collect = collect_and_record
+    return collected
+
+
+def _kill_worker_0_once_step_2_is_sent(trainer) -> list:
+    """:func:`_record_collects`, and worker 0 killed with SIGKILL right after the first rollout sent once step 1's
+    is collected (step 2's)."""
+    collected, victim, killed = _record_collects(trainer), trainer.pool.info()[0]["pid"], []
+    submit = trainer.pool.submit
 
     def submit_then_kill(*args):
         pending = submit(*args)
@@ -287,7 +295,7 @@ def _kill_worker_0_once_step_2_is_sent(trainer) -> list:
             killed.append(victim)
         return pending
 
-    trainer.pool.collect, trainer.pool.submit = collect_and_record, submit_then_kill
+    trainer.pool.submit = submit_then_kill
     return collected
 
 
@@ -424,10 +432,7 @@ def test_partial_rollouts_continue_across_pushes_and_a_killed_worker_samples_the
     runs = {}
     for kill in (False, True):
         trainer = build_trainer(_cfg(tmp_path / str(kill), *extra))
-        collected = _kill_worker_0_once_step_2_is_sent(trainer) if kill else []
-        if not kill:
-            collect = trainer.pool.collect
-            trainer.pool.collect = lambda p, c=collect: collected.append((p.prompts, c(p))) or collected[-1][1]
+        collected = (_kill_worker_0_once_step_2_is_sent if kill else _record_collects)(trainer)
         try:
             metrics = [train_step(trainer, step) for step in (1, 2, 3, 4)]
             assert trainer.pool.restarts == int(kill)

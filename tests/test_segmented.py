@@ -31,8 +31,10 @@ def _engine(tiny, name: str, max_batch=None, kv_quant="none") -> RolloutEngine:
 
 @pytest.mark.parametrize("name, max_batch", [("none", None), ("rkv", None), ("snapkv", 4), ("h2o", 2)])
 def test_segments_with_the_same_weights_sample_what_one_generate_samples(tiny, name, max_batch):
-    whole = _engine(tiny, name, max_batch).generate(PROMPTS, PARAMS)
+    engine = _engine(tiny, name, max_batch)
+    whole = engine.generate(PROMPTS, PARAMS)
     rollout = SegmentedRollout(_engine(tiny, name, max_batch), PROMPTS, PARAMS)
+    assert rollout.engine.last_batch_rows == engine.last_batch_rows == (max_batch or 6)  # split as generate splits
     while not rollout.advance(5):
         pass
     out = rollout.output()

@@ -222,9 +222,7 @@ class RolloutEngine:
         prompt_ids, expanded = self.expand(prompts, params, prompt_ids)
         if forced is not None and (len(forced) != len(expanded) or any(len(f) == 0 for f in forced)):
             raise ValueError(f"forced: {len(forced)} token lists for {len(expanded)} responses (each non-empty)")
-        rows = torch.arange(len(expanded), dtype=torch.long) + first_prompt * params.n  # global row ids
-        chunk = self.batch_rows(prompt_ids, params.max_new_tokens, len(expanded))
-        self.last_batch_rows = chunk  # the replay of this rollout splits it the same way
+        rows, chunk = self.split_rows(prompt_ids, expanded, params, first_prompt)
         if self.static and forced is None:
             from .static_step import generate_static, static_unsupported
 
@@ -261,6 +259,17 @@ class RolloutEngine:
                     f"prompt {i} has {len(ids)} tokens, longer than the model's context ({self.model.max_positions})"
                 )
         return prompt_ids, [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(params.n)]
+
+    def split_rows(
+        self, prompt_ids: list[list[int]], expanded: list, params: SamplingParams, first_prompt: int
+    ) -> tuple[torch.Tensor, int]:
+        """The rollout's rows and how they are batched: (each response's global row id [R] int64, response ``j``
+        of prompt ``i`` is row ``(first_prompt + i)·n + j`` (its random stream); the rows sampled at once,
+        :meth:`batch_rows`, also kept as :attr:`last_batch_rows` so that a replay splits the rollout the same
+        way)."""
+        rows = torch.arange(len(expanded), dtype=torch.long) + first_prompt * params.n
+        self.last_batch_rows = self.batch_rows(prompt_ids, params.max_new_tokens, len(expanded))
+        return rows, self.last_batch_rows
 
     def _named(self, out: RolloutOutput, expanded: list[tuple[int, list[int]]]) -> RolloutOutput:
         """``out`` with each response's prompt index, prompt tokens and decoded text."""

@@ -43,14 +43,12 @@ class SegmentedRollout:
         first_prompt: int = 0,
         kv: str = "keep",
     ):
-        import torch
 
         if kv not in self.KV:
             raise ValueError(f"kv must be one of {', '.join(self.KV)}, got {kv!r}")
         self.engine, self.params, self.kv = engine, params, kv
-        _, self._expanded = engine.expand(prompts, params)
-        rows = torch.arange(len(self._expanded), dtype=torch.long) + first_prompt * params.n  # global row ids
-        chunk = engine.batch_rows([e[1] for e in self._expanded], params.max_new_tokens, len(self._expanded))
+        prompt_ids, self._expanded = engine.expand(prompts, params)
+        rows, chunk = engine.split_rows(prompt_ids, self._expanded, params, first_prompt)
         self._batches = [
             engine._batch_steps([e[1] for e in self._expanded[s : s + chunk]], params, rows[s : s + chunk])
             for s in range(0, len(self._expanded), chunk)
