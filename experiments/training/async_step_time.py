@@ -15,10 +15,11 @@ The ratio of a round is sync's mean step over async's; the figure is the median 
         --out docs/results/async_rollouts/learners_step_time.json train.prompts_per_step=4
 
 ``--arms`` picks other pairs: ``one`` (everything in the training process), ``sync``, ``async``, ``async2`` (two
-steps ahead: ``rollout.max_staleness=2``), ``async2_partial`` (and ``rollout.partial``; docs/results/async_staleness),
-``learners2`` (two data-parallel learners, the sampler in the training process), and with the exact α
-``sync_replay`` (the training process replays the worker's sampler), ``sync_kept`` and ``async_kept`` (the
-worker sends back the q it kept while it sampled):
+steps ahead: ``rollout.max_staleness=2``), ``async2_partial`` (and ``rollout.partial``;
+docs/results/async_staleness), ``async2_partial_recompute`` (and ``rollout.partial_kv=recompute``), ``learners2``
+(two data-parallel learners, the sampler in the training process), and with the exact α ``sync_replay`` (the
+training process replays the worker's sampler), ``sync_kept`` and ``async_kept`` (the worker sends back the q it
+kept while it sampled):
 
     python3 experiments/training/async_step_time.py --arms sync_replay sync_kept --rounds 3 --steps 4 \
         --out docs/results/alpha_kept/workers_sync.json train.prompts_per_step=4
@@ -63,6 +64,14 @@ ARMS = {
         "rollout.async=true",
         "rollout.max_staleness=2",
         "rollout.partial=true",
+    ],
+    # the same, each load recomputing the live responses' cache with the new weights (rollout.partial_kv)
+    "async2_partial_recompute": [
+        "cluster.rollout_workers=1",
+        "rollout.async=true",
+        "rollout.max_staleness=2",
+        "rollout.partial=true",
+        "rollout.partial_kv=recompute",
     ],
     "learners2": ["cluster.learners=2"],
     # the exact α with a rollout worker: replayed in the training process,
