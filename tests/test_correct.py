@@ -288,6 +288,30 @@ def test_mis_token_and_sequence():
     assert close(s.metrics["rs/seq_vetoed_frac"], 0.5)
 
 
+def test_trl_is_modes_as_trl_computes_them():
+    """TRL's vllm_importance_sampling_mode on ratios [[4, 0.5], [0.1, 1.2]] (products 2 and 0.12), clip [0.2, 3]:
+    truncation clamps from both sides; masking zeroes the weight (the token keeps its place in the loss)."""
+    q, p, m = make([[LN(4.0), LN(0.5)], [LN(0.1), LN(1.2)]])
+    fn = get_correction("trl_is")
+    tt = fn(q, p, m, mode="token_truncate", clip_min=0.2, clip_max=3.0)
+    assert torch.allclose(tt.weights, torch.tensor([[3.0, 0.5], [0.2, 1.2]]), atol=1e-6)
+    assert close(tt.metrics["is/clipped_frac"], 0.5) and torch.equal(tt.mask, m)
+    tm = fn(q, p, m, mode="token_mask", clip_min=0.2, clip_max=3.0)
+    assert torch.allclose(tm.weights, torch.tensor([[0.0, 0.5], [0.0, 1.2]]), atol=1e-6)
+    assert torch.equal(tm.mask, m)  # zero weight, not removed: TRL's masked_fill
+    assert close(tm.metrics["rs/token_masked_frac"], 0.5) and tm.metrics["rs/masked_frac"] == 0.0
+    st = fn(q, p, m, mode="sequence_truncate", clip_min=0.2, clip_max=3.0)
+    assert torch.allclose(st.weights, torch.tensor([[2.0, 2.0], [0.2, 0.2]]), atol=1e-5)
+    sm = fn(q, p, m)  # TRL's default: sequence_mask, clip_max 3, no lower bound
+    assert torch.allclose(sm.weights, torch.tensor([[2.0, 2.0], [0.12, 0.12]]), atol=1e-5)
+    sm1 = fn(q, p, m, clip_max=1.5)
+    assert torch.allclose(sm1.weights, torch.tensor([[0.0, 0.0], [0.12, 0.12]]), atol=1e-5)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        fn(q, p, m, mode="sequence")
+    with pytest.raises(ValueError, match="clip_min < clip_max"):
+        fn(q, p, m, clip_min=3.0, clip_max=2.0)
+
+
 def test_acr_weights_and_scale():
     q, p, m = make([[LN(4.0), 0.0, LN(0.5)]])
     a = get_correction("acr")(q, p, m)

@@ -42,6 +42,8 @@ PRESETS: dict[str, Spec] = {
     ],
     "verl_k3_rs": [("rejection", {"metric": "k3", "level": "seq_mean", "high": 0.01})],
     "verl_bypass": [("bypass", {})],
+    # TRL's GRPOTrainer default: the response's ratio product, masked (weight 0) above 3
+    "trl_sequence_mask": [("trl_is", {"mode": "sequence_mask", "clip_max": 3.0})],
 }
 
 

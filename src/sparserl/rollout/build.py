@@ -38,4 +38,5 @@ def engine_from_fields(lm, r: Any, weights: dict | None = None) -> RolloutEngine
         weights=weights,
         static=r.static_step,
         static_check_every=r.static_check_every,
+        fp32_head=r.fp32_head,
     )

@@ -64,6 +64,7 @@ class RolloutEngine:
         bf16_kernel: str | None = None,
         static: bool = False,
         static_check_every: int = 8,
+        fp32_head: bool = False,
     ):
         """``compressor``: a :class:`KVCompressor`; ``get_compressor("none")`` for a dense cache. ``weights``: the
         state dict the sampler starts from (None: ``loaded.model``'s own; see :class:`SamplerModel`).
@@ -128,6 +129,7 @@ class RolloutEngine:
             quant_head=quant_head,
             weights=weights,
             bf16_kernel=bf16_kernel,
+            fp32_head=fp32_head,
         )
         self.device = self.model.device
         self.compressor = _checked(compressor)

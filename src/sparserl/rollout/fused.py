@@ -202,9 +202,10 @@ def final_norm(model: SamplerModel, h: torch.Tensor) -> torch.Tensor:
 
 
 def head(model: SamplerModel, x: torch.Tensor) -> torch.Tensor:
-    """Float32 logits of :func:`final_norm`'s output x: the model's own head for a float32 sampler; for a bf16
-    one, the head's bf16 panels with float32 sums (the eager bf16 head where it has none)."""
-    if model.dtype == torch.float32:
+    """Float32 logits of :func:`final_norm`'s output x: the model's own head for a float32 sampler or a float32
+    head (``fp32_head``); for a bf16 one, the head's bf16 panels with float32 sums (the eager bf16 head where it
+    has none)."""
+    if model.dtype == torch.float32 or model.fp32_head:
         return model.head(x).float()
     plan = fused_layers(model)
     out = native.linear_bf16(x.float(), plan.head) if plan.head is not None else None

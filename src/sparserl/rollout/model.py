@@ -70,6 +70,7 @@ class SamplerModel:
         quant_head: bool = False,
         weights: dict[str, torch.Tensor] | None = None,
         bf16_kernel: str | None = None,
+        fp32_head: bool = False,
     ):
         """``bf16_kernel``: which of :func:`native.bf16_kernels` runs a bfloat16 sampler's weight products
         (its weights packed in that kernel's layout); None = the library's default (AMX where the CPU
@@ -85,7 +86,12 @@ class SamplerModel:
         ``quant_outliers``: input channels of every quantized linear kept in float32 (0 = none; the
         same quantizers and calibration as ``quant_smooth``). ``quant_head``: quantize the LM head
         too, the same way (its SmoothQuant factors and outlier channels calibrated on the final
-        norm's output); the embedding stays in the sampler dtype."""
+        norm's output); the embedding stays in the sampler dtype. ``fp32_head``: under a bfloat16 / float16 sampler,
+        the LM head's weight kept as a float32 copy of the pushed (learner's) weight and its product run in
+        float32 from the final norm's output: the head a float32 learner has, on the sampler's own head input.
+        prime-rl's ``enable_fp32_lm_head`` (on vLLM: the bf16 weight, float32 output) and SGLang's
+        ``--enable-fp32-lm-head`` (the bf16 weight cast to float32) keep the half-precision weight and drop only
+        the logits' rounding; this keeps the weight's precision too. A float32 sampler's head is float32 already."""
         cfg = hf_model.config
         if getattr(cfg, "model_type", None) not in ("llama", "qwen2", "qwen3", "mistral"):
             raise ValueError(f"sampler: unsupported model_type {getattr(cfg, 'model_type', None)!r}")
@@ -120,6 +126,9 @@ class SamplerModel:
         self.quant_outliers = check_outliers(quant_outliers)
         check_outliers_fit(self.quant_outliers, cfg)
         self.quant_head = bool(quant_head)
+        self.fp32_head = bool(fp32_head) and self.dtype != torch.float32
+        if self.fp32_head and self.quant_head:
+            raise ValueError("sampler: fp32_head and quant_head ask for two different heads; choose one")
         if self.quant_head and not self.quantizer.quantizes:
             raise ValueError(
                 "sampler: quant_head needs a weight quantization (quant int8, int8_group, fp8, ...), "
@@ -158,11 +167,12 @@ class SamplerModel:
 
         self.embed = get("model.embed_tokens.weight").contiguous()
         lm = state.get("lm_head.weight")
-        self.lm_head = (
-            self.embed
-            if lm is None or getattr(self.config, "tie_word_embeddings", False)
-            else lm.detach().to(device=dev, dtype=dt).contiguous()
-        )
+        if lm is None or getattr(self.config, "tie_word_embeddings", False):
+            lm = state["model.embed_tokens.weight"]
+        # tied or not, the head is the embedding's own tensor in the sampler dtype, or (fp32_head) a float32 copy
+        head_dtype = torch.float32 if self.fp32_head else dt
+        tied = lm is state["model.embed_tokens.weight"] and head_dtype == dt
+        self.lm_head = self.embed if tied else lm.detach().to(device=dev, dtype=head_dtype).contiguous()
         self.norm = get("model.norm.weight")
         self.layers = []
         qz = self.quantizer
@@ -208,12 +218,13 @@ class SamplerModel:
                 torch.cuda.synchronize(dev)
             quantize_s += time.perf_counter() - t0
         self.last_quantize_s = quantize_s
+        head = [] if self.fp32_head else [self.lm_head]  # a float32 head of a half sampler: its own product
         if self.pack_weights:
-            for w in [self.lm_head, *(t for lw in self.layers for t in (lw.qkv, lw.o, lw.gate_up, lw.down))]:
+            for w in [*head, *(t for lw in self.layers for t in (lw.qkv, lw.o, lw.gate_up, lw.down))]:
                 if isinstance(w, torch.Tensor):
                     pack_weight(w)
         elif self.dtype == torch.bfloat16 and dev.type == "cpu" and native.active():  # the fused bf16 step's
-            for w in [self.lm_head, *(t for lw in self.layers for t in (lw.qkv, lw.o, lw.gate_up, lw.down))]:
+            for w in [*head, *(t for lw in self.layers for t in (lw.qkv, lw.o, lw.gate_up, lw.down))]:
                 if isinstance(w, torch.Tensor):
                     packed = native.pack_linear_bf16(w.float(), self.bf16_layout)  # bf16 -> f32 -> bf16: same bits
                     if packed is not None:
@@ -332,7 +343,9 @@ class SamplerModel:
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """The LM head's product ``x Wᵀ`` [..., V] of :meth:`final_norm`'s output (each row on its own: a
-        quantized head's activation scales are per token)."""
+        quantized head's activation scales are per token; ``fp32_head``: in float32, x taken to float32)."""
+        if self.fp32_head:
+            return linear(x.float(), self.lm_head)
         return linear(x, self.lm_head)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from ..schema import QUANT_GROUP, Config
 
 def quant_options(cfg: Config) -> list[str]:
     """SmoothQuant and outlier channels act on quantized activations, quant_head on quantized weights,
-    quant_group on int8_group's groups."""
+    quant_group on int8_group's groups; fp32_head on a half-precision head that is not quantized."""
     from ...rollout.quant import build_quant
 
     r = cfg.rollout
@@ -34,6 +34,13 @@ def quant_options(cfg: Config) -> list[str]:
             f"rollout.quant_head=true needs a weight quantization (rollout.quant int8, int8_group, fp8, "
             f"...; rollout.quant={r.quant!r})"
         )
+    if r.fp32_head and r.quant_head:
+        errors.append(
+            "rollout.fp32_head=true with rollout.quant_head=true: one asks for a float32 head, the other for a "
+            "quantized one; set one of them"
+        )
+    if r.fp32_head and r.dtype == "float32":
+        errors.append("rollout.fp32_head=true with rollout.dtype=float32: the head is float32 already; leave it out")
     if r.quant_group % 4:
         errors.append(f"rollout.quant_group={r.quant_group} must be a multiple of 4 (the int8 kernel's 4-byte steps)")
     if r.quant_group != QUANT_GROUP and not quant.takes_group:
