@@ -284,6 +284,33 @@ MATRIX = [
         "correction-option-value",
     ),
     case("config", ["train", "algorithm.correction_options.is_mode=bogus"], "is_mode", "correction-is-mode"),
+    case(
+        "config",
+        [
+            "train",
+            "algorithm.correction=icepop",
+            "algorithm.correction_options.low=3",
+            "algorithm.correction_options.high=2",
+        ],
+        "low <= high",
+        "icepop-band-inverted",
+    ),
+    case(
+        "config",
+        ["train", "algorithm.correction=trl_is", "algorithm.correction_options.mode=seq"],
+        "mode",
+        "trl-is-mode",
+    ),
+    case("config", ["train", "algorithm.kl_unbiased=true"], "algorithm.kl_coef", "kl-unbiased-without-kl"),
+    case(
+        "config",
+        ["train", "algorithm.off_policy_mask_threshold=-1"],
+        "off_policy_mask_threshold",
+        "off-policy-delta-negative",
+    ),
+    case(
+        "config", ["train", "rollout.fp32_head=true", "rollout.dtype=float32"], "float32 already", "fp32-head-on-fp32"
+    ),
     case("config", ["train", "rollout.quant=int9"], "rollout.quant", "unknown-quant"),
     case("config", ["train", "rollout.kv_quant=int4"], "rollout.kv_quant", "unknown-kv-quant"),
     case("config", ["train", "rollout.quant_scale=0"], "rollout.quant_scale", "quant-scale-zero"),

@@ -312,6 +312,31 @@ def test_trl_is_modes_as_trl_computes_them():
         fn(q, p, m, clip_min=3.0, clip_max=2.0)
 
 
+def test_icepop_zeroes_the_tokens_outside_its_band_and_weights_the_rest():
+    """NeMo-RL / OpenRLHF icepop on ratios [6, 0.4, 5, 0.5, 1.3]: bounds inclusive, zeroed tokens kept in the loss."""
+    q, p, m = make([[LN(6.0), LN(0.4), LN(5.0), LN(0.5), LN(1.3)]])
+    c = get_correction("icepop")(q, p, m)
+    assert torch.allclose(c.weights, torch.tensor([[0.0, 0.0, 5.0, 0.5, 1.3]]), atol=1e-5)
+    assert torch.equal(c.mask, m) and close(c.metrics["rs/token_masked_frac"], 0.4)
+    narrow = get_correction("icepop")(q, p, m, low=0.9, high=1.5)
+    assert torch.allclose(narrow.weights, torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.3]]), atol=1e-5)
+    with pytest.raises(ValueError, match="low <= high"):
+        get_correction("icepop")(q, p, m, low=2.0, high=1.0)
+
+
+def test_seq_mask_tis_zeroes_responses_by_their_geometric_mean_ratio():
+    """Geometric means: row 0 sqrt(1.001 * 1.0008) inside [0.999, 1.002], row 1 sqrt(1.2 * 0.9) outside;
+    the kept row's tokens take their own ratios; the padded token of row 2 does not count in its mean."""
+    q, p, m = make(
+        [[LN(1.001), LN(1.0008)], [LN(1.2), LN(0.9)], [LN(1.0005), LN(50.0)]], mask=[[1, 1], [1, 1], [1, 0]]
+    )
+    c = get_correction("seq_mask_tis")(q, p, m)
+    assert torch.allclose(c.weights, torch.tensor([[1.001, 1.0008], [0.0, 0.0], [1.0005, 0.0]]), atol=1e-6)
+    assert torch.equal(c.mask, m) and close(c.metrics["rs/seq_vetoed_frac"], 1 / 3)
+    wide = get_correction("seq_mask_tis")(q, p, m, low=0.5, high=2.0)
+    assert torch.allclose(wide.weights[1], torch.tensor([1.2, 0.9]), atol=1e-6)
+
+
 def test_acr_weights_and_scale():
     q, p, m = make([[LN(4.0), 0.0, LN(0.5)]])
     a = get_correction("acr")(q, p, m)

@@ -375,3 +375,37 @@ def test_gspo_equals_the_token_level_where_a_responses_ratios_are_equal():
     b, _ = policy_loss(new, old, adv, mask)
     assert torch.allclose(a, b)
     assert torch.allclose(torch.autograd.grad(a, new)[0], torch.autograd.grad(b, new)[0])
+
+
+def test_off_policy_sequence_mask_drops_negative_advantage_responses_that_drifted():
+    """DeepSeek-V3.2 / TRL: mean_t (log q − log π) per response against δ = 0.5, only where A < 0. Drifts:
+    row 0 1.0 (A −1: dropped), row 1 1.0 (A +1: kept), row 2 0.25 (A −1: kept), row 3 (padding ignored) 0.75
+    over its one token (A −1, token advantages: dropped)."""
+    from sparserl.train.losses import off_policy_sequence_mask
+
+    logp = torch.tensor([[-2.0, -2.0], [-2.0, -2.0], [-1.0, -1.5], [-3.0, 0.0]])
+    q = torch.tensor([[-1.0, -1.0], [-1.0, -1.0], [-1.0, -1.0], [-2.25, 9.0]])
+    mask = torch.tensor([[1, 1], [1, 1], [1, 1], [1, 0]])
+    adv = torch.tensor([-1.0, 1.0, -1.0, -1.0])
+    assert off_policy_sequence_mask(logp, q, adv, mask, 0.5).tolist() == [False, True, True, False]
+    assert off_policy_sequence_mask(logp, q, adv[:, None].expand(4, 2), mask, 0.5).tolist() == [
+        False,
+        True,
+        True,
+        False,
+    ]
+    assert off_policy_sequence_mask(logp, q, adv, mask, 1.0).all()  # no drift above 1 nat
+
+
+def test_unbiased_kl_ratio_is_the_current_over_the_old_policy_with_its_gradient():
+    from sparserl.train.losses import unbiased_kl_ratio
+
+    logp = torch.tensor([[-1.0, -2.0], [-1.0, -3.0]], requires_grad=True)
+    old = torch.tensor([[-1.5, -2.0], [-1.0, -2.0]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    r = unbiased_kl_ratio(logp, old, mask)
+    assert torch.allclose(r, torch.tensor([[math.exp(0.5), 1.0], [1.0, 1.0]]))
+    r.sum().backward()  # d exp(lp - old) / d lp = the ratio itself on valid tokens, 0 on padding
+    assert torch.allclose(logp.grad, torch.tensor([[math.exp(0.5), 1.0], [1.0, 0.0]]))
+    seq = unbiased_kl_ratio(logp.detach(), old, mask, "sequence")
+    assert torch.allclose(seq, torch.tensor([[math.exp(0.25)] * 2, [1.0, 1.0]]))

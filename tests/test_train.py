@@ -257,6 +257,24 @@ def test_several_updates_per_rollout_batch(tmp_path):
     assert steps == {4}  # 2 prompts / 1 per mini-batch x 2 epochs
 
 
+def test_off_policy_masking_and_the_unbiased_kl_run_in_every_micro_batch(tmp_path):
+    """algorithm.off_policy_mask_threshold (DeepSeek-V3.2) against the current policy of each of 4 optimizer
+    steps, with the unbiased KL and IcePop: a bound of 0 leaves responses out (logged), a bound no drift reaches
+    leaves none, and the two runs learn differently."""
+    from sparserl import runlog as names
+
+    extra = ("train.steps=1", "train.mini_batch_prompts=1", "train.ppo_epochs=2", "algorithm.kl_coef=0.01")
+    extra += ("algorithm.kl_unbiased=true", "algorithm.correction=icepop")
+    runs = {}
+    for delta in (0.0, 100.0):
+        tr = build_trainer(cfg_for(tmp_path / str(delta), *extra, f"algorithm.off_policy_mask_threshold={delta}"))
+        metrics = train_step(tr, 1)
+        runs[delta] = metrics, {k: v.clone() for k, v in tr.learner.state_dict().items()}
+    (strict, w0), (loose, w1) = runs[0.0], runs[100.0]
+    assert 0 < strict[names.OFF_POLICY_MASKED_FRAC] < 1 and loose[names.OFF_POLICY_MASKED_FRAC] == 0
+    assert any(not torch.equal(w0[k], w1[k]) for k in w0)
+
+
 def test_checkpoint_every_0_saves_only_at_the_end(tmp_path):
     run = train(cfg_for(tmp_path, "train.steps=2", "checkpoint.every=0"), run_dir=tmp_path / "c0", log=lambda *_: None)
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-000002"]

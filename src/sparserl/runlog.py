@@ -102,6 +102,7 @@ MISMATCH_ALPHA_CACHE_MEAN = (
 MISMATCH_ALPHA_CACHE_P5 = "mismatch/alpha_cache_p5"
 MASKED_FRAC = "rs/masked_frac"
 TOKEN_MASKED_FRAC = "rs/token_masked_frac"
+OFF_POLICY_MASKED_FRAC = "rs/off_policy_masked_frac"  # responses of the micro-batches left out by the sequence mask
 SEQ_VETOED_FRAC = "rs/seq_vetoed_frac"
 IS_WEIGHT_MIN = "is/weight_min"
 IS_WEIGHT_MAX = "is/weight_max"

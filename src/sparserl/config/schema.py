@@ -618,6 +618,20 @@ class AlgorithmConfig(_Section):
     kl_kind: Literal["k1", "k2", "k3", "low_var_kl"] = F(
         "low_var_kl", "KL estimator: k1 | k2 | k3 | low_var_kl (k3, clamped)."
     )
+    kl_unbiased: bool = F(
+        False,
+        "The KL penalty's per-token estimate times the PPO ratio pi_theta / pi_old (not detached): the unbiased "
+        "KL estimate of DeepSeek-V3.2 (TRL's use_bias_correction_kl), for tokens drawn by the old policy rather "
+        "than the current one. Needs kl_coef > 0.",
+    )
+    off_policy_mask_threshold: float | None = F(
+        None,
+        "DeepSeek-V3.2's off-policy sequence masking (TRL's off_policy_mask_threshold, delta): a response with a "
+        "negative advantage whose mean over its tokens of log q - log pi_theta (the sampler's log-probs against "
+        "the current policy's, in every update micro-batch) exceeds this is left out of the policy loss (weight "
+        "0; rs/off_policy_masked_frac). TRL suggests 0.5 to start. None = off.",
+        ge=0,
+    )
     entropy_coef: float = F(0.0, "Coefficient of the entropy bonus (0 = off).", ge=0)
     filter_groups: bool = F(
         False,

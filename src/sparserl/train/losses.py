@@ -44,6 +44,8 @@ from torch import Tensor
 __all__ = [
     "LOSS_AGGS",
     "IMPORTANCE_SAMPLING_LEVELS",
+    "off_policy_sequence_mask",
+    "unbiased_kl_ratio",
     "KL_KINDS",
     "agg_loss",
     "loss_normalizers",
@@ -236,6 +238,41 @@ def policy_loss(
         metrics["policy/clip_frac"] = metrics["policy/clip_frac_low"] + metrics["policy/clip_frac_high"]
         metrics["policy/pg_loss"] = float(loss.detach())
     return loss, metrics
+
+
+@torch.no_grad()
+def off_policy_sequence_mask(
+    logprobs: Tensor, sampler_logprobs: Tensor, advantages: Tensor, mask: Tensor, threshold: float
+) -> Tensor:
+    """DeepSeek-V3.2's off-policy sequence masking (DeepSeek-AI, 2025, arXiv 2512.02556; TRL's
+    ``get_off_policy_mask``): bool ``[B]``, False for a response to leave out of the policy loss,
+
+        ``M_b = 0  iff  A_b < 0  and  (1/|y_b|) Σ_t (log q_t − log π_θ,t) > δ``
+
+    with ``q`` the sampler's log-probs, ``π_θ`` the current policy's (``logprobs``, read detached), ``δ`` =
+    ``threshold``: negative-advantage responses the current policy has drifted far from. ``advantages`` [B] or
+    [B, T] (then their mean over the response's tokens)."""
+    valid = _valid(mask)
+    n = valid.sum(-1).clamp(min=1)
+    drift = torch.where(valid, sampler_logprobs - logprobs.detach(), torch.zeros_like(logprobs)).sum(-1) / n
+    adv = advantages if advantages.dim() == 1 else torch.where(valid, advantages, 0).sum(-1) / n
+    return (adv >= 0) | (drift <= threshold)
+
+
+def unbiased_kl_ratio(logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, level: str = "token") -> Tensor:
+    """``π_θ / π_old`` per token ``[B, T]`` (gradient through ``logprobs``), the factor of DeepSeek-V3.2's
+    unbiased KL estimate (arXiv 2512.02556; TRL's ``use_bias_correction_kl``): the tokens were drawn by the old
+    policy, so the per-token estimate of KL(π_θ ‖ π_ref) is reweighted to the current one,
+
+        ``KL_t = (π_θ,t / π_old,t) · (π_ref,t / π_θ,t − log(π_ref,t / π_θ,t) − 1)``
+
+    ``level="sequence"`` (GSPO): the response's length-normalised ratio on each token, as TRL. 1 on padding;
+    the log-ratio clamped to ±20 as the policy loss's."""
+    valid = _valid(mask)
+    lr = torch.where(valid, logprobs - behaviour_logprobs.detach(), torch.zeros_like(logprobs))
+    if level == "sequence":
+        lr = (lr.sum(-1) / valid.sum(-1).clamp(min=1).to(lr.dtype))[:, None].expand_as(lr)
+    return lr.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP).exp()
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "low_var_kl") -> Tensor:

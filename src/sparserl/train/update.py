@@ -23,7 +23,14 @@ from ..score import forward_response, forward_response_shared
 from ..score.dense import micro_batches
 from ..score.shared_prompt import shares_prompt_with_grad
 from .lora import sampler_state
-from .losses import agg_loss, kl_penalty, loss_normalizers, policy_loss
+from .losses import (
+    agg_loss,
+    kl_penalty,
+    loss_normalizers,
+    off_policy_sequence_mask,
+    policy_loss,
+    unbiased_kl_ratio,
+)
 from .nonfinite import NonfiniteSteps
 from .update_forward import UpdateForward
 from .update_visible import quantized_weight_snapshot, update_visible_frac
@@ -153,12 +160,18 @@ def micro_batch_loss(trainer, batch: RolloutBatch, corr, r: torch.Tensor, norms:
                 temperature=cfg.rollout.temperature,
             )
     scale = corr.clip_upper_scale[r] if corr.clip_upper_scale is not None else None
+    weights, off_policy = corr.weights[r], None
+    if a.off_policy_mask_threshold is not None:  # against the current policy: in each micro-batch
+        keep = off_policy_sequence_mask(
+            lp, batch.sampler_logprobs[r], batch.advantages[r], corr.mask[r], a.off_policy_mask_threshold
+        )
+        weights, off_policy = weights * keep[:, None].to(weights.dtype), float((~keep).float().mean())
     loss, m = policy_loss(
         lp,
         corr.behaviour_logprobs[r],
         batch.advantages[r],
         corr.mask[r],
-        corr.weights[r],
+        weights,
         clip_eps=a.clip_eps,
         clip_eps_high=a.clip_eps_high,
         clip_upper_scale=scale,
@@ -167,8 +180,13 @@ def micro_batch_loss(trainer, batch: RolloutBatch, corr, r: torch.Tensor, norms:
     )
     mask = batch.response_mask[r]
     m[names.ENTROPY] = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
+    if off_policy is not None:
+        m[names.OFF_POLICY_MASKED_FRAC] = off_policy
     if trainer.ref is not None:
         kl_tok = kl_penalty(lp, batch.ref_logprobs[r], a.kl_kind)
+        if a.kl_unbiased:  # DeepSeek-V3.2's unbiased estimate: times pi_theta / pi_old, not detached
+            level = a.importance_sampling_level
+            kl_tok = kl_tok * unbiased_kl_ratio(lp, corr.behaviour_logprobs[r], corr.mask[r], level)
         loss = loss + a.kl_coef * agg_loss(kl_tok, corr.mask[r], **norms)
         m[names.KL_REF] = float((kl_tok.detach() * mask).sum() / mask.sum().clamp(min=1))
     if a.entropy_coef:  # entropy bonus (maximise entropy)

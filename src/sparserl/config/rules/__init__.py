@@ -32,7 +32,7 @@ from .reward import overlong_buffer_fits, reward_spec
 from .rollout_async import async_rollouts
 from .sampler import blocktopk_pages, kv_budget_above_window, kv_schedule, kv_schedule_unused
 from .static_step import static_step_and_replay, unused_static_check_every
-from .unused import alpha_topk_unused, kl_kind_unused
+from .unused import alpha_topk_unused, kl_kind_unused, kl_unbiased_unused
 
 __all__ = ["RULES", "validate"]
 
@@ -68,6 +68,7 @@ RULES: tuple[Rule, ...] = (
     reward_spec,
     mismatch_split_needs_quant,
     kl_kind_unused,
+    kl_unbiased_unused,
     alpha_topk_unused,
 )
 #: run only when every rule above passed: it builds the compressor, which a bad option above would fail

@@ -17,6 +17,17 @@ def kl_kind_unused(cfg: Config) -> list[str]:
     return []
 
 
+def kl_unbiased_unused(cfg: Config) -> list[str]:
+    """algorithm.kl_unbiased reweights the KL penalty, which algorithm.kl_coef=0 turns off."""
+    a = cfg.algorithm
+    if a.kl_coef == 0 and a.kl_unbiased:
+        return [
+            "algorithm.kl_unbiased=true does nothing with algorithm.kl_coef=0 (no KL penalty); set "
+            "algorithm.kl_coef, or leave kl_unbiased out"
+        ]
+    return []
+
+
 def alpha_topk_unused(cfg: Config) -> list[str]:
     """mismatch.alpha_topk is the k of mismatch.alpha=topk."""
     m = cfg.mismatch
