@@ -448,6 +448,14 @@ class RolloutConfig(_Section):
         "cut by decode steps, not by when a push arrives, so the same seed gives the same run. With "
         "rollout.max_staleness 0 or 1 no rollout spans a push and the run equals the one without.",
     )
+    dense_fallback: bool = F(
+        False,
+        "Sparrow's dense fallback (dense_filtering_overload): each group of a step whose rewards are all 0 is "
+        "sampled again, once, by the same weights on a dense KV cache, scored, and put in the sparse group's "
+        "place (sampling/dense_fallback_frac, sampling/dense_fallback_reward_mean; reward/mean stays the "
+        "compressed sampler's). Costs a dense rollout of those groups; needs a compressing sampler and a "
+        "synchronous one.",
+    )
     partial_kv: Literal["keep", "recompute"] = F(
         "keep",
         "Under rollout.partial, the KV cache of the responses still running when new weights are loaded: keep (as "

@@ -39,6 +39,13 @@ def sampling_params(
     )
 
 
+def rollout_params(trainer, step: int, examples: list) -> SamplingParams:
+    """The sampling of step ``step``'s rollout of ``examples``: :func:`sampling_params`, keeping what the exact α
+    reads (the whole ``q`` where it fits, else or by choice the head's inputs: no replay)."""
+    keep = keeps_distributions(trainer, len(examples) * trainer.cfg.rollout.n)
+    return sampling_params(trainer.cfg, step, keep, keeps_hidden(trainer))
+
+
 def rollout(trainer, step: int) -> tuple[list, RolloutOutput]:
     """Step ``step``'s examples and their rollout: on the engine here, or on the rollout workers with the
     budgets the controller has reached (``cluster.rollout_workers``; the same samples either way).
@@ -49,9 +56,7 @@ def rollout(trainer, step: int) -> tuple[list, RolloutOutput]:
     cfg = trainer.cfg
     if trainer.pool is None:
         examples = trainer.data.next_batch()
-        keep = keeps_distributions(trainer, len(examples) * cfg.rollout.n)  # the exact α reads them: no replay
-        params = sampling_params(cfg, step, keep, keeps_hidden(trainer))
-        return examples, trainer.engine.generate([e.prompt for e in examples], params)
+        return examples, trainer.engine.generate([e.prompt for e in examples], rollout_params(trainer, step, examples))
     if not trainer.pending:  # nothing sent ahead for this step: the first step, or the one after a checkpoint
         trainer.pending.append((step, *send_rollout(trainer, step)))
     sent_for, examples, pending = trainer.pending.popleft()
@@ -85,8 +90,7 @@ def send_rollout(trainer, step: int, segments: int = 1) -> tuple[list, object]:
     cfg = trainer.cfg
     examples = trainer.data.next_batch()
     read = (cfg.mismatch.alpha_topk if cfg.mismatch.alpha == "topk" else 0) if cfg.rollout.async_ else None
-    keep = keeps_distributions(trainer, len(examples) * cfg.rollout.n)  # the workers send q back: no replay here
-    params = sampling_params(cfg, step, keep, keeps_hidden(trainer))  # or their head's inputs
+    params = rollout_params(trainer, step, examples)  # the workers send back q or their head's inputs
     prompts, schedule = [e.prompt for e in examples], trainer.engine.compressor.schedule
     return examples, trainer.pool.submit(prompts, params, schedule, read, segments)
 

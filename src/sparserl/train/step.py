@@ -28,6 +28,7 @@ from ..reward.overlong import overlong_penalty, with_overlong_penalty
 from ..reward.weighted import RewardScores, score_rewards
 from ..rollout.engine import RolloutOutput
 from ..score import score_logprobs
+from .dense_fallback import dense_fallback, dense_sampler
 from .dynamic_sampling import filter_groups
 from .laps import Laps
 from .sampler_sync import (
@@ -35,6 +36,7 @@ from .sampler_sync import (
     pool_metrics,
     push_weights,
     rollout,
+    rollout_params,
     sampler_at,
     sampler_of,
     sampling_params,
@@ -143,11 +145,22 @@ def sample_and_score(trainer, step: int, laps: Laps) -> tuple[list, RolloutOutpu
         return shape_length(trainer.cfg, ro, scores)
 
     a = trainer.cfg.algorithm
-    if not a.filter_groups:
-        examples, ro = sample()
-        scores = score(examples, ro)
-        return examples, ro, scores, scores, {}
-    return filter_groups(sample, score, trainer.cfg.train.prompts_per_step, a.max_gen_batches)
+    if a.filter_groups:
+        return filter_groups(sample, score, trainer.cfg.train.prompts_per_step, a.max_gen_batches)
+    examples, ro = sample()
+    sampled = scores = score(examples, ro)
+    if not trainer.cfg.rollout.dense_fallback:
+        return examples, ro, scores, sampled, {}
+
+    def resample(chosen):  # Sparrow's dense fallback: the step's sampling on the same weights, a dense cache
+        with laps(names.TIME_ROLLOUT):
+            params = rollout_params(trainer, step, examples)
+            return dense_sampler(local_sampler(trainer)).generate(
+                [e.prompt for e in chosen], params, first_prompt=len(examples)
+            )
+
+    ro, scores, fallback = dense_fallback(examples, ro, scores, resample, score)
+    return examples, ro, scores, sampled, fallback
 
 
 def shape_length(cfg: Config, ro: RolloutOutput, scores: RewardScores) -> RewardScores:

@@ -19,6 +19,7 @@ from .advantage import group_for_advantage
 from .cluster import cluster_shape, rollout_workers
 from .controller import kv_controller
 from .correction import correction_runs
+from .dense_fallback import dense_fallback_needs
 from .distill_sparse import distill_sparse_sampler
 from .dynamic_sampling import filter_groups, max_gen_batches_unused
 from .lora import lora_unused
@@ -60,6 +61,7 @@ RULES: tuple[Rule, ...] = (
     distill_sparse_sampler,
     async_rollouts,
     partial_rollouts,
+    dense_fallback_needs,
     group_for_advantage,
     correction_runs,
     quant_options,

@@ -1,0 +1,35 @@
+"""Sparrow's dense fallback (``rollout.dense_fallback``): the all-zero groups of a step re-sampled densely."""
+
+from __future__ import annotations
+
+from ..schema import Config
+
+
+def dense_fallback_needs(cfg: Config) -> list[str]:
+    """The fallback re-samples on a dense cache with the learner's current weights, in the training process: a
+    compressing sampler to fall back from, a synchronous rollout (weights of the rollout's own push), α not
+    replayed (a replay runs the compressed sampler on every response), and not DAPO's dynamic sampling (which
+    drops the same groups instead)."""
+    r, m, a = cfg.rollout, cfg.mismatch, cfg.algorithm
+    if not r.dense_fallback:
+        return []
+    errors = []
+    if r.compressor == "none":
+        errors.append("rollout.dense_fallback=true with rollout.compressor=none: the sampler is dense already")
+    if r.async_:
+        errors.append(
+            "rollout.dense_fallback=true with rollout.async=true: the re-sample runs with the learner's current "
+            "weights, a push newer than the rollout's; use a synchronous rollout"
+        )
+    if a.filter_groups:
+        errors.append(
+            "rollout.dense_fallback=true with algorithm.filter_groups=true: dynamic sampling drops the all-zero "
+            "groups the fallback would re-sample; choose one"
+        )
+    if m.alpha == "exact" and (m.alpha_q == "replay" or a.distill_sparse is not None):
+        errors.append(
+            "rollout.dense_fallback=true with an exact α that replays the sampler (mismatch.alpha_q=replay or "
+            "DistillSparse): the replay would run the compressed sampler on the dense responses; use "
+            "mismatch.alpha_q=hidden or kept"
+        )
+    return errors
