@@ -45,6 +45,13 @@ class RolloutBatch:
     def size(self) -> int:
         return self.input_ids.shape[0]
 
+    def select(self, rows: list[int]) -> RolloutBatch:
+        """The responses ``rows`` (indices, in that order) as a batch of their own: every per-response tensor
+        indexed, the padded widths kept."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.input_ids.device)
+        values = {k: v.index_select(0, index) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
+        return type(self)(**values)
+
     def padded(self, rows: list[torch.Tensor]) -> torch.Tensor:
         """[N, T] float32 on the batch's device from one 1-D tensor per response (its tokens' values), 0 on padding."""
         out = torch.zeros(self.response_ids.shape, dtype=torch.float32)

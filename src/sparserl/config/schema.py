@@ -448,6 +448,20 @@ class RolloutConfig(_Section):
         "cut by decode steps, not by when a push arrives, so the same seed gives the same run. With "
         "rollout.max_staleness 0 or 1 no rollout spans a push and the run equals the one without.",
     )
+    oversample: int | None = F(
+        None,
+        "Sparrow's acceptance-aware oversampling (force_select_repeat with force_select_repeat_use_acceptance_rate): "
+        "sample this many responses per prompt (> rollout.n) and keep, per prompt, the rollout.n with the highest "
+        "mean acceptance, mean_t min(1, p_t / q_t) of the sampled tokens (the expectation of Sparrow's per-token "
+        "Bernoulli draw), once the old policy's log-probs are known (sampling/oversample_acceptance_kept and "
+        "_dropped). Costs the extra responses' rollout and old-policy forward. None = off.",
+        ge=2,
+    )
+    oversample_by: Literal["acceptance", "reward"] = F(
+        "acceptance",
+        "What rollout.oversample keeps: the responses with the highest mean acceptance, or with the highest reward "
+        "(Sparrow's default selection).",
+    )
     dense_fallback: bool = F(
         False,
         "Sparrow's dense fallback (dense_filtering_overload): each group of a step whose rewards are all 0 is "
@@ -968,6 +982,8 @@ class Config(_Section):
         prompt as preflight bounds it (:func:`sparserl.preflight.prompt_tokens_bound`); None = the rules' bound."""
         from ..score.old_policy import why_update_forward_is_not_old_policy
 
+        if self.rollout.oversample:
+            return "rollout.oversample keeps responses by their old-policy log-probs before the update"
         batch, mini, micro = self.update_shape()
         if dropout is None:
             dropout = self.train.lora_dropout if self.train.lora_rank else 0.0

@@ -249,6 +249,7 @@ def _predict(cfg: Config, shape: ModelShape, prompt_tokens: int, precision: str,
     compute = 2 if autocast or wb == 2 else 4
     H, V, T, P = shape.hidden, shape.vocab, r.max_new_tokens, prompt_tokens
     N = t.prompts_per_step * r.n
+    N_sampled = t.prompts_per_step * (r.oversample or r.n)  # rollout.oversample: more sampled than trained
     trained = _lora_params(shape, t.lora_rank, t.lora_target) if t.lora_rank else shape.params
 
     resident = {
@@ -268,14 +269,14 @@ def _predict(cfg: Config, shape: ModelShape, prompt_tokens: int, precision: str,
 
     # what the sampler keeps for the exact α
     exact = m.alpha == "exact"
-    q_bytes = N * T * V * 4
+    q_bytes = N_sampled * T * V * 4
     keeps_q = (
         exact and cfg.algorithm.distill_sparse is None and m.alpha_q == "kept" and q_bytes <= m.alpha_record_mib * 2**20
     )
     keeps_h = exact and cfg.algorithm.distill_sparse is None and m.alpha_q == "hidden"
-    kept = {"kept q": q_bytes} if keeps_q else {"sampler hidden states": N * T * H * 4} if keeps_h else {}
+    kept = {"kept q": q_bytes} if keeps_q else {"sampler hidden states": N_sampled * T * H * 4} if keeps_h else {}
     row = rollout_row_bytes(shape, comp, P, T, dtype, r.kv_quant)
-    rollout = {**{part: N * b for part, b in row.items()}, **kept}
+    rollout = {**{part: N_sampled * b for part, b in row.items()}, **kept}
     kv = rollout["KV cache"]
 
     # micro-batches of the scoring and the update; a checkpointed grad forward runs every row whole
@@ -294,7 +295,7 @@ def _predict(cfg: Config, shape: ModelShape, prompt_tokens: int, precision: str,
     if source == "score":
         stations["old-policy scoring"] = {
             **kept,
-            **p_hidden,
+            **({"p hidden states": N_sampled * T * H * 4} if p_hidden else {}),  # every sampled response's
             "layer forward": tokens * layer_forward_bytes(shape, wb, compute, keys),
             "head blocks": head_blocks,
         }
@@ -332,7 +333,7 @@ def _predict(cfg: Config, shape: ModelShape, prompt_tokens: int, precision: str,
         stations["alpha"] = {**{f"update {k}": v for k, v in graph.items()}, **alpha}
     notes = [f"prompts of at most {P} tokens", f"old policy: {source}", f"micro-batch: {rows} rows, {tokens} tokens"]
     if cfg.cluster.rollout_workers and cfg.cluster.address is None:  # a local Ray: all of it on this machine
-        resident.update(local_cluster_bytes(cfg, shape, r, row, kept, N))
+        resident.update(local_cluster_bytes(cfg, shape, r, row, kept, N_sampled))
         notes.append(f"a local Ray: {cfg.cluster.rollout_workers} rollout worker(s) and the pushes in its object store")
     return MemoryPrediction(resident, stations, ckpt, notes, P)
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -48,6 +49,32 @@ class RolloutOutput:
     #: per response, the push whose weights drew each token (numbered weights only: rollout workers); a response
     #: continued across pushes (:class:`~sparserl.rollout.segmented.SegmentedRollout`) has several
     token_versions: list[list[int]] | None = None
+
+    #: the per-response fields (lists with one entry per response, or None)
+    PER_RESPONSE = (
+        "prompt_index",
+        "prompt_ids",
+        "response_ids",
+        "sampler_logprobs",
+        "finish_reason",
+        "kv_tokens_kept",
+        "top_logprobs",
+        "top_indices",
+        "distributions",
+        "hidden",
+        "texts",
+        "token_versions",
+    )
+
+    def select(self, rows: list[int]) -> RolloutOutput:
+        """The responses ``rows`` (indices, in that order): every per-response field picked, the prompt indices
+        as they were; the KV, token and time figures stay those of everything sampled. A dense-cache reading
+        (``dense_cache``) does not follow: it is dropped."""
+        picked = {
+            name: None if getattr(self, name) is None else [getattr(self, name)[i] for i in rows]
+            for name in self.PER_RESPONSE
+        }
+        return dataclasses.replace(self, **picked, dense_cache=None)
 
     @property
     def tokens_per_s(self) -> float:

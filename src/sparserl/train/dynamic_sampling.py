@@ -57,21 +57,7 @@ def select_groups(ro: RolloutOutput, scores: RewardScores, prompts: list[int]) -
     def pick(values):
         return None if values is None else [values[i] for i in rows]
 
-    chosen = dataclasses.replace(
-        ro,
-        prompt_index=[renumber[ro.prompt_index[i]] for i in rows],
-        prompt_ids=pick(ro.prompt_ids),
-        response_ids=pick(ro.response_ids),
-        sampler_logprobs=pick(ro.sampler_logprobs),
-        finish_reason=pick(ro.finish_reason),
-        kv_tokens_kept=pick(ro.kv_tokens_kept),
-        top_logprobs=pick(ro.top_logprobs),
-        top_indices=pick(ro.top_indices),
-        distributions=pick(ro.distributions),
-        hidden=pick(ro.hidden),
-        token_versions=pick(ro.token_versions),
-        texts=pick(ro.texts),
-    )
+    chosen = dataclasses.replace(ro.select(rows), prompt_index=[renumber[ro.prompt_index[i]] for i in rows])
     return chosen, RewardScores(pick(scores.total), {k: pick(v) for k, v in scores.parts.items()}, scores.errors)
 
 

@@ -26,7 +26,7 @@ def sampling_params(
     without a replay: ``mismatch.alpha_q`` kept or hidden)."""
     r = cfg.rollout
     return SamplingParams(
-        n=r.n,
+        n=r.oversample or r.n,  # rollout.oversample: more per prompt, rollout.n of them kept
         temperature=r.temperature,
         top_p=r.top_p,
         top_k=r.top_k,
@@ -42,7 +42,8 @@ def sampling_params(
 def rollout_params(trainer, step: int, examples: list) -> SamplingParams:
     """The sampling of step ``step``'s rollout of ``examples``: :func:`sampling_params`, keeping what the exact α
     reads (the whole ``q`` where it fits, else or by choice the head's inputs: no replay)."""
-    keep = keeps_distributions(trainer, len(examples) * trainer.cfg.rollout.n)
+    r = trainer.cfg.rollout
+    keep = keeps_distributions(trainer, len(examples) * (r.oversample or r.n))
     return sampling_params(trainer.cfg, step, keep, keeps_hidden(trainer))
 
 

@@ -31,6 +31,7 @@ from ..score import score_logprobs
 from .dense_fallback import dense_fallback, dense_sampler
 from .dynamic_sampling import filter_groups
 from .laps import Laps
+from .oversample import oversample_select
 from .sampler_sync import (
     local_sampler,
     pool_metrics,
@@ -68,6 +69,9 @@ def train_step(trainer, step: int) -> dict:
                     cfg.train.shared_prompt,
                     cfg.train.max_tokens_per_micro_batch,
                 )
+        if cfg.rollout.oversample:  # Sparrow's oversampling: rollout.n of each prompt's responses kept
+            batch, ro, old, oversampled = oversample_select(cfg, batch, ro, old)
+            sampling.update(oversampled)
         # 4a) the mismatch split by source: weights and cache, or lag and cache
         split = (
             mismatch_split(local_sampler(trainer).model, batch, cfg.rollout.temperature, cfg.train.micro_batch_size)

@@ -19,11 +19,11 @@ from .advantage import group_for_advantage
 from .cluster import cluster_shape, rollout_workers
 from .controller import kv_controller
 from .correction import correction_runs
-from .dense_fallback import dense_fallback_needs
 from .distill_sparse import distill_sparse_sampler
 from .dynamic_sampling import filter_groups, max_gen_batches_unused
 from .lora import lora_unused
 from .micro_batch import micro_batch_budget
+from .more_rollout import dense_fallback_needs, oversample_needs
 from .old_policy import compressor_builds_and_old_policy
 from .optimizer import adamw_first_step, lr_schedule_unused, mini_batches
 from .partial_rollout import partial_rollouts
@@ -62,6 +62,7 @@ RULES: tuple[Rule, ...] = (
     async_rollouts,
     partial_rollouts,
     dense_fallback_needs,
+    oversample_needs,
     group_for_advantage,
     correction_runs,
     quant_options,

@@ -1,4 +1,5 @@
-"""Sparrow's dense fallback (``rollout.dense_fallback``): the all-zero groups of a step re-sampled densely."""
+"""Sparrow's two ways of spending more rollout on a step: the dense fallback (``rollout.dense_fallback``) and
+acceptance-aware oversampling (``rollout.oversample``)."""
 
 from __future__ import annotations
 
@@ -31,5 +32,28 @@ def dense_fallback_needs(cfg: Config) -> list[str]:
             "rollout.dense_fallback=true with an exact α that replays the sampler (mismatch.alpha_q=replay or "
             "DistillSparse): the replay would run the compressed sampler on the dense responses; use "
             "mismatch.alpha_q=hidden or kept"
+        )
+    return errors
+
+
+def oversample_needs(cfg: Config) -> list[str]:
+    """rollout.oversample samples more than rollout.n per prompt and keeps rollout.n; the selection runs on the
+    step's own rollout (not one sent ahead, whose dense-cache readings it would misalign) and is not DAPO's."""
+    r, a = cfg.rollout, cfg.algorithm
+    if r.oversample is None:
+        if r.oversample_by != "acceptance":
+            return [f"rollout.oversample_by={r.oversample_by} does nothing without rollout.oversample"]
+        return []
+    errors = []
+    if r.oversample <= r.n:
+        errors.append(
+            f"rollout.oversample={r.oversample} must be more than rollout.n={r.n}: it samples that many responses "
+            f"per prompt and keeps rollout.n"
+        )
+    if r.async_:
+        errors.append("rollout.oversample with rollout.async=true is not supported: use a synchronous rollout")
+    if a.filter_groups:
+        errors.append(
+            "rollout.oversample with algorithm.filter_groups=true: two selections of the same step; choose one"
         )
     return errors
