@@ -327,9 +327,7 @@ def test_icepop_zeroes_the_tokens_outside_its_band_and_weights_the_rest():
 def test_seq_mask_tis_zeroes_responses_by_their_geometric_mean_ratio():
     """Geometric means: row 0 sqrt(1.001 * 1.0008) inside [0.999, 1.002], row 1 sqrt(1.2 * 0.9) outside;
     the kept row's tokens take their own ratios; the padded token of row 2 does not count in its mean."""
-    q, p, m = make(
-        [[LN(1.001), LN(1.0008)], [LN(1.2), LN(0.9)], [LN(1.0005), LN(50.0)]], mask=[[1, 1], [1, 1], [1, 0]]
-    )
+    q, p, m = make([[LN(1.001), LN(1.0008)], [LN(1.2), LN(0.9)], [LN(1.0005), LN(50.0)]], mask=[[1, 1], [1, 1], [1, 0]])
     c = get_correction("seq_mask_tis")(q, p, m)
     assert torch.allclose(c.weights, torch.tensor([[1.001, 1.0008], [0.0, 0.0], [1.0005, 0.0]]), atol=1e-6)
     assert torch.equal(c.mask, m) and close(c.metrics["rs/seq_vetoed_frac"], 1 / 3)

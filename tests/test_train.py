@@ -321,6 +321,16 @@ def test_periodic_eval_reaches_metrics_and_report(tmp_path):
     assert "| 2 | 2 |" in table and "–" not in table
 
 
+def test_eval_dense_only_skips_the_sparse_evaluation(tmp_path):
+    """eval.dense_only (Sparrow's val_dense_only): only the dense pass@1 is measured and written."""
+    extra = ("train.steps=1", "data.eval=arith:seed=7", "data.eval_limit=2", "eval.max_new_tokens=8")
+    run = train(cfg_for(tmp_path, *extra, "eval.dense_only=true"), run_dir=tmp_path / "ev", log=lambda *_: None)
+    row = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert "eval/dense/pass@1" in row and not any(k.startswith("eval/sparse/") for k in row)
+    record = json.loads((run / "eval-step00001.json").read_text())
+    assert "dense" in record and "sparse" not in record
+
+
 def test_eval_every_0_evaluates_once_at_the_end(tmp_path):
     cfg = cfg_for(
         tmp_path,

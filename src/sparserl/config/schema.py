@@ -837,6 +837,11 @@ class EvalConfig(_Section):
     n: int = F(1, "Samples per evaluation prompt.", ge=1)
     temperature: float = F(0.0, "Evaluation temperature (0 = greedy).", ge=0)
     max_new_tokens: int | None = F(None, "Maximum response length; None = rollout.max_new_tokens.", ge=1)
+    dense_only: bool = F(
+        False,
+        "Evaluate under dense inference only (Sparrow's val_dense_only): the sparse sampler's evaluation, which "
+        "runs beside the dense one by default, is skipped (half the evaluation's time).",
+    )
     compressor: Compressor | None = F(
         None, "KV compressor during evaluation; None = same as rollout (budget and trigger too), 'none' = dense."
     )

@@ -48,7 +48,8 @@ def sparse_compressor(trainer):
 
 def held_out_eval(trainer, step: int, run: Path, log=print) -> dict:
     """Held-out pass@1 (avg@n, pass@n) of the current weights under dense and under the run's sparse
-    sampler (or ``eval.compressor``); written to ``eval-step<N>.json`` (each mode with its ``sampler``),
+    sampler (or ``eval.compressor``; not with ``eval.dense_only``, Sparrow's ``val_dense_only``); written to
+    ``eval-step<N>.json`` (each mode with its ``sampler``),
     returned as the step's ``eval/<mode>/<stat>`` metrics."""
     cfg, e = trainer.cfg, trainer.cfg.eval
     examples = list(load_eval_set(cfg.data))  # the same prompt form as training
@@ -61,7 +62,7 @@ def held_out_eval(trainer, step: int, run: Path, log=print) -> dict:
     sparse, budgets_from = sparse_compressor(trainer)
     results = {}
     for mode, compressor in (("dense", get_compressor("none")), ("sparse", sparse)):
-        if mode == "sparse" and not compressor.compresses:
+        if mode == "sparse" and (not compressor.compresses or e.dense_only):  # eval.dense_only: Sparrow's
             continue
         sampler = local_sampler(trainer)
         if mode == "dense" and trainer.distill is not None:  # the dense policy is θ's: φ is the sparse sampler's
