@@ -464,13 +464,8 @@ class CompressedKVCache:
                 self.attn_acc[:, rows, :, :P] = torch.stack(attn_acc)
         if self.q_ring is not None:
             self.q_ring[:, rows] = 0
-            if queries is not None:  # the ring's oldest query sits at q_head: the prompt's last w in that order
-                w = min(self.window, queries[0].shape[2])
-                order = torch.tensor([(self.q_head - w + i) % self.window for i in range(w)], device=self.device)
-                for layer in range(self.n_layers):
-                    ring = self.q_ring[layer, rows]
-                    ring[:, :, order] = queries[layer][:, :, -w:]
-                    self.q_ring[layer, rows] = ring
+            if queries is not None:
+                self._ring_latest(rows, queries)
         self.lens[rows] = P
         self.start[rows] = (~valid).sum(dim=1).to(self.start.dtype)
         self._uniform_len = None
@@ -497,13 +492,18 @@ class CompressedKVCache:
             k, v = keys[layer].gather(2, at), values[layer].gather(2, at)
             self._write(layer, (rows, slice(None), slice(None)), k, v)
         if self.q_ring is not None and queries is not None:
-            w = min(self.window, queries[0].shape[2])
-            order = torch.tensor([(self.q_head - w + i) % self.window for i in range(w)], device=self.device)
-            for layer in range(self.n_layers):
-                ring = self.q_ring[layer, rows]
-                ring[:, :, order] = queries[layer][:, :, -w:]
-                self.q_ring[layer, rows] = ring
-            self.q_count = max(self.q_count, w)
+            self.q_count = max(self.q_count, self._ring_latest(rows, queries))
+
+    def _ring_latest(self, rows, queries: list[torch.Tensor]) -> int:
+        """A forward's last queries per layer [r, Hq, w', D] into ``rows`` of the observation window's ring, as its
+        latest (the ring's oldest query sits at ``q_head``); returns how many went in."""
+        w = min(self.window, queries[0].shape[2])
+        order = torch.tensor([(self.q_head - w + i) % self.window for i in range(w)], device=self.device)
+        for layer in range(self.n_layers):
+            ring = self.q_ring[layer, rows]
+            ring[:, :, order] = queries[layer][:, :, -w:]
+            self.q_ring[layer, rows] = ring
+        return w
 
     def restart_selector(self) -> None:
         """After :meth:`rewrite_rows`: a method that selects per step starts its state again from the cached keys
