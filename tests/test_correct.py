@@ -335,6 +335,27 @@ def test_seq_mask_tis_zeroes_responses_by_their_geometric_mean_ratio():
     assert torch.allclose(wide.weights[1], torch.tensor([1.2, 0.9]), atol=1e-6)
 
 
+def test_double_min_accepts_by_min_one_p_over_q_and_reweights_by_the_overlap():
+    """Sparrow's double-min on ratios [4, 0.5, 0.25, 1.5] with the seed's uniforms: accepted where u < min(1, ρ);
+    w = Z · clip(ρ, 1, 3) with Z the given per-token α, or (none given) the share of tokens accepted."""
+    q, p, m = make([[LN(4.0), LN(0.5), LN(0.25), LN(1.5)]])
+    u = torch.rand((1, 4), generator=torch.Generator().manual_seed(7))
+    accepted = u < torch.tensor([[1.0, 0.5, 0.25, 1.0]])
+    z = torch.tensor([[0.9, 0.8, 0.7, 0.6]])
+    c = get_correction("double_min")(q, p, m, overlap=z, seed=7)
+    assert torch.equal(c.mask.bool(), accepted)
+    want = torch.where(accepted, z * torch.tensor([[3.0, 1.0, 1.0, 1.5]]), torch.zeros(1, 4))
+    assert torch.allclose(c.weights, want, atol=1e-6)
+    assert close(c.metrics["rs/token_masked_frac"], float((~accepted).float().mean()))
+    flat = get_correction("double_min")(q, p, m, seed=7)
+    share = float(accepted.float().mean())
+    assert torch.allclose(flat.weights, torch.where(accepted, share * torch.tensor([[3.0, 1.0, 1.0, 1.5]]), 0.0))
+    again = get_correction("double_min")(q, p, m, overlap=z, seed=7)
+    assert torch.equal(again.mask, c.mask)  # the same seed draws the same
+    with pytest.raises(ValueError, match="upclip must be >= 1"):
+        get_correction("double_min")(q, p, m, upclip=0.5)
+
+
 def test_acr_weights_and_scale():
     q, p, m = make([[LN(4.0), 0.0, LN(0.5)]])
     a = get_correction("acr")(q, p, m)

@@ -275,6 +275,28 @@ def test_off_policy_masking_and_the_unbiased_kl_run_in_every_micro_batch(tmp_pat
     assert any(not torch.equal(w0[k], w1[k]) for k in w0)
 
 
+def test_double_min_reads_the_steps_exact_alpha_and_its_own_seed(tmp_path, monkeypatch):
+    """algorithm.correction=double_min: the step hands it each position's exact α (the α station's) as the
+    normaliser and a seed of the step's own."""
+    from sparserl.train import step as step_module
+
+    seen = {}
+    apply = step_module.apply_corrections
+
+    def spy(spec, q, p, mask, options=None):
+        seen.update(options or {}, mask=mask)
+        return apply(spec, q, p, mask, options)
+
+    monkeypatch.setattr(step_module, "apply_corrections", spy)
+    cfg = cfg_for(tmp_path, "train.steps=1", "algorithm.correction=double_min", "mismatch.alpha=exact")
+    metrics = train_step(build_trainer(cfg), 1)
+    alpha = seen["overlap"]
+    assert alpha is not None and alpha.shape == seen["mask"].shape
+    valid = seen["mask"] != 0
+    assert float(alpha[valid].mean()) == pytest.approx(metrics["mismatch/alpha_mean"], abs=1e-5)
+    assert seen["seed"] == cfg.train.seed * 1_000_003 + 1
+
+
 def test_checkpoint_every_0_saves_only_at_the_end(tmp_path):
     run = train(cfg_for(tmp_path, "train.steps=2", "checkpoint.every=0"), run_dir=tmp_path / "c0", log=lambda *_: None)
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-000002"]

@@ -33,6 +33,8 @@ class RolloutBatch:
     ref_logprobs: torch.Tensor | None = None
     #: [N, T] float32: weight pushes between the one that drew each token and the learner's (rollout workers)
     token_lag: torch.Tensor | None = None
+    #: [N, T] float32: the exact acceptance α of each token's position (mismatch.alpha=exact), set by the α station
+    alpha: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         """The same batch with every tensor on ``device`` (the learner's)."""

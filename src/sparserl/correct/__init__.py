@@ -10,7 +10,7 @@ See ``base.py`` for conventions and the recipe for adding a method.
 """
 
 # importing the method modules registers them
-from . import bypass, icepop, mis, none, rejection, seq_mask_tis, sparse_rl, tis, trl_is  # noqa: F401  (imported to register them)
+from . import bypass, double_min, icepop, mis, none, rejection, seq_mask_tis, sparse_rl, tis, trl_is  # noqa: F401  (imported to register them)
 from .base import (
     CORRECTION_KEYS,
     MISMATCH_KEYS,

@@ -230,6 +230,8 @@ def measure_alpha(
             metrics[names.MISMATCH_ALPHA_CACHE_MEAN], metrics[names.MISMATCH_ALPHA_CACHE_P5] = summary(cache, mask)
     else:
         raise ValueError(f"mismatch.alpha={mode!r}; expected one of {', '.join(MODES)}")
+    if mode == "exact":  # each position's α, for what reads it (the double-min correction's normaliser)
+        batch.alpha = alpha.float().to(batch.response_ids.device)
     mask = batch.response_mask.cpu()
     seq_len = token_seq_len(ro.prompt_ids, T)
     mean, p5 = summary(alpha, mask)

@@ -18,7 +18,7 @@ from .. import runlog as names
 from ..advantages import compute_advantages, frac_zero_std_groups
 from ..batch import RolloutBatch
 from ..config import Config
-from ..correct import apply_corrections
+from ..correct import apply_corrections, resolve
 from ..memory import peak_resident_bytes
 from ..memory.allocator import trim_freed_memory
 from ..mismatch.measure import measure_alpha
@@ -93,7 +93,7 @@ def train_step(trainer, step: int) -> dict:
         alpha.update(trainer.kv_controller.steer(trainer.engine.compressor, alpha))
     with laps(names.TIME_UPDATE):
         # 5) corrections and advantages
-        corr = corrections_and_advantages(cfg, batch)
+        corr = corrections_and_advantages(cfg, batch, step)
         # 6) update (a non-finite one is skipped; train.max_nonfinite_steps in a row stop the run)
         learned = update(trainer, batch, corr, old.update_forward)
         trainer.nonfinite.record(step, learned[names.SKIPPED_NONFINITE] == 0)
@@ -192,7 +192,7 @@ def rollout_batch(trainer, ro: RolloutOutput, rewards: list[float]) -> RolloutBa
     return batch
 
 
-def corrections_and_advantages(cfg: Config, batch: RolloutBatch):
+def corrections_and_advantages(cfg: Config, batch: RolloutBatch, step: int = 0):
     """The step's corrections (``algorithm.correction``, from the sampler's and the old policy's log-probs),
     returned, and its advantages, set on ``batch``. With ``algorithm.mask_truncated`` the responses cut at
     ``rollout.max_new_tokens`` enter the corrections and the loss with an empty mask (TRL's
@@ -207,9 +207,10 @@ def corrections_and_advantages(cfg: Config, batch: RolloutBatch):
         fresh = (batch.token_lag <= cfg.rollout.partial_max_lag).to(mask.dtype)
         stale = float((batch.response_mask * (1 - fresh)).sum() / batch.response_mask.sum().clamp(min=1))
         mask = mask * fresh
-    corr = apply_corrections(
-        a.correction, batch.sampler_logprobs, batch.old_logprobs, mask, a.correction_options or None
-    )
+    options = dict(a.correction_options or {})
+    if "double_min" in (name for name, _ in resolve(a.correction, options)):  # Sparrow's: the step's own draws
+        options.update(overlap=batch.alpha, seed=cfg.train.seed * 1_000_003 + step)  # and α as its normaliser
+    corr = apply_corrections(a.correction, batch.sampler_logprobs, batch.old_logprobs, mask, options or None)
     adv_options = {"scale_rewards": a.scale_rewards} if a.adv_estimator == "grpo" else {}
     batch.advantages = compute_advantages(a.adv_estimator, batch.rewards, batch.group_ids, **adv_options)
     if stale is not None:
