@@ -113,6 +113,7 @@ def stations(rows: list[dict]) -> dict:
         names.RESPONSES_PER_S,
         names.MISMATCH_POLICY_LAG_TOKENS,
         names.REWARD_MEAN,
+        names.MISMATCH_K3,
     ]
     rest = rows[1:]
     out = {k: statistics.fmean(r[k] for r in rest) for k in keys if all(k in r for r in rest)}

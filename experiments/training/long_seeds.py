@@ -53,6 +53,7 @@ def run_figures(run_dir: Path) -> dict:
         "kv_dense_alloc_bytes": _mean(col(names.KV_DENSE_ALLOC)),
         "kv_kept_frac": _mean(col(names.KV_KEPT_FRAC)),
         "alpha_mean": _mean(col(names.MISMATCH_ALPHA_MEAN)),
+        "k3_mean": _mean(col(names.MISMATCH_K3)),
         "alpha_p5": _mean(col(names.MISMATCH_ALPHA_P5)),
         "alpha_p5_bin": {b: v for b, v in sorted(bins.items())},
         "kv_budget_bin": {b: _mean(v) for b, v in sorted(budgets.items())},
