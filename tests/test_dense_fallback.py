@@ -106,3 +106,14 @@ def test_a_step_with_the_fallback_trains_on_dense_groups(tmp_path):
 
 def zero(response: str, label: str) -> float:
     return 0.0
+
+
+def test_the_memory_prediction_counts_a_dense_re_sample_of_every_row():
+    from test_memory import SHAPE, cfg_of
+
+    from sparserl.memory.predict import predict_peak
+
+    plain = predict_peak(cfg_of("rollout.max_new_tokens=1024"), SHAPE, 100)
+    fallback = predict_peak(cfg_of("rollout.max_new_tokens=1024", "rollout.dense_fallback=true"), SHAPE, 100)
+    dense = fallback.stations["dense fallback"]["dense KV cache"]
+    assert dense > 10 * plain.stations["rollout"]["KV cache"]  # 1,024 tokens a row against R-KV's budget

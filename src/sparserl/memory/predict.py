@@ -21,6 +21,8 @@ T = ``rollout.max_new_tokens``), each holding its own buffers on top of the resi
   :func:`~sparserl.rollout.kv_quant.kv_bytes_per_token`), the prefill's widest layer, the sampling's
   [N, V] float32 buffers, and what the sampler keeps for α: its distributions q [N, T, V] float32
   (``mismatch.alpha_q=kept`` within ``alpha_record_mib``) or its hidden states [N, T, H] float32 (``hidden``);
+  under ``rollout.oversample`` m responses a prompt, not n;
+- the dense fallback (``rollout.dense_fallback``): at the most every row again, on a dense cache;
 - old-policy scoring (no grad; when the old policy's log-probs come from a scoring forward): the kept q or
   sampler hidden states, p's hidden states [N, T, H] float32 kept for α, one layer's forward over a
   micro-batch and the chunked head's [chunk, V] float32 blocks;
@@ -292,6 +294,9 @@ def _predict(cfg: Config, shape: ModelShape, prompt_tokens: int, precision: str,
     head_blocks = HEAD_BLOCKS * HEAD_CHUNK * V * 4
     p_hidden = {"p hidden states": N * T * H * 4} if m.alpha != "off" else {}
     stations: dict[str, dict[str, int]] = {"rollout": rollout}
+    if r.dense_fallback:  # Sparrow's dense fallback: every group re-sampled on a dense cache, at the most
+        dense = rollout_row_bytes(shape, compressor_from_fields(r, name="none"), P, T, dtype, r.kv_quant)
+        stations["dense fallback"] = {f"dense {part}": N * b for part, b in dense.items()}
     if source == "score":
         stations["old-policy scoring"] = {
             **kept,
