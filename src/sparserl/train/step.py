@@ -159,9 +159,12 @@ def sample_and_score(trainer, step: int, laps: Laps) -> tuple[list, RolloutOutpu
     def resample(chosen):  # Sparrow's dense fallback: the step's sampling on the same weights, a dense cache
         with laps(names.TIME_ROLLOUT):
             params = rollout_params(trainer, step, examples)
-            return dense_sampler(local_sampler(trainer)).generate(
+            out = dense_sampler(local_sampler(trainer)).generate(
                 [e.prompt for e in chosen], params, first_prompt=len(examples)
             )
+        if ro.token_versions is not None:  # the workers' latest push: the weights the sampler here holds
+            out.token_versions = [[trainer.pool.version] * len(r) for r in out.response_ids]
+        return out
 
     ro, scores, fallback = dense_fallback(examples, ro, scores, resample, score)
     return examples, ro, scores, sampled, fallback
