@@ -243,6 +243,41 @@ def test_dynamic_sampling_on_workers_samples_what_one_process_samples(tmp_path, 
         assert out["workers"][key] == pytest.approx(out["one"][key], rel=1e-4, abs=1e-6), key
 
 
+def test_oversampling_and_the_dense_fallback_on_workers_do_what_one_process_does(tmp_path, local_ray):
+    """rollout.oversample=4 of rollout.n=2 and rollout.dense_fallback with a reward that pays nothing (every group
+    falls back): on 2 workers the step samples, re-samples densely here, keeps and measures what one process does
+    (the dense responses numbered with the workers' push, α from the kept head inputs)."""
+    from sparserl import runlog as names
+    from sparserl.train.trainer import build_trainer, close_cluster, train_step
+
+    out = {}
+    for label, extra in (("one", ()), ("workers", ("cluster.rollout_workers=2",))):
+        cfg = _cfg(
+            tmp_path / label,
+            "rollout.n=2",
+            "rollout.oversample=4",
+            "rollout.dense_fallback=true",
+            "reward.fn=test_dense_fallback:zero",
+            "mismatch.alpha=exact",
+            *extra,
+        )
+        trainer = build_trainer(cfg)
+        try:
+            out[label] = train_step(trainer, 1)
+        finally:
+            close_cluster(trainer)
+    assert out["one"][names.DENSE_FALLBACK_FRAC] == 1.0
+    for key in (
+        names.DENSE_FALLBACK_FRAC,
+        names.OVERSAMPLE_ACCEPT_KEPT,
+        names.OVERSAMPLE_ACCEPT_DROPPED,
+        names.LENGTH_MEAN,
+        names.MISMATCH_ALPHA_MEAN,
+        names.MISMATCH_K3,
+    ):
+        assert out["workers"][key] == pytest.approx(out["one"][key], rel=1e-4, abs=1e-6), key
+
+
 def _same_weights(got: dict, ref: dict) -> None:
     """AdamW's first step moves each weight by lr·g/|g|: where a gradient is ~0, the float rounding of other
     batch shapes (or of a sum over learners) can flip its sign (3 of 6.4M weights with 2 workers). Every
