@@ -397,7 +397,8 @@ class RolloutConfig(_Section):
         "The sampler's LM head in float32 under a bfloat16 or float16 sampler (after prime-rl's enable_fp32_lm_head "
         "and SGLang's --enable-fp32-lm-head, which keep the half-precision weight and output float32 logits): a "
         "float32 copy of the learner's head weight and a float32 product from the final norm's output, so the "
-        "sampler's head is a float32 learner's (+ vocabulary x hidden x 4 bytes: 113 MB for SmolLM2). On this "
+        "sampler's head is a float32 learner's (+ vocabulary x hidden x 8 bytes, the weight and its packed copy for "
+        "the decode kernel: 226 MB for SmolLM2). On this "
         "CPU's fused bf16 step the bf16 head already sums in float32 and returns float32 logits; what this adds is "
         "the weight's precision. Refused with a float32 sampler (nothing to do) and with rollout.quant_head.",
     )

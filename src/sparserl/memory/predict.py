@@ -135,13 +135,14 @@ def sampler_bytes(shape: ModelShape, learner_dtype: str, sampler_dtype: str, r) 
     the learner: its fused q/k/v and gate/up are copies, the rest are the learner's tensors. Another
     dtype: every weight again. ``rollout.quant``: the layers' linears in one byte with a float32 scale
     per output row (per group of ``quant_group`` inputs for int8_group), its outlier channels in float32;
-    the LM head too with ``quant_head``; ``fp32_head`` under a half-precision sampler: the head again in float32."""
+    the LM head too with ``quant_head``; ``fp32_head`` under a half-precision sampler: the head again in float32, twice (its packed copy)."""
     sb = _bytes(sampler_dtype)
     q, kv, H, I = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden, shape.intermediate
     fused = shape.layers * ((q + 2 * kv) * H + 2 * I * H)
     head = shape.vocab * H
     others = shape.params - shape.layers * shape.layer_weights  # embedding, untied head, norms, biases
-    fp32_head = 4 * head if r.fp32_head and sampler_dtype != "float32" else 0  # a float32 copy beside the embedding
+    # fp32_head: a float32 copy beside the embedding, and its packed copy for the decode kernel
+    fp32_head = 8 * head if r.fp32_head and sampler_dtype != "float32" else 0
     if r.quant == "none":
         return (fused * sb if sampler_dtype == learner_dtype else shape.params * sb) + fp32_head
     rows = shape.layers * ((q + 2 * kv) + H + 2 * I + H)  # output rows of qkv, o, gate_up, down

@@ -219,6 +219,8 @@ class SamplerModel:
             quantize_s += time.perf_counter() - t0
         self.last_quantize_s = quantize_s
         head = [] if self.fp32_head else [self.lm_head]  # a float32 head of a half sampler: its own product
+        if self.fp32_head and packing_supported(dev, torch.float32):  # on the float32 decode kernel, as a float32
+            pack_weight(self.lm_head)  # sampler's head
         if self.pack_weights:
             for w in [*head, *(t for lw in self.layers for t in (lw.qkv, lw.o, lw.gate_up, lw.down))]:
                 if isinstance(w, torch.Tensor):
