@@ -135,7 +135,8 @@ def sampler_bytes(shape: ModelShape, learner_dtype: str, sampler_dtype: str, r) 
     the learner: its fused q/k/v and gate/up are copies, the rest are the learner's tensors. Another
     dtype: every weight again. ``rollout.quant``: the layers' linears in one byte with a float32 scale
     per output row (per group of ``quant_group`` inputs for int8_group), its outlier channels in float32;
-    the LM head too with ``quant_head``; ``fp32_head`` under a half-precision sampler: the head again in float32, twice (its packed copy)."""
+    the LM head too with ``quant_head``; ``fp32_head`` under a half-precision sampler: the head again in float32,
+    twice (its packed copy)."""
     sb = _bytes(sampler_dtype)
     q, kv, H, I = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden, shape.intermediate
     fused = shape.layers * ((q + 2 * kv) * H + 2 * I * H)
