@@ -160,3 +160,22 @@ def test_tokens_older_than_partial_max_lag_leave_the_loss_and_are_counted():
     assert corr.metrics[names.ROLLOUT_STALE_MASKED] == pytest.approx(3 / 8)
     cfg.rollout.partial_max_lag = None
     assert corrections_and_advantages(cfg, batch).mask.tolist() == batch.response_mask.tolist()
+
+
+def test_a_worker_killed_by_rays_memory_monitor_stops_the_step_with_the_keys_that_lower_memory(monkeypatch):
+    """Ray's memory monitor killed a worker (the machine's memory nearly full): no replacement (it would fill the
+    same memory), one error naming the keys that hold memory on the workers."""
+    import ray
+    from ray.exceptions import OutOfMemoryError
+
+    from sparserl.cluster.pool import ClusterError, RolloutPool
+
+    def full(ref):
+        raise OutOfMemoryError("node memory 95%")
+
+    monkeypatch.setattr(ray, "get", full)
+    pool = object.__new__(RolloutPool)
+    pool._start_bookkeeping(max_staleness=2)
+    pool._replace = lambda k: pytest.fail("a worker killed for memory is not replaced")
+    with pytest.raises(ClusterError, match="memory monitor .*rollout.max_staleness.*rollout.partial=false"):
+        pool._get(0, lambda: object(), "prompts 0-3")

@@ -318,11 +318,19 @@ class RolloutPool:
         again (:meth:`_replace`) and ``ref_of()`` then names the new call; at most :data:`MAX_ATTEMPTS` workers for
         one piece of work."""
         import ray
-        from ray.exceptions import RayActorError, WorkerCrashedError
+        from ray.exceptions import OutOfMemoryError, RayActorError, WorkerCrashedError
 
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
                 return ray.get(ref_of())
+            except OutOfMemoryError:  # a replacement would fill the same memory again
+                raise ClusterError(
+                    f"rollout worker {k} was killed by Ray's memory monitor ({what}): the machine's memory was nearly "
+                    "full; each rollout in flight holds its responses and cache on the workers, and Ray's object "
+                    "store the last rollout.max_staleness + 1 pushes: lower rollout.max_staleness, set "
+                    "rollout.partial=false, lower train.prompts_per_step or rollout.max_new_tokens, or give the "
+                    "workers machines of their own (cluster.address)"
+                ) from None
             except (RayActorError, WorkerCrashedError) as e:
                 if attempt == MAX_ATTEMPTS:
                     raise ClusterError(
