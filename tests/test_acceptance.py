@@ -69,8 +69,8 @@ def test_alpha_in_training_is_logged_and_exact_replay_reproduces_the_sampler(tmp
     trainer = build_trainer(cfg)
     seen = []
 
-    def both_ways(*args):  # α from the scoring forward's hidden states == α from a forward of its own
-        shared, own = measure_alpha(*args), measure_alpha(*args[:-1], None)
+    def both_ways(*args, **kwargs):  # α from the scoring forward's hidden states == α from a forward of its own
+        shared, own = measure_alpha(*args, **kwargs), measure_alpha(*args[:-1], None, **kwargs)
         seen.append(args[-1])
         for key in shared.keys() - {names.TIME_ALPHA}:
             assert shared[key] == pytest.approx(own[key], abs=1e-6), key

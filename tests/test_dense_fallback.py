@@ -92,7 +92,7 @@ def test_bad_combinations_are_refused(overrides, message):
 
 def test_a_step_with_the_fallback_trains_on_dense_groups(tmp_path):
     """The tiny model on the sparse job: every reward is 0 (the reward pays for nothing), so every group is
-    re-sampled densely; the step trains and logs it."""
+    re-sampled densely: the batch's responses all kept their whole cache; the step trains and logs it."""
     from test_train import cfg_for
 
     from sparserl.train.trainer import build_trainer, train_step
@@ -101,7 +101,8 @@ def test_a_step_with_the_fallback_trains_on_dense_groups(tmp_path):
     metrics = train_step(build_trainer(cfg), 1)
     assert metrics["sampling/dense_fallback_frac"] == 1.0
     assert metrics["sampling/dense_fallback_reward_mean"] == 0.0
-    assert metrics["kv/kept_frac_final"] < 1.0  # the step's KV figures stay the compressed rollout's
+    assert metrics["kv/kept_frac_final"] == 1.0  # every response in the batch was drawn on a dense cache
+    assert metrics["kv/alloc_reduction"] > 1.0  # the KV bytes stay the compressed rollout's
 
 
 def zero(response: str, label: str) -> float:

@@ -85,7 +85,7 @@ def train_step(trainer, step: int) -> dict:
         sampler_of(trainer, ro)
     params, bin_width = sampling_params(cfg, step), cfg.mismatch.alpha_bin
     at = partial(sampler_at, trainer)  # each token's own push's head (partial rollouts are drawn by several)
-    alpha = measure_alpha(trainer, batch, ro, params, cfg.mismatch.alpha, bin_width, old.hidden, at)
+    alpha = measure_alpha(trainer, batch, ro, params, cfg.mismatch.alpha, bin_width, old.hidden, sampler_at=at)
     ro.distributions = ro.hidden = None  # the sampler's q or its head's inputs, read: freed before the update
     if cfg.train.trim_heap:  # scoring's and α's transients, freed: their pages back before the update
         trim_freed_memory()
