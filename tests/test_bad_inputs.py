@@ -302,6 +302,17 @@ MATRIX = [
         "trl-is-mode",
     ),
     case("config", ["train", "algorithm.kl_unbiased=true"], "algorithm.kl_coef", "kl-unbiased-without-kl"),
+    case("config", ["train", "rollout.oversample=4"], "must be more than rollout.n", "oversample-not-above-n"),
+    case("config", ["train", "rollout.oversample_by=reward"], "without rollout.oversample", "oversample-by-alone"),
+    case(
+        "config", ["train", "rollout.dense_fallback=true", "rollout.compressor=none"], "dense already", "fallback-dense"
+    ),
+    case(
+        "config",
+        ["train", "algorithm.correction=double_min", "algorithm.correction_options.upclip=0.5"],
+        "upclip must be >= 1",
+        "double-min-upclip-below-one",
+    ),
     case(
         "config",
         ["train", "algorithm.off_policy_mask_threshold=-1"],

@@ -29,6 +29,8 @@ import json
 import statistics
 from pathlib import Path
 
+import yaml
+
 from sparserl import runlog as names
 from sparserl.runlog import read_metrics
 
@@ -44,6 +46,8 @@ def run_figures(run_dir: Path, first: int) -> dict:
     """A run's means over its steps from ``first`` (1-based) on, and its per-step rows of interest."""
     rows = read_metrics(run_dir)
     rest = rows[first - 1 :]
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    responses = cfg["train"]["prompts_per_step"] * cfg["rollout"]["n"]
     col = lambda key, rs=rest: [r.get(key) for r in rs]  # noqa: E731
     bins: dict[int, list[float]] = {}
     for row in rows:  # the α tail over every step: the same steps in every arm
@@ -56,6 +60,13 @@ def run_figures(run_dir: Path, first: int) -> dict:
     return {
         "steps": len(rows),
         "reward_per_step": col(names.REWARD_MEAN, rows),
+        "step_s_per_step": col(names.TIME_STEP, rows),
+        "length_mean_per_step": col(names.LENGTH_MEAN, rows),
+        # seconds per 1,000 generated tokens (32 x the mean length), from the second step on: a ratio that the
+        # arms' different answer lengths after step 1 do not move
+        "step_s_per_ktok": _mean(
+            r[names.TIME_STEP] / (r[names.LENGTH_MEAN] * responses / 1000) for r in rest if r.get(names.LENGTH_MEAN)
+        ),
         "reward_mean": _mean(col(names.REWARD_MEAN, rows)),
         "step_s": _mean(col(names.TIME_STEP)),
         "stations": {
@@ -114,6 +125,7 @@ def summarize(out: Path, first: int) -> dict:
                 for key in (
                     "reward_mean",
                     "step_s",
+                    "step_s_per_ktok",
                     "worker_idle_frac",
                     "responses_per_s",
                     "rollout_tokens_per_s",
