@@ -38,9 +38,14 @@ def test_segments_with_the_same_weights_sample_what_one_generate_samples(tiny, n
     while not rollout.advance(5):
         pass
     out = rollout.output()
-    assert rollout.segments == 5  # 24 decode steps at most, 5 at a time
+    # 24 decode steps at most, 5 at a time; split by max_batch, the rows past it start as earlier ones end
+    assert rollout.segments == 5 if max_batch is None else rollout.segments > 5
     assert out.response_ids == whole.response_ids and out.finish_reason == whole.finish_reason
-    assert out.sampler_logprobs == whole.sampler_logprobs  # bit-identical: the same steps in the same order
+    if max_batch is None:  # bit-identical: the same steps in the same order
+        assert out.sampler_logprobs == whole.sampler_logprobs
+    else:  # a row that joined attends beside rows of other lengths (masked slots): sums in another order
+        for got, want in zip(out.sampler_logprobs, whole.sampler_logprobs):
+            assert torch.allclose(torch.tensor(got), torch.tensor(want), atol=1e-5, rtol=0)
     assert out.kv_tokens_kept == whole.kv_tokens_kept and out.kv.compressions == whole.kv.compressions
     assert out.token_versions == [[1] * len(r) for r in out.response_ids]
 

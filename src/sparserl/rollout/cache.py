@@ -511,6 +511,39 @@ class CompressedKVCache:
         if self.selector is not None:
             self.selector = self.compressor.attention_selector(self)
 
+    def append(self, other: CompressedKVCache) -> None:
+        """Join ``other``'s sequences after this cache's (new, larger buffers; this cache may hold none): rows that
+        start while these run (the eager engine's refill, :meth:`~.engine.RolloutEngine._batch_steps`). Both
+        caches hold prompts of the same width and have the same compressor, capacity and layout. The window's
+        queries of ``other`` are turned to this ring's order (its oldest at :attr:`q_head`); a per-step selector
+        starts again from the joined keys; compressions and byte peaks carry over."""
+        same = ("capacity", "region_start", "n_layers", "n_kv", "head_dim", "window", "dtype")
+        if any(getattr(self, a) != getattr(other, a) for a in same) or self.quant.name != other.quant.name:
+            raise ValueError(
+                "append: the caches differ in " + ", ".join(a for a in same if getattr(self, a) != getattr(other, a))
+            )
+        self._account()
+        other._account()
+        join = lambda a, b: torch.cat([_raw(a), _raw(b)], 1).view(a.dtype)  # noqa: E731
+        self.keys, self.values = join(self.keys, other.keys), join(self.values, other.values)
+        if self.k_scale is not None:
+            self.k_scale, self.v_scale = join(self.k_scale, other.k_scale), join(self.v_scale, other.v_scale)
+        self.pos = join(self.pos, other.pos)
+        if self.attn_acc is not None:
+            self.attn_acc = join(self.attn_acc, other.attn_acc)
+        if self.q_ring is not None:  # other's oldest query at its q_head, moved to ours
+            self.q_ring = join(self.q_ring, other.q_ring.roll(self.q_head - other.q_head, dims=3))
+            self.q_count = max(self.q_count, other.q_count)
+        self.lens = torch.cat([self.lens, other.lens])
+        self.start = torch.cat([self.start, other.start])
+        u = self.lens.unique()
+        self._uniform_len = int(u[0]) if u.numel() == 1 else None
+        self.n_compressions += other.n_compressions
+        self.bytes_peak = max(self.bytes_peak, other.bytes_peak)
+        self.bytes_theory_peak = max(self.bytes_theory_peak, other.bytes_theory_peak)
+        self.restart_selector()
+        self._account()
+
     def select(self, keep_rows: torch.Tensor) -> None:
         """Keep only these sequences (new, smaller buffers; the old ones are freed)."""
         self._account()

@@ -332,13 +332,25 @@ class RolloutEngine:
         return run_to_end(self._batch_steps(prompts, p, row_ids, forced))
 
     def _batch_steps(
-        self, prompts: list[list[int]], p: SamplingParams, row_ids: torch.Tensor, forced: list[list[int]] | None = None
+        self,
+        prompts: list[list[int]],
+        p: SamplingParams,
+        row_ids: torch.Tensor,
+        forced: list[list[int]] | None = None,
+        slots: int | None = None,
     ) -> Generator[int, str | None, RolloutOutput]:
-        """:meth:`_generate_batch` one decode step at a time: yields the number of tokens each live row has
-        after each decode step (the K/V of its last token written, the next token's logits computed) and returns
-        the batch's output. Between two steps the caller may load other weights (:meth:`update_weights`): the
-        rows go on with them, their cache as it is (``next``), or recomputed with them (``send(RECOMPUTE)``:
-        :meth:`recompute_cache`) (:class:`SegmentedRollout`)."""
+        """:meth:`_generate_batch` one decode step at a time: yields the number of decode steps run so far (after
+        each: the K/V of each live row's last token written, its next token's logits computed) and returns the
+        batch's output. Between two steps the caller may load other weights (:meth:`update_weights`): the rows go
+        on with them, their cache as it is (``next``), or recomputed with them (``send(RECOMPUTE)``:
+        :meth:`recompute_cache`) (:class:`SegmentedRollout`).
+
+        ``slots`` (not with ``forced``): rows decoded at once (None: every row). The others wait, in order, and
+        each takes the place of a row that ends (continuous batching): its prompt prefilled, its cache joined to
+        the batch's (:meth:`CompressedKVCache.append`), so the batch stays full while a group's long tail runs.
+        Every prompt is left-padded to the batch's longest, so any row fits any place. A row's draws depend on its
+        stream and its own token index only (:func:`~.sampling.row_uniforms`), so which rows share a step changes
+        no token (up to the order of a BLAS's sums)."""
         m, c, dev = self.model, self.compressor, self.device
         if self.compile and c.selects_per_step:  # the compiled layer step attends over every slot
             raise ValueError(
@@ -347,6 +359,7 @@ class RolloutEngine:
             )
         row_ids = row_ids.to(dev)
         B = len(prompts)
+        S = B if (slots is None or forced is not None) else max(1, min(int(slots), B))  # rows at once
         P = max(len(x) for x in prompts)
         max_new = min(p.max_new_tokens, m.max_positions - P)
         if forced is not None:  # [B, max_new] tokens to replay, and where each row ends
@@ -356,18 +369,29 @@ class RolloutEngine:
                 forced_ids[b, : forced_len[b]] = torch.tensor(f[:max_new])
             forced_ids = forced_ids.to(dev)
         t0 = time.perf_counter()
-        ids, valid, positions = self.left_padded(prompts)
-        true_len = valid.sum(-1)  # next position of each sequence
-
+        ids_all, valid_all, positions_all = self.left_padded(prompts)
+        len_all = valid_all.sum(-1)  # each prompt's length: the next position of its response
         want_q = c.window if c.needs_queries else 0
         want_attn = c.needs_attention and c.compress_prompt
-        logits, keys, values, queries, acc, x = self._prefill_distinct(ids, valid, positions, want_q, want_attn)
-        logits_version = self.weights_version  # the push whose weights computed `logits`
-        cache = CompressedKVCache(
-            keys, values, valid, positions, c.capacity(P, max_new), c, m.n_heads, queries, acc, kv_quant=self.kv_quant
-        )
-        del keys, values, queries, acc
+
+        def prefill(rows: torch.Tensor):
+            """The rows' prefill: (logits, the head's input, their cache)."""
+            logits, keys, values, queries, acc, x = self._prefill_distinct(
+                ids_all[rows], valid_all[rows], positions_all[rows], want_q, want_attn
+            )
+            cache = CompressedKVCache(
+                keys, values, valid_all[rows], positions_all[rows], c.capacity(P, max_new), c, m.n_heads, queries,
+                acc, kv_quant=self.kv_quant,
+            )  # fmt: skip
+            return logits, x, cache
+
+        active = torch.arange(S, device=dev)  # original row of each live row
+        logits, x, cache = prefill(active)
+        waiting = list(range(S, B))  # rows not started yet, in order
         prefill_s = time.perf_counter() - t0
+        numbered = self.weights_version is not None
+        # the push whose weights computed each live row's `logits`
+        logits_version = torch.full((S,), self.weights_version if numbered else 0, dtype=torch.long, device=dev)
 
         tokens_out = torch.zeros(B, max_new, dtype=torch.long, device=dev)
         logp_out = torch.zeros(B, max_new, dtype=torch.float32, device=dev)
@@ -375,11 +399,12 @@ class RolloutEngine:
         top_i = torch.zeros(B, max_new, p.logprobs_topk, dtype=torch.long, device=dev) if p.logprobs_topk else None
         dists = torch.empty(B, max_new, logits.shape[-1], device=dev) if p.keep_distributions else None
         kept_h = torch.empty(B, max_new, x.shape[-1], dtype=m.dtype, device=dev) if p.keep_hidden else None
-        versions = torch.zeros(B, max_new, dtype=torch.long, device=dev) if self.weights_version is not None else None
+        versions = torch.zeros(B, max_new, dtype=torch.long, device=dev) if numbered else None
         lengths = torch.zeros(B, dtype=torch.long, device=dev)
         finish = ["length"] * B
         kept = [0] * B
-        active = torch.arange(B, device=dev)  # original row of each live row
+        true_len = len_all[active]  # next position of each live row
+        at = torch.zeros(S, dtype=torch.long, device=dev)  # each live row's token index
         eos = (
             torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=dev)
             if (self.eos_ids and not p.ignore_eos)
@@ -389,72 +414,87 @@ class RolloutEngine:
         stop_tail = max((len(self.tokenizer(s, add_special_tokens=False)["input_ids"]) for s in p.stop), default=0) + 2
         dense_tokens_peak = 0
 
-        for t in range(max_new):
-            tok, lp, full = sample(logits, p, row_uniforms(p.seed, row_ids[active], t))
+        for t in range(max_new * B):  # decode steps of the batch: max_new per row at most
+            tok, lp, full = sample(logits, p, row_uniforms(p.seed, row_ids[active], at))
             if forced is not None:
-                tok = forced_ids[active, t]
+                tok = forced_ids[active, at]
                 lp = full.gather(-1, tok[:, None])[:, 0].float()
-            if self.step_hook is not None:  # the distribution each row's token t was drawn from
+            if self.step_hook is not None:  # the distribution each row's token was drawn from
                 self.step_hook("sample", t=t, cache=cache, rows=active, logprobs=full)
-            tokens_out[active, t] = tok
-            logp_out[active, t] = lp
+            tokens_out[active, at] = tok
+            logp_out[active, at] = lp
             if top_v is not None:
                 tv, ti = torch.topk(full, p.logprobs_topk, dim=-1)
-                top_v[active, t], top_i[active, t] = tv, ti
+                top_v[active, at], top_i[active, at] = tv, ti
             if dists is not None:
-                dists[active, t] = full
+                dists[active, at] = full
             if kept_h is not None:  # the head's input these logits came from
-                kept_h[active, t] = x
-            if versions is not None:  # the push whose weights drew token t
-                versions[active, t] = logits_version
-            lengths[active] = t + 1
+                kept_h[active, at] = x
+            if versions is not None:  # the push whose weights drew each row's token
+                versions[active, at] = logits_version
+            lengths[active] = at + 1
             done = torch.zeros(len(active), dtype=torch.bool, device=dev)
             if eos is not None:
                 done |= torch.isin(tok, eos)
             if p.stop:
+                ends = (at + 1).tolist()
                 for r in range(len(active)):
                     if done[r]:
                         continue
                     row = int(active[r])
-                    tail = self.tokenizer.decode(tokens_out[row, max(0, t + 1 - stop_tail) : t + 1].tolist())
+                    tail = self.tokenizer.decode(tokens_out[row, max(0, ends[r] - stop_tail) : ends[r]].tolist())
                     if any(s in tail for s in p.stop):
                         done[r] = True
-            if t + 1 < p.min_new_tokens:  # too short to end yet: EOS and stop strings are tokens like others
-                done = torch.zeros_like(done)
+            if p.min_new_tokens > 1:  # too short to end yet: EOS and stop strings are tokens like others
+                done &= at + 1 >= p.min_new_tokens
             stopped = done  # by EOS or a stop string: finish "stop"
             if forced is not None:  # a replayed row ends where its forced tokens end too
-                done = done | (forced_len[active] <= t + 1)
-            last = t == max_new - 1
-            if last or done.any():  # bookkeeping for the sequences that end here
+                done = done | (forced_len[active] <= at + 1)
+            ended = done | (at + 1 >= max_new)
+            if bool(ended.any()):  # bookkeeping for the sequences that end here
                 kt = cache.kept_tokens().tolist()
                 dense_tokens_peak = max(dense_tokens_peak, int(true_len.sum()))
                 for r in stopped.nonzero().flatten().tolist():
                     finish[int(active[r])] = "stop"
-                ended = torch.ones_like(done) if last else done
                 for r in ended.nonzero().flatten().tolist():
                     kept[int(active[r])] = kt[r]
-                if last or bool(done.all()):
+                if bool(ended.all()) and not waiting:
                     break
-                keep_rows = (~done).nonzero().flatten()
-                active = active[keep_rows]
-                tok = tok[keep_rows]
-                true_len = true_len[keep_rows]
+                keep_rows = (~ended).nonzero().flatten()
+                active, tok, true_len, at = active[keep_rows], tok[keep_rows], true_len[keep_rows], at[keep_rows]
+                logits_version = logits_version[keep_rows]
                 cache.select(keep_rows)
-            # one decode step: the sampled token enters the cache
-            if self.step_hook is not None:
-                self.step_hook("before_decode", t=t, cache=cache, rows=active, tokens=tok, positions=true_len)
-            logits, x = self._decode(tok, true_len, cache)
-            logits_version = self.weights_version
-            if self.step_hook is not None:
-                self.step_hook("after_decode", t=t, cache=cache, rows=active, logits=logits)
-            true_len = true_len + 1
-            due = cache.due(newline[tok] if newline is not None else None, remaining=max_new - 2 - t, seq_len=true_len)
-            if due.any():
-                dense_tokens_peak = max(dense_tokens_peak, int(true_len.sum()))
-                cache.compress(due, seq_len=true_len)
+            if len(active):  # one decode step: the sampled token enters the cache
+                if self.step_hook is not None:
+                    self.step_hook("before_decode", t=t, cache=cache, rows=active, tokens=tok, positions=true_len)
+                logits, x = self._decode(tok, true_len, cache)
+                logits_version.fill_(self.weights_version if numbered else 0)
+                if self.step_hook is not None:
+                    self.step_hook("after_decode", t=t, cache=cache, rows=active, logits=logits)
+                true_len = true_len + 1
+                due = cache.due(newline[tok] if newline is not None else None, seq_len=true_len)
+                due &= max_new - 2 - at > c.tail_slack  # the skip rule: the rest fits without it
+                if due.any():
+                    dense_tokens_peak = max(dense_tokens_peak, int(true_len.sum()))
+                    cache.compress(due, seq_len=true_len)
+                at = at + 1
+            if waiting and len(active) < S:  # refill: the next waiting rows start in the places freed
+                new = torch.tensor(waiting[: S - len(active)], device=dev)
+                waiting = waiting[len(new) :]
+                new_logits, new_x, new_cache = prefill(new)
+                cache.append(new_cache)
+                del new_cache
+                logits = torch.cat([logits[: len(active)], new_logits]) if len(active) else new_logits
+                x = torch.cat([x[: len(active)], new_x]) if len(active) else new_x
+                active = torch.cat([active, new])
+                true_len = torch.cat([true_len, len_all[new]])
+                at = torch.cat([at, torch.zeros_like(new)])
+                logits_version = torch.cat([logits_version, torch.full_like(new, self.weights_version or 0)])
             if (yield t + 1) == RECOMPUTE:  # weights loaded since: the live rows' K/V and next logits with them
-                logits, x = self.recompute_cache(cache, ids[active], valid[active], tokens_out[active, : t + 1])
-                logits_version = self.weights_version
+                logits, x = self.recompute_cache(
+                    cache, ids_all[active], valid_all[active], tokens_out[active, : int(at.max())], at
+                )
+                logits_version.fill_(self.weights_version if numbered else 0)
         cache._account()
         seconds = time.perf_counter() - t0
         lens = lengths.tolist()
@@ -474,7 +514,7 @@ class RolloutEngine:
                 cache.bytes_theory_peak,
                 dense_tokens_peak * m.kv_bytes_per_token(),
                 cache.n_compressions,
-                B * DENSE.capacity(P, max_new) * m.kv_bytes_per_token(),
+                S * DENSE.capacity(P, max_new) * m.kv_bytes_per_token(),
             ),
             tokens_generated=sum(lens),
             seconds=seconds,
@@ -491,7 +531,12 @@ class RolloutEngine:
 
     @torch.inference_mode()
     def recompute_cache(
-        self, cache: CompressedKVCache, ids: torch.Tensor, valid: torch.Tensor, response: torch.Tensor
+        self,
+        cache: CompressedKVCache,
+        ids: torch.Tensor,
+        valid: torch.Tensor,
+        response: torch.Tensor,
+        lengths: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The cache of live rows recomputed with the weights the engine holds now (NeMo-RL's
         ``recompute_kv_cache_after_weight_updates``, ``rollout.partial_kv=recompute``): one forward over each
@@ -500,11 +545,18 @@ class RolloutEngine:
         compressing cache keeps the tokens it chose, with their K/V recomputed). Returns the next token's logits
         [r, V] and their head input [r, hidden] from that forward: the first token after a recompute is drawn
         with attention over the whole sequence (as vLLM's recomputing prefill does), the ones after from the cache.
-        Rows ``RECOMPUTE_TOKENS`` tokens at a time."""
+        ``lengths`` [r]: each row's response length when they differ (rows that joined a running batch), its
+        first ``lengths[i]`` tokens of ``response`` taken. Rows ``RECOMPUTE_TOKENS`` tokens at a time."""
         seq = torch.cat([ids, response], 1)
         ok = torch.cat([valid, torch.ones_like(response, dtype=torch.bool)], 1)
+        if lengths is not None:  # each row's unused response columns moved to its left: the padding stays in front
+            T, W = response.shape[1], seq.shape[1]
+            lengths = lengths.to(seq.device)
+            ok[:, valid.shape[1] :] = torch.arange(T, device=seq.device)[None, :] < lengths[:, None]
+            column = (torch.arange(W, device=seq.device)[None, :] - (T - lengths)[:, None]) % W
+            seq, ok = seq.gather(1, column), ok.gather(1, column)
         positions = (ok.long().cumsum(-1) - 1).clamp(min=0)
-        offset = (~valid).sum(1)
+        offset = (~ok).sum(1)  # columns before position 0
         rows = max(1, self.RECOMPUTE_TOKENS // seq.shape[1])
         logits, xs = [], []
         for s in range(0, seq.shape[0], rows):

@@ -12,8 +12,10 @@ them). Each token records the push whose weights computed the logits it was draw
 it. With the same weights throughout, the segments sample exactly what one :meth:`~.engine.RolloutEngine.generate`
 call samples: the same random stream per row and step, the same cache.
 
-Every batch of the rollout (the engine splits a large one by ``max_batch``) keeps its cache between segments,
-so they are all resident at once; the static step (``rollout.static_step``) is not used here.
+The rollout's rows run as one batch of at most ``max_batch`` rows (:meth:`~.engine.RolloutEngine.batch_rows`):
+when a response ends, the next waiting one takes its place (its prompt prefilled, its cache joined to the
+batch's), so a group's long tail runs beside the rows still to start instead of alone; the batch's cache stays
+resident between segments. The static step (``rollout.static_step``) is not used here.
 """
 
 from __future__ import annotations
@@ -48,11 +50,8 @@ class SegmentedRollout:
             raise ValueError(f"kv must be one of {', '.join(self.KV)}, got {kv!r}")
         self.engine, self.params, self.kv = engine, params, kv
         prompt_ids, self._expanded = engine.expand(prompts, params)
-        rows, chunk = engine.split_rows(prompt_ids, self._expanded, params, first_prompt)
-        self._batches = [
-            engine._batch_steps([e[1] for e in self._expanded[s : s + chunk]], params, rows[s : s + chunk])
-            for s in range(0, len(self._expanded), chunk)
-        ]
+        rows, slots = engine.split_rows(prompt_ids, self._expanded, params, first_prompt)
+        self._batches = [engine._batch_steps([e[1] for e in self._expanded], params, rows, slots=slots)]
         self._outs: list[RolloutOutput | None] = [None] * len(self._batches)
         self._started = [False] * len(self._batches)  # the batch's prefill and first decode steps have run
         self._weights_version = engine.weights_version  # the weights of the last advance()
