@@ -51,6 +51,8 @@ def test_the_dense_groups_take_the_places_of_the_all_zero_ones_in_order():
     assert new_ro.prompt_index == [0, 0, 1, 1, 2, 2]
     assert new_scores.total == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0] and new_scores.parts["r"] == new_scores.total
     assert metrics == {"sampling/dense_fallback_frac": 2 / 3, "sampling/dense_fallback_reward_mean": 0.25}
+    # the step sampled both rollouts: 12 + 8 tokens in 1 + 1 s
+    assert (new_ro.tokens_generated, new_ro.seconds) == (12 + 8, 2.0)
 
 
 def test_no_all_zero_group_samples_nothing():

@@ -44,8 +44,9 @@ def replace_groups(
     ro: RolloutOutput, scores: RewardScores, groups: list[int], new: RolloutOutput, new_scores: RewardScores
 ) -> tuple[RolloutOutput, RewardScores]:
     """``ro`` and ``scores`` with the responses of each prompt in ``groups`` replaced, in order, by ``new``'s
-    responses to the same prompt (``new.prompt_index`` numbers ``groups``: 0 is ``groups[0]``); the KV and time
-    figures stay ``ro``'s (the re-sample is counted apart)."""
+    responses to the same prompt (``new.prompt_index`` numbers ``groups``: 0 is ``groups[0]``). The tokens generated
+    and the sampling time are both rollouts' (what the step sampled, as oversampling counts its dropped responses);
+    the KV figures stay the compressed rollout's."""
     queue: dict[int, list[int]] = {}
     for j, p in enumerate(new.prompt_index):
         queue.setdefault(groups[p], []).append(j)
@@ -74,6 +75,9 @@ def replace_groups(
         hidden=merged(ro.hidden, new.hidden),
         token_versions=merged(ro.token_versions, new.token_versions),
         texts=merged(ro.texts, new.texts),
+        tokens_generated=ro.tokens_generated + new.tokens_generated,
+        seconds=ro.seconds + new.seconds,
+        prefill_seconds=ro.prefill_seconds + new.prefill_seconds,
     )
     parts = {k: merged(v, new_scores.parts[k]) for k, v in scores.parts.items()}
     return out, RewardScores(merged(scores.total, new_scores.total), parts, scores.errors + new_scores.errors)
