@@ -1,5 +1,6 @@
-"""Tables of a ``sparserl compare`` over seeds of the long job: reward, held-out pass@1 (dense and sparse
-inference), the α tail per 128-token length bin, KV held, time and peak memory per run.
+"""Tables of a ``sparserl compare`` over seeds (the long job's, the main job's): reward, held-out pass@1 (dense and
+sparse inference), k3, the α tail per length bin, the tokens each step generated (its rollout cost: every response
+sampled, oversampled and dense fallback ones included), masked tokens, KV held, time and peak memory per run.
 
     python3 experiments/training/long_seeds.py /work/exp/long_seeds --json docs/results/long_seeds/summary.json
 
@@ -55,6 +56,13 @@ def run_figures(run_dir: Path) -> dict:
         "alpha_mean": _mean(col(names.MISMATCH_ALPHA_MEAN)),
         "k3_mean": _mean(col(names.MISMATCH_K3)),
         "alpha_p5": _mean(col(names.MISMATCH_ALPHA_P5)),
+        "tokens_per_step": _mean(
+            t * g for t, g in zip(col(names.ROLLOUT_TOKENS_PER_S), col(names.TIME_GENERATE)) if t is not None and g
+        ),
+        "masked_frac": _mean(col(names.MASKED_FRAC)),
+        "dense_fallback_frac": _mean(col(names.DENSE_FALLBACK_FRAC)),
+        "oversample_acceptance_kept": _mean(col(names.OVERSAMPLE_ACCEPT_KEPT)),
+        "oversample_acceptance_dropped": _mean(col(names.OVERSAMPLE_ACCEPT_DROPPED)),
         "alpha_p5_bin": {b: v for b, v in sorted(bins.items())},
         "kv_budget_bin": {b: _mean(v) for b, v in sorted(budgets.items())},
     }
@@ -86,6 +94,18 @@ def summarize(out: Path) -> dict:
             "pass1_dense": _mean(r["pass1_dense"] for r in runs.values()),
             "pass1_sparse": _mean(r["pass1_sparse"] for r in runs.values()),
             "step_s_mean": _mean(r["step_s_mean"] for r in runs.values()),
+            **{
+                key: _mean(r[key] for r in runs.values())
+                for key in (
+                    "k3_mean",
+                    "alpha_p5",
+                    "tokens_per_step",
+                    "masked_frac",
+                    "dense_fallback_frac",
+                    "oversample_acceptance_kept",
+                    "oversample_acceptance_dropped",
+                )
+            },
             "kv_sampler_alloc_bytes": _mean(r["kv_sampler_alloc_bytes"] for r in runs.values()),
             "kv_dense_alloc_bytes": _mean(r["kv_dense_alloc_bytes"] for r in runs.values()),
             "kv_kept_frac": _mean(r["kv_kept_frac"] for r in runs.values()),
@@ -117,6 +137,19 @@ def tables(summary: dict) -> str:
                 f"| {_f(r['rss_peak_bytes'] and r['rss_peak_bytes'] / 1e9, '{:.2f}')} |"
             )
     arms = summary["arms"]
+    lines += [
+        "",
+        "| arm | seeds | mean reward | pass@1 dense | pass@1 sparse | k3 | α p5 | tokens / step | masked "
+        "| dense fallback | oversample acceptance kept / dropped |",
+        "|---|" + "---:|" * 10,
+    ]
+    for arm, a in arms.items():
+        lines.append(
+            f"| {arm} | {a['seeds']} | {_f(a['reward_mean'])} ± {_f(a['reward_std_over_seeds'])} "
+            f"| {_f(a['pass1_dense'])} | {_f(a['pass1_sparse'])} | {_f(a['k3_mean'], '{:.4f}')} | {_f(a['alpha_p5'])} "
+            f"| {_f(a['tokens_per_step'], '{:.0f}')} | {_f(a['masked_frac'])} | {_f(a['dense_fallback_frac'])} "
+            f"| {_f(a['oversample_acceptance_kept'])} / {_f(a['oversample_acceptance_dropped'])} |"
+        )
     all_bins = sorted({b for a in arms.values() for b in a["alpha_p5_bin_mean"]})
     lines += ["", "| arm | " + " | ".join(f"bin {b}" for b in all_bins) + " |", "|---|" + "---:|" * len(all_bins)]
     for arm, a in arms.items():
