@@ -108,7 +108,9 @@ def test_a_local_cluster_counts_its_workers_and_the_pushes_its_object_store_keep
     sampler and its shard's caches) and max(2, k + 1) pushes in the object store join the resident parts; a
     cluster of its own (cluster.address) adds none; partial rollouts keep k caches per worker."""
     alone = predict_peak(cfg_of(), SHAPE, 100)
-    weights = alone.resident["learner weights"]
+    # a push is the state dict: the tied head a tensor of its own (SmolLM2-135M: 651 MB an object in Ray's store)
+    assert SHAPE.tied_embeddings
+    weights = alone.resident["learner weights"] + SHAPE.vocab * SHAPE.hidden * 4
     one = predict_peak(cfg_of("cluster.rollout_workers=1"), SHAPE, 100)
     two = predict_peak(cfg_of("cluster.rollout_workers=2"), SHAPE, 100)
     assert one.resident["object store: 2 weight pushes"] == 2 * weights

@@ -355,9 +355,11 @@ def local_cluster_bytes(cfg: Config, shape: ModelShape, r, row: dict[str, int], 
       flight, each keeping its cache between segments) and what α keeps (head inputs or q) for the k + 1
       rollouts it may hold until they are taken;
     - Ray's object store: the latest max(2, k + 1) weight pushes (:attr:`sparserl.cluster.pool.RolloutPool.keep`),
-      each the learner's weights."""
+      each the learner's state dict (a tied head counted again: it is serialized as an entry of its own)."""
     W, k = cfg.cluster.rollout_workers, r.max_staleness if r.async_ else 0
-    push = shape.params * _bytes(cfg.model.dtype)
+    # a push serializes every state-dict entry: a tied LM head travels as a tensor of its own (measured: 651 MB an
+    # object for SmolLM2-135M in float32, its 538 MB of parameters and the 113 MB head again)
+    push = (shape.params + (shape.vocab * shape.hidden if shape.tied_embeddings else 0)) * _bytes(cfg.model.dtype)
     shard = -(-N // W)
     sampling = k if (r.partial and k > 1) else 1
     worker = (
