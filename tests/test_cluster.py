@@ -61,7 +61,7 @@ def _cfg(tmp_path, *extra):
 HALF_CPU = ("cluster.worker_cpus=0.5", "cluster.learner_cpus=0.5")  # 2 workers and a second learner on 2 CPUs
 
 
-def test_a_worker_without_ray_samples_its_shard_as_the_engine_does(tmp_path, tiny):
+def test_a_worker_without_ray_samples_its_shard_as_the_engine_does(tmp_path, tiny, monkeypatch):
     """The worker class itself: the trainer's builder, the pushed weights, the global rows of its shard."""
     from sparserl.cluster.worker import RolloutWorker, WorkerStateError
     from sparserl.rollout.build import engine_from_fields
@@ -83,6 +83,14 @@ def test_a_worker_without_ray_samples_its_shard_as_the_engine_does(tmp_path, tin
     assert kept.response_ids == shard.response_ids and len(kept.distributions) == 9
     nbytes = sum(d.numel() * d.element_size() for d in kept.distributions)
     assert len(pickle.dumps(kept.distributions)) < 1.1 * nbytes + 65536
+    # the dense cache's reading keeps the learner's token bound per micro-batch (its logits: [rows, T, V] float32)
+    import sparserl.mismatch.teacher_forced as teacher_forced
+
+    bounds = []
+    read = teacher_forced.read_dense_cache
+    monkeypatch.setattr(teacher_forced, "read_dense_cache", lambda *a: bounds.append(a[-1]) or read(*a))
+    worker.generate(PROMPTS[2:], params, 2, version=1, read_dense_cache=0)
+    assert bounds == [cfg.train.max_tokens_per_micro_batch] and bounds[0] is not None
 
 
 @pytest.fixture(scope="module")

@@ -123,6 +123,14 @@ def test_a_local_cluster_counts_its_workers_and_the_pushes_its_object_store_keep
     ahead = ("cluster.rollout_workers=1", "rollout.async=true", "rollout.max_staleness=3")
     k3 = predict_peak(cfg_of(*ahead), SHAPE, 100)
     assert k3.resident["object store: 4 weight pushes"] == 4 * weights
+    # under rollout.async the worker reads each finished rollout on a dense cache: a micro-batch's logits and
+    # their log-softmax, float32 [rows, T, V] each, rows bounded by train.max_tokens_per_micro_batch
+    cfg = cfg_of("cluster.rollout_workers=1", "rollout.async=true")
+    one_ahead = predict_peak(cfg, SHAPE, 100)
+    T = cfg.rollout.max_new_tokens
+    rows = min(cfg.train.micro_batch_size, cfg.train.max_tokens_per_micro_batch // (100 + T))
+    grew = one_ahead.resident["rollout workers (1)"] - worker
+    assert 2 * rows * T * SHAPE.vocab * 4 <= grew < 2 * rows * T * SHAPE.vocab * 4 + 2**21  # + its hidden states
     partial = predict_peak(cfg_of(*ahead, "rollout.partial=true"), SHAPE, 100)
     assert partial.resident["rollout workers (1)"] > k3.resident["rollout workers (1)"]  # 3 caches kept, not 1
 

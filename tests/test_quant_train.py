@@ -159,6 +159,35 @@ def test_teacher_forced_logprobs_are_the_dense_samplers_own(tiny):
     assert (got - batch.sampler_logprobs * batch.response_mask).abs().max().item() <= 1e-4
 
 
+def test_a_token_bound_splits_the_teacher_forced_reading_and_changes_nothing(tiny):
+    """``max_tokens`` (train.max_tokens_per_micro_batch) bounds each micro-batch of the teacher-forced reading
+    (the rollout workers' dense-cache reading, rollout.mismatch_split): its logits and their log-softmax are two
+    float32 [rows, T, V] blocks, 15 GB for 32 rows of 1,200 tokens at SmolLM2's vocabulary. A bound of two and a
+    half rows' tokens: 2 rows a forward instead of 6, the same log-probs."""
+    from sparserl.batch import RolloutBatch
+    from sparserl.mismatch.teacher_forced import read_dense_cache
+    from sparserl.packing import micro_batch_rows
+    from sparserl.rollout.engine import RolloutEngine
+    from sparserl.rollout.kv import get_compressor
+    from sparserl.rollout.sampling import SamplingParams
+
+    engine = RolloutEngine(tiny, get_compressor("none"), dtype="float32")
+    ro = engine.generate(["a b c", "one two three"], SamplingParams(n=3, max_new_tokens=10, seed=3, ignore_eos=True))
+    batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index, pad_id=0)
+    row_tokens = batch.input_ids.shape[1]
+    bound = row_tokens * 5 // 2
+    assert micro_batch_rows(6, bound, row_tokens) == 2 and micro_batch_rows(6, None, 16) == 6
+    assert micro_batch_rows(6, 3, row_tokens) == 1  # a row longer than the bound still reads, alone
+    seen = []
+    forward = engine.model.hidden_states
+    engine.model.hidden_states = lambda ids, *a: seen.append(ids.shape[0]) or forward(ids, *a)
+    whole = read_dense_cache(engine.model, ro, 1.0, micro_batch_size=6)
+    bounded = read_dense_cache(engine.model, ro, 1.0, micro_batch_size=6, max_tokens=bound)
+    assert seen == [6, 2, 2, 2]
+    for a, b in zip(whole.logprobs, bounded.logprobs):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
 def test_mismatch_split_logs_both_parts(tmp_path):
     """R-KV + int8: the weights part and the cache part are logged, both >= 0; asking for the split
     without quantized weights is a config error."""

@@ -29,6 +29,7 @@ __all__ = [
     "PROMPT_TOKENS_BOUND",
     "MicroBatchBudgetError",
     "RowLengths",
+    "micro_batch_rows",
     "micro_batch_tokens",
     "pack_micro_batches",
     "used_columns",
@@ -150,3 +151,11 @@ def used_columns(attention_mask: torch.Tensor, response_len: int) -> tuple[int, 
     first = min(int(used[0]) if len(used) else P - 1, P - 1)
     t_used = int(attention_mask[:, P:].sum(-1).max()) if attention_mask.shape[0] else 1
     return max(first, 0), max(1, t_used)
+
+
+def micro_batch_rows(micro_batch_size: int, max_tokens: int | None, row_tokens: int) -> int:
+    """Rows per micro-batch: ``micro_batch_size``, at most ``max_tokens`` // ``row_tokens`` (at least one) where
+    ``max_tokens`` is given (``train.max_tokens_per_micro_batch``, the bound the learner's forward keeps)."""
+    if max_tokens is None:
+        return max(1, micro_batch_size)
+    return max(1, min(micro_batch_size, max_tokens // max(row_tokens, 1)))

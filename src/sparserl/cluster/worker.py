@@ -31,7 +31,8 @@ class RolloutWorker:
         self.index = index
         lm = load_model(cfg.model.name, dtype=cfg.model.dtype, seed=cfg.model.seed, device=cfg.model.device)
         self.engine = engine_from_fields(lm, sampler_section(cfg))
-        self.micro_batch_size = cfg.train.micro_batch_size
+        self.micro_batch_size = cfg.train.micro_batch_size  # and the tokens' bound: the dense cache's reading
+        self.max_tokens = cfg.train.max_tokens_per_micro_batch
         self.partial_kv = cfg.rollout.partial_kv  # a partial rollout's cache after a load: kept or recomputed
         self.version = -1  # no weights pushed yet
         self._partial: dict = {}  # key -> SegmentedRollout: partial rollouts going on across pushes (rollout.partial)
@@ -124,5 +125,6 @@ class RolloutWorker:
                 read_dense_cache,
                 self.micro_batch_size,
                 self.engine.tokenizer.pad_token_id or 0,
+                self.max_tokens,
             )
         return out

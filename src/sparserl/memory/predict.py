@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 
 from ..config import Config
 from ..cost import ModelShape
-from ..packing import worst_case_tokens
+from ..packing import micro_batch_rows, worst_case_tokens
 from ..rollout.build import sampler_section
 from ..rollout.kv import compressor_from_fields
 from ..rollout.kv_quant import kv_bytes_per_token
@@ -340,12 +340,14 @@ def _predict(cfg: Config, shape: ModelShape, prompt_tokens: int, precision: str,
         stations["alpha"] = {**{f"update {k}": v for k, v in graph.items()}, **alpha}
     notes = [f"prompts of at most {P} tokens", f"old policy: {source}", f"micro-batch: {rows} rows, {tokens} tokens"]
     if cfg.cluster.rollout_workers and cfg.cluster.address is None:  # a local Ray: all of it on this machine
-        resident.update(local_cluster_bytes(cfg, shape, r, row, kept, N_sampled))
+        resident.update(local_cluster_bytes(cfg, shape, r, row, kept, N_sampled, P))
         notes.append(f"a local Ray: {cfg.cluster.rollout_workers} rollout worker(s) and the pushes in its object store")
     return MemoryPrediction(resident, stations, ckpt, notes, P)
 
 
-def local_cluster_bytes(cfg: Config, shape: ModelShape, r, row: dict[str, int], kept: dict[str, int], N: int):
+def local_cluster_bytes(
+    cfg: Config, shape: ModelShape, r, row: dict[str, int], kept: dict[str, int], N: int, prompt_tokens: int
+):
     """What a local Ray holds beside the training process, for the run (``cluster.rollout_workers`` = W,
     ``cluster.address`` None), in bytes:
 
@@ -353,7 +355,9 @@ def local_cluster_bytes(cfg: Config, shape: ModelShape, r, row: dict[str, int], 
       push being loaded, and its shard of ⌈N / W⌉ responses: their KV caches and sampling buffers for each
       rollout sampling at once (1, or under ``rollout.partial`` the k = ``rollout.max_staleness`` rollouts in
       flight, each keeping its cache between segments) and what α keeps (head inputs or q) for the k + 1
-      rollouts it may hold until they are taken;
+      rollouts it may hold until they are taken; under ``rollout.async`` the reading of a finished rollout on a
+      dense cache with its weights: a micro-batch's logits and their log-softmax, two float32 [rows, T, V]
+      blocks (rows bounded by ``train.max_tokens_per_micro_batch``), and its hidden states;
     - Ray's object store: the latest max(2, k + 1) weight pushes (:attr:`sparserl.cluster.pool.RolloutPool.keep`),
       each the learner's state dict (a tied head counted again: it is serialized as an entry of its own)."""
     W, k = cfg.cluster.rollout_workers, r.max_staleness if r.async_ else 0
@@ -362,12 +366,16 @@ def local_cluster_bytes(cfg: Config, shape: ModelShape, r, row: dict[str, int], 
     push = (shape.params + (shape.vocab * shape.hidden if shape.tied_embeddings else 0)) * _bytes(cfg.model.dtype)
     shard = -(-N // W)
     sampling = k if (r.partial and k > 1) else 1
+    T, t = r.max_new_tokens, cfg.train
+    rows = min(shard, micro_batch_rows(t.micro_batch_size, t.max_tokens_per_micro_batch, prompt_tokens + T))
+    reading = rows * (2 * T * shape.vocab + (prompt_tokens + T) * shape.hidden) * 4 if r.async_ else 0
     worker = (
         BASELINE_BYTES
         + 2 * push  # the model it loads and a push being loaded
         + sampler_bytes(shape, cfg.model.dtype, r.dtype, r)
         + sampling * shard * sum(row.values())
         + (k + 1) * shard * sum(kept.values()) // N
+        + reading
     )
     return {
         f"rollout workers ({W})": W * worker,

@@ -26,11 +26,13 @@ def k3_mean(log_q: torch.Tensor, log_p: torch.Tensor, mask: torch.Tensor) -> flo
     return float((lr.exp() - 1 - lr).mean()) if lr.numel() else 0.0
 
 
-def mismatch_split(sampler_model, batch: RolloutBatch, temperature: float, micro_batch_size: int = 16) -> dict:
+def mismatch_split(
+    sampler_model, batch: RolloutBatch, temperature: float, micro_batch_size: int = 16, max_tokens: int | None = None
+) -> dict:
     """k3 of the dense learner (``batch.old_logprobs``) against the sampler's quantized weights on a dense
     cache (``sampler_model``, holding the weights that sampled), and of those against the sampler
-    (``batch.sampler_logprobs``)."""
-    q_weights = teacher_forced_logprobs(sampler_model, batch, temperature, micro_batch_size)
+    (``batch.sampler_logprobs``); micro-batches as :func:`~.teacher_forced.teacher_forced_logsoftmax`'s."""
+    q_weights = teacher_forced_logprobs(sampler_model, batch, temperature, micro_batch_size, max_tokens)
     q_weights = q_weights.to(batch.old_logprobs.device)
     return {
         names.MISMATCH_K3_WEIGHTS: k3_mean(q_weights, batch.old_logprobs, batch.response_mask),

@@ -19,23 +19,32 @@ from dataclasses import dataclass
 import torch
 
 from ..batch import RolloutBatch
+from ..packing import micro_batch_rows
 from ..rollout.model import SamplerModel
 from .acceptance import acceptance_topk
 
 
 @torch.inference_mode()
 def teacher_forced_logsoftmax(
-    model: SamplerModel, batch: RolloutBatch, temperature: float = 1.0, micro_batch_size: int = 16
+    model: SamplerModel,
+    batch: RolloutBatch,
+    temperature: float = 1.0,
+    micro_batch_size: int = 16,
+    max_tokens: int | None = None,
 ):
     """Yields ``(rows, log_q)`` per micro-batch: ``log_q`` [n, T, V] float32 ``log softmax(logits / τ)`` of
     ``model`` at the positions that predict each response token, teacher forced on ``batch``
-    (``[left pad | prompt | response | right pad]``), on the model's device."""
+    (``[left pad | prompt | response | right pad]``), on the model's device. A micro-batch holds
+    ``micro_batch_size`` rows, fewer where ``max_tokens`` bounds its tokens (prompt and response, padded): its
+    logits and their log-softmax are two float32 [n, T, V] blocks, 15 GB for 32 rows of 1,200 tokens over
+    SmolLM2's 49,152-token vocabulary."""
     N, T = batch.response_ids.shape
     P = batch.input_ids.shape[1] - T
     tau = temperature if temperature > 0 else 1.0
     dev = model.device
-    for s in range(0, N, micro_batch_size):
-        rows = slice(s, min(N, s + micro_batch_size))
+    step = micro_batch_rows(micro_batch_size, max_tokens, P + T)
+    for s in range(0, N, step):
+        rows = slice(s, min(N, s + step))
         h = model.hidden_states(
             batch.input_ids[rows].to(dev), batch.attention_mask[rows].to(dev).bool(), batch.position_ids[rows].to(dev)
         )
@@ -44,12 +53,16 @@ def teacher_forced_logsoftmax(
 
 
 def teacher_forced_logprobs(
-    model: SamplerModel, batch: RolloutBatch, temperature: float = 1.0, micro_batch_size: int = 16
+    model: SamplerModel,
+    batch: RolloutBatch,
+    temperature: float = 1.0,
+    micro_batch_size: int = 16,
+    max_tokens: int | None = None,
 ) -> torch.Tensor:
     """[N, T] float32 log-prob of each response token under ``model`` (:func:`teacher_forced_logsoftmax`),
     0 where the response mask is 0."""
     out = torch.zeros(batch.response_ids.shape, dtype=torch.float32, device=batch.response_ids.device)
-    for rows, log_q in teacher_forced_logsoftmax(model, batch, temperature, micro_batch_size):
+    for rows, log_q in teacher_forced_logsoftmax(model, batch, temperature, micro_batch_size, max_tokens):
         lp = log_q.gather(-1, batch.response_ids[rows, :, None].to(log_q.device))[..., 0]
         out[rows] = lp.to(out.device) * batch.response_mask[rows]
     return out
@@ -81,16 +94,22 @@ class DenseCacheReading:
 
 
 def read_dense_cache(
-    model: SamplerModel, ro, temperature: float, topk: int = 0, micro_batch_size: int = 16, pad_id: int = 0
+    model: SamplerModel,
+    ro,
+    temperature: float,
+    topk: int = 0,
+    micro_batch_size: int = 16,
+    pad_id: int = 0,
+    max_tokens: int | None = None,
 ) -> DenseCacheReading:
     """The :class:`DenseCacheReading` of rollout ``ro`` (a :class:`~sparserl.rollout.engine.RolloutOutput`)
     under ``model``; ``topk`` > 0 also keeps ``q_w``'s top-k and, when ``ro`` recorded the sampler's
-    top-k, α against it."""
+    top-k, α against it. ``micro_batch_size`` / ``max_tokens``: :func:`teacher_forced_logsoftmax`'s."""
     batch = RolloutBatch.from_rollout(ro.prompt_ids, ro.response_ids, ro.sampler_logprobs, ro.prompt_index, pad_id)
     lengths = [len(r) for r in ro.response_ids]
     with_alpha = topk > 0 and ro.top_logprobs is not None
     out = DenseCacheReading([], [] if topk else None, [] if topk else None, [] if with_alpha else None)
-    for rows, log_q in teacher_forced_logsoftmax(model, batch, temperature, micro_batch_size):
+    for rows, log_q in teacher_forced_logsoftmax(model, batch, temperature, micro_batch_size, max_tokens):
         for j, i in enumerate(range(rows.start, rows.stop)):
             n, row = lengths[i], log_q[j, : lengths[i]]
             out.logprobs.append(row.gather(-1, batch.response_ids[i, :n, None].to(row.device))[:, 0].cpu())

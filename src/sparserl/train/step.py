@@ -74,7 +74,13 @@ def train_step(trainer, step: int) -> dict:
             sampling.update(oversampled)
         # 4a) the mismatch split by source: weights and cache, or lag and cache
         split = (
-            mismatch_split(local_sampler(trainer).model, batch, cfg.rollout.temperature, cfg.train.micro_batch_size)
+            mismatch_split(
+                local_sampler(trainer).model,
+                batch,
+                cfg.rollout.temperature,
+                cfg.train.micro_batch_size,
+                cfg.train.max_tokens_per_micro_batch,
+            )
             if cfg.rollout.mismatch_split
             else lag_split(batch, ro.dense_cache)
             if ro.dense_cache is not None
