@@ -10,6 +10,11 @@ the next rollout starts (its first segment, ⌈max_new_tokens / 2⌉ decode step
 weights under new numbers (the memory is the same whatever they hold). After every call: the process's resident
 bytes (VmRSS) and high-water mark (VmHWM), and with ``--trim`` the resident bytes again after returning freed
 heap pages (``malloc_trim``, what ``train.trim_heap`` does in the training process).
+
+``--reading-only``: no sampling; the worker reads a rollout of ``train.prompts_per_step`` x ``rollout.n`` responses
+of ``rollout.max_new_tokens`` random tokens each (the longest it may return) on a dense cache, as it does each
+finished rollout under ``rollout.async``; ``--unbounded`` reads it without ``train.max_tokens_per_micro_batch``
+(``train.micro_batch_size`` rows a forward, as before the bound). One process per case: VmHWM is the process's.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ def main() -> None:
     parser.add_argument("--pushes", type=int, default=3)
     parser.add_argument("--trim", action="store_true", help="malloc_trim after each call, and measure again")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--reading-only", action="store_true", help="only the dense-cache reading of one rollout")
+    parser.add_argument("--unbounded", action="store_true", help="the reading without the token bound")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
@@ -65,6 +72,11 @@ def main() -> None:
     record("worker built (model loaded, sampler built)")
     lm = load_model(cfg.model.name, dtype=cfg.model.dtype, seed=cfg.model.seed)
     state = lm.model.state_dict()
+    if args.reading_only:
+        reading_only(cfg, worker, state, prompts, record, args.unbounded)
+        if args.json:
+            args.json.write_text(json.dumps({"rows": rows, "unbounded": args.unbounded}, indent=1) + "\n")
+        return
     segment = -(-cfg.rollout.max_new_tokens // 2)
     in_flight = None
     for push in range(1, args.pushes + 1):
@@ -86,6 +98,35 @@ def main() -> None:
     )
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1) + "\n")
+
+
+def reading_only(cfg, worker, state, prompts, record, unbounded: bool) -> None:
+    """The dense-cache reading of one rollout of responses at the longest (random tokens), after a push."""
+    import torch
+
+    from sparserl.rollout.output import KVStats, RolloutOutput
+    from sparserl.train.sampler_sync import sampling_params
+
+    worker.load_weights(state, 1)
+    if unbounded:
+        worker.max_tokens = None
+    record("push 1 loaded")
+    g = torch.Generator().manual_seed(0)
+    examples, n, T = prompts.next_batch(), cfg.rollout.n, cfg.rollout.max_new_tokens
+    prompt_ids = [worker.engine.encode(e.prompt) for e in examples for _ in range(n)]
+    responses = [torch.randint(100, 40000, (T,), generator=g).tolist() for _ in prompt_ids]
+    out = RolloutOutput(
+        prompt_index=[i for i in range(len(examples)) for _ in range(n)],
+        prompt_ids=prompt_ids,
+        response_ids=responses,
+        sampler_logprobs=[[-1.0] * T for _ in responses],
+        finish_reason=["length"] * len(responses),
+        kv_tokens_kept=[0] * len(responses),
+        kv=KVStats(),
+    )
+    worker._finish(out, sampling_params(cfg, 1), 1, 0)
+    how = "without the token bound" if unbounded else f"{worker.max_tokens} tokens a micro-batch"
+    record(f"{len(responses)} responses of {T} tokens read on a dense cache ({how})")
 
 
 if __name__ == "__main__":
