@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 
-from .engine import RECOMPUTE, Prompt, RolloutEngine, join_sequential
+from .engine import RECOMPUTE, Prompt, RolloutEngine
 from .output import RolloutOutput
 from .sampling import SamplingParams
 
@@ -51,9 +51,9 @@ class SegmentedRollout:
         self.engine, self.params, self.kv = engine, params, kv
         prompt_ids, self._expanded = engine.expand(prompts, params)
         rows, slots = engine.split_rows(prompt_ids, self._expanded, params, first_prompt)
-        self._batches = [engine._batch_steps([e[1] for e in self._expanded], params, rows, slots=slots)]
-        self._outs: list[RolloutOutput | None] = [None] * len(self._batches)
-        self._started = [False] * len(self._batches)  # the batch's prefill and first decode steps have run
+        self._batch = engine._batch_steps([e[1] for e in self._expanded], params, rows, slots=slots)
+        self._out: RolloutOutput | None = None  # the batch's output, once its last response has ended
+        self._started = False  # the batch's prefill and first decode steps have run
         self._weights_version = engine.weights_version  # the weights of the last advance()
         self.seconds = 0.0  # time spent in advance(), without the pauses between segments
         self.segments = 0
@@ -63,28 +63,27 @@ class SegmentedRollout:
     @property
     def done(self) -> bool:
         """Every response has ended (EOS, a stop string or ``max_new_tokens``)."""
-        return all(out is not None for out in self._outs)
+        return self._out is not None
 
     def advance(self, steps: int | None = None) -> bool:
-        """Run each batch ``steps`` more decode steps (None: to its end), with the weights the engine holds now
+        """Run the batch ``steps`` more decode steps (None: to its end), with the weights the engine holds now
         (under ``kv="recompute"``, where they are another push than at the last advance, or unnumbered, the
-        started batches' caches recomputed with them first); returns :attr:`done`."""
+        started batch's cache recomputed with them first); returns :attr:`done`."""
         if steps is not None and steps < 1:
             raise ValueError(f"steps must be >= 1 or None, got {steps}")
         t0 = time.perf_counter()
         loaded = self.engine.weights_version != self._weights_version or self.engine.weights_version is None
         recompute = self.kv == "recompute" and loaded and self.segments > 0
         self.recomputes += recompute
-        for i, batch in enumerate(self._batches):
-            taken = 0
-            while self._outs[i] is None and (steps is None or taken < steps):
-                try:
-                    # the first step after a load recomputes a started batch's cache with the new weights
-                    batch.send(RECOMPUTE) if recompute and taken == 0 and self._started[i] else next(batch)
-                    self._started[i] = True
-                    taken += 1
-                except StopIteration as end:
-                    self._outs[i] = end.value
+        taken = 0
+        while self._out is None and (steps is None or taken < steps):
+            try:
+                # the first step after a load recomputes the started batch's cache with the new weights
+                self._batch.send(RECOMPUTE) if recompute and taken == 0 and self._started else next(self._batch)
+                self._started = True
+                taken += 1
+            except StopIteration as end:
+                self._out = end.value
         self.seconds += time.perf_counter() - t0
         self.segments += 1
         self._weights_version = self.engine.weights_version
@@ -96,6 +95,6 @@ class SegmentedRollout:
         if not self.done:
             raise RuntimeError("the rollout has responses still running: advance() it to the end first")
         if self._output is None:
-            self._output = self.engine._named(join_sequential(list(self._outs)), self._expanded)
+            self._output = self.engine._named(self._out, self._expanded)
             self._output.seconds = self.seconds
         return self._output
