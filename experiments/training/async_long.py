@@ -145,7 +145,7 @@ def summarize(out: Path, first: int) -> dict:
             ratios = {
                 s: runs["sync"][s]["step_s"] / r["step_s"]
                 for s, r in seeds.items()
-                if s in runs["sync"] and r["step_s"]
+                if s in runs["sync"] and r["step_s"] and runs["sync"][s]["step_s"]  # both past their first step
             }
             per_arm[arm]["step_speedup_vs_sync"] = ratios
             per_arm[arm]["step_speedup_vs_sync_median"] = statistics.median(ratios.values()) if ratios else None
