@@ -14,6 +14,7 @@ token for token the same as the one batch (the rows' draws depend on their own s
 of another size may round a bfloat16 product differently, which can turn a token).
 
     python3 experiments/rollout/refill_at_length.py --places 16 --rounds 2 --json refill_at_length.json
+    python3 experiments/rollout/refill_at_length.py --places 16 --rounds 1 rollout.dtype=float32   # the tokens' check
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main() -> None:
     parser.add_argument("--segment", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. rollout.dtype=float32")
     args = parser.parse_args()
 
     import torch
@@ -45,7 +47,7 @@ def main() -> None:
     from sparserl.rollout.segmented import SegmentedRollout
     from sparserl.train.sampler_sync import sampling_params
 
-    cfg = validate(load_config(args.config, ()))
+    cfg = validate(load_config(args.config, tuple(args.overrides)))
     lm = load_model(cfg.model.name, dtype=cfg.model.dtype, seed=cfg.model.seed, device=cfg.model.device)
     engine = engine_from_fields(lm, sampler_section(cfg))
     data = load_dataset(cfg.data.train, system_prompt=cfg.data.system_prompt, limit=cfg.train.prompts_per_step)
@@ -119,6 +121,7 @@ def main() -> None:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "dtype": str(engine.model.dtype).removeprefix("torch."),
+        "overrides": args.overrides,
     }
     print({k: round(v, 3) for k, v in result["median_ratio_to_one_batch"].items()})
     if args.json:
