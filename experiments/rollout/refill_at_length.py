@@ -1,6 +1,6 @@
-"""The eager engine's refill at the length it is for: the long job's rollout (its first step's 4 prompts x 8
-responses of up to 1,024 new tokens, the ``long`` preset's sampler) with at most ``--places`` rows at once, sampled
-three ways, alternately in one process, per round:
+"""The eager engine's refill at the length it is for: a long-job rollout (the first 4 prompts of its task, in file
+order, x 8 responses of up to 1,024 new tokens, the ``long`` preset's sampler) with at most ``--places`` rows at
+once, sampled three ways, alternately in one process, per round:
 
 - ``one batch``: every row in one batch (no place limit; what a CPU run does),
 - ``refill``: a :class:`~sparserl.rollout.segmented.SegmentedRollout` of ``--places`` places, in two segments
@@ -50,7 +50,15 @@ def main() -> None:
     cfg = validate(load_config(args.config, tuple(args.overrides)))
     lm = load_model(cfg.model.name, dtype=cfg.model.dtype, seed=cfg.model.seed, device=cfg.model.device)
     engine = engine_from_fields(lm, sampler_section(cfg))
-    data = load_dataset(cfg.data.train, system_prompt=cfg.data.system_prompt, limit=cfg.train.prompts_per_step)
+    d = cfg.data  # the prompts as the trainer builds them (train/build.py), the first prompts_per_step of them
+    data = load_dataset(
+        d.train,
+        prompt_key=d.prompt_key,
+        label_key=d.label_key,
+        template=d.template,
+        system_prompt=d.system_prompt,
+        limit=cfg.train.prompts_per_step,
+    )
     prompts = [e.prompt for e in data]
     params = sampling_params(cfg, step=1)
     rows = len(prompts) * params.n
