@@ -299,7 +299,7 @@ def test_trl_is_modes_as_trl_computes_them():
     tm = fn(q, p, m, mode="token_mask", clip_min=0.2, clip_max=3.0)
     assert torch.allclose(tm.weights, torch.tensor([[0.0, 0.5], [0.0, 1.2]]), atol=1e-6)
     assert torch.equal(tm.mask, m)  # zero weight, not removed: TRL's masked_fill
-    assert close(tm.metrics["rs/token_masked_frac"], 0.5) and tm.metrics["rs/masked_frac"] == 0.0
+    assert close(tm.metrics["rs/token_masked_frac"], 0.5) and close(tm.metrics["rs/masked_frac"], 0.5)  # no gradient
     st = fn(q, p, m, mode="sequence_truncate", clip_min=0.2, clip_max=3.0)
     assert torch.allclose(st.weights, torch.tensor([[2.0, 2.0], [0.2, 0.2]]), atol=1e-5)
     sm = fn(q, p, m)  # TRL's default: sequence_mask, clip_max 3, no lower bound
@@ -318,6 +318,7 @@ def test_icepop_zeroes_the_tokens_outside_its_band_and_weights_the_rest():
     c = get_correction("icepop")(q, p, m)
     assert torch.allclose(c.weights, torch.tensor([[0.0, 0.0, 5.0, 0.5, 1.3]]), atol=1e-5)
     assert torch.equal(c.mask, m) and close(c.metrics["rs/token_masked_frac"], 0.4)
+    assert close(c.metrics["rs/masked_frac"], 0.4)  # weight 0 in the mask: counted as giving no gradient
     narrow = get_correction("icepop")(q, p, m, low=0.9, high=1.5)
     assert torch.allclose(narrow.weights, torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.3]]), atol=1e-5)
     with pytest.raises(ValueError, match="low <= high"):
@@ -331,6 +332,7 @@ def test_seq_mask_tis_zeroes_responses_by_their_geometric_mean_ratio():
     c = get_correction("seq_mask_tis")(q, p, m)
     assert torch.allclose(c.weights, torch.tensor([[1.001, 1.0008], [0.0, 0.0], [1.0005, 0.0]]), atol=1e-6)
     assert torch.equal(c.mask, m) and close(c.metrics["rs/seq_vetoed_frac"], 1 / 3)
+    assert close(c.metrics["rs/masked_frac"], 2 / 5)  # the vetoed row's 2 of the 5 valid tokens
     wide = get_correction("seq_mask_tis")(q, p, m, low=0.5, high=2.0)
     assert torch.allclose(wide.weights[1], torch.tensor([1.2, 0.9]), atol=1e-6)
 

@@ -100,7 +100,7 @@ MISMATCH_ALPHA_CACHE_MEAN = (
     "mismatch/alpha_cache_mean"  # α of the sampler that ran against its weights on a dense cache
 )
 MISMATCH_ALPHA_CACHE_P5 = "mismatch/alpha_cache_p5"
-MASKED_FRAC = "rs/masked_frac"
+MASKED_FRAC = "rs/masked_frac"  # valid tokens giving no gradient: out of the final mask, or weight 0 in it
 TOKEN_MASKED_FRAC = "rs/token_masked_frac"
 OVERSAMPLE_ACCEPT_KEPT = "sampling/oversample_acceptance_kept"  # mean acceptance of the responses kept per prompt
 OVERSAMPLE_ACCEPT_DROPPED = "sampling/oversample_acceptance_dropped"  # and of those left out

@@ -297,9 +297,10 @@ def weight_metrics(
     ``is/ess = (Σw)² / (N Σw²)`` (effective-sample-size fraction, 1 for uniform weights) and
     ``is/clipped_frac`` (fraction of kept tokens whose weight was truncated/clipped).
     Over the input-valid tokens: ``rs/token_masked_frac`` (removed by a token-level criterion,
-    whether or not their response was also vetoed) and ``rs/masked_frac`` (absent from the final
-    mask for any reason). Over responses with ≥ 1 input-valid token: ``rs/seq_vetoed_frac``
-    (removed as a whole by a sequence-level criterion).
+    whether or not their response was also vetoed) and ``rs/masked_frac`` (giving no gradient: absent from
+    the final mask for any reason, or kept there with weight 0, as TRL's, IcePop's and NeMo-RL's masks do).
+    Over responses with ≥ 1 input-valid token: ``rs/seq_vetoed_frac`` (removed as a whole by a sequence-level
+    criterion).
 
     Empty sets give 0 (no kept token → weight stats 0 and ESS 0: no effective sample).
     """
@@ -329,7 +330,8 @@ def weight_metrics(
     n_valid = int(valid.sum())
     tr = 0 if token_rejected is None else int((token_rejected.bool() & valid).sum())
     out[names.TOKEN_MASKED_FRAC] = tr / n_valid if n_valid else 0.0
-    out[names.MASKED_FRAC] = int((valid & ~keep).sum()) / n_valid if n_valid else 0.0
+    silent = ~keep | (weights.detach() == 0)  # out of the mask, or in it with no weight: no gradient either way
+    out[names.MASKED_FRAC] = int((valid & silent).sum()) / n_valid if n_valid else 0.0
     seq_valid = valid.any(-1)
     n_seq = int(seq_valid.sum())
     sr = 0 if seq_rejected is None else int((seq_rejected.bool() & seq_valid).sum())

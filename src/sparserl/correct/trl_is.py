@@ -29,7 +29,7 @@ def trl_is(
     - ``*_truncate``: ``w = clamp(ρ, a, b)`` (from below too, where ``clip_min`` is given);
     - ``*_mask``: ``w = ρ`` inside ``[a, b]``, else 0. As in TRL (``masked_fill(..., 0)``) a masked token keeps
       its place in the loss's normalisation (and its KL term): its weight is 0, its mask is not (counted in
-      ``rs/token_masked_frac``; ``rs/masked_frac`` stays 0).
+      ``rs/token_masked_frac`` and ``rs/masked_frac``, the tokens giving no gradient).
 
     ``is/clipped_frac``: tokens whose ratio was truncated (``*_truncate``).
     """
