@@ -1,5 +1,6 @@
 """The run summary (:mod:`sparserl.train.summary`) on constructed metrics: the headline's lines in place of its
-own KV lines, the held-out line naming the sampler the evaluation ran, and the skipped non-finite steps."""
+own KV lines, the held-out line naming the sampler the evaluation ran, the skipped non-finite steps, and a
+correction that silences most tokens."""
 
 import json
 
@@ -34,3 +35,11 @@ def test_the_headline_replaces_the_kv_lines_and_the_eval_names_its_sampler(tmp_p
     assert "skipped     1 optimizer step(s)" in text
     plain = run_summary(ROWS, tmp_path, tmp_path / "report.md", None)  # no headline: the summary's own KV lines
     assert "KV bytes" in plain and "KV tokens" in plain
+
+
+def test_a_correction_that_silences_most_tokens_is_named_with_the_keys_that_widen_it(tmp_path):
+    silent = [{**row, names.MASKED_FRAC: 0.95} for row in ROWS]
+    text = run_summary(silent, tmp_path, tmp_path / "report.md", None)
+    assert "warning     95% of the tokens gave no gradient" in text and "algorithm.correction_options" in text
+    usual = [{**row, names.MASKED_FRAC: 0.08} for row in ROWS]  # Sparse-RL's share on the main job
+    assert "warning" not in run_summary(usual, tmp_path, tmp_path / "report.md", None)

@@ -9,6 +9,11 @@ from pathlib import Path
 
 from .. import runlog as names
 
+#: a run whose correction silenced more than this share of its tokens (``rs/masked_frac``, mean over steps) is told
+#: so: on the main job, seq-mask-TIS's published band silenced 95% of a compressed sampler's responses
+#: (docs/results/corrections/), Sparse-RL's correction 8% of the tokens
+MOSTLY_SILENT = 0.5
+
 
 def last_eval_samplers(run: Path) -> dict[str, str]:
     """{mode: the sampler it ran} of the run's last held-out evaluation (``eval-step<N>.json``), {} when
@@ -65,6 +70,12 @@ def run_summary(rows: list[dict], run: Path, report: Path, checkpoint: Path | No
             f"  mismatch    k3 KL(sampler, dense) mean {mean(names.MISMATCH_K3):.3f}, max "
             f"{max(series(names.MISMATCH_K3)):.3f}; tokens masked by the correction "
             f"{mean(names.MASKED_FRAC):.1%}"
+        )
+    if series(names.MASKED_FRAC) and mean(names.MASKED_FRAC) > MOSTLY_SILENT:
+        lines.append(
+            f"  warning     {mean(names.MASKED_FRAC):.0%} of the tokens gave no gradient (out of the correction's "
+            "mask, or weight 0 in it): its bounds are tight for this sampler's mismatch; widen them "
+            "(algorithm.correction_options) or choose another algorithm.correction"
         )
     skipped = sum(series(names.SKIPPED_NONFINITE))
     if skipped:
