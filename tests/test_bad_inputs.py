@@ -432,6 +432,7 @@ MATRIX = [
     case("config", [*T, "rollout.partial_max_lag=-1"], "rollout.partial_max_lag=-1", "partial-max-lag-negative"),
     case("config", [*T, "rollout.partial_max_lag=2"], "rollout.partial=true", "partial-max-lag-without-partial"),
     case("config", [*T, "rollout.partial_kv=recompute"], "rollout.partial=true", "partial-kv-without-partial"),
+    case("config", [*T, "rollout.join_rollouts=true"], "rollout.partial=true", "join-rollouts-without-partial"),
     case("config", [*T, "rollout.partial_kv=recompuet"], "did you mean 'recompute'", "partial-kv-typo"),
     case(
         "config",

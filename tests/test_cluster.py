@@ -453,15 +453,47 @@ def test_a_worker_continues_a_partial_rollout_with_the_weights_loaded_between_se
     assert not worker._partial  # handed back: nothing kept
 
 
-def test_partial_rollouts_continue_across_pushes_and_a_killed_worker_samples_them_again_exactly(tmp_path, local_ray):
+def test_a_worker_joins_the_rollouts_in_flight_in_one_batch(tmp_path, tiny):
+    """rollout.join_rollouts on the worker, without Ray: "a" starts with push 1 and runs 5 decode steps (nothing
+    started before it); "b" starts after push 2 and the batch runs until "a" has ended (11 more steps, tokens 6-15
+    drawn by push 2); "a" is then read and kept until taken, numbered with the push it was started with; "b" is run
+    to its end by its take (5 steps)."""
+    import dataclasses
+
+    from sparserl.cluster.worker import RolloutWorker
+    from sparserl.rollout.sampling import SamplingParams
+
+    cfg = _cfg(tmp_path, "cluster.rollout_workers=1", "rollout.async=true", "rollout.max_staleness=2")
+    cfg.rollout.partial, cfg.rollout.join_rollouts = True, True
+    worker = RolloutWorker(cfg, 0)
+    worker.load_weights(tiny.model.state_dict(), 1)
+    params = SamplingParams(n=2, max_new_tokens=16, seed=3, ignore_eos=True)
+    assert worker.start("a", PROMPTS[:2], params, 0, 1, steps=5) == 5
+    worker.load_weights({k: v * 1.1 for k, v in tiny.model.state_dict().items()}, 2)
+    assert worker.start("b", PROMPTS[:2], dataclasses.replace(params, seed=4), 0, 2, steps=5) == 11
+    assert list(worker._ended) == ["a"] and worker._stream.keys() == ["b"]
+    a = worker.take("a", 2)
+    assert a.weights_version == 1 and a.token_versions == [[1] * 6 + [2] * 10] * 4
+    b = worker.take("b", 2)
+    assert b.weights_version == 2 and b.token_versions == [[2] * 16] * 4 and b.stream_steps == 5
+    assert not worker._ended and worker._stream.keys() == []
+
+
+@pytest.mark.parametrize("join", [False, True])
+def test_partial_rollouts_continue_across_pushes_and_a_killed_worker_samples_them_again_exactly(
+    tmp_path, local_ray, join
+):
     """rollout.partial with rollout.max_staleness=2: step 3's rollout, sent during step 1, samples its first 12
     decode steps with push 1 and the rest with push 2 (tokens 0-12 and 13-23), so its tokens' mean lag is under
     the batch's 2. Worker 0 killed while it holds that half-sampled rollout: its replacement samples it again, each
-    segment with its push, and the run equals the run without the kill (weights and metrics)."""
+    segment with its push, and the run equals the run without the kill (weights and metrics). The same with the
+    rollouts in flight joined in one batch (rollout.join_rollouts): step 3's last tokens run beside step 4's first
+    (after push 2, until step 3's have ended), and the replay runs each start for the steps it ran."""
     from sparserl import runlog as names
     from sparserl.train.trainer import build_trainer, close_cluster, train_step
 
     extra = (
+        f"rollout.join_rollouts={join}",
         "cluster.rollout_workers=2",
         "rollout.async=true",
         "rollout.max_staleness=2",
@@ -475,6 +507,7 @@ def test_partial_rollouts_continue_across_pushes_and_a_killed_worker_samples_the
     runs = {}
     for kill in (False, True):
         trainer = build_trainer(_cfg(tmp_path / str(kill), *extra))
+        assert trainer.pool.join == join
         collected = (_kill_worker_0_once_step_2_is_sent if kill else _record_collects)(trainer)
         try:
             metrics = [train_step(trainer, step) for step in (1, 2, 3, 4)]

@@ -9,7 +9,7 @@ import torch
 from test_train import cfg_for
 
 from sparserl.reward.weighted import RewardScores
-from sparserl.rollout.engine import KVStats, RolloutOutput
+from sparserl.rollout.output import KVStats, RolloutOutput
 from sparserl.train.checkpoint import latest_checkpoint
 from sparserl.train.dynamic_sampling import concat_rollouts, filter_groups, informative_groups
 from sparserl.train.trainer import build_trainer, train, train_step

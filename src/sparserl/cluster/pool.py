@@ -177,6 +177,23 @@ class PendingRollout:
     continuations: int = 0  # segments still to send, one after each push; the last runs to the end
     segment_steps: int | None = None  # decode steps of each segment but the last
     key: int = 0  # the partial rollout's name on the workers
+    joined: bool = False  # rollout.join_rollouts: its rows join the batch of the rollouts in flight on each worker
+
+
+@dataclass
+class Sent:
+    """A call sent to rollout worker ``worker`` for ``pending``, in the order sent (:meth:`RolloutPool._replace` runs
+    them again in that order): ``kind`` ``generate``, ``segment`` (number ``segment`` of a partial rollout),
+    ``start`` (a joined rollout's rows in), ``take`` (a joined rollout out) or ``run``; ``version``: the push it ran
+    with; ``ref``: its result; ``steps``: the decode steps a joined rollout's batch ran in it, once known."""
+
+    pending: PendingRollout
+    worker: int
+    kind: str
+    version: int
+    ref: object
+    segment: int = 0
+    steps: int | None = None
 
 
 class RolloutPool:
@@ -194,11 +211,13 @@ class RolloutPool:
         )
         self._actor = ray.remote(RolloutWorker).options(num_cpus=c.worker_cpus, num_gpus=c.worker_gpus, max_restarts=0)
         self.workers = [self._actor.remote(cfg, k) for k in range(c.rollout_workers)]
-        self._start_bookkeeping(cfg.rollout.max_staleness)
+        self._start_bookkeeping(cfg.rollout.max_staleness, cfg.rollout.join_rollouts)
         self.update_weights(learner)
 
-    def _start_bookkeeping(self, max_staleness: int) -> None:
-        """The counts and records of a pool that has pushed nothing and sent nothing yet."""
+    def _start_bookkeeping(self, max_staleness: int, join: bool = False) -> None:
+        """The counts and records of a pool that has pushed nothing and sent nothing yet; ``join``:
+        ``rollout.join_rollouts``, the partial rollouts in flight share one batch on each worker."""
+        self.join = join
         self.restarts = 0
         self.version = 0
         self.keep = max(2, max_staleness + 1)  # pushes kept: the oldest a rollout in flight samples with
@@ -207,6 +226,7 @@ class RolloutPool:
         self._outstanding: list[PendingRollout] = []  # submitted and not yet collected, in the order sent
         self._collected_at = None  # time.monotonic() of the last collect (None: none yet)
         self._keys = 0  # partial rollouts named so far
+        self._sent: list[Sent] = []  # calls since the oldest one a rollout not yet collected needs, in the order sent
         self.idle_fraction = 0.0  # the workers' share of the wall clock not sampling, at the last collect
 
     # --- weights ---------------------------------------------------------------------------------
@@ -260,8 +280,10 @@ class RolloutPool:
             pending.key, pending.continuations = self._keys, segments - 1
             pending.segment_steps = -(-params.max_new_tokens // segments)
             pending.segments = [(self.version, pending.segment_steps)]
+            if self.join:  # the other segments run in the batch of the rollouts sent after it: none to send
+                pending.joined, pending.continuations = True, 0
         for k, s in busy:
-            pending.refs[k] = self._send(pending, k, s, 0)
+            self._send(pending, k, s, 0)
         self._outstanding.append(pending)
         return pending
 
@@ -273,17 +295,25 @@ class RolloutPool:
                 pending.continuations -= 1
                 pending.segments.append((self.version, pending.segment_steps if pending.continuations else None))
                 for k, s in pending.shards:
-                    pending.refs[k] = self._send(pending, k, s, len(pending.segments) - 1)
+                    self._send(pending, k, s, len(pending.segments) - 1)
 
     def collect(self, pending: PendingRollout):
         """The output of a :meth:`submit`, as one engine's ``generate`` would give it: waits for every shard,
         running again on a new worker any shard whose worker died."""
         if pending.continuations:
             raise ClusterError(f"a partial rollout collected with {pending.continuations} segment(s) not yet sent")
+        if pending.joined:  # out of each worker's batch (run to its end there where it has not ended)
+            for k, s in pending.shards:
+                self._send(pending, k, s, 0, kind="take")
         outs = [
             self._get(k, lambda k=k: pending.refs[k], what=f"prompts {s.start}-{s.stop - 1}") for k, s in pending.shards
         ]
+        if pending.joined:  # the steps each take ran: a replay runs them again for the rollouts sent after
+            for sent in self._sent:
+                if sent.pending is pending and sent.kind == "take":
+                    sent.steps = outs[[k for k, _ in pending.shards].index(sent.worker)].stream_steps
         self._outstanding.remove(pending)
+        self._forget_sent()
         self._account_idle(pending, sum(out.seconds for out in outs))
         return merge_shards(outs, [s for _, s in pending.shards])
 
@@ -300,18 +330,45 @@ class RolloutPool:
         """:meth:`submit` then :meth:`collect`."""
         return self.collect(self.submit(prompts, params, schedule, read_dense_cache))
 
-    def _send(self, pending: PendingRollout, k: int, s: range, segment: int):
+    def _send(self, pending: PendingRollout, k: int, s: range, segment: int, kind: str | None = None, steps=None):
         """Worker ``k``'s call sampling its shard ``s`` of ``pending``: the whole rollout, or its segment number
-        ``segment`` of a partial one (the last returns the output, the others None)."""
+        ``segment`` of a partial one (the last returns the output, the others None); of a joined one
+        (``pending.joined``), its start (``steps``: the decode steps it ran the first time, for a replay) or its
+        ``take``. Logged (:attr:`_sent`); the call that returns the output is ``pending.refs[k]``."""
         worker, shard = self.workers[k], pending.prompts[s.start : s.stop]
-        if not pending.segments:
-            return worker.generate.remote(
+        if kind == "take":
+            ref = worker.take.remote(pending.key, self.version)
+            sent = Sent(pending, k, "take", self.version, ref)
+        elif not pending.segments:
+            ref = worker.generate.remote(
                 shard, pending.params, s.start, pending.version, pending.schedule, pending.read_dense_cache
             )
-        version, steps = pending.segments[segment]
-        if segment == 0:
-            return worker.start.remote(pending.key, shard, pending.params, s.start, version, pending.schedule, steps)
-        return worker.advance.remote(pending.key, version, steps, pending.read_dense_cache if steps is None else None)
+            sent = Sent(pending, k, "generate", pending.version, ref)
+        else:
+            version, segment_steps = pending.segments[segment]
+            if segment == 0:
+                read = pending.read_dense_cache if pending.joined else None
+                exact = steps is not None
+                ref = worker.start.remote(
+                    pending.key, shard, pending.params, s.start, version, pending.schedule,
+                    steps if exact else segment_steps, read, exact,
+                )  # fmt: skip
+                kind = "start" if pending.joined else "segment"
+            else:
+                read = pending.read_dense_cache if segment_steps is None else None
+                ref = worker.advance.remote(pending.key, version, segment_steps, read)
+                kind = "segment"
+            sent = Sent(pending, k, kind, version, ref, segment, steps)
+        self._sent.append(sent)
+        if kind != "start":
+            pending.refs[k] = ref
+        return ref
+
+    def _forget_sent(self) -> None:
+        """The calls no replay needs any more out of :attr:`_sent`: those before the first call for a rollout not yet
+        collected (every call after it may have shaped a joined rollout's batch)."""
+        first = next((i for i, sent in enumerate(self._sent) if sent.pending in self._outstanding), len(self._sent))
+        del self._sent[:first]
 
     def _get(self, k: int, ref_of, what: str):
         """``ray.get(ref_of())`` of worker ``k``. When the worker has died, a new actor in its place runs its work
@@ -342,22 +399,44 @@ class RolloutPool:
         raise AssertionError("unreachable")
 
     def _replace(self, k: int) -> None:
-        """A new worker ``k`` in place of a dead one. It runs again, in the order they were sent, its shard of
-        every rollout not yet collected, each after loading the push that rollout was sent with (actor calls
-        run in the order sent), then loads the latest push (waited for by the next :meth:`_settle_loads`)."""
+        """A new worker ``k`` in place of a dead one. It runs again, in the order they were sent, its calls for every
+        rollout not yet collected, each after loading the push it ran with (a partial rollout's segments: each with
+        its own; actor calls run in the order sent), then loads the latest push (waited for by the next
+        :meth:`_settle_loads`). Joined rollouts (``rollout.join_rollouts``): each start runs the decode steps it ran
+        the first time where it had finished, and the takes of rollouts collected since are run again as that many
+        decode steps, so each token is drawn with the push that drew it the first time."""
+        import ray
+
         stop_actors([self.workers[k]], shutdown_ray=False)
         worker = self.workers[k] = self._actor.remote(self.cfg, k)
         self.restarts += 1
         loaded = None
-        for pending in self._outstanding:
-            for j, s in pending.shards:
-                if j != k:
-                    continue
-                for segment, (version, _) in enumerate(pending.segments or [(pending.version, None)]):
-                    if loaded != version:  # a partial rollout's segments: each with the push it was sent with
-                        worker.load_weights.remote(self._weights[version], version)
-                        loaded = version
-                    pending.refs[k] = self._send(pending, k, s, segment)
+        replay, self._sent = self._sent, []
+        for sent in replay:
+            if sent.worker != k:
+                self._sent.append(sent)
+                continue
+            if sent.kind == "start" and sent.steps is None:  # the decode steps it ran, where it finished
+                try:
+                    sent.steps = ray.get(sent.ref, timeout=0)
+                except Exception:  # it had not: it runs as it was sent
+                    pass
+            outstanding = sent.pending in self._outstanding
+            if not outstanding and not (sent.kind in ("take", "run") and sent.steps):
+                continue
+            if loaded != sent.version:
+                worker.load_weights.remote(self._weights[sent.version], sent.version)
+                loaded = sent.version
+            if not outstanding:  # a collected rollout's take: its decode steps, for the rollouts beside it
+                ref = worker.run.remote(sent.version, sent.steps)
+                self._sent.append(Sent(sent.pending, k, "run", sent.version, ref, steps=sent.steps))
+                continue
+            shard = dict(sent.pending.shards)[k]
+            if sent.kind == "take":
+                ref = sent.pending.refs[k] = worker.take.remote(sent.pending.key, sent.version)
+                self._sent.append(Sent(sent.pending, k, "take", sent.version, ref))
+            else:
+                self._send(sent.pending, k, shard, sent.segment, steps=sent.steps if sent.kind == "start" else None)
         self._loads[k] = worker.load_weights.remote(self._weights[self.version], self.version)
 
     # --- the end ---------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ same samples whatever ``N`` is, up to the float rounding of different batch shap
 from __future__ import annotations
 
 from ..mismatch.teacher_forced import DenseCacheReading
-from ..rollout.engine import KVStats, RolloutOutput
+from ..rollout.output import KVStats, RolloutOutput
 
 
 def shard_prompts(n_prompts: int, n_workers: int) -> list[range]:

@@ -36,6 +36,12 @@ class RolloutWorker:
         self.partial_kv = cfg.rollout.partial_kv  # a partial rollout's cache after a load: kept or recomputed
         self.version = -1  # no weights pushed yet
         self._partial: dict = {}  # key -> SegmentedRollout: partial rollouts going on across pushes (rollout.partial)
+        #: rollout.join_rollouts: the partial rollouts in flight as one batch (RolloutStream), and those of them
+        #: that have ended, read and numbered, until the driver takes them
+        self.join = bool(cfg.rollout.join_rollouts)
+        self._stream = None
+        self._ended: dict = {}
+        self._sent_with: dict = {}  # key -> (the push it was started with, its params, read_dense_cache)
 
     def info(self) -> dict:
         """Where the worker runs: its process id, device, sampler dtype and the threads torch uses."""
@@ -71,17 +77,73 @@ class RolloutWorker:
         out = self.engine.generate(prompts, params, first_prompt=first_prompt)
         return self._finish(out, params, version, read_dense_cache)
 
-    def start(self, key, prompts: list, params, first_prompt: int, version: int, schedule=None, steps: int = 1):
+    def start(
+        self,
+        key,
+        prompts: list,
+        params,
+        first_prompt: int,
+        version: int,
+        schedule=None,
+        steps: int = 1,
+        read_dense_cache: int | None = None,
+        exact: bool = False,
+    ):
         """A partial rollout (``rollout.partial``): :meth:`generate`'s rollout sampled for ``steps`` decode steps
         with the weights of push ``version`` and kept here under ``key``, to go on with the weights loaded
-        later (:meth:`advance`; :class:`~sparserl.rollout.segmented.SegmentedRollout`). Returns None."""
-        from ..rollout.segmented import SegmentedRollout
+        later (:meth:`advance`; :class:`~sparserl.rollout.segmented.SegmentedRollout`). Returns None.
 
+        Under ``rollout.join_rollouts`` the rollout's rows join the batch of the rollouts in flight here
+        (:class:`~sparserl.rollout.stream.RolloutStream`), which then runs until every rollout started before this
+        one has ended and for ``steps`` decode steps at least (``exact``: ``steps`` exactly, a replay); each rollout
+        that has ended is read on a dense cache with these weights (``read_dense_cache``) and kept until
+        :meth:`take`. Returns the decode steps run."""
         self._check(version)
         self._set_schedule(schedule)
+        if self.join:
+            from ..rollout.stream import RolloutStream
+
+            if self._stream is None:
+                self._stream = RolloutStream(self.engine, kv=self.partial_kv)
+            self._sent_with[key] = version, params, read_dense_cache
+            ran = self._stream.start(key, prompts, params, first_prompt, steps=steps, exact=exact)
+            self._take_ended()
+            return ran
+        from ..rollout.segmented import SegmentedRollout
+
         rollout = SegmentedRollout(self.engine, prompts, params, first_prompt=first_prompt, kv=self.partial_kv)
         self._partial[key] = rollout, version
         rollout.advance(steps)
+
+    def run(self, version: int, steps: int) -> int:
+        """``steps`` decode steps of the rollouts in flight (``rollout.join_rollouts``; a replay of a run that ended
+        a rollout the driver has taken since), with the weights of push ``version``."""
+        self._check(version)
+        ran = self._stream.run(steps) if self._stream is not None else 0
+        self._take_ended()
+        return ran
+
+    def take(self, key, version: int):
+        """The joined rollout ``key`` (``rollout.join_rollouts``), as :meth:`advance` returns a partial one: run to
+        its end first where it has not ended (with the weights of push ``version``, the latest)."""
+        self._check(version)
+        if key not in self._ended:
+            out = self._stream.take(key)
+            self._ended[key] = self._numbered(key, out)
+        self._take_ended()
+        return self._ended.pop(key)
+
+    def _take_ended(self) -> None:
+        """The joined rollouts that have ended out of the batch, read (the dense cache, with the weights that drew
+        their last tokens) and kept for :meth:`take`."""
+        for key in [k for k in self._stream.keys() if self._stream.done(k)]:
+            self._ended[key] = self._numbered(key, self._stream.take(key))
+
+    def _numbered(self, key, out):
+        sent_with, params, read = self._sent_with.pop(key)
+        out = self._finish(out, params, self.version, read)
+        out.weights_version = sent_with  # the oldest push that drew its tokens (each token's: token_versions)
+        return out
 
     def advance(self, key, version: int, steps: int | None, read_dense_cache: int | None = None):
         """The partial rollout ``key`` sampled ``steps`` more decode steps with the weights of push ``version``

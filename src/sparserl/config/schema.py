@@ -480,6 +480,15 @@ class RolloutConfig(_Section):
         "keeps the tokens it chose under the older weights). recompute costs a prefill of every live response at "
         "each load.",
     )
+    join_rollouts: bool = F(
+        False,
+        "Under rollout.partial: the rollouts in flight on a worker share one batch (continuous batching across the "
+        "steps of the run, sparserl.rollout.stream): the rows of the rollout sent last start beside the tail of the "
+        "ones sent before, in the places their ended rows freed, and each push's decode steps run every rollout's "
+        "rows at once (⌈max_new_tokens / j⌉ steps at least, until the rollouts sent before have ended) instead of "
+        "one rollout after another. Each token still records the push that drew it. All rollouts of the batch use "
+        "the KV budgets of the last one sent.",
+    )
     partial_max_lag: int | None = F(
         None,
         "Under rollout.partial: tokens drawn more than this many weight pushes before the update that learns from "

@@ -544,6 +544,53 @@ class CompressedKVCache:
         self.restart_selector()
         self._account()
 
+    def grow(self, capacity: int) -> None:
+        """Buffers of ``capacity`` slots (more than now; the new ones empty): rows whose compressor's budgets
+        were raised since the cache began join it (:meth:`append` needs one capacity)."""
+        extra = capacity - self.capacity
+        if extra < 0:
+            raise ValueError(f"grow: {capacity} slots is fewer than the cache's {self.capacity}")
+        if extra == 0:
+            return
+
+        def wider(buf):
+            raw = _raw(buf)
+            pad = raw.new_zeros(*raw.shape[:3], extra, *raw.shape[4:])
+            return torch.cat([raw, pad], 3).view(buf.dtype)
+
+        self.keys, self.values, self.pos = wider(self.keys), wider(self.values), wider(self.pos)
+        if self.k_scale is not None:
+            self.k_scale, self.v_scale = wider(self.k_scale), wider(self.v_scale)
+        if self.attn_acc is not None:
+            self.attn_acc = wider(self.attn_acc)
+        self.capacity = capacity
+        self.restart_selector()
+        self._account()
+
+    def pad_front(self, n: int) -> None:
+        """``n`` empty slots before every row's: the cache a prompt width ``n`` wider would have given (left padding
+        ``n`` longer, the prompt's region with it), so that rows of wider prompts can join it (:meth:`append`)."""
+        if n <= 0:
+            return
+
+        def wider(buf):
+            raw = _raw(buf)
+            return torch.cat([raw.new_zeros(*raw.shape[:3], n, *raw.shape[4:]), raw], 3).view(buf.dtype)
+
+        self.keys, self.values, self.pos = wider(self.keys), wider(self.values), wider(self.pos)
+        if self.k_scale is not None:
+            self.k_scale, self.v_scale = wider(self.k_scale), wider(self.v_scale)
+        if self.attn_acc is not None:
+            self.attn_acc = wider(self.attn_acc)
+        self.start, self.lens = self.start + n, self.lens + n
+        if self._uniform_len is not None:
+            self._uniform_len += n
+        if not self.compressor.compress_prompt:
+            self.region_start += n
+        self.capacity += n
+        self.restart_selector()
+        self._account()
+
     def select(self, keep_rows: torch.Tensor) -> None:
         """Keep only these sequences (new, smaller buffers; the old ones are freed)."""
         self._account()

@@ -31,17 +31,16 @@ from . import fused, native
 from .bf16_kernel_choice import choose as choose_bf16_kernel
 from .cache import CompressedKVCache
 from .compiled import decode_layers
+from .decode_batch import DecodeBatch
 from .dtype_choice import choose, for_sampler, resolve_dtype
 from .kv.base import KVCompressor
-from .kv.none import Dense
 from .kv_quant import get_kv_quantizer
 from .model import PACKED_MAX_ROWS, SamplerModel
-from .output import KVStats, RolloutOutput
+from .output import RolloutOutput
 from .quant.smooth import CALIBRATION_TEXT, CALIBRATION_TOKENS
-from .sampling import SamplingParams, row_uniforms, sample
+from .sampling import SamplingParams
 
 Prompt = str | list[dict]
-DENSE = Dense()  # the dense engine's buffer rule, for KVStats.bytes_dense_alloc
 
 
 class RolloutEngine:
@@ -346,185 +345,25 @@ class RolloutEngine:
         :meth:`recompute_cache`) (:class:`SegmentedRollout`).
 
         ``slots`` (not with ``forced``): rows decoded at once (None: every row). The others wait, in order, and
-        each takes the place of a row that ends (continuous batching): its prompt prefilled, its cache joined to
-        the batch's (:meth:`CompressedKVCache.append`), so the batch stays full while a group's long tail runs.
-        Every prompt is left-padded to the batch's longest, so any row fits any place. A row's draws depend on its
-        stream and its own token index only (:func:`~.sampling.row_uniforms`), so which rows share a step changes
-        no token (up to the order of a BLAS's sums)."""
-        m, c, dev = self.model, self.compressor, self.device
-        if self.compile and c.selects_per_step:  # the compiled layer step attends over every slot
-            raise ValueError(
-                f"compile={self.compile!r} with compressor {c.name!r}: the compiled decode step reads "
-                "the whole cache and cannot choose pages per step; use compile=False"
-            )
-        row_ids = row_ids.to(dev)
-        B = len(prompts)
-        S = B if (slots is None or forced is not None) else max(1, min(int(slots), B))  # rows at once
-        P = max(len(x) for x in prompts)
-        max_new = min(p.max_new_tokens, m.max_positions - P)
-        if forced is not None:  # [B, max_new] tokens to replay, and where each row ends
-            forced_len = torch.tensor([min(len(f), max_new) for f in forced], device=dev)
-            forced_ids = torch.zeros(B, max_new, dtype=torch.long)
-            for b, f in enumerate(forced):
-                forced_ids[b, : forced_len[b]] = torch.tensor(f[:max_new])
-            forced_ids = forced_ids.to(dev)
-        t0 = time.perf_counter()
-        ids_all, valid_all, positions_all = self.left_padded(prompts)
-        len_all = valid_all.sum(-1)  # each prompt's length: the next position of its response
-        want_q = c.window if c.needs_queries else 0
-        want_attn = c.needs_attention and c.compress_prompt
-
-        def prefill(rows: torch.Tensor):
-            """The rows' prefill: (logits, the head's input, their cache)."""
-            logits, keys, values, queries, acc, x = self._prefill_distinct(
-                ids_all[rows], valid_all[rows], positions_all[rows], want_q, want_attn
-            )
-            cache = CompressedKVCache(
-                keys, values, valid_all[rows], positions_all[rows], c.capacity(P, max_new), c, m.n_heads, queries,
-                acc, kv_quant=self.kv_quant,
-            )  # fmt: skip
-            return logits, x, cache
-
-        active = torch.arange(S, device=dev)  # original row of each live row
-        logits, x, cache = prefill(active)
-        waiting = list(range(S, B))  # rows not started yet, in order
-        prefill_s = time.perf_counter() - t0
-        numbered = self.weights_version is not None
-        # the push whose weights computed each live row's `logits`
-        logits_version = torch.full((S,), self.weights_version if numbered else 0, dtype=torch.long, device=dev)
-
-        tokens_out = torch.zeros(B, max_new, dtype=torch.long, device=dev)
-        logp_out = torch.zeros(B, max_new, dtype=torch.float32, device=dev)
-        top_v = torch.zeros(B, max_new, p.logprobs_topk, device=dev) if p.logprobs_topk else None
-        top_i = torch.zeros(B, max_new, p.logprobs_topk, dtype=torch.long, device=dev) if p.logprobs_topk else None
-        dists = torch.empty(B, max_new, logits.shape[-1], device=dev) if p.keep_distributions else None
-        kept_h = torch.empty(B, max_new, x.shape[-1], dtype=m.dtype, device=dev) if p.keep_hidden else None
-        versions = torch.zeros(B, max_new, dtype=torch.long, device=dev) if numbered else None
-        lengths = torch.zeros(B, dtype=torch.long, device=dev)
-        finish = ["length"] * B
-        kept = [0] * B
-        true_len = len_all[active]  # next position of each live row
-        at = torch.zeros(S, dtype=torch.long, device=dev)  # each live row's token index
-        eos = (
-            torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=dev)
-            if (self.eos_ids and not p.ignore_eos)
-            else None
+        each takes the place of a row that ends (continuous batching, :class:`~.decode_batch.DecodeBatch`): its
+        prompt prefilled, its cache joined to the batch's (:meth:`CompressedKVCache.append`), so the batch stays
+        full while a group's long tail runs. Every prompt is left-padded to the batch's longest, so any row fits
+        any place. A row's draws depend on its stream and its own token index only
+        (:func:`~.sampling.row_uniforms`), so which rows share a step changes no token (up to the order of a
+        BLAS's sums)."""
+        batch = DecodeBatch(
+            self, p, max(len(x) for x in prompts), None if (slots is None or forced is not None) else slots
         )
-        newline = self.newline_ids() if c.needs_newlines else None
-        stop_tail = max((len(self.tokenizer(s, add_special_tokens=False)["input_ids"]) for s in p.stop), default=0) + 2
-        dense_tokens_peak = 0
-
-        for t in range(max_new * B):  # decode steps of the batch: max_new per row at most
-            tok, lp, full = sample(logits, p, row_uniforms(p.seed, row_ids[active], at))
-            if forced is not None:
-                tok = forced_ids[active, at]
-                lp = full.gather(-1, tok[:, None])[:, 0].float()
-            if self.step_hook is not None:  # the distribution each row's token was drawn from
-                self.step_hook("sample", t=t, cache=cache, rows=active, logprobs=full)
-            tokens_out[active, at] = tok
-            logp_out[active, at] = lp
-            if top_v is not None:
-                tv, ti = torch.topk(full, p.logprobs_topk, dim=-1)
-                top_v[active, at], top_i[active, at] = tv, ti
-            if dists is not None:
-                dists[active, at] = full
-            if kept_h is not None:  # the head's input these logits came from
-                kept_h[active, at] = x
-            if versions is not None:  # the push whose weights drew each row's token
-                versions[active, at] = logits_version
-            lengths[active] = at + 1
-            done = torch.zeros(len(active), dtype=torch.bool, device=dev)
-            if eos is not None:
-                done |= torch.isin(tok, eos)
-            if p.stop:
-                ends = (at + 1).tolist()
-                for r in range(len(active)):
-                    if done[r]:
-                        continue
-                    row = int(active[r])
-                    tail = self.tokenizer.decode(tokens_out[row, max(0, ends[r] - stop_tail) : ends[r]].tolist())
-                    if any(s in tail for s in p.stop):
-                        done[r] = True
-            if p.min_new_tokens > 1:  # too short to end yet: EOS and stop strings are tokens like others
-                done &= at + 1 >= p.min_new_tokens
-            stopped = done  # by EOS or a stop string: finish "stop"
-            if forced is not None:  # a replayed row ends where its forced tokens end too
-                done = done | (forced_len[active] <= at + 1)
-            ended = done | (at + 1 >= max_new)
-            if bool(ended.any()):  # bookkeeping for the sequences that end here
-                kt = cache.kept_tokens().tolist()
-                dense_tokens_peak = max(dense_tokens_peak, int(true_len.sum()))
-                for r in stopped.nonzero().flatten().tolist():
-                    finish[int(active[r])] = "stop"
-                for r in ended.nonzero().flatten().tolist():
-                    kept[int(active[r])] = kt[r]
-                if bool(ended.all()) and not waiting:
-                    break
-                keep_rows = (~ended).nonzero().flatten()
-                active, tok, true_len, at = active[keep_rows], tok[keep_rows], true_len[keep_rows], at[keep_rows]
-                logits_version = logits_version[keep_rows]
-                cache.select(keep_rows)
-            if len(active):  # one decode step: the sampled token enters the cache
-                if self.step_hook is not None:
-                    self.step_hook("before_decode", t=t, cache=cache, rows=active, tokens=tok, positions=true_len)
-                logits, x = self._decode(tok, true_len, cache)
-                logits_version.fill_(self.weights_version if numbered else 0)
-                if self.step_hook is not None:
-                    self.step_hook("after_decode", t=t, cache=cache, rows=active, logits=logits)
-                true_len = true_len + 1
-                due = cache.due(newline[tok] if newline is not None else None, seq_len=true_len)
-                due &= max_new - 2 - at > c.tail_slack  # the skip rule: the rest fits without it
-                if due.any():
-                    dense_tokens_peak = max(dense_tokens_peak, int(true_len.sum()))
-                    cache.compress(due, seq_len=true_len)
-                at = at + 1
-            if waiting and len(active) < S:  # refill: the next waiting rows start in the places freed
-                new = torch.tensor(waiting[: S - len(active)], device=dev)
-                waiting = waiting[len(new) :]
-                new_logits, new_x, new_cache = prefill(new)
-                cache.append(new_cache)
-                del new_cache
-                logits = torch.cat([logits[: len(active)], new_logits]) if len(active) else new_logits
-                x = torch.cat([x[: len(active)], new_x]) if len(active) else new_x
-                active = torch.cat([active, new])
-                true_len = torch.cat([true_len, len_all[new]])
-                at = torch.cat([at, torch.zeros_like(new)])
-                logits_version = torch.cat([logits_version, torch.full_like(new, self.weights_version or 0)])
-            if (yield t + 1) == RECOMPUTE:  # weights loaded since: the live rows' K/V and next logits with them
-                logits, x = self.recompute_cache(
-                    cache, ids_all[active], valid_all[active], tokens_out[active, : int(at.max())], at
-                )
-                logits_version.fill_(self.weights_version if numbered else 0)
-        cache._account()
-        seconds = time.perf_counter() - t0
-        lens = lengths.tolist()
-        tokens_out, logp_out = tokens_out.cpu(), logp_out.cpu()
-        top_v = top_v.cpu() if top_v is not None else None
-        top_i = top_i.cpu() if top_i is not None else None
-        versions = versions.cpu() if versions is not None else None
-        return RolloutOutput(
-            prompt_index=[],
-            prompt_ids=[],
-            response_ids=[tokens_out[b, : lens[b]].tolist() for b in range(B)],
-            sampler_logprobs=[logp_out[b, : lens[b]].tolist() for b in range(B)],
-            finish_reason=finish,
-            kv_tokens_kept=kept,
-            kv=KVStats(
-                cache.bytes_peak,
-                cache.bytes_theory_peak,
-                dense_tokens_peak * m.kv_bytes_per_token(),
-                cache.n_compressions,
-                S * DENSE.capacity(P, max_new) * m.kv_bytes_per_token(),
-            ),
-            tokens_generated=sum(lens),
-            seconds=seconds,
-            prefill_seconds=prefill_s,
-            top_logprobs=[top_v[b, : lens[b]] for b in range(B)] if top_v is not None else None,
-            top_indices=[top_i[b, : lens[b]] for b in range(B)] if top_i is not None else None,
-            distributions=[dists[b, : lens[b]] for b in range(B)] if dists is not None else None,
-            hidden=[kept_h[b, : lens[b]] for b in range(B)] if kept_h is not None else None,
-            token_versions=[versions[b, : lens[b]].tolist() for b in range(B)] if versions is not None else None,
-        )
+        batch.add(0, prompts, row_ids, p.seed, forced)
+        while True:
+            batch.step()
+            if not batch.live:
+                break
+            if (yield batch.steps) == RECOMPUTE:  # weights loaded since: the live rows' K/V and next logits with them
+                batch.recompute()
+        out = batch.take(0)
+        out.seconds = time.perf_counter() - batch.t0
+        return out
 
     #: tokens (rows x sequence length) :meth:`recompute_cache` forwards at once: bounds its K/V and temporaries
     RECOMPUTE_TOKENS = 8192

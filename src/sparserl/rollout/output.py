@@ -49,6 +49,8 @@ class RolloutOutput:
     #: per response, the push whose weights drew each token (numbered weights only: rollout workers); a response
     #: continued across pushes (:class:`~sparserl.rollout.segmented.SegmentedRollout`) has several
     token_versions: list[list[int]] | None = None
+    #: the decode steps the batch of rollouts in flight ran to end this one when it was taken (``RolloutStream``)
+    stream_steps: int | None = None
 
     #: the per-response fields (lists with one entry per response, or None)
     PER_RESPONSE = (

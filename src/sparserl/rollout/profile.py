@@ -40,7 +40,7 @@ from collections import defaultdict
 import torch
 
 from . import cache as cache_mod
-from . import engine as engine_mod
+from . import decode_batch as decode_batch_mod
 from . import fused as fused_mod
 from . import model as model_mod
 from .cache import CompressedKVCache
@@ -102,7 +102,7 @@ class Split:
             if hasattr(cache_mod, "attention")
             else (CompressedKVCache, "attend", "attention"),
             (CompressedKVCache, "compress", "compression"),
-            (engine_mod, "sample", "sampling"),
+            (decode_batch_mod, "sample", "sampling"),
             (SamplerModel, "final_norm", "lm_head"),
             (SamplerModel, "head", "lm_head"),
             (fused_mod, "final_norm", "lm_head"),

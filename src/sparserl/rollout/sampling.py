@@ -96,13 +96,15 @@ def _splitmix64(z: torch.Tensor) -> torch.Tensor:
     return z ^ _shr(z, 31)
 
 
-def row_uniforms(seed: int, rows: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
+def row_uniforms(seed: int | torch.Tensor, rows: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
     """Uniforms in [0, 1) (float32, 24 random bits, as ``torch.rand``), one per entry of ``rows`` (int64
     row ids): ``mix(mix(seed + γ·(row + 1)) + γ·(step + 1))`` with SplitMix64's ``mix`` and increment γ.
     A pure function of (seed, row, step): the counter-based draw that makes a response's tokens
     independent of its batch. ``step`` may be a 0-dim int64 tensor on the rows' device (the static decode
-    step's counter, never read on the host): int64 products wrap mod 2^64, so the bits are the same."""
-    base = _splitmix64(rows.to(torch.long) * _GOLDEN + _int64(seed + _GOLDEN))
+    step's counter, never read on the host): int64 products wrap mod 2^64, so the bits are the same.
+    ``seed`` may be an int64 tensor of one seed per row (rows of several rollouts in one batch)."""
+    offset = seed.to(torch.long) + _GOLDEN if isinstance(seed, torch.Tensor) else _int64(seed + _GOLDEN)
+    base = _splitmix64(rows.to(torch.long) * _GOLDEN + offset)
     increment = (step.to(torch.long) + 1) * _GOLDEN if isinstance(step, torch.Tensor) else _int64((step + 1) * _GOLDEN)
     z = _splitmix64(base + increment)
     return _shr(z, 40).to(torch.float32) * (2.0**-24)

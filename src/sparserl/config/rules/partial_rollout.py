@@ -6,10 +6,10 @@ from ..schema import Config
 
 
 def partial_rollouts(cfg: Config) -> list[str]:
-    """rollout.partial needs rollout.async and the eager decode step; rollout.partial_max_lag and
-    rollout.partial_kv=recompute need rollout.partial, and partial_max_lag masks some tokens but not all:
-    1 <= it < rollout.max_staleness (the freshest tokens of an asynchronous rollout are 1 push old when their step
-    takes them)."""
+    """rollout.partial needs rollout.async and the eager decode step; rollout.partial_max_lag,
+    rollout.partial_kv=recompute and rollout.join_rollouts need rollout.partial, and partial_max_lag masks some
+    tokens but not all: 1 <= it < rollout.max_staleness (the freshest tokens of an asynchronous rollout are 1 push
+    old when their step takes them)."""
     r = cfg.rollout
     if not r.partial:
         errors = []
@@ -17,6 +17,8 @@ def partial_rollouts(cfg: Config) -> list[str]:
             errors.append(f"rollout.partial_max_lag={r.partial_max_lag} needs rollout.partial=true (it masks tokens)")
         if r.partial_kv != "keep":
             errors.append(f"rollout.partial_kv={r.partial_kv} needs rollout.partial=true (a partial rollout's cache)")
+        if r.join_rollouts:
+            errors.append("rollout.join_rollouts=true needs rollout.partial=true (it joins partial rollouts in flight)")
         return errors
     errors: list[str] = []
     if not r.async_:
