@@ -39,26 +39,18 @@ def main() -> None:
     import torch
 
     from sparserl.config import load_config, validate
-    from sparserl.data.loaders import load_dataset
     from sparserl.models.loading import load_model
     from sparserl.rollout.build import engine_from_fields, sampler_section
     from sparserl.rollout.dtype_auto import cpu_name
     from sparserl.rollout.sampling import SamplingParams
     from sparserl.rollout.segmented import SegmentedRollout
     from sparserl.train.sampler_sync import sampling_params
+    from sparserl.train.train_set import load_train_set
 
     cfg = validate(load_config(args.config, tuple(args.overrides)))
     lm = load_model(cfg.model.name, dtype=cfg.model.dtype, seed=cfg.model.seed, device=cfg.model.device)
     engine = engine_from_fields(lm, sampler_section(cfg))
-    d = cfg.data  # the prompts as the trainer builds them (train/build.py), the first prompts_per_step of them
-    data = load_dataset(
-        d.train,
-        prompt_key=d.prompt_key,
-        label_key=d.label_key,
-        template=d.template,
-        system_prompt=d.system_prompt,
-        limit=cfg.train.prompts_per_step,
-    )
+    data = load_train_set(cfg.data, limit=cfg.train.prompts_per_step)  # the trainer's prompts, the first step's
     prompts = [e.prompt for e in data]
     params = sampling_params(cfg, step=1)
     rows = len(prompts) * params.n

@@ -57,17 +57,10 @@ def build_dataset(cfg, n_prompts: int):
     """sparserl's training prompts in the order its PromptSampler draws them (TRL will not shuffle)."""
     from datasets import Dataset
 
-    from sparserl.data.loaders import PromptSampler, load_dataset
+    from sparserl.data.loaders import PromptSampler
+    from sparserl.train.train_set import load_train_set
 
-    d = cfg.data
-    data = load_dataset(
-        d.train,
-        prompt_key=d.prompt_key,
-        label_key=d.label_key,
-        template=d.template,
-        system_prompt=d.system_prompt,
-        limit=d.limit,
-    )
+    data = load_train_set(cfg.data)
     sampler = PromptSampler(list(data), cfg.train.prompts_per_step, seed=cfg.train.seed)
     examples = []
     while len(examples) < n_prompts:

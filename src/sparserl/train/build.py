@@ -13,7 +13,7 @@ from functools import partial
 import torch
 
 from ..config import Config
-from ..data import PromptSampler, load_dataset
+from ..data import PromptSampler
 from ..memory import MemoryPrediction
 from ..memory.rollout_rows import device_rows_that_fit
 from ..mismatch.measure import check_exact_alpha_under_async
@@ -30,6 +30,7 @@ from .lora import sampler_state
 from .nonfinite import NonfiniteSteps
 from .old_logprobs import OldPolicy
 from .run_folder import naming_data_key
+from .train_set import load_train_set
 
 
 @dataclass
@@ -73,18 +74,8 @@ def build_trainer(cfg: Config) -> Trainer:
     modules, the LoRA targets, the data), so a bad input fails before any weights load."""
     memory = preflight(cfg)  # the step's predicted peak memory: a run that would not fit stops here
     torch.manual_seed(cfg.train.seed)
-    d = cfg.data
-    with naming_data_key("data.train", d.train):
-        data = load_dataset(
-            d.train,
-            prompt_key=d.prompt_key,
-            label_key=d.label_key,
-            template=d.template,
-            key_options=("data.prompt_key", "data.label_key"),
-            system_prompt=d.system_prompt,
-            limit=d.limit,
-            skip_bad_rows=d.skip_bad_rows if d.skip_bad_rows else None,
-        )
+    with naming_data_key("data.train", cfg.data.train):
+        data = load_train_set(cfg.data)
     if data.skipped:
         print(f"data: {len(data)} examples from {data.source}, {data.skipped} bad rows skipped")
     reward_fn = load_rewards(cfg.reward.fn, cfg.reward.weights, timeout_s=cfg.reward.timeout_s)
