@@ -57,7 +57,11 @@ class FakeWorker:
                 log, actor, doomed, ("take", key, version), Out(key, take_steps.get(key, 0))
             )
         )
-        self.run = Method(lambda version, steps: self._call(log, actor, doomed, ("run", version, steps), steps))
+        self.run = Method(
+            lambda version, steps: self._call(
+                log, actor, doomed, ("run", version, steps), steps if steps is not None else ran["run"]
+            )
+        )
 
     @staticmethod
     def _call(log, actor, doomed, call, value=None):
@@ -135,3 +139,31 @@ def test_a_replacement_runs_each_start_for_its_steps_and_a_collected_take_as_dec
         ("take", 2, 3),
         ("load", 3),
     ]
+
+
+def test_with_no_start_after_them_the_joined_rollouts_run_to_their_end_and_a_replay_runs_as_many_steps(monkeypatch):
+    """The run's last steps send no rollout: ``finish_joined`` has the worker run the rollouts in flight to their
+    ends with the latest push (9 decode steps here), not at their collect; a replacement after a death in the take
+    runs those 9 steps again, then takes."""
+    pool, log = _pool(monkeypatch, {("take", 1)}, {1: 12, "run": 9}, {})
+    first = pool.submit(["p"], PARAMS, segments=2)
+    pool.update_weights({}, wait=False)
+    pool.finish_joined()
+    assert [out.name for out in pool.collect(first)] == [1]
+    assert [call[1:] for call in log if call[0] == 0] == [
+        ("load", 1),
+        ("start", 1, 1, 12, False),
+        ("load", 2),
+        ("run", 2, None),  # every rollout in flight to its end
+        ("take", 1, 2),
+    ]
+    assert [call[1:] for call in log if call[0] == 1] == [
+        ("load", 1),
+        ("start", 1, 1, 12, True),
+        ("load", 2),
+        ("run", 2, 9),
+        ("take", 1, 2),
+        ("load", 2),
+    ]
+    pool.finish_joined()  # nothing in flight: nothing sent
+    assert len([call for call in log if call[1] == "run"]) == 2

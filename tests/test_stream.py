@@ -109,3 +109,13 @@ def test_rollouts_that_sample_differently_cannot_share_a_batch(tiny):
         stream.start("b", PROMPTS, dataclasses.replace(STOPPING, temperature=0.5), steps=2)
     with pytest.raises(ValueError, match="kv must be one of keep, recompute"):
         RolloutStream(_engine(tiny, "none"), kv="drop")
+
+
+def test_a_run_without_steps_takes_every_rollout_to_its_end(tiny):
+    """What a worker does when no rollout is sent after the ones in flight (``RolloutPool.finish_joined``)."""
+    params = dataclasses.replace(STOPPING, stop=[], ignore_eos=True, max_new_tokens=16)
+    stream = RolloutStream(_engine(tiny, "none"))
+    assert stream.start("a", PROMPTS, params, steps=3, exact=True) == 3
+    assert not stream.done("a")
+    assert stream.run() == 13 and stream.done("a")  # 16 tokens: 16 decode steps in all
+    assert stream.run() == 0 and stream.take("a").stream_steps == 0

@@ -18,7 +18,10 @@ samples a step as one engine would.
 - **Partial rollouts** (``rollout.partial``): a rollout sent k steps ahead is sampled in segments, the first with
   the weights it was sent with and each of the others after one of the next pushes, with that push's weights;
   the worker keeps the responses and their KV cache between segments
-  (:class:`~sparserl.rollout.segmented.SegmentedRollout`), and each token records its push.
+  (:class:`~sparserl.rollout.segmented.SegmentedRollout`), and each token records its push. Under
+  ``rollout.join_rollouts`` the rollouts in flight on a worker are one batch
+  (:class:`~sparserl.rollout.stream.RolloutStream`): a rollout is started once, runs on in the starts of the ones
+  sent after it (or in :meth:`RolloutPool.finish_joined` where none follows), and is taken at its collect.
 - **Faults**: a worker that dies (``kill -9``, a lost node) is replaced by a new actor that runs again, in the order
   they were sent, every shard of the dead one's not yet collected (each segment after loading the push it was sent
   with, so a partial rollout is sampled again exactly as it was), then loads the latest push; ``restarts`` counts
@@ -297,6 +300,17 @@ class RolloutPool:
                 for k, s in pending.shards:
                     self._send(pending, k, s, len(pending.segments) - 1)
 
+    def finish_joined(self) -> None:
+        """``rollout.join_rollouts``, when no rollout is sent after the ones in flight (the run's last steps, or a
+        checkpoint's): each worker runs them to their ends now, with the latest push (their last segment's), instead
+        of at their collects (a start would have run them beside its own rows)."""
+        joined = [p for p in self._outstanding if p.joined]
+        if not joined:
+            return
+        for k in sorted({k for p in joined for k, _ in p.shards}):
+            ref = self.workers[k].run.remote(self.version, None)
+            self._sent.append(Sent(joined[-1], k, "run", self.version, ref))
+
     def collect(self, pending: PendingRollout):
         """The output of a :meth:`submit`, as one engine's ``generate`` would give it: waits for every shard,
         running again on a new worker any shard whose worker died."""
@@ -416,7 +430,7 @@ class RolloutPool:
             if sent.worker != k:
                 self._sent.append(sent)
                 continue
-            if sent.kind == "start" and sent.steps is None:  # the decode steps it ran, where it finished
+            if sent.kind in ("start", "run") and sent.steps is None:  # the decode steps it ran, where it finished
                 try:
                     sent.steps = ray.get(sent.ref, timeout=0)
                 except Exception:  # it had not: it runs as it was sent
@@ -427,7 +441,7 @@ class RolloutPool:
             if loaded != sent.version:
                 worker.load_weights.remote(self._weights[sent.version], sent.version)
                 loaded = sent.version
-            if not outstanding:  # a collected rollout's take: its decode steps, for the rollouts beside it
+            if sent.kind == "run" or not outstanding:  # a run, or a collected rollout's take: its decode steps
                 ref = worker.run.remote(sent.version, sent.steps)
                 self._sent.append(Sent(sent.pending, k, "run", sent.version, ref, steps=sent.steps))
                 continue

@@ -115,9 +115,10 @@ class RolloutWorker:
         self._partial[key] = rollout, version
         rollout.advance(steps)
 
-    def run(self, version: int, steps: int) -> int:
+    def run(self, version: int, steps: int | None = None) -> int:
         """``steps`` decode steps of the rollouts in flight (``rollout.join_rollouts``; a replay of a run that ended
-        a rollout the driver has taken since), with the weights of push ``version``."""
+        a rollout the driver has taken since), or None: every rollout in flight to its end (no start will follow
+        them), with the weights of push ``version``; returns the steps run."""
         self._check(version)
         ran = self._stream.run(steps) if self._stream is not None else 0
         self._take_ended()

@@ -17,7 +17,8 @@ The schedule of the decode steps is a function of the calls alone, so the same c
   the live rows' cache recomputed first). In a steady run each push costs one segment's decode steps, run by the
   rows of two rollouts at once, instead of the older one's tail and then the newer one's first segment.
 - :meth:`take` returns a rollout's output, running the batch until it has ended where it has not.
-- :meth:`run` runs a given number of decode steps: a replay of the calls on a new worker gives every run the
+- :meth:`run` runs a given number of decode steps, or every rollout to its end (the last rollouts of a run, or those
+  before a checkpoint: no start follows them): a replay of the calls on a new worker gives every run the
   length it had (the rollouts already taken are not there, so the rows sharing a step differ: the same tokens, up
   to the order of a BLAS's sums).
 
@@ -91,13 +92,14 @@ class RolloutStream:
         """Every response of rollout ``key`` has ended."""
         return self.batch.done(key)
 
-    def run(self, steps: int) -> int:
-        """``steps`` decode steps (fewer where every row ends first); returns the steps run."""
-        if steps < 0:
-            raise ValueError(f"steps must be >= 0, got {steps}")
+    def run(self, steps: int | None = None) -> int:
+        """``steps`` decode steps (fewer where every row ends first; None: until every row has ended); returns the
+        steps run."""
+        if steps is not None and steps < 0:
+            raise ValueError(f"steps must be >= 0 or None, got {steps}")
         if self.batch is None:
             return 0
-        return self._run_while(lambda taken: taken < steps)
+        return self._run_while(lambda taken: steps is None or taken < steps)
 
     def _run_while(self, more) -> int:
         """Decode steps while rows run and ``more(steps run so far)``; returns the steps run."""

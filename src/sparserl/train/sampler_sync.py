@@ -73,14 +73,19 @@ def send_ahead(trainer, step: int) -> None:
     ``step + rollout.max_staleness``, in order (their examples drawn in step order, so the same seed sends the same
     prompts with the same weights). None past the run's last step, nor past a checkpoint's step from ``step`` on:
     the step after a checkpoint samples with the weights the checkpoint holds, so that a run resumed there samples
-    what the straight run did."""
+    what the straight run did. Under ``rollout.join_rollouts``, a step that sends none has the workers run the
+    rollouts in flight to their ends now (:meth:`~sparserl.cluster.pool.RolloutPool.finish_joined`)."""
     cfg = trainer.cfg
     last = trainer.pending[-1][0] if trainer.pending else step
+    sent = False
     for ahead in range(last + 1, step + cfg.rollout.max_staleness + 1):
         if ahead > cfg.train.steps or any(checkpoint_due(cfg, s) for s in range(step, ahead)):
-            return
+            break
         segments = ahead - step if cfg.rollout.partial else 1  # one per push before it is taken, but the last
         trainer.pending.append((ahead, *send_rollout(trainer, ahead, segments)))
+        sent = True
+    if not sent and cfg.rollout.join_rollouts:  # no start runs the joined rollouts in flight on: run them to the end
+        trainer.pool.finish_joined()
 
 
 def send_rollout(trainer, step: int, segments: int = 1) -> tuple[list, object]:
