@@ -600,11 +600,12 @@ def test_async_resume_continues_exactly(tmp_path, local_ray):
     assert [r[names.MISMATCH_POLICY_LAG] for r in rows] == [0, 1, 0, 1]
 
 
-@pytest.mark.parametrize("partial", [False, True])
+@pytest.mark.parametrize("partial", [False, True, "join"])
 def test_k_step_async_resume_continues_exactly(tmp_path, local_ray, partial):
     """rollout.max_staleness=2 with a checkpoint every 3 steps: stopped at step 3 and resumed to 6, the run equals
     the run that went through (nothing is sent past a checkpoint: lags 0, 1, 2, 0, 1, 2 in both), with partial
-    rollouts too (none is in flight across a checkpoint)."""
+    rollouts too (none is in flight across a checkpoint), joined in one batch or not (the batch ends with the last
+    rollout in flight: the next starts one of its own, as after a resume)."""
     from sparserl import runlog as names
     from sparserl.train.trainer import train
 
@@ -612,7 +613,8 @@ def test_k_step_async_resume_continues_exactly(tmp_path, local_ray, partial):
         "cluster.rollout_workers=2",
         "rollout.async=true",
         "rollout.max_staleness=2",
-        f"rollout.partial={partial}",
+        f"rollout.partial={bool(partial)}",
+        f"rollout.join_rollouts={partial == 'join'}",
         "mismatch.alpha=off",
         "checkpoint.every=3",
         "rollout.max_new_tokens=24",

@@ -90,6 +90,8 @@ class RolloutStream:
 
     def done(self, key) -> bool:
         """Every response of rollout ``key`` has ended."""
+        if key not in self._order:
+            raise KeyError(f"no rollout {key!r} in the batch")
         return self.batch.done(key)
 
     def run(self, steps: int | None = None) -> int:
@@ -117,6 +119,8 @@ class RolloutStream:
         taken = self._run_while(lambda _: not self.batch.done(key))
         out = self.engine._named(self.batch.take(key), self._expanded.pop(key))
         self._order.remove(key)
+        if not self._order:  # nothing in flight: the next rollout starts a batch of its own width and buffers
+            self.batch = None
         out.stream_steps = taken
         return out
 
