@@ -322,10 +322,11 @@ class RolloutPool:
         outs = [
             self._get(k, lambda k=k: pending.refs[k], what=f"prompts {s.start}-{s.stop - 1}") for k, s in pending.shards
         ]
-        if pending.joined:  # the steps each take ran: a replay runs them again for the rollouts sent after
-            for sent in self._sent:
-                if sent.pending is pending and sent.kind == "take":
-                    sent.steps = outs[[k for k, _ in pending.shards].index(sent.worker)].stream_steps
+        for sent in self._sent:
+            if sent.pending is pending and sent.kind == "take":  # its steps: a replay runs them for the rollouts after
+                sent.steps = outs[[k for k, _ in pending.shards].index(sent.worker)].stream_steps
+            if sent.pending is pending and sent.kind != "run":  # its output leaves the object store once taken
+                sent.ref = None
         self._outstanding.remove(pending)
         self._forget_sent()
         self._account_idle(pending, sum(out.seconds for out in outs))

@@ -117,7 +117,7 @@ class DecodeBatch:
         dev, R, T = self.dev, len(prompts), self.max_new
         first = len(self.ended)
         ids, valid, positions = self.engine.left_padded(prompts, self.P)
-        cat = lambda a, b: torch.cat([a, b])  # noqa: E731
+        cat = lambda a, b: b if a.shape[0] == 0 else torch.cat([a, b])  # noqa: E731  (the first block: no copy)
         self.ids, self.valid = cat(self.ids, ids), cat(self.valid, valid)
         self.positions = cat(self.positions, positions)
         self.prompt_len = cat(self.prompt_len, valid.sum(-1))
