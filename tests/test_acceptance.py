@@ -167,6 +167,7 @@ def test_dense_hidden_with_each_prompt_forwarded_once_equals_the_whole_rows(tiny
     prompts = [[{"role": "user", "content": "What is 3 + 5?"}], [{"role": "user", "content": "Say hi, please."}]]
     out = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=10, temperature=1.0, seed=4))
     batch = RolloutBatch.from_rollout(out.prompt_ids, out.response_ids, out.sampler_logprobs, out.prompt_index)
+    batch = batch.to(tiny.model.device)  # where the learner's forward runs (CUDA under SPARSERL_TEST_DEVICE=cuda)
     T = batch.response_ids.shape[1]
     whole = dense_hidden(tiny.model, batch.input_ids, batch.attention_mask, batch.position_ids, T, 6)
     mask = batch.response_mask.bool()

@@ -174,7 +174,10 @@ def test_a_prompt_held_by_many_rows_is_prefilled_once(tiny, compressor, dtype, m
     each = eng.generate(prompts, params)
     assert rows == [3, 12] and shared.response_ids == each.response_ids
     for a, b in zip(shared.sampler_logprobs, each.sampler_logprobs):
-        assert torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+        if eng.device.type == "cpu":  # the same bits on the CPU
+            assert torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+        else:  # cuBLAS picks its float32 kernel by the row count: 3 prompts' rows and 12 round apart
+            torch.testing.assert_close(torch.as_tensor(a), torch.as_tensor(b), atol=1e-4, rtol=0)
     assert shared.kv.compressions == each.kv.compressions and (compressor == "none") == (each.kv.compressions == 0)
     eng.max_batch = 5  # chunks of 5 rows: prompts 0, 1 | 1, 2 (= 0), 3 | 3
     rows.clear()

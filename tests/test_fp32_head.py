@@ -56,7 +56,7 @@ def test_the_sampled_tokens_log_probs_come_from_the_float32_head(tiny):
     logq = torch.cat(
         [sampled_distribution(engine.hidden_logits(x[:1], True), PARAMS),
          sampled_distribution(engine.hidden_logits(x[1:], False), PARAMS)]
-    )  # fmt: skip
+    ).cpu()  # fmt: skip
     recorded = torch.tensor(out.sampler_logprobs[0])
     assert torch.allclose(logq.gather(-1, tokens[:, None])[:, 0], recorded, atol=1e-5)
 

@@ -14,6 +14,20 @@ def test_tiny_is_seeded(tiny):
     assert not torch.equal(tiny.model.state_dict()[w].cpu(), other.model.state_dict()[w])
 
 
+def test_the_fallback_byte_tokenizer_encodes_every_byte_and_decodes_back():
+    """Without the embedded model's cache the tiny model's tokenizer is one token per byte (a machine without the
+    GGUF, such as a GPU machine, runs the tests on it): every text encodes byte for byte and decodes back."""
+    from sparserl.models.loading import _byte_tokenizer
+
+    tok = _byte_tokenizer()
+    text = "What is 3 + 5?\n héllo ∑ <x>"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert ids == [3 + b for b in text.encode()]
+    assert tok.decode(ids) == text
+    chat = tok.encode("<|im_start|>hi<|im_end|>", add_special_tokens=False)
+    assert chat == [1, 3 + ord("h"), 3 + ord("i"), 2] and len(tok) == 259
+
+
 def test_missing_and_unsupported_models(tmp_path):
     with pytest.raises(ModelLoadError, match="not found"):
         load_model(str(tmp_path / "nothing"))

