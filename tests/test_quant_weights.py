@@ -599,7 +599,9 @@ def test_fp8_weights_are_laid_out_as_cuda_scaled_mm_takes_them(monkeypatch):
         real(torch.zeros(16, 16, dtype=torch.float8_e4m3fn), torch.zeros(16, 16, dtype=torch.float8_e4m3fn).t(),
              scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)  # fmt: skip
     except RuntimeError as err:
-        pytest.skip(f"this torch's CPU _scaled_mm takes no row-wise scales: {str(err)[:80]}")
+        if "per-tensor scaling" not in str(err):
+            raise
+        pytest.skip("this torch's CPU _scaled_mm takes per-tensor scales only")
     w, x = _weight(out=44, inp=40), torch.randn(5, 40)
     emulated = build_quant("fp8").quantize(w)
     monkeypatch.setattr(fp8, "scaled_mm_available", lambda device: True)

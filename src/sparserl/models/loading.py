@@ -209,27 +209,15 @@ def tiny_tokenizer():
         return _byte_tokenizer()
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level alphabet: each byte to the printable character the ByteLevel pre-tokenizer writes for it."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
-
-
 def _byte_tokenizer():
     """One token per byte (ids 3..258 in byte order, after <unk>, <|im_start|>, <|im_end|>): a byte-level BPE
     without merges, so any text encodes and decodes back unchanged."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # GPT-2's byte -> printable character map
 
     vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
-    for b, char in _bytes_to_unicode().items():
+    for b, char in bytes_to_unicode().items():
         vocab[char] = 3 + b
     tk = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
