@@ -1,6 +1,7 @@
 """Tables of a ``sparserl compare`` over seeds (the long job's, the main job's): reward, held-out pass@1 (dense and
 sparse inference), k3, the α tail per length bin, the tokens each step generated (its rollout cost: every response
-sampled, oversampled and dense fallback ones included), masked tokens, KV held, time and peak memory per run.
+sampled, oversampled and dense fallback ones included), the tokens and responses the correction gave no gradient
+and its weights' mean and effective sample size, KV held, time and peak memory per run.
 
     python3 experiments/training/long_seeds.py /work/exp/long_seeds --json docs/results/long_seeds/summary.json
 
@@ -60,6 +61,10 @@ def run_figures(run_dir: Path) -> dict:
             t * g for t, g in zip(col(names.ROLLOUT_TOKENS_PER_S), col(names.TIME_GENERATE)) if t is not None and g
         ),
         "masked_frac": _mean(col(names.MASKED_FRAC)),
+        "token_masked_frac": _mean(col(names.TOKEN_MASKED_FRAC)),
+        "seq_vetoed_frac": _mean(col(names.SEQ_VETOED_FRAC)),
+        "is_weight_mean": _mean(col(names.IS_WEIGHT_MEAN)),
+        "is_ess": _mean(col(names.IS_ESS)),
         "dense_fallback_frac": _mean(col(names.DENSE_FALLBACK_FRAC)),
         "oversample_acceptance_kept": _mean(col(names.OVERSAMPLE_ACCEPT_KEPT)),
         "oversample_acceptance_dropped": _mean(col(names.OVERSAMPLE_ACCEPT_DROPPED)),
@@ -101,6 +106,10 @@ def summarize(out: Path) -> dict:
                     "alpha_p5",
                     "tokens_per_step",
                     "masked_frac",
+                    "token_masked_frac",
+                    "seq_vetoed_frac",
+                    "is_weight_mean",
+                    "is_ess",
                     "dense_fallback_frac",
                     "oversample_acceptance_kept",
                     "oversample_acceptance_dropped",
@@ -140,14 +149,17 @@ def tables(summary: dict) -> str:
     lines += [
         "",
         "| arm | seeds | mean reward | pass@1 dense | pass@1 sparse | k3 | α p5 | tokens / step | masked "
-        "| dense fallback | oversample acceptance kept / dropped |",
-        "|---|" + "---:|" * 10,
+        "| tokens rejected | responses vetoed | weight mean | ESS | dense fallback "
+        "| oversample acceptance kept / dropped |",
+        "|---|" + "---:|" * 14,
     ]
     for arm, a in arms.items():
         lines.append(
             f"| {arm} | {a['seeds']} | {_f(a['reward_mean'])} ± {_f(a['reward_std_over_seeds'])} "
             f"| {_f(a['pass1_dense'])} | {_f(a['pass1_sparse'])} | {_f(a['k3_mean'], '{:.4f}')} | {_f(a['alpha_p5'])} "
-            f"| {_f(a['tokens_per_step'], '{:.0f}')} | {_f(a['masked_frac'])} | {_f(a['dense_fallback_frac'])} "
+            f"| {_f(a['tokens_per_step'], '{:.0f}')} | {_f(a['masked_frac'])} | {_f(a['token_masked_frac'])} "
+            f"| {_f(a['seq_vetoed_frac'])} | {_f(a['is_weight_mean'])} | {_f(a['is_ess'])} "
+            f"| {_f(a['dense_fallback_frac'])} "
             f"| {_f(a['oversample_acceptance_kept'])} / {_f(a['oversample_acceptance_dropped'])} |"
         )
     all_bins = sorted({b for a in arms.values() for b in a["alpha_p5_bin_mean"]})

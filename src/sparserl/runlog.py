@@ -108,8 +108,12 @@ DENSE_FALLBACK_FRAC = "sampling/dense_fallback_frac"  # groups of a step re-samp
 DENSE_FALLBACK_REWARD = "sampling/dense_fallback_reward_mean"  # the mean reward of those dense re-samples
 OFF_POLICY_MASKED_FRAC = "rs/off_policy_masked_frac"  # responses of the micro-batches left out by the sequence mask
 SEQ_VETOED_FRAC = "rs/seq_vetoed_frac"
+IS_WEIGHT_MEAN = "is/weight_mean"  # the correction's weights over the tokens kept in the loss
+IS_WEIGHT_STD = "is/weight_std"
 IS_WEIGHT_MIN = "is/weight_min"
 IS_WEIGHT_MAX = "is/weight_max"
+IS_ESS = "is/ess"  # effective-sample-size fraction of those weights, (Σw)² / (N Σw²)
+IS_CLIPPED_FRAC = "is/clipped_frac"  # kept tokens whose weight the correction clipped
 
 # learner
 POLICY_LOSS = "policy/loss"

@@ -197,12 +197,12 @@ MISMATCH_KEYS = (
 )
 
 CORRECTION_KEYS = (
-    "is/weight_mean",
-    "is/weight_std",
+    names.IS_WEIGHT_MEAN,
+    names.IS_WEIGHT_STD,
     names.IS_WEIGHT_MIN,
     names.IS_WEIGHT_MAX,
-    "is/ess",
-    "is/clipped_frac",
+    names.IS_ESS,
+    names.IS_CLIPPED_FRAC,
     names.TOKEN_MASKED_FRAC,
     names.SEQ_VETOED_FRAC,
     names.MASKED_FRAC,
@@ -311,20 +311,20 @@ def weight_metrics(
     out: dict[str, float] = {}
     if n:
         s1, s2 = w.sum(), (w * w).sum()
-        out["is/weight_mean"] = float(w.mean())
-        out["is/weight_std"] = float(w.std(unbiased=False))
+        out[names.IS_WEIGHT_MEAN] = float(w.mean())
+        out[names.IS_WEIGHT_STD] = float(w.std(unbiased=False))
         out[names.IS_WEIGHT_MIN] = float(w.min())
         out[names.IS_WEIGHT_MAX] = float(w.max())
-        out["is/ess"] = float(s1 * s1 / (n * s2)) if float(s2) > 0 else 0.0
-        out["is/clipped_frac"] = float((clipped.bool() & keep).sum()) / n if clipped is not None else 0.0
+        out[names.IS_ESS] = float(s1 * s1 / (n * s2)) if float(s2) > 0 else 0.0
+        out[names.IS_CLIPPED_FRAC] = float((clipped.bool() & keep).sum()) / n if clipped is not None else 0.0
     else:
         for k in (
-            "is/weight_mean",
-            "is/weight_std",
+            names.IS_WEIGHT_MEAN,
+            names.IS_WEIGHT_STD,
             names.IS_WEIGHT_MIN,
             names.IS_WEIGHT_MAX,
-            "is/ess",
-            "is/clipped_frac",
+            names.IS_ESS,
+            names.IS_CLIPPED_FRAC,
         ):
             out[k] = 0.0
     n_valid = int(valid.sum())
