@@ -38,6 +38,7 @@ from torch import Tensor
 
 from .. import runlog as names
 from ..registry import Registry
+from ..runlog import correction_part_metric
 
 __all__ = [
     "LOG_RATIO_CLAMP",
@@ -182,18 +183,18 @@ def batch_normalize(weights: Tensor, keep: Tensor, per_sequence: bool = False) -
 
 MISMATCH_KEYS = (
     names.MISMATCH_LOG_RATIO,
-    "mismatch/log_ratio_abs_max",
-    "mismatch/kl",
+    names.MISMATCH_LOG_RATIO_MAX,
+    names.MISMATCH_KL,
     names.MISMATCH_K3,
-    "mismatch/ppl_sampler",
-    "mismatch/ppl_old",
-    "mismatch/log_ppl_diff",
-    "mismatch/chi2",
-    "mismatch/chi2_seq",
-    "mismatch/ratio_mean",
-    "mismatch/ratio_min",
-    "mismatch/ratio_max",
-    "mismatch/valid_tokens",
+    names.MISMATCH_PPL_SAMPLER,
+    names.MISMATCH_PPL_OLD,
+    names.MISMATCH_LOG_PPL_DIFF,
+    names.MISMATCH_CHI2,
+    names.MISMATCH_CHI2_SEQ,
+    names.MISMATCH_RATIO_MEAN,
+    names.MISMATCH_RATIO_MIN,
+    names.MISMATCH_RATIO_MAX,
+    names.MISMATCH_VALID_TOKENS,
 )
 
 CORRECTION_KEYS = (
@@ -237,11 +238,11 @@ def mismatch_metrics(sampler_logprobs: Tensor, old_logprobs: Tensor, mask: Tenso
     if n == 0:
         out = {k: 0.0 for k in MISMATCH_KEYS}
         for k in (
-            "mismatch/ppl_sampler",
-            "mismatch/ppl_old",
-            "mismatch/ratio_mean",
-            "mismatch/ratio_min",
-            "mismatch/ratio_max",
+            names.MISMATCH_PPL_SAMPLER,
+            names.MISMATCH_PPL_OLD,
+            names.MISMATCH_RATIO_MEAN,
+            names.MISMATCH_RATIO_MIN,
+            names.MISMATCH_RATIO_MAX,
         ):
             out[k] = 1.0
         return out
@@ -256,20 +257,20 @@ def mismatch_metrics(sampler_logprobs: Tensor, old_logprobs: Tensor, mask: Tenso
     seq_lr = sequence_log_ratio(lr, mask)[seq_ok]
     out = {
         names.MISMATCH_LOG_RATIO: vlr.abs().mean(),
-        "mismatch/log_ratio_abs_max": vlr.abs().max(),
-        "mismatch/kl": (-vlr).mean(),
+        names.MISMATCH_LOG_RATIO_MAX: vlr.abs().max(),
+        names.MISMATCH_KL: (-vlr).mean(),
         names.MISMATCH_K3: (rho - 1 - vlr).mean(),
-        "mismatch/ppl_sampler": (-mean_logq).clamp(max=80).exp().mean(),
-        "mismatch/ppl_old": (-mean_logp).clamp(max=80).exp().mean(),
-        "mismatch/log_ppl_diff": (mean_logq - mean_logp).mean(),
-        "mismatch/chi2": (rho * rho).mean() - 1,
-        "mismatch/chi2_seq": (2 * seq_lr).exp().mean() - 1,
-        "mismatch/ratio_mean": rho.mean(),
-        "mismatch/ratio_min": rho.min(),
-        "mismatch/ratio_max": rho.max(),
+        names.MISMATCH_PPL_SAMPLER: (-mean_logq).clamp(max=80).exp().mean(),
+        names.MISMATCH_PPL_OLD: (-mean_logp).clamp(max=80).exp().mean(),
+        names.MISMATCH_LOG_PPL_DIFF: (mean_logq - mean_logp).mean(),
+        names.MISMATCH_CHI2: (rho * rho).mean() - 1,
+        names.MISMATCH_CHI2_SEQ: (2 * seq_lr).exp().mean() - 1,
+        names.MISMATCH_RATIO_MEAN: rho.mean(),
+        names.MISMATCH_RATIO_MIN: rho.min(),
+        names.MISMATCH_RATIO_MAX: rho.max(),
     }
     res = {k: _finite(float(v)) for k, v in out.items()}
-    res["mismatch/valid_tokens"] = float(n)
+    res[names.MISMATCH_VALID_TOKENS] = float(n)
     return res
 
 
@@ -460,10 +461,10 @@ def merge_corrections(
         seen[name] = k + 1
         prefix = name if k == 0 else f"{name}{k}"
         for key in CORRECTION_KEYS:
-            merged.metrics[f"{prefix}/{key}"] = r.metrics[key]
-        for key, v in r.metrics.items():  # method-specific extras, if any
+            merged.metrics[correction_part_metric(prefix, key)] = r.metrics[key]
+        for key, v in r.metrics.items():  # a user's correction's own extras, if any
             if not key.startswith(("mismatch/", "is/", "rs/")) and "/" in key:
-                merged.metrics.setdefault(f"{prefix}/{key}", v)
+                merged.metrics.setdefault(correction_part_metric(prefix, key), v)
     return merged
 
 

@@ -41,6 +41,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .. import runlog as names
+
 __all__ = [
     "LOSS_AGGS",
     "IMPORTANCE_SAMPLING_LEVELS",
@@ -215,28 +217,28 @@ def policy_loss(
         r = ratio.detach()
         if n:
             metrics = {
-                "policy/clip_frac_low": float((valid & (adv < 0) & (r < lower)).sum()) / n,
-                "policy/clip_frac_high": float((valid & (adv > 0) & (r > upper)).sum()) / n,
-                "policy/ratio_mean": float(r[valid].mean()),
-                "policy/ratio_min": float(r[valid].min()),
-                "policy/ratio_max": float(r[valid].max()),
-                "policy/approx_kl": float((r - 1 - lr.detach())[valid].mean()),
+                names.POLICY_CLIP_FRAC_LOW: float((valid & (adv < 0) & (r < lower)).sum()) / n,
+                names.POLICY_CLIP_FRAC_HIGH: float((valid & (adv > 0) & (r > upper)).sum()) / n,
+                names.POLICY_RATIO_MEAN: float(r[valid].mean()),
+                names.POLICY_RATIO_MIN: float(r[valid].min()),
+                names.POLICY_RATIO_MAX: float(r[valid].max()),
+                names.POLICY_APPROX_KL: float((r - 1 - lr.detach())[valid].mean()),
             }
             if dual_clip_c is not None:
-                metrics["policy/dual_clip_frac"] = float((valid & dual).sum()) / n
+                metrics[names.POLICY_DUAL_CLIP_FRAC] = float((valid & dual).sum()) / n
         else:
             metrics = {
-                "policy/clip_frac_low": 0.0,
-                "policy/clip_frac_high": 0.0,
-                "policy/ratio_mean": 1.0,
-                "policy/ratio_min": 1.0,
-                "policy/ratio_max": 1.0,
-                "policy/approx_kl": 0.0,
+                names.POLICY_CLIP_FRAC_LOW: 0.0,
+                names.POLICY_CLIP_FRAC_HIGH: 0.0,
+                names.POLICY_RATIO_MEAN: 1.0,
+                names.POLICY_RATIO_MIN: 1.0,
+                names.POLICY_RATIO_MAX: 1.0,
+                names.POLICY_APPROX_KL: 0.0,
             }
             if dual_clip_c is not None:
-                metrics["policy/dual_clip_frac"] = 0.0
-        metrics["policy/clip_frac"] = metrics["policy/clip_frac_low"] + metrics["policy/clip_frac_high"]
-        metrics["policy/pg_loss"] = float(loss.detach())
+                metrics[names.POLICY_DUAL_CLIP_FRAC] = 0.0
+        metrics[names.POLICY_CLIP_FRAC] = metrics[names.POLICY_CLIP_FRAC_LOW] + metrics[names.POLICY_CLIP_FRAC_HIGH]
+        metrics[names.POLICY_PG_LOSS] = float(loss.detach())
     return loss, metrics
 
 

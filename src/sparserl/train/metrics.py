@@ -198,6 +198,13 @@ class MetricsLogger:
             row[k] = x if math.isfinite(x) else None
             scalars[k] = x
         row["time"] = time.time()
+        for k in row:
+            if not names.is_registered(k):
+                warnings.warn(
+                    f"metric {k!r} is not registered in sparserl.runlog.METRICS (docs/metrics.md lists those that are)",
+                    names.UnregisteredMetricWarning,
+                    stacklevel=2,
+                )
         self._file.write(json.dumps(row, allow_nan=False) + "\n")
         self._file.flush()
         try:
