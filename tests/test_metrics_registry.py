@@ -57,3 +57,26 @@ def test_an_unregistered_name_is_said_and_still_written(tmp_path):
         with pytest.warns(runlog.UnregisteredMetricWarning, match="'reward/meen'"):
             log.log(1, {runlog.REWARD_MEAN: 0.5, "reward/meen": 0.25})
     assert runlog.read_metrics(tmp_path)[0]["reward/meen"] == 0.25
+
+
+def test_the_guides_name_only_registered_metrics():
+    """A metric named in README.md, docs/*.md or docs/guides/*.md (in backticks) exists; ``is/*``-style names stand
+    for registered ones."""
+    import re
+
+    stations = {name.split("/")[0] for name in runlog.METRICS if "/" in name}
+    pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "docs" / "guides").glob("*.md")]
+    unknown = []
+    for page in pages:
+        for found in re.finditer(r"`([a-z_]+/[a-z_0-9@/]+\*?)`", page.read_text(encoding="utf-8")):
+            name = found.group(1)
+            if name.split("/")[0] not in stations or name.endswith(".py"):
+                continue
+            ok = (
+                any(m.startswith(name[:-1]) for m in runlog.METRICS)
+                if name.endswith("*")
+                else runlog.is_registered(name)
+            )
+            if not ok:
+                unknown.append(f"{page.relative_to(ROOT)}: {name}")
+    assert not unknown, unknown
