@@ -3,7 +3,7 @@ joined in one batch (``rollout.join_rollouts``): the calls a rollout worker gets
 with ``rollout.partial`` (each push: the rest of the rollout sent before, then the first ⌈max_new_tokens / 2⌉
 decode steps of the one sent now), on the ``long`` preset's sampler and prompts (``--rollouts`` steps' prompts as the
 trainer draws them, x 8 responses of up to 1,024 new tokens), with the same weights throughout (the engine's time
-only: no learner), alternately in one process, per round:
+only: no learner), alternately in one process, per round (the order rotated each round):
 
 - ``own batches``: a :class:`~sparserl.rollout.segmented.SegmentedRollout` per rollout (today's default),
 - ``joined``: one :class:`~sparserl.rollout.stream.RolloutStream` (each start runs until the rollout before has
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 
@@ -37,6 +36,7 @@ def main() -> None:
 
     import torch
 
+    from sparserl.bench.measure import time_rounds
     from sparserl.config import load_config, validate
     from sparserl.data.loaders import PromptSampler
     from sparserl.models.loading import load_model
@@ -81,41 +81,50 @@ def main() -> None:
             outs[key] = stream.take(key)
         return outs
 
-    ways = {"own batches": own_batches, "joined": joined}
+    def measured(way):
+        """``way`` with the rows of each of its decode steps counted (the engine's step hook)."""
+
+        def call():
+            live: list[int] = []
+            engine.step_hook = lambda event, rows, **_: live.append(len(rows)) if event == "before_decode" else None
+            try:
+                outs = way()
+            finally:
+                engine.step_hook = None
+            return [list(x) for s in steps for x in outs[s].response_ids], live
+
+        return call
+
+    def report(r, name, seconds, result):
+        tokens, live = result
+        n_tokens = sum(len(x) for x in tokens)
+        runs[name].append(
+            {
+                "round": r,
+                "seconds": seconds,
+                "tokens": n_tokens,
+                "seconds_per_ktok": seconds / n_tokens * 1000,
+                "decode_steps": len(live),
+                "mean_rows": sum(live) / len(live),
+                "most_rows": max(live),
+                "longest": max(len(x) for x in tokens),
+            }
+        )
+        x = runs[name][-1]
+        print(
+            f"round {r} {name:>11}: {seconds:7.1f} s, {n_tokens} tokens (longest {x['longest']}), "
+            f"{x['decode_steps']} decode steps of {x['mean_rows']:.1f} rows (most {x['most_rows']})",
+            flush=True,
+        )
+
+    ways = {"own batches": measured(own_batches), "joined": measured(joined)}
     engine.generate(prompts[1][:1], SamplingParams(n=2, max_new_tokens=4))  # warm: the kernels' first calls
     runs: dict[str, list[dict]] = {name: [] for name in ways}
-    for r in range(args.rounds):
-        tokens_of = {}
-        for name, way in ways.items():
-            live: list[int] = []  # rows of each decode step (the engine's step hook)
-            engine.step_hook = lambda event, rows, **_: live.append(len(rows)) if event == "before_decode" else None
-            t0 = time.perf_counter()
-            outs = way()
-            seconds = time.perf_counter() - t0
-            engine.step_hook = None
-            tokens_of[name] = [list(x) for s in steps for x in outs[s].response_ids]
-            n_tokens = sum(len(x) for x in tokens_of[name])
-            runs[name].append(
-                {
-                    "seconds": seconds,
-                    "tokens": n_tokens,
-                    "seconds_per_ktok": seconds / n_tokens * 1000,
-                    "decode_steps": len(live),
-                    "mean_rows": sum(live) / len(live),
-                    "most_rows": max(live),
-                    "longest": max(len(x) for x in tokens_of[name]),
-                }
-            )
-            x = runs[name][-1]
-            print(
-                f"round {r} {name:>11}: {seconds:7.1f} s, {n_tokens} tokens (longest {x['longest']}), "
-                f"{x['decode_steps']} decode steps of {x['mean_rows']:.1f} rows (most {x['most_rows']})",
-                flush=True,
-            )
-        same = sum(a == b for a, b in zip(tokens_of["own batches"], tokens_of["joined"]))
-        runs["joined"][-1]["same_as_own_batches"] = same
-        print(f"round {r}: {same}/{len(tokens_of['joined'])} responses the same", flush=True)
-    ratio = [j["seconds"] / o["seconds"] for j, o in zip(runs["joined"], runs["own batches"])]
+    rounds = time_rounds(ways, args.rounds, on_run=report)  # the order rotated each round
+    for r, (own, join) in enumerate(zip(rounds.results["own batches"], rounds.results["joined"])):
+        runs["joined"][r]["same_as_own_batches"] = sum(a == b for a, b in zip(own[0], join[0]))
+        print(f"round {r}: {runs['joined'][r]['same_as_own_batches']}/{len(join[0])} responses the same", flush=True)
+    ratio = rounds.ratios("joined", "own batches")
     ratio_tok = [j["seconds_per_ktok"] / o["seconds_per_ktok"] for j, o in zip(runs["joined"], runs["own batches"])]
     result = {
         "what": f"{args.rollouts} rollouts of {len(prompts[1]) * params[1].n} responses of up to "

@@ -1,6 +1,6 @@
 """The eager engine's refill at the length it is for: a long-job rollout (the first 4 prompts of its task, in file
 order, x 8 responses of up to 1,024 new tokens, the ``long`` preset's sampler) with at most ``--places`` rows at
-once, sampled three ways, alternately in one process, per round:
+once, sampled three ways, alternately in one process, per round (the order rotated each round):
 
 - ``one batch``: every row in one batch (no place limit; what a CPU run does),
 - ``refill``: a :class:`~sparserl.rollout.segmented.SegmentedRollout` of ``--places`` places, in two segments
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 
@@ -38,6 +37,7 @@ def main() -> None:
 
     import torch
 
+    from sparserl.bench.measure import time_rounds
     from sparserl.config import load_config, validate
     from sparserl.models.loading import load_model
     from sparserl.rollout.build import engine_from_fields, sampler_section
@@ -72,45 +72,53 @@ def main() -> None:
         engine.max_batch = args.places
         return engine.generate(prompts, params)
 
-    ways = {"one batch": one_batch, "refill": refill, "sequential": sequential}
+    def measured(way):
+        """``way`` with the rows of each of its decode steps counted (the engine's step hook)."""
+
+        def call():
+            live: list[int] = []
+            engine.step_hook = lambda event, rows, **_: live.append(len(rows)) if event == "before_decode" else None
+            try:
+                return way(), live
+            finally:
+                engine.step_hook = None
+
+        return call
+
+    reference: list = []  # the one batch's tokens of round 0 (the first call: rounds rotate from round 1)
+
+    def report(r, name, seconds, result):
+        out, live = result
+        tokens = [list(x) for x in out.response_ids]
+        if not reference:
+            reference.extend(tokens)
+        runs[name].append(
+            {
+                "round": r,
+                "seconds": seconds,
+                "tokens": sum(len(x) for x in tokens),
+                "decode_steps": len(live),
+                "most_rows": max(live),
+                "mean_rows": sum(live) / len(live),
+                "longest": max(len(x) for x in tokens),
+                "kv_peak_mb": out.kv.bytes_peak / 2**20,
+                "kv_dense_mb": out.kv.bytes_dense / 2**20,
+                "same_as_one_batch": sum(a == b for a, b in zip(tokens, reference)),
+            }
+        )
+        x = runs[name][-1]
+        print(
+            f"round {r} {name:>10}: {seconds:7.1f} s, {x['tokens']} tokens (longest {x['longest']}), "
+            f"{x['decode_steps']} decode steps of {x['mean_rows']:.1f} rows (most {x['most_rows']}), "
+            f"KV peak {x['kv_peak_mb']:.1f} MB, same as one batch {x['same_as_one_batch']}/{rows}",
+            flush=True,
+        )
+
+    ways = {"one batch": measured(one_batch), "refill": measured(refill), "sequential": measured(sequential)}
     engine.generate(prompts[:1], SamplingParams(n=2, max_new_tokens=4))  # warm: the kernels' first calls
     runs: dict[str, list[dict]] = {name: [] for name in ways}
-    reference = None
-    for r in range(args.rounds):
-        for name, way in ways.items():
-            live: list[int] = []  # rows of each decode step (the engine's step hook)
-            engine.step_hook = lambda event, rows, **_: live.append(len(rows)) if event == "before_decode" else None
-            t0 = time.perf_counter()
-            out = way()
-            seconds = time.perf_counter() - t0
-            engine.step_hook = None
-            tokens = [list(x) for x in out.response_ids]
-            if reference is None:
-                reference = tokens
-            runs[name].append(
-                {
-                    "seconds": seconds,
-                    "tokens": sum(len(x) for x in tokens),
-                    "decode_steps": len(live),
-                    "most_rows": max(live),
-                    "mean_rows": sum(live) / len(live),
-                    "longest": max(len(x) for x in tokens),
-                    "kv_peak_mb": out.kv.bytes_peak / 2**20,
-                    "kv_dense_mb": out.kv.bytes_dense / 2**20,
-                    "same_as_one_batch": sum(a == b for a, b in zip(tokens, reference)),
-                }
-            )
-            x = runs[name][-1]
-            print(
-                f"round {r} {name:>10}: {seconds:7.1f} s, {x['tokens']} tokens (longest {x['longest']}), "
-                f"{x['decode_steps']} decode steps of {x['mean_rows']:.1f} rows (most {x['most_rows']}), "
-                f"KV peak {x['kv_peak_mb']:.1f} MB, same as one batch {x['same_as_one_batch']}/{rows}",
-                flush=True,
-            )
-    ratio = {
-        name: [v["seconds"] / b["seconds"] for v, b in zip(runs[name], runs["one batch"])]
-        for name in ("refill", "sequential")
-    }
+    rounds = time_rounds(ways, args.rounds, on_run=report)  # the order rotated each round
+    ratio = {name: rounds.ratios(name, "one batch") for name in ("refill", "sequential")}
     result = {
         "what": f"{rows} responses of up to {params.max_new_tokens} new tokens, '{args.config}' preset's sampler, "
         f"at most {args.places} rows at once (refill: segments of {args.segment} decode steps, then to the end)",
