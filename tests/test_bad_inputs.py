@@ -251,6 +251,45 @@ MATRIX = [
         "algorithm.distill_sparse.lambda=-1",
         "distill-lambda-negative",
     ),
+    # truncated sampling (top-k / top-p) where what reads q needs the whole distribution: one error each
+    case(
+        "config",
+        [*T, "algorithm.distill_sparse={rank: 4}", "rollout.top_k=20"],
+        "φ's loss uses the sampler's full tempered distribution",
+        "distill-under-top-k",
+    ),
+    case(
+        "config",
+        [*T, "algorithm.distill_sparse={rank: 4}", "rollout.top_p=0.9"],
+        "top_p=1 and top_k=0",
+        "distill-under-top-p",
+    ),
+    case(
+        "config",
+        [
+            *T,
+            "rollout.compressor=none",
+            "rollout.kv_controller=null",
+            "rollout.dtype=float32",
+            "algorithm.old_logprobs=sampler",
+            "rollout.top_k=20",
+        ],
+        "rollout.top_k=20 truncates the sampled distribution",
+        "sampler-old-policy-under-top-k",
+    ),
+    case(
+        "config",
+        [
+            *T,
+            "rollout.compressor=none",
+            "rollout.kv_controller=null",
+            "rollout.dtype=float32",
+            "algorithm.old_logprobs=sampler",
+            "rollout.top_p=0.9",
+        ],
+        "rollout.top_p=0.9 truncates the sampled distribution",
+        "sampler-old-policy-under-top-p",
+    ),
     case(
         "config",
         ["train", "algorithm.distill_sparse={rank: 4}", "mismatch.alpha=topk"],
