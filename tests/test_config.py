@@ -418,3 +418,30 @@ def test_config_command_prints_what_train_would_run_and_reads_back(tmp_path, cap
     assert "algorithm.distill_sparse.rank (int, default required)" in config_help()
     assert cli.main(["config", "--keys"]) == 0
     assert capsys.readouterr().out.strip() == config_help()
+
+
+@pytest.mark.parametrize(
+    "overrides, warned",
+    [
+        (("rollout.top_k=20",), "rollout.top_k=20 with algorithm.correction='sparse_rl'"),
+        (("rollout.top_p=0.9", "algorithm.correction=tis"), "rollout.top_p=0.9 with algorithm.correction='tis'"),
+        (
+            ("rollout.top_p=0.9", "algorithm.correction=none", "algorithm.off_policy_mask_threshold=0.5"),
+            "rollout.top_p=0.9 with algorithm.off_policy_mask_threshold=0.5",
+        ),
+        (("rollout.top_k=20", "algorithm.correction=none"), None),  # nothing reads p / q
+        (("rollout.top_k=0", "rollout.top_p=1.0"), None),  # nothing truncated
+    ],
+)
+def test_truncated_sampling_under_a_ratio_warns_of_the_kept_mass(overrides, warned):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        validate(load_config("default", overrides))
+    texts = [str(w.message) for w in caught if "kept tokens" in str(w.message)]
+    if warned is None:
+        assert texts == []
+    else:
+        assert len(texts) == 1 and texts[0].startswith(warned), texts
+        assert "Keep Sampling Mask" in texts[0] and "rollout.top_k=0 and rollout.top_p=1" in texts[0]

@@ -33,6 +33,7 @@ from .reward import overlong_buffer_fits, reward_spec
 from .rollout_async import async_rollouts
 from .sampler import blocktopk_pages, kv_budget_above_window, kv_schedule, kv_schedule_unused
 from .static_step import static_step_and_replay, unused_static_check_every
+from .truncated_sampling import truncated_ratio_warning
 from .unused import alpha_topk_unused, kl_kind_unused, kl_unbiased_unused
 
 __all__ = ["RULES", "validate"]
@@ -93,4 +94,7 @@ def validate(cfg: Config) -> Config:
             "rollout.temperature=0 (greedy): the n samples of a prompt are identical and group advantages are all zero",
             stacklevel=2,
         )
+    truncated = truncated_ratio_warning(cfg)
+    if truncated is not None:
+        warnings.warn(truncated, stacklevel=2)
     return cfg
