@@ -102,6 +102,14 @@ def make_workspace(root: Path) -> Path:
 
 
 T = ["train", *TINY, "train.steps=1"]  # a train command line that would run if nothing were wrong
+#: T with the sampler's own log-probs as the old policy, on a dense float32 sampler (where that is allowed)
+T_SAMPLER_OLD = [
+    *T,
+    "rollout.compressor=none",
+    "rollout.kv_controller=null",
+    "rollout.dtype=float32",
+    "algorithm.old_logprobs=sampler",
+]
 R = ["rollout", "--model", "tiny", "--prompts", "prompts.jsonl", "--out", "out/r.jsonl"]
 E = ["eval", "--model", "tiny", "--data", "good.jsonl", "--out", "out/e.json"]
 C = ["calibrate", "--model", "tiny", "--data", "good.jsonl", "--json", "c.json"]
@@ -266,27 +274,13 @@ MATRIX = [
     ),
     case(
         "config",
-        [
-            *T,
-            "rollout.compressor=none",
-            "rollout.kv_controller=null",
-            "rollout.dtype=float32",
-            "algorithm.old_logprobs=sampler",
-            "rollout.top_k=20",
-        ],
+        [*T_SAMPLER_OLD, "rollout.top_k=20"],
         "rollout.top_k=20 truncates the sampled distribution",
         "sampler-old-policy-under-top-k",
     ),
     case(
         "config",
-        [
-            *T,
-            "rollout.compressor=none",
-            "rollout.kv_controller=null",
-            "rollout.dtype=float32",
-            "algorithm.old_logprobs=sampler",
-            "rollout.top_p=0.9",
-        ],
+        [*T_SAMPLER_OLD, "rollout.top_p=0.9"],
         "rollout.top_p=0.9 truncates the sampled distribution",
         "sampler-old-policy-under-top-p",
     ),
